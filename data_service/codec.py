@@ -1,0 +1,189 @@
+"""Batches as named tensors: dtype + shape + raw bytes, never pickle.
+
+A batch (a tensor, a dict of tensors, or a tuple/list of tensors) is laid out
+as one payload: each tensor's bytes at a 64-byte aligned offset. The header
+(``BatchHeader`` in proto/) carries name, dtype, shape, offset and length of
+each. ``decode`` turns a received buffer back into tensors with
+``torch.frombuffer`` (views, no copies) after checking every field, so a
+malformed or hostile header is a ``ProtocolError``, never a crash or a huge
+allocation.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import torch
+
+from .errors import ConfigError, ProtocolError
+from .wire import pb
+
+ALIGN = 64
+MAX_DIMS = 16
+MAX_TENSORS = 1024
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "uint8": torch.uint8, "int8": torch.int8,
+    "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "bool": torch.bool, "complex64": torch.complex64,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def flatten(batch: Any) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+    """Split a batch into (structure, [(name, tensor)]).
+
+    Raises:
+        ConfigError: the batch is not a tensor / dict / tuple / list of tensors.
+    """
+    if isinstance(batch, torch.Tensor):
+        structure, items = pb.TENSOR, [("", batch)]
+    elif isinstance(batch, dict):
+        structure, items = pb.DICT, list(batch.items())
+        bad = [k for k in batch if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"batch dict keys must be str, got {bad!r}; rename them in collate_fn")
+    elif isinstance(batch, (tuple, list)):
+        structure = pb.TUPLE if isinstance(batch, tuple) else pb.LIST
+        items = [(str(i), t) for i, t in enumerate(batch)]
+    else:
+        raise ConfigError(
+            f"a batch must be a tensor, a dict of tensors or a tuple/list of tensors, got "
+            f"{type(batch).__name__}; make collate_fn return tensors"
+        )
+    for name, t in items:
+        if not isinstance(t, torch.Tensor):
+            raise ConfigError(
+                f"batch entry {name!r} is a {type(t).__name__}, not a tensor; nested or "
+                "non-tensor values cannot travel: convert it in collate_fn"
+            )
+        if t.dtype not in DTYPE_NAMES:
+            raise ConfigError(f"batch entry {name!r} has dtype {t.dtype}, not one of {sorted(DTYPES)}")
+    return structure, items
+
+
+def plan_layout(batch: Any) -> tuple[int, list[pb.TensorMeta], list[torch.Tensor], int]:
+    """Return (structure, metas, contiguous tensors, payload size) for a batch."""
+    structure, items = flatten(batch)
+    metas, tensors, offset = [], [], 0
+    for name, t in items:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        metas.append(pb.TensorMeta(name=name, dtype=DTYPE_NAMES[t.dtype], shape=list(t.shape),
+                                   offset=offset, nbytes=nbytes))
+        tensors.append(t)
+        offset = _align(offset + nbytes)
+    return structure, metas, tensors, offset
+
+
+def write_payload(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor], buf) -> None:
+    """Copy each tensor's bytes into ``buf`` (a writable buffer) at its offset."""
+    for meta, t in zip(metas, tensors):
+        if meta.nbytes == 0:
+            continue
+        dst = torch.frombuffer(buf, dtype=torch.uint8, count=meta.nbytes, offset=meta.offset)
+        dst.copy_(t.reshape(-1).view(torch.uint8))
+
+
+def encode(batch: Any) -> tuple[int, list[pb.TensorMeta], bytearray]:
+    """Encode a batch into (structure, metas, payload). Used in-process and by tests."""
+    structure, metas, tensors, size = plan_layout(batch)
+    payload = bytearray(size)
+    write_payload(metas, tensors, payload)
+    return structure, metas, payload
+
+
+def check_header(header: pb.BatchHeader, buffer_len: int, max_bytes: int) -> None:
+    """Validate every field of a header against the received buffer.
+
+    Raises:
+        ProtocolError: naming the bad field.
+    """
+    if header.raw_bytes > max_bytes:
+        raise ProtocolError(f"batch of {header.raw_bytes} bytes exceeds max_batch_bytes={max_bytes}")
+    if header.raw_bytes != buffer_len:
+        raise ProtocolError(f"header says raw_bytes={header.raw_bytes}, buffer holds {buffer_len}")
+    if len(header.tensors) > MAX_TENSORS:
+        raise ProtocolError(f"{len(header.tensors)} tensors in one batch (max {MAX_TENSORS})")
+    structure = header.structure
+    names = [m.name for m in header.tensors]
+    if len(set(names)) != len(names):
+        raise ProtocolError(f"duplicate tensor names {names!r}")
+    if structure == pb.TENSOR:
+        if names != [""]:
+            raise ProtocolError(f"structure TENSOR needs exactly one unnamed tensor, got {names!r}")
+    elif structure in (pb.TUPLE, pb.LIST):
+        if names != [str(i) for i in range(len(names))]:
+            raise ProtocolError(f"structure TUPLE/LIST needs names '0'..'n-1', got {names!r}")
+    elif structure != pb.DICT:
+        raise ProtocolError(f"unknown structure {structure}")
+    for m in header.tensors:
+        dtype = DTYPES.get(m.dtype)
+        if dtype is None:
+            raise ProtocolError(f"tensor {m.name!r}: dtype {m.dtype!r} is not one of {sorted(DTYPES)}")
+        if len(m.shape) > MAX_DIMS:
+            raise ProtocolError(f"tensor {m.name!r}: {len(m.shape)} dims (max {MAX_DIMS})")
+        numel = 1
+        for d in m.shape:
+            numel *= d
+            if numel > buffer_len:  # stops huge products early
+                break
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if numel * itemsize != m.nbytes:
+            raise ProtocolError(
+                f"tensor {m.name!r}: shape {list(m.shape)} x {m.dtype} needs {numel * itemsize} "
+                f"bytes, header says {m.nbytes}"
+            )
+        if m.offset % itemsize or m.offset + m.nbytes > buffer_len:
+            raise ProtocolError(
+                f"tensor {m.name!r}: bytes [{m.offset}, {m.offset + m.nbytes}) fall outside the "
+                f"{buffer_len}-byte payload or are misaligned"
+            )
+
+
+def decode(header: pb.BatchHeader, buffer, max_bytes: int = 1 << 40) -> Any:
+    """Rebuild a batch from a header and a writable buffer, without copying.
+
+    The tensors are views of ``buffer``; keep it alive (they do).
+    """
+    buffer_len = len(buffer) if not isinstance(buffer, torch.Tensor) else buffer.numel()
+    check_header(header, buffer_len, max_bytes)
+    out = []
+    for m in header.tensors:
+        dtype = DTYPES[m.dtype]
+        shape = tuple(m.shape)
+        if m.nbytes == 0:
+            t = torch.empty(shape, dtype=dtype)
+        elif isinstance(buffer, torch.Tensor):
+            t = buffer[m.offset:m.offset + m.nbytes].view(dtype).view(shape)
+        else:
+            t = torch.frombuffer(buffer, dtype=dtype, count=m.nbytes // (torch.empty((), dtype=dtype).element_size()),
+                                 offset=m.offset).view(shape)
+        out.append((m.name, t))
+    if header.structure == pb.TENSOR:
+        return out[0][1]
+    if header.structure == pb.DICT:
+        return dict(out)
+    values = [t for _, t in out]
+    return tuple(values) if header.structure == pb.TUPLE else values
+
+
+def batch_digest(batch: Any) -> str:
+    """sha256 over (name, dtype, shape, bytes) of each tensor, in batch order (the audit hash)."""
+    _, items = flatten(batch)
+    h = hashlib.sha256()
+    for name, t in items:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{DTYPE_NAMES[t.dtype]}|{list(t.shape)}|".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16
+                     else memoryview(t.numpy()).cast("B"))
+    return h.hexdigest()

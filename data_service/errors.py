@@ -1,0 +1,49 @@
+"""Exceptions shared by server and consumer. Each message names the bad value and the fix."""
+from __future__ import annotations
+
+
+class DataServiceError(RuntimeError):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(DataServiceError, ValueError):
+    """Bad option or pipeline, found at start-up."""
+
+
+class ProtocolError(DataServiceError):
+    """A peer sent bytes that do not follow heterodata.v1."""
+
+
+class VersionMismatchError(ProtocolError):
+    """Client and server speak different major protocol versions."""
+
+
+class PermissionDeniedError(DataServiceError):
+    """The job token was missing or wrong."""
+
+
+class ServerUnavailableError(DataServiceError):
+    """No server answered within the deadline."""
+
+
+class BatchBuildError(DataServiceError):
+    """User code (dataset, transform, collate) raised while building a batch.
+
+    Carries the epoch, batch index, sample index and the worker's traceback,
+    in the spirit of torch's ExceptionWrapper: the consumer re-raises it with
+    that context instead of a bare "worker died".
+    """
+
+    def __init__(self, message: str, *, epoch: int, index: int, sample_index: int,
+                 remote_traceback: str, server: str = "") -> None:
+        self.epoch = epoch
+        self.index = index
+        self.sample_index = sample_index
+        self.remote_traceback = remote_traceback
+        self.server = server
+        where = f" on server {server}" if server else ""
+        sample = f", sample {sample_index}" if sample_index >= 0 else ""
+        super().__init__(
+            f"building epoch {epoch}, batch {index}{sample} failed{where}: {message}\n"
+            f"--- original traceback (data worker) ---\n{remote_traceback}"
+        )

@@ -1,0 +1,74 @@
+"""Length-prefixed frames on the data-plane socket (see proto/ for the layout)."""
+from __future__ import annotations
+
+import hmac
+import hashlib
+import socket
+import struct
+
+from .errors import ProtocolError
+from .wire import pb
+
+MAX_FRAME = 1 << 20  # a BulkFrame header is small; anything larger is garbage or hostile
+_LEN = struct.Struct("<I")
+
+
+class PeerClosed(ConnectionError):
+    """The peer closed the connection (EOF)."""
+
+
+def send_frame(sock: socket.socket, frame: pb.BulkFrame, payload=None) -> int:
+    """Send one frame and its payload; returns bytes written."""
+    head = frame.SerializeToString()
+    sock.sendall(_LEN.pack(len(head)) + head)
+    sent = _LEN.size + len(head)
+    if payload is not None and len(payload):
+        sock.sendall(payload)
+        sent += len(payload)
+    return sent
+
+
+def recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` completely from ``sock``."""
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise PeerClosed(f"peer closed the connection after {got} of {n} bytes")
+        got += k
+
+
+def recv_frame(sock: socket.socket) -> pb.BulkFrame:
+    """Read one frame header (not its payload).
+
+    Raises:
+        PeerClosed: clean EOF before a frame.
+        ProtocolError: oversized or unparsable frame.
+    """
+    raw = bytearray(_LEN.size)
+    recv_into(sock, memoryview(raw))
+    (n,) = _LEN.unpack(raw)
+    if n > MAX_FRAME:
+        raise ProtocolError(f"frame header of {n} bytes exceeds the {MAX_FRAME}-byte limit: not a heterodata.v1 peer?")
+    head = bytearray(n)
+    recv_into(sock, memoryview(head))
+    frame = pb.BulkFrame()
+    try:
+        frame.ParseFromString(bytes(head))
+    except Exception as exc:  # protobuf raises DecodeError; anything else is garbage too
+        raise ProtocolError(f"unparsable frame header ({n} bytes): {exc}") from None
+    return frame
+
+
+def token_proof(token: str, nonce: bytes) -> bytes:
+    """HMAC-SHA256(token, nonce): proves the token without sending it."""
+    return hmac.new(token.encode(), nonce, hashlib.sha256).digest()
+
+
+def tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        except OSError:
+            pass

@@ -1,0 +1,169 @@
+"""The user's pipeline: dataset + per-sample transform + batch size + collate.
+
+A user names a builder by import path (``mypkg.data:build_pipeline``) plus
+JSON-able keyword options; every worker process imports and calls it itself,
+so nothing user-defined is ever pickled or sent over the network.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from .errors import ConfigError
+from .sampler import PlanConfig, batch_indices, derive_seed
+
+
+@dataclass
+class Pipeline:
+    """What a builder function returns.
+
+    Args:
+        dataset: a map-style dataset (``__len__`` and ``__getitem__``).
+        batch_size: samples per batch.
+        transform: per-sample callable (torchvision transforms v2 or any
+            function) applied to ``dataset[i]``; None for identity.
+        collate_fn: turns a list of samples into a batch: a tensor, a dict of
+            tensors or a tuple/list of tensors. Defaults to torch's
+            ``default_collate``.
+        drop_last: drop the last partial batch of each epoch.
+        shuffle: permute samples each epoch from (seed, epoch).
+        finish: optional device-side last stage, run by the consumer on the
+            training device (cheap elementwise work such as uint8 -> float
+            normalisation), so batches travel in compact dtypes.
+    """
+
+    dataset: Any
+    batch_size: int
+    transform: Callable[[Any], Any] | None = None
+    collate_fn: Callable[[list], Any] | None = None
+    drop_last: bool = False
+    shuffle: bool = True
+    finish: Callable[[Any], Any] | None = None
+
+    def plan_config(self) -> PlanConfig:
+        if not hasattr(self.dataset, "__getitem__") or not hasattr(self.dataset, "__len__"):
+            raise ConfigError(
+                f"dataset of type {type(self.dataset).__name__} is not map-style: it needs "
+                "__len__ and __getitem__ (wrap an iterable source in a map-style dataset)"
+            )
+        return PlanConfig(len(self.dataset), self.batch_size, self.drop_last, self.shuffle)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """An importable pipeline: ``target`` is ``"package.module:function"``."""
+
+    target: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, str) or self.target.count(":") != 1:
+            raise ConfigError(
+                f"pipeline={self.target!r} must look like 'package.module:function'"
+            )
+        try:
+            json.dumps(dict(self.options), sort_keys=True)
+        except TypeError as exc:
+            raise ConfigError(f"pipeline options {dict(self.options)!r} must be JSON values: {exc}") from None
+
+    def to_json(self) -> str:
+        return json.dumps({"target": self.target, "options": dict(self.options)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PipelineSpec":
+        data = json.loads(text)
+        return cls(data["target"], data.get("options", {}))
+
+    def fingerprint(self) -> str:
+        """Servers of one job must agree on this; consumers check it."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def resolve(self) -> Callable[..., Pipeline]:
+        module_name, func_name = self.target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"pipeline={self.target!r}: cannot import module {module_name!r} ({exc}); "
+                "check the import path and that the package is installed on this node"
+            ) from exc
+        func = getattr(module, func_name, None)
+        if not callable(func):
+            raise ConfigError(
+                f"pipeline={self.target!r}: module {module_name!r} has no callable {func_name!r}"
+            )
+        return func
+
+    def load(self) -> Pipeline:
+        """Import and call the builder; check what it returns."""
+        func = self.resolve()
+        try:
+            pipe = func(**dict(self.options))
+        except TypeError as exc:
+            raise ConfigError(f"pipeline={self.target!r} rejected options {dict(self.options)!r}: {exc}") from exc
+        if not isinstance(pipe, Pipeline):
+            raise ConfigError(
+                f"pipeline={self.target!r} returned {type(pipe).__name__}; it must return "
+                "data_service.Pipeline(dataset=..., batch_size=...)"
+            )
+        pipe.plan_config()  # validates dataset and batch size now, not mid-epoch
+        return pipe
+
+
+class SampleError(Exception):
+    """User code failed on one sample (or in collate: sample_index -1)."""
+
+    def __init__(self, sample_index: int, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.sample_index = sample_index
+        self.cause = cause
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, numpy and random so augmentation depends only on ``seed``."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+
+
+def build_batch(pipe: Pipeline, cfg: PlanConfig, seed: int, epoch: int, index: int) -> Any:
+    """Build batch ``index`` of ``epoch``: the one function every mode uses.
+
+    Random augmentation is seeded from (seed, epoch, index) and the thread
+    count is pinned to 1, so the bytes do not depend on which server, process
+    or thread built the batch.
+
+    Raises:
+        IndexError: (epoch, index) is outside the plan.
+        SampleError: user code raised; carries the sample index.
+    """
+    indices = batch_indices(cfg, seed, epoch, index)
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        seed_everything(derive_seed(seed, epoch, index))
+        samples = []
+        for sample_index in indices:
+            try:
+                sample = pipe.dataset[sample_index]
+                if pipe.transform is not None:
+                    sample = pipe.transform(sample)
+            except Exception as exc:  # user code: carried to the consumer with context
+                raise SampleError(sample_index, exc) from exc
+            samples.append(sample)
+        try:
+            return (pipe.collate_fn or default_collate)(samples)
+        except Exception as exc:
+            raise SampleError(-1, exc) from exc
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)

@@ -1,0 +1,272 @@
+"""The data server: gRPC control plane + TCP data plane over a worker pool.
+
+Python API::
+
+    server = DataServer(PipelineSpec("mypkg.data:build_pipeline", {"size": 64}),
+                        token="s3cret", num_workers=4)
+    server.start()              # loads the pipeline, starts workers, builds a probe batch
+    print(server.address)       # "127.0.0.1:50051": what consumers connect to
+    server.wait()               # until Shutdown (RPC or server.shutdown())
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from . import framing
+from .auth import TokenInterceptor
+from .errors import ConfigError
+from .pipeline import PipelineSpec
+from .session import Session
+from .stats import ServerStats
+from .version import PROTOCOL_VERSION, compatible, mismatch_message
+from .wire import pb, pb_grpc
+from .workers import Result, Task, WorkerPool
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_BYTES = 1 << 30
+SERVICE_NAME = "heterodata.v1.DataService"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Knobs of one data server. Every value is checked in ``__post_init__``."""
+
+    host: str = "127.0.0.1"
+    port: int = 0                 # gRPC port; 0 picks a free one
+    bulk_port: int = 0            # data-plane port; 0 picks a free one
+    num_workers: int = 2
+    slots_per_worker: int = 2     # built batches each worker may hold: the memory bound
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    start_timeout_s: float = 120.0
+    probe: bool = True            # build batch 0 at start-up to catch errors early
+
+    def __post_init__(self) -> None:
+        for name in ("port", "bulk_port"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value <= 65535:
+                raise ConfigError(f"{name}={value!r} must be a TCP port 0..65535 (0 picks a free one)")
+        if not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise ConfigError(f"num_workers={self.num_workers!r} must be >= 1")
+        if not isinstance(self.slots_per_worker, int) or self.slots_per_worker < 1:
+            raise ConfigError(f"slots_per_worker={self.slots_per_worker!r} must be >= 1")
+        if self.max_batch_bytes < 1:
+            raise ConfigError(f"max_batch_bytes={self.max_batch_bytes!r} must be >= 1")
+
+
+class _Servicer(pb_grpc.DataServiceServicer):
+    def __init__(self, server: "DataServer") -> None:
+        self._server = server
+
+    def Hello(self, request, context):
+        if not compatible(request.client_version, PROTOCOL_VERSION):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          mismatch_message(request.client_version, PROTOCOL_VERSION))
+        s = self._server
+        return pb.HelloResponse(server_version=PROTOCOL_VERSION, bulk_port=s.bulk_port,
+                                dataset=s.dataset_info, server_id=s.server_id,
+                                shutting_down=s.shutting_down, workers=s.options.num_workers)
+
+    def GetStats(self, request, context):
+        return self._server.stats.snapshot()
+
+    def Shutdown(self, request, context):
+        grace = request.grace_s if request.grace_s > 0 else 30.0
+        already = self._server.shutdown(grace_s=grace, reason=request.reason or "Shutdown call", block=False)
+        return pb.ShutdownResponse(already_shutting_down=already)
+
+
+class DataServer:
+    """Serves batches of one pipeline; see the module docstring."""
+
+    def __init__(self, spec: PipelineSpec, token: str, options: ServerOptions | None = None) -> None:
+        if not token:
+            raise ConfigError("token='' : a data server needs a job token (HETERO_JOB_TOKEN or --token)")
+        self.spec = spec
+        self.token = token
+        self.options = options or ServerOptions()
+        self.server_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
+                               self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO)
+        self.stats = ServerStats(self)
+        self.plan = None
+        self.dataset_info: pb.DatasetInfo | None = None
+        self.port = 0
+        self.bulk_port = 0
+        self.shutting_down = False
+        self._sessions: set[Session] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._grpc: grpc.Server | None = None
+        self._health: health.HealthServicer | None = None
+        self._listener: socket.socket | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.options.host}:{self.port}"
+
+    # -- start
+    def start(self) -> "DataServer":
+        """Load the pipeline, start workers, check a probe batch, open both ports.
+
+        Raises:
+            ConfigError: bad import path, options, batch structure or size; busy port.
+        """
+        pipe = self.spec.load()  # fails here, at start-up, with the import path in the message
+        self.plan = pipe.plan_config()
+        self.dataset_info = pb.DatasetInfo(
+            num_samples=self.plan.num_samples, batch_size=self.plan.batch_size,
+            drop_last=self.plan.drop_last, shuffle=self.plan.shuffle, pipeline=self.spec.target,
+            fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes)
+        del pipe
+        self.pool.start()
+        try:
+            if self.options.probe:
+                self._probe()
+            self._open_ports()
+        except BaseException:
+            self.pool.stop(0)
+            raise
+        log.info("data server %s serving %s (%d samples, %d batches/epoch) on %s, data plane port %d, %d workers",
+                 self.server_id, self.spec.target, self.plan.num_samples, self.plan.num_batches,
+                 self.address, self.bulk_port, self.options.num_workers)
+        return self
+
+    def _probe(self) -> None:
+        done = threading.Event()
+        box: list[Result] = []
+        self.pool.submit(Task(0, 0, 0, lambda r: (box.append(r), done.set())))
+        if not done.wait(self.options.start_timeout_s):
+            raise ConfigError(f"the probe batch took longer than start_timeout_s={self.options.start_timeout_s}")
+        result = box[0]
+        try:
+            if result.error is not None:
+                raise ConfigError(
+                    f"pipeline {self.spec.target!r} fails on epoch 0, batch 0 "
+                    f"(sample {result.error.sample_index}): {result.error.message}\n{result.error.traceback}")
+            size = result.header.raw_bytes
+            if size > self.options.max_batch_bytes:
+                raise ConfigError(
+                    f"a batch of {size} bytes exceeds max_batch_bytes={self.options.max_batch_bytes}; "
+                    "raise --max-batch-bytes or lower the batch size")
+        finally:
+            result.release()
+
+    def _open_ports(self) -> None:
+        self._health = health.HealthServicer()
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"),
+            interceptors=[TokenInterceptor(self.token, self.count_auth_failure)],
+            options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_DataServiceServicer_to_server(_Servicer(self), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        try:
+            self.port = self._grpc.add_insecure_port(f"{self.options.host}:{self.options.port}")
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {self.options.host}:{self.options.port} ({exc}); "
+                              "pick another --port or 0 for a free one") from exc
+        self._listener = socket.socket(socket.AF_INET6 if ":" in self.options.host else socket.AF_INET)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._listener.bind((self.options.host, self.options.bulk_port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.options.host}:{self.options.bulk_port} ({exc}); "
+                              "pick another --bulk-port or 0 for a free one") from exc
+        self._listener.listen(128)
+        self.bulk_port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept_loop, name="bulk-accept", daemon=True).start()
+        self._grpc.start()
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def _accept_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:
+                return
+            framing.tune(sock)
+            session = Session(self, sock, f"{peer[0]}:{peer[1]}")
+            with self._lock:
+                self._sessions.add(session)
+            self.stats.stream_opened()
+            threading.Thread(target=session.run, name=f"session-{peer[1]}", daemon=True).start()
+
+    # -- callbacks from sessions
+    def session_closed(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+        self.stats.stream_closed(session.authenticated)
+
+    def consumer_connected(self) -> None:
+        self.stats.consumer_connected()
+
+    def count_auth_failure(self) -> None:
+        self.stats.auth_failures += 1
+
+    @property
+    def active_sessions(self) -> int:
+        with self._lock:
+            return sum(1 for s in self._sessions if s.authenticated)
+
+    # -- stop
+    def shutdown(self, grace_s: float = 30.0, reason: str = "", block: bool = True) -> bool:
+        """Stop serving: finish in-flight requests (up to ``grace_s``), then stop everything.
+
+        Idempotent. Returns True when a shutdown was already under way.
+        """
+        with self._lock:
+            already, self.shutting_down = self.shutting_down, True
+        if not already:
+            log.info("data server %s shutting down (%s), grace %.0fs", self.server_id, reason or "requested", grace_s)
+            if self._health is not None:
+                self._health.enter_graceful_shutdown()
+            thread = threading.Thread(target=self._stop, args=(grace_s,), name="shutdown", daemon=True)
+            thread.start()
+        if block:
+            self._stopped.wait(grace_s + 30)
+        return already
+
+    def _stop(self, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy = [s for s in self._sessions if not s.idle]
+            if not busy:
+                break
+            time.sleep(0.05)
+        if self._listener is not None:
+            self._listener.close()
+        with self._lock:
+            sessions = list(self._sessions)
+        for s in sessions:
+            s.close()
+        self.pool.stop(timeout=5.0)
+        if self._grpc is not None:
+            self._grpc.stop(grace=1.0).wait(5.0)
+        self._stopped.set()
+        log.info("data server %s stopped", self.server_id)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server has stopped; True if it did within ``timeout``."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def __enter__(self) -> "DataServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown(grace_s=5.0)

@@ -1,0 +1,76 @@
+"""Server counters behind the GetStats call."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .wire import pb
+
+if TYPE_CHECKING:
+    from .server import DataServer
+
+
+class ServerStats:
+    def __init__(self, server: "DataServer") -> None:
+        self._server = server
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        self.batches_sent = 0
+        self.bytes_sent = 0
+        self.raw_bytes = 0
+        self.send_s = 0.0
+        self.compress_s = 0.0
+        self.streams_total = 0
+        self.auth_failures = 0
+        self.consumer_ever_connected = False
+        self._consumers = 0
+        self._last_consumer_left = time.monotonic()
+
+    def record_sent(self, wire_bytes: int, raw_bytes: int, seconds: float) -> None:
+        with self._lock:
+            self.batches_sent += 1
+            self.bytes_sent += wire_bytes
+            self.raw_bytes += raw_bytes
+            self.send_s += seconds
+
+    def stream_opened(self) -> None:
+        with self._lock:
+            self.streams_total += 1
+
+    def consumer_connected(self) -> None:
+        with self._lock:
+            self._consumers += 1
+            self.consumer_ever_connected = True
+
+    def stream_closed(self, was_consumer: bool) -> None:
+        if not was_consumer:
+            return
+        with self._lock:
+            self._consumers -= 1
+            if self._consumers == 0:
+                self._last_consumer_left = time.monotonic()
+
+    def seconds_since_last_consumer(self) -> float:
+        """-1 while a consumer is connected; else seconds since the last one left (or since start)."""
+        with self._lock:
+            if self._consumers > 0:
+                return -1.0
+            return time.monotonic() - self._last_consumer_left
+
+    def snapshot(self) -> pb.Stats:
+        pool = self._server.pool
+        slots, slot_bytes = pool.slots_in_use()
+        idle_s = self.seconds_since_last_consumer()
+        with self._lock:
+            return pb.Stats(
+                batches_built=pool.batches_built, batches_sent=self.batches_sent,
+                bytes_sent=self.bytes_sent, queue_depth=pool.queue_depth,
+                workers=len(pool.worker_pids()), worker_busy_fraction=pool.busy_fraction(),
+                active_streams=self._consumers, streams_total=self.streams_total,
+                batch_errors=pool.batch_errors, worker_restarts=pool.restarts,
+                auth_failures=self.auth_failures, uptime_s=time.monotonic() - self.started,
+                slots_in_use=slots, bytes_in_slots=slot_bytes, raw_bytes=self.raw_bytes,
+                compress_s=self.compress_s,
+                seconds_since_last_consumer=idle_s,
+                consumer_ever_connected=self.consumer_ever_connected)

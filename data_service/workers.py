@@ -1,0 +1,457 @@
+"""A pool of worker processes that build batches into shared-memory slots.
+
+Each worker owns ``slots_per_worker`` output slots: anonymous memfd regions the
+server maps through ``/proc/<pid>/fd/<n>``. A worker builds a batch straight
+into a free slot and tells the server; the server sends the slot's bytes to the
+consumer and frees it. Workers only get a task when they have a free slot, so
+at most ``workers x slots`` built batches exist however slow the consumer is.
+No slot has a name in /dev/shm, so a crash on either side leaks nothing.
+
+A worker that dies mid-batch is replaced and its batch rebuilt by another;
+user-code exceptions travel back with their traceback and sample index.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import mmap
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as mp_wait
+from typing import Callable
+
+from .errors import ConfigError
+from .wire import pb
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3  # a batch that kills this many workers is reported, not retried forever
+_PAGE = mmap.PAGESIZE
+
+
+# ----------------------------------------------------------------- worker side
+
+class _WorkerSlot:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.fd = os.memfd_create("hetero-slot", 0)
+        os.ftruncate(self.fd, capacity)
+        self.map = mmap.mmap(self.fd, capacity)
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
+                 log_level: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
+    logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
+    import torch
+
+    from . import codec
+    from .pipeline import PipelineSpec, SampleError, build_batch
+
+    torch.set_num_threads(1)
+    try:
+        pipe = PipelineSpec.from_json(spec_json).load()
+        cfg = pipe.plan_config()
+    except BaseException as exc:  # report why we cannot start, then exit
+        conn.send(("fatal", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        return
+    conn.send(("ready", os.getpid()))
+    slots: list[_WorkerSlot | None] = [None] * num_slots
+    while True:
+        if not conn.poll(1.0):
+            if os.getppid() != parent_pid:
+                return  # orphaned: the server died
+            continue
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        _, task_id, seed, epoch, index, slot_no = msg
+        t0 = time.perf_counter()
+        try:
+            batch = build_batch(pipe, cfg, seed, epoch, index)
+            structure, metas, tensors, size = codec.plan_layout(batch)
+        except IndexError as exc:
+            conn.send(("error", task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
+            continue
+        except SampleError as exc:
+            tb = "".join(traceback.format_exception(exc.cause))
+            conn.send(("error", task_id, pb.TRANSFORM_FAILED, str(exc), tb, exc.sample_index))
+            continue
+        except Exception as exc:  # bad batch structure from collate, and the like
+            conn.send(("error", task_id, pb.TRANSFORM_FAILED, f"{type(exc).__name__}: {exc}",
+                       traceback.format_exc(), -1))
+            continue
+        slot, new = slots[slot_no], None
+        if slot is None or slot.capacity < size:
+            if slot is not None:
+                slot.close()
+            grown = max(size + size // 4, slot.capacity * 2 if slot else 0, _PAGE)
+            slot = slots[slot_no] = _WorkerSlot(-(-grown // _PAGE) * _PAGE)
+            new = (f"/proc/{os.getpid()}/fd/{slot.fd}", slot.capacity)
+        codec.write_payload(metas, tensors, slot.map)
+        header = pb.BatchHeader(
+            ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure,
+            tensors=metas, payload_bytes=size, raw_bytes=size, build_s=time.perf_counter() - t0)
+        conn.send(("done", task_id, slot_no, new, header.SerializeToString()))
+
+
+# ----------------------------------------------------------------- server side
+
+@dataclass
+class Task:
+    """One batch to build; ``on_result`` is called once, from the pool's thread."""
+
+    seed: int
+    epoch: int
+    index: int
+    on_result: Callable[["Result"], None]
+    id: int = 0
+    attempts: int = 0
+    cancelled: bool = False
+
+
+@dataclass
+class Result:
+    task: Task
+    header: pb.BatchHeader | None = None
+    payload: memoryview | None = None
+    error: pb.BatchError | None = None
+    _release: Callable[[], None] | None = field(default=None, repr=False)
+
+    def release(self) -> None:
+        """Give the slot back to its worker; call once, after sending ``payload``."""
+        if self.payload is not None:
+            self.payload.release()
+            self.payload = None
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()
+
+
+class _ServerSlot:
+    def __init__(self, path: str, capacity: int) -> None:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self.map = mmap.mmap(fd, capacity)
+        finally:
+            os.close(fd)
+        self.in_use = False
+        self.orphan = False
+        self.used_bytes = 0
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a view is still exported; the map goes when it is collected
+
+
+class _Worker:
+    def __init__(self, wid: int, process, conn, num_slots: int) -> None:
+        self.wid = wid
+        self.process = process
+        self.conn = conn
+        self.slots: list[_ServerSlot | None] = [None] * num_slots
+        self.task: Task | None = None
+        self.task_slot = -1
+        self.ready = False
+        self.alive = True
+
+    def free_slot(self) -> int:
+        for k, s in enumerate(self.slots):
+            if s is None or not s.in_use:
+                return k
+        return -1
+
+
+class WorkerPool:
+    """Runs a pipeline in ``num_workers`` processes; see the module docstring."""
+
+    def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
+                 start_timeout: float = 120.0, log_level: int = logging.INFO) -> None:
+        if num_workers < 1:
+            raise ConfigError(f"num_workers={num_workers} must be >= 1")
+        if slots_per_worker < 1:
+            raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
+        self._spec_json = spec_json
+        self._num_workers = num_workers
+        self._num_slots = slots_per_worker
+        self._start_timeout = start_timeout
+        self._log_level = log_level
+        self._ctx = mp.get_context("spawn")
+        self._lock = threading.Lock()
+        self._pending: collections.deque[Task] = collections.deque()
+        self._workers: list[_Worker] = []
+        self._next_id = 1
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread: threading.Thread | None = None
+        self.started_at = time.monotonic()
+        self.batches_built = 0
+        self.batch_errors = 0
+        self.build_seconds = 0.0
+        self.restarts = 0
+
+    # -- lifecycle
+    def start(self) -> None:
+        """Start the workers; wait until each has loaded the pipeline.
+
+        Raises:
+            ConfigError: a worker could not load the pipeline (with its traceback).
+        """
+        self._workers = [self._spawn(w) for w in range(self._num_workers)]
+        deadline = time.monotonic() + self._start_timeout
+        try:
+            for w in self._workers:
+                self._await_ready(w, deadline)
+        except ConfigError:
+            self.stop(0)
+            raise
+        self.started_at = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="worker-pool", daemon=True)
+        self._thread.start()
+
+    def _spawn(self, wid: int) -> _Worker:
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=_worker_main, name=f"hetero-data-worker-{wid}", daemon=True,
+            args=(child, self._spec_json, wid, self._num_slots, os.getpid(), self._log_level))
+        proc.start()
+        child.close()
+        return _Worker(wid, proc, parent, self._num_slots)
+
+    def _await_ready(self, w: _Worker, deadline: float) -> None:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConfigError(
+                    f"data worker {w.wid} did not load the pipeline within {self._start_timeout:.0f}s; "
+                    "raise the start-up timeout or make the pipeline builder faster")
+            if w.conn.poll(min(left, 0.5)):
+                try:
+                    msg = w.conn.recv()
+                except EOFError:
+                    msg = ("fatal", f"worker exited with code {w.process.exitcode}", "")
+                if msg[0] == "ready":
+                    w.ready = True
+                    return
+                raise ConfigError(f"data worker could not load the pipeline: {msg[1]}\n{msg[2]}")
+            if not w.process.is_alive() and not w.conn.poll():
+                raise ConfigError(f"data worker {w.wid} exited with code {w.process.exitcode} while loading the pipeline")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every worker (politely, then SIGKILL after ``timeout``)."""
+        with self._lock:
+            self._stopping = True
+            pending = list(self._pending)
+            self._pending.clear()
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(timeout, 1.0))
+        for w in self._workers:
+            try:
+                w.conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + timeout
+        for w in self._workers:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(2.0)
+        for task in pending:
+            self._fail(task, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
+
+    # -- public API
+    def submit(self, task: Task) -> Task:
+        with self._lock:
+            if self._stopping:
+                stopping = True
+            else:
+                stopping = False
+                task.id = self._next_id
+                self._next_id += 1
+                self._pending.append(task)
+        if stopping:
+            self._fail(task, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
+        else:
+            self._wake()
+        return task
+
+    def cancel(self, tasks) -> None:
+        with self._lock:
+            for t in tasks:
+                t.cancelled = True
+
+    @property
+    def queue_depth(self) -> int:
+        with self._lock:
+            return len(self._pending) + sum(1 for w in self._workers if w.task is not None)
+
+    def slots_in_use(self) -> tuple[int, int]:
+        with self._lock:
+            used = [s for w in self._workers for s in w.slots if s is not None and s.in_use]
+            return len(used), sum(s.used_bytes for s in used)
+
+    def busy_fraction(self) -> float:
+        elapsed = max(time.monotonic() - self.started_at, 1e-9)
+        return min(1.0, self.build_seconds / (elapsed * self._num_workers))
+
+    def worker_pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.alive]
+
+    # -- dispatcher
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _fail(self, task: Task, kind: int, message: str, tb: str = "", sample: int = -1) -> None:
+        err = pb.BatchError(ref=pb.BatchRef(seed=task.seed, epoch=task.epoch, index=task.index),
+                            kind=kind, message=message, traceback=tb, sample_index=sample)
+        task.on_result(Result(task, error=err))
+
+    def _assign(self) -> None:
+        with self._lock:
+            for w in self._workers:
+                if not self._pending:
+                    return
+                if not (w.alive and w.ready) or w.task is not None:
+                    continue
+                k = w.free_slot()
+                if k < 0:
+                    continue
+                task = self._pending.popleft()
+                while task.cancelled and self._pending:
+                    task = self._pending.popleft()
+                if task.cancelled:
+                    return
+                w.task, w.task_slot = task, k
+                if w.slots[k] is not None:
+                    w.slots[k].in_use = True
+                try:
+                    w.conn.send(("task", task.id, task.seed, task.epoch, task.index, k))
+                except (OSError, ValueError):
+                    pass  # the sentinel reports the death
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping:
+                    return
+                workers = list(self._workers)
+            self._assign()
+            objs = [self._wake_r] + [w.conn for w in workers if w.alive] + \
+                   [w.process.sentinel for w in workers if w.alive]
+            for obj in mp_wait(objs, timeout=0.5):
+                if obj == self._wake_r:
+                    os.read(self._wake_r, 4096)
+                    continue
+                for w in workers:
+                    if obj is w.conn:
+                        self._on_message(w)
+                    elif obj == w.process.sentinel and w.alive and not w.conn.poll():
+                        self._on_death(w)
+
+    def _on_message(self, w: _Worker) -> None:
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            self._on_death(w)
+            return
+        task, k = w.task, w.task_slot
+        if task is None or task.id != msg[1]:
+            return  # stale
+        with self._lock:
+            w.task, w.task_slot = None, -1
+        if msg[0] == "error":
+            _, _, kind, message, tb, sample = msg
+            with self._lock:
+                self.batch_errors += 1
+                if w.slots[k] is not None:
+                    w.slots[k].in_use = False
+            if not task.cancelled:
+                self._fail(task, kind, message, tb, sample)
+            return
+        _, _, _, new, head = msg
+        header = pb.BatchHeader.FromString(head)
+        with self._lock:
+            if new is not None:
+                if w.slots[k] is not None:
+                    w.slots[k].close()
+                w.slots[k] = _ServerSlot(*new)
+            slot = w.slots[k]
+            slot.in_use = True
+            slot.used_bytes = header.raw_bytes
+            self.batches_built += 1
+            self.build_seconds += header.build_s
+        if task.cancelled:
+            self._release(slot)
+            return
+        view = memoryview(slot.map)[:header.raw_bytes]
+        task.on_result(Result(task, header=header, payload=view, _release=lambda: self._release(slot)))
+
+    def _release(self, slot: _ServerSlot) -> None:
+        with self._lock:
+            slot.in_use = False
+            if slot.orphan:
+                slot.close()
+        self._wake()
+
+    def _on_death(self, w: _Worker) -> None:
+        with self._lock:
+            if not w.alive:
+                return
+            w.alive = False
+            task, w.task = w.task, None
+            for s in w.slots:
+                if s is not None:
+                    s.orphan = True
+                    if not s.in_use or (task is not None and s is w.slots[w.task_slot]):
+                        s.close()
+            stopping = self._stopping
+        code = w.process.exitcode
+        log.warning("data worker %d (pid %s) died with exit code %s%s", w.wid, w.process.pid, code,
+                    f" while building epoch {task.epoch} batch {task.index}" if task else "")
+        if task is not None and not task.cancelled:
+            task.attempts += 1
+            if task.attempts >= MAX_ATTEMPTS:
+                self._fail(task, pb.INTERNAL,
+                           f"{task.attempts} data workers died building this batch (last exit code {code}); "
+                           "the pipeline crashes the process on it (segfault or out of memory?)")
+            else:
+                with self._lock:
+                    self._pending.appendleft(task)
+        if not stopping:
+            # Replace it off the dispatcher thread: a spawn takes seconds.
+            threading.Thread(target=self._replace, args=(w,), daemon=True).start()
+
+    def _replace(self, dead: _Worker) -> None:
+        replacement = self._spawn(dead.wid)
+        try:
+            self._await_ready(replacement, time.monotonic() + self._start_timeout)
+        except ConfigError as exc:
+            log.error("could not replace data worker %d: %s", dead.wid, exc)
+            replacement.process.kill()
+            return
+        with self._lock:
+            if self._stopping:
+                replacement.conn.send(("stop",))
+                self._workers.append(replacement)  # stop() joins it
+                return
+            self._workers[self._workers.index(dead)] = replacement
+            self.restarts += 1
+        self._wake()

@@ -1,0 +1,115 @@
+"""gRPC control calls to one data server: Hello, stats, health, shutdown."""
+from __future__ import annotations
+
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from data_service.auth import VERSION_KEY, bearer
+from data_service.errors import (PermissionDeniedError, ServerUnavailableError,
+                                 VersionMismatchError)
+from data_service.version import PROTOCOL_VERSION, mismatch_message
+from data_service.wire import pb, pb_grpc
+
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class ControlClient:
+    """Control-plane client for one server address ``host:port``.
+
+    Args:
+        address: the server's gRPC address.
+        token: the job token.
+        client_version: protocol version to announce (tests override it).
+    """
+
+    def __init__(self, address: str, token: str, client_id: str = "",
+                 client_version: str = PROTOCOL_VERSION) -> None:
+        self.address = address
+        self.client_id = client_id
+        self.client_version = client_version
+        self._metadata = (bearer(token), (VERSION_KEY, client_version))
+        self._channel = grpc.insecure_channel(address, options=[("grpc.enable_retries", 0)])
+        self._stub = pb_grpc.DataServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "ControlClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _translate(self, err: grpc.RpcError):
+        code = err.code()
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return PermissionDeniedError(f"server {self.address} refused the job token: {err.details()}")
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            return VersionMismatchError(f"server {self.address}: {err.details()}")
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return VersionMismatchError(
+                f"server {self.address} does not implement heterodata.v1: "
+                + mismatch_message(self.client_version, "another major version"))
+        return None
+
+    def hello(self, timeout: float = 5.0) -> pb.HelloResponse:
+        """One Hello call.
+
+        Raises:
+            PermissionDeniedError, VersionMismatchError: final answers.
+            grpc.RpcError: the server is not reachable (retry).
+        """
+        try:
+            return self._stub.Hello(pb.HelloRequest(client_version=self.client_version, client_id=self.client_id),
+                                    metadata=self._metadata, timeout=timeout)
+        except grpc.RpcError as err:
+            raise self._translate(err) or err
+
+    def wait_hello(self, deadline_s: float) -> pb.HelloResponse:
+        """Hello, retried while the server is unreachable, up to ``deadline_s`` seconds.
+
+        Raises:
+            ServerUnavailableError: naming the address and the seconds waited.
+        """
+        start = time.monotonic()
+        last = "no attempt"
+        while True:
+            left = deadline_s - (time.monotonic() - start)
+            try:
+                return self.hello(timeout=max(0.2, min(5.0, left)))
+            except grpc.RpcError as err:
+                if err.code() not in _RETRYABLE:
+                    raise
+                last = f"{err.code().name}: {err.details()}"
+            left = deadline_s - (time.monotonic() - start)
+            if left <= 0:
+                raise ServerUnavailableError(
+                    f"no data server answered at {self.address} within {deadline_s:.1f}s "
+                    f"(last error: {last}); check the address and that `hetero serve` runs there")
+            time.sleep(min(0.25, left))
+
+    def stats(self, timeout: float = 5.0) -> pb.Stats:
+        try:
+            return self._stub.GetStats(pb.StatsRequest(), metadata=self._metadata, timeout=timeout)
+        except grpc.RpcError as err:
+            raise self._translate(err) or err
+
+    def shutdown(self, grace_s: float = 30.0, reason: str = "", timeout: float = 10.0) -> bool:
+        """Ask the server to stop. Returns True if it was already stopping."""
+        try:
+            resp = self._stub.Shutdown(pb.ShutdownRequest(grace_s=grace_s, reason=reason),
+                                       metadata=self._metadata, timeout=timeout)
+        except grpc.RpcError as err:
+            raise self._translate(err) or err
+        return resp.already_shutting_down
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        """True when the standard health service reports SERVING."""
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return resp.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,239 @@
+"""Fetch a list of batches from many servers, each exactly once, in order.
+
+The consumer decides which batches it needs; servers only build what they
+are asked for. Each server gets at most ``window`` outstanding requests, and a
+new request the moment one completes, so a faster server gets more work and a
+new server adds throughput with no reconfiguration. A server that dies or
+stalls has its unfinished batches asked of the others; one that comes back (same
+address) is used again. Only when no server is usable for ``connect_timeout``
+seconds does iteration fail, naming every server and its last error.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import grpc
+
+from data_service.errors import (BatchBuildError, ConfigError, DataServiceError, PermissionDeniedError,
+                                 ServerUnavailableError, VersionMismatchError)
+from data_service.version import PROTOCOL_VERSION
+from data_service.wire import pb
+
+from .connection import BulkConnection, Event
+from .control import ControlClient
+
+log = logging.getLogger(__name__)
+
+RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # back-off between reconnects to one server
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"server address {address!r} must look like 'host:port'")
+    return host.strip("[]"), int(port)
+
+
+@dataclass
+class _Server:
+    address: str
+    conn: BulkConnection | None = None
+    outstanding: dict[tuple[int, int], pb.BatchRef] = field(default_factory=dict)
+    draining: bool = False
+    failures: int = 0
+    retry_at: float = 0.0
+    last_error: str = "never connected"
+    last_progress: float = 0.0
+    delivered: int = 0
+
+
+class Fetcher:
+    """Iterate ``(ref, batch)`` for ``refs`` in order; see the module docstring.
+
+    Args:
+        servers: ``host:port`` gRPC addresses of the data servers.
+        token: the job token.
+        refs: the batches to fetch, in the order to yield them (unique).
+        window: outstanding requests per server.
+        connect_timeout: seconds to wait while no server is usable.
+        batch_timeout: seconds a server may hold requests without delivering any before it
+            is treated as failed.
+        fingerprint: pipeline fingerprint every server must report ("" = take the first's).
+    """
+
+    def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4,
+                 connect_timeout: float = 60.0, batch_timeout: float = 300.0, client_id: str = "",
+                 fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
+                 client_version: str = PROTOCOL_VERSION) -> None:
+        if not servers:
+            raise ConfigError("servers=[] : give at least one data server address 'host:port'")
+        if window < 1:
+            raise ConfigError(f"window={window} must be >= 1")
+        self._servers = [_Server(a) for a in servers]
+        for s in self._servers:
+            split_address(s.address)
+        self._token = token
+        self._refs = list(refs)
+        self._window = window
+        self._connect_timeout = connect_timeout
+        self._batch_timeout = batch_timeout
+        self._client_id = client_id
+        self._fingerprint = fingerprint
+        self._pin = pin_memory
+        self._max = max_batch_bytes
+        self._version = client_version
+        self._events: queue.Queue[Event] = queue.Queue()
+        self.failovers = 0
+
+    # -- connections
+    def _connect(self, s: _Server, now: float) -> None:
+        host, _ = split_address(s.address)
+        try:
+            with ControlClient(s.address, self._token, self._client_id, self._version) as ctl:
+                hello = ctl.hello(timeout=2.0)
+            if hello.shutting_down:
+                raise ConnectionError("server is shutting down")
+            fp = hello.dataset.fingerprint
+            if self._fingerprint and fp != self._fingerprint:
+                raise ConfigError(
+                    f"server {s.address} runs pipeline {hello.dataset.pipeline!r} with fingerprint {fp}, "
+                    f"others run {self._fingerprint}: start every data server with the same pipeline and options")
+            self._fingerprint = fp
+            conn = BulkConnection(s.address, host, hello.bulk_port, self._token, self._events, self._client_id,
+                                  self._max, self._pin, self._version)
+            conn.open(timeout=5.0)
+        except (PermissionDeniedError, VersionMismatchError, ConfigError):
+            raise
+        except (grpc.RpcError, OSError, DataServiceError) as exc:
+            s.failures += 1
+            s.retry_at = now + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
+            s.last_error = getattr(exc, "details", lambda: None)() or f"{type(exc).__name__}: {exc}"
+            return
+        s.conn, s.draining, s.failures = conn, False, 0
+        s.last_progress = time.monotonic()
+        log.debug("connected to data server %s", s.address)
+
+    def _drop(self, s: _Server, reason: str, todo: collections.deque) -> None:
+        if s.conn is not None:
+            s.conn.close()
+        s.conn = None
+        s.last_error = reason
+        s.failures += 1
+        s.retry_at = time.monotonic() + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
+        if s.outstanding:
+            self.failovers += 1
+            log.warning("data server %s failed (%s); asking others for its %d unfinished batches",
+                        s.address, reason, len(s.outstanding))
+            self._requeue(list(s.outstanding.values()), todo)
+            s.outstanding.clear()
+
+    def _requeue(self, refs: list[pb.BatchRef], todo: collections.deque) -> None:
+        for ref in sorted(refs, key=lambda r: self._pos[(r.epoch, r.index)], reverse=True):
+            todo.appendleft(ref)
+
+    def _unavailable(self, waited: float) -> ServerUnavailableError:
+        detail = "; ".join(f"{s.address}: {s.last_error}" for s in self._servers)
+        return ServerUnavailableError(
+            f"no data server usable for {waited:.1f}s (connect_timeout={self._connect_timeout}s): {detail}")
+
+    # -- iteration
+    def __iter__(self) -> Iterator[tuple[pb.BatchRef, Any]]:
+        self._pos = {(r.epoch, r.index): i for i, r in enumerate(self._refs)}
+        if len(self._pos) != len(self._refs):
+            raise ConfigError("refs must be unique (epoch, index) pairs")
+        todo: collections.deque[pb.BatchRef] = collections.deque(self._refs)
+        done: dict[int, Any] = {}
+        nxt = 0
+        no_server_since: float | None = None
+        try:
+            while nxt < len(self._refs):
+                while nxt in done:
+                    yield self._refs[nxt], done.pop(nxt)
+                    nxt += 1
+                if nxt >= len(self._refs):
+                    break
+                now = time.monotonic()
+                for s in self._servers:
+                    if s.conn is None and now >= s.retry_at:
+                        self._connect(s, now)
+                    if s.conn is not None and s.outstanding and now - s.last_progress > self._batch_timeout:
+                        self._drop(s, f"no batch for {self._batch_timeout:.0f}s", todo)
+                self._assign(todo)
+                usable = any(s.conn is not None and (not s.draining or s.outstanding) for s in self._servers)
+                if usable:
+                    no_server_since = None
+                elif no_server_since is None:
+                    no_server_since = now
+                elif now - no_server_since > self._connect_timeout:
+                    raise self._unavailable(now - no_server_since)
+                try:
+                    event = self._events.get(timeout=0.1 if not usable else 0.5)
+                except queue.Empty:
+                    continue
+                self._handle(event, todo, done)
+        finally:
+            for s in self._servers:
+                if s.conn is not None:
+                    s.conn.close()
+
+    def _assign(self, todo: collections.deque) -> None:
+        for s in self._servers:
+            if s.conn is None or s.draining or not todo:
+                continue
+            room = self._window - len(s.outstanding)
+            batch = []
+            while room > 0 and todo:
+                ref = todo.popleft()
+                batch.append(ref)
+                room -= 1
+            if not batch:
+                continue
+            for ref in batch:
+                s.outstanding[(ref.epoch, ref.index)] = ref
+            if not s.last_progress or len(s.outstanding) == len(batch):
+                s.last_progress = time.monotonic()
+            try:
+                s.conn.fetch(batch)
+            except OSError as exc:
+                self._drop(s, f"send failed: {exc}", todo)
+
+    def _server_of(self, conn: BulkConnection) -> _Server | None:
+        for s in self._servers:
+            if s.conn is conn:
+                return s
+        return None  # an old connection's late event
+
+    def _handle(self, ev: Event, todo: collections.deque, done: dict[int, Any]) -> None:
+        s = self._server_of(ev.conn)
+        if s is None:
+            return
+        if ev.kind == "down":
+            self._drop(s, f"{type(ev.exc).__name__}: {ev.exc}", todo)
+            return
+        key = (ev.ref.epoch, ev.ref.index)
+        if s.outstanding.pop(key, None) is None:
+            return  # not ours (already re-requested elsewhere)
+        s.last_progress = time.monotonic()
+        if ev.kind == "batch":
+            s.delivered += 1
+            done[self._pos[key]] = ev.batch
+            return
+        err = ev.error
+        if err.kind == pb.SHUTTING_DOWN:
+            s.draining = True
+            s.last_error = "shutting down"
+            self._requeue([ev.ref], todo)
+            return
+        if err.kind == pb.TRANSFORM_FAILED:
+            raise BatchBuildError(err.message, epoch=ev.ref.epoch, index=ev.ref.index,
+                                  sample_index=err.sample_index, remote_traceback=err.traceback, server=s.address)
+        raise DataServiceError(f"server {s.address} could not build epoch {ev.ref.epoch} batch {ev.ref.index}: "
+                               f"{pb.ErrorKind.Name(err.kind)}: {err.message}")
+
+    def stats(self) -> dict[str, int]:
+        return {s.address: s.delivered for s in self._servers}

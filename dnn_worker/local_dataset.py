@@ -1,0 +1,56 @@
+"""``LocalDataset``: the homogeneous mode. The same pipeline, built in-process.
+
+It yields bit-identical batches to ``RemoteDataset`` for the same seed and
+epoch (both call ``data_service.pipeline.build_batch``), so step time and cost
+compare like for like. Use it with DataLoader workers for CPU parallelism:
+
+    DataLoader(LocalDataset(spec, seed=1), batch_size=None, num_workers=4)
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from data_service.errors import BatchBuildError
+from data_service.pipeline import Pipeline, PipelineSpec, SampleError, build_batch
+
+from .sharding import ShardedBatches
+
+
+class LocalDataset(ShardedBatches):
+    """Args: spec: the pipeline (import path + options). **kwargs: see ``ShardedBatches``."""
+
+    def __init__(self, spec: PipelineSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+        self._pipe: Pipeline | None = None
+        self._num_batches: int | None = None
+
+    def pipeline(self) -> Pipeline:
+        if self._pipe is None:
+            self._pipe = self.spec.load()
+        return self._pipe
+
+    def num_batches_per_epoch(self) -> int:
+        if self._num_batches is None:
+            self._num_batches = self.pipeline().plan_config().num_batches
+        return self._num_batches
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_pipe"] = None  # each DataLoader worker builds its own
+        return state
+
+    def __iter__(self) -> Iterator[Any]:
+        pipe = self.pipeline()
+        cfg = pipe.plan_config()
+
+        def produce():
+            for index in self.my_indices():
+                try:
+                    yield index, build_batch(pipe, cfg, self.seed, self.epoch, index)
+                except SampleError as exc:
+                    import traceback
+                    raise BatchBuildError(str(exc), epoch=self.epoch, index=index, sample_index=exc.sample_index,
+                                          remote_traceback="".join(traceback.format_exception(exc.cause))) from exc
+
+        yield from self._audited(produce())

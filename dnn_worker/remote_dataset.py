@@ -1,0 +1,114 @@
+"""``RemoteDataset``: batches from data servers as a torch IterableDataset.
+
+    loader = DataLoader(RemoteDataset(["algo-1:6000"], token=tok, seed=1),
+                        batch_size=None, num_workers=2, pin_memory=True)
+    for epoch in range(3):
+        loader.dataset.set_epoch(epoch)
+        for batch in loader: ...
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Iterator, Sequence
+
+from data_service.errors import ConfigError
+from data_service.version import PROTOCOL_VERSION
+from data_service.wire import pb
+
+from .control import ControlClient
+from .fetcher import Fetcher, split_address
+from .sharding import ShardedBatches
+
+
+class RemoteDataset(ShardedBatches):
+    """Yields this rank's batches of the current epoch from one or more data servers.
+
+    Args:
+        servers: ``host:port`` addresses (or one string, comma separated).
+        token: the job token (the servers refuse anything else).
+        window: outstanding requests per server per loader worker (default: 2 x the
+            server's worker processes).
+        connect_timeout: seconds to wait for a first server, and while none is usable.
+        batch_timeout: seconds a server may stall before its batches go elsewhere.
+        pin_memory: receive straight into pinned host memory.
+        **kwargs: seed, rank, world_size, dp_rank, dp_size, remainder, audit_path
+            (see ``ShardedBatches``).
+    """
+
+    def __init__(self, servers: str | Sequence[str], token: str, *, window: int | None = None,
+                 connect_timeout: float = 60.0, batch_timeout: float = 300.0, pin_memory: bool = False,
+                 max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(servers, str):
+            servers = [s.strip() for s in servers.split(",") if s.strip()]
+        self.servers = list(servers)
+        if not self.servers:
+            raise ConfigError("servers=[] : give at least one data server address 'host:port'")
+        for address in self.servers:
+            split_address(address)
+        if not token:
+            raise ConfigError("token='' : pass the job token the data servers were started with")
+        if window is not None and window < 1:
+            raise ConfigError(f"window={window} must be >= 1")
+        self.token = token
+        self.window = window
+        self.connect_timeout = connect_timeout
+        self.batch_timeout = batch_timeout
+        self.pin_memory = pin_memory
+        self.max_batch_bytes = max_batch_bytes
+        self.client_version = client_version
+        self._info: pb.HelloResponse | None = None
+
+    def hello(self) -> pb.HelloResponse:
+        """Dataset facts from the first server that answers (cached)."""
+        if self._info is None:
+            self._info = first_hello(self.servers, self.token, self.connect_timeout, self.client_version)
+        return self._info
+
+    def num_batches_per_epoch(self) -> int:
+        d = self.hello().dataset
+        full, rest = divmod(d.num_samples, d.batch_size)
+        return full + (1 if rest and not d.drop_last else 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = self.hello()
+        indices = self.my_indices()
+        refs = [pb.BatchRef(seed=self.seed, epoch=self.epoch, index=i) for i in indices]
+        window = self.window or max(2, 2 * info.workers)
+        fetcher = Fetcher(self.servers, self.token, refs, window=window, connect_timeout=self.connect_timeout,
+                          batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
+                          fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
+                          max_batch_bytes=self.max_batch_bytes, client_version=self.client_version)
+        yield from self._audited((ref.index, batch) for ref, batch in fetcher)
+
+
+def client_id(rank: int) -> str:
+    return f"{socket.gethostname()}/rank{rank}/pid{os.getpid()}"
+
+
+def first_hello(servers: Sequence[str], token: str, deadline_s: float,
+                client_version: str = PROTOCOL_VERSION) -> pb.HelloResponse:
+    """Hello to each server in turn until one answers; the deadline covers all of them."""
+    import time
+
+    import grpc
+
+    from data_service.errors import ServerUnavailableError
+
+    start = time.monotonic()
+    errors: dict[str, str] = {}
+    while True:
+        for address in servers:
+            with ControlClient(address, token, client_id(0), client_version) as ctl:
+                try:
+                    return ctl.hello(timeout=2.0)
+                except grpc.RpcError as err:
+                    errors[address] = f"{err.code().name}: {err.details()}"
+        waited = time.monotonic() - start
+        if waited > deadline_s:
+            tried = "; ".join(f"{a} ({e})" for a, e in errors.items())
+            raise ServerUnavailableError(
+                f"no data server answered within {waited:.1f}s (connect_timeout={deadline_s}s); tried {tried}. "
+                "Check the addresses and that `hetero serve` runs there")
+        time.sleep(0.25)

@@ -1,0 +1,1 @@
+"""Example pipelines: ``examples.synthetic`` (tests, benchmarks) and ``examples.mnist`` (the main job)."""

@@ -1,0 +1,1 @@
+"""The ``hetero`` command line and job-level tools (local cluster, benchmarks, submission)."""

@@ -1,0 +1,51 @@
+"""Entry point of the ``hetero`` command: one subcommand per module in ``hetero.commands``.
+
+Each command module defines ``register(subparsers)`` which adds its parser and
+sets ``func`` to a callable taking the parsed args and returning an exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import socket
+import sys
+
+# Subcommand modules, in --help order. A module that fails to import (an optional
+# extra missing) only disables its own command.
+COMMANDS = ("serve", "local", "launch", "synth", "bench", "plan", "submit", "stats", "shutdown")
+
+
+def setup_logging(role: str, level: str = "INFO") -> None:
+    """Log lines say who speaks: role and host (rank is added by the trainer)."""
+    fmt = f"%(asctime)s {role}@{socket.gethostname()} %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), format=fmt, force=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hetero", description="Data service for heterogeneous PyTorch training")
+    parser.add_argument("--log-level", default=os.environ.get("HETERO_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"hetero.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("hetero.commands"):
+                continue  # not written yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

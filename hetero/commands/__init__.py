@@ -1,0 +1,1 @@
+"""One module per ``hetero`` subcommand; each exposes ``register(subparsers)``."""

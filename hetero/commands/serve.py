@@ -1,0 +1,55 @@
+"""``hetero serve``: run a data server for a pipeline until shut down."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+from data_service.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="run a data server (CPU node)",
+                       description="Serve batches of a pipeline to RemoteDataset consumers.")
+    p.add_argument("pipeline", help="builder import path, e.g. examples.synthetic:build_pipeline")
+    p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE", help="builder keyword option (JSON value)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=6000, help="gRPC port (0 = free port)")
+    p.add_argument("--bulk-port", type=int, default=0, help="data-plane port (0 = free port)")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    p.add_argument("--slots-per-worker", type=int, default=2, help="built batches per worker held ahead")
+    p.add_argument("--max-batch-bytes", type=int, default=1 << 30)
+    p.add_argument("--token", default=None, help="job token (default: $HETERO_JOB_TOKEN)")
+    p.add_argument("--port-file", default=None, help="write 'grpc_port' here once serving (for scripts)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from data_service.pipeline import PipelineSpec
+    from data_service.server import DataServer, ServerOptions
+    from hetero.cli import setup_logging
+    from hetero.options import parse_kv
+
+    setup_logging("data-server", args.log_level)
+    token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")
+    try:
+        if not token:
+            raise ConfigError("no job token: pass --token or set HETERO_JOB_TOKEN")
+        spec = PipelineSpec(args.pipeline, parse_kv(args.option))
+        options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
+                                slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes)
+        server = DataServer(spec, token, options).start()
+    except ConfigError as exc:
+        print(f"hetero serve: {exc}")
+        return 2
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{server.port}\n")
+        os.replace(tmp, args.port_file)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.shutdown(grace_s=10.0, reason="signal", block=False))
+    print(f"serving {args.pipeline} on {server.address} (Ctrl-C or `hetero shutdown` to stop)", flush=True)
+    while not server.wait(timeout=1.0):
+        pass
+    return 0

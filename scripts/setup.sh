@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with its extras (idempotent).
+# Usage: bash scripts/setup.sh [extras]   (default extras: dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-dev}"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# The torch pair first, from its own pin file (see the comment there).
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -r requirements/torch.txt 2>&1 | grep -v "is ignored: it is neither" || true
+.venv/bin/python -m pip install -q -e ".[${extras}]" 2>&1 | grep -v "is ignored: it is neither" || true
+.venv/bin/python -c "import torch, torchvision; from torchvision.transforms import v2; v2.GaussianBlur(3)(torch.zeros(1, 4, 4)); print(f'torch {torch.__version__}, torchvision {torchvision.__version__}: ok')"

@@ -1,0 +1,1 @@
+"""Benchmarks: price table, cost arithmetic and benchmark drivers."""

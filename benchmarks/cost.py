@@ -1,0 +1,201 @@
+"""Dollar cost of training steps on a SageMaker cluster, from a dated price table.
+
+The table is ``benchmarks/prices.json`` (us-east-1 on-demand $/instance-hour, each entry
+with its source and date). ``HETERO_PRICES=/path/to/prices.json`` or an explicit ``path``
+names an override file of the same schema whose entries replace (or add to) the defaults.
+
+A *cluster* is a list of ``(instance_type, count)`` pairs, e.g.
+``[("ml.p3.2xlarge", 1), ("ml.c5.9xlarge", 1)]``. SageMaker bills every instance of a job
+for the job's whole duration, so a step costs ``step_time_s * sum(price * count) / 3600``.
+
+Example:
+    >>> table = load_prices()
+    >>> round(table.cost_per_step([("ml.p3.2xlarge", 1)], 1.19) * 100, 4)  # cents
+    0.1264
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+DEFAULT_PATH = Path(__file__).with_name("prices.json")
+ENV_VAR = "HETERO_PRICES"
+
+Cluster = Sequence[tuple[str, int]]
+
+
+class PriceError(ValueError):
+    """Unknown instance type, malformed price file or bad cluster description."""
+
+
+@dataclass(frozen=True)
+class InstancePrice:
+    """One row of the price table."""
+
+    instance_type: str
+    usd_per_hour: float
+    vcpus: int
+    gpus: int
+    source: str
+    date: str
+
+
+class PriceTable:
+    """Instance prices plus the cost arithmetic built on them.
+
+    Args:
+        entries: instance type -> price row.
+        region: region the prices are for.
+        as_of: date of the table (its newest source).
+    """
+
+    def __init__(self, entries: dict[str, InstancePrice], region: str = "us-east-1", as_of: str = "") -> None:
+        self.entries = dict(entries)
+        self.region = region
+        self.as_of = as_of
+
+    def known(self) -> list[str]:
+        """Sorted instance types with a price."""
+        return sorted(self.entries)
+
+    def info(self, instance_type: str) -> InstancePrice:
+        """The price row of ``instance_type``; raises PriceError listing known types if absent."""
+        try:
+            return self.entries[instance_type]
+        except KeyError:
+            raise PriceError(
+                f"no price for instance type {instance_type!r}; known types: {', '.join(self.known())}. "
+                f"Add it to a price file and point {ENV_VAR} at it") from None
+
+    def hourly(self, instance_type: str) -> float:
+        """On-demand $/hour of one instance of ``instance_type``."""
+        return self.info(instance_type).usd_per_hour
+
+    def cluster_hourly(self, cluster: Cluster) -> float:
+        """$/hour of a whole cluster (every instance of every group)."""
+        total = 0.0
+        for instance_type, count in _check_cluster(cluster):
+            total += self.hourly(instance_type) * count
+        return total
+
+    def cost_per_step(self, cluster: Cluster, step_time_s: float) -> float:
+        """Dollars one training step costs when a step takes ``step_time_s`` seconds."""
+        return self.cluster_hourly(cluster) * _positive(step_time_s, "step_time_s") / 3600.0
+
+    def cost_per_1000_steps(self, cluster: Cluster, step_time_s: float) -> float:
+        """Dollars per 1000 steps."""
+        return 1000.0 * self.cost_per_step(cluster, step_time_s)
+
+    def cost_per_epoch(self, cluster: Cluster, step_time_s: float, steps_per_epoch: int) -> float:
+        """Dollars per epoch of ``steps_per_epoch`` steps."""
+        if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
+            raise PriceError(f"steps_per_epoch must be a positive integer, got {steps_per_epoch!r}")
+        return steps_per_epoch * self.cost_per_step(cluster, step_time_s)
+
+    def cost_ratio(self, cluster_a: Cluster, step_a_s: float, cluster_b: Cluster, step_b_s: float) -> float:
+        """Cost per step of A divided by that of B (> 1: A is the dearer way to train)."""
+        return self.cost_per_step(cluster_a, step_a_s) / self.cost_per_step(cluster_b, step_b_s)
+
+
+def _positive(value: float, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise PriceError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _check_cluster(cluster: Cluster) -> Iterable[tuple[str, int]]:
+    if isinstance(cluster, (str, bytes)) or not cluster:
+        raise PriceError(f"a cluster is a non-empty list of (instance_type, count), got {cluster!r}")
+    for item in cluster:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise PriceError(f"cluster entry {item!r} must be (instance_type, count)")
+        instance_type, count = item
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise PriceError(f"instance count for {instance_type!r} must be an integer >= 0, got {count!r}")
+        yield instance_type, count
+
+
+def parse_cluster(text: str) -> list[tuple[str, int]]:
+    """``"ml.p3.2xlarge:1,ml.c5.9xlarge:2"`` -> ``[("ml.p3.2xlarge", 1), ("ml.c5.9xlarge", 2)]``."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        instance_type, sep, count = part.rpartition(":")
+        if not sep or not instance_type or not count.isdigit():
+            raise PriceError(f"cluster entry {part!r} must look like TYPE:COUNT, e.g. ml.p3.2xlarge:1")
+        out.append((instance_type, int(count)))
+    return list(_check_cluster(out))
+
+
+def _rows(path: Path) -> tuple[dict, dict[str, InstancePrice]]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PriceError(f"cannot read price file {path}: {exc}") from exc
+    rows = {}
+    for name, row in (doc.get("instances") or {}).items():
+        try:
+            rows[name] = InstancePrice(name, float(row["usd_per_hour"]), int(row.get("vcpus", 0)),
+                                       int(row.get("gpus", 0)), str(row.get("source", path.name)),
+                                       str(row.get("date", doc.get("as_of", ""))))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PriceError(f"price file {path}: entry {name!r} needs a numeric usd_per_hour ({exc})") from exc
+    return doc, rows
+
+
+def load_prices(path: str | os.PathLike | None = None) -> PriceTable:
+    """Load the default table, with ``path`` (or ``$HETERO_PRICES``) merged on top.
+
+    Args:
+        path: override price file; entries there replace the defaults of the same type.
+
+    Returns:
+        The merged PriceTable.
+    """
+    doc, rows = _rows(DEFAULT_PATH)
+    override = path or os.environ.get(ENV_VAR)
+    if override:
+        over_doc, over_rows = _rows(Path(override))
+        rows.update(over_rows)
+        doc = {**doc, **{k: v for k, v in over_doc.items() if k in ("region", "as_of")}}
+    return PriceTable(rows, region=doc.get("region", ""), as_of=doc.get("as_of", ""))
+
+
+def hourly(instance_type: str, table: PriceTable | None = None) -> float:
+    """On-demand $/hour of ``instance_type`` (default table unless one is given)."""
+    return (table or load_prices()).hourly(instance_type)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.cost CLUSTER STEP_S [CLUSTER STEP_S]``: print costs (and ratio)."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cost", description=main.__doc__)
+    p.add_argument("runs", nargs="+", metavar="CLUSTER STEP_S", help="e.g. ml.p3.2xlarge:1 1.19")
+    p.add_argument("--steps-per-epoch", type=int, default=0)
+    p.add_argument("--prices", default=None, help=f"price file override (default ${ENV_VAR})")
+    args = p.parse_args(argv)
+    if len(args.runs) % 2:
+        p.error("give CLUSTER STEP_S pairs")
+    try:
+        table = load_prices(args.prices)
+        runs = [(args.runs[i], parse_cluster(args.runs[i]), float(args.runs[i + 1]))
+                for i in range(0, len(args.runs), 2)]
+        for label, cluster, step in runs:
+            line = (f"{label}: {step:.3f} s/step, "
+                    f"${table.cluster_hourly(cluster):.3f}/h, {100 * table.cost_per_step(cluster, step):.4f} cents/step, "
+                    f"${table.cost_per_1000_steps(cluster, step):.3f}/1000 steps")
+            if args.steps_per_epoch:
+                line += f", ${table.cost_per_epoch(cluster, step, args.steps_per_epoch):.3f}/epoch"
+            print(line)
+        if len(runs) == 2:
+            print(f"cost ratio first/second: {table.cost_ratio(*runs[0][1:], *runs[1][1:]):.3f}")
+    except (PriceError, ValueError) as exc:
+        print(f"error: {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

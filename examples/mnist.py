@@ -1,0 +1,236 @@
+"""The MNIST training job: IDX files, a CPU-heavy augmentation, the PyTorch example CNN.
+
+Plug-in points used by the launcher (each can be replaced by import path):
+
+* ``examples.mnist:build_pipeline``: the data pipeline (runs on data servers, or in-process);
+* ``examples.mnist:Net``: the model; ``examples.mnist:train_step``: one optimisation step;
+* ``examples.mnist:evaluate``: test accuracy on the t10k files, when present.
+
+Data comes from ``SM_CHANNEL_TRAINING`` (or ``data_dir``): ``train-images-idx3-ubyte``,
+``train-labels-idx1-ubyte`` and optionally the ``t10k-*`` pair, raw or ``.gz``.
+:func:`write_synthetic` writes MNIST-format files of drawn digits for offline use.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from data_service import Pipeline
+from data_service.errors import ConfigError
+
+MEAN, STD = 0.1307, 0.3081
+_DTYPES = {0x08: np.uint8}
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (raw or gzip) as a numpy array."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _DTYPES:
+        raise ConfigError(f"{path} is not a uint8 IDX file (magic bytes {data[:4].hex()})")
+    ndim = data[3]
+    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise ConfigError(f"{path}: header says {dims} ({int(np.prod(dims))} bytes), body has {body.size}")
+    return body.reshape(dims)
+
+
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
+    """Write a uint8 array as an IDX file (gzip when the name ends in .gz)."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(header + array.tobytes())
+
+
+def find_split(data_dir: str | os.PathLike, split: str) -> tuple[Path, Path] | None:
+    """(images, labels) paths of ``split`` ("train" or "t10k"), raw or .gz; None when absent."""
+    found = []
+    for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+        for name in (f"{split}-{kind}", f"{split}-{kind}.gz"):
+            if (Path(data_dir) / name).is_file():
+                found.append(Path(data_dir) / name)
+                break
+    return (found[0], found[1]) if len(found) == 2 else None
+
+
+def default_data_dir(data_dir: str | None = None) -> str:
+    path = data_dir or os.environ.get("SM_CHANNEL_TRAINING", "")
+    if not path:
+        raise ConfigError("no MNIST data: SM_CHANNEL_TRAINING is unset and data_dir was not given; "
+                          "pass a 'training' channel (or run `hetero synth DIR` and set data_dir)")
+    return path
+
+
+class MnistDataset:
+    """Map-style: sample i is (uint8 image [1, 28, 28], int label)."""
+
+    def __init__(self, data_dir: str, split: str = "train", limit: int = 0) -> None:
+        paths = find_split(data_dir, split)
+        if paths is None:
+            present = sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else "no such directory"
+            raise ConfigError(f"no {split}-images-idx3-ubyte[.gz] / {split}-labels-idx1-ubyte[.gz] in "
+                              f"{data_dir} (found: {present})")
+        images, labels = read_idx(paths[0]), read_idx(paths[1])
+        if len(images) != len(labels):
+            raise ConfigError(f"{paths[0]} has {len(images)} images but {paths[1]} has {len(labels)} labels")
+        if limit:
+            images, labels = images[:limit], labels[:limit]
+        self.images = torch.from_numpy(images.copy()).unsqueeze(1)
+        self.labels = torch.from_numpy(labels.astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], int(self.labels[i])
+
+
+class Augment:
+    """Random affine + ``repeats`` x GaussianBlur(``kernel``): CPU-heavy, cost set by options."""
+
+    def __init__(self, kernel: int, repeats: int, affine: bool) -> None:
+        from torchvision.transforms import v2
+
+        if kernel and (kernel < 3 or kernel % 2 == 0):
+            raise ConfigError(f"blur_kernel={kernel} must be an odd number >= 3 (or 0 for no blur)")
+        steps = [v2.RandomAffine(degrees=10, translate=(0.1, 0.1))] if affine else []
+        if kernel:
+            steps += [v2.GaussianBlur(kernel, sigma=(0.1, 1.0))] * repeats
+        self.transform = v2.Compose(steps) if steps else None
+
+    def __call__(self, sample):
+        image, label = sample
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
+
+
+def collate(samples):
+    return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples], dtype=torch.int64)
+
+
+def build_pipeline(batch_size: int = 64, blur_kernel: int = 11, augment_repeats: int = 1, affine: bool = True,
+                   limit: int = 0, data_dir: str | None = None, drop_last: bool = True) -> Pipeline:
+    """MNIST batches ``(uint8 images [B, 1, 28, 28], int64 labels [B])``.
+
+    Args:
+        batch_size: images per batch. blur_kernel: GaussianBlur kernel (odd; 0 = none).
+        augment_repeats: blur passes per image (the CPU cost knob). affine: random affine first.
+        limit: use only the first ``limit`` images (0 = all).
+        data_dir: IDX folder; default ``SM_CHANNEL_TRAINING`` (keep it out of the options when
+            data nodes see the data at different paths: options must match on every server).
+    """
+    if batch_size < 1 or augment_repeats < 0:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1 and augment_repeats={augment_repeats} >= 0")
+    dataset = MnistDataset(default_data_dir(data_dir), "train", limit)
+    return Pipeline(dataset=dataset, batch_size=batch_size, transform=Augment(blur_kernel, augment_repeats, affine),
+                    collate_fn=collate, drop_last=drop_last, shuffle=True)
+
+
+def prepare(batch, device: torch.device):
+    """uint8 images -> normalised float on ``device``; labels to ``device``."""
+    images, labels = batch
+    images = images.to(device, non_blocking=True).float().div_(255.0).sub_(MEAN).div_(STD)
+    return images, labels.to(device, non_blocking=True)
+
+
+class Net(nn.Module):
+    """The CNN of the PyTorch MNIST example (two convs, dropout, two linear layers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, device: torch.device) -> float:
+    """One step: forward, NLL loss, backward, optimizer step. Returns the loss."""
+    images, labels = prepare(batch, device)
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.nll_loss(model(images), labels)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, device: torch.device, batch_size: int = 1000) -> float | None:
+    """Accuracy on the t10k files of ``SM_CHANNEL_TRAINING``; None when they are absent."""
+    data_dir = os.environ.get("SM_CHANNEL_TRAINING", "")
+    if not data_dir or find_split(data_dir, "t10k") is None:
+        return None
+    test = MnistDataset(data_dir, "t10k")
+    model.eval()
+    correct = 0
+    for start in range(0, len(test), batch_size):
+        batch = (test.images[start:start + batch_size], test.labels[start:start + batch_size])
+        images, labels = prepare(batch, device)
+        correct += int((model(images).argmax(1) == labels).sum())
+    model.train()
+    return correct / max(1, len(test))
+
+
+# Seven-segment strokes (row0, row1, col0, col1) in a 20 x 12 box, and each digit's segments.
+_SEGMENTS = {"a": (0, 3, 0, 12), "b": (0, 10, 9, 12), "c": (10, 20, 9, 12), "d": (17, 20, 0, 12),
+             "e": (10, 20, 0, 3), "f": (0, 10, 0, 3), "g": (9, 12, 0, 12)}
+_DIGITS = ["abcdef", "bc", "abged", "abgcd", "fgbc", "afgcd", "afgedc", "abc", "abcdefg", "abcdfg"]
+
+
+def synthetic_digits(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` 28x28 uint8 drawn digits (shifted, scaled, noisy) and their labels."""
+    rng = np.random.default_rng(seed)
+    templates = np.zeros((10, 20, 12), dtype=np.float32)
+    for digit, segs in enumerate(_DIGITS):
+        for s in segs:
+            r0, r1, c0, c1 = _SEGMENTS[s]
+            templates[digit, r0:r1, c0:c1] = 1.0
+    labels = rng.integers(0, 10, n).astype(np.uint8)
+    images = np.zeros((n, 28, 28), dtype=np.float32)
+    rows, cols = rng.integers(0, 9, n), rng.integers(0, 17, n)
+    scale = rng.uniform(150, 255, n).astype(np.float32)
+    for i in range(n):
+        images[i, rows[i]:rows[i] + 20, cols[i]:cols[i] + 12] = templates[labels[i]] * scale[i]
+    images += rng.normal(0, 30, images.shape).astype(np.float32)
+    return np.clip(images, 0, 255).astype(np.uint8), labels
+
+
+def write_synthetic(out_dir: str | os.PathLike, train: int = 60000, test: int = 10000, seed: int = 0,
+                    gz: bool = False) -> list[Path]:
+    """Write train (and t10k when ``test`` > 0) IDX files of synthetic digits; returns the paths."""
+    if train < 1 or test < 0:
+        raise ConfigError(f"train={train} must be >= 1 and test={test} >= 0")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = ".gz" if gz else ""
+    written = []
+    for split, n, s in (("train", train, seed), ("t10k", test, seed + 1)):
+        if n == 0:
+            continue
+        images, labels = synthetic_digits(n, s)
+        for kind, array in (("images-idx3-ubyte", images), ("labels-idx1-ubyte", labels)):
+            path = out / f"{split}-{kind}{suffix}"
+            write_idx(path, array)
+            written.append(path)
+    return written

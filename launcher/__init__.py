@@ -1,0 +1,1 @@
+"""Launcher: the SageMaker entry point of heterogeneous (data + DNN group) training jobs."""

@@ -1,0 +1,175 @@
+"""The launcher's options, read from the job's hyperparameters.
+
+Every option is a hyperparameter of the same name (``hetero local --hp epochs=3``,
+``Estimator(hyperparameters={"epochs": 3})``). Pipeline builder options can be given as one
+JSON object (``pipeline_options='{"blur_kernel": 11}'``) or one by one with a ``pipeline.``
+prefix (``pipeline.blur_kernel=11``); the same for ``model.`` and ``model_options``.
+Keys starting with ``sagemaker_`` (set by the SDK) are ignored; any other unknown key is an
+error naming the known ones, so a typo does not silently train with a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from data_service.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """All launcher options; see docs/launcher.md for each one's meaning."""
+
+    # roles
+    data_group: str = "data_group"          # comma-separated names allowed
+    dnn_group: str = "dnn_group"
+    homogeneous: bool = False
+    # the pipeline (built by data servers, or in-process in homogeneous mode)
+    pipeline: str = "examples.mnist:build_pipeline"
+    pipeline_options: dict = field(default_factory=dict, hash=False)
+    # data node
+    data_port: int = 6000
+    bulk_port: int = 0
+    bind_host: str = "0.0.0.0"
+    data_workers: int = 0                   # 0: one per usable CPU
+    watchdog_connect_s: float = 1800.0      # exit non-zero if no consumer came within this
+    watchdog_idle_s: float = 600.0          # ... or all consumers have been gone this long
+    dnn_local_server: bool = False          # DNN hosts also serve batches from their own CPUs
+    # DNN node
+    data_wait_s: float = 600.0              # deadline for every data server to be healthy
+    master_port: int = 29500
+    procs_per_node: int = 0                 # 0: one per GPU, or 1 without GPUs
+    dist_timeout_s: float = 600.0
+    train_timeout_s: float = 86400.0
+    # training
+    epochs: int = 1
+    seed: int = 0
+    max_steps: int = 0                      # 0: no cap (steps per rank, all epochs)
+    log_every: int = 50
+    warmup_steps: int = 5                   # discarded from averages
+    loader_workers: int = 2
+    model: str = "examples.mnist:Net"
+    model_options: dict = field(default_factory=dict, hash=False)
+    step: str = "examples.mnist:train_step"
+    evaluate: str = "examples.mnist:evaluate"   # "" disables
+    optimizer: str = "adadelta"
+    lr: float = 1.0
+    emulate_step_s: float = 0.0             # >0: sleep instead of a real step (reported as emulated)
+    tensorboard: bool = False
+    audit_path: str = ""
+    connect_timeout_s: float = 60.0
+    job_secret: str = ""                    # prefer the HETERO_JOB_SECRET variable
+    job_name: str = ""                      # when TRAINING_JOB_NAME is not set
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_hyperparameters(cls, hps: Mapping[str, Any]) -> "LaunchConfig":
+        """Typed options from decoded hyperparameters.
+
+        Raises:
+            ConfigError: unknown key, or a value of the wrong type (naming key and value).
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        extra: dict[str, dict] = {"pipeline_options": {}, "model_options": {}}
+        for key, value in hps.items():
+            if key.startswith("sagemaker_") or key.startswith("_"):
+                continue
+            prefix, dot, sub = key.partition(".")
+            if dot and prefix in ("pipeline", "model") and sub:
+                extra[f"{prefix}_options"][sub] = _maybe_json(value)
+                continue
+            if key not in fields:
+                raise ConfigError(f"unknown hyperparameter {key!r}; known: {sorted(fields)} "
+                                  "(and pipeline.<option>, model.<option>)")
+            values[key] = _coerce(key, value, fields[key].type)
+        for name, more in extra.items():
+            values[name] = {**values.get(name, {}), **more}
+        cfg = cls(**values)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        for name in ("data_port", "bulk_port", "master_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise ConfigError(f"{name}={value} must be a TCP port 0..65535")
+        for name in ("epochs", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("max_steps", "warmup_steps", "loader_workers", "procs_per_node", "data_workers", "seed"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
+        for name in ("watchdog_connect_s", "watchdog_idle_s", "data_wait_s", "dist_timeout_s",
+                     "train_timeout_s", "connect_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be > 0 seconds")
+        if self.emulate_step_s < 0:
+            raise ConfigError(f"emulate_step_s={self.emulate_step_s} must be >= 0 (0 = a real step)")
+        if self.pipeline.count(":") != 1:
+            raise ConfigError(f"pipeline={self.pipeline!r} must look like 'package.module:function'")
+
+    def group_list(self, which: str) -> list[str]:
+        """``data_group`` / ``dnn_group`` as a list of names."""
+        return [g.strip() for g in getattr(self, which).split(",") if g.strip()]
+
+
+def _maybe_json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _coerce(key: str, value: Any, kind: str) -> Any:
+    kind = kind.split("|")[0].strip()
+    try:
+        if kind == "bool":
+            if isinstance(value, str):
+                if value.lower() in ("true", "1", "yes"):
+                    return True
+                if value.lower() in ("false", "0", "no", ""):
+                    return False
+                raise ValueError
+            if isinstance(value, (bool, int)):
+                return bool(value)
+            raise ValueError
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind == "dict":
+            value = _maybe_json(value)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+        return value if isinstance(value, str) else json.dumps(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"hyperparameter {key}={value!r} must be a {kind}") from None
+
+
+def load_object(path: str, what: str) -> Any:
+    """Import ``package.module:name`` (a model class, a step function...).
+
+    Raises:
+        ConfigError: naming the option and the path that failed.
+    """
+    module_name, sep, name = path.partition(":")
+    if not sep or not module_name or not name:
+        raise ConfigError(f"{what}={path!r} must look like 'package.module:name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{what}={path!r}: cannot import {module_name!r} ({exc})") from exc
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise ConfigError(f"{what}={path!r}: module {module_name!r} has no attribute {name!r}")
+    return obj

@@ -1,0 +1,128 @@
+"""Which role this node plays, and where every other node is.
+
+A node's role follows from its instance group's name: groups named by ``data_group`` serve
+batches, groups named by ``dnn_group`` train. A job with one group (SageMaker names it
+``homogeneousCluster``), or the ``homogeneous`` option, trains with the pipeline in-process.
+The order of hosts inside SageMaker's lists is not documented, so nothing here assumes which
+``algo-N`` lands in which group.
+
+Host names resolve through DNS on SageMaker. ``hetero local`` runs every node on one machine
+and passes ``HETERO_HOST_MAP`` (JSON ``{"algo-1": "127.0.0.1:41234", ...}``): the address to
+reach each host at and, when given, the port its data server listens on.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from data_service.errors import ConfigError
+
+from .config import LaunchConfig
+from .sm_env import SageMakerEnv
+
+DATA, DNN, HOMOGENEOUS, IDLE = "data", "dnn", "homogeneous", "idle"
+HOST_MAP_VAR = "HETERO_HOST_MAP"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """This node's part in the job.
+
+    Attributes:
+        role: ``data``, ``dnn``, ``homogeneous`` (trains with an in-process pipeline) or
+            ``idle`` (a data host of a job forced homogeneous: nothing to do).
+        host: this node's host name.
+        data_hosts: hosts running data servers (empty in homogeneous mode).
+        dnn_hosts: hosts running trainers, in SageMaker's order; the first is MASTER_ADDR.
+        node_rank: position of this host in ``dnn_hosts`` (-1 elsewhere).
+    """
+
+    role: str
+    host: str
+    data_hosts: tuple[str, ...]
+    dnn_hosts: tuple[str, ...]
+    node_rank: int
+
+    @property
+    def mode(self) -> str:
+        return "homogeneous" if self.role in (HOMOGENEOUS, IDLE) else "heterogeneous"
+
+
+def _hosts_of(env: SageMakerEnv, names: list[str], option: str) -> tuple[str, ...]:
+    hosts: list[str] = []
+    for name in names:
+        if name not in env.group_names():
+            raise ConfigError(f"{option}={name!r} names no instance group of this job; its groups are "
+                              f"{env.group_names()} (set the hyperparameter {option} to one of them)")
+        group = env.group(name)
+        if not group.hosts:
+            raise ConfigError(f"instance group {name!r} ({option}) has no hosts; give it InstanceCount >= 1")
+        hosts.extend(group.hosts)
+    return tuple(hosts)
+
+
+def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
+    """Decide this node's role.
+
+    Raises:
+        ConfigError: the current group is neither a data nor a dnn group; a named group is
+            missing or empty; a job whose only group is a data group.
+    """
+    data_names, dnn_names = cfg.group_list("data_group"), cfg.group_list("dnn_group")
+    overlap = set(data_names) & set(dnn_names)
+    if overlap:
+        raise ConfigError(f"group(s) {sorted(overlap)} named both data_group and dnn_group; name each once")
+    if len(env.groups) == 1:
+        only = env.groups[0]
+        if only.name in data_names:
+            raise ConfigError(f"the job's only instance group {only.name!r} is a data group (data_group="
+                              f"{cfg.data_group!r}); add a dnn group {cfg.dnn_group!r} or rename the group")
+        return NodePlan(HOMOGENEOUS, env.current_host, (), only.hosts, only.hosts.index(env.current_host))
+    if env.current_group not in data_names + dnn_names:
+        raise ConfigError(f"this node's group {env.current_group!r} is neither a data group "
+                          f"(data_group={cfg.data_group!r}) nor a dnn group (dnn_group={cfg.dnn_group!r}); "
+                          f"the job's groups are {env.group_names()}: set data_group / dnn_group to match")
+    dnn_hosts = _hosts_of(env, dnn_names, "dnn_group")
+    if cfg.homogeneous:
+        if env.current_group in data_names:
+            return NodePlan(IDLE, env.current_host, (), dnn_hosts, -1)
+        return NodePlan(HOMOGENEOUS, env.current_host, (), dnn_hosts, dnn_hosts.index(env.current_host))
+    data_hosts = _hosts_of(env, data_names, "data_group")
+    if env.current_group in data_names:
+        return NodePlan(DATA, env.current_host, data_hosts, dnn_hosts, -1)
+    return NodePlan(DNN, env.current_host, data_hosts, dnn_hosts, dnn_hosts.index(env.current_host))
+
+
+def host_map(environ: Mapping[str, str]) -> dict[str, str]:
+    """``HETERO_HOST_MAP`` decoded (empty when unset)."""
+    text = environ.get(HOST_MAP_VAR, "")
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{HOST_MAP_VAR}={text!r} must be a JSON object such as "
+                          '{"algo-1": "127.0.0.1:41234"}')
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def resolve(host: str, default_port: int, mapping: Mapping[str, str]) -> tuple[str, int]:
+    """(address, data-server port) of ``host``: the host map's entry, else (host, default_port)."""
+    entry = mapping.get(host)
+    if entry is None:
+        return host, default_port
+    addr, sep, port = entry.rpartition(":")
+    if sep and port.isdigit() and addr:
+        return addr, int(port)
+    return entry, default_port
+
+
+def data_addresses(plan: NodePlan, cfg: LaunchConfig, mapping: Mapping[str, str]) -> list[str]:
+    """gRPC ``address:port`` of every data server the trainers read from."""
+    hosts = list(plan.data_hosts)
+    if cfg.dnn_local_server and plan.role == DNN:
+        hosts.append(plan.host)
+    return ["%s:%d" % resolve(h, cfg.data_port, mapping) for h in hosts]

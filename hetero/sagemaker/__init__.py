@@ -1,0 +1,12 @@
+"""Build, check and submit SageMaker training jobs (heterogeneous and homogeneous) with boto3.
+
+Modules: ``spec`` (JobSpec and parsing), ``request`` (CreateTrainingJob request),
+``validate`` (botocore model + API rules), ``source`` (sourcedir.tar.gz), ``client``
+(submit), ``follow`` (wait, logs, metrics and cost).
+"""
+from hetero.sagemaker.request import build_request, homogeneous_twin, make_pair, masked
+from hetero.sagemaker.spec import Channel, Group, JobSpec, SubmitError
+from hetero.sagemaker.validate import check_request
+
+__all__ = ["Channel", "Group", "JobSpec", "SubmitError", "build_request", "check_request",
+           "homogeneous_twin", "make_pair", "masked"]

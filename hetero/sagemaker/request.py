@@ -1,0 +1,142 @@
+"""Turn a JobSpec into a boto3 ``create_training_job`` request (a plain dict).
+
+A heterogeneous job sends ``ResourceConfig.InstanceGroups`` (never InstanceType /
+InstanceCount beside it); a homogeneous one sends InstanceType/InstanceCount. Both run
+the same code in script mode: the sagemaker-training toolkit in the image downloads
+``sagemaker_submit_directory`` (our sourcedir.tar.gz) and runs ``sagemaker_program``.
+"""
+from __future__ import annotations
+
+import copy
+import secrets
+from datetime import datetime, timezone
+
+from hetero.sagemaker.spec import ENTRY_POINT, SECRET_HP, Channel, Group, JobSpec, SubmitError
+
+MASK = "****"
+CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
+
+# AWS Deep Learning Containers, PyTorch training, GPU flavour (one image serves every group:
+# the CUDA libraries simply go unused on CPU instances). Verify tags against
+# https://github.com/aws/deep-learning-containers/blob/master/available_images.md
+DLC_ACCOUNT = "763104351884"
+PYTORCH_TAGS = {
+    "2.2": "2.2.0-gpu-py310-cu121-ubuntu20.04-sagemaker",
+    "2.3": "2.3.0-gpu-py311-cu121-ubuntu20.04-sagemaker",
+    "2.4": "2.4.0-gpu-py311-cu124-ubuntu22.04-sagemaker",
+    "2.5": "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker",
+    "2.6": "2.6.0-gpu-py312-cu126-ubuntu22.04-sagemaker",
+}
+
+
+def framework_image(version: str, region: str) -> str:
+    """PyTorch training DLC URI for ``version`` ("2.2" or "2.2.0") in ``region``."""
+    key = ".".join(str(version).split(".")[:2])
+    if key not in PYTORCH_TAGS:
+        raise SubmitError(f"--framework-version {version!r} is not one we know; use one of "
+                          f"{', '.join(PYTORCH_TAGS)} or pass the image with --image URI")
+    if region.startswith(("cn-", "us-gov-")) or region in ("ap-east-1", "me-south-1", "af-south-1"):
+        raise SubmitError(f"region {region!r} serves the DLC images from another account; pass --image URI")
+    return f"{DLC_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/pytorch-training:{PYTORCH_TAGS[key]}"
+
+
+def default_job_name(kind: str) -> str:
+    """``hetero-<kind>-YYYYmmdd-HHMMSS-xxxx`` (unique enough, <= 63 chars)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"hetero-{kind}-{stamp}-{secrets.token_hex(2)}"
+
+
+def _channel(channel: Channel, homogeneous: bool) -> dict:
+    source = {"S3DataType": "S3Prefix", "S3Uri": channel.s3_uri, "S3DataDistributionType": "FullyReplicated"}
+    if channel.groups:
+        if homogeneous:
+            raise SubmitError(f"input channel {channel.name!r} is restricted to {'+'.join(channel.groups)}, "
+                              "but a homogeneous job has no instance groups; drop the @GROUP part")
+        source["InstanceGroupNames"] = list(channel.groups)
+    return {"ChannelName": channel.name, "DataSource": {"S3DataSource": source}, "InputMode": "File"}
+
+
+def hyperparameters(spec: JobSpec) -> dict[str, str]:
+    """The HyperParameters map: script-mode keys, role hints, the job secret, then the user's."""
+    hps = {"sagemaker_program": ENTRY_POINT, "sagemaker_region": spec.region,
+           "sagemaker_container_log_level": "20", "sagemaker_job_name": spec.job_name}
+    if spec.source_s3:
+        hps["sagemaker_submit_directory"] = spec.source_s3
+    if not spec.homogeneous:
+        names = {g.name for g in spec.groups}
+        for key, name in (("hetero_data_group", spec.data_group), ("hetero_dnn_group", spec.dnn_group)):
+            if name and name in names:
+                hps[key] = name
+    hps.update(spec.hyperparameters)
+    hps[SECRET_HP] = spec.job_secret
+    return hps
+
+
+def build_request(spec: JobSpec) -> dict:
+    """The CreateTrainingJob request for ``spec`` (not yet validated: see validate.py)."""
+    if spec.homogeneous:
+        if len(spec.groups) != 1:
+            raise SubmitError(f"a homogeneous job has exactly one instance type, got {len(spec.groups)} groups")
+        resources = {"InstanceType": spec.groups[0].instance_type, "InstanceCount": spec.groups[0].count}
+    else:
+        resources = {"InstanceGroups": [{"InstanceType": g.instance_type, "InstanceCount": g.count,
+                                         "InstanceGroupName": g.name} for g in spec.groups]}
+    resources["VolumeSizeInGB"] = spec.volume_gb
+    stopping = {"MaxRuntimeInSeconds": spec.max_run_s}
+    request = {
+        "TrainingJobName": spec.job_name,
+        "RoleArn": spec.role,
+        "AlgorithmSpecification": {"TrainingImage": spec.image, "TrainingInputMode": "File"},
+        "HyperParameters": hyperparameters(spec),
+        "OutputDataConfig": {"S3OutputPath": spec.output},
+        "ResourceConfig": resources,
+        "StoppingCondition": stopping,
+        "Tags": [{"Key": k, "Value": v} for k, v in sorted(spec.tags.items())],
+    }
+    if spec.channels:
+        request["InputDataConfig"] = [_channel(c, spec.homogeneous) for c in spec.channels]
+    if spec.environment:
+        request["Environment"] = dict(spec.environment)
+    if spec.spot:
+        request["EnableManagedSpotTraining"] = True
+        stopping["MaxWaitTimeInSeconds"] = spec.max_wait_s or spec.max_run_s + 3600
+        checkpoint = spec.checkpoint_s3 or f"{spec.output}/{spec.job_name}/checkpoints"
+        request["CheckpointConfig"] = {"S3Uri": checkpoint, "LocalPath": CHECKPOINT_LOCAL}
+    elif spec.max_wait_s:
+        raise SubmitError("--max-wait only applies to spot training; add --spot or drop --max-wait")
+    elif spec.checkpoint_s3:
+        request["CheckpointConfig"] = {"S3Uri": spec.checkpoint_s3, "LocalPath": CHECKPOINT_LOCAL}
+    return request
+
+
+def homogeneous_twin(spec: JobSpec, instance: tuple[str, int] | None = None, job_name: str | None = None) -> JobSpec:
+    """The benchmark partner of a heterogeneous job: same code, image, data and hyperparameters
+    on one instance type (default: the dnn group's), with a fresh job secret.
+
+    Channel restrictions to a group are dropped: the single group reads every channel.
+    """
+    if instance is None:
+        dnn = [g for g in spec.groups if g.name == spec.dnn_group] or spec.groups[-1:]
+        instance = (dnn[0].instance_type, dnn[0].count)
+    return spec.copy(job_name=job_name or f"{spec.job_name}-hom", homogeneous=True,
+                     groups=[Group("homogeneousCluster", *instance)],
+                     channels=[Channel(c.name, c.s3_uri) for c in spec.channels],
+                     job_secret=secrets.token_hex(16), tags={**spec.tags, "hetero:mode": "homogeneous"})
+
+
+def make_pair(spec: JobSpec, instance: tuple[str, int] | None = None) -> tuple[JobSpec, JobSpec]:
+    """The benchmark pair: ``<name>-het`` (``spec``'s groups) and ``<name>-hom`` (its twin)."""
+    if spec.homogeneous:
+        raise SubmitError("--pair needs the heterogeneous groups (--data-group/--dnn-group/--group)")
+    hetero = spec.copy(job_name=f"{spec.job_name}-het", tags={**spec.tags, "hetero:pair": spec.job_name,
+                                                              "hetero:mode": "heterogeneous"})
+    twin = homogeneous_twin(hetero, instance, job_name=f"{spec.job_name}-hom")
+    return hetero, twin
+
+
+def masked(request: dict) -> dict:
+    """A deep copy of ``request`` with the job secret replaced by ``****`` (for printing)."""
+    out = copy.deepcopy(request)
+    if SECRET_HP in out.get("HyperParameters", {}):
+        out["HyperParameters"][SECRET_HP] = MASK
+    return out

@@ -1,0 +1,170 @@
+"""What a training job is made of, and parsing of the CLI's compact forms.
+
+``JobSpec`` holds everything ``request.build_request`` turns into a CreateTrainingJob
+request. The ``parse_*`` helpers turn ``TYPE:COUNT``, ``NAME=TYPE:COUNT``,
+``[NAME=]S3URI[@GROUP[+GROUP]]``, ``90m`` and ``k=v`` strings into values and raise
+``SubmitError`` (naming the bad value and the fix) before any AWS call.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field, replace
+
+from data_service.errors import ConfigError
+
+DATA_GROUP = "data_group"
+DNN_GROUP = "dnn_group"
+DEFAULT_CHANNEL = "train"
+ENTRY_POINT = "launcher/entry.py"
+SECRET_HP = "hetero_job_secret"
+MAX_RUN_LIMIT_S = 28 * 24 * 3600  # CreateTrainingJob's limit on MaxRuntimeInSeconds
+
+_DURATION = re.compile(r"^(\d+)\s*([smhd]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class SubmitError(ConfigError):
+    """A job description that SageMaker would reject, or that we refuse to submit."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One instance group: name, instance type and number of instances."""
+
+    name: str
+    instance_type: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One S3 input channel, optionally sent only to some instance groups."""
+
+    name: str
+    s3_uri: str
+    groups: tuple[str, ...] = ()
+
+
+@dataclass
+class JobSpec:
+    """A SageMaker training job, heterogeneous (several groups) or homogeneous (one).
+
+    Attributes:
+        job_name: TrainingJobName (1-63 chars, letters, digits, hyphens).
+        role: IAM role ARN SageMaker assumes.
+        image: training image URI.
+        groups: instance groups; for a homogeneous job exactly one (its name is not sent).
+        homogeneous: send InstanceType/InstanceCount instead of InstanceGroups.
+        output: S3 URI for OutputDataConfig.S3OutputPath.
+        region: AWS region (also sent as the sagemaker_region hyperparameter).
+        channels: S3 input channels.
+        hyperparameters: user hyperparameters (strings, sent as given).
+        max_run_s: StoppingCondition.MaxRuntimeInSeconds.
+        spot: use managed spot training.
+        max_wait_s: MaxWaitTimeInSeconds (spot only; default max_run_s + 1 h).
+        checkpoint_s3: CheckpointConfig.S3Uri (spot default: under the output path).
+        volume_gb: EBS volume per instance.
+        source_s3: S3 URI of sourcedir.tar.gz, or None when the image holds the code.
+        job_secret: secret the launcher derives the job token from (never printed).
+        data_group / dnn_group: group names the launcher maps to roles (sent as hyperparameters).
+        environment: container environment variables.
+        tags: resource tags.
+    """
+
+    job_name: str
+    role: str
+    image: str
+    groups: list[Group]
+    output: str
+    region: str
+    homogeneous: bool = False
+    channels: list[Channel] = field(default_factory=list)
+    hyperparameters: dict[str, str] = field(default_factory=dict)
+    max_run_s: int = 24 * 3600
+    spot: bool = False
+    max_wait_s: int | None = None
+    checkpoint_s3: str | None = None
+    volume_gb: int = 30
+    source_s3: str | None = None
+    job_secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    data_group: str | None = DATA_GROUP
+    dnn_group: str | None = DNN_GROUP
+    environment: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def cluster(self) -> list[tuple[str, int]]:
+        """``[(instance_type, count), ...]`` for benchmarks.cost."""
+        return [(g.instance_type, g.count) for g in self.groups]
+
+    def copy(self, **changes) -> "JobSpec":
+        """A copy with ``changes`` applied (lists and dicts are copied, not shared)."""
+        base = replace(self, groups=list(self.groups), channels=list(self.channels),
+                       hyperparameters=dict(self.hyperparameters), environment=dict(self.environment),
+                       tags=dict(self.tags))
+        return replace(base, **changes)
+
+
+def parse_type_count(text: str, option: str) -> tuple[str, int]:
+    """``"ml.c5.9xlarge:2"`` -> ``("ml.c5.9xlarge", 2)``; the count must be >= 1."""
+    instance_type, sep, count = (text or "").strip().rpartition(":")
+    if not sep or not instance_type or not re.fullmatch(r"\d+", count):
+        raise SubmitError(f"{option} {text!r} must look like TYPE:COUNT, e.g. ml.c5.9xlarge:1")
+    if not instance_type.startswith("ml."):
+        raise SubmitError(f"{option} {text!r}: SageMaker instance types start with 'ml.', "
+                          f"e.g. ml.{instance_type}:{count}")
+    if int(count) < 1:
+        raise SubmitError(f"{option} {text!r}: a group needs at least 1 instance; drop the group "
+                          "or give a count >= 1")
+    return instance_type, int(count)
+
+
+def parse_group(text: str, option: str = "--group") -> Group:
+    """``"aug_group=ml.c5.4xlarge:2"`` -> ``Group("aug_group", "ml.c5.4xlarge", 2)``."""
+    name, sep, rest = (text or "").partition("=")
+    if not sep or not name:
+        raise SubmitError(f"{option} {text!r} must look like NAME=TYPE:COUNT, e.g. aug_group=ml.c5.4xlarge:2")
+    return Group(name, *parse_type_count(rest, option))
+
+
+def parse_input(text: str, default_name: str = DEFAULT_CHANNEL) -> Channel:
+    """``[NAME=]s3://bucket/prefix[@GROUP[+GROUP...]]`` -> Channel."""
+    name, sep, rest = text.partition("=")
+    if not sep or "://" in name:
+        name, rest = default_name, text
+    uri, at, groups = rest.rpartition("@")
+    if not at or "/" in groups:  # no @, or an @ inside the S3 key
+        uri, groups = rest, ""
+    if not uri.startswith("s3://") or len(uri) <= len("s3://"):
+        raise SubmitError(f"--input {text!r}: the data must be an S3 URI like s3://bucket/prefix "
+                          "(optionally NAME=s3://...@GROUP)")
+    group_names = tuple(g for g in groups.split("+") if g)
+    if at and not group_names and "/" not in groups:
+        raise SubmitError(f"--input {text!r}: nothing after '@'; name the instance group, e.g. @data_group")
+    return Channel(name, uri, group_names)
+
+
+def parse_duration(text: str | int, option: str = "--max-run") -> int:
+    """``"3600"``, ``"90m"``, ``"2h"``, ``"1d"`` -> seconds (> 0)."""
+    match = _DURATION.match(str(text).strip().lower())
+    if not match or int(match.group(1)) <= 0:
+        raise SubmitError(f"{option} {text!r} must be a positive duration like 3600, 90m, 2h or 1d")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_strings(items: list[str] | None, option: str) -> dict[str, str]:
+    """``["a=1", "b=x y"]`` -> ``{"a": "1", "b": "x y"}``; values stay strings (as SageMaker takes them)."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SubmitError(f"{option} {item!r} must look like key=value")
+        out[key] = value
+    return out
+
+
+def check_s3_uri(uri: str | None, option: str) -> str:
+    """Return ``uri`` without a trailing slash, or raise if it is not ``s3://bucket[/key]``."""
+    if not uri or not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?", uri):
+        raise SubmitError(f"{option} {uri!r} must be an S3 URI like s3://my-bucket/prefix")
+    return uri.rstrip("/")

@@ -1,0 +1,177 @@
+"""``hetero submit``: build, check and submit SageMaker training jobs (boto3, no SageMaker SDK).
+
+Heterogeneous: ``--data-group TYPE:COUNT --dnn-group TYPE:COUNT [--group NAME=TYPE:COUNT]``.
+Homogeneous: ``--instance TYPE:COUNT``. Both (the benchmark pair): the groups plus ``--pair``
+(and optionally ``--instance``; default: the dnn group's type and count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROLE_ENV = "HETERO_SAGEMAKER_ROLE"
+
+
+def register(sub) -> None:
+    """Add the ``submit`` parser to ``sub``."""
+    p = sub.add_parser("submit", help="submit a SageMaker training job (hetero, homogeneous or both)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = p.add_argument_group("cluster")
+    c.add_argument("--data-group", metavar="TYPE:COUNT", help="CPU data-node group, e.g. ml.c5.9xlarge:1")
+    c.add_argument("--dnn-group", metavar="TYPE:COUNT", help="GPU training group, e.g. ml.p3.2xlarge:1")
+    c.add_argument("--data-group-name", default="data_group", help="name of the data group (default data_group)")
+    c.add_argument("--dnn-group-name", default="dnn_group", help="name of the dnn group (default dnn_group)")
+    c.add_argument("--group", action="append", default=[], metavar="NAME=TYPE:COUNT",
+                   help="extra instance group (repeatable; at most 5 groups in all)")
+    c.add_argument("--instance", metavar="TYPE:COUNT", help="homogeneous job (or, with --pair, its partner)")
+    c.add_argument("--pair", action="store_true", help="submit the heterogeneous job and its homogeneous twin")
+    j = p.add_argument_group("job")
+    j.add_argument("--role", default=os.environ.get(ROLE_ENV), help=f"SageMaker execution role ARN (default ${ROLE_ENV})")
+    j.add_argument("--image", help="training image URI (one image for every group)")
+    j.add_argument("--framework-version", help="use the AWS PyTorch training image of this version, e.g. 2.5")
+    j.add_argument("--job-name", help="training job name (default hetero-<kind>-<time>; a pair adds -het/-hom)")
+    j.add_argument("--input", action="append", default=[], metavar="[NAME=]S3URI[@GROUP]",
+                   help="input channel (repeatable; default name 'train'; @GROUP[+GROUP] sends it to those groups)")
+    j.add_argument("--output", help="S3 URI for job outputs (model.tar.gz, output.tar.gz)")
+    j.add_argument("--hyperparameters", nargs="+", action="extend", default=[], metavar="K=V")
+    j.add_argument("--env", action="append", default=[], metavar="K=V", help="container environment variable")
+    j.add_argument("--tag", action="append", default=[], metavar="K=V", help="resource tag")
+    j.add_argument("--max-run", default="24h", help="max training time: seconds or 90m, 2h, 1d (default 24h)")
+    j.add_argument("--spot", action="store_true", help="managed spot training (checkpoints under --output)")
+    j.add_argument("--max-wait", help="spot: max time including waiting for capacity (default max-run + 1h)")
+    j.add_argument("--checkpoint", metavar="S3URI", help="checkpoint S3 URI (spot default: <output>/<job>/checkpoints)")
+    j.add_argument("--volume-size", type=int, default=30, help="EBS GB per instance (default 30)")
+    j.add_argument("--job-secret", default=None, help="secret for the job token (default: random per job)")
+    j.add_argument("--source-dir", default=None, help="checkout to upload as sourcedir.tar.gz (default: this one)")
+    j.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
+    j.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
+    r = p.add_argument_group("run")
+    r.add_argument("--dry-run", action="store_true", help="print the CreateTrainingJob request(s) as JSON; no AWS call")
+    r.add_argument("--wait", action="store_true", help="follow the job(s), stream logs, print step time and cost")
+    r.add_argument("--wait-timeout", type=float, default=None, help="deadline for --wait in s (default max run + 1h)")
+    r.add_argument("--poll", type=float, default=30.0, help="seconds between status polls")
+    r.add_argument("--no-logs", action="store_true", help="with --wait: do not stream CloudWatch logs")
+    r.add_argument("--prices", default=None, help="price file override (default $HETERO_PRICES)")
+    r.add_argument("--region", default=None, help="AWS region (default from the AWS config/env)")
+    r.add_argument("--endpoint-url", default=None, help="send AWS calls there (e.g. a moto server)")
+    p.set_defaults(func=run)
+
+
+def specs_from_args(args: argparse.Namespace) -> list:
+    """The JobSpec(s) the options describe; raises SubmitError before any AWS call."""
+    from hetero.sagemaker.client import resolve_region
+    from hetero.sagemaker.request import default_job_name, framework_image, make_pair
+    from hetero.sagemaker.source import source_uri
+    from hetero.sagemaker.spec import (SECRET_HP, Group, JobSpec, SubmitError, check_s3_uri, parse_duration,
+                                       parse_group, parse_input, parse_strings, parse_type_count)
+
+    groups = []
+    if args.data_group:
+        groups.append(Group(args.data_group_name, *parse_type_count(args.data_group, "--data-group")))
+    if args.dnn_group:
+        groups.append(Group(args.dnn_group_name, *parse_type_count(args.dnn_group, "--dnn-group")))
+    groups += [parse_group(text) for text in args.group]
+    instance = parse_type_count(args.instance, "--instance") if args.instance else None
+    if not groups and not instance:
+        raise SubmitError("no cluster: give --data-group and --dnn-group (heterogeneous), --instance "
+                          "(homogeneous), or the groups plus --pair for both")
+    if args.pair and not groups:
+        raise SubmitError("--pair needs the heterogeneous groups (--data-group/--dnn-group/--group)")
+    if groups and instance and not args.pair:
+        raise SubmitError("--instance together with instance groups: add --pair to submit both jobs, "
+                          "or drop one of them")
+    if not args.role:
+        raise SubmitError(f"missing role: pass --role arn:aws:iam::ACCOUNT:role/NAME (the SageMaker execution "
+                          f"role) or set ${ROLE_ENV}")
+    output = check_s3_uri(args.output, "--output")
+    region = resolve_region(args.region)
+    if args.image and args.framework_version:
+        raise SubmitError("give --image or --framework-version, not both")
+    image = args.image or (framework_image(args.framework_version, region) if args.framework_version else None)
+    if not image:
+        raise SubmitError("no training image: pass --image URI (e.g. our data/dnn image in ECR) or "
+                          "--framework-version 2.5 for the AWS PyTorch training image")
+    hps = parse_strings(args.hyperparameters, "--hyperparameters")
+    secret = args.job_secret or hps.pop(SECRET_HP, None)
+    kind = "pair" if args.pair else ("het" if groups else "hom")
+    name = args.job_name or default_job_name(kind)
+    if args.volume_size < 1:
+        raise SubmitError(f"--volume-size {args.volume_size}: give at least 1 (GB)")
+    spec = JobSpec(
+        job_name=name, role=args.role, image=image, region=region, output=output,
+        groups=groups or [Group("homogeneousCluster", *instance)], homogeneous=not groups,
+        channels=[parse_input(text) for text in args.input], hyperparameters=hps,
+        max_run_s=parse_duration(args.max_run, "--max-run"), spot=args.spot,
+        max_wait_s=parse_duration(args.max_wait, "--max-wait") if args.max_wait else None,
+        checkpoint_s3=check_s3_uri(args.checkpoint, "--checkpoint") if args.checkpoint else None,
+        volume_gb=args.volume_size,
+        source_s3=None if args.no_source else source_uri(
+            check_s3_uri(args.code_uri, "--code-uri") if args.code_uri else output, name),
+        data_group=args.data_group_name if args.data_group else None,
+        dnn_group=args.dnn_group_name if args.dnn_group else None,
+        environment=parse_strings(args.env, "--env"),
+        tags={"hetero:mode": "heterogeneous" if groups else "homogeneous", **parse_strings(args.tag, "--tag")})
+    if secret:
+        spec.job_secret = secret
+    if not args.pair:
+        return [spec]
+    pair = list(make_pair(spec, instance))
+    if secret:
+        pair[1].job_secret = secret
+    return pair
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check, then print (--dry-run) or submit the job(s); with --wait follow them and report."""
+    from hetero.sagemaker.client import Clients, prepare, submit
+    from hetero.sagemaker.request import masked
+    from hetero.sagemaker.spec import SubmitError
+
+    try:
+        specs = specs_from_args(args)
+        requests = prepare(specs)
+    except SubmitError as exc:
+        print(f"hetero submit: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        shown = [masked(request) for request in requests]
+        print(json.dumps(shown[0] if len(shown) == 1 else shown, indent=2, sort_keys=False))
+        return 0
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from hetero.cli import setup_logging
+
+    setup_logging("submit", args.log_level)
+    clients = Clients(specs[0].region, args.endpoint_url)
+    try:
+        arns = submit(specs, clients, args.source_dir)
+        for spec, arn in zip(specs, arns):
+            print(f"submitted {spec.job_name}: {arn}", flush=True)
+        if not args.wait:
+            return 0
+        return _follow(args, specs, clients)
+    except SubmitError as exc:
+        print(f"hetero submit: {exc}", file=sys.stderr)
+        return 2
+    except (BotoCoreError, ClientError) as exc:
+        print(f"hetero submit: AWS call failed: {exc}", file=sys.stderr)
+        return 1
+
+
+def _follow(args: argparse.Namespace, specs: list, clients) -> int:
+    from hetero.sagemaker.follow import WaitTimeout
+    from hetero.sagemaker.report import follow_jobs, report_lines
+
+    longest = max((s.max_wait_s or s.max_run_s + 3600) if s.spot else s.max_run_s for s in specs)
+    timeout = args.wait_timeout if args.wait_timeout is not None else longest + 3600
+    on_log = None if args.no_logs else (lambda line: print(line, flush=True))
+    try:
+        summaries = follow_jobs(clients, [s.job_name for s in specs], timeout, args.poll, on_log, args.prices)
+    except WaitTimeout as exc:
+        print(f"hetero submit: {exc}", file=sys.stderr)
+        return 3
+    for line in report_lines(summaries):
+        print(line)
+    return 0 if all(s["status"] == "Completed" for s in summaries) else 1

@@ -1,0 +1,110 @@
+"""Submit training jobs with boto3: check every request, upload the code, create the jobs.
+
+Nothing reaches AWS until every request of the batch has passed ``validate.check_request``
+and the source archive has been built, so bad input fails fast and leaves nothing behind.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hetero.sagemaker.request import build_request
+from hetero.sagemaker.source import build_sourcedir, upload_source
+from hetero.sagemaker.spec import JobSpec, SubmitError
+from hetero.sagemaker.validate import check_request
+
+log = logging.getLogger(__name__)
+
+
+def resolve_region(region: str | None) -> str:
+    """``region``, else the one boto3 finds (AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config)."""
+    if region:
+        return region
+    import boto3
+
+    found = boto3.session.Session().region_name
+    if not found:
+        raise SubmitError("no AWS region: pass --region (e.g. us-east-1) or set AWS_DEFAULT_REGION")
+    return found
+
+
+@dataclass
+class Clients:
+    """Lazily made boto3 clients for one region (and optional endpoint, e.g. a moto server).
+
+    Attributes:
+        region: AWS region.
+        endpoint_url: send every call there instead of AWS (tests, moto).
+    """
+
+    region: str
+    endpoint_url: str | None = None
+    _made: dict = field(default_factory=dict, repr=False)
+
+    def _client(self, service: str):
+        if service not in self._made:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10, read_timeout=60)
+            self._made[service] = boto3.session.Session(region_name=self.region).client(
+                service, endpoint_url=self.endpoint_url, config=config)
+        return self._made[service]
+
+    @property
+    def sagemaker(self):
+        """The SageMaker client."""
+        return self._client("sagemaker")
+
+    @property
+    def s3(self):
+        """The S3 client."""
+        return self._client("s3")
+
+    @property
+    def logs(self):
+        """The CloudWatch Logs client."""
+        return self._client("logs")
+
+
+def prepare(specs: list[JobSpec]) -> list[dict]:
+    """Build and check the request of every spec (no AWS call); raise on the first bad one."""
+    requests = [build_request(spec) for spec in specs]
+    names = [r["TrainingJobName"] for r in requests]
+    if len(set(names)) != len(names):
+        raise SubmitError(f"job names must differ within one submission, got {names}")
+    for request in requests:
+        check_request(request)
+    return requests
+
+
+def submit(specs: list[JobSpec], clients: Clients, source_root: str | Path | None = None) -> list[str]:
+    """Submit ``specs`` (one job, or a hetero + homogeneous pair).
+
+    Args:
+        specs: the jobs; those with ``source_s3`` get this repository's code uploaded there.
+        clients: boto3 clients to use.
+        source_root: checkout to package (default: the one this package runs from).
+
+    Returns:
+        The TrainingJobArn of each job, in order.
+
+    Raises:
+        SubmitError: a request is invalid or the source dir has no entry point (before any call).
+        botocore.exceptions.ClientError: AWS refused a call.
+    """
+    requests = prepare(specs)
+    archive = None
+    if any(spec.source_s3 for spec in specs):
+        archive = build_sourcedir(source_root)
+    uploaded = set()
+    arns = []
+    for spec, request in zip(specs, requests):
+        if spec.source_s3 and spec.source_s3 not in uploaded:
+            upload_source(clients.s3, archive[0], spec.source_s3, archive[1])
+            uploaded.add(spec.source_s3)
+        response = clients.sagemaker.create_training_job(**request)
+        log.info("created training job %s (%s)", spec.job_name, response["TrainingJobArn"])
+        arns.append(response["TrainingJobArn"])
+    return arns

@@ -134,12 +134,12 @@ def parse_input(text: str, default_name: str = DEFAULT_CHANNEL) -> Channel:
         name, rest = default_name, text
     uri, at, groups = rest.rpartition("@")
     if not at or "/" in groups:  # no @, or an @ inside the S3 key
-        uri, groups = rest, ""
+        uri, at, groups = rest, "", ""
     if not uri.startswith("s3://") or len(uri) <= len("s3://"):
         raise SubmitError(f"--input {text!r}: the data must be an S3 URI like s3://bucket/prefix "
                           "(optionally NAME=s3://...@GROUP)")
     group_names = tuple(g for g in groups.split("+") if g)
-    if at and not group_names and "/" not in groups:
+    if at and not group_names:
         raise SubmitError(f"--input {text!r}: nothing after '@'; name the instance group, e.g. @data_group")
     return Channel(name, uri, group_names)
 

@@ -1,0 +1,99 @@
+"""``hetero local``: the whole job on one machine, one process per emulated SageMaker node.
+
+    result = run_local(LocalJob(data_nodes=2, dnn_nodes=1, output=Path("out")))
+    result.metrics["avg_step_time_s"]
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_service.errors import ConfigError
+
+from .runner import LocalCluster
+from .tree import build_nodes, parse_cpus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LocalJob:
+    """What to run; see ``hetero local --help`` for each field."""
+
+    data_nodes: int = 1
+    dnn_nodes: int = 1
+    homogeneous: bool = False
+    data: Path | None = None
+    epochs: int = 1
+    seed: int = 0
+    output: Path = Path("out/local")
+    audit: Path | None = None
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 1800.0
+    synth_train: int = 8192
+    synth_test: int = 2000
+    data_cpus: str | None = None
+    dnn_cpus: str | None = None
+    keep_tree: bool = False
+    echo: bool = True
+
+
+@dataclass
+class LocalResult:
+    exit_codes: dict[str, int | None]
+    metrics: dict[str, Any] | None
+    output: Path
+
+    @property
+    def ok(self) -> bool:
+        return all(c == 0 for c in self.exit_codes.values()) and self.metrics is not None
+
+
+def run_local(job: LocalJob) -> LocalResult:
+    """Build the trees, run every node, collect model and metrics into ``job.output``."""
+    from examples.mnist import write_synthetic
+
+    if job.epochs < 1:
+        raise ConfigError(f"--epochs {job.epochs} must be >= 1")
+    if job.data is not None and not Path(job.data).is_dir():
+        raise ConfigError(f"--data {job.data}: no such directory (MNIST IDX files expected; omit for synthetic)")
+    data_cpus, dnn_cpus = parse_cpus(job.data_cpus), parse_cpus(job.dnn_cpus)
+    output = Path(job.output).resolve()
+    output.mkdir(parents=True, exist_ok=True)
+    for stale in [output / "metrics.json"]:
+        stale.unlink(missing_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="hetero-local-"))
+    try:
+        data_dir = Path(job.data) if job.data else work / "data"
+        if job.data is None:
+            write_synthetic(data_dir, job.synth_train, job.synth_test, seed=job.seed)
+            log.info("synthetic MNIST: %d train / %d test images in %s", job.synth_train, job.synth_test, data_dir)
+        hps = {"epochs": job.epochs, "seed": job.seed, **job.hyperparameters}
+        if job.homogeneous:
+            hps["homogeneous"] = True
+        if job.audit is not None:
+            hps["audit_path"] = str(Path(job.audit).resolve())
+        name = f"hetero-local-{'homo' if job.homogeneous else 'hetero'}-{int(time.time())}-{os.getpid()}"
+        nodes = build_nodes(work / "nodes", job.data_nodes, job.dnn_nodes, job.homogeneous, data_dir, hps, name,
+                            data_cpus, dnn_cpus)
+        cluster = LocalCluster(nodes, hps, output / "logs", echo=job.echo)
+        try:
+            cluster.start()
+            codes = cluster.wait(job.timeout_s)
+        finally:
+            cluster.stop()  # also on Ctrl-C: no process outlives the runner
+        path = cluster.collect(output)
+        metrics = json.loads(path.read_text()) if path is not None else None
+        return LocalResult(codes, metrics, output)
+    finally:
+        if job.keep_tree:
+            log.info("node trees kept in %s", work)
+        else:
+            import shutil
+            shutil.rmtree(work, ignore_errors=True)

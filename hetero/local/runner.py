@@ -1,0 +1,138 @@
+"""Run emulated nodes as processes: stream their logs, wait with a deadline, clean up, collect.
+
+Every node is its own process group (``start_new_session``), so on exit, error or Ctrl-C
+the whole tree of a node (launcher, data-server workers, trainers, loader workers) is
+signalled: SIGTERM, then SIGKILL after a grace period.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .tree import Node, node_command, node_environ
+
+log = logging.getLogger(__name__)
+
+
+class LocalCluster:
+    """Processes of one emulated job.
+
+    Args:
+        nodes: from ``tree.build_nodes``.
+        hyperparameters: passed on each node's command line, as SageMaker does.
+        log_dir: where each node's full log is written (``<host>.log``).
+        echo: print every node's lines, prefixed ``[host role]``, to stdout.
+    """
+
+    def __init__(self, nodes: list[Node], hyperparameters: dict, log_dir: Path, echo: bool = True) -> None:
+        self.nodes = nodes
+        self.hyperparameters = hyperparameters
+        self.log_dir = Path(log_dir)
+        self.echo = echo
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._threads: list[threading.Thread] = []
+        self._print_lock = threading.Lock()
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            cpus = node.cpus
+            proc = subprocess.Popen(
+                node_command(sys.executable, self.hyperparameters), env=node_environ(node), cwd=node.root,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                start_new_session=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+            self.procs[node.host] = proc
+            t = threading.Thread(target=self._pump, args=(node, proc), name=f"log-{node.host}", daemon=True)
+            t.start()
+            self._threads.append(t)
+            log.info("started %s (%s) pid %d%s", node.host, node.role, proc.pid,
+                     f" on CPUs {sorted(cpus)}" if cpus else "")
+
+    def _pump(self, node: Node, proc: subprocess.Popen) -> None:
+        prefix = f"[{node.host} {node.role}] "
+        with open(self.log_dir / f"{node.host}.log", "w") as f:
+            for line in proc.stdout:
+                f.write(line)
+                if self.echo:
+                    with self._print_lock:
+                        sys.stdout.write(prefix + line)
+                        sys.stdout.flush()
+
+    def wait(self, timeout_s: float, data_grace_s: float = 60.0) -> dict[str, int | None]:
+        """Wait for every node; returns host -> exit code (None: killed at the deadline).
+
+        Data nodes get ``data_grace_s`` after the last trainer node ends (the launcher shuts
+        them down; this only bounds a broken run).
+        """
+        deadline = time.monotonic() + timeout_s
+        trainers_done_at = None
+        while True:
+            codes = {h: p.poll() for h, p in self.procs.items()}
+            if all(c is not None for c in codes.values()):
+                break
+            now = time.monotonic()
+            trainer_codes = [codes[n.host] for n in self.nodes if n.role != "data"]
+            if trainers_done_at is None and all(c is not None for c in trainer_codes):
+                trainers_done_at = now
+            if now > deadline:
+                log.error("the job ran past --timeout %.0fs; stopping every node", timeout_s)
+                break
+            if trainers_done_at is not None and now - trainers_done_at > data_grace_s:
+                log.error("data nodes still running %.0fs after the trainers ended; stopping them", data_grace_s)
+                break
+            time.sleep(0.2)
+        self.stop()
+        for t in self._threads:
+            t.join(5.0)
+        return {h: p.returncode for h, p in self.procs.items()}
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every live node's process group, then SIGKILL what is left after ``grace_s``."""
+        live = [p for p in self.procs.values() if p.poll() is None]
+        for p in live:
+            _killpg(p, signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        for p in live:
+            try:
+                p.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs.values():
+            _killpg(p, signal.SIGKILL)  # stragglers in the group (workers) even when the leader exited
+            try:
+                p.wait(5.0)
+            except subprocess.TimeoutExpired:
+                log.error("process %d did not die after SIGKILL", p.pid)
+
+    def collect(self, output: Path) -> Path | None:
+        """Copy every node's model/ and output/data/ into ``output/<host>/``; the job's
+        metrics.json (written by rank 0) to ``output/metrics.json``. Returns its path."""
+        output.mkdir(parents=True, exist_ok=True)
+        metrics = None
+        for node in self.nodes:
+            dest = output / node.host
+            for name, src in (("model", node.model_dir), ("output", node.output_dir)):
+                if src.is_dir():
+                    shutil.copytree(src, dest / name, dirs_exist_ok=True)
+            if (node.output_dir / "metrics.json").is_file():
+                metrics = output / "metrics.json"
+                shutil.copy2(node.output_dir / "metrics.json", metrics)
+            failure = node.root / "output" / "failure"
+            if failure.is_file():
+                shutil.copy2(failure, dest / "failure")
+        return metrics
+
+
+def _killpg(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,131 @@
+"""Emulated SageMaker nodes on one machine: an /opt/ml-like tree and variables per node.
+
+Each node gets what a SageMaker training container would: ``input/config/resourceconfig.json``
+(the hosts and instance groups), ``input/config/hyperparameters.json`` (written the SDK v2 way,
+every value JSON-encoded), ``input/data/training`` (the data channel), ``model/`` and
+``output/data/``, plus the ``SM_*`` variables of the training toolkit. Host names
+``algo-1..n`` resolve to 127.0.0.1 through ``HETERO_HOST_MAP``, each with its own free port.
+The DNN group takes the first host names: nothing may assume which algo-N is a data node.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_service.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DATA_GROUP, DNN_GROUP, HOMOGENEOUS_GROUP = "data_group", "dnn_group", "homogeneousCluster"
+
+
+@dataclass
+class Node:
+    """One emulated node: its host name, group, role label, /opt/ml root and variables."""
+
+    host: str
+    group: str
+    role: str
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: set[int] | None = None
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.root / "output" / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_cpus(text: str | None) -> set[int] | None:
+    """``"0"``, ``"0,2"`` or ``"1-3"`` -> a CPU set; None/"" -> no pinning."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ConfigError(f"CPU list {text!r} must look like '0', '0,2' or '1-3'") from None
+    usable = os.sched_getaffinity(0)
+    if not cpus <= usable:
+        raise ConfigError(f"CPU list {text!r} names CPUs {sorted(cpus - usable)} this machine does not offer "
+                          f"(usable: {sorted(usable)})")
+    return cpus
+
+
+def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, data_dir: Path,
+                hyperparameters: dict[str, Any], job_name: str, data_cpus: set[int] | None = None,
+                dnn_cpus: set[int] | None = None) -> list[Node]:
+    """Write every node's tree under ``work`` and return the nodes (DNN hosts first)."""
+    if dnn_nodes < 1:
+        raise ConfigError(f"--dnn-nodes {dnn_nodes}: a job needs at least one DNN node")
+    if not homogeneous and data_nodes < 1:
+        raise ConfigError(f"--data-nodes {data_nodes}: a heterogeneous job needs at least one data node "
+                          "(or pass --homogeneous)")
+    if homogeneous:
+        layout = [(HOMOGENEOUS_GROUP, "homogeneous", dnn_nodes)]
+    else:
+        layout = [(DNN_GROUP, "dnn", dnn_nodes), (DATA_GROUP, "data", data_nodes)]
+    nodes: list[Node] = []
+    groups = []
+    for group, role, count in layout:
+        hosts = [f"algo-{len(nodes) + i + 1}" for i in range(count)]
+        groups.append({"instance_group_name": group, "instance_type": "ml.local", "hosts": hosts})
+        nodes += [Node(h, group, role, work / h / "opt" / "ml", cpus=dnn_cpus if role != "data" else data_cpus)
+                  for h in hosts]
+    all_hosts = [n.host for n in nodes]
+    host_map = {n.host: f"127.0.0.1:{free_port()}" for n in nodes}
+    hps = {"bind_host": "127.0.0.1", "master_port": free_port(), **hyperparameters}
+    secret = secrets.token_hex(16)
+    for node in nodes:
+        config = node.root / "input" / "config"
+        config.mkdir(parents=True, exist_ok=True)
+        (node.root / "input" / "data").mkdir(parents=True, exist_ok=True)
+        channel = node.root / "input" / "data" / "training"
+        if not channel.exists():
+            channel.symlink_to(data_dir.resolve(), target_is_directory=True)
+        node.model_dir.mkdir(parents=True, exist_ok=True)
+        node.output_dir.mkdir(parents=True, exist_ok=True)
+        (config / "resourceconfig.json").write_text(json.dumps({
+            "current_host": node.host, "current_instance_type": "ml.local", "current_group_name": node.group,
+            "hosts": all_hosts, "instance_groups": groups, "network_interface_name": "lo"}))
+        (config / "hyperparameters.json").write_text(json.dumps({k: json.dumps(v) for k, v in hps.items()}))
+        node.env = {
+            "HETERO_SM_ROOT": str(node.root), "HETERO_HOST_MAP": json.dumps(host_map),
+            "HETERO_JOB_SECRET": secret, "TRAINING_JOB_NAME": job_name,
+            "SM_CURRENT_HOST": node.host, "SM_HOSTS": json.dumps(all_hosts),
+            "SM_CURRENT_INSTANCE_GROUP": node.group, "SM_CHANNEL_TRAINING": str(channel),
+            "SM_MODEL_DIR": str(node.model_dir), "SM_OUTPUT_DATA_DIR": str(node.output_dir),
+            "SM_HPS": json.dumps(hps), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    return nodes
+
+
+def node_command(python: str, hyperparameters: dict[str, Any]) -> list[str]:
+    """``python launcher/entry.py --key value ...``, as SageMaker script mode runs it."""
+    cmd = [python, str(REPO_ROOT / "launcher" / "entry.py")]
+    for key, value in hyperparameters.items():
+        cmd += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    return cmd
+
+
+def node_environ(node: Node) -> dict[str, str]:
+    """The parent's variables without SageMaker/launcher ones, plus the node's own."""
+    base = {k: v for k, v in os.environ.items()
+            if not (k.startswith("SM_") or k.startswith("HETERO_") or k == "TRAINING_JOB_NAME")}
+    if os.environ.get("HETERO_LOG_LEVEL"):
+        base["HETERO_LOG_LEVEL"] = os.environ["HETERO_LOG_LEVEL"]
+    return {**base, **node.env}

@@ -1,0 +1,101 @@
+"""The data node: serve the pipeline until a DNN node shuts us down, with a watchdog.
+
+Exit codes: 0 after a clean (authenticated) shutdown or SIGTERM; ``EXIT_NO_CONSUMER`` when no
+consumer connected within ``watchdog_connect_s``; ``EXIT_CONSUMERS_GONE`` when every consumer
+has been gone for ``watchdog_idle_s``. The watchdog keeps a broken job from billing for hours.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from data_service.pipeline import PipelineSpec
+from data_service.server import DataServer, ServerOptions
+
+from .config import LaunchConfig
+from .metrics import write_json
+
+log = logging.getLogger(__name__)
+
+EXIT_NO_CONSUMER = 3
+EXIT_CONSUMERS_GONE = 4
+
+
+@dataclass(frozen=True)
+class Watchdog:
+    """Decides when an unattended data server should give up.
+
+    Args:
+        connect_s: deadline for the first consumer, from start.
+        idle_s: how long all consumers may be gone once one has come.
+    """
+
+    connect_s: float
+    idle_s: float
+
+    def verdict(self, ever_connected: bool, seconds_since_last_consumer: float,
+                uptime_s: float) -> tuple[int, str] | None:
+        """None to keep serving, else (exit code, reason)."""
+        if not ever_connected:
+            if uptime_s > self.connect_s:
+                return EXIT_NO_CONSUMER, (f"no consumer connected within watchdog_connect_s={self.connect_s:g}s; "
+                                          "are the DNN nodes running with the same job token?")
+            return None
+        if seconds_since_last_consumer > self.idle_s:
+            return EXIT_CONSUMERS_GONE, (f"all consumers gone for {seconds_since_last_consumer:.0f}s "
+                                         f"(watchdog_idle_s={self.idle_s:g}s) and no shutdown came")
+        return None
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = None) -> DataServer:
+    """Start a data server for the job's pipeline on ``port`` (raises ConfigError)."""
+    options = ServerOptions(host=host or cfg.bind_host, port=port, bulk_port=cfg.bulk_port,
+                            num_workers=cfg.data_workers or usable_cpus())
+    return DataServer(PipelineSpec(cfg.pipeline, cfg.pipeline_options), token, options).start()
+
+
+def serve_until_shutdown(server: DataServer, watchdog: Watchdog, poll_s: float = 1.0) -> tuple[int, str]:
+    """Block until the server stops (0) or the watchdog fires (non-zero); returns (code, reason)."""
+    started = time.monotonic()
+    while not server.wait(timeout=poll_s):
+        snap = server.stats.snapshot()
+        verdict = watchdog.verdict(snap.consumer_ever_connected, snap.seconds_since_last_consumer,
+                                   time.monotonic() - started)
+        if verdict is not None:
+            code, reason = verdict
+            log.error("watchdog: %s; shutting down with exit code %d", reason, code)
+            server.shutdown(grace_s=5.0, reason=f"watchdog: {reason}")
+            return code, reason
+    return 0, "shut down"
+
+
+def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, host: str) -> int:
+    """Serve until shutdown; write ``data_node.json`` (server stats) to ``output_dir``."""
+    server = start_server(cfg, token, port)
+    log.info("healthy: serving %s on %s (%d workers); waiting for the DNN nodes", cfg.pipeline,
+             server.address, server.options.num_workers)
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        stop.set()
+        server.shutdown(grace_s=10.0, reason=f"signal {signal.Signals(signum).name}", block=False)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+    code, reason = serve_until_shutdown(server, Watchdog(cfg.watchdog_connect_s, cfg.watchdog_idle_s))
+    snap = server.stats.snapshot()
+    write_json(os.path.join(output_dir, "data_node.json"), {
+        "host": host, "role": "data", "exit_code": code, "reason": reason, "batches_sent": snap.batches_sent,
+        "bytes_sent": snap.bytes_sent, "batches_built": snap.batches_built, "workers": snap.workers,
+        "worker_busy_fraction": snap.worker_busy_fraction, "uptime_s": snap.uptime_s})
+    log.info("data node exits with %d (%s): %d batches sent", code, reason, snap.batches_sent)
+    return code

@@ -1,0 +1,111 @@
+"""The launcher: read the job, pick this node's role, run it.
+
+Runs the same on every node of a job (``python launcher/entry.py`` on SageMaker,
+``hetero launch`` elsewhere). ``HETERO_SM_ROOT`` points it at an emulated ``/opt/ml``.
+Command-line ``--key value`` pairs (how SageMaker passes hyperparameters to a script) override
+``hyperparameters.json``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from typing import Mapping, Sequence
+
+from data_service.errors import ConfigError, DataServiceError
+
+from . import logs
+from .config import LaunchConfig
+from .jobtoken import job_token
+from .roles import DATA, DNN, IDLE, data_addresses, host_map, plan_roles, resolve
+from .sm_env import DEFAULT_ROOT, SageMakerEnv, decode_hyperparameters, load_env
+
+log = logging.getLogger(__name__)
+
+EXIT_CONFIG = 2
+
+
+def parse_cli(argv: Sequence[str]) -> dict[str, str]:
+    """``["--epochs", "3", "--homogeneous=true"]`` -> ``{"epochs": "3", "homogeneous": "true"}``."""
+    out: dict[str, str] = {}
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if not item.startswith("--") or len(item) < 3:
+            raise ConfigError(f"argument {item!r}: expected --key value pairs (SageMaker hyperparameters)")
+        key, eq, value = item[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(items) or items[i + 1].startswith("--"):
+                raise ConfigError(f"argument {item!r} has no value; pass --{key} VALUE")
+            value = items[i + 1]
+            i += 1
+        out[key.replace("-", "_") if "." not in key else key] = value
+        i += 1
+    return out
+
+
+def _fail(env: SageMakerEnv | None, message: str, code: int) -> int:
+    log.error("%s", message)
+    if env is not None:  # SageMaker shows this file's text as the job's FailureReason
+        try:
+            os.makedirs(os.path.dirname(env.failure_file), exist_ok=True)
+            with open(env.failure_file, "a") as f:
+                f.write(message[:1000] + "\n")
+        except OSError:
+            pass
+    return code
+
+
+def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, root: str | None = None) -> int:
+    """Run this node's part of the job; returns the process exit code."""
+    environ = os.environ if environ is None else environ
+    root = root or environ.get("HETERO_SM_ROOT", DEFAULT_ROOT)
+    env = None
+    try:
+        env = load_env(root, environ)
+        hps = {**env.hyperparameters, **decode_hyperparameters(parse_cli(argv))}
+        cfg = LaunchConfig.from_hyperparameters(hps)
+        plan = plan_roles(env, cfg)
+        logs.setup(plan.role, env.current_host, level=cfg.log_level)
+        log.info("job %r: group %r -> role %s (data hosts %s, dnn hosts %s); read %s", env.job_name,
+                 env.current_group, plan.role, list(plan.data_hosts), list(plan.dnn_hosts), ", ".join(env.sources))
+        if plan.role == IDLE:
+            log.info("homogeneous=true: data hosts have nothing to do; exiting")
+            return 0
+        token = job_token(environ, env.job_name or cfg.job_name, cfg.job_secret)
+        mapping = host_map(environ)
+        if plan.role == DATA:
+            from .data_node import run_data_node
+            _, port = resolve(env.current_host, cfg.data_port, mapping)
+            return run_data_node(cfg, token, port, env.output_data_dir, env.current_host)
+        return _run_trainer_node(env, cfg, plan, token, mapping)
+    except (ConfigError, DataServiceError) as exc:
+        if env is None:
+            logging.basicConfig(level=logging.INFO)
+        return _fail(env, f"launcher: {exc}", EXIT_CONFIG)
+    except Exception as exc:
+        logging.getLogger(__name__).error("%s", traceback.format_exc())
+        return _fail(env, f"launcher: unexpected {type(exc).__name__}: {exc}", 1)
+
+
+def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, mapping) -> int:
+    from .dnn_node import local_procs, run_dnn_node
+    from .trainer import TrainJob
+
+    if "training" in env.channels:
+        os.environ.setdefault("SM_CHANNEL_TRAINING", env.channels["training"])
+    servers, server_hosts = (), ()
+    local_server = None
+    if plan.role == DNN:
+        servers = tuple(data_addresses(plan, cfg, mapping))
+        server_hosts = tuple(plan.data_hosts) + ((plan.host,) if cfg.dnn_local_server else ())
+        if cfg.dnn_local_server:
+            from .data_node import start_server
+            local_server = start_server(cfg, token, resolve(plan.host, cfg.data_port, mapping)[1])
+    master_addr, _ = resolve(plan.dnn_hosts[0], cfg.data_port, mapping)
+    job = TrainJob(cfg=cfg, mode=plan.mode, host=plan.host, dnn_hosts=plan.dnn_hosts, node_rank=plan.node_rank,
+                   nprocs=local_procs(cfg.procs_per_node, env.num_gpus), master_addr=master_addr,
+                   model_dir=env.model_dir, output_dir=env.output_data_dir, token=token, servers=servers,
+                   server_hosts=server_hosts, extra={"data_hosts": list(plan.data_hosts), "job_name": env.job_name})
+    return run_dnn_node(job, cfg.data_wait_s, local_server)

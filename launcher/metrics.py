@@ -1,0 +1,122 @@
+"""Step timing of one trainer rank, and the job's ``metrics.json``.
+
+A step's time runs from the end of the previous step to the end of this one, so it holds
+the wait for the batch (the *data wait*) plus the compute. The first ``warmup`` steps
+(queues filling, workers starting) are left out of every average; the count is reported.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        return batch_size_of(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, (list, tuple)):
+        return batch_size_of(batch[0]) if batch else 0
+    return 1
+
+
+class StepStats:
+    """Per-rank counters; ``log_every`` steps it logs the recent average step time."""
+
+    def __init__(self, warmup: int, log_every: int, label: str = "") -> None:
+        self.warmup = warmup
+        self.log_every = log_every
+        self.label = label
+        self.steps = 0
+        self.samples = 0
+        self.total_s = 0.0           # after warm-up
+        self.wait_s = 0.0            # after warm-up
+        self.counted = 0
+        self._window: list[tuple[float, float]] = []
+
+    def record(self, wait_s: float, step_s: float, samples: int) -> None:
+        self.steps += 1
+        self._window.append((wait_s, step_s))
+        if self.steps > self.warmup:
+            self.counted += 1
+            self.samples += samples
+            self.total_s += step_s
+            self.wait_s += wait_s
+        if self.steps % self.log_every == 0:
+            waits, totals = zip(*self._window)
+            log.info("%sstep %d: avg step time %.4f s over the last %d steps, data wait %.0f%%",
+                     self.label, self.steps, sum(totals) / len(totals), len(totals),
+                     100.0 * sum(waits) / max(sum(totals), 1e-12))
+            self._window.clear()
+
+    def summary(self) -> dict[str, Any]:
+        avg = self.total_s / self.counted if self.counted else None
+        return {"steps": self.steps, "warmup_steps_discarded": min(self.warmup, self.steps),
+                "avg_step_time_s": avg,
+                "data_wait_fraction": (self.wait_s / self.total_s) if self.total_s > 0 else None,
+                "samples_per_s": (self.samples / self.total_s) if self.total_s > 0 else None}
+
+
+class StepTimer:
+    """Wraps a batch iterator: measures how long each ``next()`` blocks."""
+
+    def __init__(self, stats: StepStats) -> None:
+        self.stats = stats
+        self._last_end = time.perf_counter()
+        self._wait = 0.0
+
+    def restart(self) -> None:
+        """Call when a new epoch starts (epoch set-up is not a step)."""
+        self._last_end = time.perf_counter()
+
+    def fetch(self, iterator):
+        start = time.perf_counter()
+        batch = next(iterator)
+        self._wait = time.perf_counter() - start
+        return batch
+
+    def done(self, samples: int) -> None:
+        end = time.perf_counter()
+        self.stats.record(self._wait, end - self._last_end, samples)
+        self._last_end = end
+
+
+def job_metrics(rank_summaries: list[dict], base: dict[str, Any]) -> dict[str, Any]:
+    """Combine every rank's summary into the job's metrics (rank 0's view)."""
+    avgs = [r["avg_step_time_s"] for r in rank_summaries if r["avg_step_time_s"] is not None]
+    waits = [r["data_wait_fraction"] for r in rank_summaries if r["data_wait_fraction"] is not None]
+    rates = [r["samples_per_s"] for r in rank_summaries if r["samples_per_s"] is not None]
+    nodes: dict[str, dict] = {}
+    for r in rank_summaries:
+        nodes.setdefault(r["host"], {"host": r["host"], "role": base.get("mode_role", "dnn"), "ranks": []})
+        nodes[r["host"]]["ranks"].append(r)
+    out = dict(base)
+    out.pop("mode_role", None)
+    out.update({
+        "steps": rank_summaries[0]["steps"] if rank_summaries else 0,
+        "total_steps": sum(r["steps"] for r in rank_summaries),
+        "warmup_steps_discarded": rank_summaries[0]["warmup_steps_discarded"] if rank_summaries else 0,
+        "avg_step_time_s": max(avgs) if avgs else None,   # the slowest rank sets the pace
+        "data_wait_fraction": max(waits) if waits else None,
+        "samples_per_s": sum(rates) if rates else None,
+        "nodes": list(nodes.values()) + list(base.get("nodes", [])),
+    })
+    return out
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Write atomically (temp file + rename)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)

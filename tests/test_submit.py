@@ -64,7 +64,7 @@ def no_aws(monkeypatch):
 @pytest.mark.parametrize("argv", [
     HET,
     HET + ["--input", "s3://bkt/mnist@data_group", "--input", "val=s3://bkt/val", "--hyperparameters", "epochs=2", "lr=0.1"],
-    HET + ["--group", "aug=ml.c5.4xlarge:2", "--group", "aux=ml.c5.xlarge:1", "--group", "x=ml.m5.xlarge:1",
+    HET + ["--group", "aug=ml.c5.4xlarge:2", "--group", "aux=ml.c5.xlarge:1", "--group", "dnn:x=ml.g5.xlarge:1",
            "--input", "s3://bkt/d@data_group+aug"],
     HET + ["--spot", "--max-run", "2h", "--max-wait", "3h", "--checkpoint", "s3://bkt/ck"],
     HET + ["--pair", "--input", "s3://bkt/mnist@data_group", "--spot"],
@@ -79,7 +79,8 @@ def test_every_request_passes_botocore_and_api_rules(argv):
         check_request(req)
         assert_api_rules(req)
         hps = req["HyperParameters"]
-        assert hps["sagemaker_program"] == "launcher/entry.py" and len(hps["hetero_job_secret"]) == 32
+        assert hps["sagemaker_program"] == "launcher/entry.py" and len(req["Environment"]["HETERO_JOB_SECRET"]) == 32
+        assert "job_secret" not in hps
         if "--no-source" not in argv:
             assert hps["sagemaker_submit_directory"].endswith("/source/sourcedir.tar.gz")
 
@@ -92,7 +93,9 @@ def test_pair_is_same_code_and_hyperparameters_on_one_type():
     assert "InstanceGroupNames" not in hom["InputDataConfig"][0]["DataSource"]["S3DataSource"]
     same = ("sagemaker_submit_directory", "sagemaker_program", "epochs")
     assert all(het["HyperParameters"][k] == hom["HyperParameters"][k] for k in same)
-    assert het["HyperParameters"]["hetero_job_secret"] != hom["HyperParameters"]["hetero_job_secret"]
+    assert het["Environment"]["HETERO_JOB_SECRET"] != hom["Environment"]["HETERO_JOB_SECRET"]
+    assert (het["HyperParameters"]["data_group"], het["HyperParameters"]["dnn_group"]) == ("data_group", "dnn_group")
+    assert "data_group" not in hom["HyperParameters"] and "dnn_group" not in hom["HyperParameters"]
     assert het["AlgorithmSpecification"] == hom["AlgorithmSpecification"]
 
 
@@ -102,7 +105,7 @@ def test_stubber_accepts_the_call(monkeypatch):
     (req,) = requests_for(HET + ["--no-source", "--job-name", "stubbed"])
     monkeypatch.setattr(sm_client.Clients, "_client", lambda self, service: client)
     spec_argv = BASE + HET + ["--no-source", "--job-name", "stubbed", "--job-secret", SECRET]
-    req["HyperParameters"]["hetero_job_secret"] = SECRET
+    req["Environment"]["HETERO_JOB_SECRET"] = SECRET
     with Stubber(client) as stub:
         stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/stubbed"},
                           expected_params=req)
@@ -116,12 +119,12 @@ def test_dry_run_prints_the_full_request_with_the_secret_masked(capsys):
     out = capsys.readouterr().out
     assert SECRET not in out
     req = json.loads(out)
-    assert req["HyperParameters"]["hetero_job_secret"] == "****"
+    assert req["Environment"]["HETERO_JOB_SECRET"] == "****"
     assert req["ResourceConfig"]["InstanceGroups"][0] == {"InstanceType": "ml.c5.9xlarge", "InstanceCount": 1,
                                                            "InstanceGroupName": "data_group"}
     assert req["InputDataConfig"][0]["DataSource"]["S3DataSource"]["InstanceGroupNames"] == ["data_group"]
     assert botocore_errors(req) == []
-    assert main(BASE + HET + ["--pair", "--dry-run", "--hyperparameters", f"hetero_job_secret={SECRET}"]) == 0
+    assert main(BASE + HET + ["--pair", "--dry-run", "--hyperparameters", f"job_secret={SECRET}"]) == 0
     out = capsys.readouterr().out
     assert SECRET not in out and [r["TrainingJobName"][-4:] for r in json.loads(out)] == ["-het", "-hom"]
 
@@ -280,7 +283,7 @@ def test_end_to_end_pair_against_moto(moto_endpoint, tmp_path, monkeypatch, caps
     s3, sm, logs = boto3.client("s3", **kw), boto3.client("sagemaker", **kw), boto3.client("logs", **kw)
     s3.create_bucket(Bucket="bkt")
     s3.put_object(Bucket="bkt", Key="out/bench-het/output/output.tar.gz",
-                  Body=output_tar({"avg_step_time_s": 0.18, "steps": 4800}))
+                  Body=output_tar({"avg_step_time_s": 0.18, "steps": 4800, "step_kind": "emulated"}))
     s3.put_object(Bucket="bkt", Key="out/bench-hom/output/output.tar.gz", Body=output_tar({"step_times": [1.19, 1.19]}))
     logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
     logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName="bench-het/algo-1-1700000000")
@@ -288,13 +291,13 @@ def test_end_to_end_pair_against_moto(moto_endpoint, tmp_path, monkeypatch, caps
                         logEvents=[{"timestamp": int(time.time() * 1000), "message": "step 100 loss 0.5"}])
 
     argv = BASE + HET + ["--pair", "--job-name", "bench", "--input", "s3://bkt/mnist@data_group", "--spot",
-                         "--hyperparameters", "epochs=1", "--endpoint-url", moto_endpoint, "--source-dir",
+                         "--hyperparameters", "epochs=1", "--endpoint-url", moto_endpoint, "--job-secret", SECRET, "--source-dir",
                          str(make_checkout(tmp_path)), "--wait", "--poll", "0.1", "--wait-timeout", "30"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "submitted bench-het: arn:aws:sagemaker:us-east-1:" in out and "submitted bench-hom" in out
     assert "[algo-1-1700000000] step 100 loss 0.5" in out
-    assert "avg step 0.1800 s, 0.0283 cents/step" in out and "avg step 1.1900 s, 0.1264 cents/step" in out
+    assert "avg step 0.1800 s (emulated accelerator step), 0.0283 cents/step" in out and "avg step 1.1900 s, 0.1264 cents/step" in out
     assert "step time x6.61, cost per step x4.47" in out
 
     het = sm.describe_training_job(TrainingJobName="bench-het")
@@ -304,7 +307,8 @@ def test_end_to_end_pair_against_moto(moto_endpoint, tmp_path, monkeypatch, caps
     assert het["InputDataConfig"][0]["DataSource"]["S3DataSource"]["InstanceGroupNames"] == ["data_group"]
     assert het["EnableManagedSpotTraining"] and het["CheckpointConfig"]["S3Uri"] == "s3://bkt/out/bench-het/checkpoints"
     hps = het["HyperParameters"]
-    assert len(hps["hetero_job_secret"]) == 32 and hps["hetero_job_secret"] not in out
+    assert SECRET not in out and SECRET not in json.dumps(hps)  # moto does not keep Environment
+    assert hps["data_group"] == "data_group" and hps["dnn_group"] == "dnn_group" and hps["epochs"] == "1"
     bucket, key = split_s3(hps["sagemaker_submit_directory"])
     assert hom["HyperParameters"]["sagemaker_submit_directory"] == hps["sagemaker_submit_directory"]
     body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -314,6 +318,6 @@ def test_end_to_end_pair_against_moto(moto_endpoint, tmp_path, monkeypatch, caps
 
 def test_masked_leaves_the_request_untouched():
     (req,) = requests_for(HET)
-    secret = req["HyperParameters"]["hetero_job_secret"]
-    assert masked(req)["HyperParameters"]["hetero_job_secret"] == "****"
-    assert req["HyperParameters"]["hetero_job_secret"] == secret
+    secret = req["Environment"]["HETERO_JOB_SECRET"]
+    assert masked(req)["Environment"]["HETERO_JOB_SECRET"] == "****"
+    assert req["Environment"]["HETERO_JOB_SECRET"] == secret

@@ -23,8 +23,8 @@ def register(sub) -> None:
     c.add_argument("--dnn-group", metavar="TYPE:COUNT", help="GPU training group, e.g. ml.p3.2xlarge:1")
     c.add_argument("--data-group-name", default="data_group", help="name of the data group (default data_group)")
     c.add_argument("--dnn-group-name", default="dnn_group", help="name of the dnn group (default dnn_group)")
-    c.add_argument("--group", action="append", default=[], metavar="NAME=TYPE:COUNT",
-                   help="extra instance group (repeatable; at most 5 groups in all)")
+    c.add_argument("--group", action="append", default=[], metavar="[dnn:]NAME=TYPE:COUNT",
+                   help="extra instance group, a data group unless prefixed dnn: (repeatable; at most 5 groups)")
     c.add_argument("--instance", metavar="TYPE:COUNT", help="homogeneous job (or, with --pair, its partner)")
     c.add_argument("--pair", action="store_true", help="submit the heterogeneous job and its homogeneous twin")
     j = p.add_argument_group("job")
@@ -43,7 +43,8 @@ def register(sub) -> None:
     j.add_argument("--max-wait", help="spot: max time including waiting for capacity (default max-run + 1h)")
     j.add_argument("--checkpoint", metavar="S3URI", help="checkpoint S3 URI (spot default: <output>/<job>/checkpoints)")
     j.add_argument("--volume-size", type=int, default=30, help="EBS GB per instance (default 30)")
-    j.add_argument("--job-secret", default=None, help="secret for the job token (default: random per job)")
+    j.add_argument("--job-secret", default=None,
+                   help="secret for the job token, sent as HETERO_JOB_SECRET (default: random per job)")
     j.add_argument("--source-dir", default=None, help="checkout to upload as sourcedir.tar.gz (default: this one)")
     j.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
     j.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
@@ -64,14 +65,14 @@ def specs_from_args(args: argparse.Namespace) -> list:
     from hetero.sagemaker.client import resolve_region
     from hetero.sagemaker.request import default_job_name, framework_image, make_pair
     from hetero.sagemaker.source import source_uri
-    from hetero.sagemaker.spec import (SECRET_HP, Group, JobSpec, SubmitError, check_s3_uri, parse_duration,
+    from hetero.sagemaker.spec import (DATA, DNN, SECRET_ENV, SECRET_HP, Group, JobSpec, SubmitError, check_s3_uri, parse_duration,
                                        parse_group, parse_input, parse_strings, parse_type_count)
 
     groups = []
     if args.data_group:
-        groups.append(Group(args.data_group_name, *parse_type_count(args.data_group, "--data-group")))
+        groups.append(Group(args.data_group_name, *parse_type_count(args.data_group, "--data-group"), DATA))
     if args.dnn_group:
-        groups.append(Group(args.dnn_group_name, *parse_type_count(args.dnn_group, "--dnn-group")))
+        groups.append(Group(args.dnn_group_name, *parse_type_count(args.dnn_group, "--dnn-group"), DNN))
     groups += [parse_group(text) for text in args.group]
     instance = parse_type_count(args.instance, "--instance") if args.instance else None
     if not groups and not instance:
@@ -94,7 +95,8 @@ def specs_from_args(args: argparse.Namespace) -> list:
         raise SubmitError("no training image: pass --image URI (e.g. our data/dnn image in ECR) or "
                           "--framework-version 2.5 for the AWS PyTorch training image")
     hps = parse_strings(args.hyperparameters, "--hyperparameters")
-    secret = args.job_secret or hps.pop(SECRET_HP, None)
+    env = parse_strings(args.env, "--env")
+    secret = args.job_secret or hps.pop(SECRET_HP, None) or env.pop(SECRET_ENV, None)
     kind = "pair" if args.pair else ("het" if groups else "hom")
     name = args.job_name or default_job_name(kind)
     if args.volume_size < 1:
@@ -109,9 +111,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
         volume_gb=args.volume_size,
         source_s3=None if args.no_source else source_uri(
             check_s3_uri(args.code_uri, "--code-uri") if args.code_uri else output, name),
-        data_group=args.data_group_name if args.data_group else None,
-        dnn_group=args.dnn_group_name if args.dnn_group else None,
-        environment=parse_strings(args.env, "--env"),
+        environment=env,
         tags={"hetero:mode": "heterogeneous" if groups else "homogeneous", **parse_strings(args.tag, "--tag")})
     if secret:
         spec.job_secret = secret

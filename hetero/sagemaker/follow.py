@@ -112,7 +112,11 @@ def artifact_uris(desc: dict) -> list[str]:
 
 
 def fetch_metrics(s3, desc: dict) -> dict | None:
-    """metrics.json of a finished job, or None when no archive holds one."""
+    """metrics.json of a finished job, or None when no archive holds one.
+
+    When several are found (one per node), the first with a step time wins.
+    """
+    found = []
     for uri in artifact_uris(desc):
         bucket, key = split_s3(uri)
         try:
@@ -123,10 +127,11 @@ def fetch_metrics(s3, desc: dict) -> dict | None:
             with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tar:
                 for member in tar.getmembers():
                     if member.isfile() and member.name.rsplit("/", 1)[-1] == "metrics.json":
-                        return json.loads(tar.extractfile(member).read())
+                        found.append(json.loads(tar.extractfile(member).read()))
         except (tarfile.TarError, json.JSONDecodeError) as exc:
             log.warning("cannot read metrics.json from %s: %s", uri, exc)
-    return None
+    timed = [m for m in found if step_time(m)]
+    return (timed or found or [None])[0]
 
 
 def step_time(metrics: dict | None) -> float | None:

@@ -38,6 +38,8 @@ def summarize(desc: dict, metrics: dict | None, table) -> dict:
         out["failure_reason"] = desc["FailureReason"]
     if metrics and isinstance(metrics.get("steps"), int):
         out["steps"] = metrics["steps"]
+    if metrics and metrics.get("step_kind"):
+        out["step_kind"] = metrics["step_kind"]
     try:
         hourly = table.cluster_hourly(cluster)
     except PriceError as exc:
@@ -64,6 +66,8 @@ def report_lines(summaries: list[dict]) -> list[str]:
         line = f"{s['job']}: {s['status']} on {cluster}"
         if s.get("avg_step_time_s"):
             line += f", avg step {s['avg_step_time_s']:.4f} s"
+            if s.get("step_kind") == "emulated":
+                line += " (emulated accelerator step)"
         else:
             line += ", no step time (metrics.json missing or without avg_step_time_s)"
         if "usd_per_step" in s:

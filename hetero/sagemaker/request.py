@@ -11,7 +11,7 @@ import copy
 import secrets
 from datetime import datetime, timezone
 
-from hetero.sagemaker.spec import ENTRY_POINT, SECRET_HP, Channel, Group, JobSpec, SubmitError
+from hetero.sagemaker.spec import DATA, DNN, ENTRY_POINT, SECRET_ENV, SECRET_HP, Channel, Group, JobSpec, SubmitError
 
 MASK = "****"
 CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
@@ -57,18 +57,24 @@ def _channel(channel: Channel, homogeneous: bool) -> dict:
 
 
 def hyperparameters(spec: JobSpec) -> dict[str, str]:
-    """The HyperParameters map: script-mode keys, role hints, the job secret, then the user's."""
+    """The HyperParameters map: script-mode keys, the launcher's role options, then the user's.
+
+    ``data_group`` / ``dnn_group`` list the groups of each role (comma-separated), as the
+    launcher expects; a homogeneous job gets neither (its one group trains).
+    """
     hps = {"sagemaker_program": ENTRY_POINT, "sagemaker_region": spec.region,
            "sagemaker_container_log_level": "20", "sagemaker_job_name": spec.job_name}
     if spec.source_s3:
         hps["sagemaker_submit_directory"] = spec.source_s3
     if not spec.homogeneous:
-        names = {g.name for g in spec.groups}
-        for key, name in (("hetero_data_group", spec.data_group), ("hetero_dnn_group", spec.dnn_group)):
-            if name and name in names:
-                hps[key] = name
+        for role in (DATA, DNN):
+            names = [g.name for g in spec.groups if g.role == role]
+            if names:
+                hps[f"{role}_group"] = ",".join(names)
     hps.update(spec.hyperparameters)
-    hps[SECRET_HP] = spec.job_secret
+    if SECRET_HP in hps:
+        raise SubmitError(f"the job secret goes in the container variable {SECRET_ENV}, not the {SECRET_HP} "
+                          "hyperparameter (hyperparameters are logged): use --job-secret")
     return hps
 
 
@@ -95,8 +101,7 @@ def build_request(spec: JobSpec) -> dict:
     }
     if spec.channels:
         request["InputDataConfig"] = [_channel(c, spec.homogeneous) for c in spec.channels]
-    if spec.environment:
-        request["Environment"] = dict(spec.environment)
+    request["Environment"] = {**spec.environment, SECRET_ENV: spec.job_secret}
     if spec.spot:
         request["EnableManagedSpotTraining"] = True
         stopping["MaxWaitTimeInSeconds"] = spec.max_wait_s or spec.max_run_s + 3600
@@ -116,7 +121,7 @@ def homogeneous_twin(spec: JobSpec, instance: tuple[str, int] | None = None, job
     Channel restrictions to a group are dropped: the single group reads every channel.
     """
     if instance is None:
-        dnn = [g for g in spec.groups if g.name == spec.dnn_group] or spec.groups[-1:]
+        dnn = [g for g in spec.groups if g.role == DNN] or spec.groups[-1:]
         instance = (dnn[0].instance_type, dnn[0].count)
     return spec.copy(job_name=job_name or f"{spec.job_name}-hom", homogeneous=True,
                      groups=[Group("homogeneousCluster", *instance)],
@@ -137,6 +142,7 @@ def make_pair(spec: JobSpec, instance: tuple[str, int] | None = None) -> tuple[J
 def masked(request: dict) -> dict:
     """A deep copy of ``request`` with the job secret replaced by ``****`` (for printing)."""
     out = copy.deepcopy(request)
-    if SECRET_HP in out.get("HyperParameters", {}):
-        out["HyperParameters"][SECRET_HP] = MASK
+    for where, key in (("Environment", SECRET_ENV), ("HyperParameters", SECRET_HP)):
+        if key in out.get(where, {}):
+            out[where][key] = MASK
     return out

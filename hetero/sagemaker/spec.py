@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 
 from data_service.errors import ConfigError
 
-DATA_GROUP = "data_group"
-DNN_GROUP = "dnn_group"
 DEFAULT_CHANNEL = "train"
 ENTRY_POINT = "launcher/entry.py"
-SECRET_HP = "hetero_job_secret"
+SECRET_ENV = "HETERO_JOB_SECRET"   # the launcher's preferred source of the job secret
+SECRET_HP = "job_secret"            # the launcher's fallback hyperparameter (never sent by us)
+DATA, DNN = "data", "dnn"
 MAX_RUN_LIMIT_S = 28 * 24 * 3600  # CreateTrainingJob's limit on MaxRuntimeInSeconds
 
 _DURATION = re.compile(r"^(\d+)\s*([smhd]?)$")
@@ -30,11 +30,16 @@ class SubmitError(ConfigError):
 
 @dataclass(frozen=True)
 class Group:
-    """One instance group: name, instance type and number of instances."""
+    """One instance group: name, instance type, number of instances and launcher role.
+
+    ``role`` is ``"data"`` (serves batches) or ``"dnn"`` (trains); it becomes the
+    launcher's ``data_group`` / ``dnn_group`` hyperparameters.
+    """
 
     name: str
     instance_type: str
     count: int
+    role: str = DATA
 
 
 @dataclass(frozen=True)
@@ -66,8 +71,8 @@ class JobSpec:
         checkpoint_s3: CheckpointConfig.S3Uri (spot default: under the output path).
         volume_gb: EBS volume per instance.
         source_s3: S3 URI of sourcedir.tar.gz, or None when the image holds the code.
-        job_secret: secret the launcher derives the job token from (never printed).
-        data_group / dnn_group: group names the launcher maps to roles (sent as hyperparameters).
+        job_secret: secret the launcher derives the job token from (sent as the container
+            variable HETERO_JOB_SECRET; never printed).
         environment: container environment variables.
         tags: resource tags.
     """
@@ -88,8 +93,6 @@ class JobSpec:
     volume_gb: int = 30
     source_s3: str | None = None
     job_secret: str = field(default_factory=lambda: secrets.token_hex(16))
-    data_group: str | None = DATA_GROUP
-    dnn_group: str | None = DNN_GROUP
     environment: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
 
@@ -120,11 +123,19 @@ def parse_type_count(text: str, option: str) -> tuple[str, int]:
 
 
 def parse_group(text: str, option: str = "--group") -> Group:
-    """``"aug_group=ml.c5.4xlarge:2"`` -> ``Group("aug_group", "ml.c5.4xlarge", 2)``."""
-    name, sep, rest = (text or "").partition("=")
+    """``"[data:|dnn:]NAME=TYPE:COUNT"`` -> Group; the role defaults to data.
+
+    Example: ``"dnn:gpu2=ml.g5.2xlarge:2"`` -> ``Group("gpu2", "ml.g5.2xlarge", 2, "dnn")``.
+    """
+    role, name = DATA, text or ""
+    for prefix in (DATA, DNN):
+        if name.startswith(prefix + ":"):
+            role, name = prefix, name[len(prefix) + 1:]
+    name, sep, rest = name.partition("=")
     if not sep or not name:
-        raise SubmitError(f"{option} {text!r} must look like NAME=TYPE:COUNT, e.g. aug_group=ml.c5.4xlarge:2")
-    return Group(name, *parse_type_count(rest, option))
+        raise SubmitError(f"{option} {text!r} must look like [data:|dnn:]NAME=TYPE:COUNT, "
+                          "e.g. aug_group=ml.c5.4xlarge:2 or dnn:gpu2=ml.g5.2xlarge:1")
+    return Group(name, *parse_type_count(rest, option), role)
 
 
 def parse_input(text: str, default_name: str = DEFAULT_CHANNEL) -> Channel:

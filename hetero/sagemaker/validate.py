@@ -130,6 +130,9 @@ def _rest(request: dict) -> list[str]:
     for key, value in hps.items():
         if not 1 <= len(key) <= 256 or len(str(value)) > 2500:
             problems.append(f"hyperparameter {key[:40]!r}: keys are 1-256 chars and values at most 2500")
+    env = request.get("Environment", {})
+    if len(env) > 100 or any(len(k) > 512 or len(str(v)) > 512 for k, v in env.items()):
+        problems.append("Environment: at most 100 variables, names and values at most 512 chars each")
     stop = request.get("StoppingCondition", {})
     run, wait = stop.get("MaxRuntimeInSeconds"), stop.get("MaxWaitTimeInSeconds")
     if isinstance(run, int) and not 1 <= run <= MAX_RUN_LIMIT_S:

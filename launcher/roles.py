@@ -13,6 +13,7 @@ reach each host at and, when given, the port its data server listens on.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -34,7 +35,7 @@ class NodePlan:
             ``idle`` (a data host of a job forced homogeneous: nothing to do).
         host: this node's host name.
         data_hosts: hosts running data servers (empty in homogeneous mode).
-        dnn_hosts: hosts running trainers, in SageMaker's order; the first is MASTER_ADDR.
+        dnn_hosts: hosts running trainers, in natural order (``host_key``); the first is MASTER_ADDR.
         node_rank: position of this host in ``dnn_hosts`` (-1 elsewhere).
     """
 
@@ -49,6 +50,12 @@ class NodePlan:
         return "homogeneous" if self.role in (HOMOGENEOUS, IDLE) else "heterogeneous"
 
 
+def host_key(host: str) -> tuple:
+    """Natural order (algo-2 before algo-10): every node sorts the same way whatever order its
+    resourceconfig.json lists hosts in, so node ranks and MASTER_ADDR agree across nodes."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", host))
+
+
 def _hosts_of(env: SageMakerEnv, names: list[str], option: str) -> tuple[str, ...]:
     hosts: list[str] = []
     for name in names:
@@ -59,7 +66,7 @@ def _hosts_of(env: SageMakerEnv, names: list[str], option: str) -> tuple[str, ..
         if not group.hosts:
             raise ConfigError(f"instance group {name!r} ({option}) has no hosts; give it InstanceCount >= 1")
         hosts.extend(group.hosts)
-    return tuple(hosts)
+    return tuple(sorted(hosts, key=host_key))
 
 
 def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
@@ -78,7 +85,8 @@ def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
         if only.name in data_names:
             raise ConfigError(f"the job's only instance group {only.name!r} is a data group (data_group="
                               f"{cfg.data_group!r}); add a dnn group {cfg.dnn_group!r} or rename the group")
-        return NodePlan(HOMOGENEOUS, env.current_host, (), only.hosts, only.hosts.index(env.current_host))
+        hosts = tuple(sorted(only.hosts, key=host_key))
+        return NodePlan(HOMOGENEOUS, env.current_host, (), hosts, hosts.index(env.current_host))
     if env.current_group not in data_names + dnn_names:
         raise ConfigError(f"this node's group {env.current_group!r} is neither a data group "
                           f"(data_group={cfg.data_group!r}) nor a dnn group (dnn_group={cfg.dnn_group!r}); "

@@ -1,0 +1,35 @@
+"""Shared helpers of the launcher tests: emulated node trees and small, fast job settings."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from examples.mnist import write_synthetic
+from hetero.local.tree import Node, build_nodes
+from launcher.jobtoken import derive_token
+
+# Small and fast on 2 cores: tiny batches, cheap augmentation, one loader/server worker.
+FAST_HPS = {"pipeline.batch_size": 8, "pipeline.blur_kernel": 3, "data_workers": 1, "loader_workers": 1,
+            "log_every": 100, "warmup_steps": 5}
+
+
+def synth_data(path: Path, train: int = 1600, test: int = 400) -> Path:
+    write_synthetic(path, train, test, seed=0)
+    return path
+
+
+def nodes_for(tmp_path: Path, data_nodes: int = 1, dnn_nodes: int = 1, **hps) -> list[Node]:
+    data = synth_data(tmp_path / "data", 400, 0)
+    return build_nodes(tmp_path / "nodes", data_nodes, dnn_nodes, False, data, {**FAST_HPS, **hps}, "test-job")
+
+
+def token_of(node: Node) -> str:
+    return derive_token(node.env["HETERO_JOB_SECRET"], node.env["TRAINING_JOB_NAME"])
+
+
+def data_address(node: Node) -> str:
+    return json.loads(node.env["HETERO_HOST_MAP"])[node.host]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,163 @@
+"""Launcher: options, roles, job token, CLI parsing, and data nodes' watchdog as real processes."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from data_service.errors import ConfigError
+from dnn_worker import RemoteDataset
+from hetero.local.runner import LocalCluster
+from launcher.config import LaunchConfig
+from launcher.data_node import EXIT_CONSUMERS_GONE, EXIT_NO_CONSUMER, Watchdog
+from launcher.jobtoken import derive_token, job_token
+from launcher.main import parse_cli
+from launcher.roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, plan_roles, resolve
+from launcher.sm_env import InstanceGroup, SageMakerEnv
+
+from _launcher_helpers import data_address, nodes_for, read_json, token_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def env_of(current_host, groups, current_group=None):
+    groups = tuple(InstanceGroup(name, "ml.x", tuple(hosts)) for name, hosts in groups.items())
+    current_group = current_group or next(g.name for g in groups if current_host in g.hosts)
+    hosts = tuple(h for g in groups for h in g.hosts)
+    return SageMakerEnv(root="/opt/ml", current_host=current_host, current_group=current_group, hosts=hosts,
+                        groups=groups, network_interface="eth0", hyperparameters={}, channels={}, model_dir="/m",
+                        output_data_dir="/o", num_gpus=None, job_name="j", sources=())
+
+
+# -- options
+def test_options_from_hyperparameters():
+    cfg = LaunchConfig.from_hyperparameters({"epochs": "3", "homogeneous": "true", "lr": 0.5, "sagemaker_region": "x",
+                                             "pipeline.batch_size": 32, "pipeline_options": '{"limit": 100}'})
+    assert cfg.epochs == 3 and cfg.homogeneous is True and cfg.lr == 0.5
+    assert cfg.pipeline_options == {"limit": 100, "batch_size": 32}
+
+
+@pytest.mark.parametrize("hps, message", [
+    ({"epoch": 3}, "unknown hyperparameter 'epoch'"),
+    ({"epochs": "three"}, r"epochs='three' must be a int"),
+    ({"homogeneous": "maybe"}, "homogeneous='maybe' must be a bool"),
+    ({"data_port": 70000}, "data_port=70000 must be a TCP port"),
+    ({"pipeline": "no_colon"}, "must look like 'package.module:function'"),
+    ({"watchdog_idle_s": 0}, "watchdog_idle_s=0.0 must be > 0"),
+])
+def test_bad_options_name_the_value(hps, message):
+    with pytest.raises(ConfigError, match=message):
+        LaunchConfig.from_hyperparameters(hps)
+
+
+def test_cli_arguments_as_sagemaker_passes_them():
+    assert parse_cli(["--epochs", "3", "--data-port=7000", "--pipeline.batch_size", "8"]) == {
+        "epochs": "3", "data_port": "7000", "pipeline.batch_size": "8"}
+    with pytest.raises(ConfigError, match="has no value"):
+        parse_cli(["--epochs"])
+
+
+# -- roles
+def test_roles_by_group_name_whatever_the_host_order():
+    groups = {"dnn_group": ["algo-3", "algo-1"], "data_group": ["algo-2"]}
+    cfg = LaunchConfig()
+    data = plan_roles(env_of("algo-2", groups), cfg)
+    assert data.role == DATA and data.data_hosts == ("algo-2",)
+    dnn = plan_roles(env_of("algo-3", groups), cfg)
+    assert dnn.role == DNN and dnn.dnn_hosts == ("algo-1", "algo-3") and dnn.node_rank == 1  # natural order
+    assert data_addresses(dnn, cfg, {}) == ["algo-2:6000"]
+    assert data_addresses(dnn, cfg, {"algo-2": "127.0.0.1:4100"}) == ["127.0.0.1:4100"]
+
+
+def test_homogeneous_by_single_group_or_option():
+    plan = plan_roles(env_of("algo-1", {"homogeneousCluster": ["algo-2", "algo-1"]}), LaunchConfig())
+    assert plan.role == HOMOGENEOUS and plan.node_rank == 0 and plan.mode == "homogeneous"
+    groups = {"data_group": ["algo-1"], "dnn_group": ["algo-2"]}
+    forced = LaunchConfig(homogeneous=True)
+    assert plan_roles(env_of("algo-2", groups), forced).role == HOMOGENEOUS
+    assert plan_roles(env_of("algo-1", groups), forced).role == IDLE
+
+
+@pytest.mark.parametrize("groups, host, cfg, message", [
+    ({"cpu": ["algo-1"], "gpu": ["algo-2"]}, "algo-1", LaunchConfig(),
+     r"group 'cpu' is neither a data group \(data_group='data_group'\).*\['cpu', 'gpu'\]"),
+    ({"data_group": ["algo-1"], "gpu": ["algo-2"]}, "algo-1", LaunchConfig(),
+     "dnn_group='dnn_group' names no instance group of this job"),
+    ({"data_group": ["algo-1"], "dnn_group": []}, "algo-1", LaunchConfig(), "'dnn_group' .* has no hosts"),
+    ({"data_group": ["algo-1"]}, "algo-1", LaunchConfig(), "only instance group 'data_group' is a data group"),
+    ({"a": ["algo-1"], "b": ["algo-2"]}, "algo-1", LaunchConfig(data_group="a", dnn_group="a"), "both"),
+])
+def test_role_errors(groups, host, cfg, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_roles(env_of(host, groups), cfg)
+
+
+def test_host_map_resolution():
+    assert resolve("algo-1", 6000, {}) == ("algo-1", 6000)
+    assert resolve("algo-1", 6000, {"algo-1": "127.0.0.1"}) == ("127.0.0.1", 6000)
+    assert resolve("algo-1", 6000, {"algo-1": "127.0.0.1:41000"}) == ("127.0.0.1", 41000)
+
+
+# -- token
+def test_job_token_is_an_hmac_of_the_job_name():
+    import hashlib
+    import hmac
+    expected = hmac.new(b"s3cret", b"hetero-data-service/v1/job-token:job-7", hashlib.sha256).hexdigest()
+    assert job_token({"HETERO_JOB_SECRET": "s3cret"}, "job-7") == expected == derive_token("s3cret", "job-7")
+    assert job_token({}, "job-7", secret_hp="s3cret") == expected
+    assert job_token({"HETERO_JOB_SECRET": "s3cret"}, "job-8") != expected
+    assert job_token({"HETERO_JOB_TOKEN": "explicit"}, "") == "explicit"
+    with pytest.raises(ConfigError, match="no training job name"):
+        job_token({"HETERO_JOB_SECRET": "s"}, "")
+
+
+# -- watchdog
+def test_watchdog_verdicts():
+    w = Watchdog(connect_s=10, idle_s=5)
+    assert w.verdict(False, 9.0, 9.0) is None
+    assert w.verdict(False, 11.0, 11.0)[0] == EXIT_NO_CONSUMER
+    assert w.verdict(True, -1.0, 1000.0) is None  # a consumer is connected
+    assert w.verdict(True, 4.0, 1000.0) is None
+    assert w.verdict(True, 6.0, 1000.0)[0] == EXIT_CONSUMERS_GONE
+
+
+def run_data_node_only(tmp_path, **hps):
+    nodes = nodes_for(tmp_path, **hps)
+    data = next(n for n in nodes if n.role == "data")
+    cluster = LocalCluster([data], hps, tmp_path / "logs", echo=False)
+    cluster.start()
+    return cluster, data
+
+
+def test_data_node_whose_consumer_never_comes_exits_nonzero(tmp_path):
+    cluster, data = run_data_node_only(tmp_path, watchdog_connect_s=3)
+    start = time.monotonic()
+    codes = cluster.wait(timeout_s=90)
+    assert codes[data.host] == EXIT_NO_CONSUMER, (tmp_path / "logs" / f"{data.host}.log").read_text()
+    assert time.monotonic() - start < 60
+    report = read_json(data.output_dir / "data_node.json")
+    assert report["exit_code"] == EXIT_NO_CONSUMER and "no consumer connected" in report["reason"]
+
+
+def test_data_node_whose_consumers_left_exits_nonzero(tmp_path):
+    cluster, data = run_data_node_only(tmp_path, watchdog_idle_s=2)
+    try:
+        ds = RemoteDataset([data_address(data)], token_of(data), seed=0, connect_timeout=60)
+        batches = list(DataLoader(ds, batch_size=None, num_workers=0))
+        assert len(batches) == 400 // 8
+    finally:
+        codes = cluster.wait(timeout_s=60)
+    assert codes[data.host] == EXIT_CONSUMERS_GONE
+    assert "all consumers gone" in read_json(data.output_dir / "data_node.json")["reason"]
+
+
+def test_entry_point_reports_a_missing_job_description(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "HETERO_"))}
+    env["HETERO_SM_ROOT"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, str(ROOT / "launcher" / "entry.py"), "--epochs", "1"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "resourceconfig.json does not exist" in proc.stderr

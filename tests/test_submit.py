@@ -321,3 +321,27 @@ def test_masked_leaves_the_request_untouched():
     secret = req["Environment"]["HETERO_JOB_SECRET"]
     assert masked(req)["Environment"]["HETERO_JOB_SECRET"] == "****"
     assert req["Environment"]["HETERO_JOB_SECRET"] == secret
+
+
+def test_failed_job_is_reported_without_metrics(monkeypatch):
+    from hetero.sagemaker.report import follow_jobs, report_lines
+
+    desc = {"TrainingJobName": "j", "TrainingJobStatus": "Failed", "FailureReason": "AlgorithmError: boom",
+            "ResourceConfig": {"InstanceType": "ml.p3.2xlarge", "InstanceCount": 2}, "TrainingTimeInSeconds": 3600,
+            "OutputDataConfig": {"S3OutputPath": "s3://b/o"}}
+
+    class Fake:
+        class sagemaker:
+            @staticmethod
+            def describe_training_job(TrainingJobName):
+                return desc
+
+        class s3:
+            @staticmethod
+            def get_object(**kw):
+                raise AssertionError("metrics of a failed job are not fetched")
+
+    (summary,) = follow_jobs(Fake, ["j"], timeout_s=5, poll_s=1)
+    assert summary["status"] == "Failed" and summary["usd_on_demand"] == pytest.approx(2 * 3.825)
+    lines = "\n".join(report_lines([summary]))
+    assert "j: Failed on 2x ml.p3.2xlarge, no step time" in lines and "failure: AlgorithmError: boom" in lines

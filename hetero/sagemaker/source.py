@@ -38,8 +38,14 @@ def requirements(root: Path) -> str:
     path = root / "pyproject.toml"
     if not path.exists():
         return ""
-    import tomllib
-
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            log.warning("no tomllib/tomli: the archive gets no requirements.txt (install tomli on Python 3.10)")
+            return ""
     deps = tomllib.loads(path.read_text()).get("project", {}).get("dependencies", [])
     keep = []
     for dep in deps:

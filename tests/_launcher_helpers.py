@@ -18,9 +18,14 @@ def synth_data(path: Path, train: int = 1600, test: int = 400) -> Path:
     return path
 
 
-def nodes_for(tmp_path: Path, data_nodes: int = 1, dnn_nodes: int = 1, **hps) -> list[Node]:
+# No torchvision import (seconds on 2 cores): for tests of the launcher, not of MNIST.
+SYNTHETIC_HPS = {"pipeline": "examples.synthetic:build_pipeline", "pipeline.size": 400, "pipeline.batch_size": 8,
+                 "data_workers": 1, "loader_workers": 1}
+
+
+def nodes_for(tmp_path: Path, data_nodes: int = 1, dnn_nodes: int = 1, base: dict = FAST_HPS, **hps) -> list[Node]:
     data = synth_data(tmp_path / "data", 400, 0)
-    return build_nodes(tmp_path / "nodes", data_nodes, dnn_nodes, False, data, {**FAST_HPS, **hps}, "test-job")
+    return build_nodes(tmp_path / "nodes", data_nodes, dnn_nodes, False, data, {**base, **hps}, "test-job")
 
 
 def token_of(node: Node) -> str:

@@ -18,7 +18,7 @@ from launcher.main import parse_cli
 from launcher.roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, plan_roles, resolve
 from launcher.sm_env import InstanceGroup, SageMakerEnv
 
-from _launcher_helpers import data_address, nodes_for, read_json, token_of
+from _launcher_helpers import SYNTHETIC_HPS, data_address, nodes_for, read_json, token_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,7 +125,7 @@ def test_watchdog_verdicts():
 
 
 def run_data_node_only(tmp_path, **hps):
-    nodes = nodes_for(tmp_path, **hps)
+    nodes = nodes_for(tmp_path, base=SYNTHETIC_HPS, **hps)
     data = next(n for n in nodes if n.role == "data")
     cluster = LocalCluster([data], hps, tmp_path / "logs", echo=False)
     cluster.start()
@@ -147,7 +147,7 @@ def test_data_node_whose_consumers_left_exits_nonzero(tmp_path):
     try:
         ds = RemoteDataset([data_address(data)], token_of(data), seed=0, connect_timeout=60)
         batches = list(DataLoader(ds, batch_size=None, num_workers=0))
-        assert len(batches) == 400 // 8
+        assert len(batches) == 400 // 8  # the whole epoch
     finally:
         codes = cluster.wait(timeout_s=60)
     assert codes[data.host] == EXIT_CONSUMERS_GONE

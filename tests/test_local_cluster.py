@@ -1,0 +1,86 @@
+"""``hetero local``: whole jobs as real processes (one per emulated node) on loopback."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from examples.mnist import Net
+from hetero.local import LocalJob, run_local
+
+from _launcher_helpers import FAST_HPS, read_json, synth_data
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def local_job(tmp_path, data, **kw) -> LocalJob:
+    hps = {**FAST_HPS, **kw.pop("hps", {})}
+    return LocalJob(data=data, output=tmp_path / "out", hyperparameters=hps, timeout_s=240, echo=False, **kw)
+
+
+def logs_of(result) -> str:
+    return "\n".join(p.read_text()[-3000:] for p in sorted((result.output / "logs").glob("*.log")))
+
+
+def test_one_data_node_trains_the_mnist_cnn(tmp_path):
+    data = synth_data(tmp_path / "data", train=1600, test=400)  # 200 steps of 8 images
+    result = run_local(local_job(tmp_path, data, data_nodes=1, dnn_nodes=1))
+    assert result.ok, logs_of(result)
+    m = result.metrics
+    assert m["mode"] == "heterogeneous" and m["step_kind"] == "real" and m["world_size"] == 1
+    assert m["steps"] == 200 and m["warmup_steps_discarded"] == 5
+    assert m["avg_step_time_s"] > 0 and 0 <= m["data_wait_fraction"] <= 1 and m["samples_per_s"] > 0
+    assert m["test_accuracy"] > 0.2, m  # learnt something: chance is 0.1
+    data_nodes = [n for n in m["nodes"] if n["role"] == "data"]
+    assert [n["batches_sent"] for n in data_nodes] == [200]
+    model_files = list(result.output.glob("algo-*/model/model.pt"))
+    assert len(model_files) == 1
+    Net().load_state_dict(torch.load(model_files[0]))
+    data_host = data_nodes[0]["host"]
+    assert read_json(result.output / data_host / "output" / "data_node.json")["reason"] == "shut down"
+
+
+def test_two_data_nodes_share_the_work_with_an_emulated_step(tmp_path):
+    data = synth_data(tmp_path / "data", train=2400, test=0)  # 300 steps
+    audit = tmp_path / "audit.jsonl"
+    result = run_local(local_job(tmp_path, data, data_nodes=2, dnn_nodes=1, audit=audit,
+                                 hps={"emulate_step_s": 0.005, "data_workers": 1}))
+    assert result.ok, logs_of(result)
+    m = result.metrics
+    assert m["step_kind"] == "emulated" and m["emulate_step_s"] == 0.005 and m["test_accuracy"] is None
+    assert m["steps"] == 300 and m["avg_step_time_s"] >= 0.005
+    sent = [n["batches_sent"] for n in m["nodes"] if n["role"] == "data"]
+    assert len(sent) == 2 and sum(sent) == 300 and min(sent) > 0, sent
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert sorted(line["batch"] for line in lines) == list(range(300))
+    assert set(result.exit_codes.values()) == {0}
+
+
+def test_trainer_crash_still_shuts_the_data_nodes_down(tmp_path):
+    data = synth_data(tmp_path / "data", train=800, test=0)
+    start = time.monotonic()
+    result = run_local(local_job(tmp_path, data, data_nodes=1, dnn_nodes=1,
+                                 hps={"step": "launcher.faults:crash_step"}))
+    codes = result.exit_codes
+    assert codes["algo-1"] == 1 and codes["algo-2"] == 0, (codes, logs_of(result))
+    assert read_json(result.output / "algo-2" / "output" / "data_node.json")["reason"] == "shut down"
+    assert "InjectedFault" in (result.output / "logs" / "algo-1.log").read_text()
+    assert "training failed on algo-1" in (result.output / "logs" / "algo-2.log").read_text()
+    assert time.monotonic() - start < 120  # not the runner's kill after its grace period
+    assert result.metrics is None
+
+
+def test_homogeneous_baseline_from_the_command_line(tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "HETERO_"))}
+    cmd = [sys.executable, "-m", "hetero", "local", "--homogeneous", "--synth-train", "800", "--synth-test", "200",
+           "--output", str(out), "--quiet", "--seed", "3"] + [f"--hp={k}={v}" for k, v in FAST_HPS.items()]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "homogeneous: avg step time" in proc.stdout
+    m = read_json(out / "metrics.json")
+    assert m["mode"] == "homogeneous" and m["steps"] == 100 and m["seed"] == 3 and m["data_servers"] == []
+    assert (out / "algo-1" / "model" / "model.pt").is_file()

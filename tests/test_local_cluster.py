@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from examples.mnist import Net
@@ -84,3 +85,16 @@ def test_homogeneous_baseline_from_the_command_line(tmp_path):
     m = read_json(out / "metrics.json")
     assert m["mode"] == "homogeneous" and m["steps"] == 100 and m["seed"] == 3 and m["data_servers"] == []
     assert (out / "algo-1" / "model" / "model.pt").is_file()
+
+
+@pytest.mark.slow
+def test_ddp_across_two_dnn_nodes_and_two_local_ranks(tmp_path):
+    data = synth_data(tmp_path / "data", train=1600, test=400)
+    result = run_local(local_job(tmp_path, data, data_nodes=1, dnn_nodes=2, hps={"procs_per_node": 2,
+                                                                                   "loader_workers": 0}))
+    assert result.ok, logs_of(result)
+    m = result.metrics
+    assert m["world_size"] == 4 and m["steps"] == 50 and m["total_steps"] == 200
+    ranks = {n["host"]: [r["rank"] for r in n["ranks"]] for n in m["nodes"] if n["role"] == "dnn"}
+    assert ranks == {"algo-1": [0, 1], "algo-2": [2, 3]}
+    assert [n["batches_sent"] for n in m["nodes"] if n["role"] == "data"] == [200]

@@ -161,3 +161,26 @@ def test_entry_point_reports_a_missing_job_description(tmp_path):
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "resourceconfig.json does not exist" in proc.stderr
+
+
+def test_tensorboard_without_the_extra_is_a_clear_error(tmp_path):
+    pytest.importorskip("torch")
+    try:
+        import tensorboard  # noqa: F401
+        pytest.skip("tensorboard is installed")
+    except ImportError:
+        pass
+    from launcher.trainer import TrainJob, _tensorboard
+    job = TrainJob(cfg=LaunchConfig(), mode="homogeneous", host="algo-1", dnn_hosts=("algo-1",), node_rank=0,
+                   nprocs=1, master_addr="127.0.0.1", model_dir=str(tmp_path), output_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"tensorboard=true needs the tensorboard package"):
+        _tensorboard(job)
+
+
+def test_lightning_datamodule_serves_remote_batches(server_factory):
+    pytest.importorskip("lightning")
+    from launcher.lightning_adapter import RemoteDataModule
+    server = server_factory({"size": 64, "batch_size": 8})
+    dm = RemoteDataModule([server.address], token="test-token", seed=0, loader_workers=0)
+    dm.setup("fit")
+    assert len(list(dm.train_dataloader())) == 8

@@ -98,3 +98,27 @@ def test_ddp_across_two_dnn_nodes_and_two_local_ranks(tmp_path):
     ranks = {n["host"]: [r["rank"] for r in n["ranks"]] for n in m["nodes"] if n["role"] == "dnn"}
     assert ranks == {"algo-1": [0, 1], "algo-2": [2, 3]}
     assert [n["batches_sent"] for n in m["nodes"] if n["role"] == "data"] == [200]
+
+
+def test_ctrl_c_stops_every_node_process(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    import signal
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "HETERO_"))}
+    cmd = [sys.executable, "-m", "hetero", "local", "--data-nodes", "1", "--synth-train", "400", "--synth-test", "0",
+           "--output", str(tmp_path / "out"), "--epochs", "1000", "--hp", "emulate_step_s=0.05",
+           "--hp", "pipeline=examples.synthetic:build_pipeline", "--hp", "data_workers=1", "--hp", "loader_workers=1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # wait until training runs: every node and worker is up
+            if "training:" in line:
+                break
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) >= 4  # two launchers, a server worker, a loader worker
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    gone, alive = psutil.wait_procs(tree, timeout=15)
+    assert not alive, [p.cmdline() for p in alive]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 
 
@@ -36,6 +37,11 @@ def run(args: argparse.Namespace) -> int:
     from hetero.options import parse_kv
 
     setup_logging("local", args.log_level)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt  # the runner's cleanup stops every node's process group
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         job = LocalJob(data_nodes=args.data_nodes, dnn_nodes=args.dnn_nodes, homogeneous=args.homogeneous,
                        data=args.data, epochs=args.epochs, seed=args.seed, output=args.output, audit=args.audit,

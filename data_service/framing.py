@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hmac
+import os
 import hashlib
 import socket
 import struct
@@ -66,9 +67,9 @@ def token_proof(token: str, nonce: bytes) -> bytes:
 
 
 def tune(sock: socket.socket) -> None:
+    """No Nagle delay on small frames; buffer sizes left to the kernel's autotuning."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-        except OSError:
-            pass
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if os.environ.get("HETERO_SOCKBUF"):
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, opt, int(os.environ["HETERO_SOCKBUF"]))

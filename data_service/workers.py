@@ -73,8 +73,8 @@ def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pi
             continue
         try:
             msg = conn.recv()
-        except EOFError:
-            return
+        except (EOFError, OSError):
+            return  # the server went away
         if msg[0] == "stop":
             return
         _, task_id, seed, epoch, index, slot_no = msg
@@ -104,7 +104,10 @@ def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pi
         header = pb.BatchHeader(
             ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure,
             tensors=metas, payload_bytes=size, raw_bytes=size, build_s=time.perf_counter() - t0)
-        conn.send(("done", task_id, slot_no, new, header.SerializeToString()))
+        try:
+            conn.send(("done", task_id, slot_no, new, header.SerializeToString()))
+        except OSError:
+            return
 
 
 # ----------------------------------------------------------------- server side

@@ -14,12 +14,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from data_service import codec, framing
 from data_service.errors import PermissionDeniedError, ProtocolError, VersionMismatchError
 from data_service.version import PROTOCOL_VERSION, compatible, mismatch_message
 from data_service.wire import pb
+
+from .buffers import BufferPool
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class BulkConnection:
         self._send_lock = threading.Lock()
         self.closed = False
         self.bytes_received = 0
+        self._pool = BufferPool(pin_memory)
 
     def open(self, timeout: float = 10.0) -> None:
         """Connect and authenticate.
@@ -102,10 +103,6 @@ class BulkConnection:
                 pass
             self._sock.close()
 
-    def _buffer(self, n: int) -> torch.Tensor:
-        # torch.empty: no zero-fill pass over the bytes we are about to overwrite.
-        return torch.empty(n, dtype=torch.uint8, pin_memory=self._pin)
-
     def _read_loop(self) -> None:
         sock = self._sock
         try:
@@ -117,7 +114,7 @@ class BulkConnection:
                     if header.payload_bytes > self._max or header.raw_bytes > self._max:
                         raise ProtocolError(f"{self.address} sent a {header.payload_bytes}-byte batch; "
                                             f"max_batch_bytes={self._max}")
-                    buf = self._buffer(header.payload_bytes)
+                    buf = self._pool.get(header.payload_bytes)
                     if header.payload_bytes:
                         framing.recv_into(sock, memoryview(buf.numpy()))
                     self.bytes_received += header.payload_bytes

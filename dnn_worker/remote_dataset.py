@@ -75,7 +75,7 @@ class RemoteDataset(ShardedBatches):
         info = self.hello()
         indices = self.my_indices()
         refs = [pb.BatchRef(seed=self.seed, epoch=self.epoch, index=i) for i in indices]
-        window = self.window or max(2, 2 * info.workers)
+        window = self.window or max(4, 2 * info.workers)
         fetcher = Fetcher(self.servers, self.token, refs, window=window, connect_timeout=self.connect_timeout,
                           batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,

@@ -1,0 +1,139 @@
+"""Transport benchmark: delivered GB/s through the service vs a raw TCP socket pair.
+
+    python -m benchmarks.transport [--sizes 1,4,16,32] [--seconds 3] [--json out.json]
+
+Both paths run in the same run, on loopback, sender and receiver in separate
+processes: raw TCP (sendall of a ready buffer / recv_into a preallocated one)
+against the full service path (worker process builds the batch into its shared
+slot -> server sends header + slot bytes -> RemoteDataset receives into a fresh
+buffer and decodes tensors without copying).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+
+MB = 1 << 20
+
+
+def _raw_sender(port: int, size: int, seconds: float) -> None:
+    buf = bytearray(os.urandom(1024)) * (size // 1024)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        end = time.monotonic() + seconds + 0.5
+        view = memoryview(buf)
+        while time.monotonic() < end:
+            try:
+                s.sendall(view)
+            except OSError:
+                return
+
+
+def raw_tcp(size: int, seconds: float) -> float:
+    """GB/s of a raw TCP socket pair, receiver into a preallocated buffer."""
+    import torch
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    proc = mp.get_context("spawn").Process(target=_raw_sender, args=(lst.getsockname()[1], size, seconds))
+    proc.start()
+    conn, _ = lst.accept()
+    buf = torch.empty(size, dtype=torch.uint8)
+    view = memoryview(buf.numpy())
+    got = 0
+    start = None
+    end = time.monotonic() + seconds + 0.4
+    while time.monotonic() < end:
+        n = 0
+        while n < size:
+            k = conn.recv_into(view[n:], size - n)
+            if not k:
+                break
+            n += k
+        if start is None:  # first message is warm-up
+            start, got = time.perf_counter(), 0
+            continue
+        got += n
+    elapsed = time.perf_counter() - start
+    conn.close()
+    lst.close()
+    proc.join(5)
+    return got / elapsed / 1e9
+
+
+def service(size: int, seconds: float, workers: int) -> tuple[float, dict]:
+    """GB/s delivered by the data service (``hetero serve`` in its own process) for ``size``-byte batches."""
+    import subprocess
+
+    from dnn_worker import ControlClient, RemoteDataset
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", "examples.synthetic:build_blob_pipeline",
+           "-o", "size=1000000", "-o", f"batch_bytes={size}", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", str(workers), "--max-batch-bytes", str(max(2 * size, MB)), "--token", "bench"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        with ControlClient(address, "bench") as ctl:
+            ctl.wait_hello(120)
+        it = iter(RemoteDataset([address], "bench", seed=0))
+        for _ in range(3):  # warm-up: connection, slots, page faults
+            next(it)
+        got, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            got += next(it)["blob"].numel()
+        elapsed = time.perf_counter() - start
+        with ControlClient(address, "bench") as ctl:
+            stats = ctl.stats()
+            ctl.shutdown(grace_s=1)
+        del it
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return got / elapsed / 1e9, {"worker_busy_fraction": round(stats.worker_busy_fraction, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,4,16,32", help="batch sizes in MB")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured time per point")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per point; medians are reported")
+    parser.add_argument("--workers", type=int, default=1, help="server worker processes")
+    parser.add_argument("--json", default=None, help="write all figures here")
+    args = parser.parse_args(argv)
+    sizes = [int(float(s) * MB) for s in args.sizes.split(",")]
+    rows = []
+    print(f"transport benchmark: loopback, {os.cpu_count()} cores, {args.repeats} runs x {args.seconds}s per point, "
+          f"{args.workers} server worker(s)", flush=True)
+    print("| batch MB | raw TCP GB/s | service GB/s | service / raw |")
+    print("|---:|---:|---:|---:|")
+    for size in sizes:
+        raw, svc, extra = [], [], {}
+        for _ in range(args.repeats):  # interleaved so drift hits both paths alike
+            raw.append(raw_tcp(size, args.seconds))
+            s, extra = service(size, args.seconds, args.workers)
+            svc.append(s)
+        r, v = statistics.median(raw), statistics.median(svc)
+        rows.append({"batch_mb": size / MB, "raw_tcp_gbps": round(r, 3), "service_gbps": round(v, 3),
+                     "ratio": round(v / r, 3), "raw_runs": [round(x, 3) for x in raw],
+                     "service_runs": [round(x, 3) for x in svc], **extra})
+        print(f"| {size / MB:g} | {r:.2f} | {v:.2f} | {v / r:.2f} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "transport", "cores": os.cpu_count(), "seconds": args.seconds,
+                       "repeats": args.repeats, "workers": args.workers, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

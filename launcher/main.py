@@ -73,6 +73,8 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
         if plan.role == IDLE:
             log.info("homogeneous=true: data hosts have nothing to do; exiting")
             return 0
+        for name, path in env.channels.items():  # a bare container has the folders but no variables
+            os.environ.setdefault(f"SM_CHANNEL_{name.upper()}", path)
         token = job_token(environ, env.job_name or cfg.job_name, cfg.job_secret)
         mapping = host_map(environ)
         if plan.role == DATA:
@@ -93,8 +95,6 @@ def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, ma
     from .dnn_node import local_procs, run_dnn_node
     from .trainer import TrainJob
 
-    if "training" in env.channels:
-        os.environ.setdefault("SM_CHANNEL_TRAINING", env.channels["training"])
     servers, server_hosts = (), ()
     local_server = None
     if plan.role == DNN:

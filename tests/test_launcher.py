@@ -18,7 +18,7 @@ from launcher.main import parse_cli
 from launcher.roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, plan_roles, resolve
 from launcher.sm_env import InstanceGroup, SageMakerEnv
 
-from _launcher_helpers import SYNTHETIC_HPS, data_address, nodes_for, read_json, token_of
+from _launcher_helpers import FAST_HPS, SYNTHETIC_HPS, data_address, nodes_for, read_json, token_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,20 +124,25 @@ def test_watchdog_verdicts():
     assert w.verdict(True, 6.0, 1000.0)[0] == EXIT_CONSUMERS_GONE
 
 
-def run_data_node_only(tmp_path, **hps):
-    nodes = nodes_for(tmp_path, base=SYNTHETIC_HPS, **hps)
+def run_data_node_only(tmp_path, base=SYNTHETIC_HPS, bare=False, **hps):
+    nodes = nodes_for(tmp_path, base=base, **hps)
     data = next(n for n in nodes if n.role == "data")
+    if bare:  # a container without the training toolkit: the files, no SM_* variables
+        data.env = {k: v for k, v in data.env.items() if not k.startswith("SM_")}
     cluster = LocalCluster([data], hps, tmp_path / "logs", echo=False)
     cluster.start()
     return cluster, data
 
 
 def test_data_node_whose_consumer_never_comes_exits_nonzero(tmp_path):
-    cluster, data = run_data_node_only(tmp_path, watchdog_connect_s=3)
+    # the MNIST pipeline in a bare container: it finds its channel from the files alone
+    cluster, data = run_data_node_only(tmp_path, base=FAST_HPS, bare=True, watchdog_connect_s=3)
     start = time.monotonic()
     codes = cluster.wait(timeout_s=90)
     assert codes[data.host] == EXIT_NO_CONSUMER, (tmp_path / "logs" / f"{data.host}.log").read_text()
     assert time.monotonic() - start < 60
+    log = (tmp_path / "logs" / f"{data.host}.log").read_text()
+    assert "healthy: serving examples.mnist:build_pipeline" in log
     report = read_json(data.output_dir / "data_node.json")
     assert report["exit_code"] == EXIT_NO_CONSUMER and "no consumer connected" in report["reason"]
 

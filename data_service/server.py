@@ -50,6 +50,7 @@ class ServerOptions:
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     start_timeout_s: float = 120.0
     probe: bool = True            # build batch 0 at start-up to catch errors early
+    advertise_bulk_port: int = 0  # port clients should dial for the data plane (NAT, port mapping, proxies); 0 = bulk_port
 
     def __post_init__(self) -> None:
         for name in ("port", "bulk_port"):
@@ -73,7 +74,7 @@ class _Servicer(pb_grpc.DataServiceServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           mismatch_message(request.client_version, PROTOCOL_VERSION))
         s = self._server
-        return pb.HelloResponse(server_version=PROTOCOL_VERSION, bulk_port=s.bulk_port,
+        return pb.HelloResponse(server_version=PROTOCOL_VERSION, bulk_port=s.options.advertise_bulk_port or s.bulk_port,
                                 dataset=s.dataset_info, server_id=s.server_id,
                                 shutting_down=s.shutting_down, workers=s.options.num_workers)
 

@@ -1,6 +1,7 @@
 """GPU-side consumer: batches from data servers (or in-process) as a torch dataset."""
 from .control import ControlClient
 from .local_dataset import LocalDataset
+from .loader import ResumableLoader
 from .remote_dataset import RemoteDataset
 
-__all__ = ["ControlClient", "LocalDataset", "RemoteDataset"]
+__all__ = ["ControlClient", "LocalDataset", "RemoteDataset", "ResumableLoader"]

@@ -31,16 +31,22 @@ class ShardedBatches(IterableDataset):
     Args:
         seed: the job's seed; with the epoch it fixes every batch's samples and augmentation.
         rank, world_size: this consumer's data-parallel position (default: torch.distributed).
-        dp_rank, dp_size: data-parallel group position when it differs from the global rank
-            (tensor/pipeline parallelism: ranks of one DP group must see the same batch).
+        dp_rank, dp_size: data-parallel position when it differs from the global rank
+            (tensor/pipeline parallelism: all ranks that hold the same dp_rank see the same
+            batches). Or pass ``dp_group``, a torch.distributed process group spanning one rank
+            per data-parallel replica (its rank and size are used).
         remainder: "drop" or "pad" when batches do not divide evenly among ranks.
         audit_path: append one JSON line per yielded batch: epoch, batch, rank, sha256.
     """
 
     def __init__(self, *, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  dp_rank: int | None = None, dp_size: int | None = None, remainder: str = "drop",
-                 audit_path: str | os.PathLike | None = None) -> None:
+                 audit_path: str | os.PathLike | None = None, dp_group: Any = None) -> None:
         super().__init__()
+        if dp_group is not None:
+            if dp_rank is not None or dp_size is not None:
+                raise ConfigError("give dp_group or dp_rank/dp_size, not both")
+            dp_rank, dp_size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
         if not isinstance(seed, int) or seed < 0:
             raise ConfigError(f"seed={seed!r} must be an int >= 0")
         self.seed = seed
@@ -67,14 +73,26 @@ class ShardedBatches(IterableDataset):
             self.start = 0
         self.epoch = epoch
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where to resume: epoch, seed, and how many of this rank's batches were consumed."""
-        return {"epoch": self.epoch, "seed": self.seed, "position": self.start if consumed is None else consumed,
+    def state_dict(self, consumed: int = 0) -> dict[str, Any]:
+        """Where to resume.
+
+        Args:
+            consumed: batches the training loop consumed since this epoch's iteration began
+                (``ResumableLoader`` counts them for you).
+
+        Returns:
+            epoch, seed, position (batches of this rank's share already consumed), dp_rank, dp_size.
+        """
+        return {"epoch": self.epoch, "seed": self.seed, "position": self.start + consumed,
                 "dp_rank": self.dp_rank, "dp_size": self.dp_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the next unseen batch of ``state["epoch"]`` (no batch repeated or skipped)."""
         if state.get("seed", self.seed) != self.seed:
             raise ConfigError(f"checkpoint seed={state['seed']} differs from seed={self.seed}; resume with the same seed")
+        if state.get("dp_size", self.dp_size) != self.dp_size:
+            raise ConfigError(f"checkpoint was taken with dp_size={state['dp_size']}, this job has "
+                              f"dp_size={self.dp_size}; resume with the same number of data-parallel ranks")
         self.epoch = int(state["epoch"])
         self.start = int(state["position"])
 

@@ -1,0 +1,67 @@
+"""``ResumableLoader``: a DataLoader wrapper that knows how far the training loop got.
+
+    loader = ResumableLoader(DataLoader(RemoteDataset(...), batch_size=None, num_workers=2))
+    loader.load_state_dict(torch.load(ckpt)["data"])      # resume, if a checkpoint exists
+    for epoch in range(loader.epoch, epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            step(batch)
+            if stopping:                                   # SIGTERM, spot interruption
+                torch.save({"data": loader.state_dict(), ...}, ckpt)
+
+Only batches the loop received count: what the DataLoader prefetched but the loop never saw is
+fetched again after a resume, so no batch is repeated or skipped.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader
+
+from data_service.errors import ConfigError
+
+from .sharding import ShardedBatches
+
+
+class ResumableLoader:
+    """Args: loader: a DataLoader whose dataset is a ``RemoteDataset`` or ``LocalDataset``."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        if not isinstance(loader.dataset, ShardedBatches):
+            raise ConfigError(f"ResumableLoader needs a DataLoader over RemoteDataset/LocalDataset, "
+                              f"got {type(loader.dataset).__name__}")
+        if getattr(loader, "persistent_workers", False):
+            raise ConfigError("persistent_workers=True keeps each worker's copy of the dataset, so set_epoch and "
+                              "resume would not reach it; use persistent_workers=False")
+        self.loader = loader
+        self.dataset: ShardedBatches = loader.dataset
+        self._consumed = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.dataset.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.dataset.epoch:
+            self._consumed = 0
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._consumed = 0
+        for batch in self.loader:
+            self._consumed += 1
+            yield batch
+        # The epoch is complete: a checkpoint taken now resumes at the next epoch.
+        self.dataset.start = 0
+        self._consumed = 0
+        self.dataset.epoch += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict(consumed=self._consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
+        self._consumed = 0

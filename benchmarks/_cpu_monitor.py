@@ -1,0 +1,178 @@
+"""CPU busy share of each emulated node, and CPU pinning helpers, for the step-time benchmark.
+
+Every emulated node of ``hetero local`` is a child process of the benchmark, started with
+the node's ``SM_CURRENT_HOST`` in its environment and pinned to its own CPUs (its workers
+inherit the affinity). :class:`NodeCpuMonitor` samples the CPU time of each node's whole
+process tree with psutil: a live process counts its own user + system time plus that of the
+children it has already reaped, so workers that have exited are not lost. A node's *busy
+share* is its CPU seconds divided by (wall seconds x CPUs it is pinned to): 1.0 means its
+cores never idled. Whole-machine per-core busy shares are sampled too: a core busier than
+the node pinned on it means another process (another user's tests) ran there.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """``"0"``, ``"0,2"`` or ``"1-3"`` -> sorted CPU ids (must be usable by this process).
+
+    Raises:
+        ValueError: malformed list or CPUs this process may not use (naming the usable ones).
+    """
+    cpus: set[int] = set()
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"CPU list {text!r} must look like '0', '0,2' or '1-3'") from None
+    if not cpus:
+        raise ValueError(f"CPU list {text!r} is empty")
+    usable = os.sched_getaffinity(0)
+    if not cpus <= usable:
+        raise ValueError(f"CPU list {text!r} names CPUs {sorted(cpus - usable)} this process cannot use "
+                         f"(usable: {sorted(usable)})")
+    return sorted(cpus)
+
+
+def cpu_list_text(cpus: list[int]) -> str:
+    """[0, 1, 2] -> "0,1,2" (the form ``hetero local --dnn-cpus`` accepts)."""
+    return ",".join(str(c) for c in cpus)
+
+
+@contextlib.contextmanager
+def pinned(cpus: list[int]) -> Iterator[None]:
+    """Run the block with this process confined to ``cpus``, then restore its affinity."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _tree_cpu_s(proc: psutil.Process) -> float:
+    """User + system seconds of ``proc`` and its live descendants, plus what they reaped."""
+    total = 0.0
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            continue  # exited between listing and reading
+    return total
+
+
+@dataclass
+class NodeUsage:
+    """CPU figures of one node over the time it was seen."""
+
+    host: str
+    role: str
+    cpus: list[int]
+    first_s: float
+    last_s: float = 0.0
+    cpu_s: float = 0.0
+    first_cpu_s: float = 0.0
+    intervals: list[float] = field(default_factory=list)  # busy share per sampling interval
+
+    def summary(self) -> dict:
+        wall = max(self.last_s - self.first_s, 1e-9)
+        n = max(1, len(self.cpus))
+        return {"host": self.host, "role": self.role, "cpus": self.cpus, "wall_s": round(wall, 3),
+                "cpu_s": round(self.cpu_s - self.first_cpu_s, 3),
+                "busy_share": (self.cpu_s - self.first_cpu_s) / (wall * n),
+                "busy_share_median": statistics.median(self.intervals) if self.intervals else None}
+
+
+class NodeCpuMonitor:
+    """Samples, in a thread, the CPU time of every child process that is an emulated node.
+
+    Args:
+        interval_s: sampling period.
+        root: process whose children are the nodes (default: this one).
+
+    Use as a context manager around ``run_local``; then :meth:`summary`.
+    """
+
+    def __init__(self, interval_s: float = 0.5, root: psutil.Process | None = None) -> None:
+        self.interval_s = interval_s
+        self.root = root or psutil.Process()
+        self.nodes: dict[int, NodeUsage] = {}
+        self.core_busy: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="node-cpu-monitor", daemon=True)
+        self._cores_start = None
+
+    def __enter__(self) -> "NodeCpuMonitor":
+        self._cores_start = psutil.cpu_times(percpu=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        end = psutil.cpu_times(percpu=True)
+        for cpu, (a, b) in enumerate(zip(self._cores_start, end)):
+            total = sum(b) - sum(a)
+            idle = (b.idle + getattr(b, "iowait", 0.0)) - (a.idle + getattr(a, "iowait", 0.0))
+            self.core_busy[cpu] = 1.0 - idle / total if total > 0 else 0.0
+
+    def _identify(self, proc: psutil.Process) -> NodeUsage | None:
+        try:
+            env = proc.environ()
+            cpus = sorted(proc.cpu_affinity())
+        except psutil.Error:
+            return None
+        host = env.get("SM_CURRENT_HOST")
+        if not host:
+            return None
+        role = env.get("SM_CURRENT_INSTANCE_GROUP", "")
+        return NodeUsage(host, role, cpus, first_s=time.monotonic())
+
+    def sample(self) -> None:
+        """Take one sample now (the thread calls this every ``interval_s``)."""
+        try:
+            children = self.root.children(recursive=False)
+        except psutil.Error:
+            return
+        now = time.monotonic()
+        for proc in children:
+            usage = self.nodes.get(proc.pid)
+            if usage is None:
+                usage = self._identify(proc)
+                if usage is None:
+                    continue
+                self.nodes[proc.pid] = usage
+                usage.first_cpu_s = usage.cpu_s = _tree_cpu_s(proc)
+                usage.last_s = now
+                continue
+            cpu = max(usage.cpu_s, _tree_cpu_s(proc))  # a reaped tree must not count backwards
+            if now > usage.last_s:
+                usage.intervals.append((cpu - usage.cpu_s) / ((now - usage.last_s) * max(1, len(usage.cpus))))
+            usage.cpu_s, usage.last_s = cpu, now
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def summary(self) -> list[dict]:
+        """Per node: host, role (instance group), CPUs, wall and CPU seconds, busy shares."""
+        return [u.summary() for u in sorted(self.nodes.values(), key=lambda u: u.host)]

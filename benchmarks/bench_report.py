@@ -1,0 +1,136 @@
+"""Output of the step-time benchmark: a Markdown table, a JSON file, a PNG chart.
+
+Every function takes the summary dict that ``benchmarks.step_time.run_benchmark`` returns.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+MODES = ("homogeneous", "heterogeneous")
+
+
+def _f(value, spec: str, none: str = "n/a") -> str:
+    return none if value is None else format(value, spec)
+
+
+def step_label(summary: dict) -> str:
+    """'emulated accelerator step (50 ms sleep)' or 'real CPU step'."""
+    step = summary["config"]["emulate_step_s"]
+    return f"EMULATED accelerator step ({step * 1000:g} ms sleep, no GPU)" if step > 0 else "real step on the CPU"
+
+
+def layout(summary: dict, mode: str) -> str:
+    """E.g. '1 x ml.p3.2xlarge (CPUs 0) + 1 x ml.c5.9xlarge (CPUs 1)'."""
+    c = summary["config"]
+    text = f"1 x {c['dnn_instance']} (CPUs {','.join(map(str, c['trainer_cpus']))})"
+    if mode == "heterogeneous":
+        text += f" + {c['data_nodes']} x {c['data_instance']} (CPUs {','.join(map(str, c['data_cpus']))})"
+    return text
+
+
+def markdown(summary: dict) -> str:
+    """The benchmark's figures as Markdown (a header, a table, speed-up, cost ratio, prediction)."""
+    c, modes = summary["config"], summary["modes"]
+    steps_per_epoch = modes["homogeneous"]["cost"]["steps_per_epoch"]
+    warm = modes["homogeneous"]["warmup_steps_discarded"]
+    lines = [
+        f"## Step time and cost: homogeneous vs heterogeneous ({step_label(summary)})", "",
+        f"MNIST pipeline, batch {c['batch_size']}, augment_repeats {c['augment_repeats']}; {c['repeats']} round(s) "
+        f"of both modes (alternating order), {c['steps']} steps per run, first {warm} discarded; "
+        f"{'the trainer CPUs also build batches in heterogeneous mode' if c['local_server'] else 'trainer CPUs only train in heterogeneous mode'}. "
+        f"Medians over rounds; spread = min-max of the runs' averages. Prices "
+        f"{summary['prices']['region']} on-demand as of {summary['prices']['as_of']}.", "",
+        f"| mode | emulated nodes as instances | step time (s) | spread (s) | data wait | samples/s "
+        f"| CPU busy per node | $/step | $/1000 steps | $/epoch ({steps_per_epoch} steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        m = modes[mode]
+        st, cost = m["step_time_s"], m["cost"]
+        busy = "; ".join(f"{k}: {v:.0%}" for k, v in m["cpu_busy_share"].items()) or "n/a"
+        lines.append(
+            f"| {mode} | {layout(summary, mode)} | {_f(st['median'], '.4f')} | "
+            f"{_f(st['min'], '.4f')}-{_f(st['max'], '.4f')} ({st['n']} runs) | "
+            f"{_f(m['data_wait_fraction']['median'], '.0%')} | {_f(m['samples_per_s']['median'], '.0f')} | {busy} | "
+            f"{_f(cost.get('usd_per_step'), '.7f')} | {_f(cost.get('usd_per_1000_steps'), '.4f')} | "
+            f"{_f(cost.get('usd_per_epoch'), '.4f')} |")
+    rounds = ", ".join(f"{r:.2f}" for r in summary["speedup_per_round"])
+    lines += ["", f"**Speed-up** (homogeneous / heterogeneous step time, medians): "
+              f"{_f(summary['speedup'], '.2f')}x; per round: {rounds or 'n/a'} "
+              f"(median {_f(summary['speedup_per_round_median'], '.2f')}x).",
+              f"**Cost ratio** per step (homogeneous / heterogeneous, "
+              f"${modes['homogeneous']['cost']['usd_per_hour']:.3f}/h vs "
+              f"${modes['heterogeneous']['cost']['usd_per_hour']:.3f}/h): {_f(summary['cost_ratio'], '.2f')}x."]
+    pred, prof = summary.get("prediction", {}), summary.get("profile")
+    if prof:
+        lines.append(f"Profile: {prof['median_s'] * 1000:.1f} ms per batch on one core (CPU {prof['cpu']}, median of "
+                     f"{len(prof['times_s']) - prof['warmup_batches']}, {prof['min_s'] * 1000:.1f}-"
+                     f"{prof['max_s'] * 1000:.1f} ms).")
+    if "homogeneous" in pred:
+        parts = [f"{mode} {pred[mode]['step_s']:.4f} s predicted ({pred[mode]['cores']} core(s), data wait "
+                 f"{pred[mode]['data_wait_fraction']:.0%}) vs {_f(pred[mode]['measured_step_s'], '.4f')} s measured"
+                 for mode in MODES]
+        lines.append("Planner: " + "; ".join(parts) + ".")
+    elif pred:
+        lines.append(f"Planner: no prediction ({pred.get('note')}).")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, summary: dict) -> None:
+    """Every figure, as JSON (written atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def write_png(path: Path, summary: dict) -> None:
+    """Two panels: step time per mode (bar = median, whisker = min-max, x = prediction) and $/1000 steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = summary["modes"]
+    names = list(MODES)
+    colors = ["#8c8c8c", "#2a7ab0"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.6))
+    steps = [modes[m]["step_time_s"]["median"] or 0.0 for m in names]
+    lo = [s - (modes[m]["step_time_s"]["min"] or s) for s, m in zip(steps, names)]
+    hi = [(modes[m]["step_time_s"]["max"] or s) - s for s, m in zip(steps, names)]
+    ax1.bar(names, steps, color=colors, yerr=[lo, hi], capsize=6)
+    for i, s in enumerate(steps):
+        ax1.annotate(f"{s:.3f} s", (i, s), xytext=(10, 4), textcoords="offset points", ha="left", fontsize=10)
+    pred = summary.get("prediction", {})
+    if "homogeneous" in pred:
+        ax1.scatter(range(len(names)), [pred[m]["step_s"] for m in names], marker="x", color="black", zorder=3,
+                    label="planner prediction")
+        ax1.legend(loc="upper right", fontsize=9)
+    speed = summary.get("speedup")
+    ax1.set_title(f"Avg step time (median, min-max){'' if speed is None else f' - speed-up {speed:.2f}x'}",
+                  fontsize=11)
+    ax1.set_ylabel("seconds per step")
+    ax1.set_ylim(0, max(steps + [s + h for s, h in zip(steps, hi)]) * 1.25 or 1)
+    costs = [modes[m]["cost"].get("usd_per_1000_steps") or 0.0 for m in names]
+    ax2.bar(names, costs, color=colors)
+    for i, (v, m) in enumerate(zip(costs, names)):
+        ax2.annotate(f"${v:.4f}\n${modes[m]['cost']['usd_per_hour']:.3f}/h", (i, v), xytext=(0, 4),
+                     textcoords="offset points", ha="center", fontsize=9)
+    ratio = summary.get("cost_ratio")
+    ax2.set_title(f"$ per 1000 steps{'' if ratio is None else f' - cost ratio {ratio:.2f}x'}", fontsize=11)
+    ax2.set_ylabel("US$ (on-demand, " + summary["prices"]["as_of"] + ")")
+    ax2.set_ylim(0, max(costs) * 1.35 or 1)
+    c = summary["config"]
+    fig.suptitle(f"{step_label(summary)}; trainer = {c['dnn_instance']} on CPUs "
+                 f"{','.join(map(str, c['trainer_cpus']))}, data = {c['data_nodes']} x {c['data_instance']} "
+                 f"on CPUs {','.join(map(str, c['data_cpus']))}", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    log.info("chart written to %s", path)

@@ -1,0 +1,74 @@
+"""Per-batch preprocessing cost of a pipeline on one CPU core (the planner's main input).
+
+Builds a few batches with ``data_service.pipeline.build_batch`` (the function data servers
+and DataLoader workers run) in this process, confined to one core, one torch thread.
+The first ``warmup`` batches (imports, caches) are timed but left out of the median.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from ._cpu_monitor import pinned
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProfileResult:
+    """Seconds per batch on one core."""
+
+    pipeline: str
+    options: dict
+    cpu: int
+    batch_size: int
+    median_s: float
+    min_s: float
+    max_s: float
+    warmup_batches: int
+    times_s: list[float] = field(default_factory=list)
+
+
+def profile_pipeline(target: str, options: dict | None = None, batches: int = 8, cpu: int | None = None,
+                     warmup: int = 1) -> ProfileResult:
+    """Time ``batches`` batches of the pipeline ``target`` built on one core.
+
+    Args:
+        target: builder import path, e.g. ``examples.mnist:build_pipeline``.
+        options: the builder's keyword options.
+        batches: batches timed after the warm-up ones.
+        cpu: core to run on (default: the first this process may use).
+        warmup: batches built first and left out of the figures.
+
+    Returns:
+        Median, min and max seconds per batch, and every timing.
+
+    Raises:
+        ValueError: ``batches`` < 1 or a pipeline with fewer batches than needed.
+        data_service.ConfigError: the pipeline cannot be loaded.
+    """
+    from data_service.pipeline import PipelineSpec, build_batch
+
+    if batches < 1 or warmup < 0:
+        raise ValueError(f"batches={batches} must be >= 1 and warmup={warmup} >= 0")
+    cpu = sorted(os.sched_getaffinity(0))[0] if cpu is None else cpu
+    pipe = PipelineSpec(target, dict(options or {})).load()
+    plan = pipe.plan_config()
+    available = plan.num_samples // plan.batch_size
+    if available < batches + warmup:
+        raise ValueError(f"the pipeline has {available} batches per epoch; profiling needs {batches + warmup}")
+    times = []
+    with pinned([cpu]):
+        for i in range(warmup + batches):
+            start = time.perf_counter()
+            build_batch(pipe, plan, 0, 0, i)
+            times.append(time.perf_counter() - start)
+    kept = times[warmup:]
+    result = ProfileResult(target, dict(options or {}), cpu, pipe.batch_size, statistics.median(kept), min(kept),
+                           max(kept), warmup, times)
+    log.info("profile %s: %.1f ms/batch median on CPU %d (%d batches, min %.1f, max %.1f ms)", target,
+             1000 * result.median_s, cpu, batches, 1000 * result.min_s, 1000 * result.max_s)
+    return result

@@ -1,0 +1,323 @@
+"""Step time, data wait and $ cost of the same job, homogeneous vs heterogeneous, on this machine.
+
+``python -m benchmarks.step_time`` (also ``hetero bench``) runs the MNIST job of
+``hetero local`` in two layouts, with CPU affinity so each gets exactly the cores it should:
+
+* **homogeneous**: the trainer and its DataLoader workers on the K *trainer CPUs* (a GPU
+  instance's few vCPUs preprocessing for it);
+* **heterogeneous**: the same trainer on the same K CPUs (also serving batches from them,
+  ``dnn_local_server=true``, unless ``--no-local-server``) plus data node(s) on the M *data CPUs*.
+
+Modes alternate (homo, hetero, hetero, homo, ...) over ``--repeats`` rounds so drift in the
+machine's load hits both; figures are medians over rounds, with the min-max spread, and the
+speed-up is also given per round (both runs of a round measured back to back). The first
+``--warmup`` steps of every run are discarded. With no GPU here the accelerator step is
+*emulated* (``--emulate-step-s``: the trainer sleeps instead of computing; 0 = the real CPU
+step), so the trainer's own CPU work does not hide the data path. Each emulated node is
+priced as the instance type named on the command line (benchmarks/cost.py), and the
+planner's prediction (benchmarks/planner.py) from a one-core profile is printed beside the
+measured step times.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import bench_report
+from ._cpu_monitor import NodeCpuMonitor, cpu_list_text, parse_cpu_list
+from .cost import PriceError, load_prices
+from .planner import PlanError, predict_step
+from .profile import profile_pipeline
+
+log = logging.getLogger(__name__)
+MODES = ("homogeneous", "heterogeneous")
+PIPELINE = "examples.mnist:build_pipeline"
+_WINDOW = re.compile(r"step (\d+): avg step time ([\d.]+) s over the last (\d+) steps")
+
+
+@dataclass
+class BenchConfig:
+    """What to run; see ``python -m benchmarks.step_time --help`` for each field."""
+
+    trainer_cpus: list[int]
+    data_cpus: list[int]
+    repeats: int = 3
+    steps: int = 150
+    warmup: int = 10
+    batch_size: int = 64
+    augment_repeats: int = 4
+    emulate_step_s: float = 0.05
+    loader_workers: int = 0            # 0: one per trainer CPU
+    local_server: bool = True
+    data_nodes: int = 1
+    synth_train: int = 8192
+    profile_batches: int = 8
+    dnn_instance: str = "ml.p3.2xlarge"
+    data_instance: str = "ml.c5.9xlarge"
+    epoch_samples: int = 60000
+    prices: str | None = None
+    output: Path = Path("out/bench")
+    timeout_s: float = 900.0
+
+    def check(self) -> None:
+        """Raises ValueError naming the bad value and what it must be."""
+        overlap = set(self.trainer_cpus) & set(self.data_cpus)
+        if overlap:
+            raise ValueError(f"--trainer-cpus and --data-cpus share CPUs {sorted(overlap)}; give them disjoint sets")
+        for name in ("repeats", "steps", "batch_size", "data_nodes", "synth_train", "profile_batches",
+                     "epoch_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
+        if not 0 <= self.warmup < self.steps:
+            raise ValueError(f"--warmup {self.warmup} must be >= 0 and below --steps {self.steps}")
+        if self.emulate_step_s < 0 or self.augment_repeats < 0 or self.loader_workers < 0:
+            raise ValueError("--emulate-step-s, --augment-repeats and --loader-workers must be >= 0")
+
+    def hyperparameters(self) -> dict:
+        return {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
+                "pipeline.batch_size": self.batch_size, "pipeline.augment_repeats": self.augment_repeats,
+                "loader_workers": self.loader_workers or len(self.trainer_cpus),
+                "log_every": max(5, self.steps // 10), "evaluate": ""}
+
+
+@dataclass
+class RunResult:
+    """One run of one mode."""
+
+    mode: str
+    round: int
+    ok: bool
+    wall_s: float
+    metrics: dict | None
+    cpu: list[dict] = field(default_factory=list)
+    core_busy: dict = field(default_factory=dict)
+    windows_s: list[float] = field(default_factory=list)  # per log window after warm-up
+
+    @property
+    def step_s(self) -> float | None:
+        return (self.metrics or {}).get("avg_step_time_s")
+
+
+def step_windows(log_path: Path, warmup: int) -> list[float]:
+    """Average step time of each logged window that lies wholly after the warm-up steps."""
+    if not log_path.is_file():
+        return []
+    out = []
+    for m in _WINDOW.finditer(log_path.read_text(errors="replace")):
+        last, avg, n = int(m.group(1)), float(m.group(2)), int(m.group(3))
+        if last - n >= warmup:
+            out.append(avg)
+    return out
+
+
+def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunResult:
+    """Run the job once in ``mode`` with every node pinned; sample each node's CPU use."""
+    from hetero.local import LocalJob, run_local
+
+    hps = cfg.hyperparameters()
+    homo = mode == "homogeneous"
+    if not homo:
+        hps["dnn_local_server"] = cfg.local_server
+    out = cfg.output / f"{mode}-{round_no}"
+    job = LocalJob(data_nodes=cfg.data_nodes, dnn_nodes=1, homogeneous=homo, data=data_dir, output=out,
+                   hyperparameters=hps, timeout_s=cfg.timeout_s, dnn_cpus=cpu_list_text(cfg.trainer_cpus),
+                   data_cpus=None if homo else cpu_list_text(cfg.data_cpus), echo=False)
+    log.info("round %d: %s run, trainer on CPUs %s%s", round_no, mode, cfg.trainer_cpus,
+             "" if homo else f", data on CPUs {cfg.data_cpus}")
+    start = time.monotonic()
+    with NodeCpuMonitor() as monitor:
+        result = run_local(job)
+    wall = time.monotonic() - start
+    if not result.ok:
+        log.error("%s run %d failed (exit codes %s); logs in %s/logs", mode, round_no, result.exit_codes, out)
+    return RunResult(mode, round_no, result.ok, wall, result.metrics, monitor.summary(), monitor.core_busy,
+                     step_windows(out / "logs" / "algo-1.log", cfg.warmup))
+
+
+def _spread(values: list[float]) -> dict:
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarize(cfg: BenchConfig, runs: list[RunResult]) -> dict:
+    """Per mode: medians and spreads over rounds, CPU busy share per node role."""
+    modes = {}
+    for mode in MODES:
+        good = [r for r in runs if r.mode == mode and r.ok and r.step_s is not None]
+        busy: dict[str, list[float]] = {}
+        for r in good:
+            for node in r.cpu:
+                label = f"{node['role']} {node['host']} (CPUs {cpu_list_text(node['cpus'])})"
+                busy.setdefault(label, []).append(node["busy_share"])
+        windows = [w for r in good for w in r.windows_s]
+        modes[mode] = {
+            "runs": len(good), "failed_runs": sum(1 for r in runs if r.mode == mode) - len(good),
+            "step_time_s": _spread([r.step_s for r in good]),
+            "step_time_windows_s": _spread(windows),
+            "data_wait_fraction": _spread([r.metrics["data_wait_fraction"] for r in good]),
+            "samples_per_s": _spread([r.metrics["samples_per_s"] for r in good]),
+            "cpu_busy_share": {k: statistics.median(v) for k, v in busy.items()},
+            "warmup_steps_discarded": good[0].metrics["warmup_steps_discarded"] if good else cfg.warmup,
+            "steps_per_run": good[0].metrics["steps"] if good else 0,
+            "step_kind": good[0].metrics.get("step_kind") if good else None,
+        }
+    pairs = {}
+    for r in runs:
+        pairs.setdefault(r.round, {})[r.mode] = r.step_s if r.ok else None
+    ratios = [p["homogeneous"] / p["heterogeneous"] for p in pairs.values()
+              if p.get("homogeneous") and p.get("heterogeneous")]
+    homo, het = modes["homogeneous"]["step_time_s"]["median"], modes["heterogeneous"]["step_time_s"]["median"]
+    return {"modes": modes, "speedup": homo / het if homo and het else None,
+            "speedup_per_round": ratios, "speedup_per_round_median": statistics.median(ratios) if ratios else None}
+
+
+def add_costs(cfg: BenchConfig, summary: dict, table) -> None:
+    """$/step, $/1000 steps, $/epoch per mode and the cost ratio (homogeneous / heterogeneous)."""
+    clusters = {"homogeneous": [(cfg.dnn_instance, 1)],
+                "heterogeneous": [(cfg.dnn_instance, 1), (cfg.data_instance, cfg.data_nodes)]}
+    steps_per_epoch = max(1, cfg.epoch_samples // cfg.batch_size)
+    per_step = {}
+    for mode, cluster in clusters.items():
+        step = summary["modes"][mode]["step_time_s"]["median"]
+        entry = {"cluster": [list(c) for c in cluster], "usd_per_hour": table.cluster_hourly(cluster),
+                 "steps_per_epoch": steps_per_epoch}
+        if step:
+            per_step[mode] = table.cost_per_step(cluster, step)
+            entry.update(usd_per_step=per_step[mode], usd_per_1000_steps=table.cost_per_1000_steps(cluster, step),
+                         usd_per_epoch=table.cost_per_epoch(cluster, step, steps_per_epoch))
+        summary["modes"][mode]["cost"] = entry
+    summary["cost_ratio"] = (per_step["homogeneous"] / per_step["heterogeneous"]) if len(per_step) == 2 else None
+    summary["prices"] = {"region": table.region, "as_of": table.as_of,
+                         "dnn_instance": asdict(table.info(cfg.dnn_instance)),
+                         "data_instance": asdict(table.info(cfg.data_instance))}
+
+
+def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None) -> None:
+    """The planner's step-time prediction for both layouts, beside the measured medians."""
+    if preprocess_s is None or cfg.emulate_step_s <= 0:
+        summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}
+        return
+    homo_cores = len(cfg.trainer_cpus)
+    het_cores = len(cfg.data_cpus) + (homo_cores if cfg.local_server else 0)
+    pred = {"preprocess_s_per_batch_one_core": preprocess_s, "gpu_step_s": cfg.emulate_step_s}
+    for mode, cores in (("homogeneous", homo_cores), ("heterogeneous", het_cores)):
+        p = predict_step(preprocess_s, cfg.emulate_step_s, cores)
+        measured = summary["modes"][mode]["step_time_s"]["median"]
+        pred[mode] = {"cores": cores, "step_s": p.step_s, "data_wait_fraction": p.data_wait_fraction,
+                      "measured_step_s": measured,
+                      "measured_over_predicted": measured / p.step_s if measured else None}
+    summary["prediction"] = pred
+
+
+def run_benchmark(cfg: BenchConfig) -> dict:
+    """Profile, run both modes ``cfg.repeats`` times (alternating), and return every figure.
+
+    Raises:
+        PriceError: unknown instance type (before anything runs). ValueError: bad configuration.
+    """
+    from examples.mnist import write_synthetic
+
+    cfg.check()
+    table = load_prices(cfg.prices)
+    table.info(cfg.dnn_instance), table.info(cfg.data_instance)  # fail now, not after the runs
+    cfg.output.mkdir(parents=True, exist_ok=True)
+    data_dir = cfg.output / "data"
+    write_synthetic(data_dir, cfg.synth_train, 0, seed=0)
+    prof = profile_pipeline(PIPELINE, {"batch_size": cfg.batch_size, "augment_repeats": cfg.augment_repeats,
+                                       "data_dir": str(data_dir.resolve())},
+                            batches=cfg.profile_batches, cpu=cfg.data_cpus[0])
+    started = time.time()
+    runs = []
+    for i in range(cfg.repeats):
+        for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+            runs.append(run_mode(cfg, mode, i, data_dir))
+    summary = summarize(cfg, runs)
+    add_costs(cfg, summary, table)
+    add_prediction(cfg, summary, prof.median_s)
+    summary.update(config={**asdict(cfg), "output": str(cfg.output)}, profile=asdict(prof),
+                   runs=[asdict(r) for r in runs], started_unix=started, machine=_machine())
+    return summary
+
+
+def _machine() -> dict:
+    import platform
+
+    return {"cpus_usable": sorted(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
+            "load_avg_1m_at_end": os.getloadavg()[0], "python": platform.python_version(),
+            "node": platform.node()}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The benchmark's options (shared by ``python -m benchmarks.step_time`` and ``hetero bench``)."""
+    usable = sorted(os.sched_getaffinity(0))
+    d = BenchConfig(usable[:1], usable[1:])
+    p.add_argument("--trainer-cpus", default=cpu_list_text(usable[:1]), help="K CPUs of the trainer node (default: first)")
+    p.add_argument("--data-cpus", default=cpu_list_text(usable[1:]), help="M CPUs of the data node(s) (default: the rest)")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="rounds; each runs both modes")
+    p.add_argument("--steps", type=int, default=d.steps, help="steps per run")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="steps discarded from each run's averages")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--augment-repeats", type=int, default=d.augment_repeats, help="MNIST blur passes (CPU cost)")
+    p.add_argument("--emulate-step-s", type=float, default=d.emulate_step_s,
+                   help="EMULATED accelerator step in seconds (sleep); 0 = real CPU step")
+    p.add_argument("--loader-workers", type=int, default=0, help="trainer DataLoader workers (0: one per trainer CPU)")
+    p.add_argument("--no-local-server", action="store_true", help="trainer CPUs do not build batches in hetero mode")
+    p.add_argument("--data-nodes", type=int, default=d.data_nodes, help="emulated data nodes, all on --data-cpus")
+    p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic MNIST training images")
+    p.add_argument("--dnn-instance", default=d.dnn_instance, help="instance type the trainer node stands for")
+    p.add_argument("--data-instance", default=d.data_instance, help="instance type each data node stands for")
+    p.add_argument("--epoch-samples", type=int, default=d.epoch_samples, help="samples per epoch for $/epoch (MNIST: 60000)")
+    p.add_argument("--prices", default=None, help="price file merged over benchmarks/prices.json")
+    p.add_argument("--output", type=Path, default=d.output, help="run outputs (metrics, logs) land here")
+    p.add_argument("--json", type=Path, default=None, help="write every figure here")
+    p.add_argument("--png", type=Path, default=None, help="write a chart (step time, $/1000 steps) here")
+    p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds before a run is stopped")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """CLI body: configure, run, print the Markdown table, write JSON/PNG. Returns the exit code."""
+    try:
+        cfg = BenchConfig(parse_cpu_list(args.trainer_cpus), parse_cpu_list(args.data_cpus) if args.data_cpus else [],
+                          repeats=args.repeats, steps=args.steps, warmup=args.warmup, batch_size=args.batch_size,
+                          augment_repeats=args.augment_repeats, emulate_step_s=args.emulate_step_s,
+                          loader_workers=args.loader_workers, local_server=not args.no_local_server,
+                          data_nodes=args.data_nodes, synth_train=args.synth_train, dnn_instance=args.dnn_instance,
+                          data_instance=args.data_instance, epoch_samples=args.epoch_samples, prices=args.prices,
+                          output=args.output, timeout_s=args.timeout)
+        if not cfg.data_cpus:
+            raise ValueError("no data CPUs: this machine offers one CPU; pass --trainer-cpus and --data-cpus")
+        summary = run_benchmark(cfg)
+    except (PriceError, PlanError, ValueError) as exc:
+        print(f"benchmark: {exc}")
+        return 2
+    print(bench_report.markdown(summary))
+    if args.json:
+        bench_report.write_json(args.json, summary)
+        print(f"\nall figures: {args.json}")
+    if args.png:
+        bench_report.write_png(args.png, summary)
+        print(f"chart: {args.png}")
+    failed = sum(m["failed_runs"] for m in summary["modes"].values())
+    return 1 if failed or summary["speedup"] is None else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.step_time [options]``."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__.split("\n\n")[0])
+    p.add_argument("--log-level", default=os.environ.get("HETERO_LOG_LEVEL", "INFO"))
+    add_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+                        format="%(asctime)s bench %(levelname)s %(name)s: %(message)s")
+    return run_from_args(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

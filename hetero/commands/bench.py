@@ -1,0 +1,26 @@
+"""``hetero bench``: step time, data wait and $ cost, homogeneous vs heterogeneous, on this machine.
+
+The same benchmark as ``python -m benchmarks.step_time`` (see docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    from benchmarks.step_time import add_arguments
+
+    p = sub.add_parser("bench", help="benchmark: homogeneous vs heterogeneous step time and cost",
+                       description="Run the MNIST job homogeneous (trainer CPUs only) and heterogeneous (plus data "
+                                   "CPUs), pinned, alternating over rounds; print step time, data wait, CPU busy "
+                                   "share, $/step and the speed-up (docs/benchmarks.md).")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from benchmarks.step_time import run_from_args
+    from hetero.cli import setup_logging
+
+    setup_logging("bench", args.log_level)
+    return run_from_args(args)

@@ -73,3 +73,15 @@ def tune(sock: socket.socket) -> None:
     if os.environ.get("HETERO_SOCKBUF"):
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             sock.setsockopt(socket.SOL_SOCKET, opt, int(os.environ["HETERO_SOCKBUF"]))
+
+
+def host_key() -> str:
+    """Equal on two processes that can open each other's /proc/<pid>/fd entries:
+    same kernel boot, same pid namespace, same user."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return f"{boot}/{pidns}/{os.getuid()}"

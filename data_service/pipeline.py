@@ -37,7 +37,11 @@ class Pipeline:
         shuffle: permute samples each epoch from (seed, epoch).
         finish: optional device-side last stage, run by the consumer on the
             training device (cheap elementwise work such as uint8 -> float
-            normalisation), so batches travel in compact dtypes.
+            normalisation), so batches travel in compact dtypes. An import path
+            ``"pkg.mod:fn"`` or a module-level function; it takes and returns a
+            batch of the same structure and shapes.
+        finish_dtypes: tensors whose dtype ``finish`` changes, name -> new dtype
+            (e.g. ``{"image": "float32"}``); any other change is an error.
     """
 
     dataset: Any
@@ -46,7 +50,23 @@ class Pipeline:
     collate_fn: Callable[[list], Any] | None = None
     drop_last: bool = False
     shuffle: bool = True
-    finish: Callable[[Any], Any] | None = None
+    finish: Callable[[Any], Any] | str | None = None
+    finish_dtypes: Mapping[str, str] | None = None
+
+    def finish_target(self) -> str:
+        """The finish stage as an import path ("" when there is none), for consumers to load."""
+        if self.finish is None:
+            return ""
+        if isinstance(self.finish, str):
+            target = self.finish
+        else:
+            module, name = getattr(self.finish, "__module__", None), getattr(self.finish, "__qualname__", "")
+            if not module or not name or "<" in name or "." in name:
+                raise ConfigError(f"finish={self.finish!r} must be a module-level function (or an import path) so "
+                                  "consumers can import it")
+            target = f"{module}:{name}"
+        PipelineSpec(target).resolve()  # fails now if it does not import
+        return target
 
     def plan_config(self) -> PlanConfig:
         if not hasattr(self.dataset, "__getitem__") or not hasattr(self.dataset, "__len__"):

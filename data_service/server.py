@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import framing
+from . import compression, framing
 from .auth import TokenInterceptor
 from .errors import ConfigError
 from .pipeline import PipelineSpec
@@ -51,6 +51,8 @@ class ServerOptions:
     start_timeout_s: float = 120.0
     probe: bool = True            # build batch 0 at start-up to catch errors early
     advertise_bulk_port: int = 0  # port clients should dial for the data plane (NAT, port mapping, proxies); 0 = bulk_port
+    compression: str = ""         # "" (off), "lz4" or "zstd", applied per batch by the workers
+    shared_memory: bool = True    # consumers on this host read batches from shared memory, not TCP
 
     def __post_init__(self) -> None:
         for name in ("port", "bulk_port"):
@@ -63,6 +65,7 @@ class ServerOptions:
             raise ConfigError(f"slots_per_worker={self.slots_per_worker!r} must be >= 1")
         if self.max_batch_bytes < 1:
             raise ConfigError(f"max_batch_bytes={self.max_batch_bytes!r} must be >= 1")
+        compression.check(self.compression)
 
 
 class _Servicer(pb_grpc.DataServiceServicer):
@@ -98,7 +101,8 @@ class DataServer:
         self.options = options or ServerOptions()
         self.server_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
-                               self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO)
+                               self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
+                               codec=self.options.compression)
         self.stats = ServerStats(self)
         self.plan = None
         self.dataset_info: pb.DatasetInfo | None = None
@@ -128,7 +132,8 @@ class DataServer:
         self.dataset_info = pb.DatasetInfo(
             num_samples=self.plan.num_samples, batch_size=self.plan.batch_size,
             drop_last=self.plan.drop_last, shuffle=self.plan.shuffle, pipeline=self.spec.target,
-            fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes)
+            fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes,
+            finish=pipe.finish_target(), finish_dtypes=dict(pipe.finish_dtypes or {}), codec=self.options.compression)
         del pipe
         self.pool.start()
         try:

@@ -42,6 +42,8 @@ class Session:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.authenticated = False
+        self.shm = False
+        self._held: dict[tuple[int, int, int], list[Result]] = {}  # shared-memory mode: sent, not yet released
 
     # -- lifecycle
     def run(self) -> None:
@@ -67,6 +69,11 @@ class Session:
             tasks = list(self._tasks.values())
             self._tasks.clear()
         self.server.pool.cancel(tasks)
+        with self._lock:
+            held = [r for rs in self._held.values() for r in rs]
+            self._held.clear()
+        for r in held:
+            r.release()
         self._outbox.put(None)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -78,7 +85,7 @@ class Session:
     @property
     def idle(self) -> bool:
         with self._lock:
-            return not self._tasks and self._outbox.empty()
+            return not self._tasks and not self._held and self._outbox.empty()
 
     # -- protocol
     def _handshake(self) -> bool:
@@ -98,7 +105,15 @@ class Session:
             log.warning("data plane: wrong job token from %s (%s)", self.peer, self.client_id)
             self._send_error(pb.PERMISSION_DENIED, "missing or wrong job token")
             return False
-        framing.send_frame(self.sock, pb.BulkFrame(welcome=pb.Welcome(server_id=self.server.server_id)))
+        codec = self.server.options.compression
+        if codec and codec not in hello.accept_codecs:
+            self._send_error(pb.BAD_REQUEST, f"this server compresses batches with {codec}, the client cannot decode "
+                                             f"it: pip install 'hetero-data-service[compress]' on the consumer")
+            return False
+        self.shm = bool(self.server.options.shared_memory and hello.accept_shm and hello.host_key
+                        and hello.host_key == framing.host_key())
+        framing.send_frame(self.sock, pb.BulkFrame(welcome=pb.Welcome(server_id=self.server.server_id, codec=codec,
+                                                                      shm=self.shm)))
         self.sock.settimeout(None)
         self.authenticated = True
         self.server.consumer_connected()
@@ -114,8 +129,20 @@ class Session:
         cfg = self.server.plan
         while not self._closed.is_set():
             frame = framing.recv_frame(self.sock)
-            if frame.WhichOneof("kind") != "fetch":
-                raise ProtocolError(f"expected fetch frames, got {frame.WhichOneof('kind')!r}")
+            kind = frame.WhichOneof("kind")
+            if kind == "release" and self.shm:
+                ref = frame.release.ref
+                with self._lock:
+                    held = self._held.get((ref.seed, ref.epoch, ref.index))
+                    result = held.pop(0) if held else None
+                    if held == []:
+                        del self._held[(ref.seed, ref.epoch, ref.index)]
+                if result is None:
+                    raise ProtocolError(f"release of batch {ref.index} (epoch {ref.epoch}) that is not held")
+                result.release()
+                continue
+            if kind != "fetch":
+                raise ProtocolError(f"expected fetch frames, got {kind!r}")
             for ref in frame.fetch.batches:
                 if not ref.index < cfg.num_batches or ref.epoch >= 1 << 62:
                     self._queue_error(ref, pb.OUT_OF_RANGE,
@@ -156,12 +183,23 @@ class Session:
                     framing.send_frame(self.sock, pb.BulkFrame(error=result.error))
                     continue
                 t0 = time.perf_counter()
-                sent = framing.send_frame(self.sock, pb.BulkFrame(batch=result.header), result.payload)
-                stats.record_sent(sent, result.header.raw_bytes, time.perf_counter() - t0)
+                header = result.header
+                if self.shm:
+                    header.shm_path, header.shm_size = result.shm_path, result.shm_size
+                    ref = header.ref
+                    with self._lock:
+                        self._held.setdefault((ref.seed, ref.epoch, ref.index), []).append(result)
+                    sent = framing.send_frame(self.sock, pb.BulkFrame(batch=header))
+                    result = None  # the slot stays held until the client's Release
+                else:
+                    sent = framing.send_frame(self.sock, pb.BulkFrame(batch=header), result.payload)
+                stats.record_sent(sent, header.raw_bytes, time.perf_counter() - t0, header.payload_bytes,
+                                  header.compress_s)
             except OSError:
                 break
             finally:
-                result.release()
+                if result is not None:
+                    result.release()
         self.close()  # a failed send ends the session; the reader sees it too
         while True:  # drain: free slots of results we will never send
             try:

@@ -27,12 +27,16 @@ class ServerStats:
         self._consumers = 0
         self._last_consumer_left = time.monotonic()
 
-    def record_sent(self, wire_bytes: int, raw_bytes: int, seconds: float) -> None:
+    def record_sent(self, wire_bytes: int, raw_bytes: int, seconds: float, payload_bytes: int = 0,
+                    compress_s: float = 0.0) -> None:
+        """Count one batch; in shared-memory mode ``wire_bytes`` is only the header, so the
+        payload counts as sent too."""
         with self._lock:
             self.batches_sent += 1
-            self.bytes_sent += wire_bytes
+            self.bytes_sent += max(wire_bytes, payload_bytes)
             self.raw_bytes += raw_bytes
             self.send_s += seconds
+            self.compress_s += compress_s
 
     def stream_opened(self) -> None:
         with self._lock:

@@ -49,12 +49,12 @@ class _WorkerSlot:
 
 
 def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
-                 log_level: int) -> None:
+                 log_level: int, codec_name: str = "") -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
     import torch
 
-    from . import codec
+    from . import codec, compression
     from .pipeline import PipelineSpec, SampleError, build_batch
 
     torch.set_num_threads(1)
@@ -66,6 +66,7 @@ def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pi
         return
     conn.send(("ready", os.getpid()))
     slots: list[_WorkerSlot | None] = [None] * num_slots
+    scratch = bytearray(0)  # raw layout before compression
     while True:
         if not conn.poll(1.0):
             if os.getppid() != parent_pid:
@@ -93,6 +94,15 @@ def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pi
             conn.send(("error", task_id, pb.TRANSFORM_FAILED, f"{type(exc).__name__}: {exc}",
                        traceback.format_exc(), -1))
             continue
+        raw_size, compress_s, packed = size, 0.0, None
+        if codec_name:
+            if len(scratch) < size:
+                scratch = bytearray(size)
+            codec.write_payload(metas, tensors, scratch)
+            t1 = time.perf_counter()
+            packed = compression.compress(codec_name, memoryview(scratch)[:size])
+            compress_s = time.perf_counter() - t1
+            size = len(packed)
         slot, new = slots[slot_no], None
         if slot is None or slot.capacity < size:
             if slot is not None:
@@ -100,10 +110,14 @@ def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pi
             grown = max(size + size // 4, slot.capacity * 2 if slot else 0, _PAGE)
             slot = slots[slot_no] = _WorkerSlot(-(-grown // _PAGE) * _PAGE)
             new = (f"/proc/{os.getpid()}/fd/{slot.fd}", slot.capacity)
-        codec.write_payload(metas, tensors, slot.map)
+        if packed is None:
+            codec.write_payload(metas, tensors, slot.map)
+        else:
+            slot.map[:size] = packed
         header = pb.BatchHeader(
-            ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure,
-            tensors=metas, payload_bytes=size, raw_bytes=size, build_s=time.perf_counter() - t0)
+            ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure, tensors=metas,
+            payload_bytes=size, raw_bytes=raw_size, codec=codec_name, compress_s=compress_s,
+            build_s=time.perf_counter() - t0 - compress_s)
         try:
             conn.send(("done", task_id, slot_no, new, header.SerializeToString()))
         except OSError:
@@ -131,6 +145,8 @@ class Result:
     header: pb.BatchHeader | None = None
     payload: memoryview | None = None
     error: pb.BatchError | None = None
+    shm_path: str = ""
+    shm_size: int = 0
     _release: Callable[[], None] | None = field(default=None, repr=False)
 
     def release(self) -> None:
@@ -145,11 +161,12 @@ class Result:
 
 class _ServerSlot:
     def __init__(self, path: str, capacity: int) -> None:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self.map = mmap.mmap(fd, capacity)
-        finally:
-            os.close(fd)
+        # Our own descriptor keeps the region reachable at /proc/<server pid>/fd/<fd>
+        # for consumers on this host (shared-memory mode), even if the worker dies.
+        self.fd = os.open(path, os.O_RDWR)
+        self.capacity = capacity
+        self.map = mmap.mmap(self.fd, capacity)
+        self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
         self.in_use = False
         self.orphan = False
         self.used_bytes = 0
@@ -159,6 +176,9 @@ class _ServerSlot:
             self.map.close()
         except BufferError:
             pass  # a view is still exported; the map goes when it is collected
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class _Worker:
@@ -183,7 +203,7 @@ class WorkerPool:
     """Runs a pipeline in ``num_workers`` processes; see the module docstring."""
 
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
-                 start_timeout: float = 120.0, log_level: int = logging.INFO) -> None:
+                 start_timeout: float = 120.0, log_level: int = logging.INFO, codec: str = "") -> None:
         if num_workers < 1:
             raise ConfigError(f"num_workers={num_workers} must be >= 1")
         if slots_per_worker < 1:
@@ -193,6 +213,7 @@ class WorkerPool:
         self._num_slots = slots_per_worker
         self._start_timeout = start_timeout
         self._log_level = log_level
+        self._codec = codec
         self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()
         self._pending: collections.deque[Task] = collections.deque()
@@ -230,7 +251,7 @@ class WorkerPool:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
             target=_worker_main, name=f"hetero-data-worker-{wid}", daemon=True,
-            args=(child, self._spec_json, wid, self._num_slots, os.getpid(), self._log_level))
+            args=(child, self._spec_json, wid, self._num_slots, os.getpid(), self._log_level, self._codec))
         proc.start()
         child.close()
         return _Worker(wid, proc, parent, self._num_slots)
@@ -398,14 +419,15 @@ class WorkerPool:
                 w.slots[k] = _ServerSlot(*new)
             slot = w.slots[k]
             slot.in_use = True
-            slot.used_bytes = header.raw_bytes
+            slot.used_bytes = header.payload_bytes
             self.batches_built += 1
             self.build_seconds += header.build_s
         if task.cancelled:
             self._release(slot)
             return
-        view = memoryview(slot.map)[:header.raw_bytes]
-        task.on_result(Result(task, header=header, payload=view, _release=lambda: self._release(slot)))
+        view = memoryview(slot.map)[:header.payload_bytes]
+        task.on_result(Result(task, header=header, payload=view, shm_path=slot.path, shm_size=slot.capacity,
+                              _release=lambda: self._release(slot)))
 
     def _release(self, slot: _ServerSlot) -> None:
         with self._lock:

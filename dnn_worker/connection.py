@@ -8,13 +8,17 @@ batches, errors and its own death to a shared event queue.
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 import queue
 import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from data_service import codec, framing
+import numpy as np
+
+from data_service import codec, compression, framing
 from data_service.errors import PermissionDeniedError, ProtocolError, VersionMismatchError
 from data_service.version import PROTOCOL_VERSION, compatible, mismatch_message
 from data_service.wire import pb
@@ -38,7 +42,7 @@ class Event:
 class BulkConnection:
     def __init__(self, address: str, host: str, port: int, token: str, events: "queue.Queue[Event]",
                  client_id: str = "", max_batch_bytes: int = 1 << 40, pin_memory: bool = False,
-                 client_version: str = PROTOCOL_VERSION) -> None:
+                 client_version: str = PROTOCOL_VERSION, shared_memory: bool = True) -> None:
         self.address = address
         self._host, self._port = host, port
         self._token = token
@@ -52,6 +56,10 @@ class BulkConnection:
         self.closed = False
         self.bytes_received = 0
         self._pool = BufferPool(pin_memory)
+        self._want_shm = shared_memory
+        self.shm = False
+        self.codec = ""
+        self._maps: dict[str, tuple[int, mmap.mmap]] = {}
 
     def open(self, timeout: float = 10.0) -> None:
         """Connect and authenticate.
@@ -68,7 +76,9 @@ class BulkConnection:
             if not compatible(self._version, frame.challenge.server_version):
                 raise VersionMismatchError(f"{self.address}: " + mismatch_message(self._version, frame.challenge.server_version))
             hello = pb.BulkHello(client_version=self._version, client_id=self._client_id,
-                                 proof=framing.token_proof(self._token, frame.challenge.nonce))
+                                 proof=framing.token_proof(self._token, frame.challenge.nonce),
+                                 accept_codecs=compression.available(), accept_shm=self._want_shm,
+                                 host_key=framing.host_key() if self._want_shm else "")
             framing.send_frame(sock, pb.BulkFrame(hello=hello))
             reply = framing.recv_frame(sock)
             kind = reply.WhichOneof("kind")
@@ -80,6 +90,7 @@ class BulkConnection:
                 raise ProtocolError(f"{self.address}: {reply.error.message}")
             if kind != "welcome":
                 raise ProtocolError(f"{self.address}: expected welcome, got {kind!r}")
+            self.shm, self.codec = reply.welcome.shm, reply.welcome.codec
             sock.settimeout(None)
         except BaseException:
             sock.close()
@@ -103,6 +114,34 @@ class BulkConnection:
                 pass
             self._sock.close()
 
+    def _copy_from_shm(self, header: pb.BatchHeader, buf) -> None:
+        """Shared-memory mode: copy the batch out of the server's slot, then release the slot."""
+        if not self.shm:
+            raise ProtocolError(f"{self.address} sent a shared-memory batch without agreeing to it")
+        path, size = header.shm_path, header.shm_size
+        if not path.startswith("/proc/") or header.payload_bytes > size:
+            raise ProtocolError(f"{self.address}: bad shared-memory reference {path!r} ({header.payload_bytes} of {size} bytes)")
+        cached = self._maps.get(path)
+        if cached is None or cached[0] != size:
+            if cached is not None:
+                cached[1].close()
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                cached = (size, mmap.mmap(fd, size, prot=mmap.PROT_READ))
+            finally:
+                os.close(fd)
+            self._maps[path] = cached
+        src = memoryview(cached[1])[:header.payload_bytes]
+        try:
+            if header.codec:
+                compression.decompress_into(header.codec, src, memoryview(buf.numpy()))
+            elif header.payload_bytes:
+                np.copyto(buf.numpy(), np.frombuffer(src, dtype=np.uint8))
+        finally:
+            src.release()
+        with self._send_lock:
+            framing.send_frame(self._sock, pb.BulkFrame(release=pb.Release(ref=header.ref)))
+
     def _read_loop(self) -> None:
         sock = self._sock
         try:
@@ -114,8 +153,19 @@ class BulkConnection:
                     if header.payload_bytes > self._max or header.raw_bytes > self._max:
                         raise ProtocolError(f"{self.address} sent a {header.payload_bytes}-byte batch; "
                                             f"max_batch_bytes={self._max}")
-                    buf = self._pool.get(header.payload_bytes)
-                    if header.payload_bytes:
+                    if header.codec and header.codec != self.codec:
+                        raise ProtocolError(f"{self.address} sent a {header.codec!r} batch after agreeing on {self.codec!r}")
+                    buf = self._pool.get(header.raw_bytes)
+                    if header.shm_path:
+                        self._copy_from_shm(header, buf)
+                    elif header.codec:
+                        packed = bytearray(header.payload_bytes)
+                        framing.recv_into(sock, memoryview(packed))
+                        compression.decompress_into(header.codec, packed, memoryview(buf.numpy()))
+                    elif header.payload_bytes:
+                        if header.payload_bytes != header.raw_bytes:
+                            raise ProtocolError(f"{self.address}: payload_bytes={header.payload_bytes} != "
+                                                f"raw_bytes={header.raw_bytes} without a codec")
                         framing.recv_into(sock, memoryview(buf.numpy()))
                     self.bytes_received += header.payload_bytes
                     batch = codec.decode(header, buf, self._max)
@@ -128,3 +178,7 @@ class BulkConnection:
             if not self.closed:
                 self._events.put(Event("down", self, exc=exc))
             self.close()
+        finally:
+            for _, m in self._maps.values():
+                m.close()
+            self._maps.clear()

@@ -64,12 +64,13 @@ class Fetcher:
         batch_timeout: seconds a server may hold requests without delivering any before it
             is treated as failed.
         fingerprint: pipeline fingerprint every server must report ("" = take the first's).
+        shared_memory: read batches from shared memory when a server runs on this host.
     """
 
     def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, client_id: str = "",
                  fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
-                 client_version: str = PROTOCOL_VERSION) -> None:
+                 client_version: str = PROTOCOL_VERSION, shared_memory: bool = True) -> None:
         if not servers:
             raise ConfigError("servers=[] : give at least one data server address 'host:port'")
         if window < 1:
@@ -87,6 +88,7 @@ class Fetcher:
         self._pin = pin_memory
         self._max = max_batch_bytes
         self._version = client_version
+        self._shm = shared_memory
         self._events: queue.Queue[Event] = queue.Queue()
         self.failovers = 0
 
@@ -105,7 +107,7 @@ class Fetcher:
                     f"others run {self._fingerprint}: start every data server with the same pipeline and options")
             self._fingerprint = fp
             conn = BulkConnection(s.address, host, hello.bulk_port, self._token, self._events, self._client_id,
-                                  self._max, self._pin, self._version)
+                                  self._max, self._pin, self._version, self._shm)
             conn.open(timeout=5.0)
         except (PermissionDeniedError, VersionMismatchError, ConfigError):
             raise

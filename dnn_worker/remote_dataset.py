@@ -32,13 +32,16 @@ class RemoteDataset(ShardedBatches):
         connect_timeout: seconds to wait for a first server, and while none is usable.
         batch_timeout: seconds a server may stall before its batches go elsewhere.
         pin_memory: receive straight into pinned host memory.
+        shared_memory: take batches through shared memory from servers on this host (chosen
+            automatically; False forces TCP).
         **kwargs: seed, rank, world_size, dp_rank, dp_size, remainder, audit_path
             (see ``ShardedBatches``).
     """
 
     def __init__(self, servers: str | Sequence[str], token: str, *, window: int | None = None,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, pin_memory: bool = False,
-                 max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, **kwargs: Any) -> None:
+                 max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, shared_memory: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
@@ -58,6 +61,7 @@ class RemoteDataset(ShardedBatches):
         self.pin_memory = pin_memory
         self.max_batch_bytes = max_batch_bytes
         self.client_version = client_version
+        self.shared_memory = shared_memory
         self._info: pb.HelloResponse | None = None
 
     def hello(self) -> pb.HelloResponse:
@@ -79,7 +83,8 @@ class RemoteDataset(ShardedBatches):
         fetcher = Fetcher(self.servers, self.token, refs, window=window, connect_timeout=self.connect_timeout,
                           batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
-                          max_batch_bytes=self.max_batch_bytes, client_version=self.client_version)
+                          max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
+                          shared_memory=self.shared_memory)
         yield from self._audited((ref.index, batch) for ref, batch in fetcher)
 
 

@@ -29,8 +29,9 @@ def digests(dataset, epoch=0, num_workers=0):
     return [batch_digest(b) for b in dataset]
 
 
-def test_remote_batches_are_bit_identical_to_in_process(shared_server):
-    remote = digests(RemoteDataset([shared_server.address], TOKEN, seed=5), epoch=2)
+@pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
+def test_remote_batches_are_bit_identical_to_in_process(shared_server, shm):
+    remote = digests(RemoteDataset([shared_server.address], TOKEN, seed=5, shared_memory=shm), epoch=2)
     local = digests(LocalDataset(SPEC, seed=5), epoch=2)
     assert len(remote) == 13  # epoch ends by itself: 100 samples / 8, last kept
     assert remote == local
@@ -38,9 +39,10 @@ def test_remote_batches_are_bit_identical_to_in_process(shared_server):
     assert remote != digests(LocalDataset(SPEC, seed=5), epoch=3)
 
 
-def test_loader_workers_take_disjoint_parts_in_order(shared_server):
-    single = digests(RemoteDataset([shared_server.address], TOKEN, seed=1), epoch=0)
-    multi = digests(RemoteDataset([shared_server.address], TOKEN, seed=1), epoch=0, num_workers=2)
+@pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
+def test_loader_workers_take_disjoint_parts_in_order(shared_server, shm):
+    single = digests(RemoteDataset([shared_server.address], TOKEN, seed=1, shared_memory=shm), epoch=0)
+    multi = digests(RemoteDataset([shared_server.address], TOKEN, seed=1, shared_memory=shm), epoch=0, num_workers=2)
     assert multi == single
 
 
@@ -96,11 +98,12 @@ def test_out_of_range_request_is_an_error_not_a_hang(shared_server):
         list(Fetcher([shared_server.address], TOKEN, refs, connect_timeout=5))
 
 
-def test_client_disconnect_mid_stream_loses_nothing(shared_server):
+@pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
+def test_client_disconnect_mid_stream_loses_nothing(shared_server, shm):
     with ControlClient(shared_server.address, TOKEN) as ctl:
         port = ctl.hello().bulk_port
     events: queue.Queue = queue.Queue()
-    conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, events)
+    conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, events, shared_memory=shm)
     conn.open()
     conn.fetch([pb.BatchRef(seed=4, epoch=0, index=i) for i in range(13)])
     got = [events.get(timeout=30) for _ in range(2)]

@@ -49,7 +49,14 @@ class HelloRequest(_message.Message):
     def __init__(self, client_version: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("num_samples", "batch_size", "drop_last", "shuffle", "pipeline", "fingerprint", "max_batch_bytes")
+    __slots__ = ("num_samples", "batch_size", "drop_last", "shuffle", "pipeline", "fingerprint", "max_batch_bytes", "finish", "finish_dtypes", "codec")
+    class FinishDtypesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     DROP_LAST_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +64,9 @@ class DatasetInfo(_message.Message):
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
+    FINISH_DTYPES_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     num_samples: int
     batch_size: int
     drop_last: bool
@@ -64,7 +74,10 @@ class DatasetInfo(_message.Message):
     pipeline: str
     fingerprint: str
     max_batch_bytes: int
-    def __init__(self, num_samples: _Optional[int] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., shuffle: _Optional[bool] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ...) -> None: ...
+    finish: str
+    finish_dtypes: _containers.ScalarMap[str, str]
+    codec: str
+    def __init__(self, num_samples: _Optional[int] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., shuffle: _Optional[bool] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., finish: _Optional[str] = ..., finish_dtypes: _Optional[_Mapping[str, str]] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class HelloResponse(_message.Message):
     __slots__ = ("server_version", "bulk_port", "dataset", "server_id", "shutting_down", "bulk_tls", "workers")
@@ -161,24 +174,36 @@ class Challenge(_message.Message):
     def __init__(self, server_version: _Optional[str] = ..., nonce: _Optional[bytes] = ...) -> None: ...
 
 class BulkHello(_message.Message):
-    __slots__ = ("client_version", "proof", "client_id", "accept_codecs")
+    __slots__ = ("client_version", "proof", "client_id", "accept_codecs", "host_key", "accept_shm")
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_CODECS_FIELD_NUMBER: _ClassVar[int]
+    HOST_KEY_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_SHM_FIELD_NUMBER: _ClassVar[int]
     client_version: str
     proof: bytes
     client_id: str
     accept_codecs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, client_version: _Optional[str] = ..., proof: _Optional[bytes] = ..., client_id: _Optional[str] = ..., accept_codecs: _Optional[_Iterable[str]] = ...) -> None: ...
+    host_key: str
+    accept_shm: bool
+    def __init__(self, client_version: _Optional[str] = ..., proof: _Optional[bytes] = ..., client_id: _Optional[str] = ..., accept_codecs: _Optional[_Iterable[str]] = ..., host_key: _Optional[str] = ..., accept_shm: _Optional[bool] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("server_id", "codec")
+    __slots__ = ("server_id", "codec", "shm")
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
     server_id: str
     codec: str
-    def __init__(self, server_id: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
+    shm: bool
+    def __init__(self, server_id: _Optional[str] = ..., codec: _Optional[str] = ..., shm: _Optional[bool] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("ref",)
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ref: BatchRef
+    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("batches",)
@@ -201,7 +226,7 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "codec", "build_s")
+    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "codec", "build_s", "compress_s", "shm_path", "shm_size")
     REF_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +234,9 @@ class BatchHeader(_message.Message):
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     BUILD_S_FIELD_NUMBER: _ClassVar[int]
+    COMPRESS_S_FIELD_NUMBER: _ClassVar[int]
+    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    SHM_SIZE_FIELD_NUMBER: _ClassVar[int]
     ref: BatchRef
     structure: Structure
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -216,7 +244,10 @@ class BatchHeader(_message.Message):
     raw_bytes: int
     codec: str
     build_s: float
-    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., codec: _Optional[str] = ..., build_s: _Optional[float] = ...) -> None: ...
+    compress_s: float
+    shm_path: str
+    shm_size: int
+    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., codec: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ...) -> None: ...
 
 class BatchError(_message.Message):
     __slots__ = ("ref", "kind", "message", "traceback", "sample_index")
@@ -233,17 +264,19 @@ class BatchError(_message.Message):
     def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., kind: _Optional[_Union[ErrorKind, str]] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
 class BulkFrame(_message.Message):
-    __slots__ = ("challenge", "hello", "welcome", "fetch", "batch", "error")
+    __slots__ = ("challenge", "hello", "welcome", "fetch", "batch", "error", "release")
     CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     challenge: Challenge
     hello: BulkHello
     welcome: Welcome
     fetch: FetchRequest
     batch: BatchHeader
     error: BatchError
-    def __init__(self, challenge: _Optional[_Union[Challenge, _Mapping]] = ..., hello: _Optional[_Union[BulkHello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., batch: _Optional[_Union[BatchHeader, _Mapping]] = ..., error: _Optional[_Union[BatchError, _Mapping]] = ...) -> None: ...
+    release: Release
+    def __init__(self, challenge: _Optional[_Union[Challenge, _Mapping]] = ..., hello: _Optional[_Union[BulkHello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., batch: _Optional[_Union[BatchHeader, _Mapping]] = ..., error: _Optional[_Union[BatchError, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...

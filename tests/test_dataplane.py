@@ -1,0 +1,80 @@
+"""Shared memory on one host, compression, and the choice between them."""
+from __future__ import annotations
+
+import os
+import queue
+
+import pytest
+
+from conftest import TOKEN
+from data_service.codec import batch_digest
+from data_service.errors import ConfigError
+from data_service.pipeline import PipelineSpec
+from data_service.server import ServerOptions
+from dnn_worker import ControlClient, LocalDataset, RemoteDataset
+from dnn_worker.connection import BulkConnection
+
+OPTS = {"size": 60, "batch_size": 6, "shape": [3, 32, 32]}
+
+
+def reference(seed=0):
+    return [batch_digest(b) for b in LocalDataset(PipelineSpec("examples.synthetic:build_pipeline", OPTS), seed=seed)]
+
+
+def shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_same_host_consumer_gets_shared_memory_automatically(server_factory):
+    server = server_factory(OPTS, num_workers=1)
+    with ControlClient(server.address, TOKEN) as ctl:
+        port = ctl.hello().bulk_port
+    local = BulkConnection(server.address, "127.0.0.1", port, TOKEN, queue.Queue())
+    forced_tcp = BulkConnection(server.address, "127.0.0.1", port, TOKEN, queue.Queue(), shared_memory=False)
+    local.open()
+    forced_tcp.open()
+    assert local.shm and not forced_tcp.shm
+    local.close()
+    forced_tcp.close()
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+@pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
+def test_compressed_batches_are_bit_identical_and_counted(server_factory, codec, shm):
+    server = server_factory(OPTS, num_workers=1, compression=codec)
+    got = [batch_digest(b) for b in RemoteDataset([server.address], TOKEN, shared_memory=shm)]
+    assert got == reference()
+    stats = server.stats.snapshot()
+    assert stats.raw_bytes > 0 and stats.compress_s > 0
+
+
+def test_compression_ratio_shows_in_stats(server_factory):
+    from data_service.pipeline import PipelineSpec as Spec
+    from data_service.server import DataServer
+
+    server = DataServer(Spec("examples.synthetic:build_blob_pipeline", {"size": 8, "batch_bytes": 1 << 20}), TOKEN,
+                        ServerOptions(num_workers=1, compression="lz4")).start()
+    try:
+        batches = list(RemoteDataset([server.address], TOKEN, shared_memory=False))
+        assert len(batches) == 8 and batches[0]["blob"].numel() == 1 << 20
+        stats = server.stats.snapshot()
+        assert stats.bytes_sent * 20 < stats.raw_bytes  # a repeating ramp compresses > 20x
+    finally:
+        server.shutdown(grace_s=1)
+
+
+def test_unknown_compression_names_the_choices():
+    with pytest.raises(ConfigError, match="must be one of"):
+        ServerOptions(compression="snappy")
+
+
+def test_shared_memory_leaves_nothing_in_dev_shm_even_after_kill(server_process):
+    before = shm_files()
+    server = server_process(["size=60", "batch_size=6", "shape=[3,32,32]"]).start()
+    ds = RemoteDataset([server.address], TOKEN, connect_timeout=3)
+    it = iter(ds)
+    next(it)
+    server.kill()  # kill -9 the server (and its workers) while a consumer maps its slots
+    with pytest.raises(Exception):
+        list(it)
+    assert shm_files() - before == set()

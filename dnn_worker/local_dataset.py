@@ -30,6 +30,13 @@ class LocalDataset(ShardedBatches):
             self._pipe = self.spec.load()
         return self._pipe
 
+    def finish_stage(self):
+        """The pipeline's device-side finish stage (for ``DeviceFeeder``)."""
+        from .device import FinishStage
+
+        pipe = self.pipeline()
+        return FinishStage.load(pipe.finish_target(), pipe.finish_dtypes)
+
     def num_batches_per_epoch(self) -> int:
         if self._num_batches is None:
             self._num_batches = self.pipeline().plan_config().num_batches

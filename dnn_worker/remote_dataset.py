@@ -70,6 +70,12 @@ class RemoteDataset(ShardedBatches):
             self._info = first_hello(self.servers, self.token, self.connect_timeout, self.client_version)
         return self._info
 
+    def finish_stage(self):
+        """The pipeline's device-side finish stage (for ``DeviceFeeder``), from the servers' Hello."""
+        from .device import finish_from_info
+
+        return finish_from_info(self.hello().dataset)
+
     def num_batches_per_epoch(self) -> int:
         d = self.hello().dataset
         full, rest = divmod(d.num_samples, d.batch_size)

@@ -93,3 +93,31 @@ def build_blob_pipeline(size: int = 64, batch_bytes: int = 1 << 20) -> Pipeline:
     """One pre-made ``batch_bytes`` tensor per batch: measures transport, not preprocessing."""
     return Pipeline(dataset=_Blob(size, batch_bytes), batch_size=1, collate_fn=lambda s: {"blob": s[0]},
                     shuffle=False)
+
+
+def normalize(batch):
+    """Device-side finish stage: uint8 images -> float32 in [0, 1], then standardised."""
+    out = dict(batch)
+    out["image"] = (batch["image"].to(torch.float32) / 255.0 - 0.5) / 0.25
+    return out
+
+
+def build_finished_pipeline(finish_on: str = "device", **kwargs) -> Pipeline:
+    """``build_pipeline`` whose images are normalised on the consumer's device (``finish_on="device"``,
+    uint8 on the wire) or on the data server (``"server"``, float32 on the wire)."""
+    pipe = build_pipeline(**kwargs)
+    if finish_on == "device":
+        pipe.finish, pipe.finish_dtypes = normalize, {"image": "float32"}
+    elif finish_on == "server":
+        pipe.collate_fn = lambda samples: normalize(torch.utils.data.default_collate(samples))
+    else:
+        raise ValueError(f"finish_on={finish_on!r} must be 'device' or 'server'")
+    return pipe
+
+
+def bad_finish_shape(batch):
+    return {"image": batch["image"].flatten(1).float(), "label": batch["label"]}
+
+
+def bad_finish_dtype(batch):
+    return {"image": batch["image"].double(), "label": batch["label"]}

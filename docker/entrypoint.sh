@@ -6,7 +6,7 @@
 # as is (`docker run IMAGE hetero --help`, `docker run IMAGE bash`).
 #
 # For local runs only (docker-compose.yml): when HETERO_SYNTH_TRAIN is set and the training
-# channel holds no MNIST files, synthetic MNIST is written there first (`hetero synth`,
+# channel holds no MNIST files, synthetic MNIST is written there first (as by `hetero synth`:
 # HETERO_SYNTH_TRAIN training images, HETERO_SYNTH_TEST test images, seed 0: every node gets
 # the same files). SageMaker never sets it.
 set -eu
@@ -20,7 +20,8 @@ if [ -n "${HETERO_SYNTH_TRAIN:-}" ]; then
   channel="${SM_CHANNEL_TRAINING:-/opt/ml/input/data/training}"
   if [ ! -e "$channel/train-images-idx3-ubyte" ] && [ ! -e "$channel/train-images-idx3-ubyte.gz" ]; then
     echo "entrypoint: writing synthetic MNIST ($HETERO_SYNTH_TRAIN train, ${HETERO_SYNTH_TEST:-0} test images) to $channel"
-    python -m hetero synth "$channel" --train "$HETERO_SYNTH_TRAIN" --test "${HETERO_SYNTH_TEST:-0}" >/dev/null
+    python -c 'import sys; from examples.mnist import write_synthetic; write_synthetic(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))' \
+      "$channel" "$HETERO_SYNTH_TRAIN" "${HETERO_SYNTH_TEST:-0}"
   fi
 fi
 exec python /opt/ml/code/launcher/entry.py "$@"

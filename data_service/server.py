@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import compression, framing
+from . import compression, framing, tls
 from .auth import TokenInterceptor
 from .errors import ConfigError
 from .pipeline import PipelineSpec
@@ -53,6 +53,8 @@ class ServerOptions:
     advertise_bulk_port: int = 0  # port clients should dial for the data plane (NAT, port mapping, proxies); 0 = bulk_port
     compression: str = ""         # "" (off), "lz4" or "zstd", applied per batch by the workers
     shared_memory: bool = True    # consumers on this host read batches from shared memory, not TCP
+    tls_cert: str = ""            # PEM certificate: serve both planes over TLS (with tls_key)
+    tls_key: str = ""
 
     def __post_init__(self) -> None:
         for name in ("port", "bulk_port"):
@@ -66,6 +68,8 @@ class ServerOptions:
         if self.max_batch_bytes < 1:
             raise ConfigError(f"max_batch_bytes={self.max_batch_bytes!r} must be >= 1")
         compression.check(self.compression)
+        if self.tls_cert or self.tls_key:
+            tls.server_files(self.tls_cert, self.tls_key)
 
 
 class _Servicer(pb_grpc.DataServiceServicer):
@@ -79,7 +83,8 @@ class _Servicer(pb_grpc.DataServiceServicer):
         s = self._server
         return pb.HelloResponse(server_version=PROTOCOL_VERSION, bulk_port=s.options.advertise_bulk_port or s.bulk_port,
                                 dataset=s.dataset_info, server_id=s.server_id,
-                                shutting_down=s.shutting_down, workers=s.options.num_workers)
+                                shutting_down=s.shutting_down, workers=s.options.num_workers,
+                                bulk_tls=bool(s.options.tls_cert))
 
     def GetStats(self, request, context):
         return self._server.stats.snapshot()
@@ -115,6 +120,7 @@ class DataServer:
         self._grpc: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
         self._listener: socket.socket | None = None
+        self._tls_context = None
 
     @property
     def address(self) -> str:
@@ -177,7 +183,13 @@ class DataServer:
         pb_grpc.add_DataServiceServicer_to_server(_Servicer(self), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         try:
-            self.port = self._grpc.add_insecure_port(f"{self.options.host}:{self.options.port}")
+            target = f"{self.options.host}:{self.options.port}"
+            if self.options.tls_cert:
+                key_pem, cert_pem = tls.server_files(self.options.tls_cert, self.options.tls_key)
+                self.port = self._grpc.add_secure_port(target, grpc.ssl_server_credentials([(key_pem, cert_pem)]))
+                self._tls_context = tls.server_context(self.options.tls_cert, self.options.tls_key)
+            else:
+                self.port = self._grpc.add_insecure_port(target)
         except RuntimeError as exc:
             raise ConfigError(f"cannot listen on {self.options.host}:{self.options.port} ({exc}); "
                               "pick another --port or 0 for a free one") from exc
@@ -202,6 +214,9 @@ class DataServer:
             except OSError:
                 return
             framing.tune(sock)
+            if self._tls_context is not None:
+                # The handshake runs on the session's thread: a slow or hostile peer must not block accept().
+                sock = self._tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             session = Session(self, sock, f"{peer[0]}:{peer[1]}")
             with self._lock:
                 self._sessions.add(session)

@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import socket
+import ssl
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -90,6 +91,11 @@ class Session:
     # -- protocol
     def _handshake(self) -> bool:
         self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        if hasattr(self.sock, "do_handshake"):
+            try:
+                self.sock.do_handshake()
+            except (ssl.SSLError, OSError) as exc:
+                raise ProtocolError(f"TLS handshake failed: {exc}") from None
         nonce = os.urandom(32)
         framing.send_frame(self.sock, pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION, nonce=nonce)))
         frame = framing.recv_frame(self.sock)

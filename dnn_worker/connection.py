@@ -42,7 +42,8 @@ class Event:
 class BulkConnection:
     def __init__(self, address: str, host: str, port: int, token: str, events: "queue.Queue[Event]",
                  client_id: str = "", max_batch_bytes: int = 1 << 40, pin_memory: bool = False,
-                 client_version: str = PROTOCOL_VERSION, shared_memory: bool = True) -> None:
+                 client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_context=None,
+                 tls_server_name: str = "") -> None:
         self.address = address
         self._host, self._port = host, port
         self._token = token
@@ -57,6 +58,8 @@ class BulkConnection:
         self.bytes_received = 0
         self._pool = BufferPool(pin_memory)
         self._want_shm = shared_memory
+        self._tls = tls_context
+        self._tls_name = tls_server_name or host
         self.shm = False
         self.codec = ""
         self._maps: dict[str, tuple[int, mmap.mmap]] = {}
@@ -70,6 +73,8 @@ class BulkConnection:
         sock = socket.create_connection((self._host, self._port), timeout=timeout)
         try:
             framing.tune(sock)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._tls_name)
             frame = framing.recv_frame(sock)
             if frame.WhichOneof("kind") != "challenge":
                 raise ProtocolError(f"{self.address}: expected a challenge, got {frame.WhichOneof('kind')!r}")

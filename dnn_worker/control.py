@@ -21,16 +21,27 @@ class ControlClient:
     Args:
         address: the server's gRPC address.
         token: the job token.
+        tls_ca: CA bundle (PEM) to verify a TLS server with; "" for plain TCP.
+        tls_server_name: name to check in the server's certificate instead of the address's host.
         client_version: protocol version to announce (tests override it).
     """
 
     def __init__(self, address: str, token: str, client_id: str = "",
-                 client_version: str = PROTOCOL_VERSION) -> None:
+                 client_version: str = PROTOCOL_VERSION, tls_ca: str = "", tls_server_name: str = "") -> None:
         self.address = address
         self.client_id = client_id
         self.client_version = client_version
         self._metadata = (bearer(token), (VERSION_KEY, client_version))
-        self._channel = grpc.insecure_channel(address, options=[("grpc.enable_retries", 0)])
+        options = [("grpc.enable_retries", 0)]
+        if tls_ca:
+            from data_service.tls import _read
+
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca, "tls_ca"))
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.DataServiceStub(self._channel)
 
     def close(self) -> None:

@@ -65,12 +65,14 @@ class Fetcher:
             is treated as failed.
         fingerprint: pipeline fingerprint every server must report ("" = take the first's).
         shared_memory: read batches from shared memory when a server runs on this host.
+        tls_ca, tls_server_name: verify TLS servers against this CA bundle (see data_service.tls).
     """
 
     def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, client_id: str = "",
                  fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
-                 client_version: str = PROTOCOL_VERSION, shared_memory: bool = True) -> None:
+                 client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_ca: str = "",
+                 tls_server_name: str = "") -> None:
         if not servers:
             raise ConfigError("servers=[] : give at least one data server address 'host:port'")
         if window < 1:
@@ -89,6 +91,13 @@ class Fetcher:
         self._max = max_batch_bytes
         self._version = client_version
         self._shm = shared_memory
+        self._tls_ca = tls_ca
+        self._tls_name = tls_server_name
+        self._tls_context = None
+        if tls_ca:
+            from data_service.tls import client_context
+
+            self._tls_context = client_context(tls_ca)
         self._events: queue.Queue[Event] = queue.Queue()
         self.failovers = 0
 
@@ -96,7 +105,8 @@ class Fetcher:
     def _connect(self, s: _Server, now: float) -> None:
         host, _ = split_address(s.address)
         try:
-            with ControlClient(s.address, self._token, self._client_id, self._version) as ctl:
+            with ControlClient(s.address, self._token, self._client_id, self._version, self._tls_ca,
+                               self._tls_name) as ctl:
                 hello = ctl.hello(timeout=2.0)
             if hello.shutting_down:
                 raise ConnectionError("server is shutting down")
@@ -106,8 +116,11 @@ class Fetcher:
                     f"server {s.address} runs pipeline {hello.dataset.pipeline!r} with fingerprint {fp}, "
                     f"others run {self._fingerprint}: start every data server with the same pipeline and options")
             self._fingerprint = fp
+            if hello.bulk_tls and self._tls_context is None:
+                raise ConfigError(f"server {s.address} serves TLS; pass tls_ca= (the CA bundle that signed its certificate)")
             conn = BulkConnection(s.address, host, hello.bulk_port, self._token, self._events, self._client_id,
-                                  self._max, self._pin, self._version, self._shm)
+                                  self._max, self._pin, self._version, self._shm and not hello.bulk_tls,
+                                  self._tls_context if hello.bulk_tls else None, self._tls_name)
             conn.open(timeout=5.0)
         except (PermissionDeniedError, VersionMismatchError, ConfigError):
             raise

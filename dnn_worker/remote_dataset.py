@@ -34,6 +34,8 @@ class RemoteDataset(ShardedBatches):
         pin_memory: receive straight into pinned host memory.
         shared_memory: take batches through shared memory from servers on this host (chosen
             automatically; False forces TCP).
+        tls_ca: CA bundle (PEM) for servers started with a TLS certificate; tls_server_name
+            overrides the name checked in their certificates.
         **kwargs: seed, rank, world_size, dp_rank, dp_size, remainder, audit_path
             (see ``ShardedBatches``).
     """
@@ -41,7 +43,7 @@ class RemoteDataset(ShardedBatches):
     def __init__(self, servers: str | Sequence[str], token: str, *, window: int | None = None,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, pin_memory: bool = False,
                  max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, shared_memory: bool = True,
-                 **kwargs: Any) -> None:
+                 tls_ca: str = "", tls_server_name: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
@@ -62,12 +64,15 @@ class RemoteDataset(ShardedBatches):
         self.max_batch_bytes = max_batch_bytes
         self.client_version = client_version
         self.shared_memory = shared_memory
+        self.tls_ca = tls_ca
+        self.tls_server_name = tls_server_name
         self._info: pb.HelloResponse | None = None
 
     def hello(self) -> pb.HelloResponse:
         """Dataset facts from the first server that answers (cached)."""
         if self._info is None:
-            self._info = first_hello(self.servers, self.token, self.connect_timeout, self.client_version)
+            self._info = first_hello(self.servers, self.token, self.connect_timeout, self.client_version,
+                                     self.tls_ca, self.tls_server_name)
         return self._info
 
     def finish_stage(self):
@@ -90,7 +95,7 @@ class RemoteDataset(ShardedBatches):
                           batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
                           max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
-                          shared_memory=self.shared_memory)
+                          shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
         yield from self._audited((ref.index, batch) for ref, batch in fetcher)
 
 
@@ -99,7 +104,7 @@ def client_id(rank: int) -> str:
 
 
 def first_hello(servers: Sequence[str], token: str, deadline_s: float,
-                client_version: str = PROTOCOL_VERSION) -> pb.HelloResponse:
+                client_version: str = PROTOCOL_VERSION, tls_ca: str = "", tls_server_name: str = "") -> pb.HelloResponse:
     """Hello to each server in turn until one answers; the deadline covers all of them."""
     import time
 
@@ -111,7 +116,7 @@ def first_hello(servers: Sequence[str], token: str, deadline_s: float,
     errors: dict[str, str] = {}
     while True:
         for address in servers:
-            with ControlClient(address, token, client_id(0), client_version) as ctl:
+            with ControlClient(address, token, client_id(0), client_version, tls_ca, tls_server_name) as ctl:
                 try:
                     return ctl.hello(timeout=2.0)
                 except grpc.RpcError as err:

@@ -20,6 +20,11 @@ def register(sub) -> None:
     p.add_argument("--slots-per-worker", type=int, default=2, help="built batches per worker held ahead")
     p.add_argument("--max-batch-bytes", type=int, default=1 << 30)
     p.add_argument("--token", default=None, help="job token (default: $HETERO_JOB_TOKEN)")
+    p.add_argument("--compression", default="", choices=["", "lz4", "zstd"], help="per-batch compression (off)")
+    p.add_argument("--no-shared-memory", action="store_true", help="send to same-host consumers over TCP too")
+    p.add_argument("--advertise-bulk-port", type=int, default=0, help="data-plane port clients dial (port mapping)")
+    p.add_argument("--tls-cert", default="", help="PEM certificate: serve both planes over TLS")
+    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--port-file", default=None, help="write 'grpc_port' here once serving (for scripts)")
     p.set_defaults(func=run)
 
@@ -37,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("no job token: pass --token or set HETERO_JOB_TOKEN")
         spec = PipelineSpec(args.pipeline, parse_kv(args.option))
         options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
-                                slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes)
+                                slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
+                                compression=args.compression, shared_memory=not args.no_shared_memory,
+                                advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
+                                tls_key=args.tls_key)
         server = DataServer(spec, token, options).start()
     except ConfigError as exc:
         print(f"hetero serve: {exc}")

@@ -176,3 +176,43 @@ class NodeCpuMonitor:
     def summary(self) -> list[dict]:
         """Per node: host, role (instance group), CPUs, wall and CPU seconds, busy shares."""
         return [u.summary() for u in sorted(self.nodes.values(), key=lambda u: u.host)]
+
+
+def cores_busy(cpus: list[int], window_s: float = 2.0) -> float:
+    """Mean busy share of ``cpus`` (all processes, anyone's) over the next ``window_s`` seconds."""
+    shares = psutil.cpu_percent(interval=window_s, percpu=True)
+    return sum(shares[c] for c in cpus) / (100.0 * len(cpus))
+
+
+def wait_for_quiet(cpus: list[int], threshold: float, timeout_s: float, window_s: float = 2.0) -> tuple[float, float]:
+    """Wait until other processes leave ``cpus`` mostly idle (busy share < ``threshold``).
+
+    Call it while nothing of the benchmark runs: every busy cycle is then someone else's.
+
+    Returns:
+        (seconds waited, last busy share seen); gives up after ``timeout_s`` (logged).
+    """
+    start = time.monotonic()
+    busy = cores_busy(cpus, window_s)
+    while busy >= threshold and time.monotonic() - start < timeout_s:
+        busy = cores_busy(cpus, window_s)
+    waited = time.monotonic() - start
+    if busy >= threshold:
+        log.warning("CPUs %s still %.0f%% busy with other processes after %.0fs; running anyway", cpus,
+                    100 * busy, waited)
+    return waited, busy
+
+
+def foreign_share(nodes: list[dict], core_busy: dict[int, float], cpus: list[int]) -> float | None:
+    """Share of ``cpus``' time used by processes other than the benchmark's nodes during a run.
+
+    Args:
+        nodes: :meth:`NodeCpuMonitor.summary` of the run. core_busy: its per-core busy shares.
+        cpus: the cores the run's nodes were pinned to.
+    """
+    if not nodes or not cpus:
+        return None
+    wall = max(n["wall_s"] for n in nodes)
+    ours = sum(n["cpu_s"] for n in nodes) / (wall * len(cpus))
+    total = sum(core_busy.get(c, 0.0) for c in cpus) / len(cpus)
+    return max(0.0, total - ours)

@@ -32,6 +32,13 @@ def layout(summary: dict, mode: str) -> str:
     return text
 
 
+def _rounds(summary: dict) -> str:
+    quiet, total = summary["quiet_rounds"], len(summary["rounds"])
+    if summary["basis"] == "all rounds":
+        return f"{total} round(s), none quiet"
+    return f"{len(quiet)} of {total} round(s) quiet: no more than {summary['max_foreign']:.0%} of the cores used by others"
+
+
 def markdown(summary: dict) -> str:
     """The benchmark's figures as Markdown (a header, a table, speed-up, cost ratio, prediction)."""
     c, modes = summary["config"], summary["modes"]
@@ -42,11 +49,12 @@ def markdown(summary: dict) -> str:
         f"MNIST pipeline, batch {c['batch_size']}, augment_repeats {c['augment_repeats']}; {c['repeats']} round(s) "
         f"of both modes (alternating order), {c['steps']} steps per run, first {warm} discarded; "
         f"{'the trainer CPUs also build batches in heterogeneous mode' if c['local_server'] else 'trainer CPUs only train in heterogeneous mode'}. "
-        f"Medians over rounds; spread = min-max of the runs' averages. Prices "
+        f"Medians over {summary['basis']} ({_rounds(summary)}); spread = min-max of the runs' averages; "
+        f"others' CPU = share of the run's cores used by other processes. Prices "
         f"{summary['prices']['region']} on-demand as of {summary['prices']['as_of']}.", "",
         f"| mode | emulated nodes as instances | step time (s) | spread (s) | data wait | samples/s "
-        f"| CPU busy per node | $/step | $/1000 steps | $/epoch ({steps_per_epoch} steps) |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        f"| CPU busy per node | others' CPU | $/step | $/1000 steps | $/epoch ({steps_per_epoch} steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
         m = modes[mode]
         st, cost = m["step_time_s"], m["cost"]
@@ -55,6 +63,7 @@ def markdown(summary: dict) -> str:
             f"| {mode} | {layout(summary, mode)} | {_f(st['median'], '.4f')} | "
             f"{_f(st['min'], '.4f')}-{_f(st['max'], '.4f')} ({st['n']} runs) | "
             f"{_f(m['data_wait_fraction']['median'], '.0%')} | {_f(m['samples_per_s']['median'], '.0f')} | {busy} | "
+            f"{_f(m['foreign_share']['median'], '.0%')} | "
             f"{_f(cost.get('usd_per_step'), '.7f')} | {_f(cost.get('usd_per_1000_steps'), '.4f')} | "
             f"{_f(cost.get('usd_per_epoch'), '.4f')} |")
     rounds = ", ".join(f"{r:.2f}" for r in summary["speedup_per_round"])
@@ -64,6 +73,16 @@ def markdown(summary: dict) -> str:
               f"**Cost ratio** per step (homogeneous / heterogeneous, "
               f"${modes['homogeneous']['cost']['usd_per_hour']:.3f}/h vs "
               f"${modes['heterogeneous']['cost']['usd_per_hour']:.3f}/h): {_f(summary['cost_ratio'], '.2f')}x."]
+    if summary["basis"] != "all rounds":
+        allm = summary["modes_all_rounds"]
+        lines.append(f"All {len(summary['rounds'])} rounds, quiet or not: homogeneous "
+                     f"{_f(allm['homogeneous']['step_time_s']['median'], '.4f')} s, heterogeneous "
+                     f"{_f(allm['heterogeneous']['step_time_s']['median'], '.4f')} s, speed-up "
+                     f"{_f(summary['all_rounds_speedup'], '.2f')}x; per round: "
+                     + (", ".join(f"{r:.2f}" for r in summary["all_rounds_speedup_per_round"]) or "n/a") + ".")
+    else:
+        lines.append(f"No round was quiet (others used more than {summary['max_foreign']:.0%} of the cores): "
+                     "these figures include other processes' load, which falls on the heterogeneous run's cores.")
     pred, prof = summary.get("prediction", {}), summary.get("profile")
     if prof:
         lines.append(f"Profile: {prof['median_s'] * 1000:.1f} ms per batch on one core (CPU {prof['cpu']}, median of "

@@ -24,19 +24,18 @@ import argparse
 import logging
 import os
 import re
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import bench_report
-from ._cpu_monitor import NodeCpuMonitor, cpu_list_text, parse_cpu_list
+from ._cpu_monitor import NodeCpuMonitor, cpu_list_text, foreign_share, parse_cpu_list, wait_for_quiet
+from .bench_summary import MODES, add_costs, add_prediction, summarize
 from .cost import PriceError, load_prices
-from .planner import PlanError, predict_step
+from .planner import PlanError
 from .profile import profile_pipeline
 
 log = logging.getLogger(__name__)
-MODES = ("homogeneous", "heterogeneous")
 PIPELINE = "examples.mnist:build_pipeline"
 _WINDOW = re.compile(r"step (\d+): avg step time ([\d.]+) s over the last (\d+) steps")
 
@@ -56,7 +55,7 @@ class BenchConfig:
     loader_workers: int = 0            # 0: one per trainer CPU
     local_server: bool = True
     data_nodes: int = 1
-    synth_train: int = 8192
+    synth_train: int = 0               # 0: enough for every step in one epoch
     profile_batches: int = 8
     dnn_instance: str = "ml.p3.2xlarge"
     data_instance: str = "ml.c5.9xlarge"
@@ -64,18 +63,25 @@ class BenchConfig:
     prices: str | None = None
     output: Path = Path("out/bench")
     timeout_s: float = 900.0
+    max_foreign: float = 0.25          # a round is quiet when others used at most this share of its cores
+    quiet_wait_s: float = 120.0        # before each run, wait up to this long for the cores to be quiet
 
     def check(self) -> None:
         """Raises ValueError naming the bad value and what it must be."""
         overlap = set(self.trainer_cpus) & set(self.data_cpus)
         if overlap:
             raise ValueError(f"--trainer-cpus and --data-cpus share CPUs {sorted(overlap)}; give them disjoint sets")
-        for name in ("repeats", "steps", "batch_size", "data_nodes", "synth_train", "profile_batches",
-                     "epoch_samples"):
+        for name in ("repeats", "steps", "batch_size", "data_nodes", "profile_batches", "epoch_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
         if not 0 <= self.warmup < self.steps:
             raise ValueError(f"--warmup {self.warmup} must be >= 0 and below --steps {self.steps}")
+        if self.synth_train and self.synth_train < self.steps * self.batch_size:
+            raise ValueError(f"--synth-train {self.synth_train} holds fewer than --steps x --batch-size = "
+                             f"{self.steps * self.batch_size} images; raise it or pass 0 (auto)")
+        if not 0 < self.max_foreign <= 1 or self.quiet_wait_s < 0:
+            raise ValueError(f"--max-foreign {self.max_foreign} must be in (0, 1] and --quiet-wait "
+                             f"{self.quiet_wait_s} >= 0")
         if self.emulate_step_s < 0 or self.augment_repeats < 0 or self.loader_workers < 0:
             raise ValueError("--emulate-step-s, --augment-repeats and --loader-workers must be >= 0")
 
@@ -98,6 +104,9 @@ class RunResult:
     cpu: list[dict] = field(default_factory=list)
     core_busy: dict = field(default_factory=dict)
     windows_s: list[float] = field(default_factory=list)  # per log window after warm-up
+    foreign_share: float | None = None    # share of the run's cores used by other processes
+    quiet_wait_s: float = 0.0             # waited before the run for the cores to be quiet
+    busy_before: float | None = None      # the cores' busy share (others) just before the run
 
     @property
     def step_s(self) -> float | None:
@@ -128,92 +137,23 @@ def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunR
     job = LocalJob(data_nodes=cfg.data_nodes, dnn_nodes=1, homogeneous=homo, data=data_dir, output=out,
                    hyperparameters=hps, timeout_s=cfg.timeout_s, dnn_cpus=cpu_list_text(cfg.trainer_cpus),
                    data_cpus=None if homo else cpu_list_text(cfg.data_cpus), echo=False)
-    log.info("round %d: %s run, trainer on CPUs %s%s", round_no, mode, cfg.trainer_cpus,
-             "" if homo else f", data on CPUs {cfg.data_cpus}")
+    cpus = sorted(cfg.trainer_cpus + ([] if homo else cfg.data_cpus))
+    waited, before = wait_for_quiet(cpus, cfg.max_foreign, cfg.quiet_wait_s) if cfg.quiet_wait_s else (0.0, None)
+    log.info("round %d: %s run, trainer on CPUs %s%s (waited %.0fs for quiet cores)", round_no, mode,
+             cfg.trainer_cpus, "" if homo else f", data on CPUs {cfg.data_cpus}", waited)
     start = time.monotonic()
     with NodeCpuMonitor() as monitor:
         result = run_local(job)
     wall = time.monotonic() - start
     if not result.ok:
         log.error("%s run %d failed (exit codes %s); logs in %s/logs", mode, round_no, result.exit_codes, out)
-    return RunResult(mode, round_no, result.ok, wall, result.metrics, monitor.summary(), monitor.core_busy,
-                     step_windows(out / "logs" / "algo-1.log", cfg.warmup))
-
-
-def _spread(values: list[float]) -> dict:
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def summarize(cfg: BenchConfig, runs: list[RunResult]) -> dict:
-    """Per mode: medians and spreads over rounds, CPU busy share per node role."""
-    modes = {}
-    for mode in MODES:
-        good = [r for r in runs if r.mode == mode and r.ok and r.step_s is not None]
-        busy: dict[str, list[float]] = {}
-        for r in good:
-            for node in r.cpu:
-                label = f"{node['role']} {node['host']} (CPUs {cpu_list_text(node['cpus'])})"
-                busy.setdefault(label, []).append(node["busy_share"])
-        windows = [w for r in good for w in r.windows_s]
-        modes[mode] = {
-            "runs": len(good), "failed_runs": sum(1 for r in runs if r.mode == mode) - len(good),
-            "step_time_s": _spread([r.step_s for r in good]),
-            "step_time_windows_s": _spread(windows),
-            "data_wait_fraction": _spread([r.metrics["data_wait_fraction"] for r in good]),
-            "samples_per_s": _spread([r.metrics["samples_per_s"] for r in good]),
-            "cpu_busy_share": {k: statistics.median(v) for k, v in busy.items()},
-            "warmup_steps_discarded": good[0].metrics["warmup_steps_discarded"] if good else cfg.warmup,
-            "steps_per_run": good[0].metrics["steps"] if good else 0,
-            "step_kind": good[0].metrics.get("step_kind") if good else None,
-        }
-    pairs = {}
-    for r in runs:
-        pairs.setdefault(r.round, {})[r.mode] = r.step_s if r.ok else None
-    ratios = [p["homogeneous"] / p["heterogeneous"] for p in pairs.values()
-              if p.get("homogeneous") and p.get("heterogeneous")]
-    homo, het = modes["homogeneous"]["step_time_s"]["median"], modes["heterogeneous"]["step_time_s"]["median"]
-    return {"modes": modes, "speedup": homo / het if homo and het else None,
-            "speedup_per_round": ratios, "speedup_per_round_median": statistics.median(ratios) if ratios else None}
-
-
-def add_costs(cfg: BenchConfig, summary: dict, table) -> None:
-    """$/step, $/1000 steps, $/epoch per mode and the cost ratio (homogeneous / heterogeneous)."""
-    clusters = {"homogeneous": [(cfg.dnn_instance, 1)],
-                "heterogeneous": [(cfg.dnn_instance, 1), (cfg.data_instance, cfg.data_nodes)]}
-    steps_per_epoch = max(1, cfg.epoch_samples // cfg.batch_size)
-    per_step = {}
-    for mode, cluster in clusters.items():
-        step = summary["modes"][mode]["step_time_s"]["median"]
-        entry = {"cluster": [list(c) for c in cluster], "usd_per_hour": table.cluster_hourly(cluster),
-                 "steps_per_epoch": steps_per_epoch}
-        if step:
-            per_step[mode] = table.cost_per_step(cluster, step)
-            entry.update(usd_per_step=per_step[mode], usd_per_1000_steps=table.cost_per_1000_steps(cluster, step),
-                         usd_per_epoch=table.cost_per_epoch(cluster, step, steps_per_epoch))
-        summary["modes"][mode]["cost"] = entry
-    summary["cost_ratio"] = (per_step["homogeneous"] / per_step["heterogeneous"]) if len(per_step) == 2 else None
-    summary["prices"] = {"region": table.region, "as_of": table.as_of,
-                         "dnn_instance": asdict(table.info(cfg.dnn_instance)),
-                         "data_instance": asdict(table.info(cfg.data_instance))}
-
-
-def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None) -> None:
-    """The planner's step-time prediction for both layouts, beside the measured medians."""
-    if preprocess_s is None or cfg.emulate_step_s <= 0:
-        summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}
-        return
-    homo_cores = len(cfg.trainer_cpus)
-    het_cores = len(cfg.data_cpus) + (homo_cores if cfg.local_server else 0)
-    pred = {"preprocess_s_per_batch_one_core": preprocess_s, "gpu_step_s": cfg.emulate_step_s}
-    for mode, cores in (("homogeneous", homo_cores), ("heterogeneous", het_cores)):
-        p = predict_step(preprocess_s, cfg.emulate_step_s, cores)
-        measured = summary["modes"][mode]["step_time_s"]["median"]
-        pred[mode] = {"cores": cores, "step_s": p.step_s, "data_wait_fraction": p.data_wait_fraction,
-                      "measured_step_s": measured,
-                      "measured_over_predicted": measured / p.step_s if measured else None}
-    summary["prediction"] = pred
+    nodes = monitor.summary()
+    foreign = foreign_share(nodes, monitor.core_busy, cpus)
+    log.info("round %d: %s run %s: avg step %s s, other processes used %s of CPUs %s", round_no, mode,
+             "ok" if result.ok else "FAILED", (result.metrics or {}).get("avg_step_time_s"),
+             "n/a" if foreign is None else f"{foreign:.0%}", cpus)
+    return RunResult(mode, round_no, result.ok, wall, result.metrics, nodes, monitor.core_busy,
+                     step_windows(out / "logs" / "algo-1.log", cfg.warmup), foreign, waited, before)
 
 
 def run_benchmark(cfg: BenchConfig) -> dict:
@@ -229,7 +169,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     table.info(cfg.dnn_instance), table.info(cfg.data_instance)  # fail now, not after the runs
     cfg.output.mkdir(parents=True, exist_ok=True)
     data_dir = cfg.output / "data"
-    write_synthetic(data_dir, cfg.synth_train, 0, seed=0)
+    write_synthetic(data_dir, cfg.synth_train or (cfg.steps + 1) * cfg.batch_size, 0, seed=0)
     prof = profile_pipeline(PIPELINE, {"batch_size": cfg.batch_size, "augment_repeats": cfg.augment_repeats,
                                        "data_dir": str(data_dir.resolve())},
                             batches=cfg.profile_batches, cpu=cfg.data_cpus[0])
@@ -270,7 +210,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loader-workers", type=int, default=0, help="trainer DataLoader workers (0: one per trainer CPU)")
     p.add_argument("--no-local-server", action="store_true", help="trainer CPUs do not build batches in hetero mode")
     p.add_argument("--data-nodes", type=int, default=d.data_nodes, help="emulated data nodes, all on --data-cpus")
-    p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic MNIST training images")
+    p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic MNIST images (0: steps x batch)")
     p.add_argument("--dnn-instance", default=d.dnn_instance, help="instance type the trainer node stands for")
     p.add_argument("--data-instance", default=d.data_instance, help="instance type each data node stands for")
     p.add_argument("--epoch-samples", type=int, default=d.epoch_samples, help="samples per epoch for $/epoch (MNIST: 60000)")
@@ -279,6 +219,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
     p.add_argument("--png", type=Path, default=None, help="write a chart (step time, $/1000 steps) here")
     p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds before a run is stopped")
+    p.add_argument("--max-foreign", type=float, default=d.max_foreign,
+                   help="a round is quiet when other processes used at most this share of its cores (default 0.25)")
+    p.add_argument("--quiet-wait", type=float, default=d.quiet_wait_s,
+                   help="seconds to wait before each run for the cores to be quiet (0: do not wait)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -290,7 +234,8 @@ def run_from_args(args: argparse.Namespace) -> int:
                           loader_workers=args.loader_workers, local_server=not args.no_local_server,
                           data_nodes=args.data_nodes, synth_train=args.synth_train, dnn_instance=args.dnn_instance,
                           data_instance=args.data_instance, epoch_samples=args.epoch_samples, prices=args.prices,
-                          output=args.output, timeout_s=args.timeout)
+                          output=args.output, timeout_s=args.timeout, max_foreign=args.max_foreign,
+                          quiet_wait_s=args.quiet_wait)
         if not cfg.data_cpus:
             raise ValueError("no data CPUs: this machine offers one CPU; pass --trainer-cpus and --data-cpus")
         summary = run_benchmark(cfg)
@@ -304,7 +249,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.png:
         bench_report.write_png(args.png, summary)
         print(f"chart: {args.png}")
-    failed = sum(m["failed_runs"] for m in summary["modes"].values())
+    failed = sum(m["failed_runs"] for m in summary["modes_all_rounds"].values())
     return 1 if failed or summary["speedup"] is None else 0
 
 

@@ -1,0 +1,126 @@
+"""Figures of the step-time benchmark: medians, spreads, speed-up, costs, the planner's prediction.
+
+A *round* runs both modes back to back. A round is *quiet* when, during each of its runs,
+other processes (other users' jobs on a shared machine) used at most ``max_foreign`` of the
+run's pinned cores. Heterogeneous runs occupy every core, so a neighbour's load lands on
+them, while a homogeneous run leaves the data cores free for it: contended rounds are biased
+against the heterogeneous layout. The headline figures therefore come from the quiet rounds
+when there is at least one (``basis`` says which); the figures of all rounds are kept too.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from ._cpu_monitor import cpu_list_text
+from .planner import predict_step
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .step_time import BenchConfig, RunResult
+
+MODES = ("homogeneous", "heterogeneous")
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min, max and count of ``values`` (None figures when empty)."""
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def quiet_rounds(runs: list["RunResult"], max_foreign: float) -> list[int]:
+    """Rounds whose every run succeeded with at most ``max_foreign`` of its cores used by others."""
+    rounds: dict[int, list] = {}
+    for r in runs:
+        rounds.setdefault(r.round, []).append(r)
+    return sorted(n for n, rs in rounds.items()
+                  if {r.mode for r in rs} == set(MODES)
+                  and all(r.ok and r.foreign_share is not None and r.foreign_share <= max_foreign for r in rs))
+
+
+def mode_figures(runs: list["RunResult"], mode: str, warmup: int) -> dict:
+    """Step time, data wait, samples/s (median and spread) and CPU busy share per node of ``mode``."""
+    good = [r for r in runs if r.mode == mode and r.ok and r.step_s is not None]
+    busy: dict[str, list[float]] = {}
+    for r in good:
+        for node in r.cpu:
+            label = f"{node['role']} {node['host']} (CPUs {cpu_list_text(node['cpus'])})"
+            busy.setdefault(label, []).append(node["busy_share"])
+    return {
+        "runs": len(good), "failed_runs": sum(1 for r in runs if r.mode == mode and not r.ok),
+        "step_time_s": spread([r.step_s for r in good]),
+        "step_time_windows_s": spread([w for r in good for w in r.windows_s]),
+        "data_wait_fraction": spread([r.metrics["data_wait_fraction"] for r in good]),
+        "samples_per_s": spread([r.metrics["samples_per_s"] for r in good]),
+        "cpu_busy_share": {k: statistics.median(v) for k, v in busy.items()},
+        "foreign_share": spread([r.foreign_share for r in good if r.foreign_share is not None]),
+        "warmup_steps_discarded": good[0].metrics["warmup_steps_discarded"] if good else warmup,
+        "steps_per_run": good[0].metrics["steps"] if good else 0,
+        "step_kind": good[0].metrics.get("step_kind") if good else None,
+    }
+
+
+def speedups(runs: list["RunResult"]) -> list[float]:
+    """Homogeneous / heterogeneous step time of each round where both runs succeeded."""
+    pairs: dict[int, dict] = {}
+    for r in runs:
+        pairs.setdefault(r.round, {})[r.mode] = r.step_s if r.ok else None
+    return [p["homogeneous"] / p["heterogeneous"] for _, p in sorted(pairs.items())
+            if p.get("homogeneous") and p.get("heterogeneous")]
+
+
+def summarize(cfg: "BenchConfig", runs: list["RunResult"]) -> dict:
+    """Per mode figures over the quiet rounds (or all rounds if none is quiet), and the speed-up."""
+    quiet = quiet_rounds(runs, cfg.max_foreign)
+    basis_runs = [r for r in runs if r.round in quiet] if quiet else runs
+    out = {"basis": "quiet rounds" if quiet else "all rounds", "quiet_rounds": quiet,
+           "rounds": sorted({r.round for r in runs}), "max_foreign": cfg.max_foreign}
+    for key, subset in (("modes", basis_runs), ("modes_all_rounds", runs)):
+        out[key] = {mode: mode_figures(subset, mode, cfg.warmup) for mode in MODES}
+    for prefix, subset, key in (("", basis_runs, "modes"), ("all_rounds_", runs, "modes_all_rounds")):
+        ratios = speedups(subset)
+        homo = out[key]["homogeneous"]["step_time_s"]["median"]
+        het = out[key]["heterogeneous"]["step_time_s"]["median"]
+        out[f"{prefix}speedup"] = homo / het if homo and het else None
+        out[f"{prefix}speedup_per_round"] = ratios
+        out[f"{prefix}speedup_per_round_median"] = statistics.median(ratios) if ratios else None
+    return out
+
+
+def add_costs(cfg: "BenchConfig", summary: dict, table) -> None:
+    """$/step, $/1000 steps, $/epoch per mode and the cost ratio (homogeneous / heterogeneous)."""
+    clusters = {"homogeneous": [(cfg.dnn_instance, 1)],
+                "heterogeneous": [(cfg.dnn_instance, 1), (cfg.data_instance, cfg.data_nodes)]}
+    steps_per_epoch = max(1, cfg.epoch_samples // cfg.batch_size)
+    per_step = {}
+    for mode, cluster in clusters.items():
+        step = summary["modes"][mode]["step_time_s"]["median"]
+        entry = {"cluster": [list(c) for c in cluster], "usd_per_hour": table.cluster_hourly(cluster),
+                 "steps_per_epoch": steps_per_epoch}
+        if step:
+            per_step[mode] = table.cost_per_step(cluster, step)
+            entry.update(usd_per_step=per_step[mode], usd_per_1000_steps=table.cost_per_1000_steps(cluster, step),
+                         usd_per_epoch=table.cost_per_epoch(cluster, step, steps_per_epoch))
+        summary["modes"][mode]["cost"] = entry
+    summary["cost_ratio"] = (per_step["homogeneous"] / per_step["heterogeneous"]) if len(per_step) == 2 else None
+    summary["prices"] = {"region": table.region, "as_of": table.as_of,
+                         "dnn_instance": asdict(table.info(cfg.dnn_instance)),
+                         "data_instance": asdict(table.info(cfg.data_instance))}
+
+
+def add_prediction(cfg: "BenchConfig", summary: dict, preprocess_s: float | None) -> None:
+    """The planner's step-time prediction for both layouts, beside the measured medians."""
+    if preprocess_s is None or cfg.emulate_step_s <= 0:
+        summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}
+        return
+    homo_cores = len(cfg.trainer_cpus)
+    het_cores = len(cfg.data_cpus) + (homo_cores if cfg.local_server else 0)
+    pred = {"preprocess_s_per_batch_one_core": preprocess_s, "gpu_step_s": cfg.emulate_step_s}
+    for mode, cores in (("homogeneous", homo_cores), ("heterogeneous", het_cores)):
+        p = predict_step(preprocess_s, cfg.emulate_step_s, cores)
+        measured = summary["modes"][mode]["step_time_s"]["median"]
+        pred[mode] = {"cores": cores, "step_s": p.step_s, "data_wait_fraction": p.data_wait_fraction,
+                      "measured_step_s": measured,
+                      "measured_over_predicted": measured / p.step_s if measured else None}
+    summary["prediction"] = pred

@@ -1,0 +1,172 @@
+"""The step-time benchmark (benchmarks/step_time.py): figures, costs, output, CPU accounting, runs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks import bench_report, step_time
+from benchmarks._cpu_monitor import NodeCpuMonitor, parse_cpu_list
+from benchmarks.cost import load_prices
+from benchmarks.bench_summary import add_costs, add_prediction, summarize
+from benchmarks.step_time import BenchConfig, RunResult
+from hetero.cli import main as hetero_main
+
+CPUS = sorted(os.sched_getaffinity(0))
+two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs (trainer + data)")
+
+
+def _run(mode: str, rnd: int, step: float, wait: float = 0.5, ok: bool = True, foreign: float = 0.05) -> RunResult:
+    metrics = {"avg_step_time_s": step, "data_wait_fraction": wait, "samples_per_s": 64 / step, "steps": 150,
+               "warmup_steps_discarded": 10, "step_kind": "emulated"}
+    cpu = [{"host": "algo-1", "role": "dnn_group", "cpus": [0], "busy_share": 0.9}]
+    return RunResult(mode, rnd, ok, 30.0, metrics if ok else None, cpu, {0: 0.95}, [step], foreign)
+
+
+def _summary(tmp_path, runs) -> dict:
+    cfg = BenchConfig([0], [1], repeats=3, output=tmp_path, max_foreign=0.25)
+    s = summarize(cfg, runs)
+    add_costs(cfg, s, load_prices())
+    add_prediction(cfg, s, preprocess_s=0.16)
+    s["config"] = {**vars(cfg), "output": str(tmp_path)}
+    s["profile"] = {"median_s": 0.16, "min_s": 0.15, "max_s": 0.2, "cpu": 1, "times_s": [0.2] + [0.16] * 8,
+                    "warmup_batches": 1}
+    return s
+
+
+FAKE = [("homogeneous", 0, 0.16), ("heterogeneous", 0, 0.08), ("heterogeneous", 1, 0.10),
+        ("homogeneous", 1, 0.18), ("homogeneous", 2, 0.17), ("heterogeneous", 2, 0.085)]
+
+
+def test_summary_medians_spread_speedup_and_costs(tmp_path):
+    s = _summary(tmp_path, [_run(*r) for r in FAKE] + [_run("heterogeneous", 3, 9.9, ok=False)])
+    homo, het = s["modes"]["homogeneous"], s["modes"]["heterogeneous"]
+    assert s["basis"] == "quiet rounds" and s["quiet_rounds"] == [0, 1, 2] and s["rounds"] == [0, 1, 2, 3]
+    assert homo["step_time_s"] == {"median": 0.17, "min": 0.16, "max": 0.18, "n": 3}
+    assert het["step_time_s"]["median"] == 0.085 and het["runs"] == 3
+    assert s["modes_all_rounds"]["heterogeneous"]["failed_runs"] == 1
+    assert s["speedup"] == pytest.approx(0.17 / 0.085)
+    assert s["speedup_per_round"] == pytest.approx([2.0, 1.8, 0.17 / 0.085])
+    table = load_prices()
+    p3, c5 = table.hourly("ml.p3.2xlarge"), table.hourly("ml.c5.9xlarge")
+    assert homo["cost"]["usd_per_step"] == pytest.approx(p3 * 0.17 / 3600)
+    assert het["cost"]["usd_per_1000_steps"] == pytest.approx(1000 * (p3 + c5) * 0.085 / 3600)
+    assert het["cost"]["usd_per_epoch"] == pytest.approx(937 * (p3 + c5) * 0.085 / 3600)   # 60000 // 64
+    assert s["cost_ratio"] == pytest.approx(p3 * 0.17 / ((p3 + c5) * 0.085))
+    pred = s["prediction"]                       # 160 ms/batch, 50 ms emulated step, 1 vs 2 cores
+    assert pred["homogeneous"]["step_s"] == pytest.approx(0.16) and pred["heterogeneous"]["step_s"] == pytest.approx(0.08)
+    assert pred["heterogeneous"]["measured_step_s"] == 0.085
+
+
+def test_contended_rounds_are_left_out_of_the_headline_but_kept(tmp_path):
+    runs = [_run(*r) for r in FAKE] + [_run("homogeneous", 3, 0.15, foreign=0.1),
+                                       _run("heterogeneous", 3, 0.30, foreign=0.6)]
+    s = _summary(tmp_path, runs)
+    assert s["quiet_rounds"] == [0, 1, 2] and s["modes"]["heterogeneous"]["step_time_s"]["max"] == 0.10
+    assert s["modes_all_rounds"]["heterogeneous"]["step_time_s"]["max"] == 0.30
+    assert s["all_rounds_speedup_per_round"][-1] == pytest.approx(0.5)
+    assert "3 of 4 round(s) quiet" in bench_report.markdown(s) and "All 4 rounds" in bench_report.markdown(s)
+    noisy = _summary(tmp_path, [_run(m, r, t, foreign=0.5) for m, r, t in FAKE])
+    assert noisy["basis"] == "all rounds" and noisy["speedup"] == pytest.approx(2.0)
+    assert "No round was quiet" in bench_report.markdown(noisy)
+
+
+def test_markdown_json_png(tmp_path):
+    s = _summary(tmp_path, [_run(*r) for r in FAKE])
+    text = bench_report.markdown(s)
+    assert "EMULATED accelerator step (50 ms sleep" in text
+    assert "| homogeneous | 1 x ml.p3.2xlarge (CPUs 0) | 0.1700 | 0.1600-0.1800 (3 runs) | 50% |" in text
+    assert "+ 1 x ml.c5.9xlarge (CPUs 1)" in text and "first 10 discarded" in text
+    assert "**Speed-up** (homogeneous / heterogeneous step time, medians): 2.00x" in text
+    assert "0.0800 s predicted" in text and "0.0850 s measured" in text
+    bench_report.write_json(tmp_path / "b.json", s)
+    assert json.loads((tmp_path / "b.json").read_text())["speedup"] == pytest.approx(2.0)
+    bench_report.write_png(tmp_path / "b.png", s)
+    data = (tmp_path / "b.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_step_windows_skip_warmup(tmp_path):
+    log = tmp_path / "algo-1.log"
+    log.write_text("x step 15: avg step time 0.5000 s over the last 15 steps, data wait 90%\n"
+                   "x step 30: avg step time 0.2000 s over the last 15 steps, data wait 80%\n"
+                   "x step 45: avg step time 0.3000 s over the last 15 steps, data wait 80%\n")
+    assert step_time.step_windows(log, warmup=10) == [0.2, 0.3]
+    assert step_time.step_windows(log, warmup=15) == [0.2, 0.3]
+    assert step_time.step_windows(log, warmup=16) == [0.3]
+    assert step_time.step_windows(tmp_path / "missing.log", 0) == []
+
+
+_BURN = "import time\nt=time.process_time()\nwhile time.process_time()-t<{s}: pass\n"
+
+
+def test_cpu_monitor_counts_busy_idle_and_reaped_children():
+    env = {**os.environ, "SM_CURRENT_INSTANCE_GROUP": "g"}
+    # "busy" burns 0.6 s of CPU in a grandchild that exits (reaped), then idles: its time must stay counted
+    busy_code = ("import subprocess, sys, time\n"
+                 f"subprocess.run([sys.executable, '-c', {_BURN.format(s=0.6)!r}])\ntime.sleep(1.0)\n")
+    with NodeCpuMonitor(interval_s=0.1) as mon:
+        procs = [subprocess.Popen([sys.executable, "-c", busy_code], env={**env, "SM_CURRENT_HOST": "busy"}),
+                 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.0)"],
+                                  env={**env, "SM_CURRENT_HOST": "idle"})]
+        for p in procs:
+            p.wait(30)
+        time.sleep(0.2)
+    nodes = {n["host"]: n for n in mon.summary()}
+    assert set(nodes) == {"busy", "idle"} and nodes["busy"]["role"] == "g"
+    assert nodes["busy"]["cpu_s"] >= 0.55, nodes            # the reaped grandchild's 0.6 s
+    assert nodes["idle"]["cpu_s"] < 0.3 and nodes["idle"]["busy_share"] < nodes["busy"]["busy_share"]
+    assert set(mon.core_busy) == set(range(len(mon.core_busy))) and all(0 <= v <= 1 for v in mon.core_busy.values())
+
+
+def test_parse_cpu_list():
+    assert parse_cpu_list(f"{CPUS[0]}") == [CPUS[0]]
+    with pytest.raises(ValueError, match="usable"):
+        parse_cpu_list("4096")
+    with pytest.raises(ValueError, match="must look like"):
+        parse_cpu_list("a-b")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--data-instance", "ml.c9.huge"], "known types: ml.c5.18xlarge"),
+    (["--dnn-instance", "p3"], "no price for instance type 'p3'"),
+    (["--trainer-cpus", "0", "--data-cpus", "0"], "share CPUs [0]"),
+    (["--warmup", "200", "--steps", "100"], "--warmup 200"),
+    (["--synth-train", "100"], "--synth-train 100"),
+])
+def test_bad_input_exits_2_before_running(tmp_path, capsys, argv, needle):
+    rc = hetero_main(["bench", "--output", str(tmp_path / "o"), "--trainer-cpus", str(CPUS[0]),
+                      "--data-cpus", str(CPUS[-1])] + argv)
+    assert rc == 2 and needle in capsys.readouterr().out
+    assert not (tmp_path / "o" / "data").exists()
+
+
+@two_cpus
+def test_one_pinned_homogeneous_run(tmp_path):
+    cfg = BenchConfig([CPUS[0]], [CPUS[1]], steps=24, warmup=4, batch_size=16, augment_repeats=1,
+                      emulate_step_s=0.01, output=tmp_path, quiet_wait_s=0)
+    from examples.mnist import write_synthetic
+
+    write_synthetic(tmp_path / "data", 25 * 16, 0)
+    r = step_time.run_mode(cfg, "homogeneous", 0, tmp_path / "data")
+    assert r.ok and r.metrics["step_kind"] == "emulated" and r.metrics["steps"] == 24
+    assert r.metrics["warmup_steps_discarded"] == 4 and r.step_s > 0.01
+    (node,) = r.cpu
+    assert node["host"] == "algo-1" and node["cpus"] == [CPUS[0]] and 0 < node["busy_share"] <= 1.05
+    assert r.foreign_share is not None and 0 <= r.foreign_share <= 1
+
+
+@pytest.mark.slow
+@two_cpus
+def test_hetero_faster_than_homo_on_a_cpu_bound_pipeline(tmp_path, capsys):
+    rc = step_time.main(["--repeats", "2", "--steps", "80", "--warmup", "10", "--trainer-cpus", str(CPUS[0]),
+                         "--data-cpus", str(CPUS[1]), "--output", str(tmp_path), "--json", str(tmp_path / "b.json"),
+                         "--png", str(tmp_path / "b.png")])
+    assert rc == 0
+    s = json.loads((tmp_path / "b.json").read_text())
+    assert s["speedup"] > 1.2, bench_report.markdown(s)
+    assert s["cost_ratio"] is not None and (tmp_path / "b.png").stat().st_size > 20_000

@@ -1,0 +1,146 @@
+"""The planner's arithmetic (benchmarks/planner.py), the one-core profile and ``hetero plan``."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.cost import InstancePrice, PriceError, PriceTable, load_prices
+from benchmarks.planner import PlanError, format_plan, plan, predict_step
+from benchmarks.profile import profile_pipeline
+from hetero.cli import main as hetero_main
+
+
+def _row(name: str, usd: float, vcpus: int, gpus: int = 0) -> InstancePrice:
+    return InstancePrice(name, usd, vcpus, gpus, "test", "2026-01")
+
+
+@pytest.fixture
+def table() -> PriceTable:
+    """Round prices so every figure below can be worked out by hand."""
+    rows = [_row("gpu", 4.0, 8, 1), _row("gpu4", 16.0, 32, 4), _row("small", 1.0, 4), _row("big", 2.5, 16)]
+    return PriceTable({r.instance_type: r for r in rows}, region="test", as_of="2026-01")
+
+
+def test_predict_step_data_bound_and_gpu_bound():
+    p = predict_step(0.16, 0.05, cores=1)
+    assert p.bound == "data" and p.step_s == pytest.approx(0.16) and p.data_s == pytest.approx(0.16)
+    assert p.data_wait_fraction == pytest.approx((0.16 - 0.05) / 0.16)
+    p = predict_step(0.16, 0.05, cores=2)
+    assert p.step_s == pytest.approx(0.08) and p.data_wait_fraction == pytest.approx(0.03 / 0.08)
+    p = predict_step(0.16, 0.05, cores=4)
+    assert p.bound == "gpu" and p.step_s == pytest.approx(0.05) and p.data_wait_fraction == 0.0
+
+
+def test_predict_step_consumers_and_efficiency_scale_the_data_time():
+    assert predict_step(1.0, 0.01, cores=10, consumers=4).data_s == pytest.approx(0.4)
+    assert predict_step(1.0, 0.01, cores=10, efficiency=0.5).data_s == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"preprocess_s": 0}, "preprocess_s"), ({"gpu_step_s": -1}, "gpu_step_s"), ({"cores": 0}, "cores"),
+    ({"efficiency": 1.5}, "efficiency"), ({"consumers": 0}, "consumers"), ({"preprocess_s": float("nan")}, "nan"),
+])
+def test_predict_step_rejects_bad_figures_by_name(kwargs, needle):
+    args = {"preprocess_s": 1.0, "gpu_step_s": 0.1, "cores": 2, **kwargs}
+    with pytest.raises(PlanError, match=needle):
+        predict_step(**args)
+
+
+def test_plan_recommends_the_cheapest_layout_meeting_the_target(table):
+    # 1 s/batch on one core, 0.1 s GPU step, <= 5% wait: needs >= 1 / (0.1 / 0.95) = 9.5 cores.
+    p = plan(table, "gpu", preprocess_s=1.0, gpu_step_s=0.1, batch_size=32, epoch_samples=3200)
+    small, big = {c.data_instance: c for c in p.candidates}["small"], {c.data_instance: c for c in p.candidates}["big"]
+    assert (small.data_count, small.cores, small.step_s) == (3, 12, pytest.approx(0.1))   # 2 x small: 8 cores, 20% wait
+    assert small.usd_per_hour == pytest.approx(7.0) and small.usd_per_step == pytest.approx(7.0 * 0.1 / 3600)
+    assert (big.data_count, big.usd_per_hour) == (1, pytest.approx(6.5))
+    assert p.recommended is big and big.meets_target
+    assert big.usd_per_1000_steps == pytest.approx(1000 * 6.5 * 0.1 / 3600)
+    assert big.usd_per_epoch == pytest.approx(100 * 6.5 * 0.1 / 3600)   # 3200 / 32 = 100 steps
+    h = p.homogeneous                                                   # 8 vCPUs - 1 for the trainer
+    assert (h.cores, h.step_s) == (7, pytest.approx(1 / 7))
+    assert h.data_wait_fraction == pytest.approx(0.3) and not h.meets_target
+    assert h.usd_per_step == pytest.approx(4.0 / 7 / 3600)
+    assert [c.usd_per_step for c in p.candidates] == sorted(c.usd_per_step for c in p.candidates)
+
+
+def test_cheapest_is_not_always_the_smallest_count(table):
+    # target 50%: 2 x small (8 cores) meets it at 0.125 s ($6/h), but 3 x small reaches the GPU
+    # bound (0.1 s, $7/h) and is cheaper per step: 7 * 0.1 < 6 * 0.125.
+    p = plan(table, "gpu", 1.0, 0.1, 32, data_types=["small"], target_wait=0.5)
+    assert p.recommended.data_count == 3 and p.recommended.usd_per_step == pytest.approx(7 * 0.1 / 3600)
+
+
+def test_gpus_per_instance_reserve_and_local_server(table):
+    p = plan(table, "gpu4", 1.0, 0.1, 32, data_types=["big"], reserve_cpus=2, local_server=True, epoch_samples=1280)
+    # 4 GPUs want 4 batches per step; own cores 32 - 2 * 4 = 24; GPU bound needs 40 cores.
+    assert p.workload["consumers"] == 4 and p.homogeneous.cores == 24
+    assert p.homogeneous.step_s == pytest.approx(4 / 24)
+    assert (p.recommended.data_count, p.recommended.cores) == (1, 16 + 24)
+    assert p.workload["steps_per_epoch"] == 10                         # 1280 / (32 * 4)
+
+
+def test_no_layout_meets_the_target(table):
+    p = plan(table, "gpu", 100.0, 0.1, 8, max_count=2)
+    assert p.recommended is None and all(c.data_count == 2 and not c.meets_target for c in p.candidates)
+    assert "raise --max-count" in format_plan(p)
+
+
+def test_homogeneous_enough_is_said(table):
+    p = plan(table, "gpu", 0.1, 0.1, 8)
+    assert p.homogeneous.meets_target and "does not pay" in format_plan(p)
+
+
+def test_plan_errors_name_the_bad_value(table):
+    with pytest.raises(PriceError, match="known types: big, gpu, gpu4, small"):
+        plan(table, "gpu", 1.0, 0.1, 8, data_types=["ml.c9.huge"])
+    with pytest.raises(PriceError, match="'nope'"):
+        plan(table, "nope", 1.0, 0.1, 8)
+    with pytest.raises(PlanError, match="target_wait"):
+        plan(table, "gpu", 1.0, 0.1, 8, target_wait=5)
+    with pytest.raises(PlanError, match="batch_size"):
+        plan(table, "gpu", 1.0, 0.1, 0)
+
+
+def test_real_table_reproduces_the_aws_example_homogeneous_step():
+    # 1.19 s/step on one ml.p3.2xlarge (8 vCPUs, 7 preprocessing) means ~8.33 s per batch per core.
+    p = plan(load_prices(), "ml.p3.2xlarge", 1.19 * 7, 0.18, 512)
+    assert p.homogeneous.step_s == pytest.approx(1.19)
+    assert p.recommended.step_s == pytest.approx(0.18, rel=0.06) and p.recommended.meets_target
+    assert p.homogeneous.usd_per_step / p.recommended.usd_per_step > 3
+
+
+def test_profile_times_batches_on_one_core():
+    prof = profile_pipeline("examples.synthetic:build_pipeline", {"size": 64, "batch_size": 4, "work_ms": 5},
+                            batches=3)
+    assert prof.batch_size == 4 and len(prof.times_s) == 4 and prof.warmup_batches == 1
+    assert prof.median_s >= 0.018                                      # 4 samples x 5 ms of busy work
+    with pytest.raises(ValueError, match="profiling needs 20"):
+        profile_pipeline("examples.synthetic:build_pipeline", {"size": 8, "batch_size": 4}, batches=19)
+
+
+def test_cli_plan_prints_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc = hetero_main(["plan", "--gpu-step-s", "0.18", "--preprocess-s", "8.33", "--batch-size", "512",
+                      "--epoch-samples", "60000", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "(recommended)" in text and "| homogeneous |" in text
+    doc = json.loads(out.read_text())
+    assert doc["recommended"]["meets_target"] and doc["homogeneous"]["data_instance"] is None
+
+
+def test_cli_plan_bad_input(capsys):
+    assert hetero_main(["plan", "--gpu-step-s", "0.1", "--preprocess-s", "1", "--batch-size", "8",
+                        "--dnn-instance", "ml.p9.large"]) == 2
+    assert "known types:" in capsys.readouterr().out
+    assert hetero_main(["plan", "--gpu-step-s", "0.1"]) == 2
+    assert "--profile" in capsys.readouterr().out
+    assert hetero_main(["plan", "--gpu-step-s", "0.1", "--preprocess-s", "100", "--batch-size", "8",
+                        "--max-count", "1"]) == 1
+
+
+def test_cli_plan_profile(capsys):
+    rc = hetero_main(["plan", "--gpu-step-s", "0.05", "--profile", "--pipeline", "examples.synthetic:build_pipeline",
+                      "-o", "size=64", "-o", "work_ms=2", "--batch-size", "4", "--profile-batches", "2"])
+    text = capsys.readouterr().out
+    assert rc in (0, 1) and "profile:" in text and "batch of 4" in text

@@ -109,7 +109,7 @@ def test_cpu_monitor_counts_busy_idle_and_reaped_children():
     # "busy" burns 0.6 s of CPU in a grandchild that exits (reaped), then idles: its time must stay counted
     busy_code = ("import subprocess, sys, time\n"
                  f"subprocess.run([sys.executable, '-c', {_BURN.format(s=0.6)!r}])\ntime.sleep(1.0)\n")
-    with NodeCpuMonitor(interval_s=0.1) as mon:
+    with NodeCpuMonitor(interval_s=0.4) as mon:  # coarse: a lost reaped child shows
         procs = [subprocess.Popen([sys.executable, "-c", busy_code], env={**env, "SM_CURRENT_HOST": "busy"}),
                  subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.0)"],
                                   env={**env, "SM_CURRENT_HOST": "idle"})]
@@ -121,6 +121,22 @@ def test_cpu_monitor_counts_busy_idle_and_reaped_children():
     assert nodes["busy"]["cpu_s"] >= 0.55, nodes            # the reaped grandchild's 0.6 s
     assert nodes["idle"]["cpu_s"] < 0.3 and nodes["idle"]["busy_share"] < nodes["busy"]["busy_share"]
     assert set(mon.core_busy) == set(range(len(mon.core_busy))) and all(0 <= v <= 1 for v in mon.core_busy.values())
+
+
+def test_tree_cpu_time_keeps_reaped_children():
+    import psutil
+
+    from benchmarks._cpu_monitor import _tree_cpu_s
+
+    code = (f"import subprocess, sys, time\nsubprocess.run([sys.executable, '-c', {_BURN.format(s=0.5)!r}])\n"
+            "print('reaped', flush=True)\ntime.sleep(5)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "reaped"
+        assert _tree_cpu_s(psutil.Process(p.pid)) >= 0.5
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_parse_cpu_list():

@@ -1,12 +1,16 @@
 """Transport benchmark: delivered GB/s through the service vs a raw TCP socket pair.
 
     python -m benchmarks.transport [--sizes 1,4,16,32] [--seconds 3] [--json out.json]
+    python -m benchmarks.transport --local-shm      # same-host shared memory vs memcpy
 
-Both paths run in the same run, on loopback, sender and receiver in separate
-processes: raw TCP (sendall of a ready buffer / recv_into a preallocated one)
-against the full service path (worker process builds the batch into its shared
-slot -> server sends header + slot bytes -> RemoteDataset receives into a fresh
-buffer and decodes tensors without copying).
+Both paths run in the same run, sender and receiver in separate processes.
+Default: raw TCP on loopback (sendall of a ready buffer / recv_into a
+preallocated one) against the service over TCP (worker process builds the
+batch into its shared slot -> server sends header + slot bytes -> RemoteDataset
+receives into a pooled buffer and decodes tensors without copying).
+``--local-shm``: the service's same-host path (the consumer copies the batch
+out of the server's shared-memory slot) against a single-threaded memcpy of
+the same bytes.
 """
 from __future__ import annotations
 
@@ -68,7 +72,21 @@ def raw_tcp(size: int, seconds: float) -> float:
     return got / elapsed / 1e9
 
 
-def service(size: int, seconds: float, workers: int) -> tuple[float, dict]:
+def memcpy(size: int, seconds: float) -> float:
+    """GB/s of a single-threaded copy of ``size`` bytes into a preallocated buffer."""
+    import numpy as np
+
+    src = np.frombuffer(os.urandom(1024) * (size // 1024), dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        np.copyto(dst, src)
+        n += 1
+    return n * size / (time.perf_counter() - start) / 1e9
+
+
+def service(size: int, seconds: float, workers: int, shm: bool = False) -> tuple[float, dict]:
     """GB/s delivered by the data service (``hetero serve`` in its own process) for ``size``-byte batches."""
     import subprocess
 
@@ -85,7 +103,7 @@ def service(size: int, seconds: float, workers: int) -> tuple[float, dict]:
     try:
         with ControlClient(address, "bench") as ctl:
             ctl.wait_hello(120)
-        it = iter(RemoteDataset([address], "bench", seed=0))
+        it = iter(RemoteDataset([address], "bench", seed=0, shared_memory=shm))
         for _ in range(3):  # warm-up: connection, slots, page faults
             next(it)
         got, start = 0, time.perf_counter()
@@ -110,27 +128,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per point; medians are reported")
     parser.add_argument("--workers", type=int, default=1, help="server worker processes")
     parser.add_argument("--json", default=None, help="write all figures here")
+    parser.add_argument("--local-shm", action="store_true", help="same-host shared memory vs memcpy")
     args = parser.parse_args(argv)
     sizes = [int(float(s) * MB) for s in args.sizes.split(",")]
     rows = []
-    print(f"transport benchmark: loopback, {os.cpu_count()} cores, {args.repeats} runs x {args.seconds}s per point, "
-          f"{args.workers} server worker(s)", flush=True)
-    print("| batch MB | raw TCP GB/s | service GB/s | service / raw |")
+    base_name = "memcpy" if args.local_shm else "raw TCP"
+    path = "shared memory" if args.local_shm else "loopback TCP"
+    print(f"transport benchmark: service over {path} vs {base_name}, {os.cpu_count()} cores, {args.repeats} runs x "
+          f"{args.seconds}s per point, {args.workers} server worker(s)", flush=True)
+    print(f"| batch MB | {base_name} GB/s | service GB/s | service / {base_name} |")
     print("|---:|---:|---:|---:|")
     for size in sizes:
         raw, svc, extra = [], [], {}
         for _ in range(args.repeats):  # interleaved so drift hits both paths alike
-            raw.append(raw_tcp(size, args.seconds))
-            s, extra = service(size, args.seconds, args.workers)
+            raw.append(memcpy(size, args.seconds) if args.local_shm else raw_tcp(size, args.seconds))
+            s, extra = service(size, args.seconds, args.workers, shm=args.local_shm)
             svc.append(s)
         r, v = statistics.median(raw), statistics.median(svc)
-        rows.append({"batch_mb": size / MB, "raw_tcp_gbps": round(r, 3), "service_gbps": round(v, 3),
+        rows.append({"batch_mb": size / MB, "baseline": base_name, "baseline_gbps": round(r, 3),
+                     "service_gbps": round(v, 3),
                      "ratio": round(v / r, 3), "raw_runs": [round(x, 3) for x in raw],
                      "service_runs": [round(x, 3) for x in svc], **extra})
         print(f"| {size / MB:g} | {r:.2f} | {v:.2f} | {v / r:.2f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "transport", "cores": os.cpu_count(), "seconds": args.seconds,
+            json.dump({"benchmark": "transport", "path": path, "cores": os.cpu_count(), "seconds": args.seconds,
                        "repeats": args.repeats, "workers": args.workers, "rows": rows}, f, indent=2)
     return 0
 

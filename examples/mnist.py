@@ -6,6 +6,12 @@ Plug-in points used by the launcher (each can be replaced by import path):
 * ``examples.mnist:Net``: the model; ``examples.mnist:train_step``: one optimisation step;
 * ``examples.mnist:evaluate``: test accuracy on the t10k files, when present.
 
+Batches are ``{"image": uint8 [B, 1, 28, 28], "label": int64 [B]}`` on the wire (1 byte per
+pixel); :func:`finish`, the pipeline's device-side last stage, turns the images into
+normalised float32 on the training device (``DeviceFeeder``). ``finish_on="server"`` keeps
+the older path, float32 images normalised on the data server (4x the bytes), for comparison;
+``python -m examples.mnist --wire-bytes`` prints both figures.
+
 Data comes from ``SM_CHANNEL_TRAINING`` (or ``data_dir``): ``train-images-idx3-ubyte``,
 ``train-labels-idx1-ubyte`` and optionally the ``t10k-*`` pair, raw or ``.gz``.
 :func:`write_synthetic` writes MNIST-format files of drawn digits for offline use.
@@ -97,7 +103,11 @@ class MnistDataset:
 
 
 class Augment:
-    """Random affine + ``repeats`` x GaussianBlur(``kernel``): CPU-heavy, cost set by options."""
+    """Random affine + ``repeats`` x GaussianBlur(``kernel``): CPU-heavy, cost set by options.
+
+    Works on uint8 image tensors and returns uint8 (torchvision v2's affine and blur kernels
+    accept uint8; the blur computes in float inside and rounds back), so batches stay compact.
+    """
 
     def __init__(self, kernel: int, repeats: int, affine: bool) -> None:
         from torchvision.transforms import v2
@@ -113,16 +123,37 @@ class Augment:
         image, label = sample
         if self.transform is not None:
             image = self.transform(image)
+            if image.dtype != torch.uint8:  # a float-only transform: back to the compact dtype
+                image = image.round().clamp_(0, 255).to(torch.uint8)
         return image, label
 
 
-def collate(samples):
-    return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples], dtype=torch.int64)
+FINISH_DTYPES = {"image": "float32"}
+
+
+def collate(samples) -> dict:
+    """``{"image": uint8 [B, 1, 28, 28], "label": int64 [B]}``: what travels with ``finish_on="device"``."""
+    return {"image": torch.stack([s[0] for s in samples]),
+            "label": torch.tensor([s[1] for s in samples], dtype=torch.int64)}
+
+
+def finish(batch: dict) -> dict:
+    """The device-side last stage: uint8 images -> float32 in [0, 1] -> MNIST-normalised
+    (mean 0.1307, std 0.3081); labels unchanged. Runs wherever the batch is (the GPU)."""
+    out = dict(batch)
+    out["image"] = batch["image"].to(torch.float32).div_(255.0).sub_(MEAN).div_(STD)
+    return out
+
+
+def collate_finished_on_server(samples) -> dict:
+    """``finish_on="server"``: the same batch, finished on the data server (float32 on the wire)."""
+    return finish(collate(samples))
 
 
 def build_pipeline(batch_size: int = 64, blur_kernel: int = 11, augment_repeats: int = 1, affine: bool = True,
-                   limit: int = 0, data_dir: str | None = None, drop_last: bool = True) -> Pipeline:
-    """MNIST batches ``(uint8 images [B, 1, 28, 28], int64 labels [B])``.
+                   limit: int = 0, data_dir: str | None = None, drop_last: bool = True,
+                   finish_on: str = "device") -> Pipeline:
+    """MNIST batches ``{"image": [B, 1, 28, 28], "label": int64 [B]}``.
 
     Args:
         batch_size: images per batch. blur_kernel: GaussianBlur kernel (odd; 0 = none).
@@ -130,18 +161,34 @@ def build_pipeline(batch_size: int = 64, blur_kernel: int = 11, augment_repeats:
         limit: use only the first ``limit`` images (0 = all).
         data_dir: IDX folder; default ``SM_CHANNEL_TRAINING`` (keep it out of the options when
             data nodes see the data at different paths: options must match on every server).
+        finish_on: ``"device"`` (default): uint8 images on the wire, normalised on the training
+            device by :func:`finish`; ``"server"``: normalised float32 images on the wire.
     """
     if batch_size < 1 or augment_repeats < 0:
         raise ConfigError(f"batch_size={batch_size} must be >= 1 and augment_repeats={augment_repeats} >= 0")
+    if finish_on not in ("device", "server"):
+        raise ConfigError(f"finish_on={finish_on!r} must be 'device' (uint8 on the wire, normalised on the "
+                          "training device) or 'server' (float32 on the wire)")
     dataset = MnistDataset(default_data_dir(data_dir), "train", limit)
-    return Pipeline(dataset=dataset, batch_size=batch_size, transform=Augment(blur_kernel, augment_repeats, affine),
-                    collate_fn=collate, drop_last=drop_last, shuffle=True)
+    augment = Augment(blur_kernel, augment_repeats, affine)
+    if finish_on == "server":
+        return Pipeline(dataset=dataset, batch_size=batch_size, transform=augment,
+                        collate_fn=collate_finished_on_server, drop_last=drop_last, shuffle=True)
+    return Pipeline(dataset=dataset, batch_size=batch_size, transform=augment, collate_fn=collate,
+                    drop_last=drop_last, shuffle=True, finish=finish, finish_dtypes=FINISH_DTYPES)
 
 
-def prepare(batch, device: torch.device):
-    """uint8 images -> normalised float on ``device``; labels to ``device``."""
-    images, labels = batch
-    images = images.to(device, non_blocking=True).float().div_(255.0).sub_(MEAN).div_(STD)
+def prepare(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(normalised float images, labels) on ``device``, from a finished batch (the trainer's
+    ``DeviceFeeder`` already ran :func:`finish`) or a raw uint8 one (finished here).
+    Accepts the dict batches of this pipeline or ``(images, labels)`` tuples."""
+    if isinstance(batch, dict):
+        images, labels = batch["image"], batch["label"]
+    else:
+        images, labels = batch
+    images = images.to(device, non_blocking=True)
+    if images.dtype == torch.uint8:
+        images = finish({"image": images})["image"]
     return images, labels.to(device, non_blocking=True)
 
 
@@ -185,7 +232,7 @@ def evaluate(model: nn.Module, device: torch.device, batch_size: int = 1000) -> 
     model.eval()
     correct = 0
     for start in range(0, len(test), batch_size):
-        batch = (test.images[start:start + batch_size], test.labels[start:start + batch_size])
+        batch = {"image": test.images[start:start + batch_size], "label": test.labels[start:start + batch_size]}
         images, labels = prepare(batch, device)
         correct += int((model(images).argmax(1) == labels).sum())
     model.train()
@@ -234,3 +281,95 @@ def write_synthetic(out_dir: str | os.PathLike, train: int = 60000, test: int = 
             write_idx(path, array)
             written.append(path)
     return written
+
+
+def wire_bytes_per_sample(data_dir: str | os.PathLike, batch_size: int = 64, batches: int = 4,
+                          serve: bool = False) -> dict[str, float]:
+    """Bytes per sample on the wire for ``finish_on="server"`` (float32) and ``"device"`` (uint8).
+
+    Args:
+        data_dir: MNIST IDX folder. batch_size: images per batch. batches: batches measured.
+        serve: also measure through a real data server over TCP (its ``bytes_sent`` counter:
+            payload plus per-batch header); otherwise only the encoded payload is counted.
+
+    Returns:
+        ``{"server": ..., "device": ..., "ratio": server / device}`` from the payload, and with
+        ``serve`` the same keys prefixed ``served_``.
+    """
+    from data_service.codec import plan_layout
+    from data_service.pipeline import PipelineSpec, build_batch
+
+    out: dict[str, float] = {}
+    for finish_on in ("server", "device"):
+        options = {"batch_size": batch_size, "data_dir": str(data_dir), "finish_on": finish_on}
+        pipe = PipelineSpec("examples.mnist:build_pipeline", options).load()
+        cfg = pipe.plan_config()
+        if cfg.num_batches < batches:
+            raise ConfigError(f"{data_dir} holds {cfg.num_batches} batches of {batch_size}; need {batches}")
+        total = sum(plan_layout(build_batch(pipe, cfg, 0, 0, i))[3] for i in range(batches))
+        out[finish_on] = total / (batches * batch_size)
+        if serve:
+            out[f"served_{finish_on}"] = _served_bytes(options, batches) / (batches * batch_size)
+    out["ratio"] = out["server"] / out["device"]
+    if serve:
+        out["served_ratio"] = out["served_server"] / out["served_device"]
+    return out
+
+
+def _served_bytes(options: dict, batches: int) -> int:
+    """Serve ``batches`` batches over loopback TCP; the server's ``bytes_sent``."""
+    import itertools
+    import secrets
+
+    from torch.utils.data import DataLoader
+
+    from data_service.pipeline import PipelineSpec
+    from data_service.server import DataServer, ServerOptions
+    from dnn_worker import RemoteDataset
+
+    token = secrets.token_hex(16)
+    server = DataServer(PipelineSpec("examples.mnist:build_pipeline", options), token,
+                        ServerOptions(num_workers=1)).start()
+    try:
+        ds = RemoteDataset([server.address], token, shared_memory=False, connect_timeout=60.0)
+        for _ in itertools.islice(DataLoader(ds, batch_size=None, num_workers=0), batches):
+            pass
+        return server.stats.snapshot().bytes_sent
+    finally:
+        server.shutdown(grace_s=5.0, reason="wire-bytes measurement done")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m examples.mnist --wire-bytes [--data DIR] [--batch-size 64] [--no-serve]``."""
+    import argparse
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="python -m examples.mnist", description=main.__doc__)
+    p.add_argument("--wire-bytes", action="store_true", required=True,
+                   help="print bytes per sample on the wire: float32 (finish_on=server) vs uint8 + device finishing")
+    p.add_argument("--data", default=None, help="MNIST IDX folder (default: synthetic digits in a temp folder)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--no-serve", action="store_true", help="count encoded payloads only; start no data server")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="mnist-wire-") as tmp:
+        data = args.data
+        if data is None:
+            write_synthetic(tmp, train=args.batch_size * args.batches, test=0)
+            data = tmp
+        try:
+            r = wire_bytes_per_sample(data, args.batch_size, args.batches, serve=not args.no_serve)
+        except ConfigError as exc:
+            print(f"examples.mnist: {exc}")
+            return 2
+    print(f"bytes per sample on the wire (batch {args.batch_size}, {args.batches} batches):")
+    print(f"  float32, finished on the server (finish_on=server): {r['server']:.1f} payload"
+          + (f", {r['served_server']:.1f} served" if "served_server" in r else ""))
+    print(f"  uint8, finished on the device   (finish_on=device): {r['device']:.1f} payload"
+          + (f", {r['served_device']:.1f} served" if "served_device" in r else ""))
+    print(f"  ratio: {r['ratio']:.2f}x payload" + (f", {r['served_ratio']:.2f}x served" if "served_ratio" in r else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -59,6 +59,10 @@ class LaunchConfig:
     emulate_step_s: float = 0.0             # >0: sleep instead of a real step (reported as emulated)
     tensorboard: bool = False
     audit_path: str = ""
+    # checkpoints (SIGTERM, periodic, end of training) and resume
+    checkpoint: bool = True                 # false: never write or read checkpoints
+    checkpoint_dir: str = ""                # "": the node's (HETERO_CHECKPOINT_DIR, else /opt/ml/checkpoints)
+    checkpoint_every: int = 0               # also checkpoint every N steps (0: only on SIGTERM and at the end)
     connect_timeout_s: float = 60.0
     job_secret: str = ""                    # prefer the HETERO_JOB_SECRET variable
     job_name: str = ""                      # when TRAINING_JOB_NAME is not set
@@ -99,7 +103,8 @@ class LaunchConfig:
         for name in ("epochs", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("max_steps", "warmup_steps", "loader_workers", "procs_per_node", "data_workers", "seed"):
+        for name in ("max_steps", "warmup_steps", "loader_workers", "procs_per_node", "data_workers", "seed",
+                     "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         for name in ("watchdog_connect_s", "watchdog_idle_s", "data_wait_s", "dist_timeout_s",

@@ -5,10 +5,17 @@ One trainer process per local GPU (``procs_per_node`` overrides; 1 on CPU), rank
 as in multi-node SageMaker DDP. After a successful run the node with ``node_rank`` 0 shuts
 every data server down; after a failed run *any* DNN node does (the call is authenticated
 and idempotent), then exits non-zero.
+
+SIGTERM (SageMaker: spot interruption, StopTrainingJob, MaxRuntime): forwarded to the trainer
+processes, which finish the current step, write a checkpoint and return; then every DNN node
+shuts the data servers down, as after a failure, and exits ``EXIT_STOPPED`` (143).
 """
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,11 +26,30 @@ from data_service.errors import ServerUnavailableError
 from dnn_worker import ControlClient
 
 from . import logs
-from .trainer import TrainJob, train
+from . import trainer as trainer_mod
+from .trainer import EXIT_STOPPED, TrainJob, train
 
 log = logging.getLogger(__name__)
 
 EXIT_TRAINING_FAILED = 1
+_trainer_pids: list[int] = []   # spawned trainer processes, for forwarding SIGTERM
+
+
+def _on_sigterm(signum, frame) -> None:
+    trainer_mod.request_stop()
+    for pid in list(_trainer_pids):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def install_sigterm_handler() -> bool:
+    """SIGTERM -> stop after the current step and checkpoint (main thread only; else False)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return True
 
 
 def wait_servers(addresses: list[str], token: str, deadline_s: float) -> None:
@@ -71,28 +97,40 @@ def local_procs(requested: int, sm_num_gpus: int | None) -> int:
 
 
 def run_trainers(job: TrainJob, timeout_s: float) -> int:
-    """Run ``train`` on ``job.nprocs`` local ranks; 0 when all succeed, else non-zero."""
+    """Run ``train`` on ``job.nprocs`` local ranks: 0 when all complete, ``EXIT_STOPPED`` when
+    they stopped on SIGTERM (checkpoint written), else ``EXIT_TRAINING_FAILED``."""
     if job.nprocs == 1:
         try:
-            train(0, job)
-            return 0
+            summary = train(0, job)
+            return EXIT_STOPPED if summary.get("status") == "stopped" else 0
         except Exception:
             log.exception("training failed")
             return EXIT_TRAINING_FAILED
         finally:
             logs.setup("dnn", job.host, level=job.cfg.log_level)  # train() set the rank's format
-    context = mp.start_processes(train, args=(job,), nprocs=job.nprocs, join=False, start_method="spawn")
+    results = mp.get_context("spawn").SimpleQueue()
+    context = mp.start_processes(train, args=(job, results), nprocs=job.nprocs, join=False, start_method="spawn")
+    _trainer_pids[:] = context.pids()
+    if trainer_mod.STOP.is_set():  # SIGTERM came while they started
+        _on_sigterm(signal.SIGTERM, None)
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:
                 log.error("training ran past train_timeout_s=%gs; stopping the trainers", timeout_s)
                 return EXIT_TRAINING_FAILED
+        statuses = {}
+        while not results.empty():
+            local_rank, status = results.get()
+            statuses[local_rank] = status
+        if "stopped" in statuses.values():
+            return EXIT_STOPPED
         return 0
     except Exception as exc:  # ProcessRaisedException / ProcessExitedException
         log.error("a trainer process failed: %s", exc)
         return EXIT_TRAINING_FAILED
     finally:
+        _trainer_pids.clear()
         for p in context.processes:
             if p.is_alive():
                 p.terminate()
@@ -101,20 +139,28 @@ def run_trainers(job: TrainJob, timeout_s: float) -> int:
 
 
 def run_dnn_node(job: TrainJob, data_wait_s: float, local_server=None) -> int:
-    """Wait for data (heterogeneous), train, shut data servers down. Returns the exit code."""
+    """Wait for data (heterogeneous), train, shut data servers down. Returns the exit code:
+    0, ``EXIT_STOPPED`` (SIGTERM: checkpoint written) or ``EXIT_TRAINING_FAILED``."""
     servers = list(job.servers)
     rc = EXIT_TRAINING_FAILED
+    install_sigterm_handler()
     try:
         if job.mode == "heterogeneous":
             wait_servers(servers, job.token, data_wait_s)
-        rc = run_trainers(job, job.cfg.train_timeout_s)
+        if trainer_mod.STOP.is_set():
+            log.warning("SIGTERM before training started: nothing trained, nothing to checkpoint")
+            rc = EXIT_STOPPED
+        else:
+            rc = run_trainers(job, job.cfg.train_timeout_s)
     except Exception:
         log.exception("DNN node failed before training finished")
         rc = EXIT_TRAINING_FAILED
     finally:
         if job.mode == "heterogeneous":
             remote = [a for h, a in zip(job.server_hosts, servers) if h != job.host]
-            if rc != 0:
+            if rc == EXIT_STOPPED:
+                shutdown_servers(remote, job.token, f"training stopped by SIGTERM on {job.host} (checkpoint written)")
+            elif rc != 0:
                 shutdown_servers(remote, job.token, f"training failed on {job.host}")
             elif job.node_rank == 0:
                 shutdown_servers(remote, job.token, "training finished")

@@ -107,5 +107,6 @@ def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, ma
     job = TrainJob(cfg=cfg, mode=plan.mode, host=plan.host, dnn_hosts=plan.dnn_hosts, node_rank=plan.node_rank,
                    nprocs=local_procs(cfg.procs_per_node, env.num_gpus), master_addr=master_addr,
                    model_dir=env.model_dir, output_dir=env.output_data_dir, token=token, servers=servers,
-                   server_hosts=server_hosts, extra={"data_hosts": list(plan.data_hosts), "job_name": env.job_name})
+                   server_hosts=server_hosts, checkpoint_dir=cfg.checkpoint_dir or env.checkpoint_dir,
+                   extra={"data_hosts": list(plan.data_hosts), "job_name": env.job_name})
     return run_dnn_node(job, cfg.data_wait_s, local_server)

@@ -13,6 +13,11 @@ Sources, in order of trust:
    ``SM_INSTANCE_GROUPS_DICT``, ``SM_NUM_GPUS``, ``SM_CHANNEL_<NAME>``, ``SM_MODEL_DIR``,
    ``SM_OUTPUT_DATA_DIR``, ``SM_HPS``.
 
+Checkpoints: SageMaker tells the container no checkpoint path (no variable is documented);
+``CheckpointConfig.LocalPath`` defaults to ``/opt/ml/checkpoints``, so that is ``checkpoint_dir``
+(``<root>/checkpoints``) unless ``HETERO_CHECKPOINT_DIR`` says otherwise (``hetero local``,
+a job with another LocalPath; the ``checkpoint_dir`` hyperparameter overrides both).
+
 The root and the variables are explicit arguments so tests and ``hetero local`` can point
 them at an emulated tree.
 """
@@ -28,6 +33,7 @@ from data_service.errors import ConfigError
 
 DEFAULT_ROOT = "/opt/ml"
 HOMOGENEOUS_GROUP = "homogeneousCluster"
+CHECKPOINT_DIR_VAR = "HETERO_CHECKPOINT_DIR"
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class SageMakerEnv:
     channels: dict = field(hash=False)
     model_dir: str
     output_data_dir: str
+    checkpoint_dir: str
     num_gpus: int | None
     job_name: str
     sources: tuple[str, ...]
@@ -243,4 +250,5 @@ def load_env(root: str | os.PathLike = DEFAULT_ROOT, environ: Mapping[str, str] 
         hyperparameters=hps, channels=_channels(root, environ),
         model_dir=environ.get("SM_MODEL_DIR") or str(root / "model"),
         output_data_dir=environ.get("SM_OUTPUT_DATA_DIR") or str(root / "output" / "data"),
+        checkpoint_dir=environ.get(CHECKPOINT_DIR_VAR) or str(root / "checkpoints"),
         num_gpus=num_gpus, job_name=_job_name(environ, hps), sources=tuple(sources))

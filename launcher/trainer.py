@@ -5,13 +5,24 @@ What it trains is pluggable by import path (``model``, ``step``, ``evaluate``,
 ``optimizer`` options); ``emulate_step_s`` replaces the step by a sleep of that length, an
 *emulated accelerator step* for measuring the data path on machines without a GPU; metrics
 then say ``"step_kind": "emulated"``.
+
+Batches come through ``ResumableLoader`` (which batch of this rank's share is next) and
+``DeviceFeeder`` (pinned, prefetched copies to the device, then the pipeline's ``finish``
+stage, e.g. uint8 -> normalised float32), in every mode.
+
+Stopping (SIGTERM: spot interruption, StopTrainingJob): the current step finishes, all ranks
+agree to stop at the same step, rank 0 writes a checkpoint (model, optimizer, every rank's
+data position) to ``checkpoint_dir``, and the run ends with status ``stopped``. A run that
+finds a checkpoint there resumes from it: no batch repeated or skipped.
 """
 from __future__ import annotations
 
 import datetime
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +34,7 @@ from torch.utils.data import DataLoader
 from data_service.errors import ConfigError
 from data_service.pipeline import PipelineSpec
 
-from . import logs
+from . import checkpoint, logs
 from .config import LaunchConfig, load_object
 from .metrics import StepStats, StepTimer, batch_size_of, job_metrics, write_json
 
@@ -49,6 +60,7 @@ class TrainJob:
     token: str = ""
     servers: tuple[str, ...] = ()   # data server addresses (heterogeneous)
     server_hosts: tuple[str, ...] = ()
+    checkpoint_dir: str = ""        # "" with checkpoint=true: no checkpoints (tests calling train())
     extra: dict = field(default_factory=dict, hash=False)
 
     @property
@@ -56,13 +68,37 @@ class TrainJob:
         return self.nprocs * len(self.dnn_hosts)
 
 
+# Set by SIGTERM (or request_stop): finish the current step, checkpoint, stop.
+STOP = threading.Event()
+EXIT_STOPPED = 143  # 128 + SIGTERM: what a process ended by SIGTERM reports; see docs/launcher.md
+
+
+def request_stop() -> None:
+    """Ask the training loop of this process to stop after the current step (as SIGTERM does)."""
+    STOP.set()
+
+
+def _on_sigterm(signum, frame) -> None:  # only sets a flag: the loop logs and acts
+    STOP.set()
+
+
+def _ignore_sigterm(worker_id: int) -> None:
+    """DataLoader workers leave stopping to the trainer (a process-group SIGTERM must not kill
+    them mid-epoch); they end with it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def make_dataset(job: TrainJob, rank: int):
     cfg = job.cfg
-    common = dict(seed=cfg.seed, rank=rank, world_size=job.world_size, audit_path=cfg.audit_path or None)
+    # The audit is written by the training loop (batches it trained on), not by the dataset
+    # (which would also log what the loader prefetched but the loop never took).
+    common = dict(seed=cfg.seed, rank=rank, world_size=job.world_size)
     if job.mode == "heterogeneous":
         from dnn_worker import RemoteDataset
+        # pinned receive buffers only help without loader workers (a worker's tensors are copied
+        # into shared memory; the DataLoader pins those in the trainer instead)
         return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.connect_timeout_s,
-                             pin_memory=torch.cuda.is_available(), **common)
+                             pin_memory=torch.cuda.is_available() and cfg.loader_workers == 0, **common)
     from dnn_worker import LocalDataset
     return LocalDataset(PipelineSpec(cfg.pipeline, cfg.pipeline_options), **common)
 
@@ -102,11 +138,15 @@ def _data_node_stats(job: TrainJob) -> list[dict]:
     return out
 
 
-def train(local_rank: int, job: TrainJob) -> dict[str, Any]:
-    """Train on this rank; rank 0 writes the model and metrics.json. Returns this rank's summary."""
+def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
+    """Train on this rank; rank 0 writes the model, metrics.json and checkpoints. Returns this
+    rank's summary (``status``: ``completed`` or ``stopped``), also put on ``results`` (a queue)
+    as ``(local_rank, status)`` when given."""
     cfg = job.cfg
     rank = job.node_rank * job.nprocs + local_rank
     logs.setup("trainer", job.host, rank, cfg.log_level)
+    if results is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)  # a spawned rank: the DNN node forwards SIGTERM
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
@@ -120,45 +160,77 @@ def train(local_rank: int, job: TrainJob) -> dict[str, Any]:
                                 rank=rank, world_size=job.world_size,
                                 timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
     try:
-        return _train(job, rank, local_rank, device)
+        summary = _train(job, rank, local_rank, device)
+        if results is not None:
+            results.put((local_rank, summary["status"]))
+        return summary
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> dict[str, Any]:
+    from dnn_worker import DeviceFeeder, ResumableLoader
+
     cfg = job.cfg
     started = time.time()
     torch.manual_seed(cfg.seed)
+    cuda = device.type == "cuda"
     dataset = make_dataset(job, rank)
-    loader = DataLoader(dataset, batch_size=None, num_workers=cfg.loader_workers,
-                        pin_memory=device.type == "cuda")
-    model = load_object(cfg.model, "model")(**cfg.model_options).to(device)
+    loader = ResumableLoader(DataLoader(dataset, batch_size=None, num_workers=cfg.loader_workers,
+                                        pin_memory=cuda and cfg.loader_workers > 0,
+                                        worker_init_fn=_ignore_sigterm if cfg.loader_workers else None))
+    plain = load_object(cfg.model, "model")(**cfg.model_options).to(device)
+    optimizer = make_optimizer(cfg, plain.parameters())
+    resumed = _resume(job, rank, plain, optimizer, loader)
+    model = plain
     if job.world_size > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = make_optimizer(cfg, model.parameters())
+        model = torch.nn.parallel.DistributedDataParallel(plain, device_ids=[local_rank] if cuda else None)
+    finish = dataset.finish_stage()
     step_fn = None if cfg.emulate_step_s > 0 else load_object(cfg.step, "step")
     writer = _tensorboard(job) if cfg.tensorboard and rank == 0 else None
     stats = StepStats(cfg.warmup_steps, cfg.log_every)
     timer = StepTimer(stats)
+    progress = checkpoint.Progress(loader, rank, cfg.audit_path)
+    done_before = resumed["steps"] if resumed else 0
     loss = None
-    log.info("%s training: %d rank(s) on %d host(s), %s step, pipeline %s",
+    stopped = False
+
+    def steps_done() -> int:
+        return done_before + stats.steps
+
+    log.info("%s training: %d rank(s) on %d host(s), %s step, pipeline %s, finish stage %s on %s",
              job.mode, job.world_size, len(job.dnn_hosts),
-             f"emulated {cfg.emulate_step_s}s" if step_fn is None else cfg.step, cfg.pipeline)
-    for epoch in range(cfg.epochs):
-        dataset.set_epoch(epoch)
-        total = len(dataset)
+             f"emulated {cfg.emulate_step_s}s" if step_fn is None else cfg.step, cfg.pipeline,
+             finish.target or "none", device)
+    for epoch in range(loader.epoch, cfg.epochs):
+        if stopped or (cfg.max_steps and steps_done() >= cfg.max_steps):
+            break
+        loader.set_epoch(epoch)
+        feed = progress.feed()
+        batches = iter(DeviceFeeder(feed, device, finish=finish, depth=2, pin_memory=cuda))
         bar = None
         if rank == 0 and sys.stderr.isatty():
             from tqdm import tqdm
-            bar = tqdm(total=total, desc=f"epoch {epoch}", leave=False)
-        iterator = iter(loader)
+            bar = tqdm(total=len(progress.indices), desc=f"epoch {epoch}", leave=False)
         timer.restart()
-        while not (cfg.max_steps and stats.steps >= cfg.max_steps):
-            try:
-                batch = timer.fetch(iterator)
-            except StopIteration:
+        while not (cfg.max_steps and steps_done() >= cfg.max_steps):
+            if _stop_agreed(job, device):
+                stopped = True
                 break
+            try:
+                batch = timer.fetch(batches)
+            except StopIteration:
+                progress.epoch_done()
+                break
+            except Exception as exc:
+                if STOP.is_set() and job.world_size == 1:  # e.g. the data nodes were stopped too
+                    log.warning("fetching a batch failed after SIGTERM (%s: %s); checkpointing what was trained",
+                                type(exc).__name__, exc)
+                    stopped = True
+                    break
+                raise
+            progress.took()
             if step_fn is None:
                 time.sleep(cfg.emulate_step_s)
             else:
@@ -167,20 +239,31 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
             if bar is not None:
                 bar.update(1)
             if writer is not None and loss is not None:
-                writer.add_scalar("loss", loss, stats.steps)
-        del iterator
+                writer.add_scalar("loss", loss, steps_done())
+            if cfg.checkpoint_every and steps_done() % cfg.checkpoint_every == 0:
+                _checkpoint(job, rank, plain, optimizer, progress, steps_done(), "running")
+        batches.close()
+        feed.close()  # stops the loader's workers now, not at garbage collection
         if bar is not None:
             bar.close()
-        log.info("epoch %d done: %d steps so far%s", epoch, stats.steps, f", loss {loss:.4f}" if loss is not None else "")
-        if cfg.max_steps and stats.steps >= cfg.max_steps:
-            break
-    summary = dict(stats.summary(), rank=rank, host=job.host)
+        log.info("epoch %d %s: %d steps so far%s", epoch, "stopped" if stopped else "done", steps_done(),
+                 f", loss {loss:.4f}" if loss is not None else "")
+    status = "stopped" if stopped else "completed"
+    if stopped:
+        log.warning("SIGTERM: stopped after step %d (%d this run); data position %s", steps_done(), stats.steps,
+                    progress.state())
+    elif resumed and stats.steps == 0:
+        log.warning("the checkpoint in %s had nothing left to train (epochs=%d, max_steps=%d); raise epochs "
+                    "to train more, or use another checkpoint_dir to start afresh", job.checkpoint_dir,
+                    cfg.epochs, cfg.max_steps)
+    ckpt_path = _checkpoint(job, rank, plain, optimizer, progress, steps_done(), status)
+    summary = dict(stats.summary(), rank=rank, host=job.host, status=status)
     summaries = [summary]
     if job.world_size > 1:
         summaries = [None] * job.world_size
         dist.all_gather_object(summaries, summary)
     if rank == 0:
-        _finish(job, model, device, summaries, loss, started, step_fn is None)
+        _finish(job, plain, device, summaries, loss, started, step_fn is None, status, resumed, ckpt_path)
     if writer is not None:
         writer.close()
     if job.world_size > 1:
@@ -188,22 +271,82 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
     return summary
 
 
-def _finish(job: TrainJob, model, device, summaries, loss, started: float, emulated: bool) -> None:
+def _stop_agreed(job: TrainJob, device: torch.device) -> bool:
+    """True when any rank was asked to stop; every rank calls it at the same step, so all stop
+    together (one tiny all-reduce per step when world_size > 1)."""
+    local = STOP.is_set()
+    if job.world_size == 1:
+        return local
+    flag = torch.tensor([1.0 if local else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _resume(job: TrainJob, rank: int, model, optimizer, loader) -> dict[str, Any] | None:
+    """Load model, optimizer and this rank's data position from the checkpoint, when there is one."""
     cfg = job.cfg
-    plain = model.module if hasattr(model, "module") else model
+    if not cfg.checkpoint or not job.checkpoint_dir:
+        return None
+    ckpt = checkpoint.load(job.checkpoint_dir)
+    path = checkpoint.checkpoint_path(job.checkpoint_dir)
+    if ckpt is None:
+        log.info("no checkpoint in %s: starting afresh", job.checkpoint_dir)
+        return None
+    checkpoint.check_compatible(ckpt, path, world_size=job.world_size, seed=cfg.seed, pipeline=cfg.pipeline,
+                                pipeline_options=cfg.pipeline_options, model=cfg.model)
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"checkpoint {path} does not fit model={cfg.model!r} / optimizer={cfg.optimizer!r} "
+                          f"({exc}); resume with the same model and optimizer, or use another checkpoint_dir") from exc
+    data = ckpt["data"][rank]
+    loader.load_state_dict(data)
+    log.info("resuming from %s (%s, written by %s): %d steps done; epoch %d from batch %d of this rank's share",
+             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], data["epoch"], data["position"])
+    return {"steps": int(ckpt["steps"]), "epoch": data["epoch"], "position": data["position"],
+            "status": ckpt.get("status"), "path": path}
+
+
+def _checkpoint(job: TrainJob, rank: int, model, optimizer, progress, steps: int, status: str) -> str | None:
+    """Every rank's data position to rank 0, which writes the checkpoint (a collective call)."""
+    cfg = job.cfg
+    if not cfg.checkpoint or not job.checkpoint_dir:
+        return None
+    states = [progress.state()]
+    if job.world_size > 1:
+        states = [None] * job.world_size
+        dist.all_gather_object(states, progress.state())
+    if rank != 0:
+        return None
+    path = checkpoint.save(job.checkpoint_dir, {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": states, "steps": steps,
+        "status": status, "world_size": job.world_size, "seed": cfg.seed, "pipeline": cfg.pipeline,
+        "pipeline_options": dict(cfg.pipeline_options), "model_target": cfg.model, "epochs": cfg.epochs,
+        "host": job.host, "job_name": job.extra.get("job_name", "")})
+    log.info("checkpoint (%s) written to %s after %d steps; data position of rank 0: epoch %d, batch %d",
+             status, path, steps, states[0]["epoch"], states[0]["position"])
+    return path
+
+
+def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emulated: bool, status: str,
+            resumed: dict | None, ckpt_path: str | None) -> None:
+    cfg = job.cfg
+    stopped = status == "stopped"
     accuracy = None
-    if cfg.evaluate and not emulated:
+    if cfg.evaluate and not emulated and not stopped:  # a stop has ~120 s: no evaluation
         accuracy = load_object(cfg.evaluate, "evaluate")(plain, device)
     os.makedirs(job.model_dir, exist_ok=True)
-    torch.save(plain.state_dict(), os.path.join(job.model_dir, "model.pt"))
-    data_nodes = _data_node_stats(job) if job.mode == "heterogeneous" else []
+    torch.save(plain.state_dict(), os.path.join(job.model_dir, "model.pt"))  # also when stopped: an artifact
+    data_nodes = _data_node_stats(job) if job.mode == "heterogeneous" and not stopped else []
     metrics = job_metrics(summaries, {
         "mode": job.mode, "step_kind": "emulated" if emulated else "real",
         "emulate_step_s": cfg.emulate_step_s if emulated else None, "test_accuracy": accuracy,
         "final_loss": loss, "world_size": job.world_size, "epochs": cfg.epochs, "seed": cfg.seed,
         "pipeline": cfg.pipeline, "pipeline_options": cfg.pipeline_options, "model": cfg.model,
         "dnn_hosts": list(job.dnn_hosts), "data_servers": list(job.servers),
-        "wall_time_s": time.time() - started, "nodes": data_nodes, **job.extra})
+        "wall_time_s": time.time() - started, "nodes": data_nodes, "status": status,
+        "resumed_from_steps": resumed["steps"] if resumed else None, "checkpoint": ckpt_path, **job.extra})
     write_json(os.path.join(job.output_dir, "metrics.json"), metrics)
     log.info("done: avg step time %s s (%s), data wait %s, %s samples/s, test accuracy %s; metrics in %s",
              _fmt(metrics["avg_step_time_s"]), metrics["step_kind"], _fmt(metrics["data_wait_fraction"]),

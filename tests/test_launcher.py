@@ -29,7 +29,8 @@ def env_of(current_host, groups, current_group=None):
     hosts = tuple(h for g in groups for h in g.hosts)
     return SageMakerEnv(root="/opt/ml", current_host=current_host, current_group=current_group, hosts=hosts,
                         groups=groups, network_interface="eth0", hyperparameters={}, channels={}, model_dir="/m",
-                        output_data_dir="/o", num_gpus=None, job_name="j", sources=())
+                        output_data_dir="/o", checkpoint_dir="/opt/ml/checkpoints", num_gpus=None, job_name="j",
+                        sources=())
 
 
 # -- options

@@ -53,10 +53,11 @@ def test_pipeline_batches_are_reproducible(tmp_path, monkeypatch):
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(tmp_path))
     pipe = PipelineSpec("examples.mnist:build_pipeline", {"batch_size": 16, "augment_repeats": 2}).load()
     cfg = pipe.plan_config()
-    images, labels = build_batch(pipe, cfg, seed=5, epoch=1, index=2)
+    batch = build_batch(pipe, cfg, seed=5, epoch=1, index=2)
+    images, labels = batch["image"], batch["label"]
     assert images.shape == (16, 1, 28, 28) and images.dtype == torch.uint8 and labels.dtype == torch.int64
-    again, _ = build_batch(pipe, cfg, seed=5, epoch=1, index=2)
-    other, _ = build_batch(pipe, cfg, seed=6, epoch=1, index=2)
+    again = build_batch(pipe, cfg, seed=5, epoch=1, index=2)["image"]
+    other = build_batch(pipe, cfg, seed=6, epoch=1, index=2)["image"]
     assert torch.equal(images, again) and not torch.equal(images, other)
     with pytest.raises(ConfigError, match="blur_kernel=4 must be an odd number"):
         mnist.build_pipeline(blur_kernel=4)
@@ -85,3 +86,43 @@ def test_hetero_synth_writes_mnist_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert mnist.find_split(tmp_path, "train") is not None
     assert len(mnist.MnistDataset(str(tmp_path), "t10k")) == 10
+
+
+# -- device-side finishing
+def test_uint8_on_the_wire_and_finished_on_the_device_matches_the_server_path(tmp_path, monkeypatch):
+    from dnn_worker import DeviceFeeder, FinishStage
+
+    mnist.write_synthetic(tmp_path, train=64, test=0)
+    monkeypatch.setenv("SM_CHANNEL_TRAINING", str(tmp_path))
+    device_pipe = PipelineSpec("examples.mnist:build_pipeline", {"batch_size": 16}).load()
+    server_pipe = PipelineSpec("examples.mnist:build_pipeline", {"batch_size": 16, "finish_on": "server"}).load()
+    assert device_pipe.finish_target() == "examples.mnist:finish" and device_pipe.finish_dtypes == {"image": "float32"}
+    assert server_pipe.finish_target() == ""
+    cfg = device_pipe.plan_config()
+    raw = build_batch(device_pipe, cfg, seed=1, epoch=0, index=1)
+    served = build_batch(server_pipe, server_pipe.plan_config(), seed=1, epoch=0, index=1)
+    assert raw["image"].dtype == torch.uint8 and served["image"].dtype == torch.float32
+    stage = FinishStage.load(device_pipe.finish_target(), device_pipe.finish_dtypes)
+    [finished] = list(DeviceFeeder([raw], "cpu", finish=stage))
+    assert finished["image"].dtype == torch.float32 and torch.equal(finished["label"], served["label"])
+    assert torch.allclose(finished["image"], served["image"], atol=1e-6)  # same augmentation, same numbers
+    assert abs(float(finished["image"].mean()) - float((raw["image"].float() / 255 - 0.1307).mean() / 0.3081)) < 1e-4
+    with pytest.raises(ConfigError, match="finish_on='gpu' must be 'device'"):
+        mnist.build_pipeline(data_dir=str(tmp_path), finish_on="gpu")
+
+
+def test_wire_bytes_per_sample_float32_path_is_four_times_the_uint8_path(tmp_path):
+    mnist.write_synthetic(tmp_path, train=128, test=0)
+    r = mnist.wire_bytes_per_sample(tmp_path, batch_size=32, batches=2)
+    assert r["device"] == 28 * 28 + 8          # uint8 pixels + an int64 label
+    assert r["server"] == 28 * 28 * 4 + 8      # float32 pixels + the label
+    assert 3.9 < r["ratio"] < 4.0
+
+
+@pytest.mark.slow
+def test_wire_bytes_command_measures_through_a_data_server(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
+    proc = subprocess.run([sys.executable, "-m", "examples.mnist", "--wire-bytes", "--batch-size", "32"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ratio: 3.9" in proc.stdout and "served" in proc.stdout, proc.stdout

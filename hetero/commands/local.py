@@ -26,6 +26,12 @@ def register(sub) -> None:
     p.add_argument("--data-cpus", default=None, help="pin data nodes to these CPUs, e.g. 1 or 1-3")
     p.add_argument("--dnn-cpus", default=None, help="pin DNN nodes to these CPUs, e.g. 0")
     p.add_argument("--keep-tree", action="store_true", help="keep the emulated /opt/ml trees for inspection")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="every node's checkpoint dir, kept across runs: a run that finds a checkpoint there resumes "
+                        "from it (default: a temporary one per node)")
+    p.add_argument("--sigterm-on", metavar="REGEX", default=None,
+                   help="drill a spot stop: SIGTERM the DNN nodes' launchers when a DNN node's log line matches "
+                        "REGEX (e.g. 'step 50:'); they checkpoint, shut the data nodes down and exit 143")
     p.add_argument("--quiet", action="store_true", help="do not echo node logs (they are in OUTPUT/logs)")
     p.set_defaults(func=run)
 
@@ -33,7 +39,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from data_service.errors import ConfigError
     from hetero.cli import setup_logging
-    from hetero.local import LocalJob, run_local
+    from hetero.local import EXIT_STOPPED, LocalJob, run_local
     from hetero.options import parse_kv
 
     setup_logging("local", args.log_level)
@@ -47,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
                        data=args.data, epochs=args.epochs, seed=args.seed, output=args.output, audit=args.audit,
                        hyperparameters=parse_kv(args.hp), timeout_s=args.timeout, synth_train=args.synth_train,
                        synth_test=args.synth_test, data_cpus=args.data_cpus, dnn_cpus=args.dnn_cpus,
-                       keep_tree=args.keep_tree, echo=not args.quiet)
+                       keep_tree=args.keep_tree, echo=not args.quiet, checkpoint_dir=args.checkpoint_dir,
+                       sigterm_on=args.sigterm_on)
         result = run_local(job)
     except ConfigError as exc:
         print(f"hetero local: {exc}")
@@ -62,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(summary_line(m))
     print(f"exit codes: {codes}; metrics: {result.output}/metrics.json")
+    if result.stopped:
+        where = args.checkpoint_dir or "the nodes' temporary trees (gone; pass --checkpoint-dir to keep it)"
+        print(f"stopped by SIGTERM: checkpoint in {where}; rerun with the same --checkpoint-dir to resume")
+        return EXIT_STOPPED
     return 0 if result.ok else 1
 
 
@@ -71,6 +82,8 @@ def summary_line(m: dict) -> str:
         return "n/a" if v is None else format(v, spec)
 
     step = "emulated step" if m.get("step_kind") == "emulated" else "real step"
-    return (f"{m['mode']}: avg step time {fmt(m['avg_step_time_s'], '.4f')} s ({step}, {m['steps']} steps/rank, "
+    status = "" if m.get("status", "completed") == "completed" else f" [{m['status']}]"
+    resumed = f", resumed after {m['resumed_from_steps']} steps" if m.get("resumed_from_steps") else ""
+    return (f"{m['mode']}{status}{resumed}: avg step time {fmt(m['avg_step_time_s'], '.4f')} s ({step}, {m['steps']} steps/rank, "
             f"{m['warmup_steps_discarded']} warm-up discarded), data wait {fmt(m['data_wait_fraction'], '.0%')}, "
             f"{fmt(m['samples_per_s'], '.0f')} samples/s, test accuracy {fmt(m.get('test_accuracy'), '.3f')}")

@@ -42,6 +42,11 @@ class LocalJob:
     dnn_cpus: str | None = None
     keep_tree: bool = False
     echo: bool = True
+    checkpoint_dir: Path | None = None      # kept across runs: a rerun resumes from it
+    sigterm_on: str | None = None           # drill: SIGTERM the DNN nodes when their log matches this
+
+
+EXIT_STOPPED = 143  # the DNN node's exit code after a SIGTERM stop (launcher.trainer.EXIT_STOPPED)
 
 
 @dataclass
@@ -53,6 +58,12 @@ class LocalResult:
     @property
     def ok(self) -> bool:
         return all(c == 0 for c in self.exit_codes.values()) and self.metrics is not None
+
+    @property
+    def stopped(self) -> bool:
+        """A DNN node stopped on SIGTERM (checkpoint written) and no node failed."""
+        codes = set(self.exit_codes.values())
+        return EXIT_STOPPED in codes and codes <= {0, EXIT_STOPPED}
 
 
 def run_local(job: LocalJob) -> LocalResult:
@@ -81,8 +92,8 @@ def run_local(job: LocalJob) -> LocalResult:
             hps["audit_path"] = str(Path(job.audit).resolve())
         name = f"hetero-local-{'homo' if job.homogeneous else 'hetero'}-{int(time.time())}-{os.getpid()}"
         nodes = build_nodes(work / "nodes", job.data_nodes, job.dnn_nodes, job.homogeneous, data_dir, hps, name,
-                            data_cpus, dnn_cpus)
-        cluster = LocalCluster(nodes, hps, output / "logs", echo=job.echo)
+                            data_cpus, dnn_cpus, job.checkpoint_dir)
+        cluster = LocalCluster(nodes, hps, output / "logs", echo=job.echo, sigterm_on=job.sigterm_on)
         try:
             cluster.start()
             codes = cluster.wait(job.timeout_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,9 +30,14 @@ class LocalCluster:
         hyperparameters: passed on each node's command line, as SageMaker does.
         log_dir: where each node's full log is written (``<host>.log``).
         echo: print every node's lines, prefixed ``[host role]``, to stdout.
+        sigterm_on: a drill: the first time a trainer node's log line matches this regular
+            expression, SIGTERM goes to every trainer node's launcher process (not its workers),
+            as SageMaker sends it on a spot interruption or StopTrainingJob. Data nodes get none:
+            the DNN nodes must shut them down.
     """
 
-    def __init__(self, nodes: list[Node], hyperparameters: dict, log_dir: Path, echo: bool = True) -> None:
+    def __init__(self, nodes: list[Node], hyperparameters: dict, log_dir: Path, echo: bool = True,
+                 sigterm_on: str | None = None) -> None:
         self.nodes = nodes
         self.hyperparameters = hyperparameters
         self.log_dir = Path(log_dir)
@@ -39,6 +45,9 @@ class LocalCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self._threads: list[threading.Thread] = []
         self._print_lock = threading.Lock()
+        self.sigterm_on = re.compile(sigterm_on) if sigterm_on else None
+        self.sigterm_sent = threading.Event()
+        self._sigterm_lock = threading.Lock()
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -61,10 +70,28 @@ class LocalCluster:
         with open(self.log_dir / f"{node.host}.log", "w") as f:
             for line in proc.stdout:
                 f.write(line)
+                if (self.sigterm_on is not None and node.role != "data" and not self.sigterm_sent.is_set()
+                        and self.sigterm_on.search(line)):
+                    self.sigterm_trainers(f"{node.host} logged {line.strip()!r}")
                 if self.echo:
                     with self._print_lock:
                         sys.stdout.write(prefix + line)
                         sys.stdout.flush()
+
+    def sigterm_trainers(self, why: str) -> None:
+        """SIGTERM to every trainer node's launcher process (once), as SageMaker stops a job."""
+        with self._sigterm_lock:
+            if self.sigterm_sent.is_set():
+                return
+            self.sigterm_sent.set()
+            for node in self.nodes:
+                proc = self.procs.get(node.host)
+                if node.role != "data" and proc is not None and proc.poll() is None:
+                    try:
+                        os.kill(proc.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        continue
+                    log.warning("SIGTERM to %s (%s, pid %d): %s", node.host, node.role, proc.pid, why)
 
     def wait(self, timeout_s: float, data_grace_s: float = 60.0) -> dict[str, int | None]:
         """Wait for every node; returns host -> exit code (None: killed at the deadline).

@@ -69,8 +69,12 @@ def parse_cpus(text: str | None) -> set[int] | None:
 
 def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, data_dir: Path,
                 hyperparameters: dict[str, Any], job_name: str, data_cpus: set[int] | None = None,
-                dnn_cpus: set[int] | None = None) -> list[Node]:
-    """Write every node's tree under ``work`` and return the nodes (DNN hosts first)."""
+                dnn_cpus: set[int] | None = None, checkpoint_dir: Path | None = None) -> list[Node]:
+    """Write every node's tree under ``work`` and return the nodes (DNN hosts first).
+
+    ``checkpoint_dir``: one folder every node uses as its checkpoint dir (``HETERO_CHECKPOINT_DIR``),
+    kept across runs; None: each node's ``<root>/checkpoints``, gone with the tree.
+    """
     if dnn_nodes < 1:
         raise ConfigError(f"--dnn-nodes {dnn_nodes}: a job needs at least one DNN node")
     if not homogeneous and data_nodes < 1:
@@ -111,6 +115,8 @@ def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, 
             "SM_CURRENT_INSTANCE_GROUP": node.group, "SM_CHANNEL_TRAINING": str(channel),
             "SM_MODEL_DIR": str(node.model_dir), "SM_OUTPUT_DATA_DIR": str(node.output_dir),
             "SM_HPS": json.dumps(hps), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+        if checkpoint_dir is not None:
+            node.env["HETERO_CHECKPOINT_DIR"] = str(Path(checkpoint_dir).resolve())
     return nodes
 
 

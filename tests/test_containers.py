@@ -88,20 +88,29 @@ def test_entrypoint_arguments(tmp_path):
     assert run.returncode == 0 and run.stdout == "hello\n"
     run = subprocess.run(["sh", str(entry), "serve"], capture_output=True, text=True)
     assert run.returncode == 2 and "no inference server" in run.stderr
-    # `train` and bare hyperparameters go to the launcher; without a job description it fails
-    # with its configuration exit code (2) and says what it expected.
+    # `train`, nothing, or bare hyperparameters run the launcher with the hyperparameters; a
+    # stand-in `python` records its arguments (the launcher itself is tested elsewhere).
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    (fake_bin / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (fake_bin / "python").write_text('#!/bin/sh\necho "python $*"\n')
     (fake_bin / "python").chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "HETERO_SM_ROOT": str(tmp_path / "none")}
-    env = {k: v for k, v in env.items() if not k.startswith("SM_")}
-    script = entry.read_text().replace("/opt/ml/code/launcher/entry.py", str(REPO / "launcher" / "entry.py"))
-    (tmp_path / "entry.sh").write_text(script)
-    for argv in (["train", "--epochs", "2"], []):
-        run = subprocess.run(["sh", str(tmp_path / "entry.sh"), *argv], capture_output=True, text=True, env=env)
-        assert run.returncode == 2, (argv, run.stdout, run.stderr)
-        assert "resourceconfig.json does not exist" in run.stderr + run.stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "HETERO_"))}
+    env["PATH"] = f"{fake_bin}:{env['PATH']}"
+    launcher = "python /opt/ml/code/launcher/entry.py"
+    for argv, expect in ((["train"], launcher), ([], launcher), (["train", "--epochs", "2"], launcher + " --epochs 2"),
+                         (["--max_steps", "5"], launcher + " --max_steps 5")):
+        run = subprocess.run(["sh", str(entry), *argv], capture_output=True, text=True, env=env)
+        assert run.returncode == 0 and run.stdout == expect + "\n", (argv, run.stdout, run.stderr)
+    # local runs: synthetic data first, into the training channel, when it holds no MNIST files
+    channel = tmp_path / "training"
+    env.update(HETERO_SYNTH_TRAIN="16", HETERO_SYNTH_TEST="4", SM_CHANNEL_TRAINING=str(channel))
+    run = subprocess.run(["sh", str(entry), "train"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "writing synthetic MNIST (16 train, 4 test images)" in run.stdout
+    assert "write_synthetic" in run.stdout and str(channel) in run.stdout
+    channel.mkdir()
+    (channel / "train-images-idx3-ubyte").write_bytes(b"")
+    run = subprocess.run(["sh", str(entry), "train"], capture_output=True, text=True, env=env)
+    assert run.stdout == launcher + "\n"
 
 
 # --------------------------------------------------------------------------- the compose job

@@ -33,9 +33,23 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name and exc.name.startswith("hetero.commands"):
                 continue  # not written yet
-            raise
+            _register_missing(sub, name, exc.name or str(exc))
+            continue
         module.register(sub)
     return parser
+
+
+def _register_missing(sub, name: str, missing: str) -> None:
+    """A command whose optional dependency is absent still shows, and says what to install."""
+    p = sub.add_parser(name, help=f"(needs {missing}: pip install 'hetero-data-service[dev]')", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args) -> int:
+        print(f"hetero {name}: needs the Python package {missing!r}; install it with "
+              f"pip install 'hetero-data-service[dev]' (or [bench])")
+        return 2
+
+    p.set_defaults(func=run)
 
 
 def main(argv: list[str] | None = None) -> int:

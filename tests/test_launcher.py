@@ -48,6 +48,8 @@ def test_options_from_hyperparameters():
     ({"data_port": 70000}, "data_port=70000 must be a TCP port"),
     ({"pipeline": "no_colon"}, "must look like 'package.module:function'"),
     ({"watchdog_idle_s": 0}, "watchdog_idle_s=0.0 must be > 0"),
+    ({"checkpoint_every": -1}, "checkpoint_every=-1 must be >= 0"),
+    ({"checkpoint": "perhaps"}, "checkpoint='perhaps' must be a bool"),
 ])
 def test_bad_options_name_the_value(hps, message):
     with pytest.raises(ConfigError, match=message):

@@ -111,3 +111,9 @@ def test_invalid_json_names_the_file(tmp_path):
     (root / "input" / "config" / "resourceconfig.json").write_text("{not json")
     with pytest.raises(ConfigError, match="resourceconfig.json is not valid JSON"):
         load_env(root, {})
+
+
+def test_checkpoint_dir_defaults_to_sagemakers_local_path_under_the_root(tmp_path):
+    root = make_root(tmp_path, HETERO)
+    assert load_env(root, {}).checkpoint_dir == str(tmp_path / "checkpoints")  # /opt/ml/checkpoints on SageMaker
+    assert load_env(root, {"HETERO_CHECKPOINT_DIR": "/keep/ckpt"}).checkpoint_dir == "/keep/ckpt"

@@ -84,6 +84,7 @@ def summary_line(m: dict) -> str:
     step = "emulated step" if m.get("step_kind") == "emulated" else "real step"
     status = "" if m.get("status", "completed") == "completed" else f" [{m['status']}]"
     resumed = f", resumed after {m['resumed_from_steps']} steps" if m.get("resumed_from_steps") else ""
-    return (f"{m['mode']}{status}{resumed}: avg step time {fmt(m['avg_step_time_s'], '.4f')} s ({step}, {m['steps']} steps/rank, "
+    return (f"{m['mode']}{status}{resumed}: avg step time {fmt(m['avg_step_time_s'], '.4f')} s "
+            f"({step}, {m['steps']} steps/rank, "
             f"{m['warmup_steps_discarded']} warm-up discarded), data wait {fmt(m['data_wait_fraction'], '.0%')}, "
             f"{fmt(m['samples_per_s'], '.0f')} samples/s, test accuracy {fmt(m.get('test_accuracy'), '.3f')}")

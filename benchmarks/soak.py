@@ -183,6 +183,7 @@ class ServerProc:
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.started_at = 0.0
 
     def start(self, wait: bool = True, timeout: float = 120.0) -> "ServerProc":
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
@@ -194,9 +195,18 @@ class ServerProc:
             if self.log_path:
                 out.close()
         self.starts += 1
+        self.started_at = time.monotonic()
         if wait:
             self.wait_ready(timeout)
         return self
+
+    def healthy(self, timeout: float = 1.0) -> bool:
+        from dnn_worker.control import ControlClient
+
+        if not self.alive:
+            return False
+        with ControlClient(self.address, self.token) as ctl:
+            return ctl.healthy(timeout=timeout)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         from dnn_worker.control import ControlClient
@@ -439,6 +449,7 @@ class ConsumerProc:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.started_at = 0.0
 
     def start(self) -> "ConsumerProc":
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
@@ -450,6 +461,7 @@ class ConsumerProc:
             if self.log_path:
                 out.close()
         self.starts += 1
+        self.started_at = time.monotonic()
         return self
 
     @property
@@ -517,7 +529,7 @@ class RssTrack:
         return out
 
 
-def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0, fault_gap: tuple[float, float] = (1.0, 3.0),
+def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0, fault_gap: tuple[float, float] = (2.0, 5.0),
              kinds: tuple[str, ...] = FAULT_KINDS, workdir: Path | None = None, options: dict | None = None,
              verify: bool = True, log=print) -> dict[str, Any]:
     from data_service.pipeline import PipelineSpec
@@ -543,7 +555,7 @@ def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0,
     consumers = [ConsumerProc([s.address for s in servers], r, world, audits[r], seed=seed, epochs=epochs,
                               log_path=work / f"consumer{r}.log") for r in range(world)]
     faults = collections.Counter()
-    consumer_failures = 0
+    consumer_failures = server_failures = 0
     restarts: list[tuple[float, ServerProc]] = []
     rss = RssTrack()
     max_slots = 0
@@ -568,6 +580,14 @@ def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0,
                 if now >= when:
                     restarts.remove((when, s))
                     s.start(wait=False)
+                    s.started_at = now
+            for s in servers:  # a server that died unplanned (or failed to start): count it, bring it back
+                if not s.alive and not any(s is r for _, r in restarts):
+                    server_failures += 1
+                    log(f"[soak] data server {s.address} exited with {s.proc.returncode} unplanned; restarting "
+                        f"(see {s.log_path})")
+                    s.start(wait=False)
+                    s.started_at = now
             for c in consumers:
                 if not c.alive and c.proc.returncode != 0:  # 0: it read every epoch asked of it
                     consumer_failures += 1
@@ -592,30 +612,36 @@ def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0,
                             pass
             if now >= next_fault:
                 next_fault = now + rnd.uniform(*fault_gap)
-                kind = rnd.choice(kinds)
-                live = [s for s in servers if s.alive and not any(s is r for _, r in restarts)]
-                if kind == "server_kill" and len(live) >= 2 and not restarts:
-                    victim = rnd.choice(live)
-                    victim.kill()
-                    restarts.append((now + rnd.uniform(0.5, 3.0), victim))
-                elif kind == "worker_kill" and live:
-                    pids = rnd.choice(live).worker_pids()
-                    if not pids:
-                        continue
-                    try:
-                        os.kill(rnd.choice(pids), signal.SIGKILL)
-                    except ProcessLookupError:
-                        continue
-                elif kind == "proxy_cut":
-                    if not rnd.choice(proxies).cut():
-                        continue
-                elif kind == "consumer_restart":
-                    c = rnd.choice(consumers)
-                    c.kill()
-                    c.start()
-                else:
-                    continue
-                faults[kind] += 1
+                # Only faults that can land now: a serving server (never one still loading), a
+                # proxy with live connections, a consumer that had time to start.
+                ready = [s for s in servers if s.alive and now - s.started_at > 3.0 and s.healthy()]
+                applicable = {
+                    "server_kill": len(ready) >= 2 and not restarts and len(ready) == len(servers),
+                    "worker_kill": bool(ready),
+                    "proxy_cut": any(p.live for p in proxies),
+                    "consumer_restart": any(c.alive and now - c.started_at > 8.0 for c in consumers),
+                }
+                choices = [k for k in kinds if applicable[k]]
+                if choices:
+                    kind = rnd.choice(choices)
+                    done = True
+                    if kind == "server_kill":
+                        victim = rnd.choice(ready)
+                        victim.kill()
+                        restarts.append((now + rnd.uniform(0.5, 3.0), victim))
+                    elif kind == "worker_kill":
+                        pids = rnd.choice(ready).worker_pids()
+                        try:
+                            os.kill(rnd.choice(pids), signal.SIGKILL)
+                        except (ProcessLookupError, IndexError):
+                            done = False
+                    elif kind == "proxy_cut":
+                        done = rnd.choice([p for p in proxies if p.live]).cut() > 0
+                    else:
+                        c = rnd.choice([c for c in consumers if c.alive and now - c.started_at > 8.0])
+                        c.kill()
+                        c.start()
+                    faults[kind] += done
             time.sleep(0.1)
         end = time.monotonic()
         for c in consumers:
@@ -637,6 +663,7 @@ def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0,
             **{k: acc[k] for k in ("delivered", "lost", "duplicated", "corrupt", "foreign")},
             "batches_per_s": round(acc["delivered"] / max(elapsed, 1e-9), 1),
             "faults": dict(faults), "faults_total": sum(faults.values()), "consumer_failures": consumer_failures,
+            "server_failures": server_failures,
             "server_starts": [s.starts for s in servers], "max_slots_in_use": max_slots,
             "rss_mib": rss.summary(t0, end), "lost_examples": acc["lost_examples"],
             "duplicated_examples": acc["duplicated_examples"], "workdir": str(work)}
@@ -648,7 +675,7 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"batches delivered {r['delivered']} ({r['batches_per_s']}/s), lost {r['lost']}, "
           f"duplicated {r['duplicated']}, corrupt {r['corrupt']}, foreign {r['foreign']}")
     print(f"faults injected: {r['faults_total']} " + ", ".join(f"{k}={v}" for k, v in sorted(r['faults'].items())))
-    print(f"consumer failures: {r['consumer_failures']}; server starts {r['server_starts']}; "
+    print(f"consumer failures: {r['consumer_failures']}; unplanned server exits {r['server_failures']}; server starts {r['server_starts']}; "
           f"max slots in use {r['max_slots_in_use']}")
     print("max RSS (MiB)        start      end")
     for label, e in sorted(r["rss_mib"].items()):
@@ -690,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=600.0, help="stop after this long, whatever was delivered")
     p.add_argument("--servers", type=int, default=3, choices=(2, 3))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fault-gap", type=float, nargs=2, default=(1.0, 3.0), metavar=("MIN_S", "MAX_S"),
+    p.add_argument("--fault-gap", type=float, nargs=2, default=(2.0, 5.0), metavar=("MIN_S", "MAX_S"),
                    help="seconds between faults, drawn uniformly")
     p.add_argument("--faults", default=",".join(FAULT_KINDS), help=f"kinds to inject (of {','.join(FAULT_KINDS)})")
     p.add_argument("--no-verify", action="store_true", help="skip the byte check against the in-process reference")
@@ -706,7 +733,8 @@ def main(argv: list[str] | None = None) -> int:
     print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
-    ok = report["lost"] == 0 and report["duplicated"] == 0 and report["corrupt"] == 0 and report["foreign"] == 0
+    ok = not any(report[k] for k in ("lost", "duplicated", "corrupt", "foreign", "consumer_failures",
+                                      "server_failures"))
     return 0 if ok else 1
 
 

@@ -85,9 +85,12 @@ def markdown(summary: dict) -> str:
                      "these figures include other processes' load, which falls on the heterogeneous run's cores.")
     pred, prof = summary.get("prediction", {}), summary.get("profile")
     if prof:
+        others = [p["median_s"] for p in summary.get("profiles", []) if p is not prof and p != prof]
         lines.append(f"Profile: {prof['median_s'] * 1000:.1f} ms per batch on one core (CPU {prof['cpu']}, median of "
                      f"{len(prof['times_s']) - prof['warmup_batches']}, {prof['min_s'] * 1000:.1f}-"
-                     f"{prof['max_s'] * 1000:.1f} ms).")
+                     f"{prof['max_s'] * 1000:.1f} ms)"
+                     + (f"; the other profile (before/after the runs) gave "
+                        f"{', '.join(f'{o * 1000:.1f}' for o in others)} ms." if others else "."))
     if "homogeneous" in pred:
         parts = [f"{mode} {pred[mode]['step_s']:.4f} s predicted ({pred[mode]['cores']} core(s), data wait "
                  f"{pred[mode]['data_wait_fraction']:.0%}) vs {_f(pred[mode]['measured_step_s'], '.4f')} s measured"

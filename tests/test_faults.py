@@ -467,3 +467,26 @@ def test_sigterm_to_the_trainer_checkpoints_and_the_job_resumes_the_epoch(tmp_pa
     assert set(codes.values()) == {0}, _logs(tmp_path)
     opts = {"size": 800, "batch_size": 8}
     assert_exactly_once(check_audit(audit, opts, seed=0), expected=100)
+
+
+@pytest.mark.xfail(strict=True, reason="hole: a replacement worker killed while it loads the pipeline is never "
+                                       "replaced; the server keeps saying SERVING with no worker")
+def test_a_worker_killed_while_its_replacement_loads_is_replaced_again(tmp_path):
+    server = ServerProc(OPTS, workers=1, token=TOKEN).start()
+    try:
+        first = server.worker_pids()
+        assert len(first) == 1
+        os.kill(first[0], signal.SIGKILL)
+        fresh: list[int] = []
+
+        def replacement_spawned() -> bool:
+            fresh[:] = [p for p in server.worker_pids() if p not in first]
+            return bool(fresh)
+
+        wait_until(replacement_spawned, 60, "a replacement worker process appears", poll=0.02)
+        os.kill(fresh[0], signal.SIGKILL)  # a second fault while it imports the pipeline
+        wait_until(lambda: stats(server.address).workers == 1, 45, "the server has a worker again")
+        ds = RemoteDataset([server.address], TOKEN, batch_timeout=30, connect_timeout=30)
+        assert consume(ds, 0) == 24
+    finally:
+        server.kill()

@@ -149,8 +149,8 @@ def write_png(path: Path, summary: dict) -> None:
     c = summary["config"]
     fig.suptitle(f"{step_label(summary)}; trainer = {c['dnn_instance']} on CPUs "
                  f"{','.join(map(str, c['trainer_cpus']))}, data = {c['data_nodes']} x {c['data_instance']} "
-                 f"on CPUs {','.join(map(str, c['data_cpus']))}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+                 f"on CPUs {','.join(map(str, c['data_cpus']))}\nmedians over {_rounds(summary)}", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

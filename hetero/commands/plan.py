@@ -52,7 +52,7 @@ def _profile(args: argparse.Namespace, options: dict) -> tuple[float, int]:
         tmp = tempfile.TemporaryDirectory(prefix="hetero-plan-")
         write_synthetic(tmp.name, 2048, 0)
         options = {**options, "data_dir": tmp.name}
-        print(f"profiling on synthetic MNIST (no data_dir option, no SM_CHANNEL_TRAINING)")
+        print("profiling on synthetic MNIST (no data_dir option, no SM_CHANNEL_TRAINING)")
     try:
         prof = profile_pipeline(args.pipeline, options, batches=args.profile_batches)
     finally:

@@ -15,6 +15,11 @@ if _ROOT not in sys.path:
 
 
 def _main() -> int:
+    import faulthandler
+    import signal
+
+    # `kill -USR1 <pid>` prints every thread's stack (a hung node, a stuck loader worker) to the log
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from launcher.main import main
 
     return main(sys.argv[1:])

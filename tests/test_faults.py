@@ -105,6 +105,7 @@ def test_consumer_killed_mid_stream_frees_the_stream_and_resumes_from_its_audit(
 
 # ------------------------------------------------------------------ slow consumer
 
+@pytest.mark.slow
 def test_slow_consumer_keeps_server_memory_within_its_bound(tmp_path):
     opts = {"size": 240, "batch_size": 4, "shape": [3, 96, 96]}  # 110 KB batches, 60 per epoch
     batch_bytes = 4 * 3 * 96 * 96 + 4 * 8 + 64
@@ -162,7 +163,8 @@ def test_a_consumer_that_stops_reading_does_not_starve_the_others():
 
 # ------------------------------------------------------------------ worker killed or crashing
 
-@pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("slow", [pytest.param(False, marks=pytest.mark.slow),
+                                  pytest.param(True, marks=pytest.mark.slow)])
 def test_worker_kill9_mid_epoch_is_rebuilt_without_gap_or_duplicate(tmp_path, slow):
     server = ServerProc(SLOW_OPTS, workers=2, token=TOKEN).start()
     rnd = random.Random(3)
@@ -353,6 +355,7 @@ def test_proxy_cutting_every_connection_after_some_bytes_still_completes(server_
         proxies[0].close()
 
 
+@pytest.mark.slow
 def test_a_delayed_and_a_silently_stalled_link(server_factory, tmp_path):
     # One link is slow (20 ms per chunk), the other goes silent mid-epoch without closing (no RST):
     # after batch_timeout its batches are asked of the slow one; nothing lost or duplicated.
@@ -419,6 +422,7 @@ def _logs(tmp_path) -> str:
     return "\n".join(f"--- {p.name}\n" + p.read_text()[-2500:] for p in sorted((tmp_path / "logs").glob("*.log")))
 
 
+@pytest.mark.slow
 def test_trainer_killed_every_data_node_exits_within_its_watchdog_deadline(tmp_path):
     # kill -9 of the whole DNN node (no Shutdown call can come): each data node's watchdog must end
     # it (exit 4, "consumers gone") within watchdog_idle_s plus a poll.
@@ -485,7 +489,7 @@ def test_a_worker_killed_while_its_replacement_loads_is_replaced_again(tmp_path)
 
         wait_until(replacement_spawned, 60, "a replacement worker process appears", poll=0.02)
         os.kill(fresh[0], signal.SIGKILL)  # a second fault while it imports the pipeline
-        wait_until(lambda: stats(server.address).workers == 1, 45, "the server has a worker again")
+        wait_until(lambda: stats(server.address).workers == 1, 30, "the server has a worker again")
         ds = RemoteDataset([server.address], TOKEN, batch_timeout=30, connect_timeout=30)
         assert consume(ds, 0) == 24
     finally:

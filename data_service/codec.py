@@ -131,6 +131,8 @@ def check_header(header: pb.BatchHeader, buffer_len: int, max_bytes: int) -> Non
             raise ProtocolError(f"tensor {m.name!r}: dtype {m.dtype!r} is not one of {sorted(DTYPES)}")
         if len(m.shape) > MAX_DIMS:
             raise ProtocolError(f"tensor {m.name!r}: {len(m.shape)} dims (max {MAX_DIMS})")
+        if any(d >= 1 << 62 for d in m.shape):
+            raise ProtocolError(f"tensor {m.name!r}: a dimension of shape {list(m.shape)} exceeds 2**62")
         numel = 1
         for d in m.shape:
             numel *= d

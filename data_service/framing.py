@@ -85,3 +85,12 @@ def host_key() -> str:
     except OSError:
         return ""
     return f"{boot}/{pidns}/{os.getuid()}"
+
+
+def set_send_timeout(sock: socket.socket, seconds: float) -> None:
+    """Make a blocking send fail after ``seconds`` without progress (a frozen or vanished peer),
+    while receives stay blocking: a server's sender must not hold slots forever."""
+    sec = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", sec, int((seconds - sec) * 1e6)))
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))

@@ -53,6 +53,7 @@ class ServerOptions:
     advertise_bulk_port: int = 0  # port clients should dial for the data plane (NAT, port mapping, proxies); 0 = bulk_port
     compression: str = ""         # "" (off), "lz4" or "zstd", applied per batch by the workers
     shared_memory: bool = True    # consumers on this host read batches from shared memory, not TCP
+    send_timeout_s: float = 30.0  # a consumer that takes no bytes for this long is dropped (frees its slots)
     tls_cert: str = ""            # PEM certificate: serve both planes over TLS (with tls_key)
     tls_key: str = ""
 
@@ -68,6 +69,8 @@ class ServerOptions:
         if self.max_batch_bytes < 1:
             raise ConfigError(f"max_batch_bytes={self.max_batch_bytes!r} must be >= 1")
         compression.check(self.compression)
+        if not self.send_timeout_s > 0:
+            raise ConfigError(f"send_timeout_s={self.send_timeout_s!r} must be > 0 seconds")
         if self.tls_cert or self.tls_key:
             tls.server_files(self.tls_cert, self.tls_key)
 
@@ -208,12 +211,20 @@ class DataServer:
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     def _accept_loop(self) -> None:
-        while not self._stopped.is_set():
+        while not self._stopped.is_set() and not self.shutting_down:
             try:
                 sock, peer = self._listener.accept()
+            except OSError as exc:
+                if self._stopped.is_set() or self.shutting_down or self._listener.fileno() < 0:
+                    return
+                log.warning("data plane: accept failed (%s); retrying", exc)  # EMFILE and the like pass
+                time.sleep(0.1)
+                continue
+            try:
+                framing.tune(sock)
             except OSError:
-                return
-            framing.tune(sock)
+                sock.close()
+                continue
             if self._tls_context is not None:
                 # The handshake runs on the session's thread: a slow or hostile peer must not block accept().
                 sock = self._tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)

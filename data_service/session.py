@@ -121,6 +121,7 @@ class Session:
         framing.send_frame(self.sock, pb.BulkFrame(welcome=pb.Welcome(server_id=self.server.server_id, codec=codec,
                                                                       shm=self.shm)))
         self.sock.settimeout(None)
+        framing.set_send_timeout(self.sock, self.server.options.send_timeout_s)
         self.authenticated = True
         self.server.consumer_connected()
         return True

@@ -31,6 +31,7 @@ from .wire import pb
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # a batch that kills this many workers is reported, not retried forever
+RESPAWN_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 5.0, 5.0)  # between attempts to replace a dead worker
 _PAGE = mmap.PAGESIZE
 
 
@@ -227,6 +228,7 @@ class WorkerPool:
         self.batch_errors = 0
         self.build_seconds = 0.0
         self.restarts = 0
+        self.failed_replacements = 0
 
     # -- lifecycle
     def start(self) -> None:
@@ -465,13 +467,24 @@ class WorkerPool:
             threading.Thread(target=self._replace, args=(w,), daemon=True).start()
 
     def _replace(self, dead: _Worker) -> None:
-        replacement = self._spawn(dead.wid)
-        try:
-            self._await_ready(replacement, time.monotonic() + self._start_timeout)
-        except ConfigError as exc:
-            log.error("could not replace data worker %d: %s", dead.wid, exc)
-            replacement.process.kill()
-            return
+        for attempt in range(len(RESPAWN_BACKOFF_S) + 1):
+            with self._lock:
+                if self._stopping:
+                    return
+            replacement = self._spawn(dead.wid)
+            try:
+                self._await_ready(replacement, time.monotonic() + self._start_timeout)
+                break
+            except ConfigError as exc:
+                replacement.process.kill()
+                replacement.process.join(5)
+                if attempt == len(RESPAWN_BACKOFF_S):
+                    log.error("could not replace data worker %d after %d attempts: %s", dead.wid, attempt + 1, exc)
+                    self.failed_replacements += 1
+                    return
+                log.warning("replacing data worker %d failed (%s); retrying in %.1fs", dead.wid, exc,
+                            RESPAWN_BACKOFF_S[attempt])
+                time.sleep(RESPAWN_BACKOFF_S[attempt])
         with self._lock:
             if self._stopping:
                 replacement.conn.send(("stop",))

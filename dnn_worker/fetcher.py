@@ -118,8 +118,10 @@ class Fetcher:
             self._fingerprint = fp
             if hello.bulk_tls and self._tls_context is None:
                 raise ConfigError(f"server {s.address} serves TLS; pass tls_ca= (the CA bundle that signed its certificate)")
+            # Never allocate more than the server said its batches can be, whatever a header claims.
+            limit = min(self._max, hello.dataset.max_batch_bytes or self._max)
             conn = BulkConnection(s.address, host, hello.bulk_port, self._token, self._events, self._client_id,
-                                  self._max, self._pin, self._version, self._shm and not hello.bulk_tls,
+                                  limit, self._pin, self._version, self._shm and not hello.bulk_tls,
                                   self._tls_context if hello.bulk_tls else None, self._tls_name)
             conn.open(timeout=5.0)
         except (PermissionDeniedError, VersionMismatchError, ConfigError):

@@ -10,7 +10,8 @@
                 torch.save({"data": loader.state_dict(), ...}, ckpt)
 
 Only batches the loop received count: what the DataLoader prefetched but the loop never saw is
-fetched again after a resume, so no batch is repeated or skipped.
+fetched again after a resume, so no batch is repeated or skipped. For the same reason the
+dataset's audit log is written here, as the loop receives each batch, not where it was fetched.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class ResumableLoader:
         self.loader = loader
         self.dataset: ShardedBatches = loader.dataset
         self._consumed = 0
+        # Audit what the loop consumes, not what the loader's workers prefetched.
+        self.audit_path, self.dataset.audit_path = self.dataset.audit_path, None
 
     @property
     def epoch(self) -> int:
@@ -51,7 +54,11 @@ class ResumableLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._consumed = 0
-        for batch in self.loader:
+        batches: Iterator[Any] = iter(self.loader)
+        if self.audit_path is not None:
+            indices = self.dataset.rank_indices()
+            batches = self.dataset._audited(zip(indices, batches), self.audit_path)
+        for batch in batches:
             self._consumed += 1
             yield batch
         # The epoch is complete: a checkpoint taken now resumes at the next epoch.

@@ -1,7 +1,11 @@
 """``RemoteDataset``: batches from data servers as a torch IterableDataset.
 
     loader = DataLoader(RemoteDataset(["algo-1:6000"], token=tok, seed=1),
-                        batch_size=None, num_workers=2, pin_memory=True)
+                        batch_size=None, num_workers=2, pin_memory=True,
+                        multiprocessing_context="forkserver")
+
+Use "forkserver" (or "spawn") for loader workers: once this process has made a gRPC
+call (``len(ds)``, ``finish_stage()``), a plain fork() child can deadlock in gRPC.
     for epoch in range(3):
         loader.dataset.set_epoch(epoch)
         for batch in loader: ...

@@ -117,12 +117,13 @@ class ShardedBatches(IterableDataset):
         return len(self.rank_indices())
 
     # -- audit
-    def _audited(self, pairs: Iterator[tuple[int, Any]]) -> Iterator[Any]:
-        if self.audit_path is None:
+    def _audited(self, pairs: Iterator[tuple[int, Any]], path: str | None = None) -> Iterator[Any]:
+        path = path or self.audit_path
+        if path is None:
             for _, batch in pairs:
                 yield batch
             return
-        fd = os.open(self.audit_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             for index, batch in pairs:
                 line = json.dumps({"epoch": self.epoch, "batch": index, "rank": self.dp_rank,

@@ -56,4 +56,5 @@ class RemoteDataModule(pl.LightningDataModule):
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         self.dataset.set_epoch(epoch)
         return DataLoader(self.dataset, batch_size=None, num_workers=self.loader_workers,
-                          pin_memory=bool(self.dataset.pin_memory))
+                          pin_memory=bool(self.dataset.pin_memory),
+                          multiprocessing_context="forkserver" if self.loader_workers else None)

@@ -177,9 +177,12 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
     torch.manual_seed(cfg.seed)
     cuda = device.type == "cuda"
     dataset = make_dataset(job, rank)
+    # forkserver, not fork: this process has used gRPC (Hello), and a forked child of a gRPC
+    # process can deadlock on its first call.
     loader = ResumableLoader(DataLoader(dataset, batch_size=None, num_workers=cfg.loader_workers,
                                         pin_memory=cuda and cfg.loader_workers > 0,
-                                        worker_init_fn=_ignore_sigterm if cfg.loader_workers else None))
+                                        worker_init_fn=_ignore_sigterm if cfg.loader_workers else None,
+                                        multiprocessing_context="forkserver" if cfg.loader_workers else None))
     plain = load_object(cfg.model, "model")(**cfg.model_options).to(device)
     optimizer = make_optimizer(cfg, plain.parameters())
     resumed = _resume(job, rank, plain, optimizer, loader)

@@ -3,7 +3,7 @@
 N is ``HETERO_FAULT_REPS`` (default 1) in the default run; ``-m slow`` repeats the cheap faults
 ``HETERO_FAULT_SLOW_REPS`` times (default 5). Builds on tests/test_service.py and
 tests/test_multinode.py (single kill, single restart, single late start are tested there).
-Tests marked ``xfail(strict=True)`` are holes: see docs/faults.md for each one and its fix.
+The holes this suite found are fixed; docs/faults.md lists them.
 """
 from __future__ import annotations
 
@@ -131,7 +131,6 @@ def test_slow_consumer_keeps_server_memory_within_its_bound(tmp_path):
         server.kill()
 
 
-@pytest.mark.xfail(strict=True, reason="hole: a consumer that stops reading holds every slot; others starve")
 def test_a_consumer_that_stops_reading_does_not_starve_the_others():
     # 2 MB batches, one worker with 2 slots. Consumer A asks for 32 batches, then freezes (SIGSTOP,
     # a dead link without RST): the server's sender blocks in sendall forever, A's results hold both
@@ -378,8 +377,6 @@ def test_a_delayed_and_a_silently_stalled_link(server_factory, tmp_path):
 
 # ------------------------------------------------------------------ resume and the audit log
 
-@pytest.mark.xfail(strict=True, reason="hole: the audit log records batches the DataLoader prefetched, "
-                                       "not batches the loop consumed; a resume then shows duplicates")
 def test_resume_with_loader_workers_audits_each_batch_once(server_factory, tmp_path):
     from torch.utils.data import DataLoader
 
@@ -473,8 +470,6 @@ def test_sigterm_to_the_trainer_checkpoints_and_the_job_resumes_the_epoch(tmp_pa
     assert_exactly_once(check_audit(audit, opts, seed=0), expected=100)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: a replacement worker killed while it loads the pipeline is never "
-                                       "replaced; the server keeps saying SERVING with no worker")
 def test_a_worker_killed_while_its_replacement_loads_is_replaced_again(tmp_path):
     server = ServerProc(OPTS, workers=1, token=TOKEN).start()
     try:

@@ -1,6 +1,7 @@
 """Shared fixtures: real data servers on free loopback ports, real worker processes."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -15,6 +16,10 @@ from data_service.server import DataServer, ServerOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-token"
+
+# A server stopping in the background may log after pytest closed its capture stream;
+# that is not an error of the code under test.
+logging.raiseExceptions = False
 
 
 def start_server(options: dict | None = None, token: str = TOKEN, **server_options) -> DataServer:

@@ -79,6 +79,19 @@ class RemoteDataset(ShardedBatches):
                                      self.tls_ca, self.tls_server_name)
         return self._info
 
+    def __getstate__(self) -> dict:
+        # DataLoader workers get a pickled copy: carry the cached Hello as bytes (protobuf
+        # messages do not pickle across spawn/forkserver), so workers need no extra call.
+        state = dict(self.__dict__)
+        info = state.pop("_info")
+        state["_info_bytes"] = info.SerializeToString() if info is not None else None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        raw = state.pop("_info_bytes", None)
+        self.__dict__.update(state)
+        self._info = pb.HelloResponse.FromString(raw) if raw is not None else None
+
     def finish_stage(self):
         """The pipeline's device-side finish stage (for ``DeviceFeeder``), from the servers' Hello."""
         from .device import finish_from_info

@@ -209,3 +209,11 @@ def test_shutdown_needs_token_is_idempotent_and_finishes_in_flight(server_factor
     assert server.wait(30)
     with pytest.raises((grpc.RpcError, ServerUnavailableError)):
         ControlClient(server.address, TOKEN).hello(timeout=1)
+
+
+@pytest.mark.parametrize("context", ["forkserver", "spawn"])
+def test_dataset_with_cached_hello_pickles_into_loader_workers(shared_server, context):
+    ds = RemoteDataset([shared_server.address], TOKEN, seed=1)
+    assert len(ds) == 13  # a Hello in this process, cached
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    assert [batch_digest(b) for b in loader] == digests(LocalDataset(SPEC, seed=1))

@@ -158,7 +158,40 @@ class FaultProxy:
 
 # ------------------------------------------------------------------ server process
 
-class ServerProc:
+class _ProcessGroup:
+    """A child started in its own session (``start_new_session``): killed as a whole group."""
+
+    proc: subprocess.Popen | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """kill -9 the whole process group (the process and its workers), like a node that vanishes."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _terminate(self, timeout: float) -> None:
+        """SIGTERM, wait up to ``timeout``, then kill -9 whatever is left of the group."""
+        if self.alive:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+
+class ServerProc(_ProcessGroup):
     """A data server in its own process group (so kill -9 takes its workers too).
 
     Ports are fixed at construction, so ``kill()`` then ``start()`` brings the server back at
@@ -226,31 +259,8 @@ class ServerProc:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """kill -9 the whole process group (server and workers), like a node that vanishes."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            pass
-
     def stop(self, timeout: float = 20.0) -> None:
-        if self.alive:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
+        self._terminate(timeout)
 
     def worker_pids(self) -> list[int]:
         """PIDs of the server's worker processes (its multiprocessing children)."""
@@ -435,7 +445,7 @@ def _consume(args: argparse.Namespace) -> int:
     return 0
 
 
-class ConsumerProc:
+class ConsumerProc(_ProcessGroup):
     def __init__(self, servers: list[str], rank: int, world: int, audit: Path, *, seed: int, epochs: int,
                  token: str = TOKEN, log_path: Path | None = None, step_s: float = 0.0,
                  connect_timeout: float = 60.0, batch_timeout: float = 15.0, window: int = 4) -> None:
@@ -464,30 +474,8 @@ class ConsumerProc:
         self.started_at = time.monotonic()
         return self
 
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            pass
-
     def stop(self, timeout: float = 30.0) -> int | None:
-        if self.alive:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
+        self._terminate(timeout)
         return self.proc.returncode if self.proc else None
 
     def rss(self) -> int:

@@ -5,6 +5,12 @@ to the worker pool; a sender thread writes finished batches back (header frame,
 then the slot's bytes, no copy) in completion order and frees each slot. When
 the consumer goes away its queued tasks are cancelled and held slots freed, so
 nothing leaks and nothing it did not receive is lost: it asks again.
+
+Shared-memory mode (consumer on this host): only the header is sent; the
+consumer reads the slot in place and sends ``Release`` when done. A slot with a
+lease (``BatchHeader.shm_lease``) stays the consumer's until it drops the batch
+(zero copy); slots still held when the connection ends are retired, never
+rewritten, because the consumer may still be reading them.
 """
 from __future__ import annotations
 
@@ -74,7 +80,7 @@ class Session:
             held = [r for rs in self._held.values() for r in rs]
             self._held.clear()
         for r in held:
-            r.release()
+            r.retire()  # the consumer may still map these (zero copy): never reuse them
         self._outbox.put(None)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -193,6 +199,8 @@ class Session:
                 header = result.header
                 if self.shm:
                     header.shm_path, header.shm_size = result.shm_path, result.shm_size
+                    header.shm_inode = result.shm_inode
+                    header.shm_lease = not header.codec and result.lease()
                     ref = header.ref
                     with self._lock:
                         self._held.setdefault((ref.seed, ref.epoch, ref.index), []).append(result)

@@ -77,4 +77,5 @@ class ServerStats:
                 slots_in_use=slots, bytes_in_slots=slot_bytes, raw_bytes=self.raw_bytes,
                 compress_s=self.compress_s,
                 seconds_since_last_consumer=idle_s,
-                consumer_ever_connected=self.consumer_ever_connected)
+                consumer_ever_connected=self.consumer_ever_connected,
+                shm_leases=pool.leases, slots_retired=pool.retired)

@@ -79,7 +79,12 @@ def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pi
             return  # the server went away
         if msg[0] == "stop":
             return
-        _, task_id, seed, epoch, index, slot_no = msg
+        _, task_id, seed, epoch, index, slot_no, renew = msg
+        if renew and slots[slot_no] is not None:
+            # The server handed this slot's region to a consumer for good (a lease that
+            # outlived its connection): never write into it again, build into a new one.
+            slots[slot_no].close()
+            slots[slot_no] = None
         t0 = time.perf_counter()
         try:
             batch = build_batch(pipe, cfg, seed, epoch, index)
@@ -148,7 +153,18 @@ class Result:
     error: pb.BatchError | None = None
     shm_path: str = ""
     shm_size: int = 0
+    shm_inode: int = 0
     _release: Callable[[], None] | None = field(default=None, repr=False)
+    _retire: Callable[[], None] | None = field(default=None, repr=False)
+    _lease: Callable[[], bool] | None = field(default=None, repr=False)
+
+    def lease(self) -> bool:
+        """Shared-memory mode: may the consumer keep the slot (zero copy) until it drops the batch?
+
+        Granted while the slot's worker keeps at least one slot without a lease, so
+        batches a consumer holds on to can slow the worker down but never stall it.
+        """
+        return self._lease() if self._lease is not None else False
 
     def release(self) -> None:
         """Give the slot back to its worker; call once, after sending ``payload``."""
@@ -159,17 +175,32 @@ class Result:
             release, self._release = self._release, None
             release()
 
+    def retire(self) -> None:
+        """Like ``release``, for a slot a consumer may still map (its connection ended while it
+        held the batch): the region is never written again; its worker gets a fresh one."""
+        if self._retire is None:
+            self.release()
+            return
+        if self.payload is not None:
+            self.payload.release()
+            self.payload = None
+        retire, self._retire, self._release = self._retire, None, None
+        retire()
+
 
 class _ServerSlot:
-    def __init__(self, path: str, capacity: int) -> None:
+    def __init__(self, path: str, capacity: int, worker: "_Worker") -> None:
         # Our own descriptor keeps the region reachable at /proc/<server pid>/fd/<fd>
         # for consumers on this host (shared-memory mode), even if the worker dies.
         self.fd = os.open(path, os.O_RDWR)
         self.capacity = capacity
         self.map = mmap.mmap(self.fd, capacity)
         self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+        self.inode = os.fstat(self.fd).st_ino  # fd numbers are reused; inodes of live memfds are not
+        self.worker = worker
         self.in_use = False
         self.orphan = False
+        self.leased = False
         self.used_bytes = 0
 
     def close(self) -> None:
@@ -192,6 +223,8 @@ class _Worker:
         self.task_slot = -1
         self.ready = False
         self.alive = True
+        self.leased = 0            # slots a consumer holds zero-copy
+        self.renew: set[int] = set()  # slots to rebuild in a fresh region (retired)
 
     def free_slot(self) -> int:
         for k, s in enumerate(self.slots):
@@ -229,6 +262,8 @@ class WorkerPool:
         self.build_seconds = 0.0
         self.restarts = 0
         self.failed_replacements = 0
+        self.leases = 0
+        self.retired = 0
 
     # -- lifecycle
     def start(self) -> None:
@@ -368,8 +403,10 @@ class WorkerPool:
                 w.task, w.task_slot = task, k
                 if w.slots[k] is not None:
                     w.slots[k].in_use = True
+                renew = k in w.renew
+                w.renew.discard(k)
                 try:
-                    w.conn.send(("task", task.id, task.seed, task.epoch, task.index, k))
+                    w.conn.send(("task", task.id, task.seed, task.epoch, task.index, k, renew))
                 except (OSError, ValueError):
                     pass  # the sentinel reports the death
 
@@ -418,7 +455,7 @@ class WorkerPool:
             if new is not None:
                 if w.slots[k] is not None:
                     w.slots[k].close()
-                w.slots[k] = _ServerSlot(*new)
+                w.slots[k] = _ServerSlot(*new, worker=w)
             slot = w.slots[k]
             slot.in_use = True
             slot.used_bytes = header.payload_bytes
@@ -429,13 +466,45 @@ class WorkerPool:
             return
         view = memoryview(slot.map)[:header.payload_bytes]
         task.on_result(Result(task, header=header, payload=view, shm_path=slot.path, shm_size=slot.capacity,
-                              _release=lambda: self._release(slot)))
+                              shm_inode=slot.inode, _release=lambda: self._release(slot),
+                              _retire=lambda: self._retire(slot), _lease=lambda: self._lease(slot)))
+
+    def _lease(self, slot: _ServerSlot) -> bool:
+        with self._lock:
+            if slot.leased:
+                return True
+            if slot.orphan or slot.worker.leased >= self._num_slots - 1:
+                return False
+            slot.leased = True
+            slot.worker.leased += 1
+            self.leases += 1
+            return True
+
+    def _unlease(self, slot: _ServerSlot) -> None:  # under self._lock
+        if slot.leased:
+            slot.leased = False
+            slot.worker.leased -= 1
 
     def _release(self, slot: _ServerSlot) -> None:
         with self._lock:
             slot.in_use = False
+            self._unlease(slot)
             if slot.orphan:
                 slot.close()
+        self._wake()
+
+    def _retire(self, slot: _ServerSlot) -> None:
+        with self._lock:
+            self._unlease(slot)
+            w = slot.worker
+            for k, s in enumerate(w.slots):
+                if s is slot:
+                    w.slots[k] = None
+                    w.renew.add(k)
+            slot.in_use = False
+            slot.orphan = True
+            slot.close()  # the consumer's own mapping keeps the region alive while it needs it
+            self.retired += 1
         self._wake()
 
     def _on_death(self, w: _Worker) -> None:

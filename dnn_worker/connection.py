@@ -1,9 +1,16 @@
 """The consumer's data-plane connection to one server.
 
 ``open()`` does the handshake (version check, token proof); ``fetch()`` asks
-for batches; a reader thread receives each batch straight into a fresh buffer
+for batches; a reader thread receives each batch straight into a pooled buffer
 (one copy, kernel to user; pinned memory when asked) and posts decoded
 batches, errors and its own death to a shared event queue.
+
+When the server runs on this host, batches stay in its shared-memory slots. A
+slot that comes with a lease is mapped and the batch's tensors are views of it
+(zero copy); when the last of them is gone a finalizer queues the slot's
+``Release`` for a small sender thread. Without a lease (or when the batch must
+land in pinned memory, or in a DataLoader worker's shared memory anyway) the
+batch is copied out and released at once.
 """
 from __future__ import annotations
 
@@ -13,10 +20,13 @@ import os
 import queue
 import socket
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
+from torch.utils.data import get_worker_info
 
 from data_service import codec, compression, framing
 from data_service.errors import PermissionDeniedError, ProtocolError, VersionMismatchError
@@ -62,7 +72,9 @@ class BulkConnection:
         self._tls_name = tls_server_name or host
         self.shm = False
         self.codec = ""
-        self._maps: dict[str, tuple[int, mmap.mmap]] = {}
+        self._maps: dict[str, tuple[int, int, mmap.mmap]] = {}  # path -> (inode, size, map)
+        self._releases: queue.SimpleQueue = queue.SimpleQueue()  # refs of dropped zero-copy batches
+        self.zero_copy_batches = 0
 
     def open(self, timeout: float = 10.0) -> None:
         """Connect and authenticate.
@@ -102,6 +114,8 @@ class BulkConnection:
             raise
         self._sock = sock
         threading.Thread(target=self._read_loop, name=f"recv-{self.address}", daemon=True).start()
+        if self.shm:
+            threading.Thread(target=self._release_loop, name=f"release-{self.address}", daemon=True).start()
 
     def fetch(self, refs: list[pb.BatchRef]) -> None:
         """Ask for batches; raises OSError if the connection is gone."""
@@ -111,6 +125,8 @@ class BulkConnection:
             framing.send_frame(self._sock, pb.BulkFrame(fetch=pb.FetchRequest(batches=refs)))
 
     def close(self) -> None:
+        if not self.closed:
+            self._releases.put(None)  # stops the release thread; the server retires what we still hold
         self.closed = True
         if self._sock is not None:
             try:
@@ -119,24 +135,44 @@ class BulkConnection:
                 pass
             self._sock.close()
 
-    def _copy_from_shm(self, header: pb.BatchHeader, buf) -> None:
-        """Shared-memory mode: copy the batch out of the server's slot, then release the slot."""
+    def _map_slot(self, header: pb.BatchHeader) -> mmap.mmap:
+        """Map the server's slot named in ``header`` (cached per slot)."""
         if not self.shm:
             raise ProtocolError(f"{self.address} sent a shared-memory batch without agreeing to it")
-        path, size = header.shm_path, header.shm_size
+        path, size, inode = header.shm_path, header.shm_size, header.shm_inode
         if not path.startswith("/proc/") or header.payload_bytes > size:
             raise ProtocolError(f"{self.address}: bad shared-memory reference {path!r} ({header.payload_bytes} of {size} bytes)")
         cached = self._maps.get(path)
-        if cached is None or cached[0] != size:
-            if cached is not None:
-                cached[1].close()
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                cached = (size, mmap.mmap(fd, size, prot=mmap.PROT_READ))
-            finally:
-                os.close(fd)
-            self._maps[path] = cached
-        src = memoryview(cached[1])[:header.payload_bytes]
+        if cached is not None and cached[:2] == (inode, size):
+            return cached[2]
+        self._maps.pop(path, None)  # unmapped once no zero-copy batch uses it
+        fd = os.open(path, os.O_RDWR)  # writable: users may change batch tensors in place
+        try:
+            if inode and os.fstat(fd).st_ino != inode:
+                # The slot was retired and its descriptor number reused before we got here.
+                raise ProtocolError(f"{self.address}: shared-memory slot {path!r} was replaced before it was read")
+            m = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._maps[path] = (inode, size, m)
+        return m
+
+    def _zero_copy(self, header: pb.BatchHeader) -> bool:
+        # Pinned buffers and a loader worker's shared storage need their own copy anyway.
+        return (header.shm_lease and not header.codec and header.payload_bytes > 0 and not self._pool.pin_memory
+                and get_worker_info() is None)
+
+    def _from_shm(self, header: pb.BatchHeader):
+        """Shared-memory mode: the batch's bytes as a uint8 tensor (a view of the slot, or a copy)."""
+        slot = self._map_slot(header)
+        if self._zero_copy(header):
+            view = memoryview(slot)[:header.payload_bytes]
+            buf = torch.frombuffer(view, dtype=torch.uint8)  # keeps ``view`` alive while any tensor uses it
+            weakref.finalize(view, self._releases.put, header.ref)  # SimpleQueue.put is safe in finalizers
+            self.zero_copy_batches += 1
+            return buf
+        buf = self._pool.get(header.raw_bytes)
+        src = memoryview(slot)[:header.payload_bytes]
         try:
             if header.codec:
                 compression.decompress_into(header.codec, src, memoryview(buf.numpy()))
@@ -144,8 +180,37 @@ class BulkConnection:
                 np.copyto(buf.numpy(), np.frombuffer(src, dtype=np.uint8))
         finally:
             src.release()
+        self._send_release(header.ref)
+        return buf
+
+    def _from_socket(self, sock, header: pb.BatchHeader):
+        """TCP mode: receive the batch's bytes (decompressing if needed) into a pooled buffer."""
+        buf = self._pool.get(header.raw_bytes)
+        if header.codec:
+            packed = bytearray(header.payload_bytes)
+            framing.recv_into(sock, memoryview(packed))
+            compression.decompress_into(header.codec, packed, memoryview(buf.numpy()))
+        elif header.payload_bytes:
+            if header.payload_bytes != header.raw_bytes:
+                raise ProtocolError(f"{self.address}: payload_bytes={header.payload_bytes} != "
+                                    f"raw_bytes={header.raw_bytes} without a codec")
+            framing.recv_into(sock, memoryview(buf.numpy()))
+        return buf
+
+    def _send_release(self, ref: pb.BatchRef) -> None:
         with self._send_lock:
-            framing.send_frame(self._sock, pb.BulkFrame(release=pb.Release(ref=header.ref)))
+            framing.send_frame(self._sock, pb.BulkFrame(release=pb.Release(ref=ref)))
+
+    def _release_loop(self) -> None:
+        """Send ``Release`` for zero-copy batches the consumer has dropped."""
+        while True:
+            ref = self._releases.get()
+            if ref is None or self.closed:
+                return
+            try:
+                self._send_release(ref)
+            except OSError:
+                return  # the connection is gone; the server retired the slot
 
     def _read_loop(self) -> None:
         sock = self._sock
@@ -160,18 +225,7 @@ class BulkConnection:
                                             f"max_batch_bytes={self._max}")
                     if header.codec and header.codec != self.codec:
                         raise ProtocolError(f"{self.address} sent a {header.codec!r} batch after agreeing on {self.codec!r}")
-                    buf = self._pool.get(header.raw_bytes)
-                    if header.shm_path:
-                        self._copy_from_shm(header, buf)
-                    elif header.codec:
-                        packed = bytearray(header.payload_bytes)
-                        framing.recv_into(sock, memoryview(packed))
-                        compression.decompress_into(header.codec, packed, memoryview(buf.numpy()))
-                    elif header.payload_bytes:
-                        if header.payload_bytes != header.raw_bytes:
-                            raise ProtocolError(f"{self.address}: payload_bytes={header.payload_bytes} != "
-                                                f"raw_bytes={header.raw_bytes} without a codec")
-                        framing.recv_into(sock, memoryview(buf.numpy()))
+                    buf = self._from_shm(header) if header.shm_path else self._from_socket(sock, header)
                     self.bytes_received += header.payload_bytes
                     batch = codec.decode(header, buf, self._max)
                     self._events.put(Event("batch", self, ref=header.ref, batch=batch, nbytes=header.payload_bytes))
@@ -184,6 +238,9 @@ class BulkConnection:
                 self._events.put(Event("down", self, exc=exc))
             self.close()
         finally:
-            for _, m in self._maps.values():
-                m.close()
+            for *_, m in self._maps.values():
+                try:
+                    m.close()
+                except BufferError:
+                    pass  # zero-copy batches still use it: unmapped when they are gone
             self._maps.clear()

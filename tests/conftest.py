@@ -117,3 +117,48 @@ def server_process():
     yield make
     for p in procs:
         p.kill()
+
+
+# ----------------------------------------------------------------- /dev/shm leak check
+# Issue 8: shared-memory segments are always released, also after crashes and Ctrl-C.
+# Slots are anonymous memfds, but multiprocessing's named semaphores (DataLoader
+# queues, events) live in /dev/shm and leak if their owner and its resource
+# tracker are killed together. The suite fails if it leaves any entry behind.
+_SHM = Path("/dev/shm")
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {p.name for p in _SHM.iterdir() if p.stat().st_uid == os.getuid()}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_dev_shm_leak():
+    before = _shm_entries()
+    yield
+    deadline = time.monotonic() + 10.0  # resource trackers unlink a moment after their owner dies
+    while (leaked := _shm_entries() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if leaked:
+        for name in leaked:  # leave the machine clean for the next run, then fail
+            try:
+                (_SHM / name).unlink()
+            except OSError:
+                pass
+        pytest.fail(f"the test run left {len(leaked)} entries in /dev/shm: {sorted(leaked)[:12]}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _shm_attribution(request):
+    """HETERO_SHM_TRACE=1: print which test left /dev/shm entries behind (debugging aid)."""
+    if not os.environ.get("HETERO_SHM_TRACE"):
+        yield
+        return
+    before = _shm_entries()
+    yield
+    time.sleep(0.3)
+    new = _shm_entries() - before
+    if new:
+        print(f"\nSHM-LEAK {request.node.nodeid}: {sorted(new)}", file=sys.__stderr__, flush=True)

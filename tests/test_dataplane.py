@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 
 import pytest
 
@@ -78,3 +79,58 @@ def test_shared_memory_leaves_nothing_in_dev_shm_even_after_kill(server_process)
     with pytest.raises(Exception):
         list(it)
     assert shm_files() - before == set()
+
+
+# ----------------------------------------------------------------- zero-copy leases
+
+def test_zero_copy_batches_are_bit_identical_and_leased(server_factory):
+    server = server_factory(OPTS, num_workers=1, slots_per_worker=4)
+    got = [batch_digest(b) for b in RemoteDataset([server.address], TOKEN)]
+    assert got == reference()
+    stats = server.stats.snapshot()
+    assert stats.shm_leases > 0, "same-host batches should be handed over zero-copy"
+
+
+def test_batches_held_zero_copy_are_never_overwritten_and_never_stall(server_factory):
+    # One worker with two slots: at most one can be leased, so a consumer that keeps every
+    # batch still gets the rest (copied) instead of waiting forever for a slot.
+    server = server_factory(OPTS, num_workers=1, slots_per_worker=2)
+    kept = list(RemoteDataset([server.address], TOKEN, batch_timeout=20))
+    assert server.stats.snapshot().shm_leases >= 1
+    again = [batch_digest(b) for b in RemoteDataset([server.address], TOKEN, seed=3, batch_timeout=20)]
+    assert again == reference(seed=3)
+    # The first epoch's batches, some of them still views of slots whose connection ended,
+    # were not rewritten by the second epoch.
+    assert [batch_digest(b) for b in kept] == reference()
+    assert server.stats.snapshot().slots_retired >= 1
+
+
+def test_zero_copy_batches_can_be_changed_in_place(server_factory):
+    server = server_factory(OPTS, num_workers=1, slots_per_worker=4)
+    for batch in RemoteDataset([server.address], TOKEN):
+        batch["image"].add_(1)  # as a training script may; the slot is the consumer's until dropped
+    assert [batch_digest(b) for b in RemoteDataset([server.address], TOKEN)] == reference()
+    assert server.stats.snapshot().shm_leases > 0
+
+
+def test_consumer_that_vanishes_holding_leases_does_not_corrupt_the_next(server_factory):
+    server = server_factory(OPTS, num_workers=1, slots_per_worker=3)
+    it = iter(RemoteDataset([server.address], TOKEN))
+    held = [next(it), next(it), next(it)]
+    it.close()  # ends the connection while the consumer still maps the leased slots
+    deadline = time.monotonic() + 10
+    while server.stats.snapshot().slots_retired == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.stats.snapshot().slots_retired >= 1
+    assert [batch_digest(b) for b in RemoteDataset([server.address], TOKEN)] == reference()
+    assert [batch_digest(b) for b in held] == reference()[:3]
+
+
+def test_loader_workers_copy_out_of_leased_slots(server_factory):
+    import torch
+
+    server = server_factory(OPTS, num_workers=1, slots_per_worker=4)
+    loader = torch.utils.data.DataLoader(RemoteDataset([server.address], TOKEN), batch_size=None, num_workers=2,
+                                         multiprocessing_context="forkserver")
+    got = sorted(batch_digest(b) for b in loader)
+    assert got == sorted(reference())

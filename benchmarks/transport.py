@@ -8,9 +8,9 @@ Default: raw TCP on loopback (sendall of a ready buffer / recv_into a
 preallocated one) against the service over TCP (worker process builds the
 batch into its shared slot -> server sends header + slot bytes -> RemoteDataset
 receives into a pooled buffer and decodes tensors without copying).
-``--local-shm``: the service's same-host path (the consumer copies the batch
-out of the server's shared-memory slot) against a single-threaded memcpy of
-the same bytes.
+``--local-shm``: the service's same-host path (the worker builds the batch in
+its shared-memory slot; the consumer's tensors are views of that slot, leased
+until it drops them) against a single-threaded memcpy of the same bytes.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def memcpy(size: int, seconds: float) -> float:
     return n * size / (time.perf_counter() - start) / 1e9
 
 
-def service(size: int, seconds: float, workers: int, shm: bool = False) -> tuple[float, dict]:
+def service(size: int, seconds: float, workers: int, shm: bool = False, slots: int = 2) -> tuple[float, dict]:
     """GB/s delivered by the data service (``hetero serve`` in its own process) for ``size``-byte batches."""
     import subprocess
 
@@ -97,7 +97,7 @@ def service(size: int, seconds: float, workers: int, shm: bool = False) -> tuple
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", "examples.synthetic:build_blob_pipeline",
            "-o", "size=1000000", "-o", f"batch_bytes={size}", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--max-batch-bytes", str(max(2 * size, MB)), "--token", "bench"]
+           "--workers", str(workers), "--slots-per-worker", str(slots), "--max-batch-bytes", str(max(2 * size, MB)), "--token", "bench"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address = f"127.0.0.1:{port}"
     try:
@@ -118,7 +118,10 @@ def service(size: int, seconds: float, workers: int, shm: bool = False) -> tuple
     finally:
         if proc.poll() is None:
             proc.kill()
-    return got / elapsed / 1e9, {"worker_busy_fraction": round(stats.worker_busy_fraction, 3)}
+    extra = {"worker_busy_fraction": round(stats.worker_busy_fraction, 3)}
+    if shm:
+        extra["zero_copy_share"] = round(stats.shm_leases / max(stats.batches_sent, 1), 3)
+    return got / elapsed / 1e9, extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured time per point")
     parser.add_argument("--repeats", type=int, default=3, help="runs per point; medians are reported")
     parser.add_argument("--workers", type=int, default=1, help="server worker processes")
+    parser.add_argument("--slots", type=int, default=2, help="server slots per worker (--slots-per-worker)")
     parser.add_argument("--json", default=None, help="write all figures here")
     parser.add_argument("--local-shm", action="store_true", help="same-host shared memory vs memcpy")
     args = parser.parse_args(argv)
@@ -135,14 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     base_name = "memcpy" if args.local_shm else "raw TCP"
     path = "shared memory" if args.local_shm else "loopback TCP"
     print(f"transport benchmark: service over {path} vs {base_name}, {os.cpu_count()} cores, {args.repeats} runs x "
-          f"{args.seconds}s per point, {args.workers} server worker(s)", flush=True)
+          f"{args.seconds}s per point, {args.workers} server worker(s) x {args.slots} slots", flush=True)
     print(f"| batch MB | {base_name} GB/s | service GB/s | service / {base_name} |")
     print("|---:|---:|---:|---:|")
     for size in sizes:
         raw, svc, extra = [], [], {}
         for _ in range(args.repeats):  # interleaved so drift hits both paths alike
             raw.append(memcpy(size, args.seconds) if args.local_shm else raw_tcp(size, args.seconds))
-            s, extra = service(size, args.seconds, args.workers, shm=args.local_shm)
+            s, extra = service(size, args.seconds, args.workers, shm=args.local_shm, slots=args.slots)
             svc.append(s)
         r, v = statistics.median(raw), statistics.median(svc)
         rows.append({"batch_mb": size / MB, "baseline": base_name, "baseline_gbps": round(r, 3),
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "transport", "path": path, "cores": os.cpu_count(), "seconds": args.seconds,
-                       "repeats": args.repeats, "workers": args.workers, "rows": rows}, f, indent=2)
+                       "repeats": args.repeats, "workers": args.workers, "slots": args.slots, "rows": rows}, f, indent=2)
     return 0
 
 

@@ -30,6 +30,7 @@ from .wire import pb
 
 log = logging.getLogger(__name__)
 
+TASKS_AHEAD = 2  # tasks a worker holds at once: it starts the next without a round trip to us
 MAX_ATTEMPTS = 3  # a batch that kills this many workers is reported, not retried forever
 RESPAWN_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 5.0, 5.0)  # between attempts to replace a dead worker
 _PAGE = mmap.PAGESIZE
@@ -219,16 +220,16 @@ class _Worker:
         self.process = process
         self.conn = conn
         self.slots: list[_ServerSlot | None] = [None] * num_slots
-        self.task: Task | None = None
-        self.task_slot = -1
+        self.tasks: dict[int, tuple[Task, int]] = {}  # task id -> (task, slot), in the order sent
         self.ready = False
         self.alive = True
         self.leased = 0            # slots a consumer holds zero-copy
         self.renew: set[int] = set()  # slots to rebuild in a fresh region (retired)
 
     def free_slot(self) -> int:
+        taken = {k for _, k in self.tasks.values()}
         for k, s in enumerate(self.slots):
-            if s is None or not s.in_use:
+            if k not in taken and (s is None or not s.in_use):
                 return k
         return -1
 
@@ -359,7 +360,7 @@ class WorkerPool:
     @property
     def queue_depth(self) -> int:
         with self._lock:
-            return len(self._pending) + sum(1 for w in self._workers if w.task is not None)
+            return len(self._pending) + sum(len(w.tasks) for w in self._workers)
 
     def slots_in_use(self) -> tuple[int, int]:
         with self._lock:
@@ -388,27 +389,25 @@ class WorkerPool:
     def _assign(self) -> None:
         with self._lock:
             for w in self._workers:
-                if not self._pending:
-                    return
-                if not (w.alive and w.ready) or w.task is not None:
-                    continue
-                k = w.free_slot()
-                if k < 0:
-                    continue
-                task = self._pending.popleft()
-                while task.cancelled and self._pending:
+                while self._pending and w.alive and w.ready and len(w.tasks) < TASKS_AHEAD:
+                    k = w.free_slot()
+                    if k < 0:
+                        break
                     task = self._pending.popleft()
-                if task.cancelled:
-                    return
-                w.task, w.task_slot = task, k
-                if w.slots[k] is not None:
-                    w.slots[k].in_use = True
-                renew = k in w.renew
-                w.renew.discard(k)
-                try:
-                    w.conn.send(("task", task.id, task.seed, task.epoch, task.index, k, renew))
-                except (OSError, ValueError):
-                    pass  # the sentinel reports the death
+                    while task.cancelled and self._pending:
+                        task = self._pending.popleft()
+                    if task.cancelled:
+                        return
+                    self._send_task(w, task, k)
+
+    def _send_task(self, w: _Worker, task: Task, k: int) -> None:  # under self._lock
+        w.tasks[task.id] = (task, k)
+        renew = k in w.renew
+        w.renew.discard(k)
+        try:
+            w.conn.send(("task", task.id, task.seed, task.epoch, task.index, k, renew))
+        except (OSError, ValueError):
+            pass  # the sentinel reports the death
 
     def _loop(self) -> None:
         while True:
@@ -435,17 +434,15 @@ class WorkerPool:
         except (EOFError, OSError):
             self._on_death(w)
             return
-        task, k = w.task, w.task_slot
-        if task is None or task.id != msg[1]:
-            return  # stale
         with self._lock:
-            w.task, w.task_slot = None, -1
+            entry = w.tasks.pop(msg[1], None)
+        if entry is None:
+            return  # stale
+        task, k = entry
         if msg[0] == "error":
             _, _, kind, message, tb, sample = msg
             with self._lock:
                 self.batch_errors += 1
-                if w.slots[k] is not None:
-                    w.slots[k].in_use = False
             if not task.cancelled:
                 self._fail(task, kind, message, tb, sample)
             return
@@ -512,13 +509,15 @@ class WorkerPool:
             if not w.alive:
                 return
             w.alive = False
-            task, w.task = w.task, None
+            tasks = [t for t, _ in w.tasks.values()]
+            w.tasks.clear()
             for s in w.slots:
                 if s is not None:
                     s.orphan = True
-                    if not s.in_use or (task is not None and s is w.slots[w.task_slot]):
+                    if not s.in_use:  # slots holding built batches close when those are released
                         s.close()
             stopping = self._stopping
+        task = tasks[0] if tasks else None  # the one it was building; the rest were queued behind it
         code = w.process.exitcode
         log.warning("data worker %d (pid %s) died with exit code %s%s", w.wid, w.process.pid, code,
                     f" while building epoch {task.epoch} batch {task.index}" if task else "")
@@ -528,9 +527,9 @@ class WorkerPool:
                 self._fail(task, pb.INTERNAL,
                            f"{task.attempts} data workers died building this batch (last exit code {code}); "
                            "the pipeline crashes the process on it (segfault or out of memory?)")
-            else:
-                with self._lock:
-                    self._pending.appendleft(task)
+                tasks = tasks[1:]
+        with self._lock:
+            self._pending.extendleft(t for t in reversed(tasks) if not t.cancelled)
         if not stopping:
             # Replace it off the dispatcher thread: a spawn takes seconds.
             threading.Thread(target=self._replace, args=(w,), daemon=True).start()

@@ -152,8 +152,9 @@ def no_dev_shm_leak():
 
 @pytest.fixture(autouse=True)
 def _shm_attribution(request):
-    """HETERO_SHM_TRACE=1: print which test left /dev/shm entries behind (debugging aid)."""
-    if not os.environ.get("HETERO_SHM_TRACE"):
+    """HETERO_SHM_TRACE=FILE: append which test left /dev/shm entries behind to FILE (debugging aid)."""
+    trace = os.environ.get("HETERO_SHM_TRACE")
+    if not trace:
         yield
         return
     before = _shm_entries()
@@ -161,4 +162,5 @@ def _shm_attribution(request):
     time.sleep(0.3)
     new = _shm_entries() - before
     if new:
-        print(f"\nSHM-LEAK {request.node.nodeid}: {sorted(new)}", file=sys.__stderr__, flush=True)
+        with open(trace, "a") as f:
+            f.write(f"{request.node.nodeid}: {sorted(new)}\n")

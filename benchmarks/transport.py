@@ -72,16 +72,23 @@ def raw_tcp(size: int, seconds: float) -> float:
     return got / elapsed / 1e9
 
 
-def memcpy(size: int, seconds: float) -> float:
-    """GB/s of a single-threaded copy of ``size`` bytes into a preallocated buffer."""
+def memcpy(size: int, seconds: float, cold: bool = False) -> float:
+    """GB/s of a single-threaded copy of ``size`` bytes into a preallocated buffer.
+
+    ``cold``: rotate over enough source and destination buffers (>= 128 MB each side) that
+    neither is in the CPU cache, as for batches a pipeline has just built; the plain figure
+    copies one buffer into another again and again, which at a few MB runs from the cache.
+    """
     import numpy as np
 
-    src = np.frombuffer(os.urandom(1024) * (size // 1024), dtype=np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
+    count = max(1, -(-(128 * MB) // size)) if cold else 1
+    srcs = [np.frombuffer(os.urandom(1024) * (size // 1024), dtype=np.uint8) for _ in range(count)]
+    dsts = [np.empty_like(srcs[0]) for _ in range(count)]
+    for s, d in zip(srcs, dsts):
+        np.copyto(d, s)
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        np.copyto(dst, src)
+        np.copyto(dsts[n % count], srcs[(n * 7 + 3) % count])
         n += 1
     return n * size / (time.perf_counter() - start) / 1e9
 
@@ -140,20 +147,29 @@ def main(argv: list[str] | None = None) -> int:
     path = "shared memory" if args.local_shm else "loopback TCP"
     print(f"transport benchmark: service over {path} vs {base_name}, {os.cpu_count()} cores, {args.repeats} runs x "
           f"{args.seconds}s per point, {args.workers} server worker(s) x {args.slots} slots", flush=True)
-    print(f"| batch MB | {base_name} GB/s | service GB/s | service / {base_name} |")
-    print("|---:|---:|---:|---:|")
+    cold_cols = " cold memcpy GB/s | service / cold memcpy |" if args.local_shm else ""
+    print(f"| batch MB | {base_name} GB/s | service GB/s | service / {base_name} |{cold_cols}")
+    print("|---:|---:|---:|---:|" + ("---:|---:|" if args.local_shm else ""))
     for size in sizes:
-        raw, svc, extra = [], [], {}
+        raw, svc, cold, extra = [], [], [], {}
         for _ in range(args.repeats):  # interleaved so drift hits both paths alike
             raw.append(memcpy(size, args.seconds) if args.local_shm else raw_tcp(size, args.seconds))
+            if args.local_shm:
+                cold.append(memcpy(size, args.seconds, cold=True))
             s, extra = service(size, args.seconds, args.workers, shm=args.local_shm, slots=args.slots)
             svc.append(s)
         r, v = statistics.median(raw), statistics.median(svc)
-        rows.append({"batch_mb": size / MB, "baseline": base_name, "baseline_gbps": round(r, 3),
-                     "service_gbps": round(v, 3),
-                     "ratio": round(v / r, 3), "raw_runs": [round(x, 3) for x in raw],
-                     "service_runs": [round(x, 3) for x in svc], **extra})
-        print(f"| {size / MB:g} | {r:.2f} | {v:.2f} | {v / r:.2f} |", flush=True)
+        row = {"batch_mb": size / MB, "baseline": base_name, "baseline_gbps": round(r, 3),
+               "service_gbps": round(v, 3),
+               "ratio": round(v / r, 3), "raw_runs": [round(x, 3) for x in raw],
+               "service_runs": [round(x, 3) for x in svc], **extra}
+        line = f"| {size / MB:g} | {r:.2f} | {v:.2f} | {v / r:.2f} |"
+        if cold:
+            c = statistics.median(cold)
+            row.update(cold_memcpy_gbps=round(c, 3), ratio_to_cold=round(v / c, 3))
+            line += f" {c:.2f} | {v / c:.2f} |"
+        rows.append(row)
+        print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "transport", "path": path, "cores": os.cpu_count(), "seconds": args.seconds,

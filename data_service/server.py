@@ -46,7 +46,8 @@ class ServerOptions:
     port: int = 0                 # gRPC port; 0 picks a free one
     bulk_port: int = 0            # data-plane port; 0 picks a free one
     num_workers: int = 2
-    slots_per_worker: int = 2     # built batches each worker may hold: the memory bound
+    slots_per_worker: int = 4     # built batches each worker may hold: the memory bound (>= 3 lets
+                                  # same-host consumers keep batches zero-copy while the worker builds ahead)
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     start_timeout_s: float = 120.0
     probe: bool = True            # build batch 0 at start-up to catch errors early

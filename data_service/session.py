@@ -204,8 +204,8 @@ class Session:
                     ref = header.ref
                     with self._lock:
                         self._held.setdefault((ref.seed, ref.epoch, ref.index), []).append(result)
+                    result = None  # held until the client's Release, or retired by close()
                     sent = framing.send_frame(self.sock, pb.BulkFrame(batch=header))
-                    result = None  # the slot stays held until the client's Release
                 else:
                     sent = framing.send_frame(self.sock, pb.BulkFrame(batch=header), result.payload)
                 stats.record_sent(sent, header.raw_bytes, time.perf_counter() - t0, header.payload_bytes,

@@ -168,25 +168,23 @@ class Result:
         return self._lease() if self._lease is not None else False
 
     def release(self) -> None:
-        """Give the slot back to its worker; call once, after sending ``payload``."""
+        """Give the slot back to its worker, after sending ``payload``; later release/retire calls do nothing."""
         if self.payload is not None:
             self.payload.release()
             self.payload = None
-        if self._release is not None:
-            release, self._release = self._release, None
+        release, self._release, self._retire = self._release, None, None
+        if release is not None:
             release()
 
     def retire(self) -> None:
         """Like ``release``, for a slot a consumer may still map (its connection ended while it
         held the batch): the region is never written again; its worker gets a fresh one."""
-        if self._retire is None:
-            self.release()
-            return
         if self.payload is not None:
             self.payload.release()
             self.payload = None
         retire, self._retire, self._release = self._retire, None, None
-        retire()
+        if retire is not None:
+            retire()
 
 
 class _ServerSlot:
@@ -411,22 +409,32 @@ class WorkerPool:
 
     def _loop(self) -> None:
         while True:
-            with self._lock:
-                if self._stopping:
+            try:
+                if not self._step():
                     return
-                workers = list(self._workers)
-            self._assign()
-            objs = [self._wake_r] + [w.conn for w in workers if w.alive] + \
-                   [w.process.sentinel for w in workers if w.alive]
-            for obj in mp_wait(objs, timeout=0.5):
-                if obj == self._wake_r:
-                    os.read(self._wake_r, 4096)
-                    continue
-                for w in workers:
-                    if obj is w.conn:
-                        self._on_message(w)
-                    elif obj == w.process.sentinel and w.alive and not w.conn.poll():
-                        self._on_death(w)
+            except Exception:  # a bug here must not silently stop every batch of every consumer
+                log.exception("worker pool dispatcher error (continuing)")
+                time.sleep(0.1)
+
+    def _step(self) -> bool:
+        """One round of the dispatcher; False once stopping."""
+        with self._lock:
+            if self._stopping:
+                return False
+            workers = list(self._workers)
+        self._assign()
+        objs = [self._wake_r] + [w.conn for w in workers if w.alive] + \
+               [w.process.sentinel for w in workers if w.alive]
+        for obj in mp_wait(objs, timeout=0.5):
+            if obj == self._wake_r:
+                os.read(self._wake_r, 4096)
+                continue
+            for w in workers:
+                if obj is w.conn:
+                    self._on_message(w)
+                elif obj == w.process.sentinel and w.alive and not w.conn.poll():
+                    self._on_death(w)
+        return True
 
     def _on_message(self, w: _Worker) -> None:
         try:
@@ -454,6 +462,12 @@ class WorkerPool:
                     w.slots[k].close()
                 w.slots[k] = _ServerSlot(*new, worker=w)
             slot = w.slots[k]
+            if slot is None:  # cannot happen unless slot bookkeeping is wrong: drop the batch, ask again
+                log.error("data worker %d built into slot %d, which the server no longer has", w.wid, k)
+                w.renew.add(k)
+                if not task.cancelled:
+                    self._pending.appendleft(task)
+                return
             slot.in_use = True
             slot.used_bytes = header.payload_bytes
             self.batches_built += 1

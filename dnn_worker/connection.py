@@ -168,7 +168,7 @@ class BulkConnection:
         if self._zero_copy(header):
             view = memoryview(slot)[:header.payload_bytes]
             buf = torch.frombuffer(view, dtype=torch.uint8)  # keeps ``view`` alive while any tensor uses it
-            weakref.finalize(view, self._releases.put, header.ref)  # SimpleQueue.put is safe in finalizers
+            weakref.finalize(view, self._dropped, header.ref)
             self.zero_copy_batches += 1
             return buf
         buf = self._pool.get(header.raw_bytes)
@@ -196,6 +196,24 @@ class BulkConnection:
                                     f"raw_bytes={header.raw_bytes} without a codec")
             framing.recv_into(sock, memoryview(buf.numpy()))
         return buf
+
+    def _dropped(self, ref: pb.BatchRef) -> None:
+        """Finalizer of a zero-copy batch: release its slot now if the socket is free, else via the thread.
+
+        Runs wherever the last tensor died, possibly inside a send on this thread, so it never
+        waits for the send lock (not re-entrant); ``SimpleQueue.put`` is safe in finalizers.
+        """
+        if self.closed:
+            return  # the server retired the slot when the connection ended
+        if self._send_lock.acquire(blocking=False):
+            try:
+                framing.send_frame(self._sock, pb.BulkFrame(release=pb.Release(ref=ref)))
+                return
+            except OSError:
+                return
+            finally:
+                self._send_lock.release()
+        self._releases.put(ref)
 
     def _send_release(self, ref: pb.BatchRef) -> None:
         with self._send_lock:

@@ -134,3 +134,22 @@ def test_loader_workers_copy_out_of_leased_slots(server_factory):
                                          multiprocessing_context="forkserver")
     got = sorted(batch_digest(b) for b in loader)
     assert got == sorted(reference())
+
+
+def test_a_slot_is_released_or_retired_once_whichever_comes_first():
+    # A send that fails after the batch was recorded as held used to release the slot and then,
+    # when the session closed, retire it too: the retire then took the slot from under a new batch.
+    from data_service.workers import Result, Task
+
+    calls = []
+    r = Result(Task(0, 0, 0, lambda _: None), _release=lambda: calls.append("release"),
+               _retire=lambda: calls.append("retire"))
+    r.release()
+    r.retire()
+    r.release()
+    assert calls == ["release"]
+    r2 = Result(Task(0, 0, 1, lambda _: None), _release=lambda: calls.append("release2"),
+                _retire=lambda: calls.append("retire2"))
+    r2.retire()
+    r2.release()
+    assert calls == ["release", "retire2"]

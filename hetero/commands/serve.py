@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=6000, help="gRPC port (0 = free port)")
     p.add_argument("--bulk-port", type=int, default=0, help="data-plane port (0 = free port)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    p.add_argument("--slots-per-worker", type=int, default=2, help="built batches per worker held ahead")
+    p.add_argument("--slots-per-worker", type=int, default=4, help="built batches per worker held ahead (memory: workers x slots x batch bytes)")
     p.add_argument("--max-batch-bytes", type=int, default=1 << 30)
     p.add_argument("--token", default=None, help="job token (default: $HETERO_JOB_TOKEN)")
     p.add_argument("--compression", default="", choices=["", "lz4", "zstd"], help="per-batch compression (off)")

@@ -69,16 +69,15 @@ class Session:
             self.close()
 
     def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        with self._lock:
+        with self._lock:  # after this block nothing is added to _held or the outbox
+            if self._closed.is_set():
+                return
+            self._closed.set()
             tasks = list(self._tasks.values())
             self._tasks.clear()
-        self.server.pool.cancel(tasks)
-        with self._lock:
             held = [r for rs in self._held.values() for r in rs]
             self._held.clear()
+        self.server.pool.cancel(tasks)
         for r in held:
             r.retire()  # the consumer may still map these (zero copy): never reuse them
         self._outbox.put(None)
@@ -180,10 +179,11 @@ class Session:
         """Called by the pool's thread: hand the result to the sender."""
         with self._lock:
             self._tasks.pop(id(result.task), None)
-        if self._closed.is_set():
+            closed = self._closed.is_set()
+            if not closed:
+                self._outbox.put(result)
+        if closed:
             result.release()
-            return
-        self._outbox.put(result)
 
     def _send_loop(self) -> None:
         stats = self.server.stats
@@ -203,7 +203,13 @@ class Session:
                     header.shm_lease = not header.codec and result.lease()
                     ref = header.ref
                     with self._lock:
-                        self._held.setdefault((ref.seed, ref.epoch, ref.index), []).append(result)
+                        closed = self._closed.is_set()
+                        if not closed:
+                            self._held.setdefault((ref.seed, ref.epoch, ref.index), []).append(result)
+                    if closed:  # close() already retired what was held; this one too
+                        result.retire()
+                        result = None
+                        break
                     result = None  # held until the client's Release, or retired by close()
                     sent = framing.send_frame(self.sock, pb.BulkFrame(batch=header))
                 else:

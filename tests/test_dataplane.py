@@ -130,8 +130,10 @@ def test_loader_workers_copy_out_of_leased_slots(server_factory):
     import torch
 
     server = server_factory(OPTS, num_workers=1, slots_per_worker=4)
+    # spawn, not forkserver: a forkserver started here would keep this test's environment for
+    # every later test's loader workers.
     loader = torch.utils.data.DataLoader(RemoteDataset([server.address], TOKEN), batch_size=None, num_workers=2,
-                                         multiprocessing_context="forkserver")
+                                         multiprocessing_context="spawn")
     got = sorted(batch_digest(b) for b in loader)
     assert got == sorted(reference())
 

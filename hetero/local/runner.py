@@ -1,8 +1,9 @@
 """Run emulated nodes as processes: stream their logs, wait with a deadline, clean up, collect.
 
 Every node is its own process group (``start_new_session``), so on exit, error or Ctrl-C
-the whole tree of a node (launcher, data-server workers, trainers, loader workers) is
-signalled: SIGTERM, then SIGKILL after a grace period.
+the whole tree of a node (launcher, data-server workers, trainers, loader workers) ends:
+SIGTERM to the launcher, SIGKILL to it after a grace period, then to whatever of its group
+is still there after a further wait.
 """
 from __future__ import annotations
 
@@ -122,16 +123,31 @@ class LocalCluster:
         return {h: p.returncode for h, p in self.procs.items()}
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every live node's process group, then SIGKILL what is left after ``grace_s``."""
+        """SIGTERM every live node's launcher, then SIGKILL each node's process group after ``grace_s``.
+
+        Only the launcher gets SIGTERM, as in a container stop: it ends its own workers in
+        order (a loader worker killed from outside takes the trainer's clean exit with it).
+        """
         live = [p for p in self.procs.values() if p.poll() is None]
         for p in live:
-            _killpg(p, signal.SIGTERM)
+            try:
+                p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         end = time.monotonic() + grace_s
         for p in live:
             try:
                 p.wait(max(0.1, end - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+        for p in self.procs.values():
+            _killpg(p, signal.SIGTERM)  # helpers left behind (forkserver, loader workers)
+            if p.poll() is None:
+                p.kill()
+        # Give the group a moment to exit by itself before SIGKILL (resource trackers ignore SIGTERM).
+        settle = time.monotonic() + 5.0
+        while any(_group_alive(p) for p in self.procs.values()) and time.monotonic() < settle:
+            time.sleep(0.1)
         for p in self.procs.values():
             _killpg(p, signal.SIGKILL)  # stragglers in the group (workers) even when the leader exited
             try:
@@ -156,6 +172,14 @@ class LocalCluster:
             if failure.is_file():
                 shutil.copy2(failure, dest / "failure")
         return metrics
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    try:
+        os.killpg(proc.pid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _killpg(proc: subprocess.Popen, sig: int) -> None:

@@ -93,7 +93,7 @@ def memcpy(size: int, seconds: float, cold: bool = False) -> float:
     return n * size / (time.perf_counter() - start) / 1e9
 
 
-def service(size: int, seconds: float, workers: int, shm: bool = False, slots: int = 2) -> tuple[float, dict]:
+def service(size: int, seconds: float, workers: int, shm: bool = False, slots: int = 4) -> tuple[float, dict]:
     """GB/s delivered by the data service (``hetero serve`` in its own process) for ``size``-byte batches."""
     import subprocess
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured time per point")
     parser.add_argument("--repeats", type=int, default=3, help="runs per point; medians are reported")
     parser.add_argument("--workers", type=int, default=1, help="server worker processes")
-    parser.add_argument("--slots", type=int, default=2, help="server slots per worker (--slots-per-worker)")
+    parser.add_argument("--slots", type=int, default=4, help="server slots per worker (--slots-per-worker; server default 4)")
     parser.add_argument("--json", default=None, help="write all figures here")
     parser.add_argument("--local-shm", action="store_true", help="same-host shared memory vs memcpy")
     args = parser.parse_args(argv)

@@ -169,22 +169,20 @@ class Result:
 
     def release(self) -> None:
         """Give the slot back to its worker, after sending ``payload``; later release/retire calls do nothing."""
-        if self.payload is not None:
-            self.payload.release()
-            self.payload = None
-        release, self._release, self._retire = self._release, None, None
-        if release is not None:
-            release()
+        self._end(self._release)
 
     def retire(self) -> None:
         """Like ``release``, for a slot a consumer may still map (its connection ended while it
         held the batch): the region is never written again; its worker gets a fresh one."""
+        self._end(self._retire)
+
+    def _end(self, action: Callable[[], None] | None) -> None:
         if self.payload is not None:
             self.payload.release()
             self.payload = None
-        retire, self._retire, self._release = self._retire, None, None
-        if retire is not None:
-            retire()
+        self._release = self._retire = None  # whichever comes first is the only one
+        if action is not None:
+            action()
 
 
 class _ServerSlot:

@@ -7,8 +7,8 @@ batches, errors and its own death to a shared event queue.
 
 When the server runs on this host, batches stay in its shared-memory slots. A
 slot that comes with a lease is mapped and the batch's tensors are views of it
-(zero copy); when the last of them is gone a finalizer queues the slot's
-``Release`` for a small sender thread. Without a lease (or when the batch must
+(zero copy); when the last of them is gone a finalizer sends the slot's
+``Release`` (through a small sender thread when the socket is busy). Without a lease (or when the batch must
 land in pinned memory, or in a DataLoader worker's shared memory anyway) the
 batch is copied out and released at once.
 """
@@ -74,7 +74,6 @@ class BulkConnection:
         self.codec = ""
         self._maps: dict[str, tuple[int, int, mmap.mmap]] = {}  # path -> (inode, size, map)
         self._releases: queue.SimpleQueue = queue.SimpleQueue()  # refs of dropped zero-copy batches
-        self.zero_copy_batches = 0
 
     def open(self, timeout: float = 10.0) -> None:
         """Connect and authenticate.
@@ -169,7 +168,6 @@ class BulkConnection:
             view = memoryview(slot)[:header.payload_bytes]
             buf = torch.frombuffer(view, dtype=torch.uint8)  # keeps ``view`` alive while any tensor uses it
             weakref.finalize(view, self._dropped, header.ref)
-            self.zero_copy_batches += 1
             return buf
         buf = self._pool.get(header.raw_bytes)
         src = memoryview(slot)[:header.payload_bytes]
@@ -205,19 +203,21 @@ class BulkConnection:
         """
         if self.closed:
             return  # the server retired the slot when the connection ended
-        if self._send_lock.acquire(blocking=False):
-            try:
-                framing.send_frame(self._sock, pb.BulkFrame(release=pb.Release(ref=ref)))
-                return
-            except OSError:
-                return
-            finally:
-                self._send_lock.release()
-        self._releases.put(ref)
+        try:
+            if not self._send_release(ref, wait=False):
+                self._releases.put(ref)
+        except OSError:
+            pass  # the connection is gone; the server retires the slot
 
-    def _send_release(self, ref: pb.BatchRef) -> None:
-        with self._send_lock:
+    def _send_release(self, ref: pb.BatchRef, wait: bool = True) -> bool:
+        """Send ``Release``; with ``wait=False`` only if the send lock is free (returns whether sent)."""
+        if not self._send_lock.acquire(blocking=wait):
+            return False
+        try:
             framing.send_frame(self._sock, pb.BulkFrame(release=pb.Release(ref=ref)))
+        finally:
+            self._send_lock.release()
+        return True
 
     def _release_loop(self) -> None:
         """Send ``Release`` for zero-copy batches the consumer has dropped."""

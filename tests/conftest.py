@@ -123,7 +123,7 @@ def server_process():
 # Issue 8: shared-memory segments are always released, also after crashes and Ctrl-C.
 # Slots are anonymous memfds, but multiprocessing's named semaphores (DataLoader
 # queues, events) live in /dev/shm and leak if their owner and its resource
-# tracker are killed together. The suite fails if it leaves any entry behind.
+# tracker are killed together. The suite fails on any other entry left behind.
 _SHM = Path("/dev/shm")
 
 
@@ -146,8 +146,8 @@ def no_dev_shm_leak():
             (_SHM / name).unlink()
         except OSError:
             pass
-    # Known, not ours: PyTorch DataLoader semaphores of a trainer killed mid-start by the Ctrl-C
-    # test (docs/faults.md). Anything else (a data-plane segment above all) fails the run.
+    # Known, not ours: PyTorch DataLoader semaphores the Ctrl-C test of `hetero local` still
+    # leaves (docs/faults.md). Anything else (a data-plane segment above all) fails the run.
     ours = sorted(n for n in leaked if not n.startswith("sem.mp-"))
     if ours:
         pytest.fail(f"the test run left {len(ours)} entries in /dev/shm: {ours[:12]}", pytrace=False)

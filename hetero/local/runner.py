@@ -123,10 +123,11 @@ class LocalCluster:
         return {h: p.returncode for h, p in self.procs.items()}
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every live node's launcher, then SIGKILL each node's process group after ``grace_s``.
+        """Stop every node: SIGTERM to its launcher; after ``grace_s`` SIGTERM to the rest of its
+        group and SIGKILL to the launcher; after a further few seconds SIGKILL to the group.
 
-        Only the launcher gets SIGTERM, as in a container stop: it ends its own workers in
-        order (a loader worker killed from outside takes the trainer's clean exit with it).
+        The launcher gets SIGTERM first and alone, as in a container stop: it ends its own workers
+        in order (a loader worker killed from outside takes the trainer's clean exit with it).
         """
         live = [p for p in self.procs.values() if p.poll() is None]
         for p in live:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _fault_helpers import wait_until
 from conftest import TOKEN
 from data_service.errors import ConfigError
 from data_service.pipeline import PipelineSpec
@@ -29,6 +30,9 @@ def test_device_finishing_equals_server_finishing_and_ships_a_quarter_of_the_byt
         assert len(on_device) == len(on_server) == 5
         for a, b in zip(on_device, on_server):
             assert a["image"].dtype == torch.float32 and torch.equal(a["image"], b["image"])
+        # the server counts a batch after its send returns, which can be after the consumer has it
+        for server in (dev, srv):
+            wait_until(lambda: server.stats.snapshot().batches_sent == 5, 10, "5 batches counted as sent")
         wire_dev, wire_srv = dev.stats.snapshot().raw_bytes, srv.stats.snapshot().raw_bytes
         # uint8 images + int64 labels vs float32 images + labels: ~4x fewer image bytes
         assert 3.5 < wire_srv / wire_dev <= 4.0

@@ -146,14 +146,8 @@ def no_dev_shm_leak():
             (_SHM / name).unlink()
         except OSError:
             pass
-    # Known, not ours: PyTorch DataLoader semaphores the Ctrl-C test of `hetero local` still
-    # leaves (docs/faults.md). Anything else (a data-plane segment above all) fails the run.
-    ours = sorted(n for n in leaked if not n.startswith("sem.mp-"))
-    if ours:
-        pytest.fail(f"the test run left {len(ours)} entries in /dev/shm: {ours[:12]}", pytrace=False)
     if leaked:
-        import warnings
-        warnings.warn(f"multiprocessing left {len(leaked)} semaphores in /dev/shm (removed)")
+        pytest.fail(f"the test run left {len(leaked)} entries in /dev/shm: {sorted(leaked)[:12]}", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -107,6 +107,8 @@ def test_ctrl_c_stops_every_node_process(tmp_path):
     cmd = [sys.executable, "-m", "hetero", "local", "--data-nodes", "1", "--synth-train", "400", "--synth-test", "0",
            "--output", str(tmp_path / "out"), "--epochs", "1000", "--hp", "emulate_step_s=0.05",
            "--hp", "pipeline=examples.synthetic:build_pipeline", "--hp", "data_workers=1", "--hp", "loader_workers=1"]
+    shm = Path("/dev/shm")
+    before = set(os.listdir(shm)) if shm.is_dir() else set()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:  # wait until training runs: every node and worker is up
@@ -122,3 +124,5 @@ def test_ctrl_c_stops_every_node_process(tmp_path):
     assert proc.returncode == 130, out
     gone, alive = psutil.wait_procs(tree, timeout=15)
     assert not alive, [p.cmdline() for p in alive]
+    if shm.is_dir():  # the loader's semaphores too: resource trackers must outlive what they clean
+        assert not set(os.listdir(shm)) - before

@@ -3,7 +3,8 @@
 Every node is its own process group (``start_new_session``), so on exit, error or Ctrl-C
 the whole tree of a node (launcher, data-server workers, trainers, loader workers) ends:
 SIGTERM to the launcher, SIGKILL to it after a grace period, then to whatever of its group
-is still there after a further wait.
+is still there after a further wait, multiprocessing resource trackers last (they unlink what
+the killed processes left in /dev/shm).
 """
 from __future__ import annotations
 
@@ -149,8 +150,17 @@ class LocalCluster:
         settle = time.monotonic() + 5.0
         while any(_group_alive(p) for p in self.procs.values()) and time.monotonic() < settle:
             time.sleep(0.1)
+        # SIGKILL what is left, resource trackers last: a tracker unlinks the semaphores and
+        # segments of killed processes once the last of them is gone; killed with them, it
+        # would leave those in /dev/shm for good.
         for p in self.procs.values():
-            _killpg(p, signal.SIGKILL)  # stragglers in the group (workers) even when the leader exited
+            for pid in _group_members(p.pid, trackers=False):
+                _kill(pid, signal.SIGKILL)
+        settle = time.monotonic() + 5.0
+        while any(_group_members(p.pid, trackers=True) for p in self.procs.values()) and time.monotonic() < settle:
+            time.sleep(0.1)
+        for p in self.procs.values():
+            _killpg(p, signal.SIGKILL)  # stragglers in the group even when the leader exited
             try:
                 p.wait(5.0)
             except subprocess.TimeoutExpired:
@@ -173,6 +183,38 @@ class LocalCluster:
             if failure.is_file():
                 shutil.copy2(failure, dest / "failure")
         return metrics
+
+
+def _group_members(pgid: int, trackers: bool) -> list[int]:
+    """Live processes of group ``pgid`` that are (``trackers=True``) or are not multiprocessing
+    resource trackers. Reads /proc; where there is none, every member counts as a non-tracker
+    and is found through the leader only."""
+    if not os.path.isdir("/proc/self"):
+        return [] if trackers else [pgid]
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) "
+            if fields[0] == b"Z" or int(fields[2]) != pgid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                is_tracker = b"multiprocessing.resource_tracker" in f.read()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if is_tracker == trackers:
+            found.append(int(entry))
+    return found
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _group_alive(proc: subprocess.Popen) -> bool:

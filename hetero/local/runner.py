@@ -131,6 +131,8 @@ class LocalCluster:
         in order (a loader worker killed from outside takes the trainer's clean exit with it).
         """
         live = [p for p in self.procs.values() if p.poll() is None]
+        if live:
+            log.info("stopping %d node(s): SIGTERM to their launchers", len(live))
         for p in live:
             try:
                 p.send_signal(signal.SIGTERM)
@@ -155,6 +157,7 @@ class LocalCluster:
         # would leave those in /dev/shm for good.
         for p in self.procs.values():
             for pid in _group_members(p.pid, trackers=False):
+                log.info("SIGKILL to pid %d (group %d), still there after SIGTERM", pid, p.pid)
                 _kill(pid, signal.SIGKILL)
         settle = time.monotonic() + 5.0
         while any(_group_members(p.pid, trackers=True) for p in self.procs.values()) and time.monotonic() < settle:

@@ -124,26 +124,35 @@ class LocalCluster:
         return {h: p.returncode for h, p in self.procs.items()}
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Stop every node: SIGTERM to its launcher; after ``grace_s`` SIGTERM to the rest of its
-        group and SIGKILL to the launcher; after a further few seconds SIGKILL to the group.
+        """Stop every node: SIGTERM to its launcher, trainer nodes first; SIGTERM to the rest of
+        its group and SIGKILL to the launcher when that has not ended it; after a further few
+        seconds SIGKILL to the group, resource trackers last.
 
         The launcher gets SIGTERM first and alone, as in a container stop: it ends its own workers
         in order (a loader worker killed from outside takes the trainer's clean exit with it).
+        Trainer nodes go first, with the data nodes still serving, so the current step finishes
+        and its checkpoint is written; data nodes get ``grace_s`` after that (or after the
+        trainers' own ``grace_s``).
         """
-        live = [p for p in self.procs.values() if p.poll() is None]
-        if live:
-            log.info("stopping %d node(s): SIGTERM to their launchers", len(live))
-        for p in live:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + grace_s
-        for p in live:
-            try:
-                p.wait(max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        trainers = [self.procs[n.host] for n in self.nodes if n.role != "data" and n.host in self.procs]
+        data = [p for p in self.procs.values() if p not in trainers]
+        for group in (trainers, data):
+            live = [p for p in group if p.poll() is None]
+            if not live:
+                continue
+            log.info("stopping %d %s node(s): SIGTERM to their launchers", len(live),
+                     "trainer" if group is trainers else "data")
+            for p in live:
+                try:
+                    p.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            end = time.monotonic() + grace_s
+            for p in live:
+                try:
+                    p.wait(max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
         for p in self.procs.values():
             _killpg(p, signal.SIGTERM)  # helpers left behind (forkserver, loader workers)
             if p.poll() is None:

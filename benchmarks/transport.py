@@ -10,7 +10,9 @@ batch into its shared slot -> server sends header + slot bytes -> RemoteDataset
 receives into a pooled buffer and decodes tensors without copying).
 ``--local-shm``: the service's same-host path (the worker builds the batch in
 its shared-memory slot; the consumer's tensors are views of that slot, leased
-until it drops them) against a single-threaded memcpy of the same bytes.
+until it drops them) against a single-threaded memcpy of the same bytes: one buffer into
+one (at a few MB both stay in the CPU cache), one into as many buffers as the worker has
+slots (the working set of the worker's own copy), and rotating over 128 MB (cold).
 """
 from __future__ import annotations
 
@@ -72,23 +74,25 @@ def raw_tcp(size: int, seconds: float) -> float:
     return got / elapsed / 1e9
 
 
-def memcpy(size: int, seconds: float, cold: bool = False) -> float:
+def memcpy(size: int, seconds: float, cold: bool = False, destinations: int = 1) -> float:
     """GB/s of a single-threaded copy of ``size`` bytes into a preallocated buffer.
 
     ``cold``: rotate over enough source and destination buffers (>= 128 MB each side) that
     neither is in the CPU cache, as for batches a pipeline has just built; the plain figure
     copies one buffer into another again and again, which at a few MB runs from the cache.
+    ``destinations``: one source copied into that many destinations in turn, as a worker
+    writes into its slots in turn.
     """
     import numpy as np
 
     count = max(1, -(-(128 * MB) // size)) if cold else 1
     srcs = [np.frombuffer(os.urandom(1024) * (size // 1024), dtype=np.uint8) for _ in range(count)]
-    dsts = [np.empty_like(srcs[0]) for _ in range(count)]
-    for s, d in zip(srcs, dsts):
-        np.copyto(d, s)
+    dsts = [np.empty_like(srcs[0]) for _ in range(max(count, destinations))]
+    for d in dsts:
+        np.copyto(d, srcs[0])
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        np.copyto(dsts[n % count], srcs[(n * 7 + 3) % count])
+        np.copyto(dsts[n % len(dsts)], srcs[(n * 7 + 3) % count])
         n += 1
     return n * size / (time.perf_counter() - start) / 1e9
 
@@ -147,14 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     path = "shared memory" if args.local_shm else "loopback TCP"
     print(f"transport benchmark: service over {path} vs {base_name}, {os.cpu_count()} cores, {args.repeats} runs x "
           f"{args.seconds}s per point, {args.workers} server worker(s) x {args.slots} slots", flush=True)
-    cold_cols = " cold memcpy GB/s | service / cold memcpy |" if args.local_shm else ""
+    cold_cols = (f" memcpy into {args.slots} slots GB/s | service / that | cold memcpy GB/s | service / cold memcpy |"
+                 if args.local_shm else "")
     print(f"| batch MB | {base_name} GB/s | service GB/s | service / {base_name} |{cold_cols}")
-    print("|---:|---:|---:|---:|" + ("---:|---:|" if args.local_shm else ""))
+    print("|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if args.local_shm else ""))
     for size in sizes:
-        raw, svc, cold, extra = [], [], [], {}
+        raw, svc, cold, slotted, extra = [], [], [], [], {}
         for _ in range(args.repeats):  # interleaved so drift hits both paths alike
             raw.append(memcpy(size, args.seconds) if args.local_shm else raw_tcp(size, args.seconds))
             if args.local_shm:
+                slotted.append(memcpy(size, args.seconds, destinations=args.slots))
                 cold.append(memcpy(size, args.seconds, cold=True))
             s, extra = service(size, args.seconds, args.workers, shm=args.local_shm, slots=args.slots)
             svc.append(s)
@@ -165,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                "service_runs": [round(x, 3) for x in svc], **extra}
         line = f"| {size / MB:g} | {r:.2f} | {v:.2f} | {v / r:.2f} |"
         if cold:
-            c = statistics.median(cold)
-            row.update(cold_memcpy_gbps=round(c, 3), ratio_to_cold=round(v / c, 3))
-            line += f" {c:.2f} | {v / c:.2f} |"
+            m, c = statistics.median(slotted), statistics.median(cold)
+            row.update(slots_memcpy_gbps=round(m, 3), ratio_to_slots=round(v / m, 3),
+                       cold_memcpy_gbps=round(c, 3), ratio_to_cold=round(v / c, 3))
+            line += f" {m:.2f} | {v / m:.2f} | {c:.2f} | {v / c:.2f} |"
         rows.append(row)
         print(line, flush=True)
     if args.json:

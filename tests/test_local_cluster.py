@@ -109,7 +109,10 @@ def test_ctrl_c_stops_every_node_process(tmp_path):
            "--hp", "pipeline=examples.synthetic:build_pipeline", "--hp", "data_workers=1", "--hp", "loader_workers=1"]
     shm = Path("/dev/shm")
     before = set(os.listdir(shm)) if shm.is_dir() else set()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # SIGINT as a terminal's Ctrl-C sends it, whatever this run inherited: a shell's background
+    # job starts with SIGINT ignored, and the runner would inherit that.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:  # wait until training runs: every node and worker is up
             if "training:" in line:

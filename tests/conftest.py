@@ -123,7 +123,7 @@ def server_process():
 # Issue 8: shared-memory segments are always released, also after crashes and Ctrl-C.
 # Slots are anonymous memfds, but multiprocessing's named semaphores (DataLoader
 # queues, events) live in /dev/shm and leak if their owner and its resource
-# tracker are killed together. The suite fails on any other entry left behind.
+# tracker are killed together. The suite fails if it leaves any entry behind.
 _SHM = Path("/dev/shm")
 
 

@@ -112,6 +112,7 @@ class DataServer:
         self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
                                self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
                                codec=self.options.compression)
+        self.pool.on_no_workers = self._no_workers
         self.stats = ServerStats(self)
         self.plan = None
         self.dataset_info: pb.DatasetInfo | None = None
@@ -210,6 +211,13 @@ class DataServer:
         self._grpc.start()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def _no_workers(self, why: str) -> None:
+        """Every replacement of the last worker failed: say NOT_SERVING (requests already fail over)."""
+        log.error("%s; health is NOT_SERVING", why)
+        if self._health is not None:
+            for name in ("", SERVICE_NAME):
+                self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _accept_loop(self) -> None:
         while not self._stopped.is_set() and not self.shutting_down:

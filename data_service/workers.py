@@ -8,7 +8,9 @@ at most ``workers x slots`` built batches exist however slow the consumer is.
 No slot has a name in /dev/shm, so a crash on either side leaks nothing.
 
 A worker that dies mid-batch is replaced and its batch rebuilt by another;
-user-code exceptions travel back with their traceback and sample index.
+user-code exceptions travel back with their traceback and sample index. A worker
+that dies while the server starts is started again; the worker process itself
+is worker_process.py.
 """
 from __future__ import annotations
 
@@ -17,15 +19,14 @@ import logging
 import mmap
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
 from typing import Callable
 
 from .errors import ConfigError
+from .worker_process import worker_main
 from .wire import pb
 
 log = logging.getLogger(__name__)
@@ -33,105 +34,12 @@ log = logging.getLogger(__name__)
 TASKS_AHEAD = 2  # tasks a worker holds at once: it starts the next without a round trip to us
 MAX_ATTEMPTS = 3  # a batch that kills this many workers is reported, not retried forever
 RESPAWN_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 5.0, 5.0)  # between attempts to replace a dead worker
-_PAGE = mmap.PAGESIZE
+STARTUP_RETRY_S = (0.5, 1.0, 2.0)  # between start-up attempts of a worker that died while loading
 
 
-# ----------------------------------------------------------------- worker side
+class _DiedLoading(ConfigError):
+    """A worker process ended before it said ready, without a Python error: killed, out of memory."""
 
-class _WorkerSlot:
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.fd = os.memfd_create("hetero-slot", 0)
-        os.ftruncate(self.fd, capacity)
-        self.map = mmap.mmap(self.fd, capacity)
-
-    def close(self) -> None:
-        self.map.close()
-        os.close(self.fd)
-
-
-def _worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
-                 log_level: int, codec_name: str = "") -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
-    logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
-    import torch
-
-    from . import codec, compression
-    from .pipeline import PipelineSpec, SampleError, build_batch
-
-    torch.set_num_threads(1)
-    try:
-        pipe = PipelineSpec.from_json(spec_json).load()
-        cfg = pipe.plan_config()
-    except BaseException as exc:  # report why we cannot start, then exit
-        conn.send(("fatal", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        return
-    conn.send(("ready", os.getpid()))
-    slots: list[_WorkerSlot | None] = [None] * num_slots
-    scratch = bytearray(0)  # raw layout before compression
-    while True:
-        if not conn.poll(1.0):
-            if os.getppid() != parent_pid:
-                return  # orphaned: the server died
-            continue
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return  # the server went away
-        if msg[0] == "stop":
-            return
-        _, task_id, seed, epoch, index, slot_no, renew = msg
-        if renew and slots[slot_no] is not None:
-            # The server handed this slot's region to a consumer for good (a lease that
-            # outlived its connection): never write into it again, build into a new one.
-            slots[slot_no].close()
-            slots[slot_no] = None
-        t0 = time.perf_counter()
-        try:
-            batch = build_batch(pipe, cfg, seed, epoch, index)
-            structure, metas, tensors, size = codec.plan_layout(batch)
-        except IndexError as exc:
-            conn.send(("error", task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
-            continue
-        except SampleError as exc:
-            tb = "".join(traceback.format_exception(exc.cause))
-            conn.send(("error", task_id, pb.TRANSFORM_FAILED, str(exc), tb, exc.sample_index))
-            continue
-        except Exception as exc:  # bad batch structure from collate, and the like
-            conn.send(("error", task_id, pb.TRANSFORM_FAILED, f"{type(exc).__name__}: {exc}",
-                       traceback.format_exc(), -1))
-            continue
-        raw_size, compress_s, packed = size, 0.0, None
-        if codec_name:
-            if len(scratch) < size:
-                scratch = bytearray(size)
-            codec.write_payload(metas, tensors, scratch)
-            t1 = time.perf_counter()
-            packed = compression.compress(codec_name, memoryview(scratch)[:size])
-            compress_s = time.perf_counter() - t1
-            size = len(packed)
-        slot, new = slots[slot_no], None
-        if slot is None or slot.capacity < size:
-            if slot is not None:
-                slot.close()
-            grown = max(size + size // 4, slot.capacity * 2 if slot else 0, _PAGE)
-            slot = slots[slot_no] = _WorkerSlot(-(-grown // _PAGE) * _PAGE)
-            new = (f"/proc/{os.getpid()}/fd/{slot.fd}", slot.capacity)
-        if packed is None:
-            codec.write_payload(metas, tensors, slot.map)
-        else:
-            slot.map[:size] = packed
-        header = pb.BatchHeader(
-            ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure, tensors=metas,
-            payload_bytes=size, raw_bytes=raw_size, codec=codec_name, compress_s=compress_s,
-            build_s=time.perf_counter() - t0 - compress_s)
-        try:
-            conn.send(("done", task_id, slot_no, new, header.SerializeToString()))
-        except OSError:
-            return
-
-
-# ----------------------------------------------------------------- server side
 
 @dataclass
 class Task:
@@ -251,6 +159,9 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         self._next_id = 1
         self._stopping = False
+        self._replacing = 0   # replacement threads running
+        self.no_workers = ""  # why no worker is left (every replacement failed); submits fail at once
+        self.on_no_workers: Callable[[str], None] | None = None  # the server turns unhealthy
         self._wake_r, self._wake_w = os.pipe()
         self._thread: threading.Thread | None = None
         self.started_at = time.monotonic()
@@ -270,10 +181,10 @@ class WorkerPool:
             ConfigError: a worker could not load the pipeline (with its traceback).
         """
         self._workers = [self._spawn(w) for w in range(self._num_workers)]
-        deadline = time.monotonic() + self._start_timeout
+        deadline = time.monotonic() + self._start_timeout  # they load side by side
         try:
-            for w in self._workers:
-                self._await_ready(w, deadline)
+            for k in range(len(self._workers)):
+                self._start_or_retry(k, deadline)
         except ConfigError:
             self.stop(0)
             raise
@@ -284,13 +195,32 @@ class WorkerPool:
     def _spawn(self, wid: int) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=_worker_main, name=f"hetero-data-worker-{wid}", daemon=True,
+            target=worker_main, name=f"hetero-data-worker-{wid}", daemon=True,
             args=(child, self._spec_json, wid, self._num_slots, os.getpid(), self._log_level, self._codec))
         proc.start()
         child.close()
         return _Worker(wid, proc, parent, self._num_slots)
 
+    def _start_or_retry(self, k: int, deadline: float) -> None:
+        """Wait until worker ``k`` is ready. One that dies while loading (killed, out of memory)
+        is started again a few times; one whose pipeline raised is not (it would raise again)."""
+        for attempt, pause in enumerate(STARTUP_RETRY_S + (None,)):
+            w = self._workers[k]
+            try:
+                self._await_ready(w, deadline)
+                return
+            except _DiedLoading as exc:
+                if pause is None:
+                    raise ConfigError(f"{exc}; gave up after {attempt + 1} attempts (is the node out of memory?)") from None
+                log.warning("%s; starting it again in %.1fs", exc, pause)
+            w.process.join(1.0)
+            time.sleep(pause)
+            self._workers[k] = self._spawn(w.wid)  # before the wait: stop() must see it if we give up
+            self.restarts += 1
+            deadline = time.monotonic() + self._start_timeout
+
     def _await_ready(self, w: _Worker, deadline: float) -> None:
+        """Raises ConfigError (pipeline failed to load, or too slow) or _DiedLoading."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -301,13 +231,16 @@ class WorkerPool:
                 try:
                     msg = w.conn.recv()
                 except EOFError:
-                    msg = ("fatal", f"worker exited with code {w.process.exitcode}", "")
+                    w.process.join(1.0)
+                    raise _DiedLoading(f"data worker {w.wid} exited with code {w.process.exitcode} "
+                                       "while loading the pipeline") from None
                 if msg[0] == "ready":
                     w.ready = True
                     return
                 raise ConfigError(f"data worker could not load the pipeline: {msg[1]}\n{msg[2]}")
             if not w.process.is_alive() and not w.conn.poll():
-                raise ConfigError(f"data worker {w.wid} exited with code {w.process.exitcode} while loading the pipeline")
+                raise _DiedLoading(f"data worker {w.wid} exited with code {w.process.exitcode} "
+                                   "while loading the pipeline")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every worker (politely, then SIGKILL after ``timeout``)."""
@@ -335,15 +268,14 @@ class WorkerPool:
     # -- public API
     def submit(self, task: Task) -> Task:
         with self._lock:
-            if self._stopping:
-                stopping = True
-            else:
-                stopping = False
+            refusal = ("data server is shutting down; ask another server" if self._stopping
+                       else self.no_workers)
+            if not refusal:
                 task.id = self._next_id
                 self._next_id += 1
                 self._pending.append(task)
-        if stopping:
-            self._fail(task, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
+        if refusal:
+            self._fail(task, pb.SHUTTING_DOWN, refusal)
         else:
             self._wake()
         return task
@@ -516,6 +448,22 @@ class WorkerPool:
             self.retired += 1
         self._wake()
 
+    def _check_workers_left(self, last_error: str) -> None:
+        """After a replacement failed for good: with no worker alive and none being replaced, fail
+        what is queued and every later request (consumers ask other servers) and tell the server."""
+        with self._lock:
+            if self._stopping or any(w.alive for w in self._workers) or self._replacing > 1:
+                return
+            self.no_workers = (f"data server has no data worker left (replacing them failed: {last_error}); "
+                               "ask another server")
+            pending = list(self._pending)
+            self._pending.clear()
+        for task in pending:
+            if not task.cancelled:
+                self._fail(task, pb.SHUTTING_DOWN, self.no_workers)
+        if self.on_no_workers is not None:
+            self.on_no_workers(self.no_workers)
+
     def _on_death(self, w: _Worker) -> None:
         with self._lock:
             if not w.alive:
@@ -529,6 +477,7 @@ class WorkerPool:
                     if not s.in_use:  # slots holding built batches close when those are released
                         s.close()
             stopping = self._stopping
+            self._replacing += not stopping  # counted with the death, so no one sees a gap
         task = tasks[0] if tasks else None  # the one it was building; the rest were queued behind it
         code = w.process.exitcode
         log.warning("data worker %d (pid %s) died with exit code %s%s", w.wid, w.process.pid, code,
@@ -547,6 +496,13 @@ class WorkerPool:
             threading.Thread(target=self._replace, args=(w,), daemon=True).start()
 
     def _replace(self, dead: _Worker) -> None:
+        try:
+            self._try_replace(dead)
+        finally:
+            with self._lock:
+                self._replacing -= 1
+
+    def _try_replace(self, dead: _Worker) -> None:
         for attempt in range(len(RESPAWN_BACKOFF_S) + 1):
             with self._lock:
                 if self._stopping:
@@ -561,6 +517,7 @@ class WorkerPool:
                 if attempt == len(RESPAWN_BACKOFF_S):
                     log.error("could not replace data worker %d after %d attempts: %s", dead.wid, attempt + 1, exc)
                     self.failed_replacements += 1
+                    self._check_workers_left(f"{exc} ({attempt + 1} attempts)")
                     return
                 log.warning("replacing data worker %d failed (%s); retrying in %.1fs", dead.wid, exc,
                             RESPAWN_BACKOFF_S[attempt])

@@ -243,7 +243,7 @@ class Fetcher:
         err = ev.error
         if err.kind == pb.SHUTTING_DOWN:
             s.draining = True
-            s.last_error = "shutting down"
+            s.last_error = err.message or "shutting down"
             self._requeue([ev.ref], todo)
             return
         if err.kind == pb.TRANSFORM_FAILED:

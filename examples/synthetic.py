@@ -6,6 +6,7 @@ and optional failure injection.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
@@ -60,14 +61,23 @@ class Augment:
 
 def build_pipeline(size: int = 64, batch_size: int = 8, shape: list[int] | None = None, drop_last: bool = False,
                    shuffle: bool = True, fail_at: int | None = None, crash_once_at: int | None = None,
-                   crash_marker: str | None = None, work_ms: float = 0.0, as_tuple: bool = False) -> Pipeline:
+                   crash_marker: str | None = None, work_ms: float = 0.0, as_tuple: bool = False,
+                   die_loading: int = 0, die_loading_dir: str | None = None) -> Pipeline:
     """Args:
         size: samples in the dataset. batch_size: samples per batch. shape: image shape (default 1x8x8).
         fail_at: sample index whose loading raises ValueError.
         crash_once_at, crash_marker: sample index whose loading SIGKILLs the worker once (marker file).
         work_ms: busy CPU time per sample (a CPU-heavy augmentation).
         as_tuple: collate to (image, label) instead of a dict.
+        die_loading, die_loading_dir: the first ``die_loading`` data worker processes to load this
+            pipeline SIGKILL themselves while loading (one file per death in the directory; armed
+            while the directory exists).
     """
+    if die_loading and multiprocessing.parent_process() is not None:  # a worker, not the server itself
+        deaths = os.listdir(die_loading_dir) if os.path.isdir(die_loading_dir) else None
+        if deaths is not None and len(deaths) < die_loading:
+            open(os.path.join(die_loading_dir, f"{len(deaths)}-{os.getpid()}"), "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
     dataset = SyntheticImages(size, tuple(shape or (1, 8, 8)), fail_at, crash_once_at, crash_marker)
     collate = None
     if as_tuple:

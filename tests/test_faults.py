@@ -489,3 +489,53 @@ def test_a_worker_killed_while_its_replacement_loads_is_replaced_again(tmp_path)
         assert consume(ds, 0) == 24
     finally:
         server.kill()
+
+
+def test_a_worker_killed_while_the_server_starts_is_started_again(tmp_path):
+    deaths = tmp_path / "deaths"
+    deaths.mkdir()
+    opts = {**OPTS, "die_loading": 2, "die_loading_dir": str(deaths)}
+    server = ServerProc(opts, workers=1, token=TOKEN).start()  # raises if the server gives up
+    try:
+        assert len(os.listdir(deaths)) == 2  # two workers really died while loading
+        st = stats(server.address)
+        assert (st.workers, st.worker_restarts) == (1, 2)
+        ds = RemoteDataset([server.address], TOKEN, batch_timeout=30, connect_timeout=30)
+        assert consume(ds, 0) == 24
+    finally:
+        server.kill()
+
+
+def test_a_worker_that_dies_on_every_start_fails_the_server_with_a_clear_error(tmp_path):
+    deaths = tmp_path / "deaths"
+    deaths.mkdir()
+    log = tmp_path / "server.log"
+    opts = {**OPTS, "die_loading": 100, "die_loading_dir": str(deaths)}
+    server = ServerProc(opts, workers=1, token=TOKEN, log_path=log)
+    with pytest.raises(RuntimeError, match="exited with"):
+        server.start(timeout=90)
+    text = log.read_text()
+    assert "data worker 0 exited with code -9 while loading the pipeline; gave up after 4 attempts" in text, text
+    assert len(os.listdir(deaths)) == 4
+
+
+def test_a_server_whose_workers_cannot_be_replaced_says_not_serving_and_refuses_at_once(
+        server_factory, tmp_path, monkeypatch):
+    from grpc_health.v1 import health_pb2
+
+    from data_service import workers
+
+    monkeypatch.setattr(workers, "RESPAWN_BACKOFF_S", (0.1,))  # two replacement attempts
+    deaths = tmp_path / "deaths"  # armed once it exists: the first worker loads fine
+    server = server_factory({**OPTS, "die_loading": 100, "die_loading_dir": str(deaths)}, num_workers=1)
+    deaths.mkdir()
+    os.kill(server.pool.worker_pids()[0], signal.SIGKILL)
+    wait_until(lambda: server.pool.no_workers, 60, "the server gives up replacing its worker")
+    assert len(os.listdir(deaths)) == 2
+    status = server._health.Check(health_pb2.HealthCheckRequest(service=""), None).status
+    assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+    t0 = time.monotonic()
+    ds = RemoteDataset([server.address], TOKEN, batch_timeout=30, connect_timeout=5)
+    with pytest.raises(ServerUnavailableError, match="no data worker left"):
+        consume(ds, 0)
+    assert time.monotonic() - t0 < 20  # refused, not left to time out

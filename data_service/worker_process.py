@@ -1,0 +1,112 @@
+"""The data worker process: loads the pipeline once, then builds batches into its slots.
+
+Runs in a spawned process (``WorkerPool`` in workers.py is the server side). It takes
+``task`` messages from the server's pipe, builds the batch straight into one of its
+anonymous memfd slots (compressing first if the server compresses) and answers with
+the batch header; pipeline errors go back with their traceback and sample index.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import signal
+import time
+import traceback
+
+from .wire import pb
+
+_PAGE = mmap.PAGESIZE
+
+
+class _WorkerSlot:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.fd = os.memfd_create("hetero-slot", 0)
+        os.ftruncate(self.fd, capacity)
+        self.map = mmap.mmap(self.fd, capacity)
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
+                log_level: int, codec_name: str = "") -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
+    logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
+    import torch
+
+    from . import codec, compression
+    from .pipeline import PipelineSpec, SampleError, build_batch
+
+    torch.set_num_threads(1)
+    try:
+        pipe = PipelineSpec.from_json(spec_json).load()
+        cfg = pipe.plan_config()
+    except BaseException as exc:  # report why we cannot start, then exit
+        conn.send(("fatal", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        return
+    conn.send(("ready", os.getpid()))
+    slots: list[_WorkerSlot | None] = [None] * num_slots
+    scratch = bytearray(0)  # raw layout before compression
+    while True:
+        if not conn.poll(1.0):
+            if os.getppid() != parent_pid:
+                return  # orphaned: the server died
+            continue
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return  # the server went away
+        if msg[0] == "stop":
+            return
+        _, task_id, seed, epoch, index, slot_no, renew = msg
+        if renew and slots[slot_no] is not None:
+            # The server handed this slot's region to a consumer for good (a lease that
+            # outlived its connection): never write into it again, build into a new one.
+            slots[slot_no].close()
+            slots[slot_no] = None
+        t0 = time.perf_counter()
+        try:
+            batch = build_batch(pipe, cfg, seed, epoch, index)
+            structure, metas, tensors, size = codec.plan_layout(batch)
+        except IndexError as exc:
+            conn.send(("error", task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
+            continue
+        except SampleError as exc:
+            tb = "".join(traceback.format_exception(exc.cause))
+            conn.send(("error", task_id, pb.TRANSFORM_FAILED, str(exc), tb, exc.sample_index))
+            continue
+        except Exception as exc:  # bad batch structure from collate, and the like
+            conn.send(("error", task_id, pb.TRANSFORM_FAILED, f"{type(exc).__name__}: {exc}",
+                       traceback.format_exc(), -1))
+            continue
+        raw_size, compress_s, packed = size, 0.0, None
+        if codec_name:
+            if len(scratch) < size:
+                scratch = bytearray(size)
+            codec.write_payload(metas, tensors, scratch)
+            t1 = time.perf_counter()
+            packed = compression.compress(codec_name, memoryview(scratch)[:size])
+            compress_s = time.perf_counter() - t1
+            size = len(packed)
+        slot, new = slots[slot_no], None
+        if slot is None or slot.capacity < size:
+            if slot is not None:
+                slot.close()
+            grown = max(size + size // 4, slot.capacity * 2 if slot else 0, _PAGE)
+            slot = slots[slot_no] = _WorkerSlot(-(-grown // _PAGE) * _PAGE)
+            new = (f"/proc/{os.getpid()}/fd/{slot.fd}", slot.capacity)
+        if packed is None:
+            codec.write_payload(metas, tensors, slot.map)
+        else:
+            slot.map[:size] = packed
+        header = pb.BatchHeader(
+            ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure, tensors=metas,
+            payload_bytes=size, raw_bytes=raw_size, codec=codec_name, compress_s=compress_s,
+            build_s=time.perf_counter() - t0 - compress_s)
+        try:
+            conn.send(("done", task_id, slot_no, new, header.SerializeToString()))
+        except OSError:
+            return

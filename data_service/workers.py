@@ -7,6 +7,8 @@ consumer and frees it. Workers only get a task when they have a free slot, so
 at most ``workers x slots`` built batches exist however slow the consumer is.
 No slot has a name in /dev/shm, so a crash on either side leaks nothing.
 
+Tasks go to workers on whichever thread makes room: the one submitting a request, the
+one releasing a slot, or the dispatcher thread, which also takes results and deaths.
 A worker that dies mid-batch is replaced and its batch rebuilt by another;
 user-code exceptions travel back with their traceback and sample index. A worker
 that dies while the server starts is started again; the worker process itself
@@ -277,7 +279,7 @@ class WorkerPool:
         if refusal:
             self._fail(task, pb.SHUTTING_DOWN, refusal)
         else:
-            self._wake()
+            self._assign()  # on this thread: waking the dispatcher costs more than the send
         return task
 
     def cancel(self, tasks) -> None:
@@ -372,36 +374,38 @@ class WorkerPool:
         except (EOFError, OSError):
             self._on_death(w)
             return
+        header = pb.BatchHeader.FromString(msg[4]) if msg[0] == "done" else None
+        # One locked step from "the task is done" to "its slot is in use": other threads assign
+        # tasks too (submit, release), and must never see the slot free while it holds this batch.
         with self._lock:
             entry = w.tasks.pop(msg[1], None)
-        if entry is None:
-            return  # stale
-        task, k = entry
-        if msg[0] == "error":
-            _, _, kind, message, tb, sample = msg
-            with self._lock:
+            if entry is None:
+                return  # stale
+            task, k = entry
+            if header is None:
                 self.batch_errors += 1
+            else:
+                new = msg[3]
+                if new is not None:
+                    if w.slots[k] is not None:
+                        w.slots[k].close()
+                    w.slots[k] = _ServerSlot(*new, worker=w)
+                slot = w.slots[k]
+                if slot is None:  # cannot happen unless slot bookkeeping is wrong: drop the batch, ask again
+                    log.error("data worker %d built into slot %d, which the server no longer has", w.wid, k)
+                    w.renew.add(k)
+                    if not task.cancelled:
+                        self._pending.appendleft(task)
+                    return
+                slot.in_use = True
+                slot.used_bytes = header.payload_bytes
+                self.batches_built += 1
+                self.build_seconds += header.build_s
+        if header is None:
+            _, _, kind, message, tb, sample = msg
             if not task.cancelled:
                 self._fail(task, kind, message, tb, sample)
             return
-        _, _, _, new, head = msg
-        header = pb.BatchHeader.FromString(head)
-        with self._lock:
-            if new is not None:
-                if w.slots[k] is not None:
-                    w.slots[k].close()
-                w.slots[k] = _ServerSlot(*new, worker=w)
-            slot = w.slots[k]
-            if slot is None:  # cannot happen unless slot bookkeeping is wrong: drop the batch, ask again
-                log.error("data worker %d built into slot %d, which the server no longer has", w.wid, k)
-                w.renew.add(k)
-                if not task.cancelled:
-                    self._pending.appendleft(task)
-                return
-            slot.in_use = True
-            slot.used_bytes = header.payload_bytes
-            self.batches_built += 1
-            self.build_seconds += header.build_s
         if task.cancelled:
             self._release(slot)
             return
@@ -432,7 +436,7 @@ class WorkerPool:
             self._unlease(slot)
             if slot.orphan:
                 slot.close()
-        self._wake()
+        self._assign()
 
     def _retire(self, slot: _ServerSlot) -> None:
         with self._lock:

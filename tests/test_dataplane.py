@@ -155,3 +155,55 @@ def test_a_slot_is_released_or_retired_once_whichever_comes_first():
     r2.retire()
     r2.release()
     assert calls == ["release", "retire2"]
+
+
+def test_no_slot_is_handed_out_while_it_still_holds_a_batch(monkeypatch):
+    # Submit and release hand tasks to workers on the caller's thread, beside the dispatcher.
+    # Between "the worker says done" and "its slot is in use" no other thread may see the slot
+    # free, or the worker rebuilds into it while the batch is being read. A slow header parse
+    # widens that window; each batch is read 5 ms after delivery and checked byte for byte.
+    import threading
+
+    from data_service import codec, workers
+    from data_service.pipeline import build_batch
+    from data_service.wire import pb
+
+    class SlowHeaders:
+        class BatchHeader:
+            @staticmethod
+            def FromString(raw):
+                time.sleep(0.003)
+                return pb.BatchHeader.FromString(raw)
+
+        def __getattr__(self, name):
+            return getattr(pb, name)
+
+    monkeypatch.setattr(workers, "pb", SlowHeaders())
+    spec = PipelineSpec("examples.synthetic:build_pipeline", {"size": 64, "batch_size": 4})
+    pipe, n = spec.load(), 16
+    cfg = pipe.plan_config()
+    expected = {i: bytes(codec.encode(build_batch(pipe, cfg, 0, 0, i))[2]) for i in range(n)}
+    pool = workers.WorkerPool(spec.to_json(), 1, slots_per_worker=2)
+    pool.start()
+    results: queue.Queue = queue.Queue()
+    bad: list[int] = []
+
+    def check() -> None:
+        for _ in range(3 * n):
+            r = results.get(timeout=30)
+            time.sleep(0.005)
+            if r.error is not None or bytes(r.payload) != expected[r.task.index]:
+                bad.append(r.task.index)
+            r.release()
+
+    checker = threading.Thread(target=check, daemon=True)
+    checker.start()
+    try:
+        for i in list(range(n)) * 3:  # more tasks than slots: submits arrive while slots turn over
+            pool.submit(workers.Task(0, 0, i, results.put))
+            time.sleep(0.001)
+        checker.join(60)
+        assert not checker.is_alive(), "the pool stopped delivering"
+        assert bad == [], f"batches {bad} changed while they were read"
+    finally:
+        pool.stop()

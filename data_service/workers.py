@@ -456,6 +456,7 @@ class WorkerPool:
         """After a replacement failed for good: with no worker alive and none being replaced, fail
         what is queued and every later request (consumers ask other servers) and tell the server."""
         with self._lock:
+            # > 1: the replacement thread calling this still counts itself
             if self._stopping or any(w.alive for w in self._workers) or self._replacing > 1:
                 return
             self.no_workers = (f"data server has no data worker left (replacing them failed: {last_error}); "

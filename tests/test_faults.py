@@ -491,10 +491,17 @@ def test_a_worker_killed_while_its_replacement_loads_is_replaced_again(tmp_path)
         server.kill()
 
 
-def test_a_worker_killed_while_the_server_starts_is_started_again(tmp_path):
+def _dying_loads(tmp_path, times: int, armed: bool = True):
+    """Pipeline options under which the first ``times`` worker loads SIGKILL themselves (counted in
+    the returned directory), once that directory exists (``armed`` creates it now)."""
     deaths = tmp_path / "deaths"
-    deaths.mkdir()
-    opts = {**OPTS, "die_loading": 2, "die_loading_dir": str(deaths)}
+    if armed:
+        deaths.mkdir()
+    return {**OPTS, "die_loading": times, "die_loading_dir": str(deaths)}, deaths
+
+
+def test_a_worker_killed_while_the_server_starts_is_started_again(tmp_path):
+    opts, deaths = _dying_loads(tmp_path, 2)
     server = ServerProc(opts, workers=1, token=TOKEN).start()  # raises if the server gives up
     try:
         assert len(os.listdir(deaths)) == 2  # two workers really died while loading
@@ -507,10 +514,8 @@ def test_a_worker_killed_while_the_server_starts_is_started_again(tmp_path):
 
 
 def test_a_worker_that_dies_on_every_start_fails_the_server_with_a_clear_error(tmp_path):
-    deaths = tmp_path / "deaths"
-    deaths.mkdir()
+    opts, deaths = _dying_loads(tmp_path, 100)
     log = tmp_path / "server.log"
-    opts = {**OPTS, "die_loading": 100, "die_loading_dir": str(deaths)}
     server = ServerProc(opts, workers=1, token=TOKEN, log_path=log)
     with pytest.raises(RuntimeError, match="exited with"):
         server.start(timeout=90)
@@ -526,9 +531,9 @@ def test_a_server_whose_workers_cannot_be_replaced_says_not_serving_and_refuses_
     from data_service import workers
 
     monkeypatch.setattr(workers, "RESPAWN_BACKOFF_S", (0.1,))  # two replacement attempts
-    deaths = tmp_path / "deaths"  # armed once it exists: the first worker loads fine
-    server = server_factory({**OPTS, "die_loading": 100, "die_loading_dir": str(deaths)}, num_workers=1)
-    deaths.mkdir()
+    opts, deaths = _dying_loads(tmp_path, 100, armed=False)  # the first worker loads fine
+    server = server_factory(opts, num_workers=1)
+    deaths.mkdir()  # armed: every replacement dies
     os.kill(server.pool.worker_pids()[0], signal.SIGKILL)
     wait_until(lambda: server.pool.no_workers, 60, "the server gives up replacing its worker")
     assert len(os.listdir(deaths)) == 2

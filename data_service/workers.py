@@ -375,21 +375,31 @@ class WorkerPool:
             self._on_death(w)
             return
         header = pb.BatchHeader.FromString(msg[4]) if msg[0] == "done" else None
+        opened = None
+        if header is not None and msg[3] is not None:
+            # Opened before taking the task off the worker: until then no other task can be
+            # given this slot, so the worker cannot replace the region under us.
+            try:
+                opened = _ServerSlot(*msg[3], worker=w)
+            except OSError as exc:
+                self._on_unmappable(w, msg[1], exc)
+                return
         # One locked step from "the task is done" to "its slot is in use": other threads assign
         # tasks too (submit, release), and must never see the slot free while it holds this batch.
         with self._lock:
             entry = w.tasks.pop(msg[1], None)
             if entry is None:
+                if opened is not None:
+                    opened.close()
                 return  # stale
             task, k = entry
             if header is None:
                 self.batch_errors += 1
             else:
-                new = msg[3]
-                if new is not None:
+                if opened is not None:
                     if w.slots[k] is not None:
                         w.slots[k].close()
-                    w.slots[k] = _ServerSlot(*new, worker=w)
+                    w.slots[k] = opened
                 slot = w.slots[k]
                 if slot is None:  # cannot happen unless slot bookkeeping is wrong: drop the batch, ask again
                     log.error("data worker %d built into slot %d, which the server no longer has", w.wid, k)
@@ -413,6 +423,28 @@ class WorkerPool:
         task.on_result(Result(task, header=header, payload=view, shm_path=slot.path, shm_size=slot.capacity,
                               shm_inode=slot.inode, _release=lambda: self._release(slot),
                               _retire=lambda: self._retire(slot), _lease=lambda: self._lease(slot)))
+
+    def _on_unmappable(self, w: _Worker, task_id: int, exc: OSError) -> None:
+        """The server could not open the new region a batch was built into. Usually the worker
+        died right after reporting it (the /proc path went with it): build the batch again
+        elsewhere. A live worker means the server itself is short of something (descriptors)."""
+        w.process.join(0.5)
+        dead = w.process.exitcode is not None
+        with self._lock:
+            entry = w.tasks.pop(task_id, None)
+            if entry is None:
+                return  # stale
+            task, k = entry
+            w.renew.add(k)  # the worker must report a fresh region for this slot
+            if dead and not task.cancelled:
+                self._pending.appendleft(task)
+        if dead:
+            log.warning("data worker %d died before its epoch %d batch %d could be mapped; building it again",
+                        w.wid, task.epoch, task.index)
+        elif not task.cancelled:
+            self._fail(task, pb.INTERNAL,
+                       f"data server could not map the batch data worker {w.wid} built ({exc}); "
+                       "if it is out of file descriptors, raise the limit (ulimit -n)")
 
     def _lease(self, slot: _ServerSlot) -> bool:
         with self._lock:

@@ -190,6 +190,55 @@ def test_worker_kill9_mid_epoch_is_rebuilt_without_gap_or_duplicate(tmp_path, sl
         server.kill()
 
 
+def test_a_worker_killed_before_the_server_opened_its_new_slot_loses_no_batch(monkeypatch, tmp_path):
+    # A worker reports a batch built into a new region (/proc/<worker pid>/fd/<n>), then dies on
+    # its next batch before the dispatcher opens that region: the path is gone with the process.
+    # The batch must be rebuilt, not dropped (it was: the consumer waited out batch_timeout).
+    # A slow parse of batch 1's header holds the dispatcher while the worker builds batch 2 and
+    # dies (sample 13); one worker, two slots, so batches 0 and 1 each open a new region.
+    import queue
+
+    from data_service import workers
+
+    class SlowHeaderOfBatch1:
+        class BatchHeader:
+            @staticmethod
+            def FromString(raw):
+                header = pb.BatchHeader.FromString(raw)
+                if header.ref.index == 1:
+                    time.sleep(1.5)
+                return header
+
+        def __getattr__(self, name):
+            return getattr(pb, name)
+
+    monkeypatch.setattr(workers, "pb", SlowHeaderOfBatch1())
+    opts = {"size": 36, "batch_size": 6, "shuffle": False, "crash_once_at": 13, "crash_marker": str(tmp_path / "m")}
+    pool = workers.WorkerPool(PipelineSpec("examples.synthetic:build_pipeline", opts).to_json(), 1, slots_per_worker=2)
+    pool.start()
+    results: queue.Queue = queue.Queue()
+
+    def take(result):
+        results.put((result.task.index, result.error))
+        result.release()  # at once, as a fast consumer does: batch 2 goes out while batch 1 is parsed
+
+    try:
+        for i in range(6):
+            pool.submit(workers.Task(0, 0, i, take))
+        got = []
+        for _ in range(6):
+            try:
+                got.append(results.get(timeout=30))
+            except queue.Empty:
+                pytest.fail(f"batches {sorted(set(range(6)) - {i for i, _ in got})} never came back")
+        assert (tmp_path / "m").exists()  # the worker really died
+        assert sorted(i for i, _ in got) == list(range(6))
+        assert [e for _, e in got if e is not None] == []
+        wait_until(lambda: pool.restarts == 1, 30, "the dead worker is replaced")
+    finally:
+        pool.stop()
+
+
 @pytest.mark.slow
 def test_a_worker_that_crashes_on_one_batch_on_two_servers_loses_nothing(server_factory, tmp_path):
     # Both servers crash their worker on the same sample once (a marker per server): the batch is

@@ -20,6 +20,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ from data_service.wire import pb
 from .buffers import BufferPool
 
 log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_S = 5.0  # closing waits this long for the connection's threads
 
 
 @dataclass
@@ -63,6 +66,7 @@ class BulkConnection:
         self._pin = pin_memory
         self._version = client_version
         self._sock: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
         self._send_lock = threading.Lock()
         self.closed = False
         self.bytes_received = 0
@@ -112,9 +116,12 @@ class BulkConnection:
             sock.close()
             raise
         self._sock = sock
-        threading.Thread(target=self._read_loop, name=f"recv-{self.address}", daemon=True).start()
+        self._threads = [threading.Thread(target=self._read_loop, name=f"recv-{self.address}", daemon=True)]
         if self.shm:
-            threading.Thread(target=self._release_loop, name=f"release-{self.address}", daemon=True).start()
+            self._threads.append(threading.Thread(target=self._release_loop, name=f"release-{self.address}",
+                                                  daemon=True))
+        for t in self._threads:
+            t.start()
 
     def fetch(self, refs: list[pb.BatchRef]) -> None:
         """Ask for batches; raises OSError if the connection is gone."""
@@ -133,6 +140,16 @@ class BulkConnection:
             except OSError:
                 pass
             self._sock.close()
+        # Wait for our threads (not from one of them): one still dropping a tensor while the
+        # interpreter exits is killed inside torch's destructor, and the process aborts
+        # ("terminate called without an active exception").
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+                if t.is_alive():
+                    log.warning("thread %s did not end within %.0fs of closing the connection", t.name,
+                                JOIN_TIMEOUT_S)
 
     def _map_slot(self, header: pb.BatchHeader) -> mmap.mmap:
         """Map the server's slot named in ``header`` (cached per slot)."""
@@ -247,6 +264,7 @@ class BulkConnection:
                     self.bytes_received += header.payload_bytes
                     batch = codec.decode(header, buf, self._max)
                     self._events.put(Event("batch", self, ref=header.ref, batch=batch, nbytes=header.payload_bytes))
+                    del batch, buf  # the consumer's thread, not this one, should drop the last reference
                 elif kind == "error":
                     self._events.put(Event("error", self, ref=frame.error.ref, error=frame.error))
                 else:

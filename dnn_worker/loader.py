@@ -54,13 +54,22 @@ class ResumableLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._consumed = 0
-        batches: Iterator[Any] = iter(self.loader)
+        it = iter(self.loader)
+        batches: Iterator[Any] = it
         if self.audit_path is not None:
             indices = self.dataset.rank_indices()
             batches = self.dataset._audited(zip(indices, batches), self.audit_path)
-        for batch in batches:
-            self._consumed += 1
-            yield batch
+        try:
+            for batch in batches:
+                self._consumed += 1
+                yield batch
+        finally:
+            # Stop the loader's workers when this iteration ends or is closed, not when the
+            # iterator is collected: a traceback can keep it alive until the process exits, and
+            # workers that ignore SIGTERM (the launcher's) would then hold the exit forever.
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
         # The epoch is complete: a checkpoint taken now resumes at the next epoch.
         self.dataset.start = 0
         self._consumed = 0

@@ -216,37 +216,41 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
         if rank == 0 and sys.stderr.isatty():
             from tqdm import tqdm
             bar = tqdm(total=len(progress.indices), desc=f"epoch {epoch}", leave=False)
-        timer.restart()
-        while not (cfg.max_steps and steps_done() >= cfg.max_steps):
-            if _stop_agreed(job, device):
-                stopped = True
-                break
-            try:
-                batch = timer.fetch(batches)
-            except StopIteration:
-                progress.epoch_done()
-                break
-            except Exception as exc:
-                if STOP.is_set() and job.world_size == 1:  # e.g. the data nodes were stopped too
-                    log.warning("fetching a batch failed after SIGTERM (%s: %s); checkpointing what was trained",
-                                type(exc).__name__, exc)
+        try:
+            timer.restart()
+            while not (cfg.max_steps and steps_done() >= cfg.max_steps):
+                if _stop_agreed(job, device):
                     stopped = True
                     break
-                raise
-            progress.took()
-            if step_fn is None:
-                time.sleep(cfg.emulate_step_s)
-            else:
-                loss = step_fn(model, batch, optimizer, device)
-            timer.done(batch_size_of(batch))
-            if bar is not None:
-                bar.update(1)
-            if writer is not None and loss is not None:
-                writer.add_scalar("loss", loss, steps_done())
-            if cfg.checkpoint_every and steps_done() % cfg.checkpoint_every == 0:
-                _checkpoint(job, rank, plain, optimizer, progress, steps_done(), "running")
-        batches.close()
-        feed.close()  # stops the loader's workers now, not at garbage collection
+                try:
+                    batch = timer.fetch(batches)
+                except StopIteration:
+                    progress.epoch_done()
+                    break
+                except Exception as exc:
+                    if STOP.is_set() and job.world_size == 1:  # e.g. the data nodes were stopped too
+                        log.warning("fetching a batch failed after SIGTERM (%s: %s); checkpointing what was trained",
+                                    type(exc).__name__, exc)
+                        stopped = True
+                        break
+                    raise
+                progress.took()
+                if step_fn is None:
+                    time.sleep(cfg.emulate_step_s)
+                else:
+                    loss = step_fn(model, batch, optimizer, device)
+                timer.done(batch_size_of(batch))
+                if bar is not None:
+                    bar.update(1)
+                if writer is not None and loss is not None:
+                    writer.add_scalar("loss", loss, steps_done())
+                if cfg.checkpoint_every and steps_done() % cfg.checkpoint_every == 0:
+                    _checkpoint(job, rank, plain, optimizer, progress, steps_done(), "running")
+        finally:
+            # On every path, errors included: a failing run's traceback would otherwise keep the
+            # loader alive, and its workers (which ignore SIGTERM) would hold the exit forever.
+            batches.close()
+            feed.close()  # stops the loader's workers now, not at garbage collection
         if bar is not None:
             bar.close()
         log.info("epoch %d %s: %d steps so far%s", epoch, "stopped" if stopped else "done", steps_done(),

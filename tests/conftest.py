@@ -119,6 +119,21 @@ def server_process():
         p.kill()
 
 
+@pytest.fixture
+def fresh_forkserver():
+    """For tests that run the trainer in this process with loader workers (started by a forkserver).
+
+    A forkserver keeps the environment it started with, and its children inherit that, not this
+    process's current one: one started by an earlier test (e.g. before SM_CHANNEL_TRAINING was set)
+    would give this test's workers the wrong data. Stop it before and after the test.
+    """
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()
+    yield
+    forkserver._forkserver._stop()
+
+
 # ----------------------------------------------------------------- /dev/shm leak check
 # Issue 8: shared-memory segments are always released, also after crashes and Ctrl-C.
 # Slots are anonymous memfds, but multiprocessing's named semaphores (DataLoader

@@ -52,7 +52,8 @@ def inprocess_job(tmp_path: Path, **hps) -> TrainJob:
                     checkpoint_dir=str(tmp_path / "ckpt"))
 
 
-def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, monkeypatch, sigterm_handler):
+def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, monkeypatch, sigterm_handler,
+                                                                    fresh_forkserver):
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(synth_data(tmp_path / "data", 800, 0)))  # 100 batches of 8
     monkeypatch.setattr(faults, "SIGTERM_AT_STEP", 30)
     monkeypatch.setitem(faults._sigterm_calls, "n", 0)
@@ -105,7 +106,7 @@ def failing_step(model, batch, optimizer, device) -> float:
     return 0.0
 
 
-def test_a_failing_step_leaves_no_loader_worker_behind(tmp_path, monkeypatch):
+def test_a_failing_step_leaves_no_loader_worker_behind(tmp_path, monkeypatch, fresh_forkserver):
     # The launcher's loader workers ignore SIGTERM (a process-group SIGTERM must not kill them
     # mid-epoch). When a step raised, the failure's traceback held the loader wherever it was kept
     # (a log handler that keeps records, an error reporter, a test report), so its workers outlived
@@ -113,7 +114,6 @@ def test_a_failing_step_leaves_no_loader_worker_behind(tmp_path, monkeypatch):
     # then joins them without a deadline. Seen as a hung test run.
     import logging
     import multiprocessing
-    from multiprocessing import forkserver
 
     from launcher import dnn_node
     from launcher.dnn_node import EXIT_TRAINING_FAILED
@@ -127,23 +127,18 @@ def test_a_failing_step_leaves_no_loader_worker_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(dnn_node.log, "handlers", [*dnn_node.log.handlers, KeepRecords(logging.ERROR)])
     monkeypatch.setattr(failing_step, "calls", 0, raising=False)
     before = {p.pid for p in multiprocessing.active_children()}
-    # The synthetic pipeline reads no environment (the trainer's forkserver, if an earlier test
-    # started it, keeps the environment it started with).
     job = inprocess_job(tmp_path, step="test_resume:failing_step", pipeline="examples.synthetic:build_pipeline",
                         pipeline_options={"size": 64, "batch_size": 4})
-    try:
-        assert run_trainers(job, 300) == EXIT_TRAINING_FAILED
-        assert any(r.exc_info for r in kept), "the failure's traceback is kept"
-        # Checked before the forkserver stops: a worker notices its parent is gone and ends by itself.
-        deadline = time.monotonic() + 15
-        while (left := [p for p in multiprocessing.active_children()
-                        if p.pid not in before and "ForkServerProcess" in type(p).__name__]) \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert left == [], f"loader workers still running after the failed run: {left}"
-    finally:
-        kept.clear()
-        forkserver._forkserver._stop()  # a later in-process trainer starts one with its own environment
+    assert run_trainers(job, 300) == EXIT_TRAINING_FAILED
+    assert any(r.exc_info for r in kept), "the failure's traceback is kept"
+    # Checked while the forkserver runs (fixture): once it stops, a worker ends by itself.
+    deadline = time.monotonic() + 15
+    while (left := [p for p in multiprocessing.active_children()
+                    if p.pid not in before and "ForkServerProcess" in type(p).__name__]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kept.clear()
+    assert left == [], f"loader workers still running after the failed run: {left}"
 
 
 def test_a_checkpoint_of_another_job_is_refused_with_the_fix(tmp_path):

@@ -195,3 +195,24 @@ class FakeBulkServer:
 def frame_bytes(frame: pb.BulkFrame) -> bytes:
     head = frame.SerializeToString()
     return framing._LEN.pack(len(head)) + head
+
+
+def slow_header_parse(monkeypatch, seconds: Callable[[pb.BatchHeader], float]) -> None:
+    """Make the worker pool's dispatcher sleep ``seconds(header)`` after parsing each batch header.
+
+    That widens the window between "a worker says done" and "the server takes the batch", where
+    races with other threads (assigning tasks, a worker dying) would show."""
+    from data_service import workers
+
+    class _SlowHeaders:
+        class BatchHeader:
+            @staticmethod
+            def FromString(raw):
+                header = pb.BatchHeader.FromString(raw)
+                time.sleep(seconds(header))
+                return header
+
+        def __getattr__(self, name):
+            return getattr(pb, name)
+
+    monkeypatch.setattr(workers, "pb", _SlowHeaders())

@@ -164,21 +164,11 @@ def test_no_slot_is_handed_out_while_it_still_holds_a_batch(monkeypatch):
     # widens that window; each batch is read 5 ms after delivery and checked byte for byte.
     import threading
 
+    from _fault_helpers import slow_header_parse
     from data_service import codec, workers
     from data_service.pipeline import build_batch
-    from data_service.wire import pb
 
-    class SlowHeaders:
-        class BatchHeader:
-            @staticmethod
-            def FromString(raw):
-                time.sleep(0.003)
-                return pb.BatchHeader.FromString(raw)
-
-        def __getattr__(self, name):
-            return getattr(pb, name)
-
-    monkeypatch.setattr(workers, "pb", SlowHeaders())
+    slow_header_parse(monkeypatch, lambda header: 0.003)
     spec = PipelineSpec("examples.synthetic:build_pipeline", {"size": 64, "batch_size": 4})
     pipe, n = spec.load(), 16
     cfg = pipe.plan_config()

@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from _fault_helpers import (REPS, SLOW_REPS, FaultProxy, RawBulk, ServerProc, assert_exactly_once, bulk_port,
-                            check_audit, free_port, read_audit, stats, wait_clean, wait_until)
+                            check_audit, free_port, read_audit, slow_header_parse, stats, wait_clean,
+                            wait_until)
 from conftest import TOKEN
 from data_service.codec import batch_digest
 from data_service.errors import BatchBuildError, ServerUnavailableError
@@ -200,19 +201,7 @@ def test_a_worker_killed_before_the_server_opened_its_new_slot_loses_no_batch(mo
 
     from data_service import workers
 
-    class SlowHeaderOfBatch1:
-        class BatchHeader:
-            @staticmethod
-            def FromString(raw):
-                header = pb.BatchHeader.FromString(raw)
-                if header.ref.index == 1:
-                    time.sleep(1.5)
-                return header
-
-        def __getattr__(self, name):
-            return getattr(pb, name)
-
-    monkeypatch.setattr(workers, "pb", SlowHeaderOfBatch1())
+    slow_header_parse(monkeypatch, lambda header: 1.5 if header.ref.index == 1 else 0.0)
     opts = {"size": 36, "batch_size": 6, "shuffle": False, "crash_once_at": 13, "crash_marker": str(tmp_path / "m")}
     pool = workers.WorkerPool(PipelineSpec("examples.synthetic:build_pipeline", opts).to_json(), 1, slots_per_worker=2)
     pool.start()

@@ -13,20 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 from dnn_worker import ControlClient, RemoteDataset
+from hetero.ports import free_port
 
 TOKEN = "scaling-bench"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(workers: int, servers: int, seconds: float, work_ms: float, batch_size: int) -> float:
@@ -35,7 +29,7 @@ def measure(workers: int, servers: int, seconds: float, work_ms: float, batch_si
     procs, addresses = [], []
     try:
         for n in split:
-            port = _free_port()
+            port = free_port()
             cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve",
                    "examples.synthetic:build_pipeline", "-o", "size=100000", "-o", f"batch_size={batch_size}",
                    "-o", f"work_ms={work_ms}", "-o", "shape=[1,28,28]", "--host", "127.0.0.1", "--port", str(port),

@@ -102,10 +102,9 @@ def service(size: int, seconds: float, workers: int, shm: bool = False, slots: i
     import subprocess
 
     from dnn_worker import ControlClient, RemoteDataset
+    from hetero.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", "examples.synthetic:build_blob_pipeline",
            "-o", "size=1000000", "-o", f"batch_bytes={size}", "--host", "127.0.0.1", "--port", str(port),
            "--workers", str(workers), "--slots-per-worker", str(slots), "--max-batch-bytes", str(max(2 * size, MB)), "--token", "bench"]

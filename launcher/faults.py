@@ -2,10 +2,15 @@
 
 ``--hp step=launcher.faults:crash_step`` trains normally for ``CRASH_AT_STEP - 1`` steps with
 the MNIST step, then raises, as a trainer bug or an out-of-memory error would mid-run.
+The MNIST step is the launcher's default ``step`` option, loaded by import path like any user's step.
 """
 from __future__ import annotations
 
 import torch
+
+from .config import load_object
+
+MNIST_STEP = "examples.mnist:train_step"
 
 CRASH_AT_STEP = 20
 _calls = {"n": 0}
@@ -17,12 +22,10 @@ class InjectedFault(RuntimeError):
 
 def crash_step(model: torch.nn.Module, batch, optimizer: torch.optim.Optimizer, device: torch.device) -> float:
     """The MNIST step until step ``CRASH_AT_STEP``, where it raises ``InjectedFault``."""
-    from examples.mnist import train_step
-
     _calls["n"] += 1
     if _calls["n"] >= CRASH_AT_STEP:
         raise InjectedFault(f"injected trainer failure at step {_calls['n']} (launcher.faults:crash_step)")
-    return train_step(model, batch, optimizer, device)
+    return load_object(MNIST_STEP, "step")(model, batch, optimizer, device)
 
 
 SIGTERM_AT_STEP = 30
@@ -35,9 +38,7 @@ def sigterm_step(model: torch.nn.Module, batch, optimizer: torch.optim.Optimizer
     import os
     import signal
 
-    from examples.mnist import train_step
-
     _sigterm_calls["n"] += 1
     if _sigterm_calls["n"] == SIGTERM_AT_STEP:
         os.kill(os.getpid(), signal.SIGTERM)
-    return train_step(model, batch, optimizer, device)
+    return load_object(MNIST_STEP, "step")(model, batch, optimizer, device)

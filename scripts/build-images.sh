@@ -3,12 +3,12 @@
 # Usage: bash scripts/build-images.sh [data] [dnn]       (default: both)
 #
 #   ENGINE          podman or docker (default: podman if present, else docker)
-#   BASE_IMAGE      base of both images (default here: localhost/hetero-base:py3, built by
-#                   ../shared/tools/make-base-image when podman is used and the image is absent;
-#                   set BASE_IMAGE= to use each Dockerfile's own default: python:3.11-slim and a
-#                   CUDA PyTorch image)
-#   TORCH_INDEX_URL where torch comes from (default here: empty = the package index's CUDA build,
-#                   because the PyTorch CPU index is not reachable on these machines; set
+#   BASE_IMAGE      base of both images (default: localhost/hetero-base:py3, a local Python 3.11
+#                   image; set BASE_IMAGE= to use each Dockerfile's own default: python:3.11-slim
+#                   and a CUDA PyTorch image)
+#   MAKE_BASE_IMAGE command that builds localhost/hetero-base:py3, run when that image is absent
+#   TORCH_INDEX_URL where torch comes from (default: empty = the package index's CUDA build, for
+#                   build hosts that cannot reach the PyTorch CPU index; set
 #                   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for a slim data image)
 #   PIP_CERT        CA bundle pip uses inside the build (default: /etc/ssl/certs/ca-certificates.crt
 #                   when BASE_IMAGE is the local base image)
@@ -26,9 +26,8 @@ DNN_IMAGE=${DNN_IMAGE:-localhost/hetero-dnn:latest}
 if [ "$BASE_IMAGE" = "$LOCAL_BASE" ]; then
   PIP_CERT=${PIP_CERT-/etc/ssl/certs/ca-certificates.crt}
   if ! $ENGINE image exists "$LOCAL_BASE" 2>/dev/null; then
-    tool=../shared/tools/make-base-image
-    [ -x "$tool" ] || { echo "build-images: $LOCAL_BASE is missing and $tool is not there; set BASE_IMAGE" >&2; exit 2; }
-    "$tool"
+    [ -n "${MAKE_BASE_IMAGE:-}" ] || { echo "build-images: $LOCAL_BASE is missing; set MAKE_BASE_IMAGE to a command that builds it, or BASE_IMAGE= for the public bases" >&2; exit 2; }
+    $MAKE_BASE_IMAGE
   fi
 fi
 deps_hash=$(cat requirements/torch.txt pyproject.toml docker/install-deps.sh | sha256sum | cut -c1-16)

@@ -1,8 +1,9 @@
 """Helpers of the fault, hostile-input and soak suites.
 
 Repetitions: each fault runs ``REPS`` times (``HETERO_FAULT_REPS``, default 1; ``-m slow`` tests use
-``SLOW_REPS``, default 5). Accounting of lost/duplicated/corrupt batches goes through the audit
-log (``benchmarks.soak.account``), so the tests and the soak count the same way.
+``SLOW_REPS``, default 5). Servers, the fault proxy and the accounting of lost/duplicated/corrupt
+batches through the audit log come from ``hetero.testing``, so the tests and the soak count the
+same way.
 """
 from __future__ import annotations
 
@@ -13,25 +14,13 @@ import threading
 import time
 from typing import Callable
 
-from benchmarks.soak import FaultProxy, Reference, ServerProc, account, free_port, read_audit  # noqa: F401
 from conftest import TOKEN
 from data_service import framing
-from data_service.sampler import rank_share
 from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
 REPS = int(os.environ.get("HETERO_FAULT_REPS", "1"))
 SLOW_REPS = int(os.environ.get("HETERO_FAULT_SLOW_REPS", "5"))
-PIPELINE = "examples.synthetic:build_pipeline"
-
-
-def check_audit(path, options: dict, seed: int, world: int = 1, complete: bool = True) -> dict:
-    """Account an audit log against the plan and the in-process bytes; returns the counts."""
-    from data_service.pipeline import PipelineSpec
-
-    per_epoch = PipelineSpec(PIPELINE, options).load().plan_config().num_batches
-    return account(read_audit(path), lambda r: rank_share(per_epoch, r, world, "drop"),
-                   Reference(PIPELINE, options, seed), complete=complete)
 
 
 def assert_exactly_once(acc: dict, expected: int | None = None) -> None:

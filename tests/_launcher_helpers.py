@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from examples.mnist import write_synthetic
+from hetero.synthetic_mnist import write_synthetic
 from hetero.local.tree import Node, build_nodes
 from launcher.jobtoken import derive_token
 

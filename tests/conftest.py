@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,9 +10,9 @@ import pytest
 
 from data_service.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
+from hetero.testing import TOKEN, ServerProc
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "test-token"
 
 # A server stopping in the background may log after pytest closed its capture stream;
 # that is not an error of the code under test.
@@ -51,66 +48,16 @@ def shared_server():
     s.shutdown(grace_s=2.0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """``hetero serve`` in its own process (so tests can kill -9 it)."""
-
-    def __init__(self, options: list[str], port: int | None = None, workers: int = 1, token: str = TOKEN,
-                 pipeline: str = "examples.synthetic:build_pipeline") -> None:
-        self.port = port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "hetero", "serve", pipeline, "--host", "127.0.0.1",
-                    "--port", str(self.port), "--workers", str(workers), "--token", token]
-        for o in options:
-            self.cmd += ["-o", o]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, wait: bool = True, timeout: float = 60.0) -> "ServerProcess":
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
-        if wait:
-            self.wait_ready(timeout)
-        return self
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        from dnn_worker.control import ControlClient
-
-        deadline = time.monotonic() + timeout
-        with ControlClient(self.address, TOKEN) as ctl:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited {self.proc.returncode}: {self.proc.stdout.read()}")
-                if ctl.healthy(timeout=1.0):
-                    return
-                time.sleep(0.2)
-        raise TimeoutError(f"server {self.address} not healthy within {timeout}s")
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 @pytest.fixture
-def server_process():
-    procs: list[ServerProcess] = []
+def server_process(tmp_path):
+    """``server_process(pipeline_options, **ServerProc_kwargs)``: ``hetero serve`` in its own process
+    (so tests can kill -9 it), building batch 0 at start-up and 4 slots per worker as the CLI's
+    defaults; its output goes to a log under ``tmp_path``. All are killed at teardown."""
+    procs: list[ServerProc] = []
 
-    def make(options: list[str], **kw) -> ServerProcess:
-        p = ServerProcess(options, **kw)
+    def make(options: dict, **kw) -> ServerProc:
+        kw = {"probe": True, "slots": 4, "token": TOKEN, "log_path": tmp_path / f"server{len(procs)}.log", **kw}
+        p = ServerProc(options, **kw)
         procs.append(p)
         return p
 
@@ -135,7 +82,7 @@ def fresh_forkserver():
 
 
 # ----------------------------------------------------------------- /dev/shm leak check
-# Issue 8: shared-memory segments are always released, also after crashes and Ctrl-C.
+# Shared-memory segments are always released, also after crashes and Ctrl-C.
 # Slots are anonymous memfds, but multiprocessing's named semaphores (DataLoader
 # queues, events) live in /dev/shm and leak if their owner and its resource
 # tracker are killed together. The suite fails if it leaves any entry behind.

@@ -1,4 +1,4 @@
-"""The step-time benchmark (benchmarks/step_time.py): figures, costs, output, CPU accounting, runs."""
+"""The step-time benchmark (hetero/bench): figures, costs, output, CPU accounting, runs."""
 from __future__ import annotations
 
 import json
@@ -9,12 +9,13 @@ import time
 
 import pytest
 
-from benchmarks import bench_report, step_time
-from benchmarks._cpu_monitor import NodeCpuMonitor, parse_cpu_list
-from benchmarks.cost import load_prices
-from benchmarks.bench_summary import add_costs, add_prediction, summarize
-from benchmarks.step_time import BenchConfig, RunResult
+from hetero.bench import report as bench_report
+from hetero.bench import step_time
+from hetero.bench.cpu_monitor import NodeCpuMonitor, parse_cpu_list
+from hetero.bench.records import BenchConfig, RunResult
+from hetero.bench.summary import add_costs, add_prediction, summarize
 from hetero.cli import main as hetero_main
+from hetero.planning.cost import load_prices
 
 CPUS = sorted(os.sched_getaffinity(0))
 two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs (trainer + data)")
@@ -128,7 +129,7 @@ def test_cpu_monitor_counts_busy_idle_and_reaped_children():
 def test_tree_cpu_time_keeps_reaped_children():
     import psutil
 
-    from benchmarks._cpu_monitor import _tree_cpu_s
+    from hetero.bench.cpu_monitor import _tree_cpu_s
 
     code = (f"import subprocess, sys, time\nsubprocess.run([sys.executable, '-c', {_BURN.format(s=0.5)!r}])\n"
             "print('reaped', flush=True)\ntime.sleep(5)\n")
@@ -167,7 +168,7 @@ def test_bad_input_exits_2_before_running(tmp_path, capsys, argv, needle):
 def test_one_pinned_homogeneous_run(tmp_path):
     cfg = BenchConfig([CPUS[0]], [CPUS[1]], steps=24, warmup=4, batch_size=16, augment_repeats=1,
                       emulate_step_s=0.01, output=tmp_path, quiet_wait_s=0)
-    from examples.mnist import write_synthetic
+    from hetero.synthetic_mnist import write_synthetic
 
     write_synthetic(tmp_path / "data", 25 * 16, 0)
     r = step_time.run_mode(cfg, "homogeneous", 0, tmp_path / "data")

@@ -15,7 +15,7 @@ def hetero(*args, env=None, timeout=60):
 
 
 def test_serve_stats_and_authenticated_shutdown(server_process):
-    server = server_process(["size=40", "batch_size=8"]).start()
+    server = server_process({"size": 40, "batch_size": 8}).start()
     stats = hetero("stats", server.address, "--token", TOKEN)
     assert stats.returncode == 0 and json.loads(stats.stdout)["workers"] == 1
     denied = hetero("shutdown", server.address, "--token", "wrong")

@@ -128,7 +128,7 @@ def _podman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def _skip_reason() -> str | None:
     if not shutil.which("podman"):
-        return "podman is not installed (run ../shared/tools/make-base-image as root; see docs/containers.md)"
+        return "podman is not installed (apt-get install podman; see docs/containers.md)"
     if not shutil.which("podman-compose"):
         return "podman-compose is not installed (apt-get install podman-compose; see docs/containers.md)"
     info = _podman("info", "--format", "{{.Host.OCIRuntime.Name}}")

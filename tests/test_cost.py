@@ -1,12 +1,12 @@
-"""Price table and cost arithmetic (benchmarks/cost.py)."""
+"""Price table and cost arithmetic (hetero/planning/cost.py)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from benchmarks import cost
-from benchmarks.cost import PriceError, load_prices
+from hetero.planning import cost
+from hetero.planning.cost import PriceError, load_prices
 
 P3 = [("ml.p3.2xlarge", 1)]
 HETERO = [("ml.p3.2xlarge", 1), ("ml.c5.9xlarge", 1)]

@@ -71,7 +71,7 @@ def test_unknown_compression_names_the_choices():
 
 def test_shared_memory_leaves_nothing_in_dev_shm_even_after_kill(server_process):
     before = shm_files()
-    server = server_process(["size=60", "batch_size=6", "shape=[3,32,32]"]).start()
+    server = server_process({"size": 60, "batch_size": 6, "shape": [3, 32, 32]}).start()
     ds = RemoteDataset([server.address], TOKEN, connect_timeout=3)
     it = iter(ds)
     next(it)

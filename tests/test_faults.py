@@ -3,7 +3,7 @@
 N is ``HETERO_FAULT_REPS`` (default 1) in the default run; ``-m slow`` repeats the cheap faults
 ``HETERO_FAULT_SLOW_REPS`` times (default 5). Builds on tests/test_service.py and
 tests/test_multinode.py (single kill, single restart, single late start are tested there).
-The holes this suite found are fixed; docs/faults.md lists them.
+docs/faults.md lists the failure modes and the tests that guard them.
 """
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ import time
 import psutil
 import pytest
 
-from _fault_helpers import (REPS, SLOW_REPS, FaultProxy, RawBulk, ServerProc, assert_exactly_once, bulk_port,
-                            check_audit, free_port, read_audit, slow_header_parse, stats, wait_clean,
-                            wait_until)
+from _fault_helpers import (REPS, SLOW_REPS, RawBulk, assert_exactly_once, bulk_port, slow_header_parse, stats,
+                            wait_clean, wait_until)
 from conftest import TOKEN
 from data_service.codec import batch_digest
 from data_service.errors import BatchBuildError, ServerUnavailableError
@@ -27,6 +26,7 @@ from data_service.sampler import PlanConfig, batch_indices
 from data_service.wire import pb
 from dnn_worker import RemoteDataset
 from dnn_worker.fetcher import Fetcher
+from hetero.testing import ConsumerProc, FaultProxy, Reference, ServerProc, check_audit, free_port, read_audit
 
 OPTS = {"size": 96, "batch_size": 4}            # 24 batches per epoch
 SLOW_OPTS = {**OPTS, "work_ms": 10}             # ~40 ms per batch per worker: faults land mid-epoch
@@ -82,8 +82,6 @@ def test_server_kill9_mid_epoch_then_the_restarted_server_rejoins(tmp_path, slow
 
 @pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_consumer_killed_mid_stream_frees_the_stream_and_resumes_from_its_audit(tmp_path, slow):
-    from benchmarks.soak import ConsumerProc
-
     server = ServerProc(OPTS, token=TOKEN).start()
     audit = tmp_path / "audit.jsonl"
     rnd = random.Random(11)
@@ -266,7 +264,6 @@ def test_transform_raising_on_one_sample_names_it_and_the_servers_stay_clean(ser
             wait_clean(s.address)
         good = [pb.BatchRef(seed=9, epoch=epoch, index=i) for i in range(24) if i != bad_batch]
         got = {ref.index: batch_digest(b) for ref, b in Fetcher([s.address for s in servers], TOKEN, good)}
-        from benchmarks.soak import Reference
         ref = Reference("examples.synthetic:build_pipeline", opts, 9).digests(epoch)
         assert got == {i: ref[i] for i in got} and len(got) == 23
         for s in servers:

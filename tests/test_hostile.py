@@ -1,7 +1,7 @@
 """Bad and hostile input on both server ports, and a hostile server against the consumer.
 
 Every case ends with the server still serving a normal consumer and its sessions cleaned up.
-The holes this suite found are fixed; docs/faults.md lists them.
+docs/faults.md lists the failure modes and the tests that guard them.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _fault_helpers import (FakeBulkServer, RawBulk, ServerProc, bulk_port, frame_bytes, stats, wait_clean,
-                            wait_until)
+from _fault_helpers import FakeBulkServer, RawBulk, bulk_port, frame_bytes, stats, wait_clean, wait_until
 from conftest import TOKEN
 from data_service import codec, framing
 from data_service.errors import ProtocolError
 from data_service.wire import pb, pb_grpc
 from dnn_worker import RemoteDataset
 from dnn_worker.connection import BulkConnection
+from hetero.testing import ServerProc
 
 pytestmark = pytest.mark.timeout(240)
 NUM_BATCHES = 13  # shared_server: 100 samples, batches of 8

@@ -1,4 +1,4 @@
-"""examples.mnist: IDX files (raw and .gz), synthetic digits, the pipeline, the CNN step, `hetero synth`."""
+"""examples.mnist and hetero.synthetic_mnist: IDX files (raw and .gz), synthetic digits, the pipeline, the CNN step, `hetero synth`."""
 import os
 import subprocess
 import sys
@@ -11,6 +11,7 @@ import torch
 from data_service.errors import ConfigError
 from data_service.pipeline import PipelineSpec, build_batch
 from examples import mnist
+from hetero import synthetic_mnist
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("name", ["x-idx3-ubyte", "x-idx3-ubyte.gz"])
 def test_idx_roundtrip(tmp_path, name):
     array = np.arange(2 * 28 * 28, dtype=np.uint8).reshape(2, 28, 28)
-    mnist.write_idx(tmp_path / name, array)
+    synthetic_mnist.write_idx(tmp_path / name, array)
     assert np.array_equal(mnist.read_idx(tmp_path / name), array)
 
 
@@ -26,7 +27,7 @@ def test_bad_idx_files_are_named(tmp_path):
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
     with pytest.raises(ConfigError, match="not a uint8 IDX file"):
         mnist.read_idx(tmp_path / "bad")
-    mnist.write_idx(tmp_path / "short", np.zeros((3, 4), dtype=np.uint8))
+    synthetic_mnist.write_idx(tmp_path / "short", np.zeros((3, 4), dtype=np.uint8))
     (tmp_path / "short").write_bytes((tmp_path / "short").read_bytes()[:-1])
     with pytest.raises(ConfigError, match="body has 11"):
         mnist.read_idx(tmp_path / "short")
@@ -41,15 +42,15 @@ def test_missing_data_says_where_it_looked(tmp_path, monkeypatch):
 
 
 def test_synthetic_digits_are_deterministic_and_class_dependent():
-    a, la = mnist.synthetic_digits(200, seed=1)
-    b, lb = mnist.synthetic_digits(200, seed=1)
+    a, la = synthetic_mnist.synthetic_digits(200, seed=1)
+    b, lb = synthetic_mnist.synthetic_digits(200, seed=1)
     assert a.shape == (200, 28, 28) and a.dtype == np.uint8 and np.array_equal(a, b) and np.array_equal(la, lb)
     means = [a[la == d].astype(float).mean() for d in (1, 8)]
     assert means[1] > means[0] * 1.5  # an 8 lights every segment, a 1 two of them
 
 
 def test_pipeline_batches_are_reproducible(tmp_path, monkeypatch):
-    mnist.write_synthetic(tmp_path, train=64, test=0, gz=True)
+    synthetic_mnist.write_synthetic(tmp_path, train=64, test=0, gz=True)
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(tmp_path))
     pipe = PipelineSpec("examples.mnist:build_pipeline", {"batch_size": 16, "augment_repeats": 2}).load()
     cfg = pipe.plan_config()
@@ -64,7 +65,7 @@ def test_pipeline_batches_are_reproducible(tmp_path, monkeypatch):
 
 
 def test_train_step_lowers_the_loss_and_evaluate_reads_t10k(tmp_path, monkeypatch):
-    mnist.write_synthetic(tmp_path, train=256, test=200)
+    synthetic_mnist.write_synthetic(tmp_path, train=256, test=200)
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(tmp_path))
     torch.manual_seed(0)
     pipe = mnist.build_pipeline(batch_size=64, blur_kernel=0, affine=False)
@@ -92,7 +93,7 @@ def test_hetero_synth_writes_mnist_files(tmp_path):
 def test_uint8_on_the_wire_and_finished_on_the_device_matches_the_server_path(tmp_path, monkeypatch):
     from dnn_worker import DeviceFeeder, FinishStage
 
-    mnist.write_synthetic(tmp_path, train=64, test=0)
+    synthetic_mnist.write_synthetic(tmp_path, train=64, test=0)
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(tmp_path))
     device_pipe = PipelineSpec("examples.mnist:build_pipeline", {"batch_size": 16}).load()
     server_pipe = PipelineSpec("examples.mnist:build_pipeline", {"batch_size": 16, "finish_on": "server"}).load()
@@ -112,7 +113,7 @@ def test_uint8_on_the_wire_and_finished_on_the_device_matches_the_server_path(tm
 
 
 def test_wire_bytes_per_sample_float32_path_is_four_times_the_uint8_path(tmp_path):
-    mnist.write_synthetic(tmp_path, train=128, test=0)
+    synthetic_mnist.write_synthetic(tmp_path, train=128, test=0)
     r = mnist.wire_bytes_per_sample(tmp_path, batch_size=32, batches=2)
     assert r["device"] == 28 * 28 + 8          # uint8 pixels + an int64 label
     assert r["server"] == 28 * 28 * 4 + 8      # float32 pixels + the label

@@ -1,7 +1,6 @@
 """Many servers x many ranks: same bytes for every cluster shape, failover, rejoin, resume, balance."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -10,12 +9,12 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp_mp
 from torch.utils.data import DataLoader
 
-from conftest import TOKEN, free_port, start_server
+from conftest import TOKEN, start_server
 from data_service.codec import batch_digest
 from data_service.pipeline import PipelineSpec
 from data_service.server import ServerOptions
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset, ResumableLoader
-from netproxy import Proxy
+from hetero.testing import FaultProxy, free_port, read_audit
 
 OPTS = {"size": 96, "batch_size": 4}  # 24 batches per epoch
 SPEC = PipelineSpec("examples.synthetic:build_pipeline", OPTS)
@@ -25,10 +24,6 @@ def reference(seed=0, epoch=0):
     ds = LocalDataset(SPEC, seed=seed)
     ds.set_epoch(epoch)
     return [batch_digest(b) for b in ds]
-
-
-def read_audit(path):
-    return [json.loads(line) for line in open(path)]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +60,7 @@ def test_data_parallel_groups_share_batches(two_servers):
 
 
 def test_server_killed_mid_epoch_its_batches_come_from_the_others(server_process, tmp_path):
-    opts = ["size=96", "batch_size=4", "work_ms=15"]  # ~60 ms per batch per worker
+    opts = {"size": 96, "batch_size": 4, "work_ms": 15}  # ~60 ms per batch per worker
     a, b = server_process(opts).start(), server_process(opts).start()
     audit = tmp_path / "audit.jsonl"
     ds = RemoteDataset([a.address, b.address], TOKEN, window=3, audit_path=audit, connect_timeout=10)
@@ -80,7 +75,7 @@ def test_server_killed_mid_epoch_its_batches_come_from_the_others(server_process
 
 
 def test_restarted_server_is_used_again(server_process):
-    opts = ["size=96", "batch_size=4", "work_ms=15"]
+    opts = {"size": 96, "batch_size": 4, "work_ms": 15}
     a, b = server_process(opts).start(), server_process(opts).start()
     ds = RemoteDataset([a.address, b.address], TOKEN, window=2, connect_timeout=20)
     ds.set_epoch(0)
@@ -95,7 +90,7 @@ def test_restarted_server_is_used_again(server_process):
 
 
 def test_late_server_is_waited_for(server_process):
-    late = server_process(["size=96", "batch_size=4"])
+    late = server_process({"size": 96, "batch_size": 4})
     threading.Timer(2.0, late.start, kwargs={"wait": False}).start()
     start = time.monotonic()
     got = [batch_digest(b) for b in RemoteDataset([late.address], TOKEN, connect_timeout=60)]
@@ -123,7 +118,7 @@ def test_resume_mid_epoch_with_a_different_number_of_servers(two_servers):
 
 def test_a_slow_server_gets_less_work():
     bulk = free_port()
-    proxy = Proxy(("127.0.0.1", bulk), delay_s=0.05)  # 50 ms per chunk on the slow link
+    proxy = FaultProxy(("127.0.0.1", bulk), delay_s=0.05)  # 50 ms per chunk on the slow link
     slow = start_server(OPTS, num_workers=1, bulk_port=bulk, advertise_bulk_port=proxy.port)
     fast = start_server(OPTS, num_workers=1)
     try:

@@ -1,13 +1,13 @@
-"""The planner's arithmetic (benchmarks/planner.py), the one-core profile and ``hetero plan``."""
+"""The planner's arithmetic (hetero/planning/planner.py), the one-core profile and ``hetero plan``."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from benchmarks.cost import InstancePrice, PriceError, PriceTable, load_prices
-from benchmarks.planner import PlanError, format_plan, plan, predict_step
-from benchmarks.profile import profile_pipeline
+from hetero.planning.cost import InstancePrice, PriceError, PriceTable, load_prices
+from hetero.planning.planner import PlanError, format_plan, plan, predict_step
+from hetero.planning.profile import profile_pipeline
 from hetero.cli import main as hetero_main
 
 

@@ -165,7 +165,7 @@ def test_worker_death_is_rebuilt_without_gap_or_duplicate(server_factory, tmp_pa
 
 
 def test_no_server_waits_then_names_addresses_and_seconds():
-    from conftest import free_port
+    from hetero.testing import free_port
 
     address = f"127.0.0.1:{free_port()}"
     start = time.monotonic()

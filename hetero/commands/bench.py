@@ -1,6 +1,6 @@
 """``hetero bench``: step time, data wait and $ cost, homogeneous vs heterogeneous, on this machine.
 
-The same benchmark as ``python -m benchmarks.step_time`` (see docs/benchmarks.md).
+The same benchmark as ``python -m hetero.bench.step_time`` (see docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 
 
 def register(sub) -> None:
-    from benchmarks.step_time import add_arguments
+    from hetero.bench.step_time import add_arguments
 
     p = sub.add_parser("bench", help="benchmark: homogeneous vs heterogeneous step time and cost",
                        description="Run the MNIST job homogeneous (trainer CPUs only) and heterogeneous (plus data "
@@ -19,7 +19,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benchmarks.step_time import run_from_args
+    from hetero.bench.step_time import run_from_args
     from hetero.cli import setup_logging
 
     setup_logging("bench", args.log_level)

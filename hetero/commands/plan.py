@@ -2,7 +2,7 @@
 
 Give the per-batch preprocessing cost on one core (``--preprocess-s``, or ``--profile`` to
 measure it here), the GPU step time with resident data and the batch size; the planner
-(benchmarks/planner.py) prices every CPU instance type of the table and recommends the
+(hetero/planning/planner.py) prices every CPU instance type of the table and recommends the
 cheapest type and count with data wait under ``--target-wait``, beside the homogeneous
 alternative. Exit codes: 0 a recommendation, 1 none meets the target, 2 bad input.
 """
@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--local-server", action="store_true", help="GPU instances' spare vCPUs build batches too "
                    "(launcher option dnn_local_server=true)")
     p.add_argument("--epoch-samples", type=int, default=0, help="samples per epoch, for $/epoch")
-    p.add_argument("--prices", default=None, help="price file merged over benchmarks/prices.json")
+    p.add_argument("--prices", default=None, help="price file merged over hetero/planning/prices.json")
     p.add_argument("--json", type=Path, default=None, help="write the plan here")
     p.set_defaults(func=run)
 
@@ -42,12 +42,12 @@ def register(sub) -> None:
 def _profile(args: argparse.Namespace, options: dict) -> tuple[float, int]:
     import os
 
-    from benchmarks.profile import profile_pipeline
+    from hetero.planning.profile import profile_pipeline
 
     tmp = None
     if (args.pipeline == "examples.mnist:build_pipeline" and "data_dir" not in options
             and not os.environ.get("SM_CHANNEL_TRAINING")):
-        from examples.mnist import write_synthetic
+        from hetero.synthetic_mnist import write_synthetic
 
         tmp = tempfile.TemporaryDirectory(prefix="hetero-plan-")
         write_synthetic(tmp.name, 2048, 0)
@@ -64,8 +64,8 @@ def _profile(args: argparse.Namespace, options: dict) -> tuple[float, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benchmarks.cost import PriceError, load_prices
-    from benchmarks.planner import PlanError, format_plan, plan
+    from hetero.planning.cost import PriceError, load_prices
+    from hetero.planning.planner import PlanError, format_plan, plan
     from data_service.errors import ConfigError
     from hetero.cli import setup_logging
     from hetero.options import parse_kv

@@ -26,6 +26,8 @@ def register(sub) -> None:
     p.add_argument("--tls-cert", default="", help="PEM certificate: serve both planes over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--port-file", default=None, help="write 'grpc_port' here once serving (for scripts)")
+    p.add_argument("--no-probe", action="store_true", help="skip building batch 0 at start-up (ready sooner; "
+                   "a broken pipeline then fails on the first request instead)")
     p.set_defaults(func=run)
 
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                                 slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
                                 compression=args.compression, shared_memory=not args.no_shared_memory,
                                 advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
-                                tls_key=args.tls_key)
+                                tls_key=args.tls_key, probe=not args.no_probe)
         server = DataServer(spec, token, options).start()
     except ConfigError as exc:
         print(f"hetero serve: {exc}")

@@ -19,7 +19,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from data_service.errors import ConfigError
-    from examples.mnist import write_synthetic
+    from hetero.synthetic_mnist import write_synthetic
 
     try:
         paths = write_synthetic(args.out, args.train, args.test, args.seed, args.gzip)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from data_service.errors import ConfigError
+from hetero.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_GROUP, DNN_GROUP, HOMOGENEOUS_GROUP = "data_group", "dnn_group", "homogeneousCluster"
@@ -41,12 +41,6 @@ class Node:
     @property
     def output_dir(self) -> Path:
         return self.root / "output" / "data"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_cpus(text: str | None) -> set[int] | None:

@@ -1,4 +1,4 @@
-"""Price finished jobs with benchmarks/cost.py and say how a benchmark pair compares.
+"""Price finished jobs with hetero/planning/cost.py and say how a benchmark pair compares.
 
 All figures use on-demand prices from the price table (``HETERO_PRICES`` overrides it);
 spot jobs are billed less, so for them the dollar figures are an upper bound.
@@ -23,13 +23,13 @@ def summarize(desc: dict, metrics: dict | None, table) -> dict:
     Args:
         desc: final DescribeTrainingJob response.
         metrics: its metrics.json (None if it wrote none).
-        table: benchmarks.cost.PriceTable.
+        table: hetero.planning.cost.PriceTable.
 
     Returns:
         Dict with job, status, cluster, avg_step_time_s and, where prices allow,
         usd_per_hour, usd_per_step, usd_per_1000_steps, training_time_s, usd_on_demand.
     """
-    from benchmarks.cost import PriceError
+    from hetero.planning.cost import PriceError
 
     cluster = cluster_of(desc)
     out: dict = {"job": desc["TrainingJobName"], "status": desc["TrainingJobStatus"], "cluster": cluster,
@@ -98,12 +98,12 @@ def follow_jobs(clients, job_names: list[str], timeout_s: float, poll_s: float =
         timeout_s: deadline for all jobs together.
         poll_s: seconds between status polls.
         on_log: called with each new CloudWatch log line (None: no log streaming).
-        prices: price file override (default: $HETERO_PRICES or benchmarks/prices.json).
+        prices: price file override (default: $HETERO_PRICES or hetero/planning/prices.json).
 
     Returns:
         One ``summarize`` dict per job, in ``job_names`` order (print with ``report_lines``).
     """
-    from benchmarks.cost import load_prices
+    from hetero.planning.cost import load_prices
     from hetero.sagemaker.follow import fetch_metrics, wait
 
     table = load_prices(prices)

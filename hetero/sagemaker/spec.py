@@ -97,7 +97,7 @@ class JobSpec:
     tags: dict[str, str] = field(default_factory=dict)
 
     def cluster(self) -> list[tuple[str, int]]:
-        """``[(instance_type, count), ...]`` for benchmarks.cost."""
+        """``[(instance_type, count), ...]`` for hetero.planning.cost."""
         return [(g.instance_type, g.count) for g in self.groups]
 
     def copy(self, **changes) -> "JobSpec":

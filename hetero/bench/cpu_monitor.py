@@ -1,4 +1,4 @@
-"""CPU busy share of each emulated node, and CPU pinning helpers, for the step-time benchmark.
+"""CPU busy share of each emulated node, and CPU lists, for the step-time benchmark.
 
 Every emulated node of ``hetero local`` is a child process of the benchmark, started with
 the node's ``SM_CURRENT_HOST`` in its environment and pinned to its own CPUs (its workers
@@ -11,14 +11,12 @@ the node pinned on it means another process (another user's tests) ran there.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import psutil
 
@@ -50,17 +48,6 @@ def parse_cpu_list(text: str) -> list[int]:
 def cpu_list_text(cpus: list[int]) -> str:
     """[0, 1, 2] -> "0,1,2" (the form ``hetero local --dnn-cpus`` accepts)."""
     return ",".join(str(c) for c in cpus)
-
-
-@contextlib.contextmanager
-def pinned(cpus: list[int]) -> Iterator[None]:
-    """Run the block with this process confined to ``cpus``, then restore its affinity."""
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, set(cpus))
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def _tree_cpu_s(proc: psutil.Process) -> float:

@@ -1,6 +1,6 @@
 """Dollar cost of training steps on a SageMaker cluster, from a dated price table.
 
-The table is ``benchmarks/prices.json`` (us-east-1 on-demand $/instance-hour, each entry
+The table is ``hetero/planning/prices.json`` (us-east-1 on-demand $/instance-hour, each entry
 with its source and date). ``HETERO_PRICES=/path/to/prices.json`` or an explicit ``path``
 names an override file of the same schema whose entries replace (or add to) the defaults.
 
@@ -170,8 +170,8 @@ def hourly(instance_type: str, table: PriceTable | None = None) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.cost CLUSTER STEP_S [CLUSTER STEP_S]``: print costs (and ratio)."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.cost", description=main.__doc__)
+    """``python -m hetero.planning.cost CLUSTER STEP_S [CLUSTER STEP_S]``: print costs (and ratio)."""
+    p = argparse.ArgumentParser(prog="python -m hetero.planning.cost", description=main.__doc__)
     p.add_argument("runs", nargs="+", metavar="CLUSTER STEP_S", help="e.g. ml.p3.2xlarge:1 1.19")
     p.add_argument("--steps-per-epoch", type=int, default=0)
     p.add_argument("--prices", default=None, help=f"price file override (default ${ENV_VAR})")

@@ -1,6 +1,6 @@
 """Output of the step-time benchmark: a Markdown table, a JSON file, a PNG chart.
 
-Every function takes the summary dict that ``benchmarks.step_time.run_benchmark`` returns.
+Every function takes the summary dict that ``hetero.bench.step_time.run_benchmark`` returns.
 """
 from __future__ import annotations
 

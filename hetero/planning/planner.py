@@ -122,7 +122,7 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
     """Cheapest data group (type and count) keeping data wait <= ``target_wait``, and the alternatives.
 
     Args:
-        table: prices (benchmarks.cost.load_prices()).
+        table: prices (hetero.planning.cost.load_prices()).
         dnn_instance: GPU instance type; ``dnn_count`` of them.
         preprocess_s: seconds one core needs per batch. gpu_step_s: step with resident data.
         batch_size: samples per batch (per accelerator).

@@ -6,15 +6,26 @@ The first ``warmup`` batches (imports, caches) are timed but left out of the med
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
 import time
 from dataclasses import dataclass, field
-
-from ._cpu_monitor import pinned
+from typing import Iterator
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def pinned(cpus: list[int]) -> Iterator[None]:
+    """Run the block with this process confined to ``cpus``, then restore its affinity."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 @dataclass

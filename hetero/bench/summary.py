@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
-from ._cpu_monitor import cpu_list_text
-from .planner import predict_step
+from hetero.planning.planner import predict_step
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .step_time import BenchConfig, RunResult
+from .cpu_monitor import cpu_list_text
+from .records import BenchConfig, RunResult
 
 MODES = ("homogeneous", "heterogeneous")
 
@@ -29,7 +27,7 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def quiet_rounds(runs: list["RunResult"], max_foreign: float) -> list[int]:
+def quiet_rounds(runs: list[RunResult], max_foreign: float) -> list[int]:
     """Rounds whose every run succeeded with at most ``max_foreign`` of its cores used by others."""
     rounds: dict[int, list] = {}
     for r in runs:
@@ -39,7 +37,7 @@ def quiet_rounds(runs: list["RunResult"], max_foreign: float) -> list[int]:
                   and all(r.ok and r.foreign_share is not None and r.foreign_share <= max_foreign for r in rs))
 
 
-def mode_figures(runs: list["RunResult"], mode: str, warmup: int) -> dict:
+def mode_figures(runs: list[RunResult], mode: str, warmup: int) -> dict:
     """Step time, data wait, samples/s (median and spread) and CPU busy share per node of ``mode``."""
     good = [r for r in runs if r.mode == mode and r.ok and r.step_s is not None]
     busy: dict[str, list[float]] = {}
@@ -61,7 +59,7 @@ def mode_figures(runs: list["RunResult"], mode: str, warmup: int) -> dict:
     }
 
 
-def speedups(runs: list["RunResult"]) -> list[float]:
+def speedups(runs: list[RunResult]) -> list[float]:
     """Homogeneous / heterogeneous step time of each round where both runs succeeded."""
     pairs: dict[int, dict] = {}
     for r in runs:
@@ -70,7 +68,7 @@ def speedups(runs: list["RunResult"]) -> list[float]:
             if p.get("homogeneous") and p.get("heterogeneous")]
 
 
-def summarize(cfg: "BenchConfig", runs: list["RunResult"]) -> dict:
+def summarize(cfg: BenchConfig, runs: list[RunResult]) -> dict:
     """Per mode figures over the quiet rounds (or all rounds if none is quiet), and the speed-up."""
     quiet = quiet_rounds(runs, cfg.max_foreign)
     basis_runs = [r for r in runs if r.round in quiet] if quiet else runs
@@ -88,7 +86,7 @@ def summarize(cfg: "BenchConfig", runs: list["RunResult"]) -> dict:
     return out
 
 
-def add_costs(cfg: "BenchConfig", summary: dict, table) -> None:
+def add_costs(cfg: BenchConfig, summary: dict, table) -> None:
     """$/step, $/1000 steps, $/epoch per mode and the cost ratio (homogeneous / heterogeneous)."""
     clusters = {"homogeneous": [(cfg.dnn_instance, 1)],
                 "heterogeneous": [(cfg.dnn_instance, 1), (cfg.data_instance, cfg.data_nodes)]}
@@ -109,7 +107,7 @@ def add_costs(cfg: "BenchConfig", summary: dict, table) -> None:
                          "data_instance": asdict(table.info(cfg.data_instance))}
 
 
-def add_prediction(cfg: "BenchConfig", summary: dict, preprocess_s: float | None) -> None:
+def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None) -> None:
     """The planner's step-time prediction for both layouts, beside the measured medians."""
     if preprocess_s is None or cfg.emulate_step_s <= 0:
         summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}

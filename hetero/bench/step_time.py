@@ -1,6 +1,6 @@
 """Step time, data wait and $ cost of the same job, homogeneous vs heterogeneous, on this machine.
 
-``python -m benchmarks.step_time`` (also ``hetero bench``) runs the MNIST job of
+``python -m hetero.bench.step_time`` (also ``hetero bench``) runs the MNIST job of
 ``hetero local`` in two layouts, with CPU affinity so each gets exactly the cores it should:
 
 * **homogeneous**: the trainer and its DataLoader workers on the K *trainer CPUs* (a GPU
@@ -14,8 +14,8 @@ speed-up is also given per round (both runs of a round measured back to back). T
 ``--warmup`` steps of every run are discarded. With no GPU here the accelerator step is
 *emulated* (``--emulate-step-s``: the trainer sleeps instead of computing; 0 = the real CPU
 step), so the trainer's own CPU work does not hide the data path. Each emulated node is
-priced as the instance type named on the command line (benchmarks/cost.py), and the
-planner's prediction (benchmarks/planner.py) from a one-core profile is printed beside the
+priced as the instance type named on the command line (hetero/planning/cost.py), and the
+planner's prediction (hetero/planning/planner.py) from a one-core profile is printed beside the
 measured step times.
 """
 from __future__ import annotations
@@ -25,92 +25,21 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from . import bench_report
-from ._cpu_monitor import NodeCpuMonitor, cpu_list_text, foreign_share, parse_cpu_list, wait_for_quiet
-from .bench_summary import MODES, add_costs, add_prediction, summarize
-from .cost import PriceError, load_prices
-from .planner import PlanError
-from .profile import profile_pipeline
+from hetero.planning.cost import PriceError, load_prices
+from hetero.planning.planner import PlanError
+from hetero.planning.profile import profile_pipeline
+
+from . import report
+from .cpu_monitor import NodeCpuMonitor, cpu_list_text, foreign_share, parse_cpu_list, wait_for_quiet
+from .records import BenchConfig, RunResult
+from .summary import MODES, add_costs, add_prediction, summarize
 
 log = logging.getLogger(__name__)
 PIPELINE = "examples.mnist:build_pipeline"
 _WINDOW = re.compile(r"step (\d+): avg step time ([\d.]+) s over the last (\d+) steps")
-
-
-@dataclass
-class BenchConfig:
-    """What to run; see ``python -m benchmarks.step_time --help`` for each field."""
-
-    trainer_cpus: list[int]
-    data_cpus: list[int]
-    repeats: int = 3
-    steps: int = 150
-    warmup: int = 10
-    batch_size: int = 64
-    augment_repeats: int = 4
-    emulate_step_s: float = 0.05
-    loader_workers: int = 0            # 0: one per trainer CPU
-    local_server: bool = True
-    data_nodes: int = 1
-    synth_train: int = 0               # 0: enough for every step in one epoch
-    profile_batches: int = 8
-    dnn_instance: str = "ml.p3.2xlarge"
-    data_instance: str = "ml.c5.9xlarge"
-    epoch_samples: int = 60000
-    prices: str | None = None
-    output: Path = Path("out/bench")
-    timeout_s: float = 900.0
-    max_foreign: float = 0.25          # a round is quiet when others used at most this share of its cores
-    quiet_wait_s: float = 120.0        # before each run, wait up to this long for the cores to be quiet
-
-    def check(self) -> None:
-        """Raises ValueError naming the bad value and what it must be."""
-        overlap = set(self.trainer_cpus) & set(self.data_cpus)
-        if overlap:
-            raise ValueError(f"--trainer-cpus and --data-cpus share CPUs {sorted(overlap)}; give them disjoint sets")
-        for name in ("repeats", "steps", "batch_size", "data_nodes", "profile_batches", "epoch_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
-        if not 0 <= self.warmup < self.steps:
-            raise ValueError(f"--warmup {self.warmup} must be >= 0 and below --steps {self.steps}")
-        if self.synth_train and self.synth_train < self.steps * self.batch_size:
-            raise ValueError(f"--synth-train {self.synth_train} holds fewer than --steps x --batch-size = "
-                             f"{self.steps * self.batch_size} images; raise it or pass 0 (auto)")
-        if not 0 < self.max_foreign <= 1 or self.quiet_wait_s < 0:
-            raise ValueError(f"--max-foreign {self.max_foreign} must be in (0, 1] and --quiet-wait "
-                             f"{self.quiet_wait_s} >= 0")
-        if self.emulate_step_s < 0 or self.augment_repeats < 0 or self.loader_workers < 0:
-            raise ValueError("--emulate-step-s, --augment-repeats and --loader-workers must be >= 0")
-
-    def hyperparameters(self) -> dict:
-        return {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
-                "pipeline.batch_size": self.batch_size, "pipeline.augment_repeats": self.augment_repeats,
-                "loader_workers": self.loader_workers or len(self.trainer_cpus),
-                "log_every": max(5, self.steps // 10), "evaluate": ""}
-
-
-@dataclass
-class RunResult:
-    """One run of one mode."""
-
-    mode: str
-    round: int
-    ok: bool
-    wall_s: float
-    metrics: dict | None
-    cpu: list[dict] = field(default_factory=list)
-    core_busy: dict = field(default_factory=dict)
-    windows_s: list[float] = field(default_factory=list)  # per log window after warm-up
-    foreign_share: float | None = None    # share of the run's cores used by other processes
-    quiet_wait_s: float = 0.0             # waited before the run for the cores to be quiet
-    busy_before: float | None = None      # the cores' busy share (others) just before the run
-
-    @property
-    def step_s(self) -> float | None:
-        return (self.metrics or {}).get("avg_step_time_s")
 
 
 def step_windows(log_path: Path, warmup: int) -> list[float]:
@@ -162,7 +91,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     Raises:
         PriceError: unknown instance type (before anything runs). ValueError: bad configuration.
     """
-    from examples.mnist import write_synthetic
+    from hetero.synthetic_mnist import write_synthetic
 
     cfg.check()
     table = load_prices(cfg.prices)
@@ -205,7 +134,7 @@ def _machine() -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The benchmark's options (shared by ``python -m benchmarks.step_time`` and ``hetero bench``)."""
+    """The benchmark's options (shared by ``python -m hetero.bench.step_time`` and ``hetero bench``)."""
     usable = sorted(os.sched_getaffinity(0))
     d = BenchConfig(usable[:1], usable[1:])
     p.add_argument("--trainer-cpus", default=cpu_list_text(usable[:1]), help="K CPUs of the trainer node (default: first)")
@@ -224,7 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dnn-instance", default=d.dnn_instance, help="instance type the trainer node stands for")
     p.add_argument("--data-instance", default=d.data_instance, help="instance type each data node stands for")
     p.add_argument("--epoch-samples", type=int, default=d.epoch_samples, help="samples per epoch for $/epoch (MNIST: 60000)")
-    p.add_argument("--prices", default=None, help="price file merged over benchmarks/prices.json")
+    p.add_argument("--prices", default=None, help="price file merged over hetero/planning/prices.json")
     p.add_argument("--output", type=Path, default=d.output, help="run outputs (metrics, logs) land here")
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
     p.add_argument("--png", type=Path, default=None, help="write a chart (step time, $/1000 steps) here")
@@ -252,20 +181,20 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (PriceError, PlanError, ValueError) as exc:
         print(f"benchmark: {exc}")
         return 2
-    print(bench_report.markdown(summary))
+    print(report.markdown(summary))
     if args.json:
-        bench_report.write_json(args.json, summary)
+        report.write_json(args.json, summary)
         print(f"\nall figures: {args.json}")
     if args.png:
-        bench_report.write_png(args.png, summary)
+        report.write_png(args.png, summary)
         print(f"chart: {args.png}")
     failed = sum(m["failed_runs"] for m in summary["modes_all_rounds"].values())
     return 1 if failed or summary["speedup"] is None else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.step_time [options]``."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__.split("\n\n")[0])
+    """``python -m hetero.bench.step_time [options]``."""
+    p = argparse.ArgumentParser(prog="python -m hetero.bench.step_time", description=__doc__.split("\n\n")[0])
     p.add_argument("--log-level", default=os.environ.get("HETERO_LOG_LEVEL", "INFO"))
     add_arguments(p)
     args = p.parse_args(argv)

@@ -1,0 +1,80 @@
+"""What one step-time benchmark is asked to do (:class:`BenchConfig`) and what one run measured
+(:class:`RunResult`), shared by the driver (``step_time``) and the figures (``summary``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class BenchConfig:
+    """What to run; see ``python -m hetero.bench.step_time --help`` for each field."""
+
+    trainer_cpus: list[int]
+    data_cpus: list[int]
+    repeats: int = 3
+    steps: int = 150
+    warmup: int = 10
+    batch_size: int = 64
+    augment_repeats: int = 4
+    emulate_step_s: float = 0.05
+    loader_workers: int = 0            # 0: one per trainer CPU
+    local_server: bool = True
+    data_nodes: int = 1
+    synth_train: int = 0               # 0: enough for every step in one epoch
+    profile_batches: int = 8
+    dnn_instance: str = "ml.p3.2xlarge"
+    data_instance: str = "ml.c5.9xlarge"
+    epoch_samples: int = 60000
+    prices: str | None = None
+    output: Path = Path("out/bench")
+    timeout_s: float = 900.0
+    max_foreign: float = 0.25          # a round is quiet when others used at most this share of its cores
+    quiet_wait_s: float = 120.0        # before each run, wait up to this long for the cores to be quiet
+
+    def check(self) -> None:
+        """Raises ValueError naming the bad value and what it must be."""
+        overlap = set(self.trainer_cpus) & set(self.data_cpus)
+        if overlap:
+            raise ValueError(f"--trainer-cpus and --data-cpus share CPUs {sorted(overlap)}; give them disjoint sets")
+        for name in ("repeats", "steps", "batch_size", "data_nodes", "profile_batches", "epoch_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
+        if not 0 <= self.warmup < self.steps:
+            raise ValueError(f"--warmup {self.warmup} must be >= 0 and below --steps {self.steps}")
+        if self.synth_train and self.synth_train < self.steps * self.batch_size:
+            raise ValueError(f"--synth-train {self.synth_train} holds fewer than --steps x --batch-size = "
+                             f"{self.steps * self.batch_size} images; raise it or pass 0 (auto)")
+        if not 0 < self.max_foreign <= 1 or self.quiet_wait_s < 0:
+            raise ValueError(f"--max-foreign {self.max_foreign} must be in (0, 1] and --quiet-wait "
+                             f"{self.quiet_wait_s} >= 0")
+        if self.emulate_step_s < 0 or self.augment_repeats < 0 or self.loader_workers < 0:
+            raise ValueError("--emulate-step-s, --augment-repeats and --loader-workers must be >= 0")
+
+    def hyperparameters(self) -> dict:
+        return {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
+                "pipeline.batch_size": self.batch_size, "pipeline.augment_repeats": self.augment_repeats,
+                "loader_workers": self.loader_workers or len(self.trainer_cpus),
+                "log_every": max(5, self.steps // 10), "evaluate": ""}
+
+
+@dataclass
+class RunResult:
+    """One run of one mode."""
+
+    mode: str
+    round: int
+    ok: bool
+    wall_s: float
+    metrics: dict | None
+    cpu: list[dict] = field(default_factory=list)
+    core_busy: dict = field(default_factory=dict)
+    windows_s: list[float] = field(default_factory=list)  # per log window after warm-up
+    foreign_share: float | None = None    # share of the run's cores used by other processes
+    quiet_wait_s: float = 0.0             # waited before the run for the cores to be quiet
+    busy_before: float | None = None      # the cores' busy share (others) just before the run
+
+    @property
+    def step_s(self) -> float | None:
+        return (self.metrics or {}).get("avg_step_time_s")

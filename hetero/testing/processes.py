@@ -1,0 +1,228 @@
+"""Data servers and consumers in their own processes, so a test can kill -9 them.
+
+:class:`ServerProc` runs ``hetero serve`` (the one way a data server runs in a subprocess, for
+tests and the soak alike); :class:`ConsumerProc` runs ``python -m hetero.testing.consumer``, a
+rank that reads epochs with an audit log and resumes from it. Each runs in its own process group
+(``start_new_session``), so ``kill()`` takes its workers too, as when a node vanishes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hetero.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "test-token"
+PIPELINE = "examples.synthetic:build_pipeline"
+
+
+class _ProcessGroup:
+    """A child started in its own session (``start_new_session``): killed as a whole group."""
+
+    proc: subprocess.Popen | None = None
+    cmd: list[str]
+    log_path: Path | None = None
+    starts = 0
+    started_at = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _spawn(self) -> None:
+        """Start ``cmd`` from the repository root, output appended to ``log_path`` (or dropped)."""
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        out = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            if self.log_path:
+                out.close()
+        self.starts += 1
+        self.started_at = time.monotonic()
+
+    def kill(self) -> None:
+        """kill -9 the whole process group (the process and its workers), like a node that vanishes."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _terminate(self, timeout: float) -> None:
+        """SIGTERM, wait up to ``timeout``, then kill -9 whatever is left of the group."""
+        if self.alive:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def _log_tail(self, chars: int = 2000) -> str:
+        try:
+            return "\n" + self.log_path.read_text(errors="replace")[-chars:] if self.log_path else ""
+        except OSError:
+            return ""
+
+
+class ServerProc(_ProcessGroup):
+    """``hetero serve`` on loopback in its own process group (so kill -9 takes its workers too).
+
+    Ports are fixed at construction, so ``kill()`` then ``start()`` brings the server back at
+    the same address. ``advertise_bulk_port`` makes clients dial that port (a proxy) for the
+    data plane instead of ``bulk_port``.
+
+    Args:
+        options: the pipeline builder's keyword options.
+        workers: worker processes; ``slots``: built batches each worker may hold.
+        probe: build batch 0 at start-up (``hetero serve``'s default); off, the server is ready sooner.
+        log_path: the server's output is appended here (dropped when None).
+    """
+
+    def __init__(self, options: dict, *, port: int | None = None, bulk_port: int | None = None,
+                 advertise_bulk_port: int = 0, workers: int = 1, slots: int = 2, token: str = TOKEN,
+                 pipeline: str = PIPELINE, log_path: str | os.PathLike | None = None, probe: bool = False) -> None:
+        self.options = dict(options)
+        self.port = port or free_port()
+        self.bulk_port = bulk_port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.advertise_bulk_port = advertise_bulk_port
+        self.workers = workers
+        self.token = token
+        self.cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", pipeline,
+                    "--host", "127.0.0.1", "--port", str(self.port), "--bulk-port", str(self.bulk_port),
+                    "--advertise-bulk-port", str(advertise_bulk_port), "--workers", str(workers),
+                    "--slots-per-worker", str(slots), "--token", token]
+        self.cmd += [arg for key, value in self.options.items() for arg in ("-o", f"{key}={json.dumps(value)}")]
+        if not probe:
+            self.cmd.append("--no-probe")
+        self.log_path = Path(log_path) if log_path else None
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True, timeout: float = 120.0) -> "ServerProc":
+        self._spawn()
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def healthy(self, timeout: float = 1.0) -> bool:
+        from dnn_worker.control import ControlClient
+
+        if not self.alive:
+            return False
+        with ControlClient(self.address, self.token) as ctl:
+            return ctl.healthy(timeout=timeout)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Return once the server answers health checks; raise if it exits or ``timeout`` passes."""
+        from dnn_worker.control import ControlClient
+
+        deadline = time.monotonic() + timeout
+        with ControlClient(self.address, self.token) as ctl:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"data server {self.address} exited with {self.proc.returncode}"
+                                       + (f"; log {self.log_path}:{self._log_tail()}" if self.log_path else ""))
+                if ctl.healthy(timeout=1.0):
+                    return
+                time.sleep(0.2)
+        raise TimeoutError(f"data server {self.address} not healthy within {timeout}s")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self._terminate(timeout)
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the server's worker processes (its multiprocessing children)."""
+        import psutil
+
+        if not self.alive:
+            return []
+        try:
+            kids = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return []
+        out = []
+        for k in kids:
+            try:
+                cmd = " ".join(k.cmdline())
+            except psutil.Error:
+                continue
+            if "multiprocessing" in cmd and "resource_tracker" not in cmd:
+                out.append(k.pid)
+        return out
+
+    def rss(self) -> tuple[int, int]:
+        """(RSS of the server process, summed RSS of its workers) in bytes; (0, 0) when down."""
+        import psutil
+
+        if not self.alive:
+            return 0, 0
+        try:
+            main = psutil.Process(self.proc.pid)
+            workers = 0
+            for pid in self.worker_pids():
+                try:
+                    workers += psutil.Process(pid).memory_info().rss
+                except psutil.Error:
+                    pass
+            return main.memory_info().rss, workers
+        except psutil.Error:
+            return 0, 0
+
+
+class ConsumerProc(_ProcessGroup):
+    """One consumer rank (``python -m hetero.testing.consumer``) in its own process group.
+
+    It reads ``epochs`` epochs from ``servers`` as rank ``rank`` of ``world``, writing the audit
+    log ``audit``; started again after a kill, it resumes where its audit log ends.
+    """
+
+    def __init__(self, servers: list[str], rank: int, world: int, audit: Path, *, seed: int, epochs: int,
+                 token: str = TOKEN, log_path: Path | None = None, step_s: float = 0.0,
+                 connect_timeout: float = 60.0, batch_timeout: float = 15.0, window: int = 4) -> None:
+        self.rank = rank
+        self.audit = Path(audit)
+        self.cmd = [sys.executable, "-m", "hetero.testing.consumer", "--servers", ",".join(servers),
+                    "--rank", str(rank), "--world", str(world), "--audit", str(audit), "--seed", str(seed),
+                    "--epochs", str(epochs), "--token", token, "--step-s", str(step_s),
+                    "--connect-timeout", str(connect_timeout), "--batch-timeout", str(batch_timeout),
+                    "--window", str(window)]
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ConsumerProc":
+        self._spawn()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        self._terminate(timeout)
+        return self.proc.returncode if self.proc else None
+
+    def rss(self) -> int:
+        """RSS of the consumer and all its descendants in bytes; 0 when down."""
+        import psutil
+
+        if not self.alive:
+            return 0
+        try:
+            p = psutil.Process(self.proc.pid)
+            return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
+        except psutil.Error:
+            return 0

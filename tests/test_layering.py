@@ -1,0 +1,70 @@
+"""Dependencies point one way: each product package imports only the packages below it.
+
+data_service <- dnn_worker <- launcher <- hetero (docs/architecture.md). No product module
+imports benchmarks, examples or the tests; examples are reached by import path strings, as a
+user's pipeline is. Only hetero.testing (the test and soak toolkit) may import hetero.testing.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ["data_service", "dnn_worker", "launcher", "hetero"]  # each may import those before it
+OUTSIDE = {"benchmarks", "examples", "tests", "conftest"}
+
+
+def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, absolute name) of everything the file imports, at any depth (lazy imports too)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the file's package
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            # ``from hetero import testing`` imports hetero.testing: name each imported object
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def violations(path: Path, layer: int, root: Path = ROOT) -> list[str]:
+    """Imports of ``path`` (a module of ``LAYERS[layer]`` below ``root``) that point the wrong way."""
+    own = LAYERS[layer]
+    where = path.relative_to(root)
+    module_name = ".".join(where.with_suffix("").parts)
+    allowed = set(LAYERS[:layer + 1])
+    bad = []
+    for line, module in imported_modules(path, root):
+        top = module.split(".")[0]
+        if top in OUTSIDE:
+            bad.append(f"{where}:{line} imports {module} (outside the product)")
+        elif top in LAYERS and top not in allowed:
+            bad.append(f"{where}:{line} imports {module} ({own} may use only {sorted(allowed)})")
+        elif module.startswith("hetero.testing") and not module_name.startswith("hetero.testing"):
+            bad.append(f"{where}:{line} imports {module} (test toolkit, not for the product)")
+    return bad
+
+
+@pytest.mark.parametrize("layer", range(len(LAYERS)), ids=LAYERS)
+def test_product_imports_point_one_way(layer):
+    files = sorted((ROOT / LAYERS[layer]).rglob("*.py"))
+    assert files, f"no modules found under {LAYERS[layer]}/"
+    bad = [v for f in files for v in violations(f, layer)]
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_the_check_sees_lazy_and_relative_imports(tmp_path):
+    probe = tmp_path / "launcher" / "probe.py"
+    probe.parent.mkdir()
+    probe.write_text("from .config import load_object\nimport dnn_worker\n\n\ndef f():\n"
+                     "    from examples.mnist import Net\n    from ..hetero import cli\n    import hetero.testing\n")
+    bad = violations(probe, LAYERS.index("launcher"), root=tmp_path)
+    assert [b.split(" imports ")[1].split(" ")[0] for b in bad] == ["examples.mnist.Net", "hetero.cli", "hetero.testing"]

@@ -1,10 +1,13 @@
-"""What one step-time benchmark is asked to do (:class:`BenchConfig`) and what one run measured
-(:class:`RunResult`), shared by the driver (``step_time``) and the figures (``summary``).
+"""What one step-time benchmark is asked to do (:class:`BenchConfig`), what one run measured
+(:class:`RunResult`) and the two modes it compares, shared by the driver (``step_time``), the
+figures (``summary``) and the output (``report``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+MODES = ("homogeneous", "heterogeneous")  # the two layouts every round runs
 
 
 @dataclass

@@ -9,8 +9,9 @@ import logging
 import os
 from pathlib import Path
 
+from .records import MODES
+
 log = logging.getLogger(__name__)
-MODES = ("homogeneous", "heterogeneous")
 
 
 def _f(value, spec: str, none: str = "n/a") -> str:

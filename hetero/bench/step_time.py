@@ -34,8 +34,8 @@ from hetero.planning.profile import profile_pipeline
 
 from . import report
 from .cpu_monitor import NodeCpuMonitor, cpu_list_text, foreign_share, parse_cpu_list, wait_for_quiet
-from .records import BenchConfig, RunResult
-from .summary import MODES, add_costs, add_prediction, summarize
+from .records import MODES, BenchConfig, RunResult
+from .summary import add_costs, add_prediction, summarize
 
 log = logging.getLogger(__name__)
 PIPELINE = "examples.mnist:build_pipeline"

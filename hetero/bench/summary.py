@@ -15,9 +15,7 @@ from dataclasses import asdict
 from hetero.planning.planner import predict_step
 
 from .cpu_monitor import cpu_list_text
-from .records import BenchConfig, RunResult
-
-MODES = ("homogeneous", "heterogeneous")
+from .records import MODES, BenchConfig, RunResult
 
 
 def spread(values: list[float]) -> dict:

@@ -83,6 +83,18 @@ def _threads(pid: int | str = "self") -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+def _fds(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _rss_kib(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
 def _connection(address: str, port: int, shm: bool):
     from dnn_worker.connection import BulkConnection
 
@@ -100,17 +112,20 @@ def threads(connections: int) -> dict:
             port = ctl.hello().bulk_port
         time.sleep(0.5)
         server_before, own_before = _threads(proc.pid), threading.active_count()
+        rss_before, fds_before = _rss_kib(proc.pid), _fds(proc.pid)
         conns = [_connection(address, port, shm=False) for _ in range(connections)]
         for c in conns:
             c.open()
         time.sleep(1.0)
         server_after, own_after = _threads(proc.pid), threading.active_count()
+        rss_after, fds_after = _rss_kib(proc.pid), _fds(proc.pid)
         for c in conns:
             c.close()
     finally:
         _stop(proc, address)
     return {"connections": connections, "server_threads_idle": server_before, "server_threads": server_after,
-            "consumer_threads_added": own_after - own_before}
+            "consumer_threads_added": own_after - own_before, "server_rss_added_kib": rss_after - rss_before,
+            "server_fds_added": fds_after - fds_before}
 
 
 def stream(batch_bytes: int, seconds: float, shm: bool, workers: int) -> dict:

@@ -61,13 +61,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.repeats} runs x {args.seconds}s per point, {args.workers} server worker(s)", flush=True)
     results: dict = {"threads": {}, "stream": {}}
 
-    print("\n| idle connections | server threads, baseline | server threads, this | consumer threads added, baseline | this |")
-    print("|---:|---:|---:|---:|---:|")
+    print("\n| idle connections | server threads, baseline | this | consumer threads added, baseline | this "
+          "| server RSS added KiB, baseline | this | server fds added, baseline | this |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (1, 16, 64):
         got = {name: probe(root, "threads", connections=n) for name, root in roots.items()}
         results["threads"][n] = got
         print(f"| {n} | {got['baseline']['server_threads']} | {got['this']['server_threads']} | "
-              f"{got['baseline']['consumer_threads_added']} | {got['this']['consumer_threads_added']} |", flush=True)
+              f"{got['baseline']['consumer_threads_added']} | {got['this']['consumer_threads_added']} | "
+              f"{got['baseline']['server_rss_added_kib']} | {got['this']['server_rss_added_kib']} | "
+              f"{got['baseline']['server_fds_added']} | {got['this']['server_fds_added']} |", flush=True)
 
     points = [("64 KB TCP", 64 * KB, False), ("4 MB TCP", 4 * MB, False), ("4 MB shm", 4 * MB, True)]
     refs = {}

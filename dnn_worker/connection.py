@@ -43,6 +43,7 @@ from .buffers import BufferPool
 log = logging.getLogger(__name__)
 
 RECV_CHUNK = 1 << 18  # frame headers (and small payloads) are read this many bytes at a time
+MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, other servers) again
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
@@ -100,6 +101,7 @@ class BulkConnection:
         self._send_lock = threading.Lock()
         self._releases: collections.deque = collections.deque()  # refs whose Release waits for flush()
         self._events: collections.deque[Event] = collections.deque()  # read, not yet taken by next_event()
+        self.backlog = False  # read_events() stopped early: call it again without waiting for the socket
 
     # -- lifecycle
     def open(self, timeout: float = 10.0) -> None:
@@ -222,6 +224,7 @@ class BulkConnection:
         """Read what the socket has; returns the batches and errors completed, and a final
         ``"down"`` event (the connection is then closed) if it failed."""
         events: list[Event] = []
+        self.backlog = False
         if self.closed or self._sock is None:
             return events
         try:
@@ -229,6 +232,8 @@ class BulkConnection:
         except BaseException as exc:  # any failure ends this connection; the fetcher fails over
             events.append(Event("down", self, exc=exc))
             self.close()
+        # Bytes already read (or decrypted) wait in our buffers, where no selector sees them.
+        self.backlog = len(events) >= MAX_EVENTS_PER_READ and not self.closed
         return events
 
     def next_event(self, timeout: float) -> Event:
@@ -248,14 +253,14 @@ class BulkConnection:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"no event from {self.address} within {timeout}s")
-                if sel.select(left):
+                if self.backlog or sel.select(left):
                     pending.extend(self.read_events())
         return pending.popleft()
 
     def _read(self, events: list[Event]) -> None:
         sock = self._sock
         lsize = framing._LEN.size
-        while True:
+        while len(events) < MAX_EVENTS_PER_READ:
             p = self._payload
             if p is not None:
                 need = p.header.payload_bytes - p.got

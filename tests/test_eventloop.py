@@ -82,3 +82,25 @@ def test_many_idle_connections_add_no_server_or_consumer_thread(server_factory):
         for raw in idle:
             raw.close()
     wait_clean(server.address)
+
+
+def test_frames_beyond_one_read_are_not_left_waiting_in_the_consumers_buffer():
+    # 200 error frames arrive in one burst and the server then goes quiet. The consumer hands out
+    # at most 64 events per read; the rest sit in its own buffer, where no selector sees them,
+    # and must still come out at once, not when the server next sends (or hangs up).
+    from _fault_helpers import FakeBulkServer, frame_bytes
+    from dnn_worker.connection import BulkConnection
+
+    fake = FakeBulkServer()
+    frames = b"".join(frame_bytes(pb.BulkFrame(error=pb.BatchError(ref=pb.BatchRef(index=i), kind=pb.OUT_OF_RANGE,
+                                                                    message="x", sample_index=-1)))
+                      for i in range(200))
+    fake.serve([frames], linger_s=20)
+    conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN)
+    try:
+        conn.open(timeout=5)
+        got = [conn.next_event(timeout=5).ref.index for _ in range(200)]
+        assert got == list(range(200))
+    finally:
+        conn.close()
+        fake.close()

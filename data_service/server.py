@@ -36,7 +36,8 @@ from .session import SessionContext
 from .stats import ServerStats
 from .version import PROTOCOL_VERSION, compatible, mismatch_message
 from .wire import pb, pb_grpc
-from .workers import Result, Task, WorkerPool
+from .tasks import Result, Task
+from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 

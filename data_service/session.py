@@ -32,7 +32,7 @@ from . import framing
 from .errors import ProtocolError
 from .version import PROTOCOL_VERSION, compatible, mismatch_message
 from .wire import pb
-from .workers import Result, Task
+from .tasks import Result, Task
 
 if TYPE_CHECKING:
     from .stats import ServerStats

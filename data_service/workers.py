@@ -11,7 +11,8 @@ releasing a slot, or the one that reads the workers' pipes. That reader is eithe
 own dispatcher thread (``start()``) or the data server's event loop (``start(own_thread=False)``,
 which then polls ``wait_objects()`` and calls ``handle_ready``). A worker that dies
 mid-batch is replaced (worker_lifecycle.py) and its batch rebuilt by another; user-code
-exceptions travel back with their traceback and sample index.
+exceptions travel back with their traceback and sample index. ``Task`` and ``Result`` are
+tasks.py; the slot bookkeeping is slots.py; the pipe messages are pool_messages.py.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
 from typing import Callable
 
@@ -29,6 +29,7 @@ from . import worker_lifecycle
 from .errors import ConfigError
 from .pool_messages import DoneMsg, ErrorMsg, StopMsg, TaskMsg
 from .slots import ServerSlot
+from .tasks import Result, Task
 from .worker_lifecycle import WorkerConfig, WorkerHandle
 from .wire import pb
 
@@ -36,58 +37,6 @@ log = logging.getLogger(__name__)
 
 TASKS_AHEAD = 2  # tasks a worker holds at once: it starts the next without a round trip to us
 MAX_ATTEMPTS = 3  # a batch that kills this many workers is reported, not retried forever
-
-
-@dataclass
-class Task:
-    """One batch to build; ``on_result`` is called once, from the pool's thread."""
-
-    seed: int
-    epoch: int
-    index: int
-    on_result: Callable[["Result"], None]
-    id: int = 0
-    attempts: int = 0
-    cancelled: bool = False
-
-
-@dataclass
-class Result:
-    task: Task
-    header: pb.BatchHeader | None = None
-    payload: memoryview | None = None
-    error: pb.BatchError | None = None
-    shm_path: str = ""
-    shm_size: int = 0
-    shm_inode: int = 0
-    _release: Callable[[], None] | None = field(default=None, repr=False)
-    _retire: Callable[[], None] | None = field(default=None, repr=False)
-    _lease: Callable[[], bool] | None = field(default=None, repr=False)
-
-    def lease(self) -> bool:
-        """Shared-memory mode: may the consumer keep the slot (zero copy) until it drops the batch?
-
-        Granted while the slot's worker keeps at least one slot without a lease, so
-        batches a consumer holds on to can slow the worker down but never stall it.
-        """
-        return self._lease() if self._lease is not None else False
-
-    def release(self) -> None:
-        """Give the slot back to its worker, after sending ``payload``; later release/retire calls do nothing."""
-        self._end(self._release)
-
-    def retire(self) -> None:
-        """Like ``release``, for a slot a consumer may still map (its connection ended while it
-        held the batch): the region is never written again; its worker gets a fresh one."""
-        self._end(self._retire)
-
-    def _end(self, action: Callable[[], None] | None) -> None:
-        if self.payload is not None:
-            self.payload.release()
-            self.payload = None
-        self._release = self._retire = None  # whichever comes first is the only one
-        if action is not None:
-            action()
 
 
 class WorkerPool:

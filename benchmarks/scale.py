@@ -11,7 +11,8 @@ plane. Reported per layout, over the measured window after a warm-up:
 * aggregate batches/s, and the ratio to the first layout's;
 * each server's share of the batches, and the least and mean batches per iterator (a starved
   consumer shows as min / mean far below 1);
-* p50 / p99 time between two batches of one iterator;
+* time per batch: each iterator's window divided by its batches, p50 and p99 over iterators; and
+  the p99 of the time between two batches of one iterator (stalls);
 * with ``--kill`` (on the last layout): one server is killed with SIGKILL halfway through the
   window; recovery is, per iterator, the end of its longest gap between two batches that
   starts at or after the kill (or spans it), minus the kill time; the maximum over iterators
@@ -80,6 +81,14 @@ def _iterate(servers: list[str], seed: int, until: float, out: dict, count: int)
 
 
 def consume(args: dict) -> int:
+    import dnn_worker.fetcher  # noqa: F401  (imports torch: seconds, before the clock starts)
+
+    print("ready", flush=True)
+    go = sys.stdin.readline().split()  # "<start> <until>" on the shared monotonic clock
+    if not go:
+        return 1
+    start, args["until"] = float(go[0]), float(go[1])
+    time.sleep(max(0.0, start - time.monotonic()))
     outs = [{"arrivals": []} for _ in range(args["iterators"])]
     count = max(3000, 120_000 // args["total_iterators"])  # enough for the window; bounded memory
     threads = [threading.Thread(target=_iterate, args=(args["servers"], args["seed"] + k, args["until"], outs[k], count))
@@ -97,16 +106,22 @@ def consume(args: dict) -> int:
 
 def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int, iterators: int, seconds: float,
                warmup: float, kill: bool) -> dict:
-    start = time.monotonic() + 1.0
-    until = start + warmup + seconds
     with tempfile.TemporaryDirectory() as tmp:
         consumers = []
         for p in range(processes):
-            args = {"servers": servers, "iterators": iterators, "seed": 1000 * p, "until": until,
+            args = {"servers": servers, "iterators": iterators, "seed": 1000 * p,
                     "total_iterators": processes * iterators,
                     "out": os.path.join(tmp, f"c{p}.json")}
             consumers.append(subprocess.Popen([sys.executable, "-m", "benchmarks.scale", "--consume", json.dumps(args)],
-                                              cwd=ROOT))
+                                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for c in consumers:  # every process has imported torch and the product: start them together
+            if c.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a consumer process exited before it was ready (code {c.wait(10)})")
+        start = time.monotonic() + 1.0
+        until = start + warmup + seconds
+        for c in consumers:
+            c.stdin.write(f"{start} {until}\n")
+            c.stdin.flush()
         killed_at = None
         if kill:
             time.sleep(max(0.0, start + warmup + seconds / 2 - time.monotonic()))
@@ -120,6 +135,7 @@ def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int
                 its.extend(json.load(f))
     lo, hi = start + warmup, until
     counts = [sum(1 for t in it["arrivals"] if lo <= t < hi) for it in its]
+    per_batch = sorted(seconds / n for n in counts if n)  # each iterator's mean time per batch
     gaps = [b - a for it in its for a, b in zip(it["arrivals"], it["arrivals"][1:]) if lo <= a < hi]
     per_server = {s: sum(it.get("per_server", {}).get(s, 0) for it in its) for s in servers}
     total = sum(per_server.values()) or 1
@@ -129,8 +145,9 @@ def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int
            "server_share": {s: round(n / total, 3) for s, n in per_server.items()},
            "min_per_iterator": min(counts) if counts else 0, "mean_per_iterator": round(mean, 1),
            "min_over_mean": round(min(counts) / mean, 3) if mean else 0.0,
-           "p50_ms": round(1e3 * statistics.median(gaps), 3) if gaps else None,
-           "p99_ms": round(1e3 * statistics.quantiles(gaps, n=100)[98], 3) if len(gaps) > 1 else None,
+           "p50_ms": round(1e3 * statistics.median(per_batch), 3) if per_batch else None,
+           "p99_ms": round(1e3 * per_batch[min(len(per_batch) - 1, int(0.99 * len(per_batch)))], 3) if per_batch else None,
+           "p99_gap_ms": round(1e3 * statistics.quantiles(gaps, n=100)[98], 3) if len(gaps) > 1 else None,
            "errors": [it["error"] for it in its if "error" in it]}
     if killed_at is not None:
         recoveries = []
@@ -175,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scale benchmark: {args.servers} servers x {args.workers} worker(s), {args.batch_bytes}-byte batches over "
           f"loopback TCP, {os.cpu_count()} cores, {args.seconds}s window after {args.warmup}s warm-up", flush=True)
     print("| consumers (P x I) | connections / server | batches/s | vs first | server shares | min / mean per "
-          "iterator | p50 ms | p99 ms | recovery after kill -9 (max / p50 s) |")
-    print("|---|---:|---:|---:|---|---:|---:|---:|---|")
+          "iterator | time per batch p50 / p99 ms | gap p99 ms | recovery after kill -9 (max / p50 s) |")
+    print("|---|---:|---:|---:|---|---:|---|---:|---|")
     rows, first = [], None
     for n, (p, i) in enumerate(layouts):
         kill = not args.no_kill and n == len(layouts) - 1
@@ -200,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         shares = " / ".join(f"{v:.2f}" for v in row["server_share"].values())
         rec = (f"{row['recovery_s_max']:.2f} / {row['recovery_s_p50']:.2f}" if "recovery_s_max" in row else "-")
         print(f"| {p} x {i} | {row['connections_per_server']} | {row['batches_per_s']:.0f} | "
-              f"{row['batches_per_s'] / first:.2f} | {shares} | {row['min_over_mean']:.2f} | {row['p50_ms']} | "
-              f"{row['p99_ms']} | {rec} |", flush=True)
+              f"{row['batches_per_s'] / first:.2f} | {shares} | {row['min_over_mean']:.2f} | {row['p50_ms']} / "
+              f"{row['p99_ms']} | {row['p99_gap_ms']} | {rec} |", flush=True)
         if row["errors"]:
             print(f"  errors: {row['errors'][:3]}", flush=True)
     if args.json:

@@ -159,6 +159,7 @@ def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int
                     worst = b - max(a, killed_at)
                     end = b - killed_at
             recoveries.append(end if worst else 0.0)
+        row["recovery_s_each"] = sorted(round(r, 3) for r in recoveries)
         row["recovery_s_max"] = round(max(recoveries), 3)
         row["recovery_s_p50"] = round(statistics.median(recoveries), 3)
     return row

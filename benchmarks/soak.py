@@ -62,6 +62,16 @@ class RssTrack:
                 e["end_max_mib"] = max(e["end_max_mib"], rss / 2**20)
         return out
 
+    def timeline(self, start: float, bucket_s: float = 60.0) -> dict[str, list[list[float]]]:
+        """Max RSS (MiB) per label in each ``bucket_s`` of the run: shows growth that the
+        first/last comparison cannot tell from a warm-up."""
+        out: dict[str, dict[int, float]] = {}
+        for t, label, rss in self.samples:
+            b = int((t - start) // bucket_s)
+            per = out.setdefault(label, {})
+            per[b] = max(per.get(b, 0.0), rss / 2**20)
+        return {label: [[b * bucket_s, round(v, 1)] for b, v in sorted(per.items())] for label, per in out.items()}
+
 
 def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0, fault_gap: tuple[float, float] = (2.0, 5.0),
              kinds: tuple[str, ...] = FAULT_KINDS, workdir: Path | None = None, options: dict | None = None,
@@ -197,7 +207,8 @@ def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0,
             "faults": dict(faults), "faults_total": sum(faults.values()), "consumer_failures": consumer_failures,
             "server_failures": server_failures,
             "server_starts": [s.starts for s in servers], "max_slots_in_use": max_slots,
-            "rss_mib": rss.summary(t0, end), "lost_examples": acc["lost_examples"],
+            "rss_mib": rss.summary(t0, end), "rss_timeline_mib": rss.timeline(t0),
+            "lost_examples": acc["lost_examples"],
             "duplicated_examples": acc["duplicated_examples"], "workdir": str(work)}
 
 

@@ -3,10 +3,13 @@
 Python API::
 
     server = DataServer(PipelineSpec("mypkg.data:build_pipeline", {"size": 64}),
-                        token="s3cret", num_workers=4)
+                        token="s3cret", options=ServerOptions(num_workers=4))
     server.start()              # loads the pipeline, starts workers, builds a probe batch
     print(server.address)       # "127.0.0.1:50051": what consumers connect to
     server.wait()               # until Shutdown (RPC or server.shutdown())
+
+Threads: gRPC's pool for the control plane and one data-plane event loop (dataplane.py) for
+every consumer connection and the worker pool's pipes, however many consumers connect.
 """
 from __future__ import annotations
 
@@ -19,18 +22,22 @@ import uuid
 from concurrent import futures
 from dataclasses import dataclass
 
+from multiprocessing.connection import wait as mp_wait
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from . import compression, framing, tls
 from .auth import TokenInterceptor
 from .errors import ConfigError
+from .dataplane import DataPlane
 from .pipeline import PipelineSpec
-from .session import Session
+from .session import SessionContext
 from .stats import ServerStats
 from .version import PROTOCOL_VERSION, compatible, mismatch_message
 from .wire import pb, pb_grpc
-from .workers import Result, Task, WorkerPool
+from .tasks import Result, Task
+from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +120,13 @@ class DataServer:
                                self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
                                codec=self.options.compression)
         self.pool.on_no_workers = self._no_workers
-        self.stats = ServerStats(self)
+        self.stats = ServerStats(self.pool)
         self.plan = None
         self.dataset_info: pb.DatasetInfo | None = None
         self.port = 0
         self.bulk_port = 0
         self.shutting_down = False
-        self._sessions: set[Session] = set()
+        self._dataplane: DataPlane | None = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._grpc: grpc.Server | None = None
@@ -146,7 +153,7 @@ class DataServer:
             fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes,
             finish=pipe.finish_target(), finish_dtypes=dict(pipe.finish_dtypes or {}), codec=self.options.compression)
         del pipe
-        self.pool.start()
+        self.pool.start(own_thread=False)  # the data-plane loop reads the workers' pipes
         try:
             if self.options.probe:
                 self._probe()
@@ -163,8 +170,12 @@ class DataServer:
         done = threading.Event()
         box: list[Result] = []
         self.pool.submit(Task(0, 0, 0, lambda r: (box.append(r), done.set())))
-        if not done.wait(self.options.start_timeout_s):
-            raise ConfigError(f"the probe batch took longer than start_timeout_s={self.options.start_timeout_s}")
+        deadline = time.monotonic() + self.options.start_timeout_s
+        while not done.is_set():  # the data-plane loop is not running yet: poll the pool here
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConfigError(f"the probe batch took longer than start_timeout_s={self.options.start_timeout_s}")
+            self.pool.handle_ready(mp_wait(self.pool.wait_objects(), timeout=min(left, 0.5)))
         result = box[0]
         try:
             if result.error is not None:
@@ -205,9 +216,10 @@ class DataServer:
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.options.host}:{self.options.bulk_port} ({exc}); "
                               "pick another --bulk-port or 0 for a free one") from exc
-        self._listener.listen(128)
+        self._listener.listen(1024)
         self.bulk_port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept_loop, name="bulk-accept", daemon=True).start()
+        self._dataplane = DataPlane(self._listener, self.pool, self._session_context, self._tls_context)
+        self._dataplane.start()
         self._grpc.start()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -219,46 +231,21 @@ class DataServer:
             for name in ("", SERVICE_NAME):
                 self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
-    def _accept_loop(self) -> None:
-        while not self._stopped.is_set() and not self.shutting_down:
-            try:
-                sock, peer = self._listener.accept()
-            except OSError as exc:
-                if self._stopped.is_set() or self.shutting_down or self._listener.fileno() < 0:
-                    return
-                log.warning("data plane: accept failed (%s); retrying", exc)  # EMFILE and the like pass
-                time.sleep(0.1)
-                continue
-            try:
-                framing.tune(sock)
-            except OSError:
-                sock.close()
-                continue
-            if self._tls_context is not None:
-                # The handshake runs on the session's thread: a slow or hostile peer must not block accept().
-                sock = self._tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-            session = Session(self, sock, f"{peer[0]}:{peer[1]}")
-            with self._lock:
-                self._sessions.add(session)
-            self.stats.stream_opened()
-            threading.Thread(target=session.run, name=f"session-{peer[1]}", daemon=True).start()
-
-    # -- callbacks from sessions
-    def session_closed(self, session: Session) -> None:
-        with self._lock:
-            self._sessions.discard(session)
-        self.stats.stream_closed(session.authenticated)
-
-    def consumer_connected(self) -> None:
-        self.stats.consumer_connected()
+    def _session_context(self, plane: DataPlane) -> SessionContext:
+        return SessionContext(
+            token=self.token, server_id=self.server_id, codec=self.options.compression,
+            shared_memory=self.options.shared_memory, send_timeout_s=self.options.send_timeout_s,
+            num_batches=self.plan.num_batches, pool=self.pool, stats=self.stats,
+            shutting_down=lambda: self.shutting_down, count_auth_failure=self.count_auth_failure,
+            call_soon=plane.call_soon, closed=plane._session_closed, want_write=plane._want_write)
 
     def count_auth_failure(self) -> None:
         self.stats.auth_failures += 1
 
     @property
     def active_sessions(self) -> int:
-        with self._lock:
-            return sum(1 for s in self._sessions if s.authenticated)
+        plane = self._dataplane
+        return 0 if plane is None else sum(1 for s in plane.sessions() if s.authenticated)
 
     # -- stop
     def shutdown(self, grace_s: float = 30.0, reason: str = "", block: bool = True) -> bool:
@@ -280,18 +267,19 @@ class DataServer:
 
     def _stop(self, grace_s: float) -> None:
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                busy = [s for s in self._sessions if not s.idle]
+        plane = self._dataplane
+        while plane is not None and time.monotonic() < deadline:
+            try:
+                busy = plane.call(lambda: any(not s.idle for s in plane.sessions()), timeout=5.0)
+            except TimeoutError:
+                busy = True
             if not busy:
                 break
             time.sleep(0.05)
-        if self._listener is not None:
+        if plane is not None:
+            plane.stop(timeout=5.0)
+        elif self._listener is not None:
             self._listener.close()
-        with self._lock:
-            sessions = list(self._sessions)
-        for s in sessions:
-            s.close()
         self.pool.stop(timeout=5.0)
         if self._grpc is not None:
             self._grpc.stop(grace=1.0).wait(5.0)

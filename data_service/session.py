@@ -1,233 +1,372 @@
-"""One consumer's data-plane connection on the server.
+"""One consumer's data-plane connection on the server, driven by the data plane's event loop.
 
-A reader thread takes ``FetchRequest`` frames and submits one task per batch
-to the worker pool; a sender thread writes finished batches back (header frame,
-then the slot's bytes, no copy) in completion order and frees each slot. When
-the consumer goes away its queued tasks are cancelled and held slots freed, so
-nothing leaks and nothing it did not receive is lost: it asks again.
+The connection's socket is non-blocking; the loop (dataplane.py) calls ``on_readable`` and
+``on_writable``. Handshake (TLS when configured, challenge, token proof), then every
+``FetchRequest`` frame becomes one task per batch for the worker pool; each finished batch is
+written back from the worker's slot (header frame, then the slot's bytes, no copy; partial
+writes resume where they stopped) in completion order, and its slot is freed once written.
+When the consumer goes away its queued tasks are cancelled and held slots freed, so nothing
+leaks and nothing it did not receive is lost: it asks again. A consumer that takes no bytes
+for ``send_timeout_s`` while batches wait for it is dropped (its slots go back).
 
-Shared-memory mode (consumer on this host): only the header is sent; the
-consumer reads the slot in place and sends ``Release`` when done. A slot with a
-lease (``BatchHeader.shm_lease``) stays the consumer's until it drops the batch
-(zero copy); slots still held when the connection ends are retired, never
-rewritten, because the consumer may still be reading them.
+Shared-memory mode (consumer on this host): only the header is sent; the consumer reads the
+slot in place and sends ``Release`` when done. A slot with a lease (``BatchHeader.shm_lease``)
+stays the consumer's until it drops the batch (zero copy); slots still held when the
+connection ends are retired, never rewritten, because the consumer may still be reading them.
+
+Everything here runs on the loop's thread, except ``_on_result``, which the worker pool may
+call from another thread: it hands the result to the loop.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
-import queue
 import socket
 import ssl
-import threading
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from . import framing
 from .errors import ProtocolError
 from .version import PROTOCOL_VERSION, compatible, mismatch_message
 from .wire import pb
-from .workers import Result, Task
+from .tasks import Result, Task
 
 if TYPE_CHECKING:
-    from .server import DataServer
+    from .stats import ServerStats
+    from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_OUTSTANDING = 4096  # batches one connection may have requested and not received
+READ_CHUNK = 1 << 16
+
+
+@dataclass
+class SessionContext:
+    """What a session needs from its server."""
+
+    token: str
+    server_id: str
+    codec: str              # "" or the compression every batch carries
+    shared_memory: bool     # offer shared memory to consumers on this host
+    send_timeout_s: float
+    num_batches: int        # batches per epoch of the plan
+    pool: "WorkerPool"
+    stats: "ServerStats"
+    shutting_down: Callable[[], bool]
+    count_auth_failure: Callable[[], None]
+    call_soon: Callable[..., None]  # run a callable on the loop's thread (from any thread)
+    closed: Callable[["Session"], None]  # the loop forgets the session
+    want_write: Callable[["Session", bool], None]  # (un)register the socket for writability
+
+
+class _Out:
+    """One frame waiting to be written: header bytes, then (TCP batches) the slot's bytes."""
+
+    __slots__ = ("head", "payload", "result", "done", "started", "header")
+
+    def __init__(self, head: bytes, payload: memoryview | None = None, result: Result | None = None,
+                 header: pb.BatchHeader | None = None) -> None:
+        self.head = head
+        self.payload = payload
+        self.result = result        # released once written (TCP batches)
+        self.header = header        # batches: counted in the stats once written
+        self.done = 0
+        self.started = 0.0
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + (len(self.payload) if self.payload is not None else 0)
+
+
+def _frame(frame: pb.BulkFrame) -> bytes:
+    head = frame.SerializeToString()
+    return framing._LEN.pack(len(head)) + head
 
 
 class Session:
-    def __init__(self, server: "DataServer", sock: socket.socket, peer: str) -> None:
-        self.server = server
+    """One data-plane connection; see the module docstring."""
+
+    def __init__(self, ctx: SessionContext, sock: socket.socket, peer: str) -> None:
+        self.ctx = ctx
         self.sock = sock
         self.peer = peer
         self.client_id = "?"
-        self._outbox: queue.Queue[Result | None] = queue.Queue()
-        self._tasks: dict[int, Task] = {}
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
         self.authenticated = False
         self.shm = False
+        self.closed = False
+        self.deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S  # unauthenticated until then
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._tls_done = not self._tls
+        self._nonce = os.urandom(32)
+        self._rbuf = bytearray()
+        self._out: collections.deque[_Out] = collections.deque()
+        self._writing = False      # registered for writability
+        self._close_when_sent = False
+        self._progress_at = time.monotonic()
+        self._tasks: dict[int, Task] = {}
         self._held: dict[tuple[int, int, int], list[Result]] = {}  # shared-memory mode: sent, not yet released
 
     # -- lifecycle
-    def run(self) -> None:
-        """Handshake, then serve until the peer leaves (runs on its own thread)."""
-        try:
-            if not self._handshake():
-                return
-            sender = threading.Thread(target=self._send_loop, name=f"send-{self.peer}", daemon=True)
-            sender.start()
-            self._read_loop()
-        except (framing.PeerClosed, ConnectionError, OSError):
-            pass
-        except ProtocolError as exc:
-            log.warning("data plane: dropping %s (%s): %s", self.peer, self.client_id, exc)
-        finally:
-            self.close()
+    def start(self) -> None:
+        """Begin the handshake (the loop has registered the socket for reading)."""
+        if self._tls_done:
+            self._queue(_frame(pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION,
+                                                                   nonce=self._nonce))))
+        else:
+            self._tls_step()
 
     def close(self) -> None:
-        with self._lock:  # after this block nothing is added to _held or the outbox
-            if self._closed.is_set():
-                return
-            self._closed.set()
-            tasks = list(self._tasks.values())
-            self._tasks.clear()
-            held = [r for rs in self._held.values() for r in rs]
-            self._held.clear()
-        self.server.pool.cancel(tasks)
+        """End the connection: cancel its tasks, free or retire its slots. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        held = [r for rs in self._held.values() for r in rs]
+        self._held.clear()
+        unsent = [o.result for o in self._out if o.result is not None]
+        self._out.clear()
+        self.ctx.pool.cancel(tasks)
         for r in held:
             r.retire()  # the consumer may still map these (zero copy): never reuse them
-        self._outbox.put(None)
+        for r in unsent:
+            r.release()
+        self.ctx.closed(self)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
-        self.server.session_closed(self)
 
     @property
     def idle(self) -> bool:
-        with self._lock:
-            return not self._tasks and not self._held and self._outbox.empty()
+        return not self._tasks and not self._held and not self._out
 
-    # -- protocol
-    def _handshake(self) -> bool:
-        self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        if hasattr(self.sock, "do_handshake"):
+    def check_deadlines(self, now: float) -> None:
+        """Drop a peer that did not finish the handshake in time, or took no bytes for send_timeout_s."""
+        if not self.authenticated and now > self.deadline:
+            log.warning("data plane: dropping %s: no handshake within %.0fs", self.peer, HANDSHAKE_TIMEOUT_S)
+            self.close()
+        elif self._out and now - self._progress_at > self.ctx.send_timeout_s:
+            log.warning("data plane: dropping %s (%s): took no data for %.0fs", self.peer, self.client_id,
+                        self.ctx.send_timeout_s)
+            self.close()
+
+    # -- events from the loop
+    def on_readable(self) -> None:
+        try:
+            if not self._tls_done:
+                self._tls_step()
+                if not self._tls_done:
+                    return
+            self._read()
+        except (framing.PeerClosed, ConnectionError, OSError):
+            self.close()
+        except ProtocolError as exc:
+            log.warning("data plane: dropping %s (%s): %s", self.peer, self.client_id, exc)
+            self.close()
+
+    def on_writable(self) -> None:
+        if not self._tls_done:
+            self.on_readable()  # the TLS handshake wants to write
+            return
+        self._flush()
+
+    # -- reading
+    def _tls_step(self) -> None:
+        try:
+            self.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._want_write(False)
+            return
+        except ssl.SSLWantWriteError:
+            self._want_write(True)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            raise ProtocolError(f"TLS handshake failed: {exc}") from None
+        self._tls_done = True
+        self._want_write(False)
+        self._queue(_frame(pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION, nonce=self._nonce))))
+
+    def _read(self) -> None:
+        while not self.closed:
             try:
-                self.sock.do_handshake()
-            except (ssl.SSLError, OSError) as exc:
-                raise ProtocolError(f"TLS handshake failed: {exc}") from None
-        nonce = os.urandom(32)
-        framing.send_frame(self.sock, pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION, nonce=nonce)))
-        frame = framing.recv_frame(self.sock)
-        if frame.WhichOneof("kind") != "hello":
-            raise ProtocolError(f"expected a hello frame, got {frame.WhichOneof('kind')!r}")
-        hello = frame.hello
+                data = self.sock.recv(READ_CHUNK)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return
+            if not data:
+                raise framing.PeerClosed(f"{self.peer} closed the connection")
+            self._rbuf += data
+            self._parse()
+
+    def _parse(self) -> None:
+        buf = self._rbuf
+        pos = 0
+        size = framing._LEN.size
+        try:
+            while not self.closed and len(buf) - pos >= size:
+                (n,) = framing._LEN.unpack_from(buf, pos)
+                if n > framing.MAX_FRAME:
+                    raise ProtocolError(f"frame header of {n} bytes exceeds the {framing.MAX_FRAME}-byte limit: "
+                                        "not a heterodata.v1 peer?")
+                if len(buf) - pos - size < n:
+                    break
+                frame = pb.BulkFrame()
+                try:
+                    frame.ParseFromString(bytes(buf[pos + size:pos + size + n]))
+                except Exception as exc:  # protobuf raises DecodeError; anything else is garbage too
+                    raise ProtocolError(f"unparsable frame header ({n} bytes): {exc}") from None
+                pos += size + n
+                self._on_frame(frame)
+        finally:
+            del buf[:pos]
+
+    def _on_frame(self, frame: pb.BulkFrame) -> None:
+        kind = frame.WhichOneof("kind")
+        if not self.authenticated:
+            if self._close_when_sent:
+                return  # refused; the reply is on its way
+            if kind != "hello":
+                raise ProtocolError(f"expected a hello frame, got {kind!r}")
+            self._on_hello(frame.hello)
+            return
+        if kind == "release" and self.shm:
+            ref = frame.release.ref
+            key = (ref.seed, ref.epoch, ref.index)
+            held = self._held.get(key)
+            result = held.pop(0) if held else None
+            if held == []:
+                del self._held[key]
+            if result is None:
+                raise ProtocolError(f"release of batch {ref.index} (epoch {ref.epoch}) that is not held")
+            result.release()
+            return
+        if kind != "fetch":
+            raise ProtocolError(f"expected fetch frames, got {kind!r}")
+        for ref in frame.fetch.batches:
+            if not ref.index < self.ctx.num_batches or ref.epoch >= 1 << 62:
+                self._queue_error(ref, pb.OUT_OF_RANGE,
+                                  f"batch {ref.index} of epoch {ref.epoch} is outside the plan "
+                                  f"(valid batch indices 0..{self.ctx.num_batches - 1})")
+                continue
+            if self.ctx.shutting_down():
+                self._queue_error(ref, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
+                continue
+            if len(self._tasks) + len(self._out) >= MAX_OUTSTANDING:
+                raise ProtocolError(f"more than {MAX_OUTSTANDING} outstanding batch requests")
+            task = Task(ref.seed, ref.epoch, ref.index, self._on_result)
+            self._tasks[id(task)] = task  # before submit: the pool may answer at once
+            self.ctx.pool.submit(task)
+            if self.closed:
+                return
+
+    def _on_hello(self, hello: pb.BulkHello) -> None:
         self.client_id = hello.client_id or self.peer
         if not compatible(hello.client_version, PROTOCOL_VERSION):
-            self._send_error(pb.VERSION_MISMATCH, mismatch_message(hello.client_version, PROTOCOL_VERSION))
-            return False
-        if not framing.hmac.compare_digest(hello.proof, framing.token_proof(self.server.token, nonce)):
-            self.server.count_auth_failure()
+            self._refuse(pb.VERSION_MISMATCH, mismatch_message(hello.client_version, PROTOCOL_VERSION))
+            return
+        if not framing.hmac.compare_digest(hello.proof, framing.token_proof(self.ctx.token, self._nonce)):
+            self.ctx.count_auth_failure()
             log.warning("data plane: wrong job token from %s (%s)", self.peer, self.client_id)
-            self._send_error(pb.PERMISSION_DENIED, "missing or wrong job token")
-            return False
-        codec = self.server.options.compression
+            self._refuse(pb.PERMISSION_DENIED, "missing or wrong job token")
+            return
+        codec = self.ctx.codec
         if codec and codec not in hello.accept_codecs:
-            self._send_error(pb.BAD_REQUEST, f"this server compresses batches with {codec}, the client cannot decode "
-                                             f"it: pip install 'hetero-data-service[compress]' on the consumer")
-            return False
-        self.shm = bool(self.server.options.shared_memory and hello.accept_shm and hello.host_key
+            self._refuse(pb.BAD_REQUEST, f"this server compresses batches with {codec}, the client cannot decode "
+                                         f"it: pip install 'hetero-data-service[compress]' on the consumer")
+            return
+        self.shm = bool(self.ctx.shared_memory and hello.accept_shm and hello.host_key
                         and hello.host_key == framing.host_key())
-        framing.send_frame(self.sock, pb.BulkFrame(welcome=pb.Welcome(server_id=self.server.server_id, codec=codec,
-                                                                      shm=self.shm)))
-        self.sock.settimeout(None)
-        framing.set_send_timeout(self.sock, self.server.options.send_timeout_s)
+        framing.set_send_timeout(self.sock, self.ctx.send_timeout_s)
         self.authenticated = True
-        self.server.consumer_connected()
-        return True
+        self.ctx.stats.consumer_connected()
+        self._queue(_frame(pb.BulkFrame(welcome=pb.Welcome(server_id=self.ctx.server_id, codec=codec, shm=self.shm))))
 
-    def _send_error(self, kind: int, message: str, ref: pb.BatchRef | None = None) -> None:
-        err = pb.BatchError(kind=kind, message=message, sample_index=-1)
-        if ref is not None:
-            err.ref.CopyFrom(ref)
-        framing.send_frame(self.sock, pb.BulkFrame(error=err))
+    def _refuse(self, kind: int, message: str) -> None:
+        self._close_when_sent = True
+        self._queue(_frame(pb.BulkFrame(error=pb.BatchError(kind=kind, message=message, sample_index=-1))))
 
-    def _read_loop(self) -> None:
-        cfg = self.server.plan
-        while not self._closed.is_set():
-            frame = framing.recv_frame(self.sock)
-            kind = frame.WhichOneof("kind")
-            if kind == "release" and self.shm:
-                ref = frame.release.ref
-                with self._lock:
-                    held = self._held.get((ref.seed, ref.epoch, ref.index))
-                    result = held.pop(0) if held else None
-                    if held == []:
-                        del self._held[(ref.seed, ref.epoch, ref.index)]
-                if result is None:
-                    raise ProtocolError(f"release of batch {ref.index} (epoch {ref.epoch}) that is not held")
-                result.release()
-                continue
-            if kind != "fetch":
-                raise ProtocolError(f"expected fetch frames, got {kind!r}")
-            for ref in frame.fetch.batches:
-                if not ref.index < cfg.num_batches or ref.epoch >= 1 << 62:
-                    self._queue_error(ref, pb.OUT_OF_RANGE,
-                                      f"batch {ref.index} of epoch {ref.epoch} is outside the plan "
-                                      f"(valid batch indices 0..{cfg.num_batches - 1})")
-                    continue
-                if self.server.shutting_down:
-                    self._queue_error(ref, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
-                    continue
-                task = Task(ref.seed, ref.epoch, ref.index, self._on_result)
-                with self._lock:
-                    if len(self._tasks) >= MAX_OUTSTANDING:
-                        raise ProtocolError(f"more than {MAX_OUTSTANDING} outstanding batch requests")
-                    self._tasks[id(task)] = task  # before submit: the pool may answer at once
-                self.server.pool.submit(task)
-
+    # -- results
     def _queue_error(self, ref: pb.BatchRef, kind: int, message: str) -> None:
-        err = pb.BatchError(ref=ref, kind=kind, message=message, sample_index=-1)
-        self._outbox.put(Result(Task(ref.seed, ref.epoch, ref.index, lambda r: None), error=err))
+        self._queue(_frame(pb.BulkFrame(error=pb.BatchError(ref=ref, kind=kind, message=message, sample_index=-1))))
 
     def _on_result(self, result: Result) -> None:
-        """Called by the pool's thread: hand the result to the sender."""
-        with self._lock:
-            self._tasks.pop(id(result.task), None)
-            closed = self._closed.is_set()
-            if not closed:
-                self._outbox.put(result)
-        if closed:
+        """Called by the worker pool, on the loop's thread or another one."""
+        self.ctx.call_soon(self._deliver, result)
+
+    def _deliver(self, result: Result) -> None:
+        self._tasks.pop(id(result.task), None)
+        if self.closed:
             result.release()
+            return
+        if result.error is not None:
+            self._queue(_frame(pb.BulkFrame(error=result.error)))
+            return
+        header = result.header
+        if self.shm:
+            header.shm_path, header.shm_size = result.shm_path, result.shm_size
+            header.shm_inode = result.shm_inode
+            header.shm_lease = not header.codec and result.lease()
+            ref = header.ref
+            self._held.setdefault((ref.seed, ref.epoch, ref.index), []).append(result)  # until Release
+            self._queue(_frame(pb.BulkFrame(batch=header)), header=header)
+        else:
+            self._queue(_frame(pb.BulkFrame(batch=header)), result.payload, result, header)
 
-    def _send_loop(self) -> None:
-        stats = self.server.stats
-        while True:
-            result = self._outbox.get()
-            if result is None:
-                break
-            try:
-                if result.error is not None:
-                    framing.send_frame(self.sock, pb.BulkFrame(error=result.error))
-                    continue
-                t0 = time.perf_counter()
-                header = result.header
-                if self.shm:
-                    header.shm_path, header.shm_size = result.shm_path, result.shm_size
-                    header.shm_inode = result.shm_inode
-                    header.shm_lease = not header.codec and result.lease()
-                    ref = header.ref
-                    with self._lock:
-                        closed = self._closed.is_set()
-                        if not closed:
-                            self._held.setdefault((ref.seed, ref.epoch, ref.index), []).append(result)
-                    if closed:  # close() already retired what was held; this one too
-                        result.retire()
-                        result = None
-                        break
-                    result = None  # held until the client's Release, or retired by close()
-                    sent = framing.send_frame(self.sock, pb.BulkFrame(batch=header))
+    # -- writing
+    def _queue(self, head: bytes, payload: memoryview | None = None, result: Result | None = None,
+               header: pb.BatchHeader | None = None) -> None:
+        if not self._out:
+            self._progress_at = time.monotonic()
+        self._out.append(_Out(head, payload if payload is not None and len(payload) else None, result, header))
+        if not self._writing:
+            self._flush()  # most frames go out at once; the rest wait for writability
+
+    def _flush(self) -> None:
+        sock, out = self.sock, self._out
+        try:
+            while out and not self.closed:
+                item = out[0]
+                if not item.done:
+                    item.started = time.perf_counter()
+                hl = len(item.head)
+                if item.done < hl:
+                    head = memoryview(item.head)[item.done:]
+                    if item.payload is not None and not self._tls:
+                        n = sock.sendmsg([head, item.payload])  # header and slot bytes, one call, no copy
+                    else:
+                        n = sock.send(head)
                 else:
-                    sent = framing.send_frame(self.sock, pb.BulkFrame(batch=header), result.payload)
-                stats.record_sent(sent, header.raw_bytes, time.perf_counter() - t0, header.payload_bytes,
-                                  header.compress_s)
-            except OSError:
-                break
-            finally:
-                if result is not None:
-                    result.release()
-        self.close()  # a failed send ends the session; the reader sees it too
-        while True:  # drain: free slots of results we will never send
-            try:
-                result = self._outbox.get_nowait()
-            except queue.Empty:
-                return
-            if result is not None:
-                result.release()
+                    n = sock.send(item.payload[item.done - hl:])
+                if n > 0:
+                    self._progress_at = time.monotonic()
+                item.done += n
+                if item.done < item.size:
+                    continue
+                out.popleft()
+                if item.header is not None:
+                    h = item.header
+                    self.ctx.stats.record_sent(item.size, h.raw_bytes, time.perf_counter() - item.started,
+                                               h.payload_bytes, h.compress_s)
+                if item.result is not None:
+                    item.payload = None
+                    item.result.release()
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            self._want_write(True)
+            return
+        except OSError:
+            self.close()
+            return
+        self._want_write(False)
+        if self._close_when_sent and not out:
+            self.close()
 
-
+    def _want_write(self, on: bool) -> None:
+        if on != self._writing and not self.closed:
+            self._writing = on
+            self.ctx.want_write(self, on)

@@ -8,12 +8,18 @@ from typing import TYPE_CHECKING
 from .wire import pb
 
 if TYPE_CHECKING:
-    from .server import DataServer
+    from .workers import WorkerPool
 
 
 class ServerStats:
-    def __init__(self, server: "DataServer") -> None:
-        self._server = server
+    """Counts batches, bytes and consumers; ``snapshot()`` adds the worker pool's figures.
+
+    Args:
+        pool: the worker pool whose counters the snapshot reports.
+    """
+
+    def __init__(self, pool: "WorkerPool") -> None:
+        self._pool = pool
         self._lock = threading.Lock()
         self.started = time.monotonic()
         self.batches_sent = 0
@@ -63,7 +69,7 @@ class ServerStats:
             return time.monotonic() - self._last_consumer_left
 
     def snapshot(self) -> pb.Stats:
-        pool = self._server.pool
+        pool = self._pool
         slots, slot_bytes = pool.slots_in_use()
         idle_s = self.seconds_since_last_consumer()
         with self._lock:

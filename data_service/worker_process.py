@@ -1,7 +1,7 @@
 """The data worker process: loads the pipeline once, then builds batches into its slots.
 
 Runs in a spawned process (``WorkerPool`` in workers.py is the server side). It takes
-``task`` messages from the server's pipe, builds the batch straight into one of its
+``TaskMsg`` messages (pool_messages.py) from the server's pipe, builds the batch straight into one of its
 anonymous memfd slots (compressing first if the server compresses) and answers with
 the batch header; pipeline errors go back with their traceback and sample index.
 """
@@ -14,6 +14,7 @@ import signal
 import time
 import traceback
 
+from .pool_messages import DoneMsg, ErrorMsg, FatalMsg, ReadyMsg, StopMsg, TaskMsg
 from .wire import pb
 
 _PAGE = mmap.PAGESIZE
@@ -45,9 +46,9 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
         pipe = PipelineSpec.from_json(spec_json).load()
         cfg = pipe.plan_config()
     except BaseException as exc:  # report why we cannot start, then exit
-        conn.send(("fatal", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        conn.send(FatalMsg(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
-    conn.send(("ready", os.getpid()))
+    conn.send(ReadyMsg(os.getpid()))
     slots: list[_WorkerSlot | None] = [None] * num_slots
     scratch = bytearray(0)  # raw layout before compression
     while True:
@@ -59,10 +60,10 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
             msg = conn.recv()
         except (EOFError, OSError):
             return  # the server went away
-        if msg[0] == "stop":
+        if isinstance(msg, StopMsg) or not isinstance(msg, TaskMsg):
             return
-        _, task_id, seed, epoch, index, slot_no, renew = msg
-        if renew and slots[slot_no] is not None:
+        task_id, seed, epoch, index, slot_no = msg.task_id, msg.seed, msg.epoch, msg.index, msg.slot
+        if msg.renew and slots[slot_no] is not None:
             # The server handed this slot's region to a consumer for good (a lease that
             # outlived its connection): never write into it again, build into a new one.
             slots[slot_no].close()
@@ -72,15 +73,15 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
             batch = build_batch(pipe, cfg, seed, epoch, index)
             structure, metas, tensors, size = codec.plan_layout(batch)
         except IndexError as exc:
-            conn.send(("error", task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
+            conn.send(ErrorMsg(task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
             continue
         except SampleError as exc:
             tb = "".join(traceback.format_exception(exc.cause))
-            conn.send(("error", task_id, pb.TRANSFORM_FAILED, str(exc), tb, exc.sample_index))
+            conn.send(ErrorMsg(task_id, pb.TRANSFORM_FAILED, str(exc), tb, exc.sample_index))
             continue
         except Exception as exc:  # bad batch structure from collate, and the like
-            conn.send(("error", task_id, pb.TRANSFORM_FAILED, f"{type(exc).__name__}: {exc}",
-                       traceback.format_exc(), -1))
+            conn.send(ErrorMsg(task_id, pb.TRANSFORM_FAILED, f"{type(exc).__name__}: {exc}",
+                                traceback.format_exc(), -1))
             continue
         raw_size, compress_s, packed = size, 0.0, None
         if codec_name:
@@ -107,6 +108,6 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
             payload_bytes=size, raw_bytes=raw_size, codec=codec_name, compress_s=compress_s,
             build_s=time.perf_counter() - t0 - compress_s)
         try:
-            conn.send(("done", task_id, slot_no, new, header.SerializeToString()))
+            conn.send(DoneMsg(task_id, slot_no, new, header.SerializeToString()))
         except OSError:
             return

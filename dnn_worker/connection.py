@@ -1,24 +1,28 @@
-"""The consumer's data-plane connection to one server.
+"""The consumer's data-plane connection to one server, driven by the caller's thread.
 
-``open()`` does the handshake (version check, token proof); ``fetch()`` asks
-for batches; a reader thread receives each batch straight into a pooled buffer
-(one copy, kernel to user; pinned memory when asked) and posts decoded
-batches, errors and its own death to a shared event queue.
+``open()`` does the handshake (version check, token proof) and leaves the socket
+non-blocking; ``fetch()`` asks for batches. The connection has no thread of its own: whoever
+iterates (the ``Fetcher``, one selector over every server) calls ``read_events()`` when the
+socket is readable. Frames are parsed from a receive buffer, and each TCP batch's payload is
+received straight into a pooled buffer (one copy, kernel to user; pinned memory when asked),
+resuming wherever the last read stopped.
 
-When the server runs on this host, batches stay in its shared-memory slots. A
-slot that comes with a lease is mapped and the batch's tensors are views of it
-(zero copy); when the last of them is gone a finalizer sends the slot's
-``Release`` (through a small sender thread when the socket is busy). Without a lease (or when the batch must
-land in pinned memory, or in a DataLoader worker's shared memory anyway) the
-batch is copied out and released at once.
+When the server runs on this host, batches stay in its shared-memory slots. A slot that comes
+with a lease is mapped and the batch's tensors are views of it (zero copy); when the last of
+them is gone a finalizer sends the slot's ``Release`` on whatever thread dropped it (or, when
+the socket is busy at that moment, leaves it for the next ``flush()``). Without a lease (or
+when the batch must land in pinned memory, or in a DataLoader worker's shared memory anyway)
+the batch is copied out and released at once.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import mmap
 import os
-import queue
+import selectors
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -38,7 +42,9 @@ from .buffers import BufferPool
 
 log = logging.getLogger(__name__)
 
-JOIN_TIMEOUT_S = 5.0  # closing waits this long for the connection's threads
+RECV_CHUNK = 1 << 18  # frame headers (and small payloads) are read this many bytes at a time
+MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, other servers) again
+_WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 @dataclass
@@ -52,22 +58,33 @@ class Event:
     exc: BaseException | None = None
 
 
+class _Payload:
+    """A TCP batch whose bytes are still arriving."""
+
+    __slots__ = ("header", "buf", "view", "got", "packed")
+
+    def __init__(self, header: pb.BatchHeader, buf: torch.Tensor, packed: bytearray | None) -> None:
+        self.header = header
+        self.buf = buf
+        self.packed = packed  # compressed bytes land here first
+        self.view = memoryview(packed) if packed is not None else memoryview(buf.numpy())
+        self.got = 0
+
+
 class BulkConnection:
-    def __init__(self, address: str, host: str, port: int, token: str, events: "queue.Queue[Event]",
-                 client_id: str = "", max_batch_bytes: int = 1 << 40, pin_memory: bool = False,
+    """One data-plane connection; see the module docstring."""
+
+    def __init__(self, address: str, host: str, port: int, token: str, client_id: str = "",
+                 max_batch_bytes: int = 1 << 40, pin_memory: bool = False,
                  client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_context=None,
                  tls_server_name: str = "") -> None:
         self.address = address
         self._host, self._port = host, port
         self._token = token
-        self._events = events
         self._client_id = client_id
         self._max = max_batch_bytes
-        self._pin = pin_memory
         self._version = client_version
         self._sock: socket.socket | None = None
-        self._threads: list[threading.Thread] = []
-        self._send_lock = threading.Lock()
         self.closed = False
         self.bytes_received = 0
         self._pool = BufferPool(pin_memory)
@@ -77,8 +94,16 @@ class BulkConnection:
         self.shm = False
         self.codec = ""
         self._maps: dict[str, tuple[int, int, mmap.mmap]] = {}  # path -> (inode, size, map)
-        self._releases: queue.SimpleQueue = queue.SimpleQueue()  # refs of dropped zero-copy batches
+        self._rbuf = bytearray(RECV_CHUNK)
+        self._rstart = self._rend = 0      # unparsed bytes are _rbuf[_rstart:_rend]
+        self._payload: _Payload | None = None
+        self._out = bytearray()            # frames not yet written (the socket was full)
+        self._send_lock = threading.Lock()
+        self._releases: collections.deque = collections.deque()  # refs whose Release waits for flush()
+        self._events: collections.deque[Event] = collections.deque()  # read, not yet taken by next_event()
+        self.backlog = False  # read_events() stopped early: call it again without waiting for the socket
 
+    # -- lifecycle
     def open(self, timeout: float = 10.0) -> None:
         """Connect and authenticate.
 
@@ -111,46 +136,226 @@ class BulkConnection:
             if kind != "welcome":
                 raise ProtocolError(f"{self.address}: expected welcome, got {kind!r}")
             self.shm, self.codec = reply.welcome.shm, reply.welcome.codec
-            sock.settimeout(None)
+            sock.setblocking(False)
         except BaseException:
             sock.close()
             raise
         self._sock = sock
-        self._threads = [threading.Thread(target=self._read_loop, name=f"recv-{self.address}", daemon=True)]
-        if self.shm:
-            self._threads.append(threading.Thread(target=self._release_loop, name=f"release-{self.address}",
-                                                  daemon=True))
-        for t in self._threads:
-            t.start()
 
-    def fetch(self, refs: list[pb.BatchRef]) -> None:
-        """Ask for batches; raises OSError if the connection is gone."""
-        if self._sock is None or self.closed:
-            raise ConnectionError(f"connection to {self.address} is closed")
-        with self._send_lock:
-            framing.send_frame(self._sock, pb.BulkFrame(fetch=pb.FetchRequest(batches=refs)))
+    def fileno(self) -> int:
+        """The socket's descriptor (for a selector); -1 once closed."""
+        return self._sock.fileno() if self._sock is not None else -1
 
     def close(self) -> None:
-        if not self.closed:
-            self._releases.put(None)  # stops the release thread; the server retires what we still hold
+        """Close the socket and unmap slots no batch uses; the server retires what we still hold."""
+        if self.closed:
+            return
         self.closed = True
+        self._releases.clear()
         if self._sock is not None:
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             self._sock.close()
-        # Wait for our threads (not from one of them): one still dropping a tensor while the
-        # interpreter exits is killed inside torch's destructor, and the process aborts
-        # ("terminate called without an active exception").
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
-                if t.is_alive():
-                    log.warning("thread %s did not end within %.0fs of closing the connection", t.name,
-                                JOIN_TIMEOUT_S)
+        self._payload = None
+        for *_, m in self._maps.values():
+            try:
+                m.close()
+            except BufferError:
+                pass  # zero-copy batches still use it: unmapped when they are gone
+        self._maps.clear()
 
+    # -- sending
+    def fetch(self, refs: list[pb.BatchRef]) -> None:
+        """Ask for batches; raises OSError if the connection is gone."""
+        if self._sock is None or self.closed:
+            raise ConnectionError(f"connection to {self.address} is closed")
+        self._send(_frame(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
+
+    @property
+    def wants_write(self) -> bool:
+        """Frames wait for the socket to take them (watch it for writability, then ``flush()``)."""
+        return bool(self._out) or bool(self._releases)
+
+    def flush(self) -> None:
+        """Write deferred releases and whatever the socket did not take before; raises OSError
+        when the connection is gone."""
+        if self.closed:
+            return
+        self._send(b"", wait=True)
+
+    def _send(self, data: bytes, wait: bool) -> bool:
+        """Append ``data`` and write what the socket takes now; with ``wait=False`` only if no
+        other send is under way (returns whether it got the lock)."""
+        if not self._send_lock.acquire(blocking=wait):
+            return False
+        try:
+            while self._releases:
+                self._out += _frame(pb.BulkFrame(release=pb.Release(ref=self._releases.popleft())))
+            self._out += data
+            while self._out:
+                try:
+                    n = self._sock.send(self._out)
+                except _WOULD_BLOCK:
+                    break
+                del self._out[:n]
+        finally:
+            self._send_lock.release()
+        return True
+
+    def _dropped(self, ref: pb.BatchRef) -> None:
+        """Finalizer of a zero-copy batch: send its ``Release`` now if the socket is free, else at the
+        next ``flush()``.
+
+        Runs wherever the last tensor died, possibly inside a send on this thread, so it never
+        waits for the send lock (not re-entrant); ``deque.append`` is safe in finalizers.
+        """
+        if self.closed:
+            return  # the server retired the slot when the connection ended
+        try:
+            if not self._send(_frame(pb.BulkFrame(release=pb.Release(ref=ref))), wait=False):
+                self._releases.append(ref)
+        except OSError:
+            pass  # the connection is gone; the server retires the slot
+
+    # -- receiving
+    def read_events(self) -> list[Event]:
+        """Read what the socket has; returns the batches and errors completed, and a final
+        ``"down"`` event (the connection is then closed) if it failed."""
+        events: list[Event] = []
+        self.backlog = False
+        if self.closed or self._sock is None:
+            return events
+        try:
+            self._read(events)
+        except BaseException as exc:  # any failure ends this connection; the fetcher fails over
+            events.append(Event("down", self, exc=exc))
+            self.close()
+        # Bytes already read (or decrypted) wait in our buffers, where no selector sees them.
+        self.backlog = len(events) >= MAX_EVENTS_PER_READ and not self.closed
+        return events
+
+    def next_event(self, timeout: float) -> Event:
+        """Wait up to ``timeout`` seconds for the next event on this connection alone.
+
+        Raises:
+            TimeoutError: nothing arrived in time.
+        """
+        deadline = time.monotonic() + timeout
+        pending = self._events
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._sock, selectors.EVENT_READ)
+            while not pending:
+                if self.closed:
+                    raise ConnectionError(f"connection to {self.address} is closed")
+                self.flush()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no event from {self.address} within {timeout}s")
+                if self.backlog or sel.select(left):
+                    pending.extend(self.read_events())
+        return pending.popleft()
+
+    def _read(self, events: list[Event]) -> None:
+        sock = self._sock
+        lsize = framing._LEN.size
+        while len(events) < MAX_EVENTS_PER_READ:
+            p = self._payload
+            if p is not None:
+                need = p.header.payload_bytes - p.got
+                have = self._rend - self._rstart
+                if have:  # the payload's first bytes came in with its header
+                    k = min(have, need)
+                    p.view[p.got:p.got + k] = self._rbuf[self._rstart:self._rstart + k]
+                    self._rstart += k
+                    p.got += k
+                    need -= k
+                if need:
+                    try:
+                        k = sock.recv_into(p.view[p.got:], need)
+                    except _WOULD_BLOCK:
+                        return
+                    if k == 0:
+                        raise framing.PeerClosed(f"{self.address} closed the connection after {p.got} of "
+                                                 f"{p.header.payload_bytes} payload bytes")
+                    p.got += k
+                    if p.got < p.header.payload_bytes:
+                        continue
+                self._payload = None
+                p.view.release()
+                buf = p.buf
+                if p.packed is not None:
+                    compression.decompress_into(p.header.codec, p.packed, memoryview(buf.numpy()))
+                events.append(self._batch_event(p.header, buf))
+                del p, buf
+                continue
+            have = self._rend - self._rstart
+            if have >= lsize:
+                (n,) = framing._LEN.unpack_from(self._rbuf, self._rstart)
+                if n > framing.MAX_FRAME:
+                    raise ProtocolError(f"frame header of {n} bytes exceeds the {framing.MAX_FRAME}-byte limit: "
+                                        "not a heterodata.v1 peer?")
+                if have >= lsize + n:
+                    frame = pb.BulkFrame()
+                    start = self._rstart + lsize
+                    try:
+                        frame.ParseFromString(bytes(self._rbuf[start:start + n]))
+                    except Exception as exc:  # protobuf raises DecodeError; anything else is garbage too
+                        raise ProtocolError(f"unparsable frame header ({n} bytes): {exc}") from None
+                    self._rstart = start + n
+                    self._on_frame(frame, events)
+                    continue
+                want = lsize + n
+            else:
+                want = lsize
+            # More bytes needed: move the unparsed tail to the front (growing for a large header).
+            if self._rstart:
+                self._rbuf[:have] = self._rbuf[self._rstart:self._rend]
+                self._rstart, self._rend = 0, have
+            if want > len(self._rbuf):
+                self._rbuf.extend(bytes(want - len(self._rbuf)))
+            try:
+                k = sock.recv_into(memoryview(self._rbuf)[self._rend:])
+            except _WOULD_BLOCK:
+                return
+            if k == 0:
+                if have:
+                    raise framing.PeerClosed(f"{self.address} closed the connection inside a frame")
+                raise framing.PeerClosed(f"{self.address} closed the connection")
+            self._rend += k
+
+    def _on_frame(self, frame: pb.BulkFrame, events: list[Event]) -> None:
+        kind = frame.WhichOneof("kind")
+        if kind == "error":
+            events.append(Event("error", self, ref=frame.error.ref, error=frame.error))
+            return
+        if kind != "batch":
+            raise ProtocolError(f"{self.address}: unexpected {kind!r} frame")
+        header = frame.batch
+        if header.payload_bytes > self._max or header.raw_bytes > self._max:
+            raise ProtocolError(f"{self.address} sent a {header.payload_bytes}-byte batch; "
+                                f"max_batch_bytes={self._max}")
+        if header.codec and header.codec != self.codec:
+            raise ProtocolError(f"{self.address} sent a {header.codec!r} batch after agreeing on {self.codec!r}")
+        if header.shm_path:
+            events.append(self._batch_event(header, self._from_shm(header)))
+            return
+        if not header.codec and header.payload_bytes != header.raw_bytes and header.payload_bytes:
+            raise ProtocolError(f"{self.address}: payload_bytes={header.payload_bytes} != "
+                                f"raw_bytes={header.raw_bytes} without a codec")
+        buf = self._pool.get(header.raw_bytes)
+        if not header.payload_bytes:
+            events.append(self._batch_event(header, buf))
+            return
+        self._payload = _Payload(header, buf, bytearray(header.payload_bytes) if header.codec else None)
+
+    def _batch_event(self, header: pb.BatchHeader, buf: torch.Tensor) -> Event:
+        self.bytes_received += header.payload_bytes
+        batch = codec.decode(header, buf, self._max)
+        return Event("batch", self, ref=header.ref, batch=batch, nbytes=header.payload_bytes)
+
+    # -- shared memory
     def _map_slot(self, header: pb.BatchHeader) -> mmap.mmap:
         """Map the server's slot named in ``header`` (cached per slot)."""
         if not self.shm:
@@ -161,7 +366,9 @@ class BulkConnection:
         cached = self._maps.get(path)
         if cached is not None and cached[:2] == (inode, size):
             return cached[2]
-        self._maps.pop(path, None)  # unmapped once no zero-copy batch uses it
+        old = self._maps.pop(path, None)
+        if old is not None:
+            _unmap(old[2])
         fd = os.open(path, os.O_RDWR)  # writable: users may change batch tensors in place
         try:
             if inode and os.fstat(fd).st_ino != inode:
@@ -195,88 +402,17 @@ class BulkConnection:
                 np.copyto(buf.numpy(), np.frombuffer(src, dtype=np.uint8))
         finally:
             src.release()
-        self._send_release(header.ref)
+        self._send(_frame(pb.BulkFrame(release=pb.Release(ref=header.ref))), wait=True)
         return buf
 
-    def _from_socket(self, sock, header: pb.BatchHeader):
-        """TCP mode: receive the batch's bytes (decompressing if needed) into a pooled buffer."""
-        buf = self._pool.get(header.raw_bytes)
-        if header.codec:
-            packed = bytearray(header.payload_bytes)
-            framing.recv_into(sock, memoryview(packed))
-            compression.decompress_into(header.codec, packed, memoryview(buf.numpy()))
-        elif header.payload_bytes:
-            if header.payload_bytes != header.raw_bytes:
-                raise ProtocolError(f"{self.address}: payload_bytes={header.payload_bytes} != "
-                                    f"raw_bytes={header.raw_bytes} without a codec")
-            framing.recv_into(sock, memoryview(buf.numpy()))
-        return buf
 
-    def _dropped(self, ref: pb.BatchRef) -> None:
-        """Finalizer of a zero-copy batch: release its slot now if the socket is free, else via the thread.
+def _frame(frame: pb.BulkFrame) -> bytes:
+    head = frame.SerializeToString()
+    return framing._LEN.pack(len(head)) + head
 
-        Runs wherever the last tensor died, possibly inside a send on this thread, so it never
-        waits for the send lock (not re-entrant); ``SimpleQueue.put`` is safe in finalizers.
-        """
-        if self.closed:
-            return  # the server retired the slot when the connection ended
-        try:
-            if not self._send_release(ref, wait=False):
-                self._releases.put(ref)
-        except OSError:
-            pass  # the connection is gone; the server retires the slot
 
-    def _send_release(self, ref: pb.BatchRef, wait: bool = True) -> bool:
-        """Send ``Release``; with ``wait=False`` only if the send lock is free (returns whether sent)."""
-        if not self._send_lock.acquire(blocking=wait):
-            return False
-        try:
-            framing.send_frame(self._sock, pb.BulkFrame(release=pb.Release(ref=ref)))
-        finally:
-            self._send_lock.release()
-        return True
-
-    def _release_loop(self) -> None:
-        """Send ``Release`` for zero-copy batches the consumer has dropped."""
-        while True:
-            ref = self._releases.get()
-            if ref is None or self.closed:
-                return
-            try:
-                self._send_release(ref)
-            except OSError:
-                return  # the connection is gone; the server retired the slot
-
-    def _read_loop(self) -> None:
-        sock = self._sock
-        try:
-            while True:
-                frame = framing.recv_frame(sock)
-                kind = frame.WhichOneof("kind")
-                if kind == "batch":
-                    header = frame.batch
-                    if header.payload_bytes > self._max or header.raw_bytes > self._max:
-                        raise ProtocolError(f"{self.address} sent a {header.payload_bytes}-byte batch; "
-                                            f"max_batch_bytes={self._max}")
-                    if header.codec and header.codec != self.codec:
-                        raise ProtocolError(f"{self.address} sent a {header.codec!r} batch after agreeing on {self.codec!r}")
-                    buf = self._from_shm(header) if header.shm_path else self._from_socket(sock, header)
-                    self.bytes_received += header.payload_bytes
-                    batch = codec.decode(header, buf, self._max)
-                    self._events.put(Event("batch", self, ref=header.ref, batch=batch, nbytes=header.payload_bytes))
-                    del batch, buf  # the consumer's thread, not this one, should drop the last reference
-                elif kind == "error":
-                    self._events.put(Event("error", self, ref=frame.error.ref, error=frame.error))
-                else:
-                    raise ProtocolError(f"{self.address}: unexpected {kind!r} frame")
-        except BaseException as exc:  # any failure ends this connection; the fetcher fails over
-            if not self.closed:
-                self._events.put(Event("down", self, exc=exc))
-            self.close()
-        finally:
-            for *_, m in self._maps.values():
-                try:
-                    m.close()
-                except BufferError:
-                    pass  # zero-copy batches still use it: unmapped when they are gone
-            self._maps.clear()
+def _unmap(m: mmap.mmap) -> None:
+    try:
+        m.close()
+    except BufferError:
+        pass  # zero-copy batches still use it: unmapped when they are gone

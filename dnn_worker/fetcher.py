@@ -7,12 +7,15 @@ new server adds throughput with no reconfiguration. A server that dies or
 stalls has its unfinished batches asked of the others; one that comes back (same
 address) is used again. Only when no server is usable for ``connect_timeout``
 seconds does iteration fail, naming every server and its last error.
+
+The iterating thread drives every connection itself: one selector over all servers' sockets,
+frames read and releases sent on that thread, no receive thread and no event queue.
 """
 from __future__ import annotations
 
 import collections
 import logging
-import queue
+import selectors
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -50,6 +53,7 @@ class _Server:
     last_error: str = "never connected"
     last_progress: float = 0.0
     delivered: int = 0
+    watching: int = 0  # selector events registered for its connection
 
 
 class Fetcher:
@@ -98,7 +102,7 @@ class Fetcher:
             from data_service.tls import client_context
 
             self._tls_context = client_context(tls_ca)
-        self._events: queue.Queue[Event] = queue.Queue()
+        self._sel: selectors.BaseSelector | None = None
         self.failovers = 0
 
     # -- connections
@@ -120,7 +124,7 @@ class Fetcher:
                 raise ConfigError(f"server {s.address} serves TLS; pass tls_ca= (the CA bundle that signed its certificate)")
             # Never allocate more than the server said its batches can be, whatever a header claims.
             limit = min(self._max, hello.dataset.max_batch_bytes or self._max)
-            conn = BulkConnection(s.address, host, hello.bulk_port, self._token, self._events, self._client_id,
+            conn = BulkConnection(s.address, host, hello.bulk_port, self._token, self._client_id,
                                   limit, self._pin, self._version, self._shm and not hello.bulk_tls,
                                   self._tls_context if hello.bulk_tls else None, self._tls_name)
             conn.open(timeout=5.0)
@@ -131,12 +135,22 @@ class Fetcher:
             s.retry_at = now + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
             s.last_error = getattr(exc, "details", lambda: None)() or f"{type(exc).__name__}: {exc}"
             return
+        try:
+            self._sel.register(conn, selectors.EVENT_READ, conn)
+        except (OSError, ValueError, KeyError) as exc:
+            conn.close()
+            s.failures += 1
+            s.retry_at = now + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
+            s.last_error = f"{type(exc).__name__}: {exc}"
+            return
         s.conn, s.draining, s.failures = conn, False, 0
+        s.watching = selectors.EVENT_READ
         s.last_progress = time.monotonic()
         log.debug("connected to data server %s", s.address)
 
     def _drop(self, s: _Server, reason: str, todo: collections.deque) -> None:
         if s.conn is not None:
+            self._unwatch(s.conn)
             s.conn.close()
         s.conn = None
         s.last_error = reason
@@ -148,6 +162,12 @@ class Fetcher:
                         s.address, reason, len(s.outstanding))
             self._requeue(list(s.outstanding.values()), todo)
             s.outstanding.clear()
+
+    def _unwatch(self, conn: BulkConnection) -> None:
+        try:
+            self._sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
 
     def _requeue(self, refs: list[pb.BatchRef], todo: collections.deque) -> None:
         for ref in sorted(refs, key=lambda r: self._pos[(r.epoch, r.index)], reverse=True):
@@ -167,6 +187,7 @@ class Fetcher:
         done: dict[int, Any] = {}
         nxt = 0
         no_server_since: float | None = None
+        self._sel = selectors.DefaultSelector()
         try:
             while nxt < len(self._refs):
                 while nxt in done:
@@ -188,15 +209,38 @@ class Fetcher:
                     no_server_since = now
                 elif now - no_server_since > self._connect_timeout:
                     raise self._unavailable(now - no_server_since)
-                try:
-                    event = self._events.get(timeout=0.1 if not usable else 0.5)
-                except queue.Empty:
-                    continue
-                self._handle(event, todo, done)
+                self._wait(0.1 if not usable else 0.5, todo, done)
         finally:
             for s in self._servers:
                 if s.conn is not None:
+                    self._unwatch(s.conn)
                     s.conn.close()
+                    s.conn = None
+            self._sel.close()
+
+    def _wait(self, timeout: float, todo: collections.deque, done: dict[int, Any]) -> None:
+        """Write what waits to be written, then handle whatever the servers sent (up to ``timeout``)."""
+        for s in self._servers:
+            conn = s.conn
+            if conn is None:
+                continue
+            try:
+                conn.flush()
+            except OSError as exc:
+                self._drop(s, f"send failed: {exc}", todo)
+                continue
+            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
+            if want != s.watching:
+                self._sel.modify(conn, want, conn)
+                s.watching = want
+        if not self._sel.get_map():
+            time.sleep(timeout)
+            return
+        behind = [s.conn for s in self._servers if s.conn is not None and s.conn.backlog]
+        ready = [key.data for key, _ in self._sel.select(0.0 if behind else timeout)]
+        for conn in ready + [c for c in behind if c not in ready]:
+            for event in conn.read_events():
+                self._handle(event, todo, done)
 
     def _assign(self, todo: collections.deque) -> None:
         for s in self._servers:

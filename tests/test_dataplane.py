@@ -30,8 +30,8 @@ def test_same_host_consumer_gets_shared_memory_automatically(server_factory):
     server = server_factory(OPTS, num_workers=1)
     with ControlClient(server.address, TOKEN) as ctl:
         port = ctl.hello().bulk_port
-    local = BulkConnection(server.address, "127.0.0.1", port, TOKEN, queue.Queue())
-    forced_tcp = BulkConnection(server.address, "127.0.0.1", port, TOKEN, queue.Queue(), shared_memory=False)
+    local = BulkConnection(server.address, "127.0.0.1", port, TOKEN)
+    forced_tcp = BulkConnection(server.address, "127.0.0.1", port, TOKEN, shared_memory=False)
     local.open()
     forced_tcp.open()
     assert local.shm and not forced_tcp.shm

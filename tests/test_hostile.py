@@ -281,9 +281,8 @@ def test_data_plane_survives_running_out_of_file_descriptors(tmp_path):
 
 def _run_fake(fake: FakeBulkServer, chunks: list[bytes], max_batch_bytes: int = 1 << 20, timeout: float = 10.0):
     """Connect a real BulkConnection to the fake, return its first event (or None on silence)."""
-    events: queue.Queue = queue.Queue()
     fake.serve(chunks)
-    conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN, events, max_batch_bytes=max_batch_bytes)
+    conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN, max_batch_bytes=max_batch_bytes)
     requested: list[int] = []
     real_get = conn._pool.get
 
@@ -295,8 +294,8 @@ def _run_fake(fake: FakeBulkServer, chunks: list[bytes], max_batch_bytes: int = 
     try:
         conn.open(timeout=5)
         try:
-            ev = events.get(timeout=timeout)
-        except queue.Empty:
+            ev = conn.next_event(timeout=timeout)
+        except TimeoutError:
             ev = None
     finally:
         conn.close()
@@ -386,13 +385,12 @@ def test_a_server_that_stalls_mid_payload_is_dropped_by_the_batch_timeout():
 
     header = pb.BatchHeader(ref=pb.BatchRef(), structure=pb.TENSOR, payload_bytes=4096, raw_bytes=4096,
                             tensors=[pb.TensorMeta(name="", dtype="uint8", shape=[4096], nbytes=4096)])
-    events: queue.Queue = queue.Queue()
     fake = _FAKE[0]
     fake.serve([frame_bytes(pb.BulkFrame(batch=header)), b"\x00" * 100], linger_s=3)
-    conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN, events, max_batch_bytes=1 << 20)
+    conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN, max_batch_bytes=1 << 20)
     conn.open(timeout=5)
     try:
-        ev = events.get(timeout=15)  # the fake hangs up after 3 s: a clean "down", no partial batch
+        ev = conn.next_event(timeout=15)  # the fake hangs up after 3 s: a clean "down", no partial batch
         assert ev.kind == "down" and isinstance(ev.exc, ConnectionError)
     finally:
         conn.close()

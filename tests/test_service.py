@@ -89,7 +89,7 @@ def test_wrong_token_is_denied_and_server_keeps_serving(shared_server):
             ctl.stats()
     with ControlClient(shared_server.address, TOKEN) as ctl:
         port = ctl.hello().bulk_port
-    conn = BulkConnection(shared_server.address, "127.0.0.1", port, "wrong", queue.Queue())
+    conn = BulkConnection(shared_server.address, "127.0.0.1", port, "wrong")
     with pytest.raises(PermissionDeniedError, match="data plane"):
         conn.open()
     assert len(list(RemoteDataset([shared_server.address], TOKEN))) == 13
@@ -103,7 +103,7 @@ def test_version_mismatch_names_both_versions(shared_server):
             ctl.hello()
     with ControlClient(shared_server.address, TOKEN) as ctl:
         port = ctl.hello().bulk_port
-    conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, queue.Queue(), client_version="2.0")
+    conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, client_version="2.0")
     with pytest.raises(VersionMismatchError, match=r"'2.0'.*'1.0'"):
         conn.open()
 
@@ -118,11 +118,10 @@ def test_out_of_range_request_is_an_error_not_a_hang(shared_server):
 def test_client_disconnect_mid_stream_loses_nothing(shared_server, shm):
     with ControlClient(shared_server.address, TOKEN) as ctl:
         port = ctl.hello().bulk_port
-    events: queue.Queue = queue.Queue()
-    conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, events, shared_memory=shm)
+    conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, shared_memory=shm)
     conn.open()
     conn.fetch([pb.BatchRef(seed=4, epoch=0, index=i) for i in range(13)])
-    got = [events.get(timeout=30) for _ in range(2)]
+    got = [conn.next_event(timeout=30) for _ in range(2)]
     assert all(e.kind == "batch" for e in got)
     conn.close()
     deadline = time.monotonic() + 10

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from hetero.testing.audit import read_audit
+from hetero.testing.audit import resume_point
 from hetero.testing.processes import TOKEN
 
 
@@ -29,9 +29,7 @@ def consume(args: argparse.Namespace) -> int:
                        audit_path=args.audit, connect_timeout=args.connect_timeout,
                        batch_timeout=args.batch_timeout, window=args.window)
     mine = rank_share(ds.num_batches_per_epoch(), args.rank, args.world, "drop")
-    rows = [r for r in read_audit(args.audit) if r["rank"] == args.rank]
-    epoch = max((r["epoch"] for r in rows), default=0)
-    position = sum(1 for r in rows if r["epoch"] == epoch)
+    epoch, position = resume_point(args.audit, args.rank)
     if position >= len(mine):
         epoch, position = epoch + 1, 0
     while epoch < args.epochs and not stop.is_set():

@@ -1,0 +1,167 @@
+"""One data-plane measurement against the checkout on ``PYTHONPATH``; prints one JSON line.
+
+Run by benchmarks/dataplane.py as a script (``python benchmarks/_dataplane_probe.py KIND JSON``)
+with ``PYTHONPATH`` set to the checkout under test, so the same probe measures two checkouts
+side by side. It uses only interfaces every checkout has: ``hetero serve``, ``RemoteDataset``,
+``ControlClient`` and ``BulkConnection``.
+
+Kinds:
+    threads  {"connections": N}: server threads (and this process's threads) with N idle
+             authenticated data-plane connections.
+    stream   {"batch_bytes": B, "seconds": T, "shm": bool, "workers": W}: batches/s, GB/s, and
+             CPU seconds / context switches per batch of the server process and this consumer.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+TOKEN = "bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(batch_bytes: int, workers: int, slots: int = 4) -> tuple[subprocess.Popen, str]:
+    from dnn_worker import ControlClient
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", "examples.synthetic:build_blob_pipeline",
+           "-o", "size=1000000", "-o", f"batch_bytes={batch_bytes}", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", str(workers), "--slots-per-worker", str(slots),
+           "--max-batch-bytes", str(max(2 * batch_bytes, 1 << 20)), "--token", TOKEN]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    with ControlClient(address, TOKEN) as ctl:
+        ctl.wait_hello(120)
+    return proc, address
+
+
+def _stop(proc: subprocess.Popen, address: str) -> None:
+    from dnn_worker import ControlClient
+
+    try:
+        with ControlClient(address, TOKEN) as ctl:
+            ctl.shutdown(grace_s=1)
+        proc.wait(30)
+    except Exception:
+        pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def _proc_stat(pid: int | str = "self") -> tuple[float, int]:
+    """(CPU seconds of the process's live threads, their context switches), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime of the whole thread group
+    switches = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        switches += int(line.split()[1])
+        except OSError:
+            pass  # the thread ended
+    return cpu, switches
+
+
+def _threads(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _fds(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _rss_kib(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _connection(address: str, port: int, shm: bool):
+    from dnn_worker.connection import BulkConnection
+
+    if "events" in inspect.signature(BulkConnection).parameters:  # a checkout with receive threads
+        return BulkConnection(address, "127.0.0.1", port, TOKEN, queue.Queue(), shared_memory=shm)
+    return BulkConnection(address, "127.0.0.1", port, TOKEN, shared_memory=shm)
+
+
+def threads(connections: int) -> dict:
+    from dnn_worker import ControlClient
+
+    proc, address = _serve(1 << 16, 1)
+    try:
+        with ControlClient(address, TOKEN) as ctl:
+            port = ctl.hello().bulk_port
+        time.sleep(0.5)
+        server_before, own_before = _threads(proc.pid), threading.active_count()
+        rss_before, fds_before = _rss_kib(proc.pid), _fds(proc.pid)
+        conns = [_connection(address, port, shm=False) for _ in range(connections)]
+        for c in conns:
+            c.open()
+        time.sleep(1.0)
+        server_after, own_after = _threads(proc.pid), threading.active_count()
+        rss_after, fds_after = _rss_kib(proc.pid), _fds(proc.pid)
+        for c in conns:
+            c.close()
+    finally:
+        _stop(proc, address)
+    return {"connections": connections, "server_threads_idle": server_before, "server_threads": server_after,
+            "consumer_threads_added": own_after - own_before, "server_rss_added_kib": rss_after - rss_before,
+            "server_fds_added": fds_after - fds_before}
+
+
+def stream(batch_bytes: int, seconds: float, shm: bool, workers: int) -> dict:
+    from dnn_worker import RemoteDataset
+
+    proc, address = _serve(batch_bytes, workers)
+    try:
+        it = iter(RemoteDataset([address], TOKEN, seed=0, shared_memory=shm))
+        for _ in range(20):  # warm-up: connection, slots, page faults
+            next(it)
+        s_cpu0, s_sw0 = _proc_stat(proc.pid)
+        c_cpu0, c_sw0 = _proc_stat()
+        n, nbytes, start = 0, 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            nbytes += next(it)["blob"].numel()
+            n += 1
+        elapsed = time.perf_counter() - start
+        s_cpu1, s_sw1 = _proc_stat(proc.pid)
+        c_cpu1, c_sw1 = _proc_stat()
+        del it
+    finally:
+        _stop(proc, address)
+    return {"batch_bytes": batch_bytes, "shm": shm, "batches": n, "seconds": elapsed,
+            "batches_per_s": n / elapsed, "gbps": nbytes / elapsed / 1e9,
+            "server_cpu_ms_per_batch": (s_cpu1 - s_cpu0) / n * 1e3,
+            "consumer_cpu_ms_per_batch": (c_cpu1 - c_cpu0) / n * 1e3,
+            "server_switches_per_batch": (s_sw1 - s_sw0) / n,
+            "consumer_switches_per_batch": (c_sw1 - c_sw0) / n}
+
+
+def main() -> int:
+    kind, args = sys.argv[1], json.loads(sys.argv[2])
+    result = {"threads": threads, "stream": stream}[kind](**args)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Data-plane benchmark: this checkout against another one, side by side in one run.
+
+    python -m benchmarks.dataplane --baseline-root /path/to/other/checkout [--seconds 4] [--repeats 3]
+
+Each figure is measured for both checkouts in turn (interleaved, ``--repeats`` times, medians
+reported) by benchmarks/_dataplane_probe.py, run with ``PYTHONPATH`` pointing at the checkout:
+
+* threads in the server process with 1, 16 and 64 idle consumer connections (and the threads
+  those connections add to the consumer);
+* CPU per batch (server process + consumer process, from /proc) and context switches per
+  batch, over loopback TCP at 64 KB and 4 MB, and through shared memory at 4 MB;
+* 64 KB batches/s to one consumer over TCP, beside raw TCP messages/s of the same size;
+* shared memory at 4 MB in GB/s against a cold memcpy (benchmarks/transport.py's).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from .transport import memcpy, raw_tcp
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+KB, MB = 1 << 10, 1 << 20
+
+
+def probe(root: Path, kind: str, **args) -> dict:
+    """Run one probe against the checkout at ``root``."""
+    env = dict(os.environ, PYTHONPATH=str(root))
+    out = subprocess.run([sys.executable, str(HERE / "_dataplane_probe.py"), kind, json.dumps(args)], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"probe {kind} {args} on {root} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline-root", required=True, help="another checkout of this repository to compare with")
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured time per streaming point")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per point and checkout; medians are reported")
+    parser.add_argument("--workers", type=int, default=1, help="server worker processes")
+    parser.add_argument("--json", default=None, help="write all figures here")
+    args = parser.parse_args(argv)
+    base = Path(args.baseline_root).resolve()
+    if not (base / "data_service" / "server.py").is_file():
+        print(f"--baseline-root {str(base)!r} is not a checkout of this repository (no data_service/server.py)",
+              file=sys.stderr)
+        return 2
+    roots = {"baseline": base, "this": ROOT}
+    print(f"data-plane benchmark: {ROOT} (this) vs {base} (baseline), {os.cpu_count()} cores, "
+          f"{args.repeats} runs x {args.seconds}s per point, {args.workers} server worker(s)", flush=True)
+    results: dict = {"threads": {}, "stream": {}}
+
+    print("\n| idle connections | server threads, baseline | this | consumer threads added, baseline | this "
+          "| server RSS added KiB, baseline | this | server fds added, baseline | this |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in (1, 16, 64):
+        got = {name: probe(root, "threads", connections=n) for name, root in roots.items()}
+        results["threads"][n] = got
+        print(f"| {n} | {got['baseline']['server_threads']} | {got['this']['server_threads']} | "
+              f"{got['baseline']['consumer_threads_added']} | {got['this']['consumer_threads_added']} | "
+              f"{got['baseline']['server_rss_added_kib']} | {got['this']['server_rss_added_kib']} | "
+              f"{got['baseline']['server_fds_added']} | {got['this']['server_fds_added']} |", flush=True)
+
+    points = [("64 KB TCP", 64 * KB, False), ("4 MB TCP", 4 * MB, False), ("4 MB shm", 4 * MB, True)]
+    refs = {}
+    for label, size, shm in points:
+        runs: dict[str, list[dict]] = {name: [] for name in roots}
+        for _ in range(args.repeats):  # interleaved so drift hits both alike
+            for name, root in roots.items():
+                runs[name].append(probe(root, "stream", batch_bytes=size, seconds=args.seconds, shm=shm,
+                                        workers=args.workers))
+        results["stream"][label] = runs
+        if label == "64 KB TCP":
+            refs["raw_tcp_msgs_per_s"] = statistics.median(
+                raw_tcp(size, args.seconds) * 1e9 / size for _ in range(args.repeats))
+        if shm:
+            refs["cold_memcpy_gbps"] = statistics.median(memcpy(size, args.seconds, cold=True)
+                                                         for _ in range(args.repeats))
+    results["references"] = refs
+
+    print("\n| point | figure | baseline | this | this / baseline |")
+    print("|---|---|---:|---:|---:|")
+    for label, runs in results["stream"].items():
+        for key, name in (("batches_per_s", "batches/s"), ("gbps", "GB/s"),
+                          ("server_cpu_ms_per_batch", "server CPU ms/batch"),
+                          ("consumer_cpu_ms_per_batch", "consumer CPU ms/batch"),
+                          ("server_switches_per_batch", "server context switches/batch"),
+                          ("consumer_switches_per_batch", "consumer context switches/batch")):
+            b, t = _median(runs["baseline"], key), _median(runs["this"], key)
+            print(f"| {label} | {name} | {b:.3f} | {t:.3f} | {t / b if b else float('nan'):.2f} |")
+        b = _median(runs["baseline"], "server_cpu_ms_per_batch") + _median(runs["baseline"], "consumer_cpu_ms_per_batch")
+        t = _median(runs["this"], "server_cpu_ms_per_batch") + _median(runs["this"], "consumer_cpu_ms_per_batch")
+        print(f"| {label} | server + consumer CPU ms/batch | {b:.3f} | {t:.3f} | {t / b:.2f} |", flush=True)
+    raw = refs["raw_tcp_msgs_per_s"]
+    cold = refs["cold_memcpy_gbps"]
+    r64 = results["stream"]["64 KB TCP"]
+    shm4 = results["stream"]["4 MB shm"]
+    print(f"\nraw TCP, 64 KB messages: {raw:,.0f}/s; service / raw TCP: baseline "
+          f"{_median(r64['baseline'], 'batches_per_s') / raw:.3f}, this {_median(r64['this'], 'batches_per_s') / raw:.3f}")
+    print(f"cold memcpy, 4 MB: {cold:.2f} GB/s; shared memory / cold memcpy: baseline "
+          f"{_median(shm4['baseline'], 'gbps') / cold:.2f}, this {_median(shm4['this'], 'gbps') / cold:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""A batch task given to the worker pool, and the result it comes back with."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .wire import pb
+
+
+@dataclass
+class Task:
+    """One batch to build; ``on_result`` is called once, from the pool's thread."""
+
+    seed: int
+    epoch: int
+    index: int
+    on_result: Callable[["Result"], None]
+    id: int = 0
+    attempts: int = 0
+    cancelled: bool = False
+
+
+@dataclass
+class Result:
+    task: Task
+    header: pb.BatchHeader | None = None
+    payload: memoryview | None = None
+    error: pb.BatchError | None = None
+    shm_path: str = ""
+    shm_size: int = 0
+    shm_inode: int = 0
+    _release: Callable[[], None] | None = field(default=None, repr=False)
+    _retire: Callable[[], None] | None = field(default=None, repr=False)
+    _lease: Callable[[], bool] | None = field(default=None, repr=False)
+
+    def lease(self) -> bool:
+        """Shared-memory mode: may the consumer keep the slot (zero copy) until it drops the batch?
+
+        Granted while the slot's worker keeps at least one slot without a lease, so
+        batches a consumer holds on to can slow the worker down but never stall it.
+        """
+        return self._lease() if self._lease is not None else False
+
+    def release(self) -> None:
+        """Give the slot back to its worker, after sending ``payload``; later release/retire calls do nothing."""
+        self._end(self._release)
+
+    def retire(self) -> None:
+        """Like ``release``, for a slot a consumer may still map (its connection ended while it
+        held the batch): the region is never written again; its worker gets a fresh one."""
+        self._end(self._retire)
+
+    def _end(self, action: Callable[[], None] | None) -> None:
+        if self.payload is not None:
+            self.payload.release()
+            self.payload = None
+        self._release = self._retire = None  # whichever comes first is the only one
+        if action is not None:
+            action()

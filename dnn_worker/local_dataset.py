@@ -47,17 +47,14 @@ class LocalDataset(ShardedBatches):
         state["_pipe"] = None  # each DataLoader worker builds its own
         return state
 
-    def __iter__(self) -> Iterator[Any]:
+    def _batches(self, indices: list[int]) -> Iterator[tuple[int, Any]]:
         pipe = self.pipeline()
         cfg = pipe.plan_config()
-
-        def produce():
-            for index in self.my_indices():
-                try:
-                    yield index, build_batch(pipe, cfg, self.seed, self.epoch, index)
-                except SampleError as exc:
-                    import traceback
-                    raise BatchBuildError(str(exc), epoch=self.epoch, index=index, sample_index=exc.sample_index,
-                                          remote_traceback="".join(traceback.format_exception(exc.cause))) from exc
-
-        yield from self._audited(produce())
+        for index in indices:
+            try:
+                batch = build_batch(pipe, cfg, self.seed, self.epoch, index)
+            except SampleError as exc:
+                import traceback
+                raise BatchBuildError(str(exc), epoch=self.epoch, index=index, sample_index=exc.sample_index,
+                                      remote_traceback="".join(traceback.format_exception(exc.cause))) from exc
+            yield index, batch

@@ -3,12 +3,13 @@
     loader = DataLoader(RemoteDataset(["algo-1:6000"], token=tok, seed=1),
                         batch_size=None, num_workers=2, pin_memory=True,
                         multiprocessing_context="forkserver")
-
-Use "forkserver" (or "spawn") for loader workers: once this process has made a gRPC
-call (``len(ds)``, ``finish_stage()``), a plain fork() child can deadlock in gRPC.
     for epoch in range(3):
         loader.dataset.set_epoch(epoch)
         for batch in loader: ...
+
+Use "forkserver" (or "spawn") for loader workers: once this process has made a gRPC
+call (``len(ds)``, ``finish_stage()``), a plain fork() child can deadlock in gRPC.
+For resumable training wrap the loader in ``ResumableLoader`` (docs/consumer.md).
 """
 from __future__ import annotations
 
@@ -103,9 +104,8 @@ class RemoteDataset(ShardedBatches):
         full, rest = divmod(d.num_samples, d.batch_size)
         return full + (1 if rest and not d.drop_last else 0)
 
-    def __iter__(self) -> Iterator[Any]:
+    def _batches(self, indices: list[int]) -> Iterator[tuple[int, Any]]:
         info = self.hello()
-        indices = self.my_indices()
         refs = [pb.BatchRef(seed=self.seed, epoch=self.epoch, index=i) for i in indices]
         window = self.window or max(4, 2 * info.workers)
         fetcher = Fetcher(self.servers, self.token, refs, window=window, connect_timeout=self.connect_timeout,
@@ -113,7 +113,8 @@ class RemoteDataset(ShardedBatches):
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
                           max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
                           shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
-        yield from self._audited((ref.index, batch) for ref, batch in fetcher)
+        for ref, batch in fetcher:
+            yield ref.index, batch
 
 
 def client_id(rank: int) -> str:

@@ -44,6 +44,7 @@ class ResumableLoader:
         self._indices: list[int] = []
         self.last_yielded: tuple[int, int] | None = None
         self._audit: AuditLog | None = take_audit(self.dataset)
+        self._active: Iterator[Any] | None = None
 
     @property
     def audit_path(self) -> str | None:
@@ -71,6 +72,12 @@ class ResumableLoader:
         return len(self.dataset._rank_share()) - self.state_dict()["position"]
 
     def __iter__(self) -> Iterator[Any]:
+        if self._active is not None:  # an iteration left suspended (the loop broke off) ends here
+            self._active.close()
+        self._active = self._iterate()
+        return self._active
+
+    def _iterate(self) -> Iterator[Any]:
         state = self.state_dict()
         self.dataset._seek(state["epoch"], state["position"])  # continue where the last iteration stopped
         self._consumed = 0
@@ -100,6 +107,9 @@ class ResumableLoader:
 
     def close(self) -> None:
         """Stop the loader's (persistent) workers now; the next iteration starts new ones."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
         _shutdown(getattr(self.loader, "_iterator", None))
         if self.persistent:
             self.loader._iterator = None

@@ -70,6 +70,8 @@ class ShardedDataModule(pl.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
         dataset = self.make_dataset(rank, world)
+        if self.trainer is not None and dataset.epochs is None and (self.trainer.max_epochs or 0) > 0:
+            dataset.epochs = self.trainer.max_epochs  # fetch each next epoch's first batches ahead
         workers = self.loader_workers
         self.loader = ResumableLoader(DataLoader(
             dataset, batch_size=None, num_workers=workers, persistent_workers=bool(workers and self.persistent_workers),

@@ -40,6 +40,7 @@ class ResumableLoader:
         self.persistent = bool(loader.num_workers and getattr(loader, "persistent_workers", False))
         if loader.num_workers:
             self.dataset.share_with_workers()
+        self.dataset._workers_persist = self.persistent
         self._consumed = 0  # batches yielded since the dataset's resume point
         self._indices: list[int] = []
         self.last_yielded: tuple[int, int] | None = None

@@ -45,16 +45,17 @@ class LocalDataset(ShardedBatches):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_pipe"] = None  # each DataLoader worker builds its own
+        state["_carry"] = {}
         return state
 
-    def _batches(self, indices: list[int]) -> Iterator[tuple[int, Any]]:
+    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         pipe = self.pipeline()
         cfg = pipe.plan_config()
-        for index in indices:
+        for epoch, index in items:
             try:
-                batch = build_batch(pipe, cfg, self.seed, self.epoch, index)
+                batch = build_batch(pipe, cfg, self.seed, epoch, index)
             except SampleError as exc:
                 import traceback
-                raise BatchBuildError(str(exc), epoch=self.epoch, index=index, sample_index=exc.sample_index,
+                raise BatchBuildError(str(exc), epoch=epoch, index=index, sample_index=exc.sample_index,
                                       remote_traceback="".join(traceback.format_exception(exc.cause))) from exc
-            yield index, batch
+            yield epoch, index, batch

@@ -86,6 +86,7 @@ class RemoteDataset(ShardedBatches):
         state = dict(self.__dict__)
         info = state.pop("_info")
         state["_info_bytes"] = info.SerializeToString() if info is not None else None
+        state["_carry"] = {}
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -104,9 +105,9 @@ class RemoteDataset(ShardedBatches):
         full, rest = divmod(d.num_samples, d.batch_size)
         return full + (1 if rest and not d.drop_last else 0)
 
-    def _batches(self, indices: list[int]) -> Iterator[tuple[int, Any]]:
+    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         info = self.hello()
-        refs = [pb.BatchRef(seed=self.seed, epoch=self.epoch, index=i) for i in indices]
+        refs = [pb.BatchRef(seed=self.seed, epoch=e, index=i) for e, i in items]
         window = self.window or max(4, 2 * info.workers)
         fetcher = Fetcher(self.servers, self.token, refs, window=window, connect_timeout=self.connect_timeout,
                           batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
@@ -114,7 +115,7 @@ class RemoteDataset(ShardedBatches):
                           max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
                           shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
         for ref, batch in fetcher:
-            yield ref.index, batch
+            yield ref.epoch, ref.index, batch
 
 
 def client_id(rank: int) -> str:

@@ -38,6 +38,11 @@ class ShardedBatches(IterableDataset):
         remainder: "drop" or "pad" when batches do not divide evenly among ranks.
         audit_path: append one JSON line per yielded batch: epoch, batch, rank, sha256 (written
             by the outermost consumer stage; see ``dnn_worker.audit``).
+        epochs: the epochs training will run (0 .. epochs-1), when known: enables ``lookahead``.
+        lookahead: at the end of an epoch before the last, fetch this many of the next epoch's
+            first batches (per loader worker) while the last ones train, so an epoch boundary
+            costs no wait. Used by the next iteration when it starts the next epoch from its
+            beginning (the usual loop), dropped otherwise; 0 turns it off.
 
     Iterating yields the rest of the current epoch from the resume point; a finished iteration
     moves to the next epoch. ``state_dict()`` is as of the last batch yielded.
@@ -45,7 +50,8 @@ class ShardedBatches(IterableDataset):
 
     def __init__(self, *, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  dp_rank: int | None = None, dp_size: int | None = None, remainder: str = "drop",
-                 audit_path: str | os.PathLike | None = None, dp_group: Any = None) -> None:
+                 audit_path: str | os.PathLike | None = None, dp_group: Any = None, epochs: int | None = None,
+                 lookahead: int = 2) -> None:
         super().__init__()
         if dp_group is not None:
             if dp_rank is not None or dp_size is not None:
@@ -59,6 +65,10 @@ class ShardedBatches(IterableDataset):
             raise ConfigError(f"give dp_rank and dp_size together (got dp_rank={dp_rank}, dp_size={dp_size})")
         self.dp_rank = self.rank if dp_rank is None else dp_rank
         self.dp_size = self.world_size if dp_size is None else dp_size
+        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+            raise ConfigError(f"epochs={epochs!r} must be an int >= 1 (or None: not known)")
+        if not isinstance(lookahead, int) or lookahead < 0:
+            raise ConfigError(f"lookahead={lookahead!r} must be an int >= 0")
         if remainder not in ("drop", "pad"):
             raise ConfigError(f"remainder={remainder!r} must be 'drop' or 'pad'")
         if not 0 <= self.dp_rank < self.dp_size:
@@ -73,6 +83,10 @@ class ShardedBatches(IterableDataset):
         # [epoch, start] in shared memory, read by DataLoader workers at each iteration: a
         # persistent worker keeps its copy of this object, so plain attributes would not reach it.
         self._plan = None
+        self.epochs = epochs
+        self.lookahead = lookahead
+        self._workers_persist = False  # set by ResumableLoader: may a loader worker keep ``_carry``?
+        self._carry: dict[tuple[int, int], Any] = {}
 
     # -- epoch and resume (the consumer stage contract; see docs/consumer.md)
     def set_epoch(self, epoch: int) -> None:
@@ -152,9 +166,22 @@ class ShardedBatches(IterableDataset):
         return len(self.rank_indices())
 
     # -- iteration
-    def _batches(self, indices: list[int]) -> Iterator[tuple[int, Any]]:  # pragma: no cover - abstract
-        """Yield ``(index, batch)`` for ``indices`` of the current epoch, in order."""
+    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:  # pragma: no cover
+        """Yield ``(epoch, index, batch)`` for ``items`` (``(epoch, index)`` pairs), in order."""
         raise NotImplementedError
+
+    def _next_epoch_items(self, epoch: int) -> list[tuple[int, int]]:
+        """This process's first ``lookahead`` batches of ``epoch + 1`` from its start (the usual next
+        iteration), or none when no later iteration of this object can use them."""
+        info = get_worker_info()
+        if self.lookahead < 1 or self.epochs is None or epoch + 1 >= self.epochs:
+            return []
+        if info is not None and not self._workers_persist:
+            return []  # a non-persistent loader worker ends with this epoch
+        share = self._rank_share()
+        if info is not None and info.num_workers > 1:
+            share = share[info.id::info.num_workers]
+        return [(epoch + 1, i) for i in share[:self.lookahead]]
 
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
@@ -165,18 +192,33 @@ class ShardedBatches(IterableDataset):
             state = self.state_dict()
             self._seek(state["epoch"], state["position"])
         epoch = self.epoch
+        items = [(epoch, i) for i in self.my_indices()]
+        # Batches of this epoch fetched ahead at the end of the last one (its first, usually).
+        carry, self._carry = self._carry, {}
+        ready = 0
+        while ready < len(items) and items[ready] in carry:
+            ready += 1
+        ahead = self._next_epoch_items(epoch)
         audit = AuditLog(self.audit_path) if self.audit_path else None
         complete = False
         try:
-            for index, batch in self._batches(self.my_indices()):
-                if audit is not None:
-                    audit.write(epoch, index, self.dp_rank, digest(batch))
-                self._yielded += 1
-                self.last_yielded = (epoch, index)
-                yield batch
+            produced = self._batches(items[ready:] + ahead) if ready < len(items) or ahead else iter(())
+            sources = ((e, i, carry.pop((e, i))) for e, i in items[:ready])
+            for source in (sources, produced):
+                for e, index, batch in source:
+                    if e != epoch:  # the next epoch's first batches: kept for the next iteration
+                        self._carry[(e, index)] = batch
+                        continue
+                    if audit is not None:
+                        audit.write(epoch, index, self.dp_rank, digest(batch))
+                    self._yielded += 1
+                    self.last_yielded = (epoch, index)
+                    yield batch
             complete = True
         finally:
             if audit is not None:
                 audit.close()
+            if not complete:
+                self._carry = {}
         if complete and not in_worker:
             self._seek(epoch + 1, 0)

@@ -93,7 +93,9 @@ def _ignore_sigterm(worker_id: int) -> None:
 def make_dataset(job: TrainJob, rank: int):
     cfg = job.cfg
     # The outermost consumer stage (DeviceFeeder) writes the audit: batches the loop trained on.
-    common = dict(seed=cfg.seed, rank=rank, world_size=job.world_size, audit_path=cfg.audit_path or None)
+    # Knowing the epochs lets the dataset fetch the next epoch's first batches before this one ends.
+    common = dict(seed=cfg.seed, rank=rank, world_size=job.world_size, audit_path=cfg.audit_path or None,
+                  epochs=cfg.epochs)
     if job.mode == "heterogeneous":
         from dnn_worker import RemoteDataset
         # pinned receive buffers only help without loader workers (a worker's tensors are copied

@@ -27,7 +27,8 @@ TOKEN = "test-token"
 
 
 def build(job: dict) -> tuple[DeviceFeeder, ResumableLoader]:
-    kw = dict(seed=job["seed"], rank=job["rank"], world_size=job["world"], audit_path=job["audit"])
+    kw = dict(seed=job["seed"], rank=job["rank"], world_size=job["world"], audit_path=job["audit"],
+              epochs=job["epochs"])  # the next epoch's first batches are fetched ahead
     if job["kind"] == "local":
         ds = LocalDataset(PipelineSpec(PIPELINE, OPTS), **kw)
     else:

@@ -73,3 +73,34 @@ def test_bad_resume_states_name_the_fix():
         loader.set_epoch(-1)
     with pytest.raises(ConfigError, match="RemoteDataset/LocalDataset"):
         ResumableLoader(DataLoader(torch.utils.data.TensorDataset(torch.zeros(2))))
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (1, True), (1, False)])
+def test_the_next_epochs_first_batches_are_fetched_ahead_and_used(server_factory, fresh_forkserver, workers,
+                                                                  persistent):
+    from _fault_helpers import wait_until
+    from conftest import TOKEN
+    from dnn_worker import RemoteDataset
+
+    server = server_factory(OPTS, num_workers=1)
+    ds = RemoteDataset([server.address], TOKEN, seed=5, epochs=3, lookahead=2)
+    loader = ResumableLoader(DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=persistent,
+                                        multiprocessing_context="forkserver" if workers else None))
+    try:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert [batch_digest(b) for b in loader] == reference(epoch)
+        # every batch built once; the lookahead of epoch 1 was used, that of epoch 2 waits.
+        # A loader worker that ends with its epoch fetches nothing ahead.
+        expected = 24 + (2 if workers == 0 or persistent else 0)
+        wait_until(lambda: server.stats.snapshot().batches_sent >= expected, 10, f"{expected} batches sent")
+        assert server.stats.snapshot().batches_sent == expected
+        loader.set_epoch(2)
+        assert [batch_digest(b) for b in loader] == reference(2)  # the last epoch: nothing fetched ahead
+        expected += 12 - (2 if workers == 0 or persistent else 0)
+        wait_until(lambda: server.stats.snapshot().batches_sent >= expected, 10, f"{expected} batches sent")
+        assert server.stats.snapshot().batches_sent == expected
+        loader.load_state_dict({"epoch": 1, "position": 3, "seed": 5})
+        assert [batch_digest(b) for b in loader] == reference(1, start=3)
+    finally:
+        loader.close()

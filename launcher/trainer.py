@@ -211,6 +211,7 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
              job.mode, job.world_size, len(job.dnn_hosts),
              f"emulated {cfg.emulate_step_s}s" if step_fn is None else cfg.step, cfg.pipeline,
              finish.target or "none", device)
+    first_epoch = True
     try:
         for epoch in range(feeder.epoch, cfg.epochs):
             if stopped or (cfg.max_steps and steps_done() >= cfg.max_steps):
@@ -222,7 +223,9 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
                 bar = tqdm(total=len(feeder), desc=f"epoch {epoch}", leave=False)
             batches = iter(feeder)
             try:
-                timer.restart()
+                if first_epoch:  # later epochs' set-up counts: an epoch boundary is part of the step after it
+                    timer.restart()
+                    first_epoch = False
                 while not (cfg.max_steps and steps_done() >= cfg.max_steps):
                     if _stop_agreed(job, device):
                         stopped = True

@@ -66,13 +66,17 @@ class Fetcher:
         fingerprint: pipeline fingerprint every server must report ("" = take the first's).
         shared_memory: read batches from shared memory when a server runs on this host.
         tls_ca, tls_server_name: verify TLS servers against this CA bundle (see data_service.tls).
+        keep_open: leave the connections open after a complete iteration, for ``reuse``.
+        reuse: an earlier Fetcher (same servers) that completed with ``keep_open``: its
+            connections are taken over instead of connecting again (the next epoch of a
+            persistent loader worker).
     """
 
     def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, client_id: str = "",
                  fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
                  client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_ca: str = "",
-                 tls_server_name: str = "") -> None:
+                 tls_server_name: str = "", keep_open: bool = False, reuse: "Fetcher | None" = None) -> None:
         if not servers:
             raise ConfigError("servers=[] : give at least one data server address 'host:port'")
         if window < 1:
@@ -100,6 +104,12 @@ class Fetcher:
             self._tls_context = client_context(tls_ca)
         self._events: queue.Queue[Event] = queue.Queue()
         self.failovers = 0
+        self._keep_open = keep_open
+        self._open = False  # connections left open by a complete iteration (keep_open)
+        if reuse is not None and reuse._open and [s.address for s in reuse._servers] == list(servers):
+            # Late events of the earlier iteration are ignored: none of its refs is outstanding.
+            self._servers, self._events, self._fingerprint = reuse._servers, reuse._events, reuse._fingerprint
+            reuse._open, reuse._servers = False, []  # they are this Fetcher's now
 
     # -- connections
     def _connect(self, s: _Server, now: float) -> None:
@@ -167,6 +177,7 @@ class Fetcher:
         done: dict[int, Any] = {}
         nxt = 0
         no_server_since: float | None = None
+        complete = False
         try:
             while nxt < len(self._refs):
                 while nxt in done:
@@ -193,10 +204,20 @@ class Fetcher:
                 except queue.Empty:
                     continue
                 self._handle(event, todo, done)
+            complete = True
         finally:
-            for s in self._servers:
-                if s.conn is not None:
-                    s.conn.close()
+            if complete and self._keep_open:
+                self._open = True
+            else:
+                self.close()
+
+    def close(self) -> None:
+        """Close every connection (also those a complete ``keep_open`` iteration left open)."""
+        self._open = False
+        for s in self._servers:
+            if s.conn is not None:
+                s.conn.close()
+                s.conn = None
 
     def _assign(self, todo: collections.deque) -> None:
         for s in self._servers:

@@ -72,6 +72,7 @@ class RemoteDataset(ShardedBatches):
         self.tls_ca = tls_ca
         self.tls_server_name = tls_server_name
         self._info: pb.HelloResponse | None = None
+        self._fetcher: Fetcher | None = None  # the last epoch's, connections open when it fetched ahead
 
     def hello(self) -> pb.HelloResponse:
         """Dataset facts from the first server that answers (cached)."""
@@ -87,6 +88,7 @@ class RemoteDataset(ShardedBatches):
         info = state.pop("_info")
         state["_info_bytes"] = info.SerializeToString() if info is not None else None
         state["_carry"] = {}
+        state["_fetcher"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -107,13 +109,21 @@ class RemoteDataset(ShardedBatches):
 
     def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         info = self.hello()
+        # Connections stay open for the next epoch when this ends with its first batches fetched
+        # ahead (a next iteration of this object will come); otherwise they close with the epoch.
+        keep = bool(items) and items[-1][0] != self.epoch
+        previous, self._fetcher = self._fetcher, None
         refs = [pb.BatchRef(seed=self.seed, epoch=e, index=i) for e, i in items]
         window = self.window or max(4, 2 * info.workers)
         fetcher = Fetcher(self.servers, self.token, refs, window=window, connect_timeout=self.connect_timeout,
                           batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
                           max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
-                          shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
+                          shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name,
+                          keep_open=keep, reuse=previous)
+        if previous is not None:
+            previous.close()  # a no-op when taken over; else nothing is left open
+        self._fetcher = fetcher
         for ref, batch in fetcher:
             yield ref.epoch, ref.index, batch
 

@@ -87,9 +87,14 @@ def test_the_next_epochs_first_batches_are_fetched_ahead_and_used(server_factory
     loader = ResumableLoader(DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=persistent,
                                         multiprocessing_context="forkserver" if workers else None))
     try:
+        conns = []
         for epoch in range(2):
             loader.set_epoch(epoch)
             assert [batch_digest(b) for b in loader] == reference(epoch)
+            if workers == 0:
+                conns.append(ds._fetcher._servers[0].conn)
+        if workers == 0:  # one data-plane connection across epochs
+            assert conns[0] is conns[1] is not None
         # every batch built once; the lookahead of epoch 1 was used, that of epoch 2 waits.
         # A loader worker that ends with its epoch fetches nothing ahead.
         expected = 24 + (2 if workers == 0 or persistent else 0)
@@ -97,6 +102,8 @@ def test_the_next_epochs_first_batches_are_fetched_ahead_and_used(server_factory
         assert server.stats.snapshot().batches_sent == expected
         loader.set_epoch(2)
         assert [batch_digest(b) for b in loader] == reference(2)  # the last epoch: nothing fetched ahead
+        if workers == 0:
+            assert ds._fetcher._servers[0].conn is None and conns[0].closed, "the last epoch closes its connections"
         expected += 12 - (2 if workers == 0 or persistent else 0)
         wait_until(lambda: server.stats.snapshot().batches_sent >= expected, 10, f"{expected} batches sent")
         assert server.stats.snapshot().batches_sent == expected

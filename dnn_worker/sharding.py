@@ -51,7 +51,7 @@ class ShardedBatches(IterableDataset):
     def __init__(self, *, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  dp_rank: int | None = None, dp_size: int | None = None, remainder: str = "drop",
                  audit_path: str | os.PathLike | None = None, dp_group: Any = None, epochs: int | None = None,
-                 lookahead: int = 2) -> None:
+                 lookahead: int = 4) -> None:
         super().__init__()
         if dp_group is not None:
             if dp_rank is not None or dp_size is not None:

@@ -1,14 +1,17 @@
-"""Device-side finishing and pinned, overlapped delivery to the training device.
+"""Device-side finishing and prefetched delivery to the training device.
 
-    feeder = DeviceFeeder(loader, device="cuda", finish=ds.finish_stage())
+    feeder = DeviceFeeder(ResumableLoader(loader), device="cuda", finish=ds.finish_stage())
     for batch in feeder:      # batches on the device, finished (e.g. uint8 -> normalised float32)
         ...
+    torch.save({"data": feeder.state_dict(), ...}, ckpt)    # exact: as of the last batch yielded
 
-Batches travel in compact dtypes (uint8 images); the pipeline's ``finish``
-stage runs on the consumer's device. On CUDA, host tensors are pinned (or
-already are: ``RemoteDataset(pin_memory=True)`` receives into pinned buffers)
-and copied on a side stream ``depth`` batches ahead of the training step, so
-the copy overlaps compute. On CPU the finish stage runs in place of the copy.
+Batches travel in compact dtypes (uint8 images); the pipeline's ``finish`` stage runs on the
+consumer's device. ``DeviceFeeder`` begins each batch (copy to the device, then finish)
+``depth`` batches ahead of the one the loop trains on, with the same code on every device:
+on CUDA the copy is asynchronous on a side stream from pinned memory; on CPU the finish stage
+is the work done ahead (``dnn_worker.device_ops``). Its ``state_dict()`` is the wrapped stage's
+state as it was when the last *yielded* batch was pulled, so prefetching never skips a batch
+on resume.
 """
 from __future__ import annotations
 
@@ -22,6 +25,10 @@ from data_service.codec import DTYPES, flatten
 from data_service.errors import ConfigError, DataServiceError
 from data_service.pipeline import PipelineSpec
 from data_service.wire import pb
+
+from .audit import AuditLog, take_audit
+from .audit import digest as audit_digest
+from .device_ops import HostOps, StreamOps, ops_for
 
 
 class FinishError(DataServiceError):
@@ -76,80 +83,119 @@ def finish_from_info(info: pb.DatasetInfo) -> FinishStage:
     return FinishStage.load(info.finish, dict(info.finish_dtypes))
 
 
-def _map_tensors(batch: Any, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return fn("", batch)
-    if isinstance(batch, dict):
-        return {k: fn(k, v) for k, v in batch.items()}
-    out = [fn(str(i), v) for i, v in enumerate(batch)]
-    return tuple(out) if isinstance(batch, tuple) else out
-
-
-def _pinned(name: str, t: torch.Tensor) -> torch.Tensor:
-    if t.is_pinned():
-        return t
-    try:
-        return t.pin_memory()
-    except RuntimeError as exc:
-        raise ConfigError(f"tensor {name!r} ({t.dtype}, {list(t.shape)}) cannot be pinned: {exc}; free host memory "
-                          "or pass pin_memory=False to DeviceFeeder (slower, synchronous copies)") from exc
-
-
 class DeviceFeeder:
     """Iterate batches already on ``device`` and finished, ``depth`` batches ahead.
 
+    A consumer stage (docs/consumer.md): ``state_dict``/``load_state_dict``/``set_epoch``/``epoch``
+    delegate to the wrapped stage (a ``ResumableLoader``), with the state taken as of the last
+    batch this feeder yielded; the audit log is written here when the wrapped stage has one.
+
     Args:
-        iterable: yields host batches (a DataLoader over RemoteDataset/LocalDataset).
+        iterable: yields host batches (a ``ResumableLoader``; any iterable without resume).
         device: target device ("cuda", "cuda:1", "cpu").
         finish: the pipeline's ``FinishStage`` (``dataset.finish_stage()``), or None.
-        depth: batches copied ahead of the one being trained on (bounded).
+        depth: batches begun ahead of the one being trained on (bounded).
         pin_memory: pin host tensors before copying (CUDA only).
+        ops: how a batch reaches the device (default: ``device_ops.ops_for(device, pin_memory)``).
     """
 
     def __init__(self, iterable: Iterable, device: str | torch.device = "cpu", finish: FinishStage | None = None,
-                 depth: int = 2, pin_memory: bool = True) -> None:
-        if depth < 1:
-            raise ConfigError(f"depth={depth} must be >= 1")
+                 depth: int = 2, pin_memory: bool = True, ops: HostOps | StreamOps | None = None) -> None:
+        if not isinstance(depth, int) or depth < 1:
+            raise ConfigError(f"depth={depth!r} must be an int >= 1")
         self.iterable = iterable
         self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
+        if ops is None and self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device={device!r} but CUDA is not available; use device='cpu'")
         self.finish = finish or FinishStage()
         self.depth = depth
         self.pin_memory = pin_memory
+        self._ops = ops
+        self._stateful = callable(getattr(iterable, "state_dict", None))
+        self._state: dict[str, Any] | None = None  # None: the wrapped stage's own state holds
+        self.last_yielded: tuple[int, int] | None = None
+        self._audit: AuditLog | None = take_audit(iterable)
+
+    # -- the stage contract
+    @property
+    def audit_path(self) -> str | None:
+        return self._audit.path if self._audit is not None else None
+
+    @audit_path.setter
+    def audit_path(self, value: str | None) -> None:
+        self._audit = AuditLog(value) if value else None
+
+    def _upstream(self, what: str) -> Any:
+        if not self._stateful:
+            raise ConfigError(f"DeviceFeeder.{what} needs a resumable stage to wrap, got "
+                              f"{type(self.iterable).__name__}; wrap the DataLoader: "
+                              "DeviceFeeder(ResumableLoader(DataLoader(dataset, ...)), ...)")
+        return self.iterable
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where to resume, as of the last batch this feeder yielded."""
+        up = self._upstream("state_dict")
+        return dict(self._state) if self._state is not None else up.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._upstream("load_state_dict").load_state_dict(state)
+        self._state = None
+
+    @property
+    def epoch(self) -> int:
+        return self.state_dict()["epoch"]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration yields; the current one keeps its position."""
+        up = self._upstream("set_epoch")
+        if self._state is not None and epoch == self._state["epoch"]:
+            return
+        self._state = None
+        up.set_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self.iterable)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.device.type != "cuda":
-            for batch in self.iterable:
-                yield self.finish(_map_tensors(batch, lambda n, t: t.to(self.device)))
-            return
-        stream = torch.cuda.Stream(device=self.device)
+        up = self.iterable
+        if self._stateful:
+            if self._state is not None:  # the wrapped stage ran ahead of what was yielded
+                up.load_state_dict(self._state)
+            self._state = up.state_dict()
+        ops = self._ops or ops_for(self.device, self.pin_memory)
+        audit = self._audit
+        it = iter(up)
         pending: collections.deque = collections.deque()
-        it = iter(self.iterable)
 
-        def start(batch):
-            with torch.cuda.stream(stream):
-                moved = _map_tensors(batch, lambda n, t: (_pinned(n, t) if self.pin_memory else t)
-                                     .to(self.device, non_blocking=True))
-            event = torch.cuda.Event()
-            event.record(stream)
-            return moved, event
+        def pull() -> bool:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return False
+            state = up.state_dict() if self._stateful else None
+            ident = getattr(up, "last_yielded", None)
+            record = (ident, audit_digest(batch)) if audit is not None and ident is not None else None
+            out, token = ops.begin(batch, self.finish)
+            pending.append((out, token, state, ident, record))
+            return True
 
-        exhausted = False
-        while True:
+        try:
+            exhausted = False
             while not exhausted and len(pending) < self.depth:
-                try:
-                    pending.append(start(next(it)))
-                except StopIteration:
-                    exhausted = True
-            if not pending:
-                return
-            moved, event = pending.popleft()
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(event)
-            # The side stream allocated these; tell the caching allocator the compute stream uses them.
-            _map_tensors(moved, lambda n, t: (t.record_stream(current), t)[1])
-            yield self.finish(moved)
+                exhausted = not pull()
+            while pending:
+                out, token, state, ident, record = pending.popleft()
+                while not exhausted and len(pending) < self.depth:  # keep ``depth`` in flight during the step
+                    exhausted = not pull()
+                out = ops.ready(out, token)
+                if state is not None:
+                    self._state = state
+                if record is not None:
+                    (epoch, index), sha = record
+                    audit.write(epoch, index, state["dp_rank"] if state else 0, sha)
+                self.last_yielded = ident
+                yield out
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()

@@ -70,13 +70,17 @@ class Fetcher:
         fingerprint: pipeline fingerprint every server must report ("" = take the first's).
         shared_memory: read batches from shared memory when a server runs on this host.
         tls_ca, tls_server_name: verify TLS servers against this CA bundle (see data_service.tls).
+        keep_open: leave the connections open after a complete iteration, for ``reuse``.
+        reuse: an earlier Fetcher (same servers) that completed with ``keep_open``: its
+            connections are taken over instead of connecting again (the next epoch of a
+            persistent loader worker).
     """
 
     def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, client_id: str = "",
                  fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
                  client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_ca: str = "",
-                 tls_server_name: str = "") -> None:
+                 tls_server_name: str = "", keep_open: bool = False, reuse: "Fetcher | None" = None) -> None:
         if not servers:
             raise ConfigError("servers=[] : give at least one data server address 'host:port'")
         if window < 1:
@@ -104,6 +108,12 @@ class Fetcher:
             self._tls_context = client_context(tls_ca)
         self._sel: selectors.BaseSelector | None = None
         self.failovers = 0
+        self._keep_open = keep_open
+        self._open = False  # connections left open by a complete iteration (keep_open)
+        if reuse is not None and reuse._open and [s.address for s in reuse._servers] == list(servers):
+            # Late frames of the earlier iteration are dropped by _handle: none of its refs is outstanding.
+            self._servers, self._sel, self._fingerprint = reuse._servers, reuse._sel, reuse._fingerprint
+            reuse._open, reuse._servers, reuse._sel = False, [], None  # they are this Fetcher's now
 
     # -- connections
     def _connect(self, s: _Server, now: float) -> None:
@@ -187,7 +197,9 @@ class Fetcher:
         done: dict[int, Any] = {}
         nxt = 0
         no_server_since: float | None = None
-        self._sel = selectors.DefaultSelector()
+        if self._sel is None:  # a Fetcher that took over open connections has their selector
+            self._sel = selectors.DefaultSelector()
+        complete = False
         try:
             while nxt < len(self._refs):
                 while nxt in done:
@@ -210,13 +222,25 @@ class Fetcher:
                 elif now - no_server_since > self._connect_timeout:
                     raise self._unavailable(now - no_server_since)
                 self._wait(0.1 if not usable else 0.5, todo, done)
+            complete = True
         finally:
-            for s in self._servers:
-                if s.conn is not None:
+            if complete and self._keep_open:
+                self._open = True
+            else:
+                self.close()
+
+    def close(self) -> None:
+        """Close every connection (also those a complete ``keep_open`` iteration left open)."""
+        self._open = False
+        for s in self._servers:
+            if s.conn is not None:
+                if self._sel is not None:
                     self._unwatch(s.conn)
-                    s.conn.close()
-                    s.conn = None
+                s.conn.close()
+                s.conn = None
+        if self._sel is not None:
             self._sel.close()
+            self._sel = None
 
     def _wait(self, timeout: float, todo: collections.deque, done: dict[int, Any]) -> None:
         """Write what waits to be written, then handle whatever the servers sent (up to ``timeout``)."""

@@ -1,6 +1,7 @@
-"""``ResumableLoader``: a DataLoader wrapper that knows how far the training loop got.
+"""``ResumableLoader``: a DataLoader wrapper whose state is as of the last batch it yielded.
 
-    loader = ResumableLoader(DataLoader(RemoteDataset(...), batch_size=None, num_workers=2))
+    loader = ResumableLoader(DataLoader(RemoteDataset(...), batch_size=None, num_workers=2,
+                                        persistent_workers=True, multiprocessing_context="forkserver"))
     loader.load_state_dict(torch.load(ckpt)["data"])      # resume, if a checkpoint exists
     for epoch in range(loader.epoch, epochs):
         loader.set_epoch(epoch)
@@ -9,9 +10,11 @@
             if stopping:                                   # SIGTERM, spot interruption
                 torch.save({"data": loader.state_dict(), ...}, ckpt)
 
-Only batches the loop received count: what the DataLoader prefetched but the loop never saw is
-fetched again after a resume, so no batch is repeated or skipped. For the same reason the
-dataset's audit log is written here, as the loop receives each batch, not where it was fetched.
+What the DataLoader's workers prefetched but this wrapper did not yet yield is fetched again
+after a resume, so no batch is repeated or skipped. Wrapped in more prefetching stages
+(``DeviceFeeder``), checkpoint the outermost one: each reports its state as of the last batch
+it yielded (docs/consumer.md). ``set_epoch`` and resume reach persistent workers too: the
+dataset shares its epoch and resume point with them through shared memory.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from data_service.errors import ConfigError
 
+from .audit import AuditLog, digest, take_audit
 from .sharding import ShardedBatches
 
 
@@ -31,53 +35,96 @@ class ResumableLoader:
         if not isinstance(loader.dataset, ShardedBatches):
             raise ConfigError(f"ResumableLoader needs a DataLoader over RemoteDataset/LocalDataset, "
                               f"got {type(loader.dataset).__name__}")
-        if getattr(loader, "persistent_workers", False):
-            raise ConfigError("persistent_workers=True keeps each worker's copy of the dataset, so set_epoch and "
-                              "resume would not reach it; use persistent_workers=False")
         self.loader = loader
         self.dataset: ShardedBatches = loader.dataset
-        self._consumed = 0
-        # Audit what the loop consumes, not what the loader's workers prefetched.
-        self.audit_path, self.dataset.audit_path = self.dataset.audit_path, None
+        self.persistent = bool(loader.num_workers and getattr(loader, "persistent_workers", False))
+        if loader.num_workers:
+            self.dataset.share_with_workers()
+        self.dataset._workers_persist = self.persistent
+        self._consumed = 0  # batches yielded since the dataset's resume point
+        self._indices: list[int] = []
+        self.last_yielded: tuple[int, int] | None = None
+        self._audit: AuditLog | None = take_audit(self.dataset)
+        self._active: Iterator[Any] | None = None
+
+    @property
+    def audit_path(self) -> str | None:
+        return self._audit.path if self._audit is not None else None
+
+    @audit_path.setter
+    def audit_path(self, value: str | None) -> None:  # a wrapping stage takes the audit over
+        self._audit = AuditLog(value) if value else None
 
     @property
     def epoch(self) -> int:
-        return self.dataset.epoch
+        """The epoch the next batch belongs to."""
+        return self.state_dict()["epoch"]
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.dataset.epoch:
+        """Select the epoch the next iteration yields; the current one keeps its position."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
+        if epoch != self.epoch:
+            self.dataset._seek(epoch, 0)
             self._consumed = 0
-        self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        """Batches left in the current epoch (all of the next one after a finished epoch)."""
+        return len(self.dataset._rank_share()) - self.state_dict()["position"]
 
     def __iter__(self) -> Iterator[Any]:
+        if self._active is not None:  # an iteration left suspended (the loop broke off) ends here
+            self._active.close()
+        self._active = self._iterate()
+        return self._active
+
+    def _iterate(self) -> Iterator[Any]:
+        state = self.state_dict()
+        self.dataset._seek(state["epoch"], state["position"])  # continue where the last iteration stopped
         self._consumed = 0
+        epoch, rank = self.dataset.epoch, self.dataset.dp_rank
+        self._indices = indices = self.dataset.rank_indices()
+        audit = self._audit
         it = iter(self.loader)
-        batches: Iterator[Any] = it
-        if self.audit_path is not None:
-            indices = self.dataset.rank_indices()
-            batches = self.dataset._audited(zip(indices, batches), self.audit_path)
+        complete = False
         try:
-            for batch in batches:
+            for batch in it:
+                index = indices[self._consumed]
+                if audit is not None:
+                    audit.write(epoch, index, rank, digest(batch))
                 self._consumed += 1
+                self.last_yielded = (epoch, index)
                 yield batch
+            complete = True
         finally:
-            # Stop the loader's workers when this iteration ends or is closed, not when the
+            # Stop non-persistent workers when this iteration ends or is closed, not when the
             # iterator is collected: a traceback can keep it alive until the process exits, and
             # workers that ignore SIGTERM (the launcher's) would then hold the exit forever.
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-        # The epoch is complete: a checkpoint taken now resumes at the next epoch.
-        self.dataset.start = 0
-        self._consumed = 0
-        self.dataset.epoch += 1
+            if not self.persistent:
+                _shutdown(it)
+        if complete:  # a checkpoint taken now resumes at the next epoch
+            self.dataset._seek(epoch + 1, 0)
+            self._consumed = 0
+
+    def close(self) -> None:
+        """Stop the loader's (persistent) workers now; the next iteration starts new ones."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        _shutdown(getattr(self.loader, "_iterator", None))
+        if self.persistent:
+            self.loader._iterator = None
 
     def state_dict(self) -> dict[str, Any]:
-        return self.dataset.state_dict(consumed=self._consumed)
+        """Where to resume, as of the last batch this loader yielded (see ``ShardedBatches.state_dict``)."""
+        return self.dataset.state_at(self.dataset.epoch, self.dataset.start + self._consumed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dataset.load_state_dict(state)
         self._consumed = 0
+
+
+def _shutdown(it: Any) -> None:
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()

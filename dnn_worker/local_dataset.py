@@ -45,19 +45,17 @@ class LocalDataset(ShardedBatches):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_pipe"] = None  # each DataLoader worker builds its own
+        state["_carry"] = {}
         return state
 
-    def __iter__(self) -> Iterator[Any]:
+    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         pipe = self.pipeline()
         cfg = pipe.plan_config()
-
-        def produce():
-            for index in self.my_indices():
-                try:
-                    yield index, build_batch(pipe, cfg, self.seed, self.epoch, index)
-                except SampleError as exc:
-                    import traceback
-                    raise BatchBuildError(str(exc), epoch=self.epoch, index=index, sample_index=exc.sample_index,
-                                          remote_traceback="".join(traceback.format_exception(exc.cause))) from exc
-
-        yield from self._audited(produce())
+        for epoch, index in items:
+            try:
+                batch = build_batch(pipe, cfg, self.seed, epoch, index)
+            except SampleError as exc:
+                import traceback
+                raise BatchBuildError(str(exc), epoch=epoch, index=index, sample_index=exc.sample_index,
+                                      remote_traceback="".join(traceback.format_exception(exc.cause))) from exc
+            yield epoch, index, batch

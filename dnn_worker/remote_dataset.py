@@ -3,12 +3,13 @@
     loader = DataLoader(RemoteDataset(["algo-1:6000"], token=tok, seed=1),
                         batch_size=None, num_workers=2, pin_memory=True,
                         multiprocessing_context="forkserver")
-
-Use "forkserver" (or "spawn") for loader workers: once this process has made a gRPC
-call (``len(ds)``, ``finish_stage()``), a plain fork() child can deadlock in gRPC.
     for epoch in range(3):
         loader.dataset.set_epoch(epoch)
         for batch in loader: ...
+
+Use "forkserver" (or "spawn") for loader workers: once this process has made a gRPC
+call (``len(ds)``, ``finish_stage()``), a plain fork() child can deadlock in gRPC.
+For resumable training wrap the loader in ``ResumableLoader`` (docs/consumer.md).
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ class RemoteDataset(ShardedBatches):
         self.tls_ca = tls_ca
         self.tls_server_name = tls_server_name
         self._info: pb.HelloResponse | None = None
+        self._fetcher: Fetcher | None = None  # the last epoch's, connections open when it fetched ahead
 
     def hello(self) -> pb.HelloResponse:
         """Dataset facts from the first server that answers (cached)."""
@@ -85,6 +87,8 @@ class RemoteDataset(ShardedBatches):
         state = dict(self.__dict__)
         info = state.pop("_info")
         state["_info_bytes"] = info.SerializeToString() if info is not None else None
+        state["_carry"] = {}
+        state["_fetcher"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -103,17 +107,25 @@ class RemoteDataset(ShardedBatches):
         full, rest = divmod(d.num_samples, d.batch_size)
         return full + (1 if rest and not d.drop_last else 0)
 
-    def __iter__(self) -> Iterator[Any]:
+    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         info = self.hello()
-        indices = self.my_indices()
-        refs = [pb.BatchRef(seed=self.seed, epoch=self.epoch, index=i) for i in indices]
+        # Connections stay open for the next epoch when this ends with its first batches fetched
+        # ahead (a next iteration of this object will come); otherwise they close with the epoch.
+        keep = bool(items) and items[-1][0] != self.epoch
+        previous, self._fetcher = self._fetcher, None
+        refs = [pb.BatchRef(seed=self.seed, epoch=e, index=i) for e, i in items]
         window = self.window or max(4, 2 * info.workers)
         fetcher = Fetcher(self.servers, self.token, refs, window=window, connect_timeout=self.connect_timeout,
                           batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
                           max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
-                          shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
-        yield from self._audited((ref.index, batch) for ref, batch in fetcher)
+                          shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name,
+                          keep_open=keep, reuse=previous)
+        if previous is not None:
+            previous.close()  # a no-op when taken over; else nothing is left open
+        self._fetcher = fetcher
+        for ref, batch in fetcher:
+            yield ref.epoch, ref.index, batch
 
 
 def client_id(rank: int) -> str:

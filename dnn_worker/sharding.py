@@ -1,16 +1,16 @@
 """Which batches one consumer process yields: rank share, loader-worker split, resume point, audit."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Iterator
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from data_service.codec import batch_digest
 from data_service.errors import ConfigError
 from data_service.sampler import rank_share
+
+from .audit import AuditLog, digest
 
 
 def default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -36,12 +36,22 @@ class ShardedBatches(IterableDataset):
             batches). Or pass ``dp_group``, a torch.distributed process group spanning one rank
             per data-parallel replica (its rank and size are used).
         remainder: "drop" or "pad" when batches do not divide evenly among ranks.
-        audit_path: append one JSON line per yielded batch: epoch, batch, rank, sha256.
+        audit_path: append one JSON line per yielded batch: epoch, batch, rank, sha256 (written
+            by the outermost consumer stage; see ``dnn_worker.audit``).
+        epochs: the epochs training will run (0 .. epochs-1), when known: enables ``lookahead``.
+        lookahead: at the end of an epoch before the last, fetch this many of the next epoch's
+            first batches (per loader worker) while the last ones train, so an epoch boundary
+            costs no wait. Used by the next iteration when it starts the next epoch from its
+            beginning (the usual loop), dropped otherwise; 0 turns it off.
+
+    Iterating yields the rest of the current epoch from the resume point; a finished iteration
+    moves to the next epoch. ``state_dict()`` is as of the last batch yielded.
     """
 
     def __init__(self, *, seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  dp_rank: int | None = None, dp_size: int | None = None, remainder: str = "drop",
-                 audit_path: str | os.PathLike | None = None, dp_group: Any = None) -> None:
+                 audit_path: str | os.PathLike | None = None, dp_group: Any = None, epochs: int | None = None,
+                 lookahead: int = 4) -> None:
         super().__init__()
         if dp_group is not None:
             if dp_rank is not None or dp_size is not None:
@@ -55,6 +65,10 @@ class ShardedBatches(IterableDataset):
             raise ConfigError(f"give dp_rank and dp_size together (got dp_rank={dp_rank}, dp_size={dp_size})")
         self.dp_rank = self.rank if dp_rank is None else dp_rank
         self.dp_size = self.world_size if dp_size is None else dp_size
+        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+            raise ConfigError(f"epochs={epochs!r} must be an int >= 1 (or None: not known)")
+        if not isinstance(lookahead, int) or lookahead < 0:
+            raise ConfigError(f"lookahead={lookahead!r} must be an int >= 0")
         if remainder not in ("drop", "pad"):
             raise ConfigError(f"remainder={remainder!r} must be 'drop' or 'pad'")
         if not 0 <= self.dp_rank < self.dp_size:
@@ -62,47 +76,82 @@ class ShardedBatches(IterableDataset):
         self.remainder = remainder
         self.audit_path = os.fspath(audit_path) if audit_path is not None else None
         self.epoch = 0
-        self.start = 0  # batches of this rank's share already consumed (resume)
+        self.start = 0  # batches of this rank's share before the next iteration's first one
+        self._yielded = 0  # batches this object's own iteration yielded since ``start``
+        self.last_yielded: tuple[int, int] | None = None  # (epoch, batch index) of the last one
+        self._share: tuple[int, list[int]] | None = None
+        # [epoch, start] in shared memory, read by DataLoader workers at each iteration: a
+        # persistent worker keeps its copy of this object, so plain attributes would not reach it.
+        self._plan = None
+        self.epochs = epochs
+        self.lookahead = lookahead
+        self._workers_persist = False  # set by ResumableLoader: may a loader worker keep ``_carry``?
+        self._carry: dict[tuple[int, int], Any] = {}
 
-    # -- epoch and resume
+    # -- epoch and resume (the consumer stage contract; see docs/consumer.md)
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration yields (like DistributedSampler.set_epoch)."""
+        """Select the epoch the next iteration yields (like DistributedSampler.set_epoch).
+
+        The same epoch as the current state keeps the position (a resumed epoch continues).
+        """
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
-        if epoch != self.epoch:
-            self.start = 0
-        self.epoch = epoch
+        if epoch != self.state_dict()["epoch"]:
+            self._seek(epoch, 0)
 
-    def state_dict(self, consumed: int = 0) -> dict[str, Any]:
-        """Where to resume.
-
-        Args:
-            consumed: batches the training loop consumed since this epoch's iteration began
-                (``ResumableLoader`` counts them for you).
+    def state_dict(self) -> dict[str, Any]:
+        """Where this object's next iteration starts: as of the last batch it yielded.
 
         Returns:
-            epoch, seed, position (batches of this rank's share already consumed), dp_rank, dp_size.
+            epoch, seed, position (batches of this rank's share already yielded), dp_rank,
+            dp_size. A finished epoch reads as position 0 of the next one.
         """
-        return {"epoch": self.epoch, "seed": self.seed, "position": self.start + consumed,
-                "dp_rank": self.dp_rank, "dp_size": self.dp_size}
+        return self.state_at(self.epoch, self.start + self._yielded)
+
+    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The state after ``position`` batches of ``epoch`` (wrapping stages report through this)."""
+        if position and position >= len(self._rank_share()):
+            epoch, position = epoch + 1, 0
+        return {"epoch": epoch, "seed": self.seed, "position": position, "dp_rank": self.dp_rank,
+                "dp_size": self.dp_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the next unseen batch of ``state["epoch"]`` (no batch repeated or skipped)."""
+        missing = [k for k in ("epoch", "position") if k not in state]
+        if missing:
+            raise ConfigError(f"data state {state!r} lacks {missing}; pass what state_dict() returned")
         if state.get("seed", self.seed) != self.seed:
             raise ConfigError(f"checkpoint seed={state['seed']} differs from seed={self.seed}; resume with the same seed")
         if state.get("dp_size", self.dp_size) != self.dp_size:
             raise ConfigError(f"checkpoint was taken with dp_size={state['dp_size']}, this job has "
                               f"dp_size={self.dp_size}; resume with the same number of data-parallel ranks")
-        self.epoch = int(state["epoch"])
-        self.start = int(state["position"])
+        self._seek(int(state["epoch"]), int(state["position"]))
+
+    def _seek(self, epoch: int, position: int) -> None:
+        self.epoch, self.start, self._yielded = epoch, position, 0
+        if self._plan is not None:
+            self._plan[0], self._plan[1] = epoch, position
+
+    def share_with_workers(self) -> None:
+        """Let DataLoader workers (persistent ones too) follow ``set_epoch`` and resume."""
+        if self._plan is None:
+            import torch
+
+            self._plan = torch.tensor([self.epoch, self.start], dtype=torch.int64).share_memory_()
 
     # -- shares
     def num_batches_per_epoch(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _rank_share(self) -> list[int]:
+        n = self.num_batches_per_epoch()
+        if self._share is None or self._share[0] != n:
+            self._share = (n, rank_share(n, self.dp_rank, self.dp_size, self.remainder))
+        return self._share[1]
+
     def rank_indices(self) -> list[int]:
         """This rank's batch indices for the current epoch, after the resume point."""
-        return rank_share(self.num_batches_per_epoch(), self.dp_rank, self.dp_size, self.remainder)[self.start:]
+        return self._rank_share()[self.start:]
 
     def my_indices(self) -> list[int]:
         """This process's part: DataLoader worker ``w`` of ``N`` takes every N-th batch from w,
@@ -116,21 +165,60 @@ class ShardedBatches(IterableDataset):
     def __len__(self) -> int:
         return len(self.rank_indices())
 
-    # -- audit
-    def _audited(self, pairs: Iterator[tuple[int, Any]], path: str | None = None) -> Iterator[Any]:
-        path = path or self.audit_path
-        if path is None:
-            for _, batch in pairs:
-                yield batch
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    # -- iteration
+    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:  # pragma: no cover
+        """Yield ``(epoch, index, batch)`` for ``items`` (``(epoch, index)`` pairs), in order."""
+        raise NotImplementedError
+
+    def _next_epoch_items(self, epoch: int) -> list[tuple[int, int]]:
+        """This process's first ``lookahead`` batches of ``epoch + 1`` from its start (the usual next
+        iteration), or none when no later iteration of this object can use them."""
+        info = get_worker_info()
+        if self.lookahead < 1 or self.epochs is None or epoch + 1 >= self.epochs:
+            return []
+        if info is not None and not self._workers_persist:
+            return []  # a non-persistent loader worker ends with this epoch
+        share = self._rank_share()
+        if info is not None and info.num_workers > 1:
+            share = share[info.id::info.num_workers]
+        return [(epoch + 1, i) for i in share[:self.lookahead]]
+
+    def __iter__(self) -> Iterator[Any]:
+        in_worker = get_worker_info() is not None
+        if in_worker:
+            if self._plan is not None:  # the main process's ResumableLoader decides
+                self.epoch, self.start = int(self._plan[0]), int(self._plan[1])
+        else:  # start where the last iteration stopped (or the next epoch after a finished one)
+            state = self.state_dict()
+            self._seek(state["epoch"], state["position"])
+        epoch = self.epoch
+        items = [(epoch, i) for i in self.my_indices()]
+        # Batches of this epoch fetched ahead at the end of the last one (its first, usually).
+        carry, self._carry = self._carry, {}
+        ready = 0
+        while ready < len(items) and items[ready] in carry:
+            ready += 1
+        ahead = self._next_epoch_items(epoch)
+        audit = AuditLog(self.audit_path) if self.audit_path else None
+        complete = False
         try:
-            for index, batch in pairs:
-                line = json.dumps({"epoch": self.epoch, "batch": index, "rank": self.dp_rank,
-                                   "sha256": batch_digest(batch)}) + "\n"
-                os.write(fd, line.encode())  # one O_APPEND write per line: atomic across processes
-                yield batch
+            produced = self._batches(items[ready:] + ahead) if ready < len(items) or ahead else iter(())
+            sources = ((e, i, carry.pop((e, i))) for e, i in items[:ready])
+            for source in (sources, produced):
+                for e, index, batch in source:
+                    if e != epoch:  # the next epoch's first batches: kept for the next iteration
+                        self._carry[(e, index)] = batch
+                        continue
+                    if audit is not None:
+                        audit.write(epoch, index, self.dp_rank, digest(batch))
+                    self._yielded += 1
+                    self.last_yielded = (epoch, index)
+                    yield batch
+            complete = True
         finally:
-            os.close(fd)
-
-
+            if audit is not None:
+                audit.close()
+            if not complete:
+                self._carry = {}
+        if complete and not in_worker:
+            self._seek(epoch + 1, 0)

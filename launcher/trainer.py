@@ -6,9 +6,11 @@ What it trains is pluggable by import path (``model``, ``step``, ``evaluate``,
 *emulated accelerator step* for measuring the data path on machines without a GPU; metrics
 then say ``"step_kind": "emulated"``.
 
-Batches come through ``ResumableLoader`` (which batch of this rank's share is next) and
-``DeviceFeeder`` (pinned, prefetched copies to the device, then the pipeline's ``finish``
-stage, e.g. uint8 -> normalised float32), in every mode.
+Batches come through the public consumer API exactly as a user's loop would use it:
+``DeviceFeeder(ResumableLoader(DataLoader(dataset)))`` (pinned, prefetched copies to the
+device, then the pipeline's ``finish`` stage, e.g. uint8 -> normalised float32), in every mode.
+The checkpoint holds ``feeder.state_dict()``, exact as of the last batch trained on whatever the
+prefetch depth; the audit log is the dataset's ``audit_path``, written by the outermost stage.
 
 Stopping (SIGTERM: spot interruption, StopTrainingJob): the current step finishes, all ranks
 agree to stop at the same step, rank 0 writes a checkpoint (model, optimizer, every rank's
@@ -90,9 +92,10 @@ def _ignore_sigterm(worker_id: int) -> None:
 
 def make_dataset(job: TrainJob, rank: int):
     cfg = job.cfg
-    # The audit is written by the training loop (batches it trained on), not by the dataset
-    # (which would also log what the loader prefetched but the loop never took).
-    common = dict(seed=cfg.seed, rank=rank, world_size=job.world_size)
+    # The outermost consumer stage (DeviceFeeder) writes the audit: batches the loop trained on.
+    # Knowing the epochs lets the dataset fetch the next epoch's first batches before this one ends.
+    common = dict(seed=cfg.seed, rank=rank, world_size=job.world_size, audit_path=cfg.audit_path or None,
+                  epochs=cfg.epochs)
     if job.mode == "heterogeneous":
         from dnn_worker import RemoteDataset
         # pinned receive buffers only help without loader workers (a worker's tensors are copied
@@ -177,24 +180,26 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
     torch.manual_seed(cfg.seed)
     cuda = device.type == "cuda"
     dataset = make_dataset(job, rank)
+    finish = dataset.finish_stage()
     # forkserver, not fork: this process has used gRPC (Hello), and a forked child of a gRPC
-    # process can deadlock on its first call.
-    loader = ResumableLoader(DataLoader(dataset, batch_size=None, num_workers=cfg.loader_workers,
-                                        pin_memory=cuda and cfg.loader_workers > 0,
-                                        worker_init_fn=_ignore_sigterm if cfg.loader_workers else None,
-                                        multiprocessing_context="forkserver" if cfg.loader_workers else None))
+    # process can deadlock on its first call. Persistent workers keep their connections to the
+    # data servers from one epoch to the next.
+    workers = cfg.loader_workers
+    loader = ResumableLoader(DataLoader(dataset, batch_size=None, num_workers=workers,
+                                        pin_memory=cuda and workers > 0, persistent_workers=workers > 0,
+                                        worker_init_fn=_ignore_sigterm if workers else None,
+                                        multiprocessing_context="forkserver" if workers else None))
+    feeder = DeviceFeeder(loader, device, finish=finish, depth=2, pin_memory=cuda)
     plain = load_object(cfg.model, "model")(**cfg.model_options).to(device)
     optimizer = make_optimizer(cfg, plain.parameters())
-    resumed = _resume(job, rank, plain, optimizer, loader)
+    resumed = _resume(job, rank, plain, optimizer, feeder)
     model = plain
     if job.world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(plain, device_ids=[local_rank] if cuda else None)
-    finish = dataset.finish_stage()
     step_fn = None if cfg.emulate_step_s > 0 else load_object(cfg.step, "step")
     writer = _tensorboard(job) if cfg.tensorboard and rank == 0 else None
     stats = StepStats(cfg.warmup_steps, cfg.log_every)
     timer = StepTimer(stats)
-    progress = checkpoint.Progress(loader, rank, cfg.audit_path)
     done_before = resumed["steps"] if resumed else 0
     loss = None
     stopped = False
@@ -206,64 +211,66 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
              job.mode, job.world_size, len(job.dnn_hosts),
              f"emulated {cfg.emulate_step_s}s" if step_fn is None else cfg.step, cfg.pipeline,
              finish.target or "none", device)
-    for epoch in range(loader.epoch, cfg.epochs):
-        if stopped or (cfg.max_steps and steps_done() >= cfg.max_steps):
-            break
-        loader.set_epoch(epoch)
-        feed = progress.feed()
-        batches = iter(DeviceFeeder(feed, device, finish=finish, depth=2, pin_memory=cuda))
-        bar = None
-        if rank == 0 and sys.stderr.isatty():
-            from tqdm import tqdm
-            bar = tqdm(total=len(progress.indices), desc=f"epoch {epoch}", leave=False)
-        try:
-            timer.restart()
-            while not (cfg.max_steps and steps_done() >= cfg.max_steps):
-                if _stop_agreed(job, device):
-                    stopped = True
-                    break
-                try:
-                    batch = timer.fetch(batches)
-                except StopIteration:
-                    progress.epoch_done()
-                    break
-                except Exception as exc:
-                    if STOP.is_set() and job.world_size == 1:  # e.g. the data nodes were stopped too
-                        log.warning("fetching a batch failed after SIGTERM (%s: %s); checkpointing what was trained",
-                                    type(exc).__name__, exc)
+    first_epoch = True
+    try:
+        for epoch in range(feeder.epoch, cfg.epochs):
+            if stopped or (cfg.max_steps and steps_done() >= cfg.max_steps):
+                break
+            feeder.set_epoch(epoch)
+            bar = None
+            if rank == 0 and sys.stderr.isatty():
+                from tqdm import tqdm
+                bar = tqdm(total=len(feeder), desc=f"epoch {epoch}", leave=False)
+            batches = iter(feeder)
+            try:
+                if first_epoch:  # later epochs' set-up counts: an epoch boundary is part of the step after it
+                    timer.restart()
+                    first_epoch = False
+                while not (cfg.max_steps and steps_done() >= cfg.max_steps):
+                    if _stop_agreed(job, device):
                         stopped = True
                         break
-                    raise
-                progress.took()
-                if step_fn is None:
-                    time.sleep(cfg.emulate_step_s)
-                else:
-                    loss = step_fn(model, batch, optimizer, device)
-                timer.done(batch_size_of(batch))
-                if bar is not None:
-                    bar.update(1)
-                if writer is not None and loss is not None:
-                    writer.add_scalar("loss", loss, steps_done())
-                if cfg.checkpoint_every and steps_done() % cfg.checkpoint_every == 0:
-                    _checkpoint(job, rank, plain, optimizer, progress, steps_done(), "running")
-        finally:
-            # On every path, errors included: a failing run's traceback would otherwise keep the
-            # loader alive, and its workers (which ignore SIGTERM) would hold the exit forever.
-            batches.close()
-            feed.close()  # stops the loader's workers now, not at garbage collection
-        if bar is not None:
-            bar.close()
-        log.info("epoch %d %s: %d steps so far%s", epoch, "stopped" if stopped else "done", steps_done(),
-                 f", loss {loss:.4f}" if loss is not None else "")
+                    try:
+                        batch = timer.fetch(batches)
+                    except StopIteration:
+                        break
+                    except Exception as exc:
+                        if STOP.is_set() and job.world_size == 1:  # e.g. the data nodes were stopped too
+                            log.warning("fetching a batch failed after SIGTERM (%s: %s); checkpointing what was "
+                                        "trained", type(exc).__name__, exc)
+                            stopped = True
+                            break
+                        raise
+                    if step_fn is None:
+                        time.sleep(cfg.emulate_step_s)
+                    else:
+                        loss = step_fn(model, batch, optimizer, device)
+                    timer.done(batch_size_of(batch))
+                    if bar is not None:
+                        bar.update(1)
+                    if writer is not None and loss is not None:
+                        writer.add_scalar("loss", loss, steps_done())
+                    if cfg.checkpoint_every and steps_done() % cfg.checkpoint_every == 0:
+                        _checkpoint(job, rank, plain, optimizer, feeder, steps_done(), "running")
+            finally:
+                batches.close()  # ends this epoch's iteration (non-persistent workers stop here)
+            if bar is not None:
+                bar.close()
+            log.info("epoch %d %s: %d steps so far%s", epoch, "stopped" if stopped else "done", steps_done(),
+                     f", loss {loss:.4f}" if loss is not None else "")
+    finally:
+        # On every path, errors included: a failing run's traceback would otherwise keep the
+        # loader alive, and its workers (which ignore SIGTERM) would hold the exit forever.
+        loader.close()
     status = "stopped" if stopped else "completed"
     if stopped:
         log.warning("SIGTERM: stopped after step %d (%d this run); data position %s", steps_done(), stats.steps,
-                    progress.state())
+                    feeder.state_dict())
     elif resumed and stats.steps == 0:
         log.warning("the checkpoint in %s had nothing left to train (epochs=%d, max_steps=%d); raise epochs "
                     "to train more, or use another checkpoint_dir to start afresh", job.checkpoint_dir,
                     cfg.epochs, cfg.max_steps)
-    ckpt_path = _checkpoint(job, rank, plain, optimizer, progress, steps_done(), status)
+    ckpt_path = _checkpoint(job, rank, plain, optimizer, feeder, steps_done(), status)
     summary = dict(stats.summary(), rank=rank, host=job.host, status=status)
     summaries = [summary]
     if job.world_size > 1:
@@ -289,7 +296,7 @@ def _stop_agreed(job: TrainJob, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def _resume(job: TrainJob, rank: int, model, optimizer, loader) -> dict[str, Any] | None:
+def _resume(job: TrainJob, rank: int, model, optimizer, data) -> dict[str, Any] | None:
     """Load model, optimizer and this rank's data position from the checkpoint, when there is one."""
     cfg = job.cfg
     if not cfg.checkpoint or not job.checkpoint_dir:
@@ -307,23 +314,23 @@ def _resume(job: TrainJob, rank: int, model, optimizer, loader) -> dict[str, Any
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"checkpoint {path} does not fit model={cfg.model!r} / optimizer={cfg.optimizer!r} "
                           f"({exc}); resume with the same model and optimizer, or use another checkpoint_dir") from exc
-    data = ckpt["data"][rank]
-    loader.load_state_dict(data)
+    position = ckpt["data"][rank]
+    data.load_state_dict(position)
     log.info("resuming from %s (%s, written by %s): %d steps done; epoch %d from batch %d of this rank's share",
-             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], data["epoch"], data["position"])
-    return {"steps": int(ckpt["steps"]), "epoch": data["epoch"], "position": data["position"],
+             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], position["epoch"], position["position"])
+    return {"steps": int(ckpt["steps"]), "epoch": position["epoch"], "position": position["position"],
             "status": ckpt.get("status"), "path": path}
 
 
-def _checkpoint(job: TrainJob, rank: int, model, optimizer, progress, steps: int, status: str) -> str | None:
+def _checkpoint(job: TrainJob, rank: int, model, optimizer, data, steps: int, status: str) -> str | None:
     """Every rank's data position to rank 0, which writes the checkpoint (a collective call)."""
     cfg = job.cfg
     if not cfg.checkpoint or not job.checkpoint_dir:
         return None
-    states = [progress.state()]
+    states = [data.state_dict()]
     if job.world_size > 1:
         states = [None] * job.world_size
-        dist.all_gather_object(states, progress.state())
+        dist.all_gather_object(states, states[0])
     if rank != 0:
         return None
     path = checkpoint.save(job.checkpoint_dir, {

@@ -189,3 +189,16 @@ def test_hetero_faster_than_homo_on_a_cpu_bound_pipeline(tmp_path, capsys):
     s = json.loads((tmp_path / "b.json").read_text())
     assert s["speedup"] > 1.2, bench_report.markdown(s)
     assert s["cost_ratio"] is not None and (tmp_path / "b.png").stat().st_size > 20_000
+
+
+def test_epoch_boundary_cost_is_its_window_against_the_steady_median(tmp_path):
+    log = tmp_path / "algo-1.log"
+    lines = [f"step {s}: avg step time {0.5 if s == 24 else 0.1} s over the last 8 steps" for s in range(8, 41, 8)]
+    log.write_text("\n".join(f"2026-11-23 rank 0 INFO launcher.metrics: {line}" for line in lines))
+    [b] = step_time.boundary_costs(log, epoch_batches=20, warmup=0)  # epoch 1 starts at step 21: window 17-24
+    assert b["window"] == [17, 24] and b["first_step_of_epoch"] == 21
+    assert b["steady_median_s"] == 0.1 and abs(b["extra_s"] - 3.2) < 1e-9
+    runs = [{"mode": "homogeneous", "ok": True, "boundaries": [b]}]
+    assert step_time.boundary_lines(runs) == ["epoch boundary, homogeneous: +3.200 s (median of 1; each: +3.200) "
+                                              "over a steady 0.1000 s/step"]
+    assert step_time.boundary_costs(log, epoch_batches=0, warmup=0) == []

@@ -84,3 +84,143 @@ def test_cuda_prefetch_matches_cpu_finish_within_tolerance():
     cpu = [b["image"] for b in LocalDataset(spec("server"), seed=4)]
     for a, b in zip(gpu, cpu):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+# -- prefetch bookkeeping: the same loop on every device; the CUDA calls driven on CPU
+class RecordingCuda:
+    """A ``CudaBackend`` whose calls are recorded; tensors stay on the CPU."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.in_side_stream = False
+        self.copied_in_side_stream: list[bool] = []
+
+    def new_stream(self, device):
+        self.calls.append(("new_stream",))
+        return "side"
+
+    def use_stream(self, stream):
+        import contextlib
+
+        backend = self
+
+        @contextlib.contextmanager
+        def ctx():
+            backend.in_side_stream = True
+            try:
+                yield
+            finally:
+                backend.in_side_stream = False
+        return ctx()
+
+    def current_stream(self, device):
+        return "compute"
+
+    def record_event(self, stream):
+        event = {"id": len(self.calls), "stream": stream}
+        self.calls.append(("record", event["id"], stream))
+        return event
+
+    def wait_event(self, stream, event):
+        self.calls.append(("wait", event["id"], stream))
+
+    def synchronize(self, event):
+        self.calls.append(("sync", event["id"]))
+
+    def record_stream(self, tensor, stream):
+        self.calls.append(("record_stream", tensor.data_ptr(), stream))
+
+    def pin(self, tensor):
+        self.calls.append(("pin", tensor.data_ptr()))
+        self.copied_in_side_stream.append(self.in_side_stream)
+        return tensor.clone()  # a new host buffer, as pinning a pageable tensor makes
+
+
+class CountingLoader:
+    """A stage that counts how many batches were pulled from it (state: that count)."""
+
+    def __init__(self, batches) -> None:
+        self.batches = list(batches)
+        self.pulled = 0
+        self.last_yielded = None
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for i, b in enumerate(self.batches[self.pulled:], self.pulled):
+            self.pulled = i + 1
+            self.last_yielded = (0, i)
+            yield b
+
+    def state_dict(self):
+        return {"epoch": 0, "position": self.pulled}
+
+    def load_state_dict(self, state):
+        self.pulled = state["position"]
+
+    def set_epoch(self, epoch):
+        pass
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+@pytest.mark.parametrize("cuda_calls", [False, True])
+def test_feeder_runs_depth_ahead_and_its_state_is_the_last_yielded_batch(depth, cuda_calls):
+    from dnn_worker.device_ops import HostOps, StreamOps
+
+    ds = LocalDataset(spec("device"), seed=4)
+    host = list(ds)
+    backend = RecordingCuda()
+    ops = StreamOps(torch.device("cpu"), pin_memory=True, backend=backend) if cuda_calls else HostOps(torch.device("cpu"))
+    upstream = CountingLoader(host)
+    feeder = DeviceFeeder(upstream, "cpu", finish=ds.finish_stage(), depth=depth, ops=ops)
+    got = []
+    for n, batch in enumerate(feeder, 1):
+        # while the loop holds batch n, exactly ``depth`` more were begun (fewer at the end)
+        assert upstream.pulled == min(n + depth, len(host))
+        assert feeder.state_dict() == {"epoch": 0, "position": n}
+        got.append(batch)
+        if n == 3:
+            break
+    reference = list(DeviceFeeder(host, "cpu", finish=ds.finish_stage()))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, reference))
+    # a new iteration starts where the loop stopped, not where the prefetch did
+    assert [torch.equal(b["image"], r["image"]) for b, r in zip(feeder, reference[3:])] == [True] * 2
+    if cuda_calls:
+        kinds = [c[0] for c in backend.calls]
+        assert kinds.count("pin") == 2 * len(host[:3 + depth]) + 2 * 2  # image + label of every begun batch
+        assert all(backend.copied_in_side_stream), "copies are issued on the side stream"
+        events = [c[1] for c in backend.calls if c[0] == "record"]
+        for event in events[:3]:  # every yielded batch: compute stream waits, host syncs, then record_stream
+            i = backend.calls.index(("wait", event, "compute"))
+            assert backend.calls[i + 1] == ("sync", event)
+            assert [c[0] for c in backend.calls[i + 2:i + 4]] == ["record_stream", "record_stream"]
+            assert all(c[2] == "compute" for c in backend.calls[i + 2:i + 4])
+
+
+def test_feeder_over_a_plain_dataloader_says_how_to_make_it_resumable():
+    feeder = DeviceFeeder([torch.zeros(2)], "cpu")
+    assert len(list(feeder)) == 1
+    with pytest.raises(ConfigError, match=r"DeviceFeeder\(ResumableLoader\(DataLoader"):
+        feeder.state_dict()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_feeder_state_is_exact_with_prefetch():
+    from torch.utils.data import DataLoader
+
+    from dnn_worker import ResumableLoader
+
+    ds = LocalDataset(spec("device"), seed=4)
+    feeder = DeviceFeeder(ResumableLoader(DataLoader(ds, batch_size=None)), "cuda", finish=ds.finish_stage(), depth=3)
+    for n, batch in enumerate(feeder, 1):
+        assert batch["image"].is_cuda
+        if n == 2:
+            break
+    assert feeder.state_dict()["position"] == 2
+    rest = [b["image"].cpu() for b in feeder]
+    cpu = [b["image"] for b in DeviceFeeder(LocalDataset(spec("device"), seed=4), "cpu", finish=ds.finish_stage())]
+    assert len(rest) == 3
+    for a, b in zip(rest, cpu[2:]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

@@ -183,12 +183,3 @@ def test_tensorboard_without_the_extra_is_a_clear_error(tmp_path):
                    nprocs=1, master_addr="127.0.0.1", model_dir=str(tmp_path), output_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"tensorboard=true needs the tensorboard package"):
         _tensorboard(job)
-
-
-def test_lightning_datamodule_serves_remote_batches(server_factory):
-    pytest.importorskip("lightning")
-    from launcher.lightning_adapter import RemoteDataModule
-    server = server_factory({"size": 64, "batch_size": 8})
-    dm = RemoteDataModule([server.address], token="test-token", seed=0, loader_workers=0)
-    dm.setup("fit")
-    assert len(list(dm.train_dataloader())) == 8

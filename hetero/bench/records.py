@@ -26,6 +26,9 @@ class BenchConfig:
     local_server: bool = True
     data_nodes: int = 1
     synth_train: int = 0               # 0: enough for every step in one epoch
+    epoch_batches: int = 0             # >0: epochs of this many batches (boundaries inside the run)
+    log_every: int = 0                 # 0: steps // 10 (at least 5)
+    consumer_cpu: bool = False         # also measure the consumer's CPU per batch (hetero/bench/consumer_cpu.py)
     profile_batches: int = 8
     dnn_instance: str = "ml.p3.2xlarge"
     data_instance: str = "ml.c5.9xlarge"
@@ -46,7 +49,9 @@ class BenchConfig:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
         if not 0 <= self.warmup < self.steps:
             raise ValueError(f"--warmup {self.warmup} must be >= 0 and below --steps {self.steps}")
-        if self.synth_train and self.synth_train < self.steps * self.batch_size:
+        if self.epoch_batches < 0 or self.log_every < 0:
+            raise ValueError(f"--epoch-batches {self.epoch_batches} and --log-every {self.log_every} must be >= 0")
+        if self.synth_train and not self.epoch_batches and self.synth_train < self.steps * self.batch_size:
             raise ValueError(f"--synth-train {self.synth_train} holds fewer than --steps x --batch-size = "
                              f"{self.steps * self.batch_size} images; raise it or pass 0 (auto)")
         if not 0 < self.max_foreign <= 1 or self.quiet_wait_s < 0:
@@ -56,10 +61,18 @@ class BenchConfig:
             raise ValueError("--emulate-step-s, --augment-repeats and --loader-workers must be >= 0")
 
     def hyperparameters(self) -> dict:
-        return {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
-                "pipeline.batch_size": self.batch_size, "pipeline.augment_repeats": self.augment_repeats,
-                "loader_workers": self.loader_workers or len(self.trainer_cpus),
-                "log_every": max(5, self.steps // 10), "evaluate": ""}
+        hps = {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
+               "pipeline.batch_size": self.batch_size, "pipeline.augment_repeats": self.augment_repeats,
+               "loader_workers": self.loader_workers or len(self.trainer_cpus),
+               "log_every": self.log_every or max(5, self.steps // 10), "evaluate": ""}
+        if self.epoch_batches:
+            hps["epochs"] = -(-self.steps // self.epoch_batches) + 1
+        return hps
+
+    def train_images(self) -> int:
+        if self.epoch_batches:
+            return self.epoch_batches * self.batch_size
+        return self.synth_train or (self.steps + 1) * self.batch_size
 
 
 @dataclass
@@ -77,6 +90,7 @@ class RunResult:
     foreign_share: float | None = None    # share of the run's cores used by other processes
     quiet_wait_s: float = 0.0             # waited before the run for the cores to be quiet
     busy_before: float | None = None      # the cores' busy share (others) just before the run
+    boundaries: list[dict] = field(default_factory=list)  # epoch boundaries: their window vs the steady state
 
     @property
     def step_s(self) -> float | None:

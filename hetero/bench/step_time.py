@@ -54,6 +54,54 @@ def step_windows(log_path: Path, warmup: int) -> list[float]:
     return out
 
 
+def step_windows_at(log_path: Path) -> list[tuple[int, int, float]]:
+    """Every logged window as (first step, last step, average step time)."""
+    if not log_path.is_file():
+        return []
+    return [(int(m.group(1)) - int(m.group(3)) + 1, int(m.group(1)), float(m.group(2)))
+            for m in _WINDOW.finditer(log_path.read_text(errors="replace"))]
+
+
+def boundary_costs(log_path: Path, epoch_batches: int, warmup: int) -> list[dict]:
+    """For each epoch boundary inside the run: the window holding the first step of the new epoch,
+    against the median of the other windows after warm-up; ``extra_s`` is the time the boundary
+    added to that window (its steps x the difference)."""
+    import statistics
+
+    if not epoch_batches:
+        return []
+    windows = [w for w in step_windows_at(log_path) if w[0] > warmup]
+    out = []
+    for first, last, avg in windows:
+        holds = [b for b in range(epoch_batches + 1, last + 1, epoch_batches) if first <= b <= last]
+        if not holds:
+            continue
+        steady = [a for f, l, a in windows if not any(f <= b <= l for b in range(epoch_batches + 1, l + 1,
+                                                                                      epoch_batches))]
+        if not steady:
+            continue
+        median = statistics.median(steady)
+        out.append({"first_step_of_epoch": holds[0], "window": [first, last], "window_avg_s": avg,
+                    "steady_median_s": median, "extra_s": (avg - median) * (last - first + 1)})
+    return out
+
+
+def boundary_lines(runs: list[dict]) -> list[str]:
+    """One line per mode: the median extra time an epoch boundary costs, and each run's."""
+    import statistics
+
+    lines = []
+    for mode in MODES:
+        extras = [b["extra_s"] for r in runs if r["mode"] == mode and r["ok"] for b in r["boundaries"]]
+        if not extras:
+            continue
+        steady = [b["steady_median_s"] for r in runs if r["mode"] == mode and r["ok"] for b in r["boundaries"]]
+        lines.append(f"epoch boundary, {mode}: +{statistics.median(extras):.3f} s (median of {len(extras)}; "
+                     f"each: {', '.join(f'{e:+.3f}' for e in extras)}) over a steady "
+                     f"{statistics.median(steady):.4f} s/step")
+    return lines
+
+
 def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunResult:
     """Run the job once in ``mode`` with every node pinned; sample each node's CPU use."""
     from hetero.local import LocalJob, run_local
@@ -81,8 +129,10 @@ def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunR
     log.info("round %d: %s run %s: avg step %s s, other processes used %s of CPUs %s", round_no, mode,
              "ok" if result.ok else "FAILED", (result.metrics or {}).get("avg_step_time_s"),
              "n/a" if foreign is None else f"{foreign:.0%}", cpus)
+    trainer_log = out / "logs" / "algo-1.log"
     return RunResult(mode, round_no, result.ok, wall, result.metrics, nodes, monitor.core_busy,
-                     step_windows(out / "logs" / "algo-1.log", cfg.warmup), foreign, waited, before)
+                     step_windows(trainer_log, cfg.warmup), foreign, waited, before,
+                     boundary_costs(trainer_log, cfg.epoch_batches, cfg.warmup))
 
 
 def run_benchmark(cfg: BenchConfig) -> dict:
@@ -98,7 +148,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     table.info(cfg.dnn_instance), table.info(cfg.data_instance)  # fail now, not after the runs
     cfg.output.mkdir(parents=True, exist_ok=True)
     data_dir = cfg.output / "data"
-    write_synthetic(data_dir, cfg.synth_train or (cfg.steps + 1) * cfg.batch_size, 0, seed=0)
+    write_synthetic(data_dir, cfg.train_images(), 0, seed=0)
     options = {"batch_size": cfg.batch_size, "augment_repeats": cfg.augment_repeats,
                "data_dir": str(data_dir.resolve())}
 
@@ -119,6 +169,10 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     summary = summarize(cfg, runs)
     add_costs(cfg, summary, table)
     add_prediction(cfg, summary, prof.median_s)
+    if cfg.consumer_cpu:
+        from .consumer_cpu import measure
+
+        summary["consumer_cpu"] = measure(batch_size=cfg.batch_size)
     summary.update(config={**asdict(cfg), "output": str(cfg.output)}, profile=asdict(prof),
                    profiles=[asdict(p) for p in profiles], runs=[asdict(r) for r in runs], started_unix=started,
                    machine=_machine())
@@ -150,6 +204,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-local-server", action="store_true", help="trainer CPUs do not build batches in hetero mode")
     p.add_argument("--data-nodes", type=int, default=d.data_nodes, help="emulated data nodes, all on --data-cpus")
     p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic MNIST images (0: steps x batch)")
+    p.add_argument("--epoch-batches", type=int, default=d.epoch_batches,
+                   help="batches per epoch (0: the whole run is one epoch); prints what each epoch boundary costs")
+    p.add_argument("--log-every", type=int, default=d.log_every, help="steps per step-time window (0: steps / 10)")
+    p.add_argument("--consumer-cpu", action="store_true",
+                   help="also print the consumer's CPU per batch with and without resume bookkeeping")
     p.add_argument("--dnn-instance", default=d.dnn_instance, help="instance type the trainer node stands for")
     p.add_argument("--data-instance", default=d.data_instance, help="instance type each data node stands for")
     p.add_argument("--epoch-samples", type=int, default=d.epoch_samples, help="samples per epoch for $/epoch (MNIST: 60000)")
@@ -174,7 +233,8 @@ def run_from_args(args: argparse.Namespace) -> int:
                           data_nodes=args.data_nodes, synth_train=args.synth_train, dnn_instance=args.dnn_instance,
                           data_instance=args.data_instance, epoch_samples=args.epoch_samples, prices=args.prices,
                           output=args.output, timeout_s=args.timeout, max_foreign=args.max_foreign,
-                          quiet_wait_s=args.quiet_wait)
+                          quiet_wait_s=args.quiet_wait, epoch_batches=args.epoch_batches,
+                          log_every=args.log_every, consumer_cpu=args.consumer_cpu)
         if not cfg.data_cpus:
             raise ValueError("no data CPUs: this machine offers one CPU; pass --trainer-cpus and --data-cpus")
         summary = run_benchmark(cfg)
@@ -182,6 +242,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"benchmark: {exc}")
         return 2
     print(report.markdown(summary))
+    for line in boundary_lines(summary["runs"]):
+        print(line)
+    if "consumer_cpu" in summary:
+        from .consumer_cpu import report as consumer_cpu_report
+
+        print(consumer_cpu_report(summary["consumer_cpu"]))
     if args.json:
         report.write_json(args.json, summary)
         print(f"\nall figures: {args.json}")

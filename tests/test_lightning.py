@@ -1,0 +1,88 @@
+"""The Lightning DataModule with a real ``lightning.Trainer`` on CPU: fit across two epochs, stop
+mid-epoch, resume from Lightning's own checkpoint, every batch trained exactly once (audit log);
+the same as a two-node DDP job (gloo)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from conftest import ROOT, free_port  # noqa: E402
+from data_service.codec import batch_digest  # noqa: E402
+from data_service.pipeline import PipelineSpec  # noqa: E402
+from dnn_worker import LocalDataset  # noqa: E402
+
+import _lightning_job as job  # noqa: E402
+
+OPTS = {"size": 48, "batch_size": 4, "shape": [1, 6, 6]}  # 12 batches per epoch
+
+
+def reference(rank: int = 0, world: int = 1) -> list[tuple[int, int, str]]:
+    ds = LocalDataset(PipelineSpec("examples.synthetic:build_pipeline", OPTS), seed=2, rank=rank, world_size=world)
+    out = []
+    for epoch in range(job.EPOCHS):
+        ds.set_epoch(epoch)
+        out += [(epoch, i, batch_digest(b)) for i, b in zip(ds.rank_indices(), ds)]
+    return out
+
+
+def audit(path: Path, rank: int = 0) -> list[tuple[int, int, str]]:
+    lines = map(json.loads, path.read_text().splitlines()) if path.exists() else []
+    return [(e["epoch"], e["batch"], e["sha256"]) for e in lines if e["rank"] == rank]
+
+
+def test_datamodule_serves_remote_batches_sharded_by_rank(server_factory):
+    from dnn_worker.lightning import RemoteDataModule
+
+    server = server_factory({"size": 64, "batch_size": 8})
+    dm = RemoteDataModule([server.address], token="test-token", seed=0, loader_workers=0)
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) == 8 == len(list(dm.train_dataloader()))
+
+
+# mid-epoch 0 (the resume crosses the epoch boundary) and mid-epoch 1; a loader without len makes
+# Lightning fetch a batch ahead of the step, which the module's position must not count
+@pytest.mark.parametrize("stop_at, sized", [(5, True), (17, True), (7, False)])
+def test_trainer_stops_mid_epoch_and_resumes_from_its_checkpoint_exactly_once(server_factory, tmp_path, stop_at,
+                                                                                 sized):
+    server = server_factory(OPTS, num_workers=1)
+    log = tmp_path / "audit.jsonl"
+    assert job.fit(server.address, str(log), str(tmp_path), stop_at, sized=sized) == stop_at + 2
+    first = audit(log)
+    ref = reference()
+    assert first == ref[:stop_at + 2]  # two steps trained after the checkpoint: lost on resume
+    assert job.fit(server.address, str(log), str(tmp_path), 0, sized=sized) == len(ref)
+    assert first[:stop_at] + audit(log)[len(first):] == ref
+
+
+@pytest.mark.slow  # four interpreter starts that import Lightning: about a minute on 2 cores
+def test_two_node_ddp_job_resumes_exactly_once(server_factory, tmp_path):
+    server = server_factory(OPTS, num_workers=1)
+    log = tmp_path / "audit.jsonl"
+
+    def run(stop_at: int) -> None:
+        port = str(free_port())
+        procs = []
+        for node in range(2):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(node), LOCAL_RANK="0",
+                       WORLD_SIZE="2", PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+            procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests" / "_lightning_job.py"), server.address,
+                                           str(log), str(tmp_path), str(stop_at)], env=env, cwd=ROOT,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for p in procs:
+            out, _ = p.communicate(timeout=180)
+            assert p.returncode == 0, out[-3000:]
+
+    run(4)
+    first = {r: audit(log, r) for r in (0, 1)}
+    run(0)
+    for rank in (0, 1):
+        ref = reference(rank, 2)
+        assert first[rank] == ref[:6]
+        assert first[rank][:4] + audit(log, rank)[len(first[rank]):] == ref, f"rank {rank}"

@@ -169,6 +169,7 @@ class WorkerPool:
         self.started_at = time.monotonic()
         self.batches_built = 0
         self.batch_errors = 0
+        self.samples_skipped = 0
         self.build_seconds = 0.0
         self.restarts = 0
         self.failed_replacements = 0
@@ -410,6 +411,7 @@ class WorkerPool:
                 slot.in_use = True
                 slot.used_bytes = header.payload_bytes
                 self.batches_built += 1
+                self.samples_skipped += header.samples_skipped
                 self.build_seconds += header.build_s
         if header is None:
             _, _, kind, message, tb, sample = msg

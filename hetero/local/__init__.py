@@ -73,7 +73,7 @@ def run_local(job: LocalJob) -> LocalResult:
     if job.epochs < 1:
         raise ConfigError(f"--epochs {job.epochs} must be >= 1")
     if job.data is not None and not Path(job.data).is_dir():
-        raise ConfigError(f"--data {job.data}: no such directory (MNIST IDX files expected; omit for synthetic)")
+        raise ConfigError(f"--data {job.data}: no such directory (the training channel: MNIST IDX files, or an image folder root/<class>/*.jpg; omit for synthetic MNIST)")
     data_cpus, dnn_cpus = parse_cpus(job.data_cpus), parse_cpus(job.dnn_cpus)
     output = Path(job.output).resolve()
     output.mkdir(parents=True, exist_ok=True)

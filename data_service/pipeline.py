@@ -71,7 +71,10 @@ class Pipeline:
                 raise ConfigError(f"finish={self.finish!r} must be a module-level function (or an import path) so "
                                   "consumers can import it")
             target = f"{module}:{name}"
-        PipelineSpec(target).resolve()  # fails now if it does not import
+        try:
+            PipelineSpec(target).resolve()  # fails now if it does not import
+        except ConfigError as exc:
+            raise ConfigError(f"the pipeline's finish stage: {exc}".replace("pipeline=", "finish=", 1)) from None
         return target
 
     def plan_config(self) -> PlanConfig:

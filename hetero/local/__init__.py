@@ -54,6 +54,7 @@ class LocalResult:
     exit_codes: dict[str, int | None]
     metrics: dict[str, Any] | None
     output: Path
+    failure: str | None = None  # the first node that failed: "host (role) exited N: its error line"
 
     @property
     def ok(self) -> bool:
@@ -101,7 +102,7 @@ def run_local(job: LocalJob) -> LocalResult:
             cluster.stop()  # also on Ctrl-C: no process outlives the runner
         path = cluster.collect(output)
         metrics = json.loads(path.read_text()) if path is not None else None
-        return LocalResult(codes, metrics, output)
+        return LocalResult(codes, metrics, output, cluster.failure)
     finally:
         if job.keep_tree:
             log.info("node trees kept in %s", work)

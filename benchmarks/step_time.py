@@ -37,6 +37,7 @@ from .profile import profile_pipeline
 
 log = logging.getLogger(__name__)
 PIPELINE = "examples.mnist:build_pipeline"
+IMAGES_PIPELINE = "examples.imagefolder:build_pipeline"  # --workload images: JPEG decode + crop + flip
 _WINDOW = re.compile(r"step (\d+): avg step time ([\d.]+) s over the last (\d+) steps")
 
 
@@ -65,6 +66,7 @@ class BenchConfig:
     timeout_s: float = 900.0
     max_foreign: float = 0.25          # a round is quiet when others used at most this share of its cores
     quiet_wait_s: float = 120.0        # before each run, wait up to this long for the cores to be quiet
+    workload: str = "mnist"            # "mnist" (blur loop) or "images" (JPEG image folder, ResNet-style crops)
 
     def check(self) -> None:
         """Raises ValueError naming the bad value and what it must be."""
@@ -82,12 +84,23 @@ class BenchConfig:
         if not 0 < self.max_foreign <= 1 or self.quiet_wait_s < 0:
             raise ValueError(f"--max-foreign {self.max_foreign} must be in (0, 1] and --quiet-wait "
                              f"{self.quiet_wait_s} >= 0")
+        if self.workload not in ("mnist", "images"):
+            raise ValueError(f"--workload {self.workload!r} must be 'mnist' or 'images'")
         if self.emulate_step_s < 0 or self.augment_repeats < 0 or self.loader_workers < 0:
             raise ValueError("--emulate-step-s, --augment-repeats and --loader-workers must be >= 0")
 
+    @property
+    def pipeline(self) -> str:
+        return IMAGES_PIPELINE if self.workload == "images" else PIPELINE
+
+    def pipeline_options(self) -> dict:
+        if self.workload == "images":
+            return {"batch_size": self.batch_size}
+        return {"batch_size": self.batch_size, "augment_repeats": self.augment_repeats}
+
     def hyperparameters(self) -> dict:
         return {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
-                "pipeline.batch_size": self.batch_size, "pipeline.augment_repeats": self.augment_repeats,
+                "pipeline": self.pipeline, **{f"pipeline.{k}": v for k, v in self.pipeline_options().items()},
                 "loader_workers": self.loader_workers or len(self.trainer_cpus),
                 "log_every": max(5, self.steps // 10), "evaluate": ""}
 
@@ -169,14 +182,18 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     table.info(cfg.dnn_instance), table.info(cfg.data_instance)  # fail now, not after the runs
     cfg.output.mkdir(parents=True, exist_ok=True)
     data_dir = cfg.output / "data"
-    write_synthetic(data_dir, cfg.synth_train or (cfg.steps + 1) * cfg.batch_size, 0, seed=0)
-    options = {"batch_size": cfg.batch_size, "augment_repeats": cfg.augment_repeats,
-               "data_dir": str(data_dir.resolve())}
+    images = cfg.synth_train or (cfg.steps + 1) * cfg.batch_size
+    if cfg.workload == "images":
+        data_dir = cfg.output / "images"
+        _image_folder(data_dir, images)
+    else:
+        write_synthetic(data_dir, images, 0, seed=0)
+    options = {**cfg.pipeline_options(), "data_dir": str(data_dir.resolve())}
 
     def profile():
         if cfg.quiet_wait_s:
             wait_for_quiet(cfg.data_cpus[:1], cfg.max_foreign, cfg.quiet_wait_s)
-        return profile_pipeline(PIPELINE, options, batches=cfg.profile_batches, cpu=cfg.data_cpus[0])
+        return profile_pipeline(cfg.pipeline, options, batches=cfg.profile_batches, cpu=cfg.data_cpus[0])
 
     profiles = [profile()]
     started = time.time()
@@ -194,6 +211,15 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                    profiles=[asdict(p) for p in profiles], runs=[asdict(r) for r in runs], started_unix=started,
                    machine=_machine())
     return summary
+
+
+def _image_folder(folder: Path, images: int, classes: int = 4) -> None:
+    """A JPEG folder of drawn shapes with at least ``images`` files (kept for the next run)."""
+    from examples.imagesynth import write_image_folder
+
+    per_class = -(-images // classes)
+    if len(list(folder.glob("*/*.jpg"))) != per_class * classes:
+        write_image_folder(folder, per_class=per_class, classes=classes, threads=len(os.sched_getaffinity(0)))
 
 
 def _machine() -> dict:
@@ -220,7 +246,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loader-workers", type=int, default=0, help="trainer DataLoader workers (0: one per trainer CPU)")
     p.add_argument("--no-local-server", action="store_true", help="trainer CPUs do not build batches in hetero mode")
     p.add_argument("--data-nodes", type=int, default=d.data_nodes, help="emulated data nodes, all on --data-cpus")
-    p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic MNIST images (0: steps x batch)")
+    p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic images (0: steps x batch)")
+    p.add_argument("--workload", choices=("mnist", "images"), default=d.workload,
+                   help="mnist: the MNIST job (blur loop, --augment-repeats); images: a JPEG image folder "
+                        "(examples.imagefolder: decode, RandomResizedCrop(224), flip)")
     p.add_argument("--dnn-instance", default=d.dnn_instance, help="instance type the trainer node stands for")
     p.add_argument("--data-instance", default=d.data_instance, help="instance type each data node stands for")
     p.add_argument("--epoch-samples", type=int, default=d.epoch_samples, help="samples per epoch for $/epoch (MNIST: 60000)")
@@ -245,7 +274,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                           data_nodes=args.data_nodes, synth_train=args.synth_train, dnn_instance=args.dnn_instance,
                           data_instance=args.data_instance, epoch_samples=args.epoch_samples, prices=args.prices,
                           output=args.output, timeout_s=args.timeout, max_foreign=args.max_foreign,
-                          quiet_wait_s=args.quiet_wait)
+                          quiet_wait_s=args.quiet_wait, workload=args.workload)
         if not cfg.data_cpus:
             raise ValueError("no data CPUs: this machine offers one CPU; pass --trainer-cpus and --data-cpus")
         summary = run_benchmark(cfg)

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.output.resolve()
     images = out / "images"
     count = ensure_images(images, (args.steps + 1) * args.batch_size, args.classes)
+    load_before = os.getloadavg()[0]
     options = {"batch_size": args.batch_size, "image_size": 224}
     prof = profile_pipeline(PIPELINE, {**options, "data_dir": str(images)}, batches=6, cpu=cpus[0], warmup=1)
     preprocess_s = prof.median_s
@@ -126,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     speedup = homo["avg_step_time_s"] / hetero["avg_step_time_s"]
     print(f"     speed-up: {speedup:.2f}x measured, {pred_homo.step_s / pred_hetero.step_s:.2f}x predicted "
           f"({len(cpus)} cores vs 1 preprocessing; emulated {step_s * 1000:.1f} ms step)")
+    load_after = os.getloadavg()[0]
+    if max(load_before, load_after) > 0.5 * len(cpus):
+        print(f"     note: load average {load_before:.1f} before, {load_after:.1f} after on {len(cpus)} CPUs: other "
+              "processes shared these cores, so both step times are longer than the planner's (which assumes "
+              "idle cores); rerun on a quiet machine for cleaner figures")
     png = out / "quickstart.png"
     write_png(png, rows, f"{count} JPEGs, batch {args.batch_size}, crop 224, emulated step {step_s * 1000:.1f} ms: "
                          f"speed-up {speedup:.2f}x")

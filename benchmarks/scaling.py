@@ -7,6 +7,8 @@ is served by S servers (separate ``hetero serve`` processes) with W workers in a
 and one consumer (``RemoteDataset``) pulls from all of them. Efficiency is
 throughput / (W x the one-worker throughput measured in the same run). Points
 with more workers than cores are printed but say so: they cannot scale.
+``--images DIR`` serves the JPEG image-folder pipeline (``examples.imagefolder``: decode,
+RandomResizedCrop(224), flip) on DIR instead, epoch after epoch.
 """
 from __future__ import annotations
 
@@ -23,16 +25,28 @@ from hetero.ports import free_port
 TOKEN = "scaling-bench"
 
 
-def measure(workers: int, servers: int, seconds: float, work_ms: float, batch_size: int) -> float:
+def _epochs(ds):
+    """Batches of epoch 0, 1, 2, ... (a small image folder runs out within one measurement)."""
+    epoch = 0
+    while True:
+        ds.set_epoch(epoch)
+        yield from ds
+        epoch += 1
+
+
+def measure(workers: int, servers: int, seconds: float, work_ms: float, batch_size: int,
+            images: str | None = None) -> float:
     """Batches/s delivered to one consumer by ``workers`` workers over ``servers`` servers."""
     split = [workers // servers + (1 if i < workers % servers else 0) for i in range(servers)]
     procs, addresses = [], []
     try:
         for n in split:
             port = free_port()
-            cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve",
-                   "examples.synthetic:build_pipeline", "-o", "size=100000", "-o", f"batch_size={batch_size}",
-                   "-o", f"work_ms={work_ms}", "-o", "shape=[1,28,28]", "--host", "127.0.0.1", "--port", str(port),
+            pipeline = (["examples.imagefolder:build_pipeline", "-o", f"data_dir={images}"] if images else
+                        ["examples.synthetic:build_pipeline", "-o", "size=100000", "-o", f"work_ms={work_ms}",
+                         "-o", "shape=[1,28,28]"])
+            cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", *pipeline,
+                   "-o", f"batch_size={batch_size}", "--host", "127.0.0.1", "--port", str(port),
                    "--workers", str(n), "--token", TOKEN]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                           start_new_session=True))
@@ -40,7 +54,7 @@ def measure(workers: int, servers: int, seconds: float, work_ms: float, batch_si
         for a in addresses:
             with ControlClient(a, TOKEN) as ctl:
                 ctl.wait_hello(120)
-        it = iter(RemoteDataset(addresses, TOKEN, seed=0))
+        it = _epochs(RemoteDataset(addresses, TOKEN, seed=0))
         for _ in range(2 * workers):  # warm-up: every worker busy, queues full
             next(it)
         n, start = 0, time.perf_counter()
@@ -65,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--work-ms", type=float, default=4.0, help="busy CPU ms per sample")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--images", default=None, metavar="DIR",
+                        help="serve the JPEG image-folder pipeline on DIR (root/<class>/*.jpg) instead")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
@@ -76,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             counts.append(w)
             w *= 2
     server_counts = [int(x) for x in args.servers.split(",")]
-    print(f"scaling benchmark: {cores} cores, {args.work_ms} ms/sample x {args.batch_size} samples per batch, "
-          f"{args.seconds}s per point")
-    base = measure(1, 1, args.seconds, args.work_ms, args.batch_size)
+    work = f"JPEG image folder {args.images}" if args.images else f"{args.work_ms} ms/sample"
+    print(f"scaling benchmark: {cores} cores, {work} x {args.batch_size} samples per batch, {args.seconds}s per point")
+    base = measure(1, 1, args.seconds, args.work_ms, args.batch_size, args.images)
     rows = [{"workers": 1, "servers": 1, "batches_per_s": round(base, 2), "efficiency": 1.0}]
     print("| workers | servers | batches/s | efficiency vs 1 worker |\n|---:|---:|---:|---:|")
     print(f"| 1 | 1 | {base:.2f} | 1.00 |", flush=True)
@@ -86,14 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         for s in server_counts:
             if s > w or (w, s) == (1, 1):
                 continue
-            rate = measure(w, s, args.seconds, args.work_ms, args.batch_size)
+            rate = measure(w, s, args.seconds, args.work_ms, args.batch_size, args.images)
             eff = rate / (w * base)
             note = " (more workers than cores)" if w > cores else ""
             rows.append({"workers": w, "servers": s, "batches_per_s": round(rate, 2), "efficiency": round(eff, 3)})
             print(f"| {w} | {s} | {rate:.2f} | {eff:.2f}{note} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "scaling", "cores": cores, "work_ms": args.work_ms, "batch_size": args.batch_size,
+            json.dump({"benchmark": "scaling", "cores": cores, "work_ms": args.work_ms, "images": args.images,
+                       "batch_size": args.batch_size,
                        "seconds": args.seconds, "rows": rows}, f, indent=2)
     return 0
 

@@ -15,7 +15,7 @@ from .errors import (
     ServerUnavailableError,
     VersionMismatchError,
 )
-from .pipeline import Pipeline, PipelineSpec
+from .pipeline import Pipeline, PipelineSpec, SkipSample
 from .version import PROTOCOL_VERSION
 
 __all__ = [
@@ -28,5 +28,6 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ProtocolError",
     "ServerUnavailableError",
+    "SkipSample",
     "VersionMismatchError",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -19,6 +20,8 @@ from torch.utils.data import default_collate
 
 from .errors import ConfigError
 from .sampler import PlanConfig, batch_indices, derive_seed
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,6 +55,9 @@ class Pipeline:
     shuffle: bool = True
     finish: Callable[[Any], Any] | str | None = None
     finish_dtypes: Mapping[str, str] | None = None
+    # Samples this process dropped (SkipSample) since the pipeline was built; data workers report
+    # the per-batch difference, which the server's samples_skipped stat adds up.
+    samples_skipped: int = field(default=0, init=False, compare=False)
 
     def finish_target(self) -> str:
         """The finish stage as an import path ("" when there is none), for consumers to load."""
@@ -65,7 +71,10 @@ class Pipeline:
                 raise ConfigError(f"finish={self.finish!r} must be a module-level function (or an import path) so "
                                   "consumers can import it")
             target = f"{module}:{name}"
-        PipelineSpec(target).resolve()  # fails now if it does not import
+        try:
+            PipelineSpec(target).resolve()  # fails now if it does not import
+        except ConfigError as exc:
+            raise ConfigError(f"the pipeline's finish stage: {exc}".replace("pipeline=", "finish=", 1)) from None
         return target
 
     def plan_config(self) -> PlanConfig:
@@ -138,6 +147,15 @@ class PipelineSpec:
         return pipe
 
 
+class SkipSample(Exception):
+    """Raised by a dataset or transform to drop one sample (a corrupt file, say) instead of failing.
+
+    The batch comes out that many samples shorter; the drop is logged with the message and
+    counted (``Pipeline.samples_skipped``, the data server's ``samples_skipped`` stat). The
+    message should name what was skipped and why.
+    """
+
+
 class SampleError(Exception):
     """User code failed on one sample (or in collate: sample_index -1)."""
 
@@ -179,9 +197,16 @@ def build_batch(pipe: Pipeline, cfg: PlanConfig, seed: int, epoch: int, index: i
                 sample = pipe.dataset[sample_index]
                 if pipe.transform is not None:
                     sample = pipe.transform(sample)
+            except SkipSample as exc:
+                pipe.samples_skipped += 1
+                log.warning("epoch %d, batch %d: skipped sample %d: %s", epoch, index, sample_index, exc)
+                continue
             except Exception as exc:  # user code: carried to the consumer with context
                 raise SampleError(sample_index, exc) from exc
             samples.append(sample)
+        if not samples:
+            raise SampleError(-1, ValueError(f"every one of the {len(indices)} samples of this batch was skipped "
+                                             "(see the skipped-sample warnings in the data node's log)"))
         try:
             return (pipe.collate_fn or default_collate)(samples)
         except Exception as exc:

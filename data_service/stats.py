@@ -84,4 +84,4 @@ class ServerStats:
                 compress_s=self.compress_s,
                 seconds_since_last_consumer=idle_s,
                 consumer_ever_connected=self.consumer_ever_connected,
-                shm_leases=pool.leases, slots_retired=pool.retired)
+                shm_leases=pool.leases, slots_retired=pool.retired, samples_skipped=pool.samples_skipped)

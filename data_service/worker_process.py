@@ -69,6 +69,7 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
             slots[slot_no].close()
             slots[slot_no] = None
         t0 = time.perf_counter()
+        skipped_before = pipe.samples_skipped
         try:
             batch = build_batch(pipe, cfg, seed, epoch, index)
             structure, metas, tensors, size = codec.plan_layout(batch)
@@ -106,7 +107,7 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
         header = pb.BatchHeader(
             ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure, tensors=metas,
             payload_bytes=size, raw_bytes=raw_size, codec=codec_name, compress_s=compress_s,
-            build_s=time.perf_counter() - t0 - compress_s)
+            build_s=time.perf_counter() - t0 - compress_s, samples_skipped=pipe.samples_skipped - skipped_before)
         try:
             conn.send(DoneMsg(task_id, slot_no, new, header.SerializeToString()))
         except OSError:

@@ -68,6 +68,7 @@ class WorkerPool:
         self.started_at = time.monotonic()
         self.batches_built = 0
         self.batch_errors = 0
+        self.samples_skipped = 0
         self.build_seconds = 0.0
         self.restarts = 0
         self.failed_replacements = 0
@@ -282,6 +283,7 @@ class WorkerPool:
                     self._pending.appendleft(task)
                 return
             self.batches_built += 1
+            self.samples_skipped += header.samples_skipped
             self.build_seconds += header.build_s
         if task.cancelled:
             self._release(slot)

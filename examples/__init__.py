@@ -1,1 +1,2 @@
-"""Example pipelines: ``examples.synthetic`` (tests, benchmarks) and ``examples.mnist`` (the main job)."""
+"""Example pipelines: ``examples.synthetic`` (tests, benchmarks), ``examples.mnist`` (the default job) and
+``examples.imagefolder`` (JPEG image folders, ResNet-18; drawn-shape folders from ``hetero.synthetic_images``)."""

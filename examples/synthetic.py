@@ -112,12 +112,13 @@ def normalize(batch):
     return out
 
 
-def build_finished_pipeline(finish_on: str = "device", **kwargs) -> Pipeline:
+def build_finished_pipeline(finish_on: str = "device", finish: str = "", **kwargs) -> Pipeline:
     """``build_pipeline`` whose images are normalised on the consumer's device (``finish_on="device"``,
-    uint8 on the wire) or on the data server (``"server"``, float32 on the wire)."""
+    uint8 on the wire) or on the data server (``"server"``, float32 on the wire). ``finish``: another
+    device-side stage by import path (default :func:`normalize`)."""
     pipe = build_pipeline(**kwargs)
     if finish_on == "device":
-        pipe.finish, pipe.finish_dtypes = normalize, {"image": "float32"}
+        pipe.finish, pipe.finish_dtypes = finish or normalize, {"image": "float32"}
     elif finish_on == "server":
         pipe.collate_fn = lambda samples: normalize(torch.utils.data.default_collate(samples))
     else:

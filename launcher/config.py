@@ -12,10 +12,15 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from data_service.errors import ConfigError
+
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,25 @@ class LaunchConfig:
             raise ConfigError(f"emulate_step_s={self.emulate_step_s} must be >= 0 (0 = a real step)")
         if self.pipeline.count(":") != 1:
             raise ConfigError(f"pipeline={self.pipeline!r} must look like 'package.module:function'")
+        for name in ("model", "step", "evaluate"):
+            value = getattr(self, name)
+            if (value or name != "evaluate") and not _IMPORT_PATH.fullmatch(value):
+                empty = " (or empty to disable evaluation)" if name == "evaluate" else ""
+                raise ConfigError(f"{name}={value!r} must look like 'package.module:name'{empty}")
+        if not (_IMPORT_PATH.fullmatch(self.optimizer) or self.optimizer.isidentifier()):
+            raise ConfigError(f"optimizer={self.optimizer!r} must be a name (adadelta, sgd, adam, adamw) or an "
+                              "import path such as 'torch.optim:AdamW'")
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ConfigError(f"lr={self.lr} must be a number > 0")
+        if not math.isfinite(self.emulate_step_s):
+            raise ConfigError(f"emulate_step_s={self.emulate_step_s} must be a finite number of seconds")
+        if str(self.log_level).upper() not in _LOG_LEVELS:
+            raise ConfigError(f"log_level={self.log_level!r} must be one of {', '.join(_LOG_LEVELS)}")
+        for name in ("data_group", "dnn_group"):
+            if not self.group_list(name):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must name at least one instance group")
+        if not self.bind_host:
+            raise ConfigError("bind_host='' must be an address to listen on, e.g. 0.0.0.0")
 
     def group_list(self, which: str) -> list[str]:
         """``data_group`` / ``dnn_group`` as a list of names."""

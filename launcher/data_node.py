@@ -96,6 +96,7 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
     write_json(os.path.join(output_dir, "data_node.json"), {
         "host": host, "role": "data", "exit_code": code, "reason": reason, "batches_sent": snap.batches_sent,
         "bytes_sent": snap.bytes_sent, "batches_built": snap.batches_built, "workers": snap.workers,
-        "worker_busy_fraction": snap.worker_busy_fraction, "uptime_s": snap.uptime_s})
+        "worker_busy_fraction": snap.worker_busy_fraction, "uptime_s": snap.uptime_s,
+        "samples_skipped": snap.samples_skipped})
     log.info("data node exits with %d (%s): %d batches sent", code, reason, snap.batches_sent)
     return code

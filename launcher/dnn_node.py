@@ -58,16 +58,24 @@ def wait_servers(addresses: list[str], token: str, deadline_s: float) -> None:
     Raises:
         ServerUnavailableError: naming every server that did not answer within ``deadline_s``.
     """
+    end = time.monotonic() + deadline_s
+
     def one(address: str) -> str | None:
         with ControlClient(address, token, "launcher") as ctl:
-            try:
-                ctl.wait_hello(deadline_s)
-                return None
-            except ServerUnavailableError as exc:
-                return str(exc)
+            while True:  # in short tries, so a SIGTERM (the job is being stopped) ends the wait
+                try:
+                    ctl.wait_hello(max(0.2, min(2.0, end - time.monotonic())))
+                    return None
+                except ServerUnavailableError as exc:
+                    if time.monotonic() >= end:
+                        return f"last try: {exc}"
+                    if trainer_mod.STOP.is_set():
+                        return "SIGTERM while waiting"
 
     with ThreadPoolExecutor(max_workers=max(1, len(addresses))) as pool:
         errors = [e for e in pool.map(one, addresses) if e]
+    if trainer_mod.STOP.is_set():
+        return  # the caller reports the stop
     if errors:
         raise ServerUnavailableError(f"{len(errors)} of {len(addresses)} data server(s) not healthy within "
                                      f"data_wait_s={deadline_s:g}s: " + " | ".join(errors))

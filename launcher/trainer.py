@@ -134,7 +134,8 @@ def _data_node_stats(job: TrainJob) -> list[dict]:
             with ControlClient(address, job.token, "trainer-metrics") as ctl:
                 s = ctl.stats(timeout=5.0)
             entry.update(batches_sent=s.batches_sent, bytes_sent=s.bytes_sent, workers=s.workers,
-                         worker_busy_fraction=s.worker_busy_fraction, batch_errors=s.batch_errors)
+                         worker_busy_fraction=s.worker_busy_fraction, batch_errors=s.batch_errors,
+                         samples_skipped=s.samples_skipped)
         except Exception as exc:  # stats are informative; training already succeeded
             entry["error"] = f"{type(exc).__name__}: {exc}"
         out.append(entry)

@@ -102,7 +102,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("batches_built", "batches_sent", "bytes_sent", "queue_depth", "workers", "worker_busy_fraction", "active_streams", "streams_total", "batch_errors", "worker_restarts", "auth_failures", "uptime_s", "slots_in_use", "bytes_in_slots", "raw_bytes", "compress_s", "seconds_since_last_consumer", "consumer_ever_connected", "shm_leases", "slots_retired")
+    __slots__ = ("batches_built", "batches_sent", "bytes_sent", "queue_depth", "workers", "worker_busy_fraction", "active_streams", "streams_total", "batch_errors", "worker_restarts", "auth_failures", "uptime_s", "slots_in_use", "bytes_in_slots", "raw_bytes", "compress_s", "seconds_since_last_consumer", "consumer_ever_connected", "shm_leases", "slots_retired", "samples_skipped")
     BATCHES_BUILT_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,7 @@ class Stats(_message.Message):
     CONSUMER_EVER_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     SHM_LEASES_FIELD_NUMBER: _ClassVar[int]
     SLOTS_RETIRED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     batches_built: int
     batches_sent: int
     bytes_sent: int
@@ -143,7 +144,8 @@ class Stats(_message.Message):
     consumer_ever_connected: bool
     shm_leases: int
     slots_retired: int
-    def __init__(self, batches_built: _Optional[int] = ..., batches_sent: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_depth: _Optional[int] = ..., workers: _Optional[int] = ..., worker_busy_fraction: _Optional[float] = ..., active_streams: _Optional[int] = ..., streams_total: _Optional[int] = ..., batch_errors: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., auth_failures: _Optional[int] = ..., uptime_s: _Optional[float] = ..., slots_in_use: _Optional[int] = ..., bytes_in_slots: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compress_s: _Optional[float] = ..., seconds_since_last_consumer: _Optional[float] = ..., consumer_ever_connected: _Optional[bool] = ..., shm_leases: _Optional[int] = ..., slots_retired: _Optional[int] = ...) -> None: ...
+    samples_skipped: int
+    def __init__(self, batches_built: _Optional[int] = ..., batches_sent: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_depth: _Optional[int] = ..., workers: _Optional[int] = ..., worker_busy_fraction: _Optional[float] = ..., active_streams: _Optional[int] = ..., streams_total: _Optional[int] = ..., batch_errors: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., auth_failures: _Optional[int] = ..., uptime_s: _Optional[float] = ..., slots_in_use: _Optional[int] = ..., bytes_in_slots: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compress_s: _Optional[float] = ..., seconds_since_last_consumer: _Optional[float] = ..., consumer_ever_connected: _Optional[bool] = ..., shm_leases: _Optional[int] = ..., slots_retired: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("grace_s", "reason")
@@ -230,7 +232,7 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "codec", "build_s", "compress_s", "shm_path", "shm_size", "shm_lease", "shm_inode")
+    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "codec", "build_s", "compress_s", "shm_path", "shm_size", "shm_lease", "shm_inode", "samples_skipped")
     REF_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +245,7 @@ class BatchHeader(_message.Message):
     SHM_SIZE_FIELD_NUMBER: _ClassVar[int]
     SHM_LEASE_FIELD_NUMBER: _ClassVar[int]
     SHM_INODE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     ref: BatchRef
     structure: Structure
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -255,7 +258,8 @@ class BatchHeader(_message.Message):
     shm_size: int
     shm_lease: bool
     shm_inode: int
-    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., codec: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: _Optional[bool] = ..., shm_inode: _Optional[int] = ...) -> None: ...
+    samples_skipped: int
+    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., codec: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: _Optional[bool] = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
 
 class BatchError(_message.Message):
     __slots__ = ("ref", "kind", "message", "traceback", "sample_index")

@@ -9,6 +9,9 @@ from pathlib import Path
 
 MODES = ("homogeneous", "heterogeneous")  # the two layouts every round runs
 
+PIPELINE = "examples.mnist:build_pipeline"
+IMAGES_PIPELINE = "examples.imagefolder:build_pipeline"  # --workload images: JPEG decode + crop + flip
+
 
 @dataclass
 class BenchConfig:
@@ -38,6 +41,7 @@ class BenchConfig:
     timeout_s: float = 900.0
     max_foreign: float = 0.25          # a round is quiet when others used at most this share of its cores
     quiet_wait_s: float = 120.0        # before each run, wait up to this long for the cores to be quiet
+    workload: str = "mnist"            # "mnist" (blur loop) or "images" (JPEG image folder, ResNet-style crops)
 
     def check(self) -> None:
         """Raises ValueError naming the bad value and what it must be."""
@@ -57,12 +61,23 @@ class BenchConfig:
         if not 0 < self.max_foreign <= 1 or self.quiet_wait_s < 0:
             raise ValueError(f"--max-foreign {self.max_foreign} must be in (0, 1] and --quiet-wait "
                              f"{self.quiet_wait_s} >= 0")
+        if self.workload not in ("mnist", "images"):
+            raise ValueError(f"--workload {self.workload!r} must be 'mnist' or 'images'")
         if self.emulate_step_s < 0 or self.augment_repeats < 0 or self.loader_workers < 0:
             raise ValueError("--emulate-step-s, --augment-repeats and --loader-workers must be >= 0")
 
+    @property
+    def pipeline(self) -> str:
+        return IMAGES_PIPELINE if self.workload == "images" else PIPELINE
+
+    def pipeline_options(self) -> dict:
+        if self.workload == "images":
+            return {"batch_size": self.batch_size}
+        return {"batch_size": self.batch_size, "augment_repeats": self.augment_repeats}
+
     def hyperparameters(self) -> dict:
         hps = {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
-               "pipeline.batch_size": self.batch_size, "pipeline.augment_repeats": self.augment_repeats,
+               "pipeline": self.pipeline, **{f"pipeline.{k}": v for k, v in self.pipeline_options().items()},
                "loader_workers": self.loader_workers or len(self.trainer_cpus),
                "log_every": self.log_every or max(5, self.steps // 10), "evaluate": ""}
         if self.epoch_batches:

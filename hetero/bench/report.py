@@ -47,7 +47,10 @@ def markdown(summary: dict) -> str:
     warm = modes["homogeneous"]["warmup_steps_discarded"]
     lines = [
         f"## Step time and cost: homogeneous vs heterogeneous ({step_label(summary)})", "",
-        f"MNIST pipeline, batch {c['batch_size']}, augment_repeats {c['augment_repeats']}; {c['repeats']} round(s) "
+        (f"JPEG image-folder pipeline (decode, RandomResizedCrop(224), flip), batch {c['batch_size']}; "
+         if c.get("workload") == "images" else
+         f"MNIST pipeline, batch {c['batch_size']}, augment_repeats {c['augment_repeats']}; ") +
+        f"{c['repeats']} round(s) "
         f"of both modes (alternating order), {c['steps']} steps per run, first {warm} discarded; "
         f"{'the trainer CPUs also build batches in heterogeneous mode' if c['local_server'] else 'trainer CPUs only train in heterogeneous mode'}. "
         f"Medians over {summary['basis']} ({_rounds(summary)}); spread = min-max of the runs' averages; "

@@ -38,7 +38,6 @@ from .records import MODES, BenchConfig, RunResult
 from .summary import add_costs, add_prediction, summarize
 
 log = logging.getLogger(__name__)
-PIPELINE = "examples.mnist:build_pipeline"
 _WINDOW = re.compile(r"step (\d+): avg step time ([\d.]+) s over the last (\d+) steps")
 
 
@@ -148,14 +147,18 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     table.info(cfg.dnn_instance), table.info(cfg.data_instance)  # fail now, not after the runs
     cfg.output.mkdir(parents=True, exist_ok=True)
     data_dir = cfg.output / "data"
-    write_synthetic(data_dir, cfg.train_images(), 0, seed=0)
-    options = {"batch_size": cfg.batch_size, "augment_repeats": cfg.augment_repeats,
-               "data_dir": str(data_dir.resolve())}
+    images = cfg.train_images()
+    if cfg.workload == "images":
+        data_dir = cfg.output / "images"
+        _image_folder(data_dir, images)
+    else:
+        write_synthetic(data_dir, images, 0, seed=0)
+    options = {**cfg.pipeline_options(), "data_dir": str(data_dir.resolve())}
 
     def profile():
         if cfg.quiet_wait_s:
             wait_for_quiet(cfg.data_cpus[:1], cfg.max_foreign, cfg.quiet_wait_s)
-        return profile_pipeline(PIPELINE, options, batches=cfg.profile_batches, cpu=cfg.data_cpus[0])
+        return profile_pipeline(cfg.pipeline, options, batches=cfg.profile_batches, cpu=cfg.data_cpus[0])
 
     profiles = [profile()]
     started = time.time()
@@ -177,6 +180,15 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                    profiles=[asdict(p) for p in profiles], runs=[asdict(r) for r in runs], started_unix=started,
                    machine=_machine())
     return summary
+
+
+def _image_folder(folder: Path, images: int, classes: int = 4) -> None:
+    """A JPEG folder of drawn shapes with at least ``images`` files (kept for the next run)."""
+    from hetero.synthetic_images import write_image_folder
+
+    per_class = -(-images // classes)
+    if len(list(folder.glob("*/*.jpg"))) != per_class * classes:
+        write_image_folder(folder, per_class=per_class, classes=classes, threads=len(os.sched_getaffinity(0)))
 
 
 def _machine() -> dict:
@@ -203,12 +215,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loader-workers", type=int, default=0, help="trainer DataLoader workers (0: one per trainer CPU)")
     p.add_argument("--no-local-server", action="store_true", help="trainer CPUs do not build batches in hetero mode")
     p.add_argument("--data-nodes", type=int, default=d.data_nodes, help="emulated data nodes, all on --data-cpus")
-    p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic MNIST images (0: steps x batch)")
+    p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic images (0: steps x batch)")
     p.add_argument("--epoch-batches", type=int, default=d.epoch_batches,
                    help="batches per epoch (0: the whole run is one epoch); prints what each epoch boundary costs")
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps per step-time window (0: steps / 10)")
     p.add_argument("--consumer-cpu", action="store_true",
                    help="also print the consumer's CPU per batch with and without resume bookkeeping")
+    p.add_argument("--workload", choices=("mnist", "images"), default=d.workload,
+                   help="mnist: the MNIST job (blur loop, --augment-repeats); images: a JPEG image folder "
+                        "(examples.imagefolder: decode, RandomResizedCrop(224), flip)")
     p.add_argument("--dnn-instance", default=d.dnn_instance, help="instance type the trainer node stands for")
     p.add_argument("--data-instance", default=d.data_instance, help="instance type each data node stands for")
     p.add_argument("--epoch-samples", type=int, default=d.epoch_samples, help="samples per epoch for $/epoch (MNIST: 60000)")
@@ -234,7 +249,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                           data_instance=args.data_instance, epoch_samples=args.epoch_samples, prices=args.prices,
                           output=args.output, timeout_s=args.timeout, max_foreign=args.max_foreign,
                           quiet_wait_s=args.quiet_wait, epoch_batches=args.epoch_batches,
-                          log_every=args.log_every, consumer_cpu=args.consumer_cpu)
+                          log_every=args.log_every, consumer_cpu=args.consumer_cpu, workload=args.workload)
         if not cfg.data_cpus:
             raise ValueError("no data CPUs: this machine offers one CPU; pass --trainer-cpus and --data-cpus")
         summary = run_benchmark(cfg)

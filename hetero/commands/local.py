@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         return 130
     codes = ", ".join(f"{h}={c}" for h, c in result.exit_codes.items())
     m = result.metrics
+    if result.failure:
+        print(f"hetero local: failed: {result.failure}")
     if m is None:
         print(f"hetero local: no metrics.json was written (exit codes: {codes}); see {result.output}/logs")
         return 1

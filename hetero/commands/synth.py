@@ -1,4 +1,8 @@
-"""``hetero synth``: write synthetic MNIST-format IDX files (train + t10k) for offline use."""
+"""``hetero synth``: write synthetic training data for offline use.
+
+``hetero synth DIR`` writes MNIST-format IDX files (train + t10k); ``hetero synth --images DIR``
+writes a JPEG image folder (``DIR/<class>/*.jpg``) for ``examples.imagefolder``.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,22 +10,43 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("synth", help="write synthetic MNIST-format IDX files",
-                       description="Drawn seven-segment digits (shifted, scaled, noisy) in MNIST's IDX format: "
-                                   "train-images-idx3-ubyte, train-labels-idx1-ubyte and the t10k pair.")
-    p.add_argument("out", type=Path, help="folder to write into (created)")
-    p.add_argument("--train", type=int, default=60000, help="training images (default 60000)")
-    p.add_argument("--test", type=int, default=10000, help="test images (default 10000; 0 = none)")
+    p = sub.add_parser("synth", help="write synthetic MNIST IDX files, or a JPEG image folder (--images)",
+                       description="Without --images: drawn seven-segment digits (shifted, scaled, noisy) in MNIST's "
+                                   "IDX format: train-images-idx3-ubyte, train-labels-idx1-ubyte and the t10k pair. "
+                                   "With --images DIR: JPEGs of drawn shapes, DIR/<shape>/<n>.jpg, 300-500 px a "
+                                   "side, for the image-folder pipeline (examples.imagefolder).")
+    p.add_argument("out", type=Path, nargs="?", default=None, help="folder for MNIST IDX files (created)")
+    p.add_argument("--images", type=Path, default=None, metavar="DIR",
+                   help="write a JPEG image folder here instead (created)")
+    p.add_argument("--train", type=int, default=60000, help="MNIST: training images (default 60000)")
+    p.add_argument("--test", type=int, default=10000, help="MNIST: test images (default 10000; 0 = none)")
+    p.add_argument("--gzip", action="store_true", help="MNIST: write .gz files, as MNIST is distributed")
+    p.add_argument("--classes", type=int, default=4, help="--images: classes, one shape each (1-6, default 4)")
+    p.add_argument("--per-class", type=int, default=64, help="--images: images per class (default 64)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gzip", action="store_true", help="write .gz files, as MNIST is distributed")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from data_service.errors import ConfigError
-    from hetero.synthetic_mnist import write_synthetic
 
+    if (args.out is None) == (args.images is None):
+        print("hetero synth: give either a folder for MNIST IDX files (hetero synth DIR) or --images DIR "
+              "for a JPEG image folder, not both")
+        return 2
     try:
+        if args.images is not None:
+            from hetero.synthetic_images import write_image_folder
+
+            paths = write_image_folder(args.images, per_class=args.per_class, classes=args.classes, seed=args.seed)
+            classes = sorted({p.parent.name for p in paths})
+            print(f"{len(paths)} JPEG images in {len(classes)} classes ({', '.join(classes)}) under {args.images}")
+            print(f"train on them: hetero local --data {args.images} --hp pipeline=examples.imagefolder:build_pipeline"
+                  " --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step"
+                  " --hp evaluate=examples.imagefolder:evaluate")
+            return 0
+        from examples.mnist import write_synthetic
+
         paths = write_synthetic(args.out, args.train, args.test, args.seed, args.gzip)
     except ConfigError as exc:
         print(f"hetero synth: {exc}")

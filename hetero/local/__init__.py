@@ -54,6 +54,7 @@ class LocalResult:
     exit_codes: dict[str, int | None]
     metrics: dict[str, Any] | None
     output: Path
+    failure: str | None = None  # the first node that failed: "host (role) exited N: its error line"
 
     @property
     def ok(self) -> bool:
@@ -73,7 +74,7 @@ def run_local(job: LocalJob) -> LocalResult:
     if job.epochs < 1:
         raise ConfigError(f"--epochs {job.epochs} must be >= 1")
     if job.data is not None and not Path(job.data).is_dir():
-        raise ConfigError(f"--data {job.data}: no such directory (MNIST IDX files expected; omit for synthetic)")
+        raise ConfigError(f"--data {job.data}: no such directory (the training channel: MNIST IDX files, or an image folder root/<class>/*.jpg; omit for synthetic MNIST)")
     data_cpus, dnn_cpus = parse_cpus(job.data_cpus), parse_cpus(job.dnn_cpus)
     output = Path(job.output).resolve()
     output.mkdir(parents=True, exist_ok=True)
@@ -101,7 +102,7 @@ def run_local(job: LocalJob) -> LocalResult:
             cluster.stop()  # also on Ctrl-C: no process outlives the runner
         path = cluster.collect(output)
         metrics = json.loads(path.read_text()) if path is not None else None
-        return LocalResult(codes, metrics, output)
+        return LocalResult(codes, metrics, output, cluster.failure)
     finally:
         if job.keep_tree:
             log.info("node trees kept in %s", work)

@@ -5,6 +5,10 @@ the whole tree of a node (launcher, data-server workers, trainers, loader worker
 SIGTERM to the launcher, SIGKILL to it after a grace period, then to whatever of its group
 is still there after a further wait, multiprocessing resource trackers last (they unlink what
 the killed processes left in /dev/shm).
+
+As SageMaker fails a job when any node fails, a node that exits non-zero (other than a
+SIGTERM stop, 143) ends the whole run: the runner logs that node's error line and stops the
+other nodes after ``fail_grace_s`` (time for a failing DNN node's own shutdown call to land).
 """
 from __future__ import annotations
 
@@ -22,6 +26,11 @@ from pathlib import Path
 from .tree import Node, node_command, node_environ
 
 log = logging.getLogger(__name__)
+
+EXIT_STOPPED = 143  # a DNN node stopped by SIGTERM after writing its checkpoint: not a failure
+_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ")
+_LEVEL = re.compile(r"\s(ERROR|CRITICAL)\s")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault)\b(:|$)")
 
 
 class LocalCluster:
@@ -46,10 +55,13 @@ class LocalCluster:
         self.echo = echo
         self.procs: dict[str, subprocess.Popen] = {}
         self._threads: list[threading.Thread] = []
+        self._pumps: dict[str, threading.Thread] = {}
         self._print_lock = threading.Lock()
         self.sigterm_on = re.compile(sigterm_on) if sigterm_on else None
         self.sigterm_sent = threading.Event()
         self._sigterm_lock = threading.Lock()
+        self._errors: dict[str, list[str]] = {}   # host -> [last ERROR line, last exception line after it]
+        self.failure: str | None = None           # "host (role) exited N: its error line", first failed node
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +76,7 @@ class LocalCluster:
             t = threading.Thread(target=self._pump, args=(node, proc), name=f"log-{node.host}", daemon=True)
             t.start()
             self._threads.append(t)
+            self._pumps[node.host] = t
             log.info("started %s (%s) pid %d%s", node.host, node.role, proc.pid,
                      f" on CPUs {sorted(cpus)}" if cpus else "")
 
@@ -72,6 +85,7 @@ class LocalCluster:
         with open(self.log_dir / f"{node.host}.log", "w") as f:
             for line in proc.stdout:
                 f.write(line)
+                self._note_error(node.host, line)
                 if (self.sigterm_on is not None and node.role != "data" and not self.sigterm_sent.is_set()
                         and self.sigterm_on.search(line)):
                     self.sigterm_trainers(f"{node.host} logged {line.strip()!r}")
@@ -79,6 +93,20 @@ class LocalCluster:
                     with self._print_lock:
                         sys.stdout.write(prefix + line)
                         sys.stdout.flush()
+
+    def _note_error(self, host: str, line: str) -> None:
+        text = line.strip()
+        if _LEVEL.search(text):
+            self._errors[host] = [text, ""]
+        elif _EXCEPTION.match(text) and host in self._errors:
+            self._errors[host][1] = text  # the traceback's last line, after a log.exception line
+        elif _EXCEPTION.match(text):
+            self._errors[host] = ["", text]
+
+    def error_line(self, host: str) -> str:
+        """The node's last ERROR line (and the exception that followed it), or ''; no timestamp."""
+        parts = [_TIMESTAMP.sub("", part) for part in self._errors.get(host, ["", ""]) if part]
+        return " | ".join(parts)[:2000]
 
     def sigterm_trainers(self, why: str) -> None:
         """SIGTERM to every trainer node's launcher process (once), as SageMaker stops a job."""
@@ -95,19 +123,27 @@ class LocalCluster:
                         continue
                     log.warning("SIGTERM to %s (%s, pid %d): %s", node.host, node.role, proc.pid, why)
 
-    def wait(self, timeout_s: float, data_grace_s: float = 60.0) -> dict[str, int | None]:
+    def wait(self, timeout_s: float, data_grace_s: float = 60.0, fail_grace_s: float = 2.0) -> dict[str, int | None]:
         """Wait for every node; returns host -> exit code (None: killed at the deadline).
 
         Data nodes get ``data_grace_s`` after the last trainer node ends (the launcher shuts
-        them down; this only bounds a broken run).
+        them down; this only bounds a broken run). When a node fails (non-zero, not 143), the
+        others get ``fail_grace_s`` to end by themselves, then are stopped; ``failure`` says
+        which node failed and why.
         """
         deadline = time.monotonic() + timeout_s
         trainers_done_at = None
+        failed_at = None
         while True:
             codes = {h: p.poll() for h, p in self.procs.items()}
             if all(c is not None for c in codes.values()):
                 break
             now = time.monotonic()
+            if failed_at is None and self._first_failure(codes, killed_count=True):
+                failed_at = now
+            if failed_at is not None and now - failed_at > fail_grace_s:
+                log.error("stopping every node: %s", self.failure)
+                break
             trainer_codes = [codes[n.host] for n in self.nodes if n.role != "data"]
             if trainers_done_at is None and all(c is not None for c in trainer_codes):
                 trainers_done_at = now
@@ -121,7 +157,26 @@ class LocalCluster:
         self.stop()
         for t in self._threads:
             t.join(5.0)
-        return {h: p.returncode for h, p in self.procs.items()}
+        codes = {h: p.returncode for h, p in self.procs.items()}
+        self._first_failure(codes)  # a failure seen only at the end (every node exited together)
+        return codes
+
+    def _first_failure(self, codes: dict[str, int | None], killed_count: bool = False) -> bool:
+        """Record and log the first node that exited non-zero (not 143); True once there is one.
+        ``killed_count``: a node ended by a signal failed too (not when the runner sent it)."""
+        if self.failure is not None:
+            return True
+        for node in self.nodes:
+            code = codes.get(node.host)
+            if code is not None and code not in (0, EXIT_STOPPED) and (code > 0 or killed_count):
+                pump = self._pumps.get(node.host)
+                if pump is not None:
+                    pump.join(2.0)  # its last lines, the error among them
+                why = self.error_line(node.host) or f"no error line in its log ({self.log_dir / (node.host + '.log')})"
+                self.failure = f"{node.host} ({node.role}) exited {code}: {why}"
+                log.error("%s", self.failure)
+                return True
+        return False
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop every node: SIGTERM to its launcher, trainer nodes first; SIGTERM to the rest of

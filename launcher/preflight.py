@@ -1,0 +1,70 @@
+"""Start-up checks of the job's plug-ins, on every node, before anything waits or trains.
+
+A typo in an option must fail in seconds on the node that reads it, not after the DNN node
+waited ``data_wait_s`` for data servers, nor after a whole training run (``evaluate`` is
+first used at the end). Every import-path option (``pipeline``, ``model``, ``step``,
+``evaluate``, ``optimizer``) is imported and checked callable, and the options given to the
+pipeline builder and to the model are checked against their signatures. None of this needs
+the training data, which a node outside the data group may not have; the pipeline itself
+(values, data, its ``finish`` stage) is built by the data servers at their start and, in
+homogeneous mode, here.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Callable
+
+from data_service.errors import ConfigError
+from data_service.pipeline import PipelineSpec
+
+from .config import LaunchConfig, load_object
+
+log = logging.getLogger(__name__)
+
+
+def check_call(func: Callable[..., Any], options: dict, what: str, target: str) -> None:
+    """Raise ConfigError when ``func(**options)`` would fail on the option names alone.
+
+    The message keeps Python's own wording (``build_pipeline() got an unexpected keyword
+    argument 'batch_sz'``) and names the option and the import path.
+    """
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return  # a builtin or extension without a signature: its call will tell
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        name = getattr(func, "__name__", target.partition(":")[2])
+        raise ConfigError(f"{what}={target!r} rejected options {options!r}: {name}() {exc}; "
+                          f"its parameters are {list(signature.parameters)}") from None
+
+
+def _callable(path: str, what: str) -> Callable[..., Any]:
+    obj = load_object(path, what)
+    if not callable(obj):
+        raise ConfigError(f"{what}={path!r} is a {type(obj).__name__}, not a class or function")
+    return obj
+
+
+def preflight(cfg: LaunchConfig, role: str) -> None:
+    """Check every plug-in the job names; ``role`` is the node's (``data``, ``dnn``, ``homogeneous``).
+
+    Raises:
+        ConfigError: naming the option, its value and what is wrong.
+    """
+    builder = PipelineSpec(cfg.pipeline, cfg.pipeline_options).resolve()
+    check_call(builder, dict(cfg.pipeline_options), "pipeline", cfg.pipeline)
+    check_call(_callable(cfg.model, "model"), dict(cfg.model_options), "model", cfg.model)
+    _callable(cfg.step, "step")
+    if cfg.evaluate:
+        _callable(cfg.evaluate, "evaluate")
+    from .trainer import OPTIMIZERS
+
+    _callable(OPTIMIZERS.get(cfg.optimizer.lower(), cfg.optimizer), "optimizer")
+    if role == "homogeneous":
+        # the pipeline runs here: build it now (values, data, finish stage), not at the first batch
+        PipelineSpec(cfg.pipeline, cfg.pipeline_options).load().finish_target()
+    log.info("options checked: pipeline %s, model %s, step %s, evaluate %s, optimizer %s", cfg.pipeline,
+             cfg.model, cfg.step, cfg.evaluate or "(none)", cfg.optimizer)

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                   " --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step"
                   " --hp evaluate=examples.imagefolder:evaluate")
             return 0
-        from examples.mnist import write_synthetic
+        from hetero.synthetic_mnist import write_synthetic
 
         paths = write_synthetic(args.out, args.train, args.test, args.seed, args.gzip)
     except ConfigError as exc:

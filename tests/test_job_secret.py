@@ -98,3 +98,22 @@ def test_a_local_job_whose_nodes_read_the_secret_from_secrets_manager(tmp_path, 
             assert "from-secrets-manager" not in text and "no HETERO_JOB_SECRET" not in text
     finally:
         server.stop()
+
+
+def test_a_node_that_cannot_read_the_secret_stops_with_the_reason(aws, tmp_path):
+    import json
+
+    from launcher.main import EXIT_CONFIG, main
+
+    config = tmp_path / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "resourceconfig.json").write_text(json.dumps({
+        "current_host": "algo-1", "current_group_name": "homogeneousCluster", "hosts": ["algo-1"],
+        "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "ml.p3.2xlarge",
+                             "hosts": ["algo-1"]}]}))
+    (config / "hyperparameters.json").write_text("{}")
+    arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gone-AbCdEf"
+    environ = {ARN_VAR: arn, "TRAINING_JOB_NAME": "job-1", **CREDS}
+    assert main([], environ=environ, root=str(tmp_path)) == EXIT_CONFIG
+    reason = (tmp_path / "output" / "failure").read_text()
+    assert arn in reason and "secretsmanager:GetSecretValue" in reason

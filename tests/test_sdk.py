@@ -9,6 +9,7 @@ botocore's service model and the API rules, group by group and channel by channe
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 
 import boto3
@@ -102,7 +103,9 @@ def spec(**kw) -> JobSpec:
                 channels=[Channel("train", "s3://bkt/images", ("data_group",), "FastFile"),
                           Channel("test", "s3://bkt/test", ("data_group", "dnn_group"))],
                 source_s3="s3://bkt/out/nb/source/sourcedir.tar.gz", job_secret="feedface" * 4,
-                hyperparameters={"epochs": "2", "tensorboard": "true"}, spot=True, tags={"team": "ml"})
+                hyperparameters={"epochs": "2", "tensorboard": "true", "pipeline.batch_size": "16",
+                                 "pipeline_options": '{"blur_kernel": 3, "batch_size": 8}'},
+                spot=True, tags={"team": "ml"})
     base.update(kw)
     return JobSpec(**base)
 
@@ -126,8 +129,9 @@ def test_heterogeneous_job_from_the_sdk(aws):
     assert algo["MetricDefinitions"] == [dict(d) for d in METRIC_DEFINITIONS]
     assert algo["TrainingImage"] == IMAGE and algo["ContainerEntrypoint"] == ["/bin/bash"]
     assert "sm_drivers/sm_train.sh" in " ".join(algo["ContainerArguments"])  # the SDK's driver runs the launcher
+    # pipeline.X keys folded into pipeline_options: the SDK's driver exports SM_HP_<KEY> in a shell
     assert req["HyperParameters"] == {"data_group": "data_group", "dnn_group": "dnn_group", "epochs": "2",
-                                      "tensorboard": "true"}
+                                      "tensorboard": "true", "pipeline_options": '{"blur_kernel":3,"batch_size":16}'}
     assert req["Environment"] == {"HETERO_JOB_SECRET": "feedface" * 4}
     assert req["EnableManagedSpotTraining"] is True and req["StoppingCondition"]["MaxWaitTimeInSeconds"] == 90000
     assert req["CheckpointConfig"]["S3Uri"] == "s3://bkt/out/nb/checkpoints"
@@ -172,6 +176,22 @@ def test_bad_jobs_fail_before_any_call(aws, changes, message):
     assert fake.calls == []
 
 
+def test_hyperparameters_are_made_shell_safe_as_the_launcher_reads_them():
+    from hetero.sagemaker.sdk import sdk_hyperparameters
+    from launcher.config import LaunchConfig
+    from launcher.sm_env import decode_hyperparameters
+
+    hps = {"epochs": "2", "pipeline.size": "400", "pipeline.shape": "[1, 28, 28]", "model.width": "8",
+           "pipeline.name": "a b"}
+    out = sdk_hyperparameters(hps)
+    assert set(out) == {"epochs", "pipeline_options", "model_options"}
+    cfg = LaunchConfig.from_hyperparameters(decode_hyperparameters(out))
+    assert cfg.pipeline_options == {"size": 400, "shape": [1, 28, 28], "name": "a b"} and cfg.model_options == {"width": 8}
+    assert cfg == LaunchConfig.from_hyperparameters(decode_hyperparameters(hps))  # the same job either way
+    with pytest.raises(SubmitError, match="'lr-decay' cannot pass through"):
+        sdk_hyperparameters({"lr-decay": "1"})
+
+
 @pytest.mark.parametrize("version, message", [("2.257.7", "v2 and v3 cannot be installed together"),
                                               ("3.17.0", "older than 3.18")])
 def test_unusable_sdk_versions_are_named(aws, monkeypatch, version, message):
@@ -181,3 +201,85 @@ def test_unusable_sdk_versions_are_named(aws, monkeypatch, version, message):
         model_trainer(spec(), boto_session=session)
     assert version in str(info.value) and "pip install 'sagemaker>=3.18,<4'" in str(info.value)
     assert fake.calls == []
+
+
+def _namespaces_work() -> bool:
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs tmpfs /opt && mkdir /opt/ml"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def test_two_nodes_run_the_sdks_own_sm_train_sh_with_a_real_opt_ml(aws, tmp_path):
+    """End to end as SageMaker runs a ModelTrainer job, minus the container image: each node gets
+    its own real /opt/ml (a private mount namespace), holding the config files SageMaker writes and
+    the code and sm_drivers channels exactly as the SDK staged them for upload; the request's own
+    ContainerEntrypoint + ContainerArguments run sm_train.sh, which runs the SDK's environment.py
+    and basic_script_driver.py, which run the launcher."""
+    import json
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from _launcher_helpers import SYNTHETIC_HPS, synth_data
+    from hetero.local.tree import build_nodes, free_port
+
+    if not _namespaces_work():
+        pytest.skip("needs root and unshare/mount to give each node its own /opt/ml")
+    fake, session = aws
+    hps = {**SYNTHETIC_HPS, "loader_workers": 0, "emulate_step_s": 0.01, "evaluate": "", "log_every": 10,
+           "bind_host": "127.0.0.1", "master_port": free_port()}
+    job = spec(channels=[Channel("train", "s3://bkt/data", ("data_group",))], spot=False,
+               groups=[Group("data_group", "ml.c5.9xlarge", 1, "data"), Group("dnn_group", "ml.p3.2xlarge", 1, "dnn")],
+               hyperparameters={k: v if isinstance(v, str) else json.dumps(v) for k, v in hps.items()})
+    trainer = model_trainer(job, boto_session=session)
+    args = trainer._create_training_job_args()   # what train() sends; keeps the staged folders
+    algo = args["algorithm_specification"]
+    command = list(algo.container_entrypoint) + list(algo.container_arguments)
+    drivers = trainer._temp_code_dir.name
+    code = trainer.source_code.source_dir
+
+    nodes = build_nodes(tmp_path / "nodes", 1, 1, False, synth_data(tmp_path / "data", 64, 0), {}, "sdk-e2e")
+    procs = {}
+    for node in nodes:
+        config = node.root / "input" / "config"
+        (config / "hyperparameters.json").write_text(json.dumps(args["hyper_parameters"]))
+        (config / "inputdataconfig.json").write_text(json.dumps(
+            {c.channel_name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"}
+             for c in args["input_data_config"]}))
+        shutil.copytree(code, node.root / "input" / "data" / "code")
+        shutil.copytree(drivers, node.root / "input" / "data" / "sm_drivers")
+        env = {**args["environment"], "TRAINING_JOB_NAME": "sdk-e2e", "HOME": str(tmp_path),
+               "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "PYTHONUNBUFFERED": "1",
+               "HETERO_HOST_MAP": node.env["HETERO_HOST_MAP"]}  # stands in for the cluster's DNS
+        inner = f"mount -t tmpfs tmpfs /opt && mkdir /opt/ml && mount --bind {node.root} /opt/ml && exec \"$@\""
+        log = open(tmp_path / f"{node.host}.log", "w")
+        procs[node.host] = (subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner,
+                                              "sh", *command], env=env, cwd=tmp_path, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True), log)
+    deadline = time.monotonic() + 240
+    try:
+        for proc, _ in procs.values():
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc, log in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            log.close()
+    logs = {host: (tmp_path / f"{host}.log").read_text() for host in procs}
+    assert {h: p.returncode for h, (p, _) in procs.items()} == {n.host: 0 for n in nodes}, logs
+    dnn = next(n for n in nodes if n.role == "dnn")
+    for text in logs.values():
+        assert "Running Basic Script driver" in text and "Training Container Execution Completed" in text
+        assert "SM_CURRENT_INSTANCE_GROUP" not in text
+    metrics = json.loads((dnn.output_dir / "metrics.json").read_text())
+    assert metrics["mode"] == "heterogeneous" and metrics["steps"] == 50
+    assert trainer._temp_code_dir is not None
+    trainer._temp_code_dir.cleanup()

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import atexit
 import io
+import json
+import re
 import shutil
 import tarfile
 import tempfile
@@ -40,6 +42,55 @@ from hetero.sagemaker.validate import check_request
 # Keys the sagemaker-training toolkit reads (script mode); the SDK's driver has its own.
 _TOOLKIT_KEYS = ("sagemaker_program", "sagemaker_submit_directory", "sagemaker_region",
                  "sagemaker_container_log_level", "sagemaker_job_name")
+
+
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FOLDED = ("pipeline", "model")
+
+
+def _json_or_text(value: str):
+    try:
+        return json.loads(value)
+    except (TypeError, json.JSONDecodeError):
+        return value
+
+
+def sdk_hyperparameters(hps: dict[str, str]) -> dict[str, str]:
+    """``hps`` in a form the SDK's driver can run.
+
+    The driver's ``environment.py`` writes ``export SM_HP_<KEY>=...`` for every key into a file
+    that ``sm_train.sh`` sources under ``set -e``, so a key that is not a shell name (the
+    launcher's ``pipeline.batch_size`` form) stops the job before it starts. ``pipeline.X`` and
+    ``model.X`` keys are folded into the ``pipeline_options`` / ``model_options`` JSON object the
+    launcher reads the same way (a dotted key wins over the same key in the object, as in the
+    launcher).
+
+    Raises:
+        SubmitError: another key that is not a shell name, or a folded object over 2500 chars.
+    """
+    out: dict[str, str] = {}
+    folded: dict[str, dict] = {prefix: {} for prefix in _FOLDED}
+    for key, value in hps.items():
+        prefix, dot, sub = key.partition(".")
+        if dot and prefix in folded and sub:
+            folded[prefix][sub] = _json_or_text(value)
+        elif _SHELL_NAME.fullmatch(key):
+            out[key] = value
+        else:
+            raise SubmitError(f"hyperparameter {key!r} cannot pass through the SageMaker SDK's driver (it exports "
+                              "SM_HP_<KEY> in a shell script); use letters, digits and underscores")
+    for prefix, options in folded.items():
+        if not options:
+            continue
+        name = f"{prefix}_options"
+        base = _json_or_text(out.get(name, "{}"))
+        if not isinstance(base, dict):
+            raise SubmitError(f"hyperparameter {name}={out[name]!r} must be a JSON object")
+        out[name] = json.dumps({**base, **options}, separators=(",", ":"))
+        if len(out[name]) > 2500:
+            raise SubmitError(f"{name} is {len(out[name])} chars once the {prefix}.* hyperparameters are folded "
+                              "into it; SageMaker allows 2500: pass fewer options")
+    return out
 
 
 def require_sdk() -> None:
@@ -137,7 +188,8 @@ def model_trainer(spec: JobSpec, source_root: str | Path | None = None, sagemake
         sagemaker_session=sagemaker_session or _session(spec, boto_session), role=spec.role,
         base_job_name=spec.job_name, training_image=spec.image, compute=compute, source_code=source,
         input_data_config=channels or None,
-        hyperparameters={k: v for k, v in request["HyperParameters"].items() if k not in _TOOLKIT_KEYS},
+        hyperparameters=sdk_hyperparameters({k: v for k, v in request["HyperParameters"].items()
+                                             if k not in _TOOLKIT_KEYS}),
         environment=dict(request["Environment"]),
         output_data_config=OutputDataConfig(s3_output_path=spec.output),
         stopping_condition=StoppingCondition(max_runtime_in_seconds=stop["MaxRuntimeInSeconds"],

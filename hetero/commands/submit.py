@@ -1,4 +1,7 @@
-"""``hetero submit``: build, check and submit SageMaker training jobs (boto3, no SageMaker SDK).
+"""``hetero submit``: build, check and submit SageMaker training jobs with boto3.
+
+(The SageMaker Python SDK, when installed, only names the ``--framework-version`` image; for an
+SDK ``ModelTrainer`` see ``hetero.sagemaker.sdk``.)
 
 Heterogeneous: ``--data-group TYPE:COUNT --dnn-group TYPE:COUNT [--group NAME=TYPE:COUNT]``.
 Homogeneous: ``--instance TYPE:COUNT``. Both (the benchmark pair): the groups plus ``--pair``

@@ -120,7 +120,10 @@ def stage_source(source_root: str | Path | None = None) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="hetero-sdk-source-"))
     atexit.register(shutil.rmtree, folder, True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(folder, filter="data")
+        try:
+            tar.extractall(folder, filter="data")
+        except TypeError:  # Python < 3.10.12 has no filter; the archive is the one just built here
+            tar.extractall(folder)
     return folder
 
 

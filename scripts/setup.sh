@@ -18,5 +18,9 @@ fi
 if [[ ",${extras}," == *",dev,"* ]]; then
   .venv/bin/python -m pip install -q -r requirements/sagemaker-sdk.txt 2>&1 | grep -v -e "is ignored: it is neither" -e "dependency resolver" -e "requires protobuf" || true
   .venv/bin/python -m pip install -q "protobuf>=7.35.1" 2>&1 | grep -v -e "is ignored: it is neither" -e "dependency resolver" -e "has requirement protobuf" -e "requires protobuf" || true
+  # smdebug-rulesconfig (an SDK dependency) installs its own test suite as a top-level `tests` package,
+  # which shadows this repository's tests/ for imports such as tests.test_pipeline: remove that copy.
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  if grep -qs '^tests/__init__.py,' "$site"/smdebug_rulesconfig-*.dist-info/RECORD; then rm -rf "$site/tests"; fi
 fi
 .venv/bin/python -c "import torch, torchvision; from torchvision.transforms import v2; v2.GaussianBlur(3)(torch.zeros(1, 4, 4)); print(f'torch {torch.__version__}, torchvision {torchvision.__version__}: ok')"

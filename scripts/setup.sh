@@ -12,15 +12,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -r requirements/torch.txt 2>&1 | grep -v "is ignored: it is neither" || true
 .venv/bin/python -m pip install -q -e ".[${extras}]" 2>&1 | grep -v "is ignored: it is neither" || true
-# With dev: the SageMaker Python SDK v3 too (its tests). It cannot be a pyproject extra: sagemaker-core
-# pins protobuf<7 while our gRPC code needs >=7.35.1, so pip cannot resolve both in one step. Install
-# it, then put protobuf back (sagemaker-core uses protobuf only in inference serializers; docs/sdk.md).
-if [[ ",${extras}," == *",dev,"* ]]; then
-  .venv/bin/python -m pip install -q -r requirements/sagemaker-sdk.txt 2>&1 | grep -v -e "is ignored: it is neither" -e "dependency resolver" -e "requires protobuf" || true
-  .venv/bin/python -m pip install -q "protobuf>=7.35.1" 2>&1 | grep -v -e "is ignored: it is neither" -e "dependency resolver" -e "has requirement protobuf" -e "requires protobuf" || true
-  # smdebug-rulesconfig (an SDK dependency) installs its own test suite as a top-level `tests` package,
-  # which shadows this repository's tests/ for imports such as tests.test_pipeline: remove that copy.
-  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  if grep -qs '^tests/__init__.py,' "$site"/smdebug_rulesconfig-*.dist-info/RECORD; then rm -rf "$site/tests"; fi
-fi
+# smdebug-rulesconfig (a SageMaker SDK dependency, in the dev and sagemaker extras) installs its own test
+# suite as a top-level `tests` package, which shadows this repository's tests/ for imports such as
+# tests.test_pipeline: remove that copy.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if grep -qs '^tests/__init__.py,' "$site"/smdebug_rulesconfig-*.dist-info/RECORD; then rm -rf "$site/tests"; fi
 .venv/bin/python -c "import torch, torchvision; from torchvision.transforms import v2; v2.GaussianBlur(3)(torch.zeros(1, 4, 4)); print(f'torch {torch.__version__}, torchvision {torchvision.__version__}: ok')"

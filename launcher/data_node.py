@@ -17,6 +17,7 @@ from data_service.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 
 from .config import LaunchConfig
+from .logmetrics import RATE_EVERY_S, rate_line
 from .metrics import write_json
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,44 @@ class Watchdog:
         return None
 
 
+class RateMeter:
+    """Batches/s a data server sends: per window, and over its serving time (from the first poll
+    that saw a consumer, so the wait for the DNN nodes does not dilute it).
+
+    Args:
+        every_s: window length; :meth:`poll` returns a line to log when one closes.
+        clock: monotonic seconds (tests pass a fake).
+    """
+
+    def __init__(self, every_s: float = RATE_EVERY_S, clock=time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self.first: float | None = None
+        self._mark: tuple[float, int] | None = None
+
+    def poll(self, consumer_ever_connected: bool, batches_sent: int) -> str | None:
+        """Note the server's counters; a window's :func:`rate_line` when one has closed, else None."""
+        now = self.clock()
+        if self.first is None:
+            if not consumer_ever_connected:
+                return None
+            self.first = now
+            self._mark = (now, batches_sent)
+            return None
+        since, before = self._mark
+        if now - since < self.every_s:
+            return None
+        self._mark = (now, batches_sent)
+        return rate_line(batches_sent, (batches_sent - before) / (now - since), now - since, final=False)
+
+    def final(self, batches_sent: int) -> tuple[float | None, float]:
+        """(batches/s over the serving time or None if no consumer came, serving seconds)."""
+        if self.first is None:
+            return None, 0.0
+        seconds = self.clock() - self.first
+        return (batches_sent / seconds if seconds > 0 else None), seconds
+
+
 def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -62,11 +101,18 @@ def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = No
     return DataServer(PipelineSpec(cfg.pipeline, cfg.pipeline_options), token, options).start()
 
 
-def serve_until_shutdown(server: DataServer, watchdog: Watchdog, poll_s: float = 1.0) -> tuple[int, str]:
-    """Block until the server stops (0) or the watchdog fires (non-zero); returns (code, reason)."""
+def serve_until_shutdown(server: DataServer, watchdog: Watchdog, poll_s: float = 1.0,
+                         meter: RateMeter | None = None) -> tuple[int, str]:
+    """Block until the server stops (0) or the watchdog fires (non-zero); returns (code, reason).
+
+    With ``meter``, logs the server's batches/s once per window.
+    """
     started = time.monotonic()
     while not server.wait(timeout=poll_s):
         snap = server.stats.snapshot()
+        line = meter.poll(snap.consumer_ever_connected, snap.batches_sent) if meter is not None else None
+        if line:
+            log.info("%s", line)
         verdict = watchdog.verdict(snap.consumer_ever_connected, snap.seconds_since_last_consumer,
                                    time.monotonic() - started)
         if verdict is not None:
@@ -91,12 +137,16 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
-    code, reason = serve_until_shutdown(server, Watchdog(cfg.watchdog_connect_s, cfg.watchdog_idle_s))
+    meter = RateMeter()
+    code, reason = serve_until_shutdown(server, Watchdog(cfg.watchdog_connect_s, cfg.watchdog_idle_s), meter=meter)
     snap = server.stats.snapshot()
+    rate, serving_s = meter.final(snap.batches_sent)
     write_json(os.path.join(output_dir, "data_node.json"), {
         "host": host, "role": "data", "exit_code": code, "reason": reason, "batches_sent": snap.batches_sent,
         "bytes_sent": snap.bytes_sent, "batches_built": snap.batches_built, "workers": snap.workers,
         "worker_busy_fraction": snap.worker_busy_fraction, "uptime_s": snap.uptime_s,
-        "samples_skipped": snap.samples_skipped})
-    log.info("data node exits with %d (%s): %d batches sent", code, reason, snap.batches_sent)
+        "samples_skipped": snap.samples_skipped,
+        "serving_s": serving_s, "batches_per_s": None if rate is None else round(rate, 4)})
+    # read by the job's MetricDefinitions (data:batches_per_s)
+    log.info("data node exits with %d (%s): %s", code, reason, rate_line(snap.batches_sent, rate, serving_s, final=True))
     return code

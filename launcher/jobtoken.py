@@ -6,8 +6,9 @@ Every node of one job computes the same token on its own::
 
 as 64 lowercase hex characters, where
 
-* ``secret`` is the ``HETERO_JOB_SECRET`` variable (``Estimator(environment=...)``) or, failing
-  that, the ``job_secret`` hyperparameter;
+* ``secret`` is the ``HETERO_JOB_SECRET`` variable (``Estimator(environment=...)``; the launcher
+  fills it from AWS Secrets Manager when ``HETERO_JOB_SECRET_ARN`` is set, see ``jobsecret.py``)
+  or, failing that, the ``job_secret`` hyperparameter;
 * the job name is ``TRAINING_JOB_NAME`` (set by SageMaker), ``SM_TRAINING_ENV["job_name"]``,
   or the ``sagemaker_job_name`` / ``job_name`` hyperparameter.
 

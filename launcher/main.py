@@ -16,6 +16,7 @@ from data_service.errors import ConfigError, DataServiceError
 
 from . import logs
 from .config import LaunchConfig
+from .jobsecret import with_job_secret
 from .jobtoken import job_token
 from .preflight import preflight
 from .roles import DATA, DNN, IDLE, data_addresses, host_map, plan_roles, resolve
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
         for name, path in env.channels.items():  # a bare container has the folders but no variables
             os.environ.setdefault(f"SM_CHANNEL_{name.upper()}", path)
         preflight(cfg, plan.role)  # every plug-in and its options, before waiting or training
-        token = job_token(environ, env.job_name or cfg.job_name, cfg.job_secret)
+        token = job_token(with_job_secret(environ), env.job_name or cfg.job_name, cfg.job_secret)
         mapping = host_map(environ)
         if plan.role == DATA:
             from .data_node import run_data_node

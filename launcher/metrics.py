@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .logmetrics import window_line
+
 log = logging.getLogger(__name__)
 
 
@@ -40,21 +42,21 @@ class StepStats:
         self.total_s = 0.0           # after warm-up
         self.wait_s = 0.0            # after warm-up
         self.counted = 0
-        self._window: list[tuple[float, float]] = []
+        self._window: list[tuple[float, float, int]] = []
 
     def record(self, wait_s: float, step_s: float, samples: int) -> None:
         self.steps += 1
-        self._window.append((wait_s, step_s))
+        self._window.append((wait_s, step_s, samples))
         if self.steps > self.warmup:
             self.counted += 1
             self.samples += samples
             self.total_s += step_s
             self.wait_s += wait_s
         if self.steps % self.log_every == 0:
-            waits, totals = zip(*self._window)
-            log.info("%sstep %d: avg step time %.4f s over the last %d steps, data wait %.0f%%",
-                     self.label, self.steps, sum(totals) / len(totals), len(totals),
-                     100.0 * sum(waits) / max(sum(totals), 1e-12))
+            waits, totals, counts = zip(*self._window)
+            elapsed = max(sum(totals), 1e-12)
+            log.info("%s", window_line(self.label, self.steps, sum(totals) / len(totals), len(totals),
+                                       sum(waits) / elapsed, sum(counts) / elapsed))
             self._window.clear()
 
     def summary(self) -> dict[str, Any]:

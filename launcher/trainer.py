@@ -38,6 +38,7 @@ from data_service.pipeline import PipelineSpec
 
 from . import checkpoint, logs
 from .config import LaunchConfig, load_object
+from .logmetrics import summary_line
 from .metrics import StepStats, StepTimer, batch_size_of, job_metrics, write_json
 
 log = logging.getLogger(__name__)
@@ -363,10 +364,4 @@ def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emula
         "wall_time_s": time.time() - started, "nodes": data_nodes, "status": status,
         "resumed_from_steps": resumed["steps"] if resumed else None, "checkpoint": ckpt_path, **job.extra})
     write_json(os.path.join(job.output_dir, "metrics.json"), metrics)
-    log.info("done: avg step time %s s (%s), data wait %s, %s samples/s, test accuracy %s; metrics in %s",
-             _fmt(metrics["avg_step_time_s"]), metrics["step_kind"], _fmt(metrics["data_wait_fraction"]),
-             _fmt(metrics["samples_per_s"]), _fmt(accuracy), job.output_dir)
-
-
-def _fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
+    log.info("%s", summary_line(metrics, job.output_dir))  # read by the job's MetricDefinitions

@@ -8,6 +8,13 @@ protoc writes ``from heterodata.v1 import data_service_pb2`` into the _grpc
 module, an absolute import that only works when the output folder is itself on
 sys.path (grpc issue #29390). We rewrite it to a relative import so the module
 works inside the ``data_service.wire`` package.
+
+The output depends on the grpcio-tools release (its bundled protoc stamps the
+protobuf gencode version; its plugin stamps the minimum grpcio), so both modes
+refuse any release but GRPCIO_TOOLS. 1.80.1 writes protobuf 6.31.1 gencode, which
+protobuf 6.31.1+ and 7.x runtimes both load; that is what lets this package
+install beside the SageMaker Python SDK, whose sagemaker-core pins protobuf<7.
+Newer releases bundle protobuf 7 and write 7.x gencode, which a 6.x runtime refuses.
 """
 from __future__ import annotations
 
@@ -23,9 +30,26 @@ PROTO_ROOT = ROOT / "proto"
 PROTO = PROTO_ROOT / "heterodata" / "v1" / "data_service.proto"
 OUT = ROOT / "data_service" / "wire"
 GENERATED = ("data_service_pb2.py", "data_service_pb2.pyi", "data_service_pb2_grpc.py")
+GRPCIO_TOOLS = "1.80.1"  # keep equal to the dev extra's pin in pyproject.toml
+
+
+def _require_pinned_tools() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("grpcio-tools")
+    except PackageNotFoundError:
+        installed = None
+    if installed != GRPCIO_TOOLS:
+        raise SystemExit(
+            f"grpcio-tools {installed or '(not installed)'} found; the generated code is pinned to "
+            f"grpcio-tools=={GRPCIO_TOOLS} (protobuf 6.x gencode): pip install -e '.[dev]' "
+            f"or pip install 'grpcio-tools=={GRPCIO_TOOLS}'"
+        )
 
 
 def generate(out_dir: Path) -> None:
+    _require_pinned_tools()
     from grpc_tools import protoc  # dev dependency, imported lazily
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,4 +12,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -r requirements/torch.txt 2>&1 | grep -v "is ignored: it is neither" || true
 .venv/bin/python -m pip install -q -e ".[${extras}]" 2>&1 | grep -v "is ignored: it is neither" || true
+# smdebug-rulesconfig (a SageMaker SDK dependency, in the dev and sagemaker extras) installs its own test
+# suite as a top-level `tests` package, which shadows this repository's tests/ for imports such as
+# tests.test_pipeline: remove that copy.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if grep -qs '^tests/__init__.py,' "$site"/smdebug_rulesconfig-*.dist-info/RECORD; then rm -rf "$site/tests"; fi
 .venv/bin/python -c "import torch, torchvision; from torchvision.transforms import v2; v2.GaussianBlur(3)(torch.zeros(1, 4, 4)); print(f'torch {torch.__version__}, torchvision {torchvision.__version__}: ok')"

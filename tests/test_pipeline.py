@@ -21,8 +21,10 @@ def iterable_only():
     ("examples.synthetic:build_pipeline", {"bogus": 1}, "rejected options"),
     ("examples.synthetic:build_pipeline", {"batch_size": 0}, "batch_size=0"),
     ("examples.synthetic:build_pipeline", {"size": 0}, "empty"),
-    ("tests.test_pipeline:not_a_pipeline", {}, "returned list"),
-    ("tests.test_pipeline:iterable_only", {}, "not map-style"),
+    # By this module's own name (pytest puts tests/ on sys.path): `tests.` may resolve to another
+    # distribution's top-level tests package in site-packages (smdebug-rulesconfig installs one).
+    ("test_pipeline:not_a_pipeline", {}, "returned list"),
+    ("test_pipeline:iterable_only", {}, "not map-style"),
 ])
 def test_bad_pipelines_fail_with_the_value_and_the_fix(target, options, match):
     with pytest.raises(ConfigError, match=match):

@@ -63,7 +63,8 @@ def no_aws(monkeypatch):
 
 @pytest.mark.parametrize("argv", [
     HET,
-    HET + ["--input", "s3://bkt/mnist@data_group", "--input", "val=s3://bkt/val", "--hyperparameters", "epochs=2", "lr=0.1"],
+    HET + ["--input", "s3://bkt/mnist@data_group", "--input", "val=s3://bkt/val@data_group+dnn_group",
+           "--hyperparameters", "epochs=2", "lr=0.1"],
     HET + ["--group", "aug=ml.c5.4xlarge:2", "--group", "aux=ml.c5.xlarge:1", "--group", "dnn:x=ml.g5.xlarge:1",
            "--input", "s3://bkt/d@data_group+aug"],
     HET + ["--spot", "--max-run", "2h", "--max-wait", "3h", "--checkpoint", "s3://bkt/ck"],
@@ -131,6 +132,7 @@ def test_dry_run_prints_the_full_request_with_the_secret_masked(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (HET + ["--input", "s3://bkt/d@gpu_group"], "unknown instance group 'gpu_group'"),
+    (HET + ["--input", "s3://bkt/d@data_group", "--input", "v=s3://bkt/v"], "SageMaker takes all or none"),
     (["--data-group", "ml.c5.9xlarge:0", "--dnn-group", "ml.p3.2xlarge:1"], "at least 1 instance"),
     (["--instance", "ml.p3.2xlarge:0"], "at least 1 instance"),
     (HET + ["--group", "a=ml.c5.xlarge:1", "--group", "b=ml.c5.xlarge:1", "--group", "c=ml.c5.xlarge:1",

@@ -77,7 +77,7 @@ class DatasetInfo(_message.Message):
     finish: str
     finish_dtypes: _containers.ScalarMap[str, str]
     codec: str
-    def __init__(self, num_samples: _Optional[int] = ..., batch_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., shuffle: _Optional[bool] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., finish: _Optional[str] = ..., finish_dtypes: _Optional[_Mapping[str, str]] = ..., codec: _Optional[str] = ...) -> None: ...
+    def __init__(self, num_samples: _Optional[int] = ..., batch_size: _Optional[int] = ..., drop_last: bool = ..., shuffle: bool = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., finish: _Optional[str] = ..., finish_dtypes: _Optional[_Mapping[str, str]] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class HelloResponse(_message.Message):
     __slots__ = ("server_version", "bulk_port", "dataset", "server_id", "shutting_down", "bulk_tls", "workers")
@@ -95,7 +95,7 @@ class HelloResponse(_message.Message):
     shutting_down: bool
     bulk_tls: bool
     workers: int
-    def __init__(self, server_version: _Optional[str] = ..., bulk_port: _Optional[int] = ..., dataset: _Optional[_Union[DatasetInfo, _Mapping]] = ..., server_id: _Optional[str] = ..., shutting_down: _Optional[bool] = ..., bulk_tls: _Optional[bool] = ..., workers: _Optional[int] = ...) -> None: ...
+    def __init__(self, server_version: _Optional[str] = ..., bulk_port: _Optional[int] = ..., dataset: _Optional[_Union[DatasetInfo, _Mapping]] = ..., server_id: _Optional[str] = ..., shutting_down: bool = ..., bulk_tls: bool = ..., workers: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
@@ -145,7 +145,7 @@ class Stats(_message.Message):
     shm_leases: int
     slots_retired: int
     samples_skipped: int
-    def __init__(self, batches_built: _Optional[int] = ..., batches_sent: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_depth: _Optional[int] = ..., workers: _Optional[int] = ..., worker_busy_fraction: _Optional[float] = ..., active_streams: _Optional[int] = ..., streams_total: _Optional[int] = ..., batch_errors: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., auth_failures: _Optional[int] = ..., uptime_s: _Optional[float] = ..., slots_in_use: _Optional[int] = ..., bytes_in_slots: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compress_s: _Optional[float] = ..., seconds_since_last_consumer: _Optional[float] = ..., consumer_ever_connected: _Optional[bool] = ..., shm_leases: _Optional[int] = ..., slots_retired: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
+    def __init__(self, batches_built: _Optional[int] = ..., batches_sent: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_depth: _Optional[int] = ..., workers: _Optional[int] = ..., worker_busy_fraction: _Optional[float] = ..., active_streams: _Optional[int] = ..., streams_total: _Optional[int] = ..., batch_errors: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., auth_failures: _Optional[int] = ..., uptime_s: _Optional[float] = ..., slots_in_use: _Optional[int] = ..., bytes_in_slots: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compress_s: _Optional[float] = ..., seconds_since_last_consumer: _Optional[float] = ..., consumer_ever_connected: bool = ..., shm_leases: _Optional[int] = ..., slots_retired: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("grace_s", "reason")
@@ -159,7 +159,7 @@ class ShutdownResponse(_message.Message):
     __slots__ = ("already_shutting_down",)
     ALREADY_SHUTTING_DOWN_FIELD_NUMBER: _ClassVar[int]
     already_shutting_down: bool
-    def __init__(self, already_shutting_down: _Optional[bool] = ...) -> None: ...
+    def __init__(self, already_shutting_down: bool = ...) -> None: ...
 
 class BatchRef(_message.Message):
     __slots__ = ("seed", "epoch", "index")
@@ -193,7 +193,7 @@ class BulkHello(_message.Message):
     accept_codecs: _containers.RepeatedScalarFieldContainer[str]
     host_key: str
     accept_shm: bool
-    def __init__(self, client_version: _Optional[str] = ..., proof: _Optional[bytes] = ..., client_id: _Optional[str] = ..., accept_codecs: _Optional[_Iterable[str]] = ..., host_key: _Optional[str] = ..., accept_shm: _Optional[bool] = ...) -> None: ...
+    def __init__(self, client_version: _Optional[str] = ..., proof: _Optional[bytes] = ..., client_id: _Optional[str] = ..., accept_codecs: _Optional[_Iterable[str]] = ..., host_key: _Optional[str] = ..., accept_shm: bool = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("server_id", "codec", "shm")
@@ -203,7 +203,7 @@ class Welcome(_message.Message):
     server_id: str
     codec: str
     shm: bool
-    def __init__(self, server_id: _Optional[str] = ..., codec: _Optional[str] = ..., shm: _Optional[bool] = ...) -> None: ...
+    def __init__(self, server_id: _Optional[str] = ..., codec: _Optional[str] = ..., shm: bool = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("ref",)
@@ -259,7 +259,7 @@ class BatchHeader(_message.Message):
     shm_lease: bool
     shm_inode: int
     samples_skipped: int
-    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., codec: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: _Optional[bool] = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
+    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., codec: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: bool = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
 
 class BatchError(_message.Message):
     __slots__ = ("ref", "kind", "message", "traceback", "sample_index")

@@ -6,7 +6,7 @@ import warnings
 
 from . import data_service_pb2 as heterodata_dot_v1_dot_data__service__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class DataServiceStub:
+class DataServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -52,7 +52,7 @@ class DataServiceStub:
                 _registered_method=True)
 
 
-class DataServiceServicer:
+class DataServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Hello(self, request, context):
@@ -103,7 +103,7 @@ def add_DataServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class DataService:
+class DataService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

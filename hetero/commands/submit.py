@@ -1,4 +1,7 @@
-"""``hetero submit``: build, check and submit SageMaker training jobs (boto3, no SageMaker SDK).
+"""``hetero submit``: build, check and submit SageMaker training jobs with boto3.
+
+(The SageMaker Python SDK, when installed, only names the ``--framework-version`` image; for an
+SDK ``ModelTrainer`` see ``hetero.sagemaker.sdk``.)
 
 Heterogeneous: ``--data-group TYPE:COUNT --dnn-group TYPE:COUNT [--group NAME=TYPE:COUNT]``.
 Homogeneous: ``--instance TYPE:COUNT``. Both (the benchmark pair): the groups plus ``--pair``
@@ -34,6 +37,9 @@ def register(sub) -> None:
     j.add_argument("--job-name", help="training job name (default hetero-<kind>-<time>; a pair adds -het/-hom)")
     j.add_argument("--input", action="append", default=[], metavar="[NAME=]S3URI[@GROUP]",
                    help="input channel (repeatable; default name 'train'; @GROUP[+GROUP] sends it to those groups)")
+    j.add_argument("--input-mode", action="append", default=[], metavar="[NAME=]File|FastFile",
+                   help="how channels reach the nodes: File copies first (default), FastFile streams from S3; "
+                        "MODE sets every channel, NAME=MODE one (repeatable)")
     j.add_argument("--output", help="S3 URI for job outputs (model.tar.gz, output.tar.gz)")
     j.add_argument("--hyperparameters", nargs="+", action="extend", default=[], metavar="K=V")
     j.add_argument("--env", action="append", default=[], metavar="K=V", help="container environment variable")
@@ -44,7 +50,11 @@ def register(sub) -> None:
     j.add_argument("--checkpoint", metavar="S3URI", help="checkpoint S3 URI (spot default: <output>/<job>/checkpoints)")
     j.add_argument("--volume-size", type=int, default=30, help="EBS GB per instance (default 30)")
     j.add_argument("--job-secret", default=None,
-                   help="secret for the job token, sent as HETERO_JOB_SECRET (default: random per job)")
+                   help="secret for the job token, sent in clear as HETERO_JOB_SECRET (default: random per job; "
+                        "readable by anyone allowed sagemaker:DescribeTrainingJob)")
+    j.add_argument("--job-secret-arn", default=None, metavar="ARN",
+                   help="AWS Secrets Manager secret holding the job secret: each node reads it at start, the "
+                        "request carries only the ARN (the role needs secretsmanager:GetSecretValue)")
     j.add_argument("--source-dir", default=None, help="checkout to upload as sourcedir.tar.gz (default: this one)")
     j.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
     j.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
@@ -63,10 +73,12 @@ def register(sub) -> None:
 def specs_from_args(args: argparse.Namespace) -> list:
     """The JobSpec(s) the options describe; raises SubmitError before any AWS call."""
     from hetero.sagemaker.client import resolve_region
-    from hetero.sagemaker.request import default_job_name, framework_image, make_pair
+    from hetero.sagemaker.images import training_image
+    from hetero.sagemaker.request import default_job_name, make_pair
     from hetero.sagemaker.source import source_uri
-    from hetero.sagemaker.spec import (DATA, DNN, SECRET_ENV, SECRET_HP, Group, JobSpec, SubmitError, check_s3_uri, parse_duration,
-                                       parse_group, parse_input, parse_strings, parse_type_count)
+    from hetero.sagemaker.spec import (DATA, DNN, SECRET_ARN_ENV, SECRET_ENV, SECRET_HP, Group, JobSpec, SubmitError,
+                                       apply_input_modes, check_s3_uri, check_secret_arn, parse_duration, parse_group,
+                                       parse_input, parse_strings, parse_type_count)
 
     groups = []
     if args.data_group:
@@ -90,13 +102,21 @@ def specs_from_args(args: argparse.Namespace) -> list:
     region = resolve_region(args.region)
     if args.image and args.framework_version:
         raise SubmitError("give --image or --framework-version, not both")
-    image = args.image or (framework_image(args.framework_version, region) if args.framework_version else None)
-    if not image:
+    if not args.image and not args.framework_version:
         raise SubmitError("no training image: pass --image URI (e.g. our data/dnn image in ECR) or "
                           "--framework-version 2.5 for the AWS PyTorch training image")
+    image = args.image
+    if not image:
+        types = [g.instance_type for g in groups] + ([instance[0]] if instance else [])
+        image, source = training_image(args.framework_version, region, types)
+        print(f"hetero submit: training image {image} (from the {source})", file=sys.stderr)
     hps = parse_strings(args.hyperparameters, "--hyperparameters")
     env = parse_strings(args.env, "--env")
     secret = args.job_secret or hps.pop(SECRET_HP, None) or env.pop(SECRET_ENV, None)
+    secret_arn = args.job_secret_arn or env.pop(SECRET_ARN_ENV, None)
+    if secret and secret_arn:
+        raise SubmitError("give --job-secret or --job-secret-arn, not both (the ARN keeps the secret out of "
+                          "the request)")
     kind = "pair" if args.pair else ("het" if groups else "hom")
     name = args.job_name or default_job_name(kind)
     if args.volume_size < 1:
@@ -104,7 +124,8 @@ def specs_from_args(args: argparse.Namespace) -> list:
     spec = JobSpec(
         job_name=name, role=args.role, image=image, region=region, output=output,
         groups=groups or [Group("homogeneousCluster", *instance)], homogeneous=not groups,
-        channels=[parse_input(text) for text in args.input], hyperparameters=hps,
+        channels=apply_input_modes([parse_input(text) for text in args.input], args.input_mode),
+        hyperparameters=hps,
         max_run_s=parse_duration(args.max_run, "--max-run"), spot=args.spot,
         max_wait_s=parse_duration(args.max_wait, "--max-wait") if args.max_wait else None,
         checkpoint_s3=check_s3_uri(args.checkpoint, "--checkpoint") if args.checkpoint else None,
@@ -115,6 +136,8 @@ def specs_from_args(args: argparse.Namespace) -> list:
         tags={"hetero:mode": "heterogeneous" if groups else "homogeneous", **parse_strings(args.tag, "--tag")})
     if secret:
         spec.job_secret = secret
+    if secret_arn:
+        spec.job_secret_arn = check_secret_arn(secret_arn)
     if not args.pair:
         return [spec]
     pair = list(make_pair(spec, instance))
@@ -126,7 +149,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
 def run(args: argparse.Namespace) -> int:
     """Check, then print (--dry-run) or submit the job(s); with --wait follow them and report."""
     from hetero.sagemaker.client import Clients, prepare, submit
-    from hetero.sagemaker.request import masked
+    from hetero.sagemaker.request import masked, secret_notice
     from hetero.sagemaker.spec import SubmitError
 
     try:
@@ -138,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         shown = [masked(request) for request in requests]
         print(json.dumps(shown[0] if len(shown) == 1 else shown, indent=2, sort_keys=False))
+        for spec in specs:
+            print(f"hetero submit: {spec.job_name}: {secret_notice(spec)}", file=sys.stderr)
         return 0
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -149,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         arns = submit(specs, clients, args.source_dir)
         for spec, arn in zip(specs, arns):
             print(f"submitted {spec.job_name}: {arn}", flush=True)
+            print(f"hetero submit: {spec.job_name}: {secret_notice(spec)}", file=sys.stderr)
         if not args.wait:
             return 0
         return _follow(args, specs, clients)

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetero.sagemaker.input_modes import check_input_modes
 from hetero.sagemaker.request import build_request
 from hetero.sagemaker.source import build_sourcedir, upload_source
 from hetero.sagemaker.spec import JobSpec, SubmitError
@@ -70,6 +71,8 @@ class Clients:
 
 def prepare(specs: list[JobSpec]) -> list[dict]:
     """Build and check the request of every spec (no AWS call); raise on the first bad one."""
+    for spec in specs:
+        check_input_modes(spec)
     requests = [build_request(spec) for spec in specs]
     names = [r["TrainingJobName"] for r in requests]
     if len(set(names)) != len(names):

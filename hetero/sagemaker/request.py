@@ -8,13 +8,20 @@ the same code in script mode: the sagemaker-training toolkit in the image downlo
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import secrets
 from datetime import datetime, timezone
 
-from hetero.sagemaker.spec import DATA, DNN, ENTRY_POINT, SECRET_ENV, SECRET_HP, Channel, Group, JobSpec, SubmitError
+from hetero.sagemaker.spec import (DATA, DNN, ENTRY_POINT, SECRET_ARN_ENV, SECRET_ENV, SECRET_HP, Channel, Group,
+                                   JobSpec, SubmitError)
+from launcher.logmetrics import metric_definitions
 
 MASK = "****"
 CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
+# Where the trainer writes TensorBoard events (its output dir, SM_OUTPUT_DATA_DIR, + tensorboard):
+# TensorBoardOutputConfig.LocalPath must name that folder for SageMaker to upload it as it grows.
+TENSORBOARD_LOCAL = "/opt/ml/output/data/tensorboard"
+_TRUE = ("true", "1", "yes")
 
 # AWS Deep Learning Containers, PyTorch training, GPU flavour (one image serves every group:
 # the CUDA libraries simply go unused on CPU instances). Verify tags against
@@ -30,7 +37,8 @@ PYTORCH_TAGS = {
 
 
 def framework_image(version: str, region: str) -> str:
-    """PyTorch training DLC URI for ``version`` ("2.2" or "2.2.0") in ``region``."""
+    """PyTorch training DLC URI for ``version`` ("2.2" or "2.2.0") in ``region`` from the tag table
+    above (the fallback of ``images.training_image`` when the SageMaker SDK is not installed)."""
     key = ".".join(str(version).split(".")[:2])
     if key not in PYTORCH_TAGS:
         raise SubmitError(f"--framework-version {version!r} is not one we know; use one of "
@@ -53,7 +61,7 @@ def _channel(channel: Channel, homogeneous: bool) -> dict:
             raise SubmitError(f"input channel {channel.name!r} is restricted to {'+'.join(channel.groups)}, "
                               "but a homogeneous job has no instance groups; drop the @GROUP part")
         source["InstanceGroupNames"] = list(channel.groups)
-    return {"ChannelName": channel.name, "DataSource": {"S3DataSource": source}, "InputMode": "File"}
+    return {"ChannelName": channel.name, "DataSource": {"S3DataSource": source}, "InputMode": channel.input_mode}
 
 
 def hyperparameters(spec: JobSpec) -> dict[str, str]:
@@ -78,6 +86,32 @@ def hyperparameters(spec: JobSpec) -> dict[str, str]:
     return hps
 
 
+def tensorboard_enabled(spec: JobSpec) -> bool:
+    """Whether the job's ``tensorboard`` hyperparameter asks the trainer for TensorBoard events."""
+    return str(spec.hyperparameters.get("tensorboard", "")).strip().lower() in _TRUE
+
+
+def secret_environment(spec: JobSpec) -> dict[str, str]:
+    """The container variables that give the nodes the job secret: its Secrets Manager ARN when
+    the spec has one (the value never enters the request), else the secret itself."""
+    if spec.job_secret_arn:
+        return {SECRET_ARN_ENV: spec.job_secret_arn}
+    return {SECRET_ENV: spec.job_secret}
+
+
+def secret_notice(spec: JobSpec) -> str:
+    """One plain sentence on where the job secret travels and who can read it."""
+    if spec.job_secret_arn:
+        return (f"job secret: read by every node at start from AWS Secrets Manager ({spec.job_secret_arn}); "
+                "it is not in the request. The execution role needs secretsmanager:GetSecretValue on it "
+                "(and kms:Decrypt if a customer-managed key encrypts it); whoever may read the secret can "
+                "derive the job token.")
+    return (f"job secret: a random per-job value sent in clear as the container variable {SECRET_ENV} "
+            "(shown as **** here). Anyone allowed sagemaker:DescribeTrainingJob on this job can read it, "
+            "and with it reach the job's data servers; use --job-secret-arn to keep it in AWS Secrets "
+            "Manager instead.")
+
+
 def build_request(spec: JobSpec) -> dict:
     """The CreateTrainingJob request for ``spec`` (not yet validated: see validate.py)."""
     if spec.homogeneous:
@@ -92,7 +126,9 @@ def build_request(spec: JobSpec) -> dict:
     request = {
         "TrainingJobName": spec.job_name,
         "RoleArn": spec.role,
-        "AlgorithmSpecification": {"TrainingImage": spec.image, "TrainingInputMode": "File"},
+        "AlgorithmSpecification": {"TrainingImage": spec.image, "TrainingInputMode": "File",
+                                   "MetricDefinitions": metric_definitions(),
+                                   "EnableSageMakerMetricsTimeSeries": True},
         "HyperParameters": hyperparameters(spec),
         "OutputDataConfig": {"S3OutputPath": spec.output},
         "ResourceConfig": resources,
@@ -101,7 +137,11 @@ def build_request(spec: JobSpec) -> dict:
     }
     if spec.channels:
         request["InputDataConfig"] = [_channel(c, spec.homogeneous) for c in spec.channels]
-    request["Environment"] = {**spec.environment, SECRET_ENV: spec.job_secret}
+    env = {k: v for k, v in spec.environment.items() if k not in (SECRET_ENV, SECRET_ARN_ENV)}
+    request["Environment"] = {**env, **secret_environment(spec)}
+    if tensorboard_enabled(spec):
+        request["TensorBoardOutputConfig"] = {"S3OutputPath": f"{spec.output}/{spec.job_name}/tensorboard",
+                                              "LocalPath": TENSORBOARD_LOCAL}
     if spec.spot:
         request["EnableManagedSpotTraining"] = True
         stopping["MaxWaitTimeInSeconds"] = spec.max_wait_s or spec.max_run_s + 3600
@@ -125,7 +165,7 @@ def homogeneous_twin(spec: JobSpec, instance: tuple[str, int] | None = None, job
         instance = (dnn[0].instance_type, dnn[0].count)
     return spec.copy(job_name=job_name or f"{spec.job_name}-hom", homogeneous=True,
                      groups=[Group("homogeneousCluster", *instance)],
-                     channels=[Channel(c.name, c.s3_uri) for c in spec.channels],
+                     channels=[replace(c, groups=()) for c in spec.channels],
                      job_secret=secrets.token_hex(16), tags={**spec.tags, "hetero:mode": "homogeneous"})
 
 

@@ -17,6 +17,8 @@ DEFAULT_CHANNEL = "train"
 ENTRY_POINT = "launcher/entry.py"
 SECRET_ENV = "HETERO_JOB_SECRET"   # the launcher's preferred source of the job secret
 SECRET_HP = "job_secret"            # the launcher's fallback hyperparameter (never sent by us)
+SECRET_ARN_ENV = "HETERO_JOB_SECRET_ARN"  # where to fetch the secret from on each node instead
+INPUT_MODES = ("File", "FastFile")  # Pipe: the pipelines read files, not a FIFO stream
 DATA, DNN = "data", "dnn"
 MAX_RUN_LIMIT_S = 28 * 24 * 3600  # CreateTrainingJob's limit on MaxRuntimeInSeconds
 
@@ -44,11 +46,16 @@ class Group:
 
 @dataclass(frozen=True)
 class Channel:
-    """One S3 input channel, optionally sent only to some instance groups."""
+    """One S3 input channel, optionally sent only to some instance groups.
+
+    ``input_mode``: ``File`` (SageMaker copies the data to the node before the job starts) or
+    ``FastFile`` (the data is streamed from S3 on first read, at the same path).
+    """
 
     name: str
     s3_uri: str
     groups: tuple[str, ...] = ()
+    input_mode: str = "File"
 
 
 @dataclass
@@ -72,7 +79,9 @@ class JobSpec:
         volume_gb: EBS volume per instance.
         source_s3: S3 URI of sourcedir.tar.gz, or None when the image holds the code.
         job_secret: secret the launcher derives the job token from (sent as the container
-            variable HETERO_JOB_SECRET; never printed).
+            variable HETERO_JOB_SECRET; never printed). Ignored when ``job_secret_arn`` is set.
+        job_secret_arn: AWS Secrets Manager secret holding the job secret; only its ARN is sent
+            (HETERO_JOB_SECRET_ARN) and every node reads the value at start.
         environment: container environment variables.
         tags: resource tags.
     """
@@ -93,6 +102,7 @@ class JobSpec:
     volume_gb: int = 30
     source_s3: str | None = None
     job_secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    job_secret_arn: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
 
@@ -153,6 +163,35 @@ def parse_input(text: str, default_name: str = DEFAULT_CHANNEL) -> Channel:
     if at and not group_names:
         raise SubmitError(f"--input {text!r}: nothing after '@'; name the instance group, e.g. @data_group")
     return Channel(name, uri, group_names)
+
+
+def apply_input_modes(channels: list[Channel], items: list[str] | None) -> list[Channel]:
+    """Apply ``--input-mode`` values: ``MODE`` sets every channel, ``NAME=MODE`` one channel
+    (later items win, so ``FastFile images=File`` streams all but ``images``)."""
+    out = list(channels)
+    for item in items or []:
+        name, sep, mode = item.rpartition("=")
+        canonical = {m.lower(): m for m in INPUT_MODES}.get(mode.strip().lower())
+        if canonical is None:
+            hint = " (Pipe mode is not supported: the pipelines read files)" if mode.lower() == "pipe" else ""
+            raise SubmitError(f"--input-mode {item!r}: mode must be one of {', '.join(INPUT_MODES)}{hint}, "
+                              "e.g. --input-mode FastFile or --input-mode train=FastFile")
+        names = [c.name for c in out]
+        if sep and name not in names:
+            raise SubmitError(f"--input-mode {item!r}: no input channel {name!r}; the channels are "
+                              f"{names or 'none (add --input NAME=s3://...)'}")
+        if not sep and not out:
+            raise SubmitError(f"--input-mode {item!r} but the job has no --input channel")
+        out = [replace(c, input_mode=canonical) if not sep or c.name == name else c for c in out]
+    return out
+
+
+def check_secret_arn(arn: str) -> str:
+    """``arn`` if it is a Secrets Manager secret ARN, else SubmitError naming the expected form."""
+    if not re.fullmatch(r"arn:aws[a-z\-]*:secretsmanager:[a-z0-9\-]+:\d{12}:secret:[A-Za-z0-9/_+=.@\-]+", arn or ""):
+        raise SubmitError(f"--job-secret-arn {arn!r} is not a Secrets Manager secret ARN like "
+                          "arn:aws:secretsmanager:us-east-1:123456789012:secret:hetero-job-AbCdEf")
+    return arn
 
 
 def parse_duration(text: str | int, option: str = "--max-run") -> int:

@@ -112,7 +112,13 @@ def _channels(channels: list[dict], group_names: set[str]) -> list[str]:
         for group in restricted:
             if group_names and group not in group_names:
                 problems.append(f"channel {name!r} is restricted to unknown instance group {group!r}; "
-                                f"known groups: {', '.join(sorted(group_names))}")
+                                f"known groups: {', '.join(sorted(group_names))} (use @GROUP with one of them)")
+    assigned = [c.get("ChannelName") for c in channels
+                if c.get("DataSource", {}).get("S3DataSource", {}).get("InstanceGroupNames") is not None]
+    if group_names and assigned and len(assigned) < len(channels):
+        rest = [c.get("ChannelName") for c in channels if c.get("ChannelName") not in assigned]
+        problems.append(f"channels {assigned} are assigned to instance groups but {rest} are not; SageMaker "
+                        f"takes all or none: add @GROUP to those too (e.g. @{'+'.join(sorted(group_names))})")
     return problems
 
 

@@ -1,0 +1,74 @@
+"""The log lines SageMaker turns into metrics, and the regular expressions that read them.
+
+SageMaker scans every line a training container prints for each ``MetricDefinitions`` regex
+and publishes the first group of a match as a data point of that metric (console, CloudWatch
+``/aws/sagemaker/TrainingJobs``). The formats below and the regexes in
+:data:`METRIC_DEFINITIONS` live side by side so they cannot drift apart; ``hetero submit``
+and the SDK builder send exactly this list, and ``tests/test_metric_definitions.py`` applies
+it to the logs of a real local job and compares the last match of each metric with
+``metrics.json`` / ``data_node.json``.
+
+Which line feeds which metric (the last point of each equals the job's summary value):
+
+=========================  ====================================================  ===============
+metric                     lines                                                  summary key
+=========================  ====================================================  ===============
+train:step_time_s          every ``log_every`` steps (window), then ``done:``     avg_step_time_s
+train:data_wait_percent    same lines                                             data_wait_fraction x 100
+train:samples_per_s        same lines                                             samples_per_s
+train:loss                 end of each epoch, ``done:``                           final_loss
+test:accuracy              ``done:``                                              test_accuracy
+data:batches_per_s         data node, every ``RATE_EVERY_S`` and at its exit       batches_per_s (data_node.json)
+=========================  ====================================================  ===============
+
+No ``n/a`` value matches: a metric without a value (an emulated step has no loss) has no point.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+# A number as Python's %f/%g write it (no sign: every metric here is >= 0 except a loss,
+# which the optional minus covers).
+_NUMBER = r"(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+
+METRIC_DEFINITIONS: tuple[dict[str, str], ...] = (
+    {"Name": "train:step_time_s", "Regex": r"avg step time " + _NUMBER + r" s"},
+    {"Name": "train:data_wait_percent", "Regex": r"data wait " + _NUMBER + r"%"},
+    {"Name": "train:samples_per_s", "Regex": _NUMBER + r" samples/s"},
+    {"Name": "train:loss", "Regex": r"[ ,]loss " + _NUMBER},
+    {"Name": "test:accuracy", "Regex": r"test accuracy " + _NUMBER},
+    {"Name": "data:batches_per_s", "Regex": _NUMBER + r" batches/s"},
+)
+
+RATE_EVERY_S = 60.0  # a data node's batches/s line: often enough for a console chart, not chatty
+
+
+def metric_definitions() -> list[dict[str, str]]:
+    """A fresh copy of :data:`METRIC_DEFINITIONS` for a CreateTrainingJob request."""
+    return [dict(d) for d in METRIC_DEFINITIONS]
+
+
+def _fmt(value: float | None, spec: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def window_line(label: str, step: int, avg_step_s: float, steps: int, wait_fraction: float,
+                samples_per_s: float) -> str:
+    """A trainer rank's periodic line: the last ``steps`` steps' average step time, data wait, rate."""
+    return (f"{label}step {step}: avg step time {avg_step_s:.4f} s over the last {steps} steps, "
+            f"data wait {100 * wait_fraction:.0f}%, {samples_per_s:.1f} samples/s")
+
+
+def summary_line(metrics: Mapping[str, Any], where: str) -> str:
+    """The trainer's last line: the job's averages as written to ``metrics.json`` in ``where``."""
+    wait = metrics.get("data_wait_fraction")
+    return (f"done: avg step time {_fmt(metrics.get('avg_step_time_s'))} s ({metrics.get('step_kind')}), "
+            f"data wait {_fmt(None if wait is None else 100 * wait, '.2f')}%, "
+            f"{_fmt(metrics.get('samples_per_s'))} samples/s, loss {_fmt(metrics.get('final_loss'))}, "
+            f"test accuracy {_fmt(metrics.get('test_accuracy'))}; metrics in {where}")
+
+
+def rate_line(batches_sent: int, batches_per_s: float | None, seconds: float, final: bool) -> str:
+    """A data node's throughput line (``final``: over its whole serving time, at exit)."""
+    what = "while serving" if final else f"over the last {seconds:.0f} s"
+    return f"{batches_sent} batches sent, {_fmt(batches_per_s)} batches/s {what}"

@@ -9,6 +9,8 @@ there is (one pre-made ``--batch-bytes`` tensor per batch), so the figures are a
 plane. Reported per layout, over the measured window after a warm-up:
 
 * aggregate batches/s, and the ratio to the first layout's;
+* CPU per batch of the server processes (utime + stime from /proc over the window; not in the
+  kill run);
 * each server's share of the batches, and the least and mean batches per iterator (a starved
   consumer shows as min / mean far below 1);
 * time per batch: each iterator's window divided by its batches, p50 and p99 over iterators; and
@@ -104,6 +106,16 @@ def consume(args: dict) -> int:
 
 # ------------------------------------------------------------------ one layout
 
+def _cpu_s(procs: list[subprocess.Popen]) -> float:
+    """CPU seconds (utime + stime) of the server processes so far (their workers not included)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for proc in procs:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int, iterators: int, seconds: float,
                warmup: float, kill: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,10 +135,15 @@ def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int
             c.stdin.write(f"{start} {until}\n")
             c.stdin.flush()
         killed_at = None
+        time.sleep(max(0.0, start + warmup - time.monotonic()))
+        cpu0 = _cpu_s(procs)
         if kill:
             time.sleep(max(0.0, start + warmup + seconds / 2 - time.monotonic()))
             killed_at = time.monotonic()
             os.killpg(procs[0].pid, signal.SIGKILL)  # the server and its workers, like a node that vanishes
+        else:
+            time.sleep(max(0.0, until - time.monotonic()))
+            cpu1 = _cpu_s(procs)
         for c in consumers:
             c.wait(seconds + warmup + 120)
         its = []
@@ -149,6 +166,8 @@ def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int
            "p99_ms": round(1e3 * per_batch[min(len(per_batch) - 1, int(0.99 * len(per_batch)))], 3) if per_batch else None,
            "p99_gap_ms": round(1e3 * statistics.quantiles(gaps, n=100)[98], 3) if len(gaps) > 1 else None,
            "errors": [it["error"] for it in its if "error" in it]}
+    if killed_at is None and sum(counts):
+        row["server_cpu_ms_per_batch"] = round(1e3 * (cpu1 - cpu0) / sum(counts), 4)
     if killed_at is not None:
         recoveries = []
         for it in its:
@@ -193,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scale benchmark: {args.servers} servers x {args.workers} worker(s), {args.batch_bytes}-byte batches over "
           f"loopback TCP, {os.cpu_count()} cores, {args.seconds}s window after {args.warmup}s warm-up", flush=True)
     print("| consumers (P x I) | connections / server | batches/s | vs first | server shares | min / mean per "
-          "iterator | time per batch p50 / p99 ms | gap p99 ms | recovery after kill -9 (max / p50 s) |")
-    print("|---|---:|---:|---:|---|---:|---|---:|---|")
+          "iterator | time per batch p50 / p99 ms | gap p99 ms | server CPU ms/batch | recovery after kill -9 "
+          "(max / p50 s) |")
+    print("|---|---:|---:|---:|---|---:|---|---:|---:|---|")
     rows, first = [], None
     for n, (p, i) in enumerate(layouts):
         kill = not args.no_kill and n == len(layouts) - 1
@@ -219,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         rec = (f"{row['recovery_s_max']:.2f} / {row['recovery_s_p50']:.2f}" if "recovery_s_max" in row else "-")
         print(f"| {p} x {i} | {row['connections_per_server']} | {row['batches_per_s']:.0f} | "
               f"{row['batches_per_s'] / first:.2f} | {shares} | {row['min_over_mean']:.2f} | {row['p50_ms']} / "
-              f"{row['p99_ms']} | {row['p99_gap_ms']} | {rec} |", flush=True)
+              f"{row['p99_ms']} | {row['p99_gap_ms']} | {row.get('server_cpu_ms_per_batch', '-')} | {rec} |",
+              flush=True)
         if row["errors"]:
             print(f"  errors: {row['errors'][:3]}", flush=True)
     if args.json:

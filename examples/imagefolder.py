@@ -230,6 +230,12 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
                     drop_last=drop_last, shuffle=True, finish=finish, finish_dtypes=FINISH_DTYPES)
 
 
+# The folder is listed once when the builder runs and each file is read whole, once per epoch, and
+# never written: SageMaker's FastFile mode (files streamed from S3 on first read) serves it as well
+# as File mode (hetero submit --input-mode FastFile; see hetero/sagemaker/input_modes.py).
+build_pipeline.input_modes = ("File", "FastFile")
+
+
 def count_classes(data_dir: str | None = None) -> int:
     """Class folders under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
     return len(scan(data_root(data_dir))[0])

@@ -152,3 +152,12 @@ def test_sdk_versions_that_cannot_be_used(version, message):
 
 def test_sdk_versions_that_can():
     assert sdk_problem("3.18.0") is None and sdk_problem("3.27.0") is None and sdk_problem("3.30.1rc1") is None
+
+
+def test_the_image_folder_pipeline_declares_it_reads_either_input_mode(capsys):
+    (req,), _ = dry_run(HET + ["--input", "s3://bkt/d", "--input-mode", "FastFile", "--hyperparameters",
+                               "pipeline=examples.imagefolder:build_pipeline"], capsys)
+    assert req["InputDataConfig"][0]["InputMode"] == "FastFile"
+    import examples.imagefolder
+
+    assert examples.imagefolder.build_pipeline.input_modes == ("File", "FastFile")

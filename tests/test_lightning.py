@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from conftest import ROOT, free_port  # noqa: E402
+from conftest import ROOT  # noqa: E402
+from hetero.ports import free_port  # noqa: E402
 from data_service.codec import batch_digest  # noqa: E402
 from data_service.pipeline import PipelineSpec  # noqa: E402
 from dnn_worker import LocalDataset  # noqa: E402

@@ -27,7 +27,7 @@ from multiprocessing.connection import wait as mp_wait
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import compression, framing, tls
+from . import compression, tls
 from .auth import TokenInterceptor
 from .errors import ConfigError
 from .dataplane import DataPlane

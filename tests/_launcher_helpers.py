@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 from hetero.synthetic_mnist import write_synthetic
@@ -38,3 +42,19 @@ def data_address(node: Node) -> str:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def wait_for_nodes(procs: dict[str, tuple[subprocess.Popen, object]], log_dir: Path, timeout_s: float) -> dict[str, str]:
+    """Wait for every node process (``host -> (process, open log file)``) within one deadline,
+    kill the process group of any still running, close the logs and return each host's log text."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        for proc, _ in procs.values():
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc, log in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            log.close()
+    return {host: (log_dir / f"{host}.log").read_text() for host in procs}

@@ -13,7 +13,6 @@ import signal
 import threading
 import time
 
-import psutil
 import pytest
 
 from _fault_helpers import (REPS, SLOW_REPS, RawBulk, assert_exactly_once, bulk_port, slow_header_parse, stats,

@@ -5,8 +5,6 @@ docs/faults.md lists the failure modes and the tests that guard them.
 """
 from __future__ import annotations
 
-import os
-import queue
 import socket
 import struct
 import time

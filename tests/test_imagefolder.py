@@ -1,6 +1,5 @@
 """examples.imagefolder: JPEG image-folder pipeline, its errors, skipped samples in stats,
 ``hetero synth --images``, and ResNet-18 trained through a real data server."""
-import itertools
 import subprocess
 import sys
 from pathlib import Path

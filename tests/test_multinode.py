@@ -12,7 +12,6 @@ from torch.utils.data import DataLoader
 from conftest import TOKEN, start_server
 from data_service.codec import batch_digest
 from data_service.pipeline import PipelineSpec
-from data_service.server import ServerOptions
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset, ResumableLoader
 from hetero.testing import FaultProxy, free_port, read_audit
 

@@ -222,12 +222,10 @@ def test_two_nodes_run_the_sdks_own_sm_train_sh_with_a_real_opt_ml(aws, tmp_path
     and basic_script_driver.py, which run the launcher."""
     import json
     import shutil
-    import signal
     import subprocess
     import sys
-    import time
 
-    from _launcher_helpers import SYNTHETIC_HPS, synth_data
+    from _launcher_helpers import SYNTHETIC_HPS, synth_data, wait_for_nodes
     from hetero.local.tree import build_nodes, free_port
 
     if not _namespaces_work():
@@ -263,17 +261,7 @@ def test_two_nodes_run_the_sdks_own_sm_train_sh_with_a_real_opt_ml(aws, tmp_path
         procs[node.host] = (subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner,
                                               "sh", *command], env=env, cwd=tmp_path, stdout=log,
                                              stderr=subprocess.STDOUT, start_new_session=True), log)
-    deadline = time.monotonic() + 240
-    try:
-        for proc, _ in procs.values():
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for proc, log in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-            log.close()
-    logs = {host: (tmp_path / f"{host}.log").read_text() for host in procs}
+    logs = wait_for_nodes(procs, tmp_path, 240)
     assert {h: p.returncode for h, (p, _) in procs.items()} == {n.host: 0 for n in nodes}, logs
     dnn = next(n for n in nodes if n.role == "dnn")
     for text in logs.values():

@@ -10,12 +10,9 @@ passes the hyperparameters as ``--key value`` arguments; the launcher must find 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +23,7 @@ from launcher.logmetrics import METRIC_DEFINITIONS
 if sdk_version.sdk_problem() is not None:
     pytest.skip(f"SageMaker SDK driver test: {sdk_version.sdk_problem()}", allow_module_level=True)
 
-from _launcher_helpers import SYNTHETIC_HPS, synth_data  # noqa: E402
+from _launcher_helpers import SYNTHETIC_HPS, synth_data, wait_for_nodes  # noqa: E402
 
 
 def _driver() -> Path:
@@ -70,17 +67,7 @@ def test_launcher_trains_under_the_sdk_driver(tmp_path):
         procs[node.host] = (subprocess.Popen([sys.executable, str(_driver())], cwd=source, stdout=log,
                                              stderr=subprocess.STDOUT, env=_sdk_environ(node, config_hps, source),
                                              start_new_session=True), log)
-    deadline = time.monotonic() + 150
-    try:
-        for host, (proc, _) in procs.items():
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for proc, log in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-            log.close()
-    logs = {host: (tmp_path / f"{host}.log").read_text() for host in procs}
+    logs = wait_for_nodes(procs, tmp_path, 150)
     assert {h: p.returncode for h, (p, _) in procs.items()} == {n.host: 0 for n in nodes}, logs
     dnn = next(n for n in nodes if n.role == "dnn")
     data_node = next(n for n in nodes if n.role == "data")

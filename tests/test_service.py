@@ -1,7 +1,6 @@
 """Integration: real servers on free ports, real worker processes, real consumers."""
 from __future__ import annotations
 
-import queue
 import time
 
 import grpc

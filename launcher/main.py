@@ -77,8 +77,8 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
             return 0
         for name, path in env.channels.items():  # a bare container has the folders but no variables
             os.environ.setdefault(f"SM_CHANNEL_{name.upper()}", path)
-        preflight(cfg, plan.role)  # every plug-in and its options, before waiting or training
         token = job_token(with_job_secret(environ), env.job_name or cfg.job_name, cfg.job_secret)
+        preflight(cfg, plan.role)  # every plug-in and its options, before waiting or training
         mapping = host_map(environ)
         if plan.role == DATA:
             from .data_node import run_data_node

@@ -134,7 +134,8 @@ def test_a_consumer_that_stops_reading_does_not_starve_the_others():
     # a dead link without RST): the server's sender blocks in sendall forever, A's results hold both
     # slots and consumer B never gets a batch built. Expected: the server drops A after a send
     # timeout (or caps the slots one session may hold) and B completes.
-    server = ServerProc({"size": 64, "batch_size": 2, "shape": [1, 1024, 1024]}, workers=1, token=TOKEN).start()
+    server = ServerProc({"size": 64, "batch_size": 2, "shape": [1, 1024, 1024]}, workers=1, token=TOKEN,
+                        send_timeout_s=5).start()
     frozen = RawBulk(bulk_port(server.address))
     try:
         frozen.sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 4096)
@@ -474,6 +475,7 @@ def test_trainer_killed_every_data_node_exits_within_its_watchdog_deadline(tmp_p
         cluster.stop()
 
 
+@pytest.mark.slow  # the default run keeps the SIGTERM checkpoint-and-resume tests of test_resume.py
 def test_sigterm_to_the_trainer_checkpoints_and_the_job_resumes_the_epoch(tmp_path):
     # SageMaker stops a spot job with SIGTERM to the container's process (the launcher), then SIGKILL
     # after ~120 s. Expected: the trainer saves model + ResumableLoader.state_dict() under

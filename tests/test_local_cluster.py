@@ -26,6 +26,7 @@ def logs_of(result) -> str:
     return "\n".join(p.read_text()[-3000:] for p in sorted((result.output / "logs").glob("*.log")))
 
 
+@pytest.mark.slow  # a real model trains through a data server in test_imagefolder.py (ResNet-18) by default
 def test_one_data_node_trains_the_mnist_cnn(tmp_path):
     data = synth_data(tmp_path / "data", train=1600, test=400)  # 200 steps of 8 images
     result = run_local(local_job(tmp_path, data, data_nodes=1, dnn_nodes=1))
@@ -74,6 +75,7 @@ def test_trainer_crash_still_shuts_the_data_nodes_down(tmp_path):
     assert result.metrics is None
 
 
+@pytest.mark.slow  # test_bench.py runs a pinned homogeneous job by default
 def test_homogeneous_baseline_from_the_command_line(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "HETERO_"))}

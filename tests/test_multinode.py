@@ -73,6 +73,7 @@ def test_server_killed_mid_epoch_its_batches_come_from_the_others(server_process
     assert sorted(x["batch"] for x in rows) == list(range(24))
 
 
+@pytest.mark.slow  # test_faults.py kills and restarts a server mid-epoch by default
 def test_restarted_server_is_used_again(server_process):
     opts = {"size": 96, "batch_size": 4, "work_ms": 15}
     a, b = server_process(opts).start(), server_process(opts).start()
@@ -115,6 +116,7 @@ def test_resume_mid_epoch_with_a_different_number_of_servers(two_servers):
     assert seen == reference(seed=1, epoch=2)[0::2]  # rank 0's share, nothing repeated or skipped
 
 
+@pytest.mark.slow
 def test_a_slow_server_gets_less_work():
     bulk = free_port()
     proxy = FaultProxy(("127.0.0.1", bulk), delay_s=0.05)  # 50 ms per chunk on the slow link

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # the fault suite injects each fault by default; python -m benchmarks.soak runs them at random
 @pytest.mark.timeout(240)
 def test_short_soak_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "soak.json"

@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--compression", default="", choices=["", "lz4", "zstd"], help="per-batch compression (off)")
     p.add_argument("--no-shared-memory", action="store_true", help="send to same-host consumers over TCP too")
     p.add_argument("--advertise-bulk-port", type=int, default=0, help="data-plane port clients dial (port mapping)")
+    p.add_argument("--send-timeout", type=float, default=30.0,
+                   help="seconds a consumer may take no bytes before it is dropped and its slots freed")
     p.add_argument("--tls-cert", default="", help="PEM certificate: serve both planes over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--port-file", default=None, help="write 'grpc_port' here once serving (for scripts)")
@@ -47,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
                                 slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
                                 compression=args.compression, shared_memory=not args.no_shared_memory,
                                 advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
-                                tls_key=args.tls_key, probe=not args.no_probe)
+                                tls_key=args.tls_key, probe=not args.no_probe,
+                                send_timeout_s=args.send_timeout)
         server = DataServer(spec, token, options).start()
     except ConfigError as exc:
         print(f"hetero serve: {exc}")

@@ -93,12 +93,14 @@ class ServerProc(_ProcessGroup):
         options: the pipeline builder's keyword options.
         workers: worker processes; ``slots``: built batches each worker may hold.
         probe: build batch 0 at start-up (``hetero serve``'s default); off, the server is ready sooner.
+        send_timeout_s: ``hetero serve --send-timeout`` (the server's default when None).
         log_path: the server's output is appended here (dropped when None).
     """
 
     def __init__(self, options: dict, *, port: int | None = None, bulk_port: int | None = None,
                  advertise_bulk_port: int = 0, workers: int = 1, slots: int = 2, token: str = TOKEN,
-                 pipeline: str = PIPELINE, log_path: str | os.PathLike | None = None, probe: bool = False) -> None:
+                 pipeline: str = PIPELINE, log_path: str | os.PathLike | None = None, probe: bool = False,
+                 send_timeout_s: float | None = None) -> None:
         self.options = dict(options)
         self.port = port or free_port()
         self.bulk_port = bulk_port or free_port()
@@ -113,6 +115,8 @@ class ServerProc(_ProcessGroup):
         self.cmd += [arg for key, value in self.options.items() for arg in ("-o", f"{key}={json.dumps(value)}")]
         if not probe:
             self.cmd.append("--no-probe")
+        if send_timeout_s is not None:
+            self.cmd += ["--send-timeout", str(send_timeout_s)]
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
 

@@ -430,6 +430,10 @@ def test_resume_with_loader_workers_audits_each_batch_once(server_factory, tmp_p
         if n == 5:
             state = first.state_dict()  # spot stop after 5 steps
             break
+    # A stopped trainer's loader workers go with its process; here they would live on, paused, and a
+    # paused consumer holds up to its window of built batches in the server's slots until it reads
+    # again or the server's send timeout drops it (docs/consumer.md).
+    first.close()
     resumed = loader()
     resumed.load_state_dict(state)
     resumed.set_epoch(0)

@@ -45,6 +45,7 @@ def test_one_data_node_trains_the_mnist_cnn(tmp_path):
     assert read_json(result.output / data_host / "output" / "data_node.json")["reason"] == "shut down"
 
 
+@pytest.mark.slow  # test_metric_definitions.py and test_preflight.py run whole local jobs by default
 def test_two_data_nodes_share_the_work_with_an_emulated_step(tmp_path):
     data = synth_data(tmp_path / "data", train=2400, test=0)  # 300 steps
     audit = tmp_path / "audit.jsonl"

@@ -157,6 +157,7 @@ def local_job(tmp_path: Path, name: str, ckpt: Path, audit: Path, hps: dict, **k
                     timeout_s=300, echo=False, synth_train=64, synth_test=0, **kw)
 
 
+@pytest.mark.slow  # test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch and test_multinode.py cover it by default
 def test_sigterm_stops_checkpoints_shuts_data_nodes_then_resume_with_fewer_data_nodes(tmp_path):
     ckpt, audit = tmp_path / "ckpt", tmp_path / "audit.jsonl"
     hps = {**SYNTHETIC_HPS, "pipeline.size": 1600, "emulate_step_s": 0.01, "log_every": 20, "warmup_steps": 2}

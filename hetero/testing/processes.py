@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,6 +83,21 @@ class _ProcessGroup:
             return ""
 
 
+def _wait_bindable(ports: tuple[int, ...], timeout: float) -> None:
+    """Wait (up to ``timeout``) until every port can be bound on loopback again: a restart right
+    after a kill -9 must not race the kernel releasing the dead server's sockets."""
+    deadline = time.monotonic() + timeout
+    for port in ports:
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
 class ServerProc(_ProcessGroup):
     """``hetero serve`` on loopback in its own process group (so kill -9 takes its workers too).
 
@@ -121,6 +137,8 @@ class ServerProc(_ProcessGroup):
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait: bool = True, timeout: float = 120.0) -> "ServerProc":
+        if self.starts:
+            _wait_bindable((self.port, self.bulk_port), 10.0)
         self._spawn()
         if wait:
             self.wait_ready(timeout)

@@ -171,6 +171,7 @@ class DataPlane:
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + TICK_S
+                    self._pool.tick()
                     for s in list(self._sessions):
                         s.check_deadlines(now)
                     if self._accept_paused_until and now >= self._accept_paused_until:

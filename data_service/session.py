@@ -259,7 +259,7 @@ class Session:
                 continue
             if len(self._tasks) + len(self._out) >= MAX_OUTSTANDING:
                 raise ProtocolError(f"more than {MAX_OUTSTANDING} outstanding batch requests")
-            task = Task(ref.seed, ref.epoch, ref.index, self._on_result)
+            task = Task(ref.seed, ref.epoch, ref.index, self._on_result, owner=self)
             self._tasks[id(task)] = task  # before submit: the pool may answer at once
             self.ctx.pool.submit(task)
             if self.closed:

@@ -9,6 +9,8 @@ A slot's life: ``reserve`` (a task is sent to build into it) -> ``fill`` (the ba
 use) -> ``release`` (sent or copied out: free again) or ``retire`` (a consumer may still map it:
 never written again, the worker builds into a fresh region next time). ``lease`` lets a
 same-host consumer keep a slot zero-copy, as long as the worker keeps one slot without a lease.
+``detach`` takes a built batch that its consumer is not taking out of the worker's way: the
+server keeps the region until the batch is released, the worker builds into a fresh one.
 
 The table holds no lock: its owner (the worker pool) calls it under its own lock.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 
 
 class ServerSlot:
@@ -36,7 +39,10 @@ class ServerSlot:
         self.in_use = False
         self.orphan = False
         self.leased = False
+        self.detached = False
         self.used_bytes = 0
+        self.filled_at = 0.0  # time.monotonic() when the batch it holds was built
+        self.owner: object = None  # who the batch is for (Task.owner)
 
     def close(self) -> None:
         try:
@@ -74,7 +80,7 @@ class SlotTable:
         if renew:
             self.renew.add(k)
 
-    def fill(self, k: int, region: ServerSlot | None, used_bytes: int) -> ServerSlot | None:
+    def fill(self, k: int, region: ServerSlot | None, used_bytes: int, owner: object = None) -> ServerSlot | None:
         """The worker built a batch into slot ``k`` (into ``region`` when it reported a new one).
 
         Returns the slot, now in use; None if the server has no region for it (the batch is
@@ -91,6 +97,8 @@ class SlotTable:
             return None
         slot.in_use = True
         slot.used_bytes = used_bytes
+        slot.owner = owner
+        slot.filled_at = time.monotonic()
         return slot
 
     def lease(self, slot: ServerSlot) -> bool | None:
@@ -119,13 +127,30 @@ class SlotTable:
     def retire(self, slot: ServerSlot) -> None:
         """A consumer may still map ``slot``: never write it again; its worker gets a fresh region."""
         self._unlease(slot)
+        self._forget(slot)
+        slot.in_use = False
+        slot.orphan = True
+        slot.close()  # the consumer's own mapping keeps the region alive while it needs it
+
+    def detach(self, slot: ServerSlot) -> None:
+        """Take ``slot`` (in use) out of the table: it stays the server's, and open, until its
+        batch is released, then closes; the worker builds into a fresh region in its place."""
+        self._unlease(slot)
+        self._forget(slot)
+        slot.orphan = True
+        slot.detached = True
+
+    def stuck(self, older_than: float) -> list[ServerSlot]:
+        """Slots of the table whose batch was built before ``older_than`` (monotonic) and is
+        still not released, oldest first."""
+        return sorted((s for s in self.slots if s is not None and s.in_use and s.filled_at < older_than),
+                      key=lambda s: s.filled_at)
+
+    def _forget(self, slot: ServerSlot) -> None:
         for k, s in enumerate(self.slots):
             if s is slot:
                 self.slots[k] = None
                 self.renew.add(k)
-        slot.in_use = False
-        slot.orphan = True
-        slot.close()  # the consumer's own mapping keeps the region alive while it needs it
 
     def orphan_all(self) -> None:
         """The worker died: its regions close once the batches they hold are released."""

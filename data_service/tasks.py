@@ -9,12 +9,17 @@ from .wire import pb
 
 @dataclass
 class Task:
-    """One batch to build; ``on_result`` is called once, from the pool's thread."""
+    """One batch to build; ``on_result`` is called once, from the pool's thread.
+
+    ``owner`` (the consumer connection that asked) lets the pool keep one consumer that stopped
+    taking its batches from holding every worker's slots (workers.py, "stuck batches").
+    """
 
     seed: int
     epoch: int
     index: int
     on_result: Callable[["Result"], None]
+    owner: object = None
     id: int = 0
     attempts: int = 0
     cancelled: bool = False

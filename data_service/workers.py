@@ -11,7 +11,16 @@ releasing a slot, or the one that reads the workers' pipes. That reader is eithe
 own dispatcher thread (``start()``) or the data server's event loop (``start(own_thread=False)``,
 which then polls ``wait_objects()`` and calls ``handle_ready``). A worker that dies
 mid-batch is replaced (worker_lifecycle.py) and its batch rebuilt by another; user-code
-exceptions travel back with their traceback and sample index. ``Task`` and ``Result`` are
+exceptions travel back with their traceback and sample index.
+
+Stuck batches: a consumer that stops taking its batches but stays connected (a training loop
+paused for evaluation, an iterator broken off and not closed) would keep every slot it was
+built into, and no other consumer would get a batch until its send timeout. So when a worker
+has no free slot, another consumer is waiting, and a slot's batch has waited ``STUCK_S``, the
+slot is detached (slots.py): the batch stays where it is for its consumer, the worker builds
+into a fresh region, and the consumers whose batches are not stuck go first. At most
+``DETACH_PER_OWNER`` batches per consumer connection and ``DETACH_PER_SLOT`` x the pool's slots
+in all are detached at once, which bounds the memory a stalled consumer can pin. ``Task`` and ``Result`` are
 tasks.py; the slot bookkeeping is slots.py; the pipe messages are pool_messages.py.
 """
 from __future__ import annotations
@@ -37,6 +46,9 @@ log = logging.getLogger(__name__)
 
 TASKS_AHEAD = 2  # tasks a worker holds at once: it starts the next without a round trip to us
 MAX_ATTEMPTS = 3  # a batch that kills this many workers is reported, not retried forever
+STUCK_S = 0.25    # a built batch nobody took for this long may be moved out of its worker's way
+DETACH_PER_OWNER = 8  # detached batches one consumer connection may hold at once
+DETACH_PER_SLOT = 4   # ... and all of them together, per slot of the pool
 
 
 class WorkerPool:
@@ -74,6 +86,9 @@ class WorkerPool:
         self.failed_replacements = 0
         self.leases = 0
         self.retired = 0
+        self.detached = 0  # batches ever detached
+        self._detached_by: collections.Counter = collections.Counter()  # owner -> detached now
+        self._detached_slots: set[ServerSlot] = set()
 
     # -- lifecycle
     def start(self, own_thread: bool = True) -> None:
@@ -154,7 +169,7 @@ class WorkerPool:
 
     def slots_in_use(self) -> tuple[int, int]:
         with self._lock:
-            used = [s for w in self._workers for s in w.table.in_use()]
+            used = [s for w in self._workers for s in w.table.in_use()] + list(self._detached_slots)
             return len(used), sum(s.used_bytes for s in used)
 
     def busy_fraction(self) -> float:
@@ -218,6 +233,10 @@ class WorkerPool:
                             kind=kind, message=message, traceback=tb, sample_index=sample)
         task.on_result(Result(task, error=err))
 
+    def tick(self) -> None:
+        """Called now and then by the loop that polls the pool: batches become stuck as time passes."""
+        self._assign()
+
     def _assign(self) -> None:
         with self._lock:
             for w in self._workers:
@@ -227,15 +246,59 @@ class WorkerPool:
                     if not self._pending:
                         return
                     free = w.table.reserve()
-                    if free is None:
-                        break
-                    task = self._pending.popleft()
+                    if free is not None:
+                        task = self._take()
+                    else:
+                        made = self._make_room(w)
+                        if made is None:
+                            break
+                        task, free = made
                     k, renew = free
                     w.tasks[task.id] = (task, k)
                     try:
                         w.conn.send(TaskMsg(task.id, task.seed, task.epoch, task.index, k, renew))
                     except (OSError, ValueError):
                         pass  # the sentinel reports the death
+
+    def _take(self) -> Task:
+        """The next task (the head is not cancelled): the oldest one, except that consumers with
+        stuck batches wait behind those without."""
+        if self._detached_by:
+            for i, t in enumerate(self._pending):
+                if not t.cancelled and self._detached_by[t.owner] == 0:
+                    del self._pending[i]
+                    return t
+        return self._pending.popleft()
+
+    def _make_room(self, w: WorkerHandle) -> tuple[Task, tuple[int, bool]] | None:
+        """Worker ``w`` has no free slot: detach its oldest stuck batch if a task of another
+        consumer is waiting; returns that task and the freed slot (module docstring)."""
+        if sum(self._detached_by.values()) >= DETACH_PER_SLOT * self._num_slots * len(self._workers):
+            return None
+        for slot in w.table.stuck(time.monotonic() - STUCK_S):
+            if self._detached_by[slot.owner] >= DETACH_PER_OWNER:
+                continue
+            for i, t in enumerate(self._pending):
+                if not t.cancelled and t.owner is not slot.owner:
+                    w.table.detach(slot)
+                    self._detached_slots.add(slot)
+                    self._detached_by[slot.owner] += 1
+                    self.detached += 1
+                    free = w.table.reserve()
+                    if free is None:  # cannot happen: detaching frees a slot
+                        return None
+                    del self._pending[i]
+                    return t, free
+            return None  # every waiting task is this consumer's own
+        return None
+
+    def _undetach(self, slot: ServerSlot) -> None:
+        if slot.detached:
+            slot.detached = False
+            self._detached_slots.discard(slot)
+            self._detached_by[slot.owner] -= 1
+            if self._detached_by[slot.owner] <= 0:
+                del self._detached_by[slot.owner]
 
     def _on_message(self, w: WorkerHandle) -> None:
         try:
@@ -276,7 +339,7 @@ class WorkerPool:
                     opened.close()
                 return  # stale
             task, k = entry
-            slot = w.table.fill(k, opened, header.payload_bytes)
+            slot = w.table.fill(k, opened, header.payload_bytes, task.owner)
             if slot is None:  # cannot happen unless slot bookkeeping is wrong: drop the batch, ask again
                 log.error("data worker %d built into slot %d, which the server no longer has", w.wid, k)
                 if not task.cancelled:
@@ -325,11 +388,13 @@ class WorkerPool:
 
     def _release(self, slot: ServerSlot) -> None:
         with self._lock:
+            self._undetach(slot)
             slot.table.release(slot)
         self._assign()
 
     def _retire(self, slot: ServerSlot) -> None:
         with self._lock:
+            self._undetach(slot)
             slot.table.retire(slot)
             self.retired += 1
         self._assign()

@@ -82,10 +82,11 @@ class RawBulk:
         assert frame.WhichOneof("kind") == "challenge", frame
         return frame.challenge
 
-    def login(self, token: str = TOKEN, version: str = PROTOCOL_VERSION) -> pb.BulkFrame:
+    def login(self, token: str = TOKEN, version: str = PROTOCOL_VERSION, shm: bool = False) -> pb.BulkFrame:
         ch = self.challenge()
         framing.send_frame(self.sock, pb.BulkFrame(hello=pb.BulkHello(
-            client_version=version, proof=framing.token_proof(token, ch.nonce), client_id="raw")))
+            client_version=version, proof=framing.token_proof(token, ch.nonce), client_id="raw",
+            accept_shm=shm, host_key=framing.host_key() if shm else "")))
         return framing.recv_frame(self.sock)
 
     def fetch(self, refs) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import threading
 import time
 
@@ -18,6 +19,7 @@ import pytest
 from _fault_helpers import (REPS, SLOW_REPS, RawBulk, assert_exactly_once, bulk_port, slow_header_parse, stats,
                             wait_clean, wait_until)
 from conftest import TOKEN
+from data_service import framing
 from data_service.codec import batch_digest
 from data_service.errors import BatchBuildError, ServerUnavailableError
 from data_service.pipeline import PipelineSpec
@@ -129,33 +131,62 @@ def test_slow_consumer_keeps_server_memory_within_its_bound(tmp_path):
         server.kill()
 
 
-def test_a_consumer_that_stops_reading_does_not_starve_the_others():
-    # 2 MB batches, one worker with 2 slots. Consumer A asks for 32 batches, then freezes (SIGSTOP,
-    # a dead link without RST): the server's sender blocks in sendall forever, A's results hold both
-    # slots and consumer B never gets a batch built. Expected: the server drops A after a send
-    # timeout (or caps the slots one session may hold) and B completes.
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shared-memory"])
+def test_a_consumer_that_stops_reading_does_not_starve_the_others(shm):
+    # 2 MB batches, one worker with 2 slots. Consumer A asks for 32 batches, then takes none and
+    # stays connected (over TCP its socket fills up; with shared memory it never releases). Its
+    # batches hold both slots. Consumer B must still get all its batches, long before A's send
+    # timeout (60 s here; a shared-memory consumer is never timed out at all): the pool moves
+    # A's stuck batches out of the worker's way.
     server = ServerProc({"size": 64, "batch_size": 2, "shape": [1, 1024, 1024]}, workers=1, token=TOKEN,
-                        send_timeout_s=5).start()
+                        send_timeout_s=60).start()
     frozen = RawBulk(bulk_port(server.address))
     try:
-        frozen.sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 4096)
-        assert frozen.login().WhichOneof("kind") == "welcome"
+        frozen.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        welcome = frozen.login(shm=shm)
+        assert welcome.WhichOneof("kind") == "welcome" and welcome.welcome.shm == shm, welcome
         frozen.fetch(pb.BatchRef(seed=1, epoch=0, index=i) for i in range(32))
         wait_until(lambda: stats(server.address).slots_in_use == 2, 30, "A holds both slots")
         box: list = []
 
         def other():
             try:
-                box.append(len(list(RemoteDataset([server.address], TOKEN, connect_timeout=10, batch_timeout=10))))
+                box.append(len(list(RemoteDataset([server.address], TOKEN, connect_timeout=10, batch_timeout=10,
+                                                  shared_memory=not shm))))
             except Exception as exc:  # noqa: BLE001
                 box.append(exc)
 
+        t0 = time.monotonic()
         t = threading.Thread(target=other, daemon=True)
         t.start()
-        t.join(40)
-        assert box == [32], f"consumer B got {box or 'nothing'} within 40 s while A was frozen"
+        t.join(30)
+        assert box == [32], f"consumer B got {box or 'nothing'} within 30 s while A took nothing"
+        assert time.monotonic() - t0 < 20
+        # A's stuck batches stay within the cap, and A is still served once it reads.
+        assert stats(server.address).slots_in_use <= 2 + 8
+        frozen.sock.settimeout(10)
+        first = framing.recv_frame(frozen.sock)
+        assert first.WhichOneof("kind") == "batch" and first.batch.ref.index == 0, first
     finally:
         frozen.close()
+        server.kill()
+
+
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["tcp", "shared-memory"])
+def test_an_iterator_broken_off_and_kept_alive_does_not_stall_the_next_one(shared_memory):
+    # A training loop that breaks out of one epoch's iterator and starts another without closing
+    # the first: the first one's requested batches must not hold the server's only worker. (8 MB
+    # batches: more than loopback's socket buffers take, so over TCP they wait in the slots too.)
+    server = ServerProc({"size": 16, "batch_size": 2, "shape": [1, 1024, 1024]}, workers=1, token=TOKEN).start()
+    try:
+        first = iter(RemoteDataset([server.address], TOKEN, shared_memory=shared_memory, window=8))
+        next(first), next(first)
+        t0 = time.monotonic()
+        n = sum(1 for _ in RemoteDataset([server.address], TOKEN, shared_memory=shared_memory,
+                                         connect_timeout=10, batch_timeout=15))
+        assert n == 8 and time.monotonic() - t0 < 15, (n, time.monotonic() - t0)
+        assert len(list(first)) == 6  # and the first one still ends its epoch
+    finally:
         server.kill()
 
 

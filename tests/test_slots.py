@@ -102,3 +102,38 @@ def test_a_new_region_replaces_and_closes_the_old_one(region):
     table.release(old)
     new = fill_new(table, region)
     assert old.fd == -1 and new is not old and table.slots == [new]
+
+
+def test_a_detached_slot_stays_readable_until_released_and_the_worker_gets_a_fresh_region(region):
+    table = SlotTable(1)
+    slot = fill_new(table, region)
+    slot.map[:5] = b"stuck"
+    assert table.lease(slot) is False  # one slot: no lease
+    table.detach(slot)
+    assert table.reserve() == (0, True)  # free again, into a new region
+    with open(slot.path, "rb") as f:  # its consumer can still read it
+        assert f.read(5) == b"stuck"
+    assert table.lease(slot) is False and slot.in_use
+    table.release(slot)
+    assert slot.fd == -1  # closed once released
+
+
+def test_detaching_a_leased_slot_gives_its_lease_back(region):
+    table = SlotTable(2)
+    a = fill_new(table, region)
+    assert table.lease(a) is True and table.leased == 1
+    table.detach(a)
+    assert table.leased == 0
+    b = fill_new(table, region)
+    assert table.lease(b) is True  # the lease counter was not left behind
+    table.release(a)
+    assert table.leased == 1
+
+
+def test_stuck_lists_batches_built_before_a_time_oldest_first(region):
+    table = SlotTable(3)
+    a, b, c = (fill_new(table, region) for _ in range(3))
+    a.filled_at, b.filled_at, c.filled_at = 10.0, 5.0, 30.0
+    assert table.stuck(older_than=20.0) == [b, a]
+    table.release(b)
+    assert table.stuck(older_than=20.0) == [a]

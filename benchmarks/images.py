@@ -65,7 +65,7 @@ def cpu_seconds_per_batch(images: str, batch_size: int, batches: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     from hetero.synthetic_images import write_image_folder
 
-    from .profile import profile_pipeline
+    from hetero.planning.profile import profile_pipeline
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.images", description=__doc__.split("\n\n")[0])
     p.add_argument("--images", default=None, help="image folder root/<class>/*.jpg (default: drawn shapes)")

@@ -54,7 +54,7 @@ class LaunchConfig:
     max_steps: int = 0                      # 0: no cap (steps per rank, all epochs)
     log_every: int = 50
     warmup_steps: int = 5                   # discarded from averages
-    loader_workers: int = 2
+    loader_workers: int = -1                # -1: 2 in homogeneous mode, 0 in heterogeneous (see workers_for)
     model: str = "examples.mnist:Net"
     model_options: dict = field(default_factory=dict, hash=False)
     step: str = "examples.mnist:train_step"
@@ -72,6 +72,18 @@ class LaunchConfig:
     job_secret: str = ""                    # prefer the HETERO_JOB_SECRET variable
     job_name: str = ""                      # when TRAINING_JOB_NAME is not set
     log_level: str = "INFO"
+
+    def workers_for(self, mode: str) -> int:
+        """DataLoader workers per rank in ``mode`` ("homogeneous" or "heterogeneous").
+
+        ``loader_workers=-1`` (the default) picks 2 in homogeneous mode, where the workers build
+        the batches, and 0 in heterogeneous mode, where batches arrive built: a worker process
+        would only add a copy of every batch and a process on the GPU node's CPUs, the ones the
+        data nodes exist to spare.
+        """
+        if self.loader_workers >= 0:
+            return self.loader_workers
+        return 2 if mode == "homogeneous" else 0
 
     @classmethod
     def from_hyperparameters(cls, hps: Mapping[str, Any]) -> "LaunchConfig":
@@ -108,10 +120,11 @@ class LaunchConfig:
         for name in ("epochs", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("max_steps", "warmup_steps", "loader_workers", "procs_per_node", "data_workers", "seed",
-                     "checkpoint_every"):
+        for name in ("max_steps", "warmup_steps", "procs_per_node", "data_workers", "seed", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.loader_workers < -1:
+            raise ConfigError(f"loader_workers={self.loader_workers} must be >= 0, or -1 for the mode's default")
         for name in ("watchdog_connect_s", "watchdog_idle_s", "data_wait_s", "dist_timeout_s",
                      "train_timeout_s", "connect_timeout_s"):
             if getattr(self, name) <= 0:

@@ -102,7 +102,7 @@ def make_dataset(job: TrainJob, rank: int):
         # pinned receive buffers only help without loader workers (a worker's tensors are copied
         # into shared memory; the DataLoader pins those in the trainer instead)
         return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.connect_timeout_s,
-                             pin_memory=torch.cuda.is_available() and cfg.loader_workers == 0, **common)
+                             pin_memory=torch.cuda.is_available() and cfg.workers_for(job.mode) == 0, **common)
     from dnn_worker import LocalDataset
     return LocalDataset(PipelineSpec(cfg.pipeline, cfg.pipeline_options), **common)
 
@@ -158,7 +158,7 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
         torch.cuda.set_device(device)
     else:
         # intra-op threads share the node's CPUs with the other ranks and the loader workers
-        free = len(os.sched_getaffinity(0)) - cfg.loader_workers
+        free = len(os.sched_getaffinity(0)) - cfg.workers_for(job.mode)
         torch.set_num_threads(max(1, free // job.nprocs))
     if job.world_size > 1:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{job.master_addr}:{cfg.master_port}",
@@ -186,7 +186,7 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
     # forkserver, not fork: this process has used gRPC (Hello), and a forked child of a gRPC
     # process can deadlock on its first call. Persistent workers keep their connections to the
     # data servers from one epoch to the next.
-    workers = cfg.loader_workers
+    workers = cfg.workers_for(job.mode)
     loader = ResumableLoader(DataLoader(dataset, batch_size=None, num_workers=workers,
                                         pin_memory=cuda and workers > 0, persistent_workers=workers > 0,
                                         worker_init_fn=_ignore_sigterm if workers else None,

@@ -49,11 +49,19 @@ def test_options_from_hyperparameters():
     ({"pipeline": "no_colon"}, "must look like 'package.module:function'"),
     ({"watchdog_idle_s": 0}, "watchdog_idle_s=0.0 must be > 0"),
     ({"checkpoint_every": -1}, "checkpoint_every=-1 must be >= 0"),
+    ({"loader_workers": -2}, "loader_workers=-2 must be >= 0, or -1"),
     ({"checkpoint": "perhaps"}, "checkpoint='perhaps' must be a bool"),
 ])
 def test_bad_options_name_the_value(hps, message):
     with pytest.raises(ConfigError, match=message):
         LaunchConfig.from_hyperparameters(hps)
+
+
+def test_loader_workers_default_to_none_where_batches_arrive_built():
+    cfg = LaunchConfig.from_hyperparameters({})
+    assert cfg.workers_for("homogeneous") == 2 and cfg.workers_for("heterogeneous") == 0
+    cfg = LaunchConfig.from_hyperparameters({"loader_workers": "3"})
+    assert cfg.workers_for("homogeneous") == 3 and cfg.workers_for("heterogeneous") == 3
 
 
 def test_cli_arguments_as_sagemaker_passes_them():

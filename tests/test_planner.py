@@ -37,9 +37,17 @@ def test_predict_step_consumers_and_efficiency_scale_the_data_time():
     assert predict_step(1.0, 0.01, cores=10, efficiency=0.5).data_s == pytest.approx(0.2)
 
 
+def test_trainer_work_on_the_same_cores_lengthens_the_data_time():
+    # 40 ms to build a batch plus 5 ms of the trainer's own work, shared by 1 or 2 cores
+    assert predict_step(0.040, 0.01, cores=1, trainer_s=0.005).step_s == pytest.approx(0.045)
+    assert predict_step(0.040, 0.01, cores=2, trainer_s=0.005).step_s == pytest.approx(0.0225)
+    assert predict_step(0.040, 0.05, cores=2, trainer_s=0.005).bound == "gpu"
+
+
 @pytest.mark.parametrize("kwargs, needle", [
     ({"preprocess_s": 0}, "preprocess_s"), ({"gpu_step_s": -1}, "gpu_step_s"), ({"cores": 0}, "cores"),
     ({"efficiency": 1.5}, "efficiency"), ({"consumers": 0}, "consumers"), ({"preprocess_s": float("nan")}, "nan"),
+    ({"trainer_s": -0.001}, "trainer_s"), ({"trainer_s": float("nan")}, "trainer_s"),
 ])
 def test_predict_step_rejects_bad_figures_by_name(kwargs, needle):
     args = {"preprocess_s": 1.0, "gpu_step_s": 0.1, "cores": 2, **kwargs}
@@ -115,6 +123,16 @@ def test_profile_times_batches_on_one_core():
                             batches=3)
     assert prof.batch_size == 4 and len(prof.times_s) == 4 and prof.warmup_batches == 1
     assert prof.median_s >= 0.018                                      # 4 samples x 5 ms of busy work
+    assert prof.finish_s == 0.0                                        # this pipeline has no finish stage
+
+
+def test_profile_times_the_finish_stage_too(tmp_path):
+    from hetero.synthetic_images import write_image_folder
+
+    write_image_folder(tmp_path, per_class=4, classes=2, seed=0)
+    prof = profile_pipeline("examples.imagefolder:build_pipeline",
+                            {"data_dir": str(tmp_path), "batch_size": 2, "image_size": 64}, batches=2)
+    assert 0 < prof.finish_s < prof.median_s
     with pytest.raises(ValueError, match="profiling needs 20"):
         profile_pipeline("examples.synthetic:build_pipeline", {"size": 8, "batch_size": 4}, batches=19)
 

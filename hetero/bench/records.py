@@ -25,7 +25,7 @@ class BenchConfig:
     batch_size: int = 64
     augment_repeats: int = 4
     emulate_step_s: float = 0.05
-    loader_workers: int = 0            # 0: one per trainer CPU
+    loader_workers: int = 0            # 0: homogeneous one per trainer CPU, heterogeneous the launcher's default (0)
     local_server: bool = True
     data_nodes: int = 1
     synth_train: int = 0               # 0: enough for every step in one epoch
@@ -78,7 +78,7 @@ class BenchConfig:
     def hyperparameters(self) -> dict:
         hps = {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
                "pipeline": self.pipeline, **{f"pipeline.{k}": v for k, v in self.pipeline_options().items()},
-               "loader_workers": self.loader_workers or len(self.trainer_cpus),
+               "loader_workers": self.loader_workers or len(self.trainer_cpus),  # homogeneous; run_mode sets heterogeneous
                "log_every": self.log_every or max(5, self.steps // 10), "evaluate": ""}
         if self.epoch_batches:
             hps["epochs"] = -(-self.steps // self.epoch_batches) + 1

@@ -109,6 +109,8 @@ def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunR
     homo = mode == "homogeneous"
     if not homo:
         hps["dnn_local_server"] = cfg.local_server
+        if not cfg.loader_workers:
+            hps["loader_workers"] = -1  # the launcher's heterogeneous default: batches arrive built
     out = cfg.output / f"{mode}-{round_no}"
     job = LocalJob(data_nodes=cfg.data_nodes, dnn_nodes=1, homogeneous=homo, data=data_dir, output=out,
                    hyperparameters=hps, timeout_s=cfg.timeout_s, dnn_cpus=cpu_list_text(cfg.trainer_cpus),
@@ -171,7 +173,10 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     prof = min(profiles, key=lambda p: p.median_s)
     summary = summarize(cfg, runs)
     add_costs(cfg, summary, table)
-    add_prediction(cfg, summary, prof.median_s)
+    # The finish stage runs on the trainer's CPU cores unless a GPU takes it.
+    import torch
+
+    add_prediction(cfg, summary, prof.median_s, 0.0 if torch.cuda.is_available() else prof.finish_s)
     if cfg.consumer_cpu:
         from .consumer_cpu import measure
 
@@ -212,7 +217,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--augment-repeats", type=int, default=d.augment_repeats, help="MNIST blur passes (CPU cost)")
     p.add_argument("--emulate-step-s", type=float, default=d.emulate_step_s,
                    help="EMULATED accelerator step in seconds (sleep); 0 = real CPU step")
-    p.add_argument("--loader-workers", type=int, default=0, help="trainer DataLoader workers (0: one per trainer CPU)")
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="trainer DataLoader workers in both modes (0: homogeneous one per trainer CPU, "
+                        "heterogeneous the launcher's default, none)")
     p.add_argument("--no-local-server", action="store_true", help="trainer CPUs do not build batches in hetero mode")
     p.add_argument("--data-nodes", type=int, default=d.data_nodes, help="emulated data nodes, all on --data-cpus")
     p.add_argument("--synth-train", type=int, default=d.synth_train, help="synthetic images (0: steps x batch)")

@@ -47,7 +47,7 @@ class Prediction:
 
 
 def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers: int = 1,
-                 efficiency: float = 1.0) -> Prediction:
+                 efficiency: float = 1.0, trainer_s: float = 0.0) -> Prediction:
     """Step time when ``cores`` CPU cores feed ``consumers`` accelerators.
 
     Args:
@@ -56,6 +56,11 @@ def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers
         cores: cores building batches in parallel.
         consumers: accelerators, each taking one batch per step.
         efficiency: share of ideal parallel scaling the data path reaches (0 < e <= 1).
+        trainer_s: CPU seconds the trainer itself spends per batch on those same cores (the
+            finish stage where training runs on the CPU, as with an emulated step here; about 0
+            on a GPU, where the finish stage runs on the device). Cores that both build batches
+            and train, as a homogeneous node's or a heterogeneous trainer node with its own data
+            server, share the two kinds of work.
 
     Returns:
         The predicted step time, data time per step, data wait share and what bounds the step.
@@ -67,7 +72,9 @@ def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency!r}")
     if not isinstance(consumers, int) or consumers < 1:
         raise PlanError(f"consumers must be an integer >= 1, got {consumers!r}")
-    data_s = consumers * preprocess_s / (cores * efficiency)
+    if not trainer_s >= 0:
+        raise PlanError(f"trainer_s must be >= 0 seconds, got {trainer_s!r}")
+    data_s = consumers * (preprocess_s + trainer_s) / (cores * efficiency)
     step_s = max(gpu_step_s, data_s)
     return Prediction(step_s, data_s, (step_s - gpu_step_s) / step_s, "data" if data_s > gpu_step_s else "gpu")
 

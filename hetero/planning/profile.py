@@ -2,7 +2,10 @@
 
 Builds a few batches with ``data_service.pipeline.build_batch`` (the function data servers
 and DataLoader workers run) in this process, confined to one core, one torch thread.
-The first ``warmup`` batches (imports, caches) are timed but left out of the median.
+The first ``warmup`` batches (imports, caches) are timed but left out of the median. The
+pipeline's finish stage (the trainer's per-batch work, e.g. uint8 -> normalised float32) is
+timed on each built batch too, on the CPU: where the trainer runs on the CPU (no GPU, an
+emulated step), it takes that time from the cores that would otherwise build batches.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 log = logging.getLogger(__name__)
+
+FINISH_PASSES = 4  # passes of the finish stage over the built batches; the last one is reported
 
 
 @contextlib.contextmanager
@@ -41,6 +46,21 @@ class ProfileResult:
     max_s: float
     warmup_batches: int
     times_s: list[float] = field(default_factory=list)
+    finish_s: float = 0.0  # median seconds of the finish stage per batch on this core (0: none)
+
+
+def _time_finish(finish, built: list) -> list[float]:
+    """Seconds of ``finish`` on each built batch, back to back as a trainer runs it, in its steady
+    state: earlier passes pay for the allocator's first touch of the output buffers, a long run
+    does not."""
+    times: list[float] = []
+    for _ in range(FINISH_PASSES if finish.fn is not None else 0):
+        times = []
+        for batch in built:
+            start = time.perf_counter()
+            finish(batch)
+            times.append(time.perf_counter() - start)
+    return times
 
 
 def profile_pipeline(target: str, options: dict | None = None, batches: int = 8, cpu: int | None = None,
@@ -61,7 +81,10 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
         ValueError: ``batches`` < 1 or a pipeline with fewer batches than needed.
         data_service.ConfigError: the pipeline cannot be loaded.
     """
+    import torch
+
     from data_service.pipeline import PipelineSpec, build_batch
+    from dnn_worker.device import FinishStage
 
     if batches < 1 or warmup < 0:
         raise ValueError(f"batches={batches} must be >= 1 and warmup={warmup} >= 0")
@@ -71,15 +94,23 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     available = plan.num_samples // plan.batch_size
     if available < batches + warmup:
         raise ValueError(f"the pipeline has {available} batches per epoch; profiling needs {batches + warmup}")
-    times = []
+    finish = FinishStage.load(pipe.finish_target(), pipe.finish_dtypes)
+    times, finish_times, built = [], [], []
     with pinned([cpu]):
         for i in range(warmup + batches):
             start = time.perf_counter()
-            build_batch(pipe, plan, 0, 0, i)
+            built.append(build_batch(pipe, plan, 0, 0, i))
             times.append(time.perf_counter() - start)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one core: more threads would only take turns on it
+        try:
+            finish_times = _time_finish(finish, built)
+        finally:
+            torch.set_num_threads(threads)
     kept = times[warmup:]
     result = ProfileResult(target, dict(options or {}), cpu, pipe.batch_size, statistics.median(kept), min(kept),
-                           max(kept), warmup, times)
-    log.info("profile %s: %.1f ms/batch median on CPU %d (%d batches, min %.1f, max %.1f ms)", target,
-             1000 * result.median_s, cpu, batches, 1000 * result.min_s, 1000 * result.max_s)
+                           max(kept), warmup, times, statistics.median(finish_times) if finish_times else 0.0)
+    log.info("profile %s: %.1f ms/batch median on CPU %d (%d batches, min %.1f, max %.1f ms); finish stage %.1f ms",
+             target, 1000 * result.median_s, cpu, batches, 1000 * result.min_s, 1000 * result.max_s,
+             1000 * result.finish_s)
     return result

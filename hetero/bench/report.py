@@ -99,7 +99,11 @@ def markdown(summary: dict) -> str:
         parts = [f"{mode} {pred[mode]['step_s']:.4f} s predicted ({pred[mode]['cores']} core(s), data wait "
                  f"{pred[mode]['data_wait_fraction']:.0%}) vs {_f(pred[mode]['measured_step_s'], '.4f')} s measured"
                  for mode in MODES]
-        lines.append("Planner: " + "; ".join(parts) + ".")
+        own = [f"finish stage {pred['trainer_s_per_batch'] * 1000:.1f} ms"] if pred.get("trainer_s_per_batch") else []
+        if pred.get("loader_handoff_s_per_batch"):
+            own.append(f"loader hand-off {pred['loader_handoff_s_per_batch'] * 1000:.1f} ms")
+        lines.append("Planner: " + "; ".join(parts) + "."
+                     + (f" The trainer's own CPU per batch counted: {', '.join(own)}." if own else ""))
     elif pred:
         lines.append(f"Planner: no prediction ({pred.get('note')}).")
     return "\n".join(lines)

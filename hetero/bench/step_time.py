@@ -176,7 +176,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     # The finish stage runs on the trainer's CPU cores unless a GPU takes it.
     import torch
 
-    add_prediction(cfg, summary, prof.median_s, 0.0 if torch.cuda.is_available() else prof.finish_s)
+    add_prediction(cfg, summary, prof.median_s, 0.0 if torch.cuda.is_available() else prof.finish_s, prof.handoff_s)
     if cfg.consumer_cpu:
         from .consumer_cpu import measure
 

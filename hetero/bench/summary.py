@@ -105,11 +105,13 @@ def add_costs(cfg: BenchConfig, summary: dict, table) -> None:
                          "data_instance": asdict(table.info(cfg.data_instance))}
 
 
-def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, trainer_s: float = 0.0) -> None:
+def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, trainer_s: float = 0.0,
+                   handoff_s: float = 0.0) -> None:
     """The planner's step-time prediction for both layouts, beside the measured medians.
 
     ``trainer_s``: the trainer's own CPU seconds per batch on its cores (the finish stage when
-    training runs on the CPU; 0 where it runs on a GPU).
+    training runs on the CPU; 0 where it runs on a GPU). ``handoff_s``: a DataLoader worker's
+    hand-off of one batch to the trainer, paid where the trainer has loader workers.
     """
     if preprocess_s is None or cfg.emulate_step_s <= 0:
         summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}
@@ -117,11 +119,13 @@ def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, 
     homo_cores = len(cfg.trainer_cpus)
     het_cores = len(cfg.data_cpus) + (homo_cores if cfg.local_server else 0)
     pred = {"preprocess_s_per_batch_one_core": preprocess_s, "trainer_s_per_batch": trainer_s,
-            "gpu_step_s": cfg.emulate_step_s}
+            "loader_handoff_s_per_batch": handoff_s, "gpu_step_s": cfg.emulate_step_s}
     for mode, cores in (("homogeneous", homo_cores), ("heterogeneous", het_cores)):
         # Without a local server the trainer's cores only train: the data cores alone build batches.
         shared = mode == "homogeneous" or cfg.local_server
-        p = predict_step(preprocess_s, cfg.emulate_step_s, cores, trainer_s=trainer_s if shared else 0.0)
+        loaders = mode == "homogeneous" or cfg.loader_workers > 0
+        own = (trainer_s + (handoff_s if loaders else 0.0)) if shared else 0.0
+        p = predict_step(preprocess_s, cfg.emulate_step_s, cores, trainer_s=own)
         measured = summary["modes"][mode]["step_time_s"]["median"]
         pred[mode] = {"cores": cores, "step_s": p.step_s, "data_wait_fraction": p.data_wait_fraction,
                       "measured_step_s": measured,

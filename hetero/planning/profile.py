@@ -5,7 +5,10 @@ and DataLoader workers run) in this process, confined to one core, one torch thr
 The first ``warmup`` batches (imports, caches) are timed but left out of the median. The
 pipeline's finish stage (the trainer's per-batch work, e.g. uint8 -> normalised float32) is
 timed on each built batch too, on the CPU: where the trainer runs on the CPU (no GPU, an
-emulated step), it takes that time from the cores that would otherwise build batches.
+emulated step), it takes that time from the cores that would otherwise build batches. So is the
+hand-off from a DataLoader worker to its trainer (the worker moves each tensor into shared
+memory), which a homogeneous node pays per batch and a heterogeneous trainer without loader
+workers does not.
 """
 from __future__ import annotations
 
@@ -46,7 +49,8 @@ class ProfileResult:
     max_s: float
     warmup_batches: int
     times_s: list[float] = field(default_factory=list)
-    finish_s: float = 0.0  # median seconds of the finish stage per batch on this core (0: none)
+    finish_s: float = 0.0   # median seconds of the finish stage per batch on this core (0: none)
+    handoff_s: float = 0.0  # median seconds for a loader worker to hand a batch to its trainer
 
 
 def _time_finish(finish, built: list) -> list[float]:
@@ -61,6 +65,17 @@ def _time_finish(finish, built: list) -> list[float]:
             finish(batch)
             times.append(time.perf_counter() - start)
     return times
+
+
+def _time_handoff(batch) -> float:
+    """Seconds to move the batch's tensors into shared memory, as torch's DataLoader worker does
+    to send a batch to its trainer (the trainer then maps them)."""
+    from data_service.codec import flatten
+
+    start = time.perf_counter()
+    for _, tensor in flatten(batch)[1]:
+        tensor.share_memory_()
+    return time.perf_counter() - start
 
 
 def profile_pipeline(target: str, options: dict | None = None, batches: int = 8, cpu: int | None = None,
@@ -105,12 +120,14 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
         torch.set_num_threads(1)  # one core: more threads would only take turns on it
         try:
             finish_times = _time_finish(finish, built)
+            handoff_times = [_time_handoff(batch) for batch in built]
         finally:
             torch.set_num_threads(threads)
     kept = times[warmup:]
     result = ProfileResult(target, dict(options or {}), cpu, pipe.batch_size, statistics.median(kept), min(kept),
-                           max(kept), warmup, times, statistics.median(finish_times) if finish_times else 0.0)
-    log.info("profile %s: %.1f ms/batch median on CPU %d (%d batches, min %.1f, max %.1f ms); finish stage %.1f ms",
-             target, 1000 * result.median_s, cpu, batches, 1000 * result.min_s, 1000 * result.max_s,
-             1000 * result.finish_s)
+                           max(kept), warmup, times, statistics.median(finish_times) if finish_times else 0.0,
+                           statistics.median(handoff_times[warmup:]))
+    log.info("profile %s: %.1f ms/batch median on CPU %d (%d batches, min %.1f, max %.1f ms); finish stage %.1f ms, "
+             "loader hand-off %.1f ms", target, 1000 * result.median_s, cpu, batches, 1000 * result.min_s,
+             1000 * result.max_s, 1000 * result.finish_s, 1000 * result.handoff_s)
     return result

@@ -132,7 +132,7 @@ def test_profile_times_the_finish_stage_too(tmp_path):
     write_image_folder(tmp_path, per_class=4, classes=2, seed=0)
     prof = profile_pipeline("examples.imagefolder:build_pipeline",
                             {"data_dir": str(tmp_path), "batch_size": 2, "image_size": 64}, batches=2)
-    assert 0 < prof.finish_s < prof.median_s
+    assert 0 < prof.finish_s < prof.median_s and prof.handoff_s > 0
     with pytest.raises(ValueError, match="profiling needs 20"):
         profile_pipeline("examples.synthetic:build_pipeline", {"size": 8, "batch_size": 4}, batches=19)
 

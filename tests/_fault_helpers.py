@@ -187,21 +187,18 @@ def frame_bytes(frame: pb.BulkFrame) -> bytes:
 
 
 def slow_header_parse(monkeypatch, seconds: Callable[[pb.BatchHeader], float]) -> None:
-    """Make the worker pool's dispatcher sleep ``seconds(header)`` after parsing each batch header.
+    """Make the worker pool's dispatcher sleep ``seconds(header)`` after reading each "done" message.
 
     That widens the window between "a worker says done" and "the server takes the batch", where
     races with other threads (assigning tasks, a worker dying) would show."""
-    from data_service import workers
+    from data_service import pool_messages
 
-    class _SlowHeaders:
-        class BatchHeader:
-            @staticmethod
-            def FromString(raw):
-                header = pb.BatchHeader.FromString(raw)
-                time.sleep(seconds(header))
-                return header
+    recv = pool_messages.MessageConnection.recv
 
-        def __getattr__(self, name):
-            return getattr(pb, name)
+    def slow_recv(conn):
+        msg = recv(conn)
+        if isinstance(msg, pool_messages.DoneMsg):
+            time.sleep(seconds(pb.BatchHeader.FromString(msg.header)))
+        return msg
 
-    monkeypatch.setattr(workers, "pb", _SlowHeaders())
+    monkeypatch.setattr(pool_messages.MessageConnection, "recv", slow_recv)

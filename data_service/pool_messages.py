@@ -79,6 +79,8 @@ _TASK = struct.Struct("<cQQQQI?")           # tag, task_id, seed, epoch, index, 
 _DONE = struct.Struct("<cQIQQQddIH")        # tag, task_id, slot, region capacity, payload, raw, build_s,
                                             # compress_s, samples_skipped, region path length
 _T, _D, _P = b"T", b"D", b"P"
+_FRAME_LEN = struct.Struct("!i")  # multiprocessing's frame length
+_READ_CHUNK = 1 << 16
 
 
 def encode(msg) -> bytes:
@@ -110,13 +112,43 @@ def decode(data) -> ToWorker | FromWorker:
 
 
 class MessageConnection(Connection):
-    """A pipe end whose ``send``/``recv`` carry these messages (``encode``/``decode``)."""
+    """A pipe end whose ``send``/``recv`` carry these messages (``encode``/``decode``).
+
+    Frames are ``multiprocessing``'s (a 4-byte length, then the bytes). ``recv`` reads whatever
+    the pipe holds in one call and keeps the rest for the next ``recv``; ``pending()`` says
+    whether a whole message waits there, where no selector can see it.
+    """
+
+    _rbuf = b""
 
     def send(self, obj) -> None:
-        self.send_bytes(encode(obj))
+        data = encode(obj)
+        view = memoryview(_FRAME_LEN.pack(len(data)) + data)
+        fd = self.fileno()
+        while view:
+            view = view[os.write(fd, view):]
+
+    def pending(self) -> bool:
+        buf = self._rbuf
+        return len(buf) >= 4 and len(buf) - 4 >= _FRAME_LEN.unpack_from(buf)[0]
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return self.pending() or super().poll(timeout)
 
     def recv(self):
-        return decode(self.recv_bytes())
+        buf, fd = self._rbuf, self.fileno()
+        while True:
+            if len(buf) >= 4:
+                (n,) = _FRAME_LEN.unpack_from(buf)
+                if len(buf) - 4 >= n:
+                    self._rbuf = buf[4 + n:]
+                    return decode(memoryview(buf)[4:4 + n])
+            chunk = os.read(fd, max(_READ_CHUNK, 4 + (_FRAME_LEN.unpack_from(buf)[0] if len(buf) >= 4 else 0)
+                                    - len(buf)))
+            if not chunk:
+                self._rbuf = b""
+                raise EOFError("the pipe's other end closed")
+            buf = buf + chunk if buf else chunk
 
 
 def message_connection(conn: Connection) -> MessageConnection:

@@ -209,6 +209,8 @@ class Session:
                 raise framing.PeerClosed(f"{self.peer} closed the connection")
             self._rbuf += data
             self._parse()
+            if len(data) < READ_CHUNK and not self._tls:
+                return  # the socket is empty: no failing recv (the loop reports what comes next)
 
     def _parse(self) -> None:
         buf = self._rbuf

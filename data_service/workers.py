@@ -188,8 +188,10 @@ class WorkerPool:
                 continue
             for w in workers:
                 if obj is w.conn:
-                    if w.alive:
+                    while w.alive:  # also the messages the last read took off the pipe with it
                         self._on_message(w)
+                        if not w.conn.pending():
+                            break
                 elif obj == w.process.sentinel and w.alive and not w.conn.poll():
                     self._on_death(w)
         self._assign()

@@ -47,7 +47,7 @@ MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, othe
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     kind: str                 # "batch" | "error" | "down"
     conn: "BulkConnection"
@@ -181,7 +181,7 @@ class BulkConnection:
     def flush(self) -> None:
         """Write deferred releases and whatever the socket did not take before; raises OSError
         when the connection is gone."""
-        if self.closed:
+        if self.closed or not (self._out or self._releases):
             return
         self._send(b"", wait=True)
 

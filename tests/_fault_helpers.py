@@ -138,8 +138,9 @@ class FakeBulkServer:
         self.errors: list[BaseException] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def serve(self, chunks: list[bytes], linger_s: float = 0.0) -> None:
-        self._scripts.put((chunks, linger_s))
+    def serve(self, chunks: list[bytes], linger_s: float = 0.0, pause_s: float = 0.0) -> None:
+        """Queue a script; ``pause_s`` between chunks makes the consumer read them one by one."""
+        self._scripts.put((chunks, linger_s, pause_s))
 
     def _accept(self) -> None:
         while not self._closed:
@@ -148,13 +149,13 @@ class FakeBulkServer:
             except OSError:
                 return
             try:
-                chunks, linger = self._scripts.get(timeout=10)
+                chunks, linger, pause = self._scripts.get(timeout=10)
             except queue.Empty:
                 sock.close()
                 continue
-            threading.Thread(target=self._run, args=(sock, chunks, linger), daemon=True).start()
+            threading.Thread(target=self._run, args=(sock, chunks, linger, pause), daemon=True).start()
 
-    def _run(self, sock: socket.socket, chunks: list[bytes], linger: float) -> None:
+    def _run(self, sock: socket.socket, chunks: list[bytes], linger: float, pause: float = 0.0) -> None:
         try:
             sock.settimeout(10)
             framing.send_frame(sock, pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION,
@@ -163,6 +164,7 @@ class FakeBulkServer:
             framing.send_frame(sock, pb.BulkFrame(welcome=pb.Welcome(server_id="fake")))
             for c in chunks:
                 sock.sendall(c)
+                time.sleep(pause)
             if linger:
                 time.sleep(linger)
         except OSError:

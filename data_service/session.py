@@ -5,6 +5,8 @@ The connection's socket is non-blocking; the loop (dataplane.py) calls ``on_read
 ``FetchRequest`` frame becomes one task per batch for the worker pool; each finished batch is
 written back from the worker's slot (header frame, then the slot's bytes, no copy; partial
 writes resume where they stopped) in completion order, and its slot is freed once written.
+The header goes out as the worker serialized it (the server never parses it), and frames
+that wait for the socket leave together in one ``sendmsg``.
 When the consumer goes away its queued tasks are cancelled and held slots freed, so nothing
 leaks and nothing it did not receive is lost: it asks again. A consumer that takes no bytes
 for ``send_timeout_s`` while batches wait for it is dropped (its slots go back).

@@ -260,8 +260,10 @@ class BulkConnection:
     def _read(self, events: list[Event]) -> None:
         sock = self._sock
         lsize = framing._LEN.size
-        # A plain socket that filled less than asked is empty: stop there instead of paying a
-        # failing recv (the selector reports what comes next). TLS keeps records in its own buffer.
+        # A plain socket that filled less of the frame buffer than asked is empty: stop there
+        # instead of paying a failing recv (the selector reports what comes next). Payloads are
+        # read until the socket says so: a large one keeps arriving while we copy. TLS keeps
+        # records in its own buffer.
         plain = self._tls is None
         drained = False
         while len(events) < MAX_EVENTS_PER_READ:
@@ -277,8 +279,6 @@ class BulkConnection:
                     p.got += k
                     need -= k
                 if need:
-                    if drained:
-                        return
                     try:
                         k = sock.recv_into(p.view[p.got:], need)
                     except _WOULD_BLOCK:
@@ -287,7 +287,6 @@ class BulkConnection:
                         raise framing.PeerClosed(f"{self.address} closed the connection after {p.got} of "
                                                  f"{p.header.payload_bytes} payload bytes")
                     p.got += k
-                    drained = plain and k < need
                     if p.got < p.header.payload_bytes:
                         continue
                 self._payload = None

@@ -202,3 +202,21 @@ def test_batches_split_across_reads_at_any_byte_arrive_whole():
     finally:
         conn.close()
         fake.close()
+
+
+def test_a_batch_frame_built_from_header_bytes_equals_the_serialized_frame():
+    # The server wraps the worker's header bytes without parsing them; shared-memory fields are
+    # appended and must read back merged into the one header.
+    header = pb.BatchHeader(ref=pb.BatchRef(seed=1, epoch=2, index=3), payload_bytes=70_000, raw_bytes=70_000,
+                            tensors=[pb.TensorMeta(name="x" * 300, dtype="uint8", shape=[70_000], nbytes=70_000)])
+    raw = header.SerializeToString()
+    assert framing.batch_frame(raw) == framing._LEN.pack(len(pb.BulkFrame(batch=header).SerializeToString())) + \
+        pb.BulkFrame(batch=header).SerializeToString()
+    extra = pb.BatchHeader(shm_path="/proc/1/fd/9", shm_size=1 << 20, shm_inode=77, shm_lease=True)
+    frame = framing.batch_frame(raw, extra.SerializeToString())
+    parsed = pb.BulkFrame.FromString(frame[framing._LEN.size:])
+    merged = pb.BatchHeader()
+    merged.CopyFrom(header)
+    merged.MergeFrom(extra)
+    assert framing._LEN.unpack_from(frame)[0] == len(frame) - framing._LEN.size
+    assert parsed.WhichOneof("kind") == "batch" and parsed.batch == merged

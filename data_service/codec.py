@@ -29,6 +29,8 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool, "complex64": torch.complex64,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+ITEMSIZES: dict[str, int] = {k: torch.empty((), dtype=v).element_size() for k, v in DTYPES.items()}
+_MAX_DIM = 1 << 62
 
 
 def _align(n: int) -> int:
@@ -114,7 +116,8 @@ def check_header(header: pb.BatchHeader, buffer_len: int, max_bytes: int) -> Non
     if len(header.tensors) > MAX_TENSORS:
         raise ProtocolError(f"{len(header.tensors)} tensors in one batch (max {MAX_TENSORS})")
     structure = header.structure
-    names = [m.name for m in header.tensors]
+    tensors = header.tensors
+    names = [m.name for m in tensors]
     if len(set(names)) != len(names):
         raise ProtocolError(f"duplicate tensor names {names!r}")
     if structure == pb.TENSOR:
@@ -125,28 +128,29 @@ def check_header(header: pb.BatchHeader, buffer_len: int, max_bytes: int) -> Non
             raise ProtocolError(f"structure TUPLE/LIST needs names '0'..'n-1', got {names!r}")
     elif structure != pb.DICT:
         raise ProtocolError(f"unknown structure {structure}")
-    for m in header.tensors:
-        dtype = DTYPES.get(m.dtype)
-        if dtype is None:
+    for m in tensors:
+        itemsize = ITEMSIZES.get(m.dtype)
+        if itemsize is None:
             raise ProtocolError(f"tensor {m.name!r}: dtype {m.dtype!r} is not one of {sorted(DTYPES)}")
-        if len(m.shape) > MAX_DIMS:
-            raise ProtocolError(f"tensor {m.name!r}: {len(m.shape)} dims (max {MAX_DIMS})")
-        if any(d >= 1 << 62 for d in m.shape):
-            raise ProtocolError(f"tensor {m.name!r}: a dimension of shape {list(m.shape)} exceeds 2**62")
+        shape = m.shape
+        if len(shape) > MAX_DIMS:
+            raise ProtocolError(f"tensor {m.name!r}: {len(shape)} dims (max {MAX_DIMS})")
+        if shape and max(shape) >= _MAX_DIM:
+            raise ProtocolError(f"tensor {m.name!r}: a dimension of shape {list(shape)} exceeds 2**62")
         numel = 1
-        for d in m.shape:
+        for d in shape:
             numel *= d
             if numel > buffer_len:  # stops huge products early
                 break
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if numel * itemsize != m.nbytes:
+        nbytes, offset = m.nbytes, m.offset
+        if numel * itemsize != nbytes:
             raise ProtocolError(
-                f"tensor {m.name!r}: shape {list(m.shape)} x {m.dtype} needs {numel * itemsize} "
-                f"bytes, header says {m.nbytes}"
+                f"tensor {m.name!r}: shape {list(shape)} x {m.dtype} needs {numel * itemsize} "
+                f"bytes, header says {nbytes}"
             )
-        if m.offset % itemsize or m.offset + m.nbytes > buffer_len:
+        if offset % itemsize or offset + nbytes > buffer_len:
             raise ProtocolError(
-                f"tensor {m.name!r}: bytes [{m.offset}, {m.offset + m.nbytes}) fall outside the "
+                f"tensor {m.name!r}: bytes [{offset}, {offset + nbytes}) fall outside the "
                 f"{buffer_len}-byte payload or are misaligned"
             )
 
@@ -159,16 +163,21 @@ def decode(header: pb.BatchHeader, buffer, max_bytes: int = 1 << 40) -> Any:
     buffer_len = len(buffer) if not isinstance(buffer, torch.Tensor) else buffer.numel()
     check_header(header, buffer_len, max_bytes)
     out = []
+    is_tensor = isinstance(buffer, torch.Tensor)
     for m in header.tensors:
         dtype = DTYPES[m.dtype]
         shape = tuple(m.shape)
-        if m.nbytes == 0:
+        nbytes, offset = m.nbytes, m.offset
+        if nbytes == 0:
             t = torch.empty(shape, dtype=dtype)
-        elif isinstance(buffer, torch.Tensor):
-            t = buffer[m.offset:m.offset + m.nbytes].view(dtype).view(shape)
+        elif is_tensor:
+            t = buffer[offset:offset + nbytes] if offset or nbytes != buffer_len else buffer
+            if dtype is not torch.uint8:
+                t = t.view(dtype)
+            if len(shape) != 1 or shape[0] != t.numel():
+                t = t.view(shape)
         else:
-            t = torch.frombuffer(buffer, dtype=dtype, count=m.nbytes // (torch.empty((), dtype=dtype).element_size()),
-                                 offset=m.offset).view(shape)
+            t = torch.frombuffer(buffer, dtype=dtype, count=nbytes // ITEMSIZES[m.dtype], offset=offset).view(shape)
         out.append((m.name, t))
     if header.structure == pb.TENSOR:
         return out[0][1]

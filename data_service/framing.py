@@ -18,6 +18,30 @@ class PeerClosed(ConnectionError):
     """The peer closed the connection (EOF)."""
 
 
+_BATCH_KEY = bytes([(pb.BulkFrame.DESCRIPTOR.fields_by_name["batch"].number << 3) | 2])  # length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def batch_frame(header: bytes, extra: bytes = b"") -> bytes:
+    """The length-prefixed ``BulkFrame(batch=...)`` of an already serialized ``BatchHeader``.
+
+    ``extra`` (more serialized ``BatchHeader`` fields) is appended: protobuf merges concatenated
+    messages, so the consumer reads one header. Equal to serializing the frame, without parsing
+    the header first.
+    """
+    body = len(header) + len(extra)
+    key = _BATCH_KEY + _varint(body)
+    return b"".join((_LEN.pack(len(key) + body), key, header, extra))
+
+
 def send_frame(sock: socket.socket, frame: pb.BulkFrame, payload=None) -> int:
     """Send one frame and its payload; returns bytes written."""
     head = frame.SerializeToString()

@@ -182,7 +182,7 @@ class DataServer:
                 raise ConfigError(
                     f"pipeline {self.spec.target!r} fails on epoch 0, batch 0 "
                     f"(sample {result.error.sample_index}): {result.error.message}\n{result.error.traceback}")
-            size = result.header.raw_bytes
+            size = result.raw_bytes
             if size > self.options.max_batch_bytes:
                 raise ConfigError(
                     f"a batch of {size} bytes exceeds max_batch_bytes={self.options.max_batch_bytes}; "

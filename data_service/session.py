@@ -5,6 +5,8 @@ The connection's socket is non-blocking; the loop (dataplane.py) calls ``on_read
 ``FetchRequest`` frame becomes one task per batch for the worker pool; each finished batch is
 written back from the worker's slot (header frame, then the slot's bytes, no copy; partial
 writes resume where they stopped) in completion order, and its slot is freed once written.
+The header goes out as the worker serialized it (the server never parses it), and frames
+that wait for the socket leave together in one ``sendmsg``.
 When the consumer goes away its queued tasks are cancelled and held slots freed, so nothing
 leaks and nothing it did not receive is lost: it asks again. A consumer that takes no bytes
 for ``send_timeout_s`` while batches wait for it is dropped (its slots go back).
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_OUTSTANDING = 4096  # batches one connection may have requested and not received
 READ_CHUNK = 1 << 16
+COALESCE_BUFFERS = 64  # buffers (two per TCP batch) handed to one sendmsg when several frames wait
 
 
 @dataclass
@@ -67,20 +70,25 @@ class SessionContext:
 class _Out:
     """One frame waiting to be written: header bytes, then (TCP batches) the slot's bytes."""
 
-    __slots__ = ("head", "payload", "result", "done", "started", "header")
+    __slots__ = ("head", "payload", "result", "figures", "done", "size", "started")
 
     def __init__(self, head: bytes, payload: memoryview | None = None, result: Result | None = None,
-                 header: pb.BatchHeader | None = None) -> None:
+                 figures: tuple[int, int, float] | None = None) -> None:
         self.head = head
         self.payload = payload
         self.result = result        # released once written (TCP batches)
-        self.header = header        # batches: counted in the stats once written
+        self.figures = figures      # batches: (raw_bytes, payload_bytes, compress_s), counted once written
         self.done = 0
-        self.started = 0.0
+        self.size = len(head) + (len(payload) if payload is not None else 0)
+        self.started = time.perf_counter()
 
-    @property
-    def size(self) -> int:
-        return len(self.head) + (len(self.payload) if self.payload is not None else 0)
+    def unsent(self) -> list:
+        """The buffers still to write."""
+        hl = len(self.head)
+        if self.done >= hl:
+            return [self.payload[self.done - hl:]]
+        head = memoryview(self.head)[self.done:] if self.done else self.head
+        return [head] if self.payload is None else [head, self.payload]
 
 
 def _frame(frame: pb.BulkFrame) -> bytes:
@@ -203,6 +211,8 @@ class Session:
                 raise framing.PeerClosed(f"{self.peer} closed the connection")
             self._rbuf += data
             self._parse()
+            if len(data) < READ_CHUNK and not self._tls:
+                return  # the socket is empty: no failing recv (the loop reports what comes next)
 
     def _parse(self) -> None:
         buf = self._rbuf
@@ -307,23 +317,22 @@ class Session:
         if result.error is not None:
             self._queue(_frame(pb.BulkFrame(error=result.error)))
             return
-        header = result.header
+        figures = (result.raw_bytes, result.payload_bytes, result.compress_s)
         if self.shm:
-            header.shm_path, header.shm_size = result.shm_path, result.shm_size
-            header.shm_inode = result.shm_inode
-            header.shm_lease = not header.codec and result.lease()
-            ref = header.ref
-            self._held.setdefault((ref.seed, ref.epoch, ref.index), []).append(result)  # until Release
-            self._queue(_frame(pb.BulkFrame(batch=header)), header=header)
+            task = result.task
+            extra = pb.BatchHeader(shm_path=result.shm_path, shm_size=result.shm_size, shm_inode=result.shm_inode,
+                                   shm_lease=result.lease()).SerializeToString()
+            self._held.setdefault((task.seed, task.epoch, task.index), []).append(result)  # until Release
+            self._queue(framing.batch_frame(result.header_bytes, extra), figures=figures)
         else:
-            self._queue(_frame(pb.BulkFrame(batch=header)), result.payload, result, header)
+            self._queue(framing.batch_frame(result.header_bytes), result.payload, result, figures)
 
     # -- writing
     def _queue(self, head: bytes, payload: memoryview | None = None, result: Result | None = None,
-               header: pb.BatchHeader | None = None) -> None:
+               figures: tuple[int, int, float] | None = None) -> None:
         if not self._out:
             self._progress_at = time.monotonic()
-        self._out.append(_Out(head, payload if payload is not None and len(payload) else None, result, header))
+        self._out.append(_Out(head, payload if payload is not None and len(payload) else None, result, figures))
         if not self._writing:
             self._flush()  # most frames go out at once; the rest wait for writability
 
@@ -331,31 +340,27 @@ class Session:
         sock, out = self.sock, self._out
         try:
             while out and not self.closed:
-                item = out[0]
-                if not item.done:
-                    item.started = time.perf_counter()
-                hl = len(item.head)
-                if item.done < hl:
-                    head = memoryview(item.head)[item.done:]
-                    if item.payload is not None and not self._tls:
-                        n = sock.sendmsg([head, item.payload])  # header and slot bytes, one call, no copy
-                    else:
-                        n = sock.send(head)
+                if self._tls:
+                    n = sock.send(out[0].unsent()[0])  # an SSL socket has no sendmsg
                 else:
-                    n = sock.send(item.payload[item.done - hl:])
+                    # Every frame that waits, in one call: header and slot bytes, no copy.
+                    bufs = []
+                    for item in out:
+                        bufs += item.unsent()
+                        if len(bufs) >= COALESCE_BUFFERS:
+                            break
+                    n = sock.sendmsg(bufs)
                 if n > 0:
                     self._progress_at = time.monotonic()
-                item.done += n
-                if item.done < item.size:
-                    continue
-                out.popleft()
-                if item.header is not None:
-                    h = item.header
-                    self.ctx.stats.record_sent(item.size, h.raw_bytes, time.perf_counter() - item.started,
-                                               h.payload_bytes, h.compress_s)
-                if item.result is not None:
-                    item.payload = None
-                    item.result.release()
+                while out:
+                    item = out[0]
+                    left = item.size - item.done
+                    if n < left:
+                        item.done += n
+                        break
+                    n -= left
+                    out.popleft()
+                    self._sent(item)
         except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             self._want_write(True)
             return
@@ -365,6 +370,14 @@ class Session:
         self._want_write(False)
         if self._close_when_sent and not out:
             self.close()
+
+    def _sent(self, item: _Out) -> None:
+        if item.figures is not None:
+            raw, payload, compress_s = item.figures
+            self.ctx.stats.record_sent(item.size, raw, time.perf_counter() - item.started, payload, compress_s)
+        if item.result is not None:
+            item.payload = None
+            item.result.release()
 
     def _want_write(self, on: bool) -> None:
         if on != self._writing and not self.closed:

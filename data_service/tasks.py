@@ -27,16 +27,30 @@ class Task:
 
 @dataclass
 class Result:
+    """A built batch (``header_bytes``, the slot's ``payload``) or an ``error``.
+
+    ``header_bytes`` is the serialized ``BatchHeader`` as the worker made it; the server sends it
+    on without parsing it, using the figures beside it (``payload_bytes`` and so on).
+    """
+
     task: Task
-    header: pb.BatchHeader | None = None
+    header_bytes: bytes = b""
     payload: memoryview | None = None
     error: pb.BatchError | None = None
     shm_path: str = ""
     shm_size: int = 0
     shm_inode: int = 0
+    payload_bytes: int = 0
+    raw_bytes: int = 0
+    compress_s: float = 0.0
     _release: Callable[[], None] | None = field(default=None, repr=False)
     _retire: Callable[[], None] | None = field(default=None, repr=False)
     _lease: Callable[[], bool] | None = field(default=None, repr=False)
+
+    @property
+    def header(self) -> pb.BatchHeader | None:
+        """The parsed header (None for an error); parsed on each call, for the rare reader."""
+        return pb.BatchHeader.FromString(self.header_bytes) if self.error is None else None
 
     def lease(self) -> bool:
         """Shared-memory mode: may the consumer keep the slot (zero copy) until it drops the batch?

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .errors import ConfigError
-from .pool_messages import FatalMsg, ReadyMsg
+from .pool_messages import FatalMsg, ReadyMsg, message_connection
 from .slots import SlotTable
 from .worker_process import worker_main
 
@@ -46,7 +46,7 @@ class WorkerHandle:
 
     wid: int
     process: object  # multiprocessing.Process
-    conn: object     # multiprocessing.connection.Connection
+    conn: object     # pool_messages.MessageConnection
     table: SlotTable
     tasks: dict = field(default_factory=dict)  # task id -> (Task, slot), in the order sent
     ready: bool = False
@@ -61,7 +61,7 @@ def spawn(ctx, wid: int, cfg: WorkerConfig) -> WorkerHandle:
         args=(child, cfg.spec_json, wid, cfg.num_slots, os.getpid(), cfg.log_level, cfg.codec))
     proc.start()
     child.close()
-    return WorkerHandle(wid, proc, parent, SlotTable(cfg.num_slots))
+    return WorkerHandle(wid, proc, message_connection(parent), SlotTable(cfg.num_slots))
 
 
 def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> None:

@@ -14,7 +14,7 @@ import signal
 import time
 import traceback
 
-from .pool_messages import DoneMsg, ErrorMsg, FatalMsg, ReadyMsg, StopMsg, TaskMsg
+from .pool_messages import DoneMsg, ErrorMsg, FatalMsg, ReadyMsg, StopMsg, TaskMsg, message_connection
 from .wire import pb
 
 _PAGE = mmap.PAGESIZE
@@ -35,6 +35,7 @@ class _WorkerSlot:
 def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
                 log_level: int, codec_name: str = "") -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
+    conn = message_connection(conn)
     logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
     import torch
 
@@ -104,11 +105,14 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
             codec.write_payload(metas, tensors, slot.map)
         else:
             slot.map[:size] = packed
+        build_s = time.perf_counter() - t0 - compress_s
+        skipped = pipe.samples_skipped - skipped_before
         header = pb.BatchHeader(
             ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure, tensors=metas,
             payload_bytes=size, raw_bytes=raw_size, codec=codec_name, compress_s=compress_s,
-            build_s=time.perf_counter() - t0 - compress_s, samples_skipped=pipe.samples_skipped - skipped_before)
+            build_s=build_s, samples_skipped=skipped)
         try:
-            conn.send(DoneMsg(task_id, slot_no, new, header.SerializeToString()))
+            conn.send(DoneMsg(task_id, slot_no, new, header.SerializeToString(), size, raw_size, build_s,
+                              compress_s, skipped))
         except OSError:
             return

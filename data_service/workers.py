@@ -203,8 +203,10 @@ class WorkerPool:
                 continue
             for w in workers:
                 if obj is w.conn:
-                    if w.alive:
+                    while w.alive:  # also the messages the last read took off the pipe with it
                         self._on_message(w)
+                        if not w.conn.pending():
+                            break
                 elif obj == w.process.sentinel and w.alive and not w.conn.poll():
                     self._on_death(w)
         self._assign()
@@ -320,7 +322,6 @@ class WorkerPool:
         if not isinstance(msg, DoneMsg):
             log.error("data worker %d sent an unexpected %s", w.wid, type(msg).__name__)
             return
-        header = pb.BatchHeader.FromString(msg.header)
         opened = None
         if msg.new_region is not None:
             # Opened before taking the task off the worker: until then no other task can be
@@ -339,21 +340,22 @@ class WorkerPool:
                     opened.close()
                 return  # stale
             task, k = entry
-            slot = w.table.fill(k, opened, header.payload_bytes, task.owner)
+            slot = w.table.fill(k, opened, msg.payload_bytes, task.owner)
             if slot is None:  # cannot happen unless slot bookkeeping is wrong: drop the batch, ask again
                 log.error("data worker %d built into slot %d, which the server no longer has", w.wid, k)
                 if not task.cancelled:
                     self._pending.appendleft(task)
                 return
             self.batches_built += 1
-            self.samples_skipped += header.samples_skipped
-            self.build_seconds += header.build_s
+            self.samples_skipped += msg.samples_skipped
+            self.build_seconds += msg.build_s
         if task.cancelled:
             self._release(slot)
             return
-        view = memoryview(slot.map)[:header.payload_bytes]
-        task.on_result(Result(task, header=header, payload=view, shm_path=slot.path, shm_size=slot.capacity,
-                              shm_inode=slot.inode, _release=lambda: self._release(slot),
+        view = memoryview(slot.map)[:msg.payload_bytes]
+        task.on_result(Result(task, msg.header, view, shm_path=slot.path, shm_size=slot.capacity,
+                              shm_inode=slot.inode, payload_bytes=msg.payload_bytes, raw_bytes=msg.raw_bytes,
+                              compress_s=msg.compress_s, _release=lambda: self._release(slot),
                               _retire=lambda: self._retire(slot), _lease=lambda: self._lease(slot)))
 
     def _on_unmappable(self, w: WorkerHandle, task_id: int, exc: OSError) -> None:

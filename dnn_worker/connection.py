@@ -47,7 +47,7 @@ MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, othe
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     kind: str                 # "batch" | "error" | "down"
     conn: "BulkConnection"
@@ -181,7 +181,7 @@ class BulkConnection:
     def flush(self) -> None:
         """Write deferred releases and whatever the socket did not take before; raises OSError
         when the connection is gone."""
-        if self.closed:
+        if self.closed or not (self._out or self._releases):
             return
         self._send(b"", wait=True)
 
@@ -260,6 +260,12 @@ class BulkConnection:
     def _read(self, events: list[Event]) -> None:
         sock = self._sock
         lsize = framing._LEN.size
+        # A plain socket that filled less of the frame buffer than asked is empty: stop there
+        # instead of paying a failing recv (the selector reports what comes next). Payloads are
+        # read until the socket says so: a large one keeps arriving while we copy. TLS keeps
+        # records in its own buffer.
+        plain = self._tls is None
+        drained = False
         while len(events) < MAX_EVENTS_PER_READ:
             p = self._payload
             if p is not None:
@@ -267,7 +273,8 @@ class BulkConnection:
                 have = self._rend - self._rstart
                 if have:  # the payload's first bytes came in with its header
                     k = min(have, need)
-                    p.view[p.got:p.got + k] = self._rbuf[self._rstart:self._rstart + k]
+                    with memoryview(self._rbuf) as rbuf:
+                        p.view[p.got:p.got + k] = rbuf[self._rstart:self._rstart + k]
                     self._rstart += k
                     p.got += k
                     need -= k
@@ -300,7 +307,8 @@ class BulkConnection:
                     frame = pb.BulkFrame()
                     start = self._rstart + lsize
                     try:
-                        frame.ParseFromString(bytes(self._rbuf[start:start + n]))
+                        with memoryview(self._rbuf) as rbuf:
+                            frame.ParseFromString(rbuf[start:start + n])
                     except Exception as exc:  # protobuf raises DecodeError; anything else is garbage too
                         raise ProtocolError(f"unparsable frame header ({n} bytes): {exc}") from None
                     self._rstart = start + n
@@ -315,6 +323,9 @@ class BulkConnection:
                 self._rstart, self._rend = 0, have
             if want > len(self._rbuf):
                 self._rbuf.extend(bytes(want - len(self._rbuf)))
+            if drained:
+                return
+            room = len(self._rbuf) - self._rend
             try:
                 k = sock.recv_into(memoryview(self._rbuf)[self._rend:])
             except _WOULD_BLOCK:
@@ -324,6 +335,7 @@ class BulkConnection:
                     raise framing.PeerClosed(f"{self.address} closed the connection inside a frame")
                 raise framing.PeerClosed(f"{self.address} closed the connection")
             self._rend += k
+            drained = plain and k < room
 
     def _on_frame(self, frame: pb.BulkFrame, events: list[Event]) -> None:
         kind = frame.WhichOneof("kind")

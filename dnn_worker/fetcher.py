@@ -262,7 +262,9 @@ class Fetcher:
             return
         behind = [s.conn for s in self._servers if s.conn is not None and s.conn.backlog]
         ready = [key.data for key, _ in self._sel.select(0.0 if behind else timeout)]
-        for conn in ready + [c for c in behind if c not in ready]:
+        if behind:
+            ready += [c for c in behind if c not in ready]
+        for conn in ready:
             for event in conn.read_events():
                 self._handle(event, todo, done)
 

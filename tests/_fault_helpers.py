@@ -139,8 +139,9 @@ class FakeBulkServer:
         self.errors: list[BaseException] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def serve(self, chunks: list[bytes], linger_s: float = 0.0) -> None:
-        self._scripts.put((chunks, linger_s))
+    def serve(self, chunks: list[bytes], linger_s: float = 0.0, pause_s: float = 0.0) -> None:
+        """Queue a script; ``pause_s`` between chunks makes the consumer read them one by one."""
+        self._scripts.put((chunks, linger_s, pause_s))
 
     def _accept(self) -> None:
         while not self._closed:
@@ -149,13 +150,13 @@ class FakeBulkServer:
             except OSError:
                 return
             try:
-                chunks, linger = self._scripts.get(timeout=10)
+                chunks, linger, pause = self._scripts.get(timeout=10)
             except queue.Empty:
                 sock.close()
                 continue
-            threading.Thread(target=self._run, args=(sock, chunks, linger), daemon=True).start()
+            threading.Thread(target=self._run, args=(sock, chunks, linger, pause), daemon=True).start()
 
-    def _run(self, sock: socket.socket, chunks: list[bytes], linger: float) -> None:
+    def _run(self, sock: socket.socket, chunks: list[bytes], linger: float, pause: float = 0.0) -> None:
         try:
             sock.settimeout(10)
             framing.send_frame(sock, pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION,
@@ -164,6 +165,7 @@ class FakeBulkServer:
             framing.send_frame(sock, pb.BulkFrame(welcome=pb.Welcome(server_id="fake")))
             for c in chunks:
                 sock.sendall(c)
+                time.sleep(pause)
             if linger:
                 time.sleep(linger)
         except OSError:
@@ -188,21 +190,18 @@ def frame_bytes(frame: pb.BulkFrame) -> bytes:
 
 
 def slow_header_parse(monkeypatch, seconds: Callable[[pb.BatchHeader], float]) -> None:
-    """Make the worker pool's dispatcher sleep ``seconds(header)`` after parsing each batch header.
+    """Make the worker pool's dispatcher sleep ``seconds(header)`` after reading each "done" message.
 
     That widens the window between "a worker says done" and "the server takes the batch", where
     races with other threads (assigning tasks, a worker dying) would show."""
-    from data_service import workers
+    from data_service import pool_messages
 
-    class _SlowHeaders:
-        class BatchHeader:
-            @staticmethod
-            def FromString(raw):
-                header = pb.BatchHeader.FromString(raw)
-                time.sleep(seconds(header))
-                return header
+    recv = pool_messages.MessageConnection.recv
 
-        def __getattr__(self, name):
-            return getattr(pb, name)
+    def slow_recv(conn):
+        msg = recv(conn)
+        if isinstance(msg, pool_messages.DoneMsg):
+            time.sleep(seconds(pb.BatchHeader.FromString(msg.header)))
+        return msg
 
-    monkeypatch.setattr(workers, "pb", _SlowHeaders())
+    monkeypatch.setattr(pool_messages.MessageConnection, "recv", slow_recv)

@@ -5,6 +5,7 @@ import socket
 import threading
 import time
 
+import torch
 from _fault_helpers import RawBulk, wait_clean, wait_until
 from conftest import TOKEN
 from data_service import codec, framing
@@ -104,3 +105,118 @@ def test_frames_beyond_one_read_are_not_left_waiting_in_the_consumers_buffer():
     finally:
         conn.close()
         fake.close()
+
+
+class _CountingSocket(socket.socket):
+    """A real socket that records how many buffers each sendmsg got, and the bytes it took."""
+
+    calls: list[int]
+    sent: int
+
+    def sendmsg(self, buffers, *args):
+        buffers = list(buffers)
+        self.calls.append(len(buffers))
+        n = super().sendmsg(buffers, *args)
+        self.sent += n
+        return n
+
+
+def test_waiting_frames_go_out_in_one_sendmsg_and_partial_writes_resume_across_them():
+    # Five batches wait while the socket is full; the server then writes them with as few
+    # sendmsg calls as the socket takes, each write ending anywhere (inside a header, inside a
+    # payload, on a frame boundary). The bytes must arrive in order, and each slot must be
+    # released once its last byte is written, never before.
+    from data_service.session import Session, SessionContext
+    from data_service.stats import ServerStats
+    from data_service.tasks import Result, Task
+    from data_service.workers import WorkerPool
+
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 10)
+    sock = _CountingSocket(fileno=a.detach())
+    sock.calls, sock.sent = [], 0
+    sock.setblocking(False)
+    b.settimeout(10)
+    stats = ServerStats(None)
+    ctx = SessionContext(token=TOKEN, server_id="s", codec="", shared_memory=False, send_timeout_s=10,
+                         num_batches=5, pool=WorkerPool("{}", 1), stats=stats, shutting_down=lambda: False,
+                         count_auth_failure=lambda: None, call_soon=lambda fn, *args: fn(*args),
+                         closed=lambda s: None, want_write=lambda s, on: None)
+    session = Session(ctx, sock, "test")
+    session._writing = True  # as if the socket were full: frames wait in order
+    released: list[tuple[int, int]] = []  # (batch, bytes the socket had taken then)
+    expected = bytearray()
+    ends = []
+    for i in range(5):
+        payload = bytes([i + 1]) * (20_000 + 7 * i)
+        header = pb.BatchHeader(ref=pb.BatchRef(index=i), payload_bytes=len(payload), raw_bytes=len(payload))
+        result = Result(Task(0, 0, i, lambda _: None), header.SerializeToString(), memoryview(payload),
+                        payload_bytes=len(payload), raw_bytes=len(payload),
+                        _release=lambda i=i: released.append((i, sock.sent)))
+        session._deliver(result)
+        expected += framing.batch_frame(header.SerializeToString()) + payload
+        ends.append(len(expected))
+    got = bytearray()
+    try:
+        while len(got) < len(expected):
+            session._flush()
+            got += b.recv(5_000)
+        session._flush()
+    finally:
+        b.close()
+        session.close()
+    assert bytes(got) == bytes(expected)
+    assert [i for i, _ in released] == [0, 1, 2, 3, 4]
+    early = [(i, sent, ends[i]) for i, sent in released if sent < ends[i]]
+    assert not early, f"slots released before their last byte was written (batch, written, frame end): {early}"
+    assert stats.batches_sent == 5 and stats.bytes_sent == len(expected)
+    assert max(sock.calls) >= 4, f"no sendmsg carried two whole frames: {sock.calls}"
+
+
+def test_batches_split_across_reads_at_any_byte_arrive_whole():
+    # The consumer stops reading at a short read and picks up where it stopped when the next
+    # bytes come: headers and payloads cut at odd places, with pauses between the pieces.
+    from _fault_helpers import FakeBulkServer
+    from dnn_worker.connection import BulkConnection
+
+    stream = bytearray()
+    payloads = []
+    for i in range(6):
+        payload = bytes((i * 7 + k) % 251 for k in range(3_000 + 1_111 * i))
+        s, metas, raw = codec.encode(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        header = pb.BatchHeader(ref=pb.BatchRef(index=i), structure=s, tensors=metas, payload_bytes=len(raw),
+                                raw_bytes=len(raw))
+        stream += framing.batch_frame(header.SerializeToString()) + bytes(raw)
+        payloads.append(payload)
+    cuts = [0, 3, 9, 50, 2_000, 4_100, 4_101, 9_000, 15_000, len(stream) - 1, len(stream)]
+    chunks = [bytes(stream[x:y]) for x, y in zip(cuts, cuts[1:])]
+    fake = FakeBulkServer()
+    fake.serve(chunks, linger_s=10, pause_s=0.02)
+    conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN, shared_memory=False)
+    try:
+        conn.open(timeout=5)
+        for i in range(6):
+            event = conn.next_event(timeout=5)
+            assert event.kind == "batch", event
+            assert event.ref.index == i and bytes(event.batch.numpy()) == payloads[i], f"batch {i} arrived corrupted"
+    finally:
+        conn.close()
+        fake.close()
+
+
+def test_a_batch_frame_built_from_header_bytes_equals_the_serialized_frame():
+    # The server wraps the worker's header bytes without parsing them; shared-memory fields are
+    # appended and must read back merged into the one header.
+    header = pb.BatchHeader(ref=pb.BatchRef(seed=1, epoch=2, index=3), payload_bytes=70_000, raw_bytes=70_000,
+                            tensors=[pb.TensorMeta(name="x" * 300, dtype="uint8", shape=[70_000], nbytes=70_000)])
+    raw = header.SerializeToString()
+    assert framing.batch_frame(raw) == framing._LEN.pack(len(pb.BulkFrame(batch=header).SerializeToString())) + \
+        pb.BulkFrame(batch=header).SerializeToString()
+    extra = pb.BatchHeader(shm_path="/proc/1/fd/9", shm_size=1 << 20, shm_inode=77, shm_lease=True)
+    frame = framing.batch_frame(raw, extra.SerializeToString())
+    parsed = pb.BulkFrame.FromString(frame[framing._LEN.size:])
+    merged = pb.BatchHeader()
+    merged.CopyFrom(header)
+    merged.MergeFrom(extra)
+    assert framing._LEN.unpack_from(frame)[0] == len(frame) - framing._LEN.size
+    assert parsed.WhichOneof("kind") == "batch" and parsed.batch == merged

@@ -1,0 +1,71 @@
+"""Messages on the pipe between the worker pool and its worker processes (pool_messages.py)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+
+import pytest
+
+from data_service import pool_messages as pm
+
+MESSAGES = [
+    pm.TaskMsg(1, 2**64 - 1, 3, 4, 5, True),
+    pm.DoneMsg(7, 1, ("/proc/1/fd/3", 1 << 20), b"\x0a\x02\x08\x01" * 50, 10, 20, 0.5, 0.25, 3),
+    pm.DoneMsg(8, 2, None, b"", 0, 0, 0.0, 0.0, 0),
+    pm.ErrorMsg(9, 1, "ValueError: bad sample", "Traceback ...\n" * 20_000, 17),
+    pm.ReadyMsg(1234),
+    pm.FatalMsg("ImportError: no module", "Traceback ..."),
+    pm.StopMsg(),
+]
+
+
+@pytest.fixture
+def pipe():
+    a, b = mp.get_context("spawn").Pipe(duplex=True)
+    a, b = pm.message_connection(a), pm.message_connection(b)
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_comes_back_equal(msg):
+    assert pm.decode(pm.encode(msg)) == msg
+
+
+def test_messages_read_together_come_out_one_by_one_and_are_seen_as_waiting(pipe):
+    # One read takes every message the pipe holds; the ones after the first wait in the
+    # connection, where no selector sees them, so pending()/poll() must say so.
+    a, b = pipe
+    for msg in MESSAGES[:3]:
+        a.send(msg)
+    time.sleep(0.1)
+    assert b.recv() == MESSAGES[0]
+    assert b.pending() and b.poll(0)
+    assert b.recv() == MESSAGES[1]
+    assert b.recv() == MESSAGES[2]
+    assert not b.pending() and not b.poll(0)
+
+
+def test_a_message_larger_than_one_read_arrives_whole(pipe):
+    a, b = pipe
+    big = MESSAGES[3]  # a traceback of about 300 KB: more than the pipe holds, so it is sent meanwhile
+    sender = threading.Thread(target=a.send, args=(big,), daemon=True)
+    sender.start()
+    assert b.recv() == big
+    sender.join(10)
+
+
+def test_the_other_end_closing_is_eof(pipe):
+    a, b = pipe
+    a.send(MESSAGES[0])
+    a.close()
+    assert b.recv() == MESSAGES[0]
+    with pytest.raises(EOFError):
+        b.recv()
+
+
+def test_an_unknown_tag_is_refused():
+    with pytest.raises(ValueError, match="unknown worker pipe message tag"):
+        pm.decode(b"Zxxxx")

@@ -133,19 +133,19 @@ def test_slow_consumer_keeps_server_memory_within_its_bound(tmp_path):
 
 @pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shared-memory"])
 def test_a_consumer_that_stops_reading_does_not_starve_the_others(shm):
-    # 2 MB batches, one worker with 2 slots. Consumer A asks for 32 batches, then takes none and
+    # 4 MB batches, one worker with 2 slots. Consumer A asks for 16 batches, then takes none and
     # stays connected (over TCP its socket fills up; with shared memory it never releases). Its
     # batches hold both slots. Consumer B must still get all its batches, long before A's send
     # timeout (60 s here; a shared-memory consumer is never timed out at all): the pool moves
     # A's stuck batches out of the worker's way.
-    server = ServerProc({"size": 64, "batch_size": 2, "shape": [1, 1024, 1024]}, workers=1, token=TOKEN,
+    server = ServerProc({"size": 32, "batch_size": 2, "shape": [1, 512, 1024]}, workers=1, token=TOKEN,
                         send_timeout_s=60).start()
     frozen = RawBulk(bulk_port(server.address))
     try:
         frozen.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         welcome = frozen.login(shm=shm)
         assert welcome.WhichOneof("kind") == "welcome" and welcome.welcome.shm == shm, welcome
-        frozen.fetch(pb.BatchRef(seed=1, epoch=0, index=i) for i in range(32))
+        frozen.fetch(pb.BatchRef(seed=1, epoch=0, index=i) for i in range(16))
         wait_until(lambda: stats(server.address).slots_in_use == 2, 30, "A holds both slots")
         box: list = []
 
@@ -160,7 +160,7 @@ def test_a_consumer_that_stops_reading_does_not_starve_the_others(shm):
         t = threading.Thread(target=other, daemon=True)
         t.start()
         t.join(30)
-        assert box == [32], f"consumer B got {box or 'nothing'} within 30 s while A took nothing"
+        assert box == [16], f"consumer B got {box or 'nothing'} within 30 s while A took nothing"
         assert time.monotonic() - t0 < 20
         # A's stuck batches stay within the cap, and A is still served once it reads.
         assert stats(server.address).slots_in_use <= 2 + 8

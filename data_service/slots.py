@@ -39,7 +39,6 @@ class ServerSlot:
         self.in_use = False
         self.orphan = False
         self.leased = False
-        self.detached = False
         self.used_bytes = 0
         self.filled_at = 0.0  # time.monotonic() when the batch it holds was built
         self.owner: object = None  # who the batch is for (Task.owner)
@@ -138,7 +137,6 @@ class SlotTable:
         self._unlease(slot)
         self._forget(slot)
         slot.orphan = True
-        slot.detached = True
 
     def stuck(self, older_than: float) -> list[ServerSlot]:
         """Slots of the table whose batch was built before ``older_than`` (monotonic) and is

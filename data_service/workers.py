@@ -87,8 +87,7 @@ class WorkerPool:
         self.leases = 0
         self.retired = 0
         self.detached = 0  # batches ever detached
-        self._detached_by: collections.Counter = collections.Counter()  # owner -> detached now
-        self._detached_slots: set[ServerSlot] = set()
+        self._detached: set[ServerSlot] = set()  # slots detached from their worker, not yet released
 
     # -- lifecycle
     def start(self, own_thread: bool = True) -> None:
@@ -169,7 +168,7 @@ class WorkerPool:
 
     def slots_in_use(self) -> tuple[int, int]:
         with self._lock:
-            used = [s for w in self._workers for s in w.table.in_use()] + list(self._detached_slots)
+            used = [s for w in self._workers for s in w.table.in_use()] + list(self._detached)
             return len(used), sum(s.used_bytes for s in used)
 
     def busy_fraction(self) -> float:
@@ -265,9 +264,10 @@ class WorkerPool:
     def _take(self) -> Task:
         """The next task (the head is not cancelled): the oldest one, except that consumers with
         stuck batches wait behind those without."""
-        if self._detached_by:
+        if self._detached:
+            stuck = {s.owner for s in self._detached}
             for i, t in enumerate(self._pending):
-                if not t.cancelled and self._detached_by[t.owner] == 0:
+                if not t.cancelled and t.owner not in stuck:
                     del self._pending[i]
                     return t
         return self._pending.popleft()
@@ -275,16 +275,15 @@ class WorkerPool:
     def _make_room(self, w: WorkerHandle) -> tuple[Task, tuple[int, bool]] | None:
         """Worker ``w`` has no free slot: detach its oldest stuck batch if a task of another
         consumer is waiting; returns that task and the freed slot (module docstring)."""
-        if sum(self._detached_by.values()) >= DETACH_PER_SLOT * self._num_slots * len(self._workers):
+        if len(self._detached) >= DETACH_PER_SLOT * self._num_slots * len(self._workers):
             return None
         for slot in w.table.stuck(time.monotonic() - STUCK_S):
-            if self._detached_by[slot.owner] >= DETACH_PER_OWNER:
+            if sum(s.owner is slot.owner for s in self._detached) >= DETACH_PER_OWNER:
                 continue
             for i, t in enumerate(self._pending):
                 if not t.cancelled and t.owner is not slot.owner:
                     w.table.detach(slot)
-                    self._detached_slots.add(slot)
-                    self._detached_by[slot.owner] += 1
+                    self._detached.add(slot)
                     self.detached += 1
                     free = w.table.reserve()
                     if free is None:  # cannot happen: detaching frees a slot
@@ -294,13 +293,6 @@ class WorkerPool:
             return None  # every waiting task is this consumer's own
         return None
 
-    def _undetach(self, slot: ServerSlot) -> None:
-        if slot.detached:
-            slot.detached = False
-            self._detached_slots.discard(slot)
-            self._detached_by[slot.owner] -= 1
-            if self._detached_by[slot.owner] <= 0:
-                del self._detached_by[slot.owner]
 
     def _on_message(self, w: WorkerHandle) -> None:
         try:
@@ -390,13 +382,13 @@ class WorkerPool:
 
     def _release(self, slot: ServerSlot) -> None:
         with self._lock:
-            self._undetach(slot)
+            self._detached.discard(slot)
             slot.table.release(slot)
         self._assign()
 
     def _retire(self, slot: ServerSlot) -> None:
         with self._lock:
-            self._undetach(slot)
+            self._detached.discard(slot)
             slot.table.retire(slot)
             self.retired += 1
         self._assign()

@@ -20,8 +20,10 @@ has no free slot, another consumer is waiting, and a slot's batch has waited ``S
 slot is detached (slots.py): the batch stays where it is for its consumer, the worker builds
 into a fresh region, and the consumers whose batches are not stuck go first. At most
 ``DETACH_PER_OWNER`` batches per consumer connection and ``DETACH_PER_SLOT`` x the pool's slots
-in all are detached at once, which bounds the memory a stalled consumer can pin. ``Task`` and ``Result`` are
-tasks.py; the slot bookkeeping is slots.py; the pipe messages are pool_messages.py.
+in all are detached at once, which bounds the memory a stalled consumer can pin.
+
+``Task`` and ``Result`` are tasks.py; the slot bookkeeping is slots.py; the pipe messages are
+pool_messages.py.
 """
 from __future__ import annotations
 
@@ -292,7 +294,6 @@ class WorkerPool:
                     return t, free
             return None  # every waiting task is this consumer's own
         return None
-
 
     def _on_message(self, w: WorkerHandle) -> None:
         try:

@@ -110,7 +110,7 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     if available < batches + warmup:
         raise ValueError(f"the pipeline has {available} batches per epoch; profiling needs {batches + warmup}")
     finish = FinishStage.load(pipe.finish_target(), pipe.finish_dtypes)
-    times, finish_times, built = [], [], []
+    times, built = [], []
     with pinned([cpu]):
         for i in range(warmup + batches):
             start = time.perf_counter()

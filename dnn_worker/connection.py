@@ -43,6 +43,8 @@ from .buffers import BufferPool
 log = logging.getLogger(__name__)
 
 RECV_CHUNK = 1 << 18  # frame headers (and small payloads) are read this many bytes at a time
+LOWAT_MIN = 1 << 18  # payload rests at least this large are read in one wake-up (SO_RCVLOWAT)
+LOWAT_CHECK_S = 0.5  # a socket waiting for its low-water mark is read anyway after this long
 MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, other servers) again
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
@@ -101,6 +103,7 @@ class BulkConnection:
         self._send_lock = threading.Lock()
         self._releases: collections.deque = collections.deque()  # refs whose Release waits for flush()
         self._events: collections.deque[Event] = collections.deque()  # read, not yet taken by next_event()
+        self._lowat = 1
         self.backlog = False  # read_events() stopped early: call it again without waiting for the socket
 
     # -- lifecycle
@@ -253,7 +256,7 @@ class BulkConnection:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"no event from {self.address} within {timeout}s")
-                if self.backlog or sel.select(left):
+                if self.backlog or sel.select(min(left, LOWAT_CHECK_S) if self.lowat else left) or self.lowat:
                     pending.extend(self.read_events())
         return pending.popleft()
 
@@ -282,6 +285,8 @@ class BulkConnection:
                     try:
                         k = sock.recv_into(p.view[p.got:], need)
                     except _WOULD_BLOCK:
+                        if plain and need >= LOWAT_MIN:
+                            self._set_lowat(need)
                         return
                     if k == 0:
                         raise framing.PeerClosed(f"{self.address} closed the connection after {p.got} of "
@@ -290,6 +295,8 @@ class BulkConnection:
                     if p.got < p.header.payload_bytes:
                         continue
                 self._payload = None
+                if self._lowat > 1:
+                    self._set_lowat(1)
                 p.view.release()
                 buf = p.buf
                 if p.packed is not None:
@@ -336,6 +343,26 @@ class BulkConnection:
                 raise framing.PeerClosed(f"{self.address} closed the connection")
             self._rend += k
             drained = plain and k < room
+
+    def _set_lowat(self, need: int) -> None:
+        """Have the selector report the socket only once ``need`` more bytes wait (1: any byte).
+
+        The rest of a large payload then costs one wake-up instead of one per segment. The mark
+        stays under a quarter of the receive buffer: the sender can only fill the window the
+        buffer advertises, and a mark above that would never be reached.
+        """
+        try:
+            n = 1 if need <= 1 else min(need, self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4)
+            if n != self._lowat and (n == 1 or n >= LOWAT_MIN):
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+                self._lowat = n
+        except OSError:
+            self._lowat = 1
+
+    @property
+    def lowat(self) -> bool:
+        """The socket is reported only once a large payload's rest is there (see ``_set_lowat``)."""
+        return self._lowat > 1
 
     def _on_frame(self, frame: pb.BulkFrame, events: list[Event]) -> None:
         kind = frame.WhichOneof("kind")

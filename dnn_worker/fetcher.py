@@ -262,6 +262,8 @@ class Fetcher:
             return
         behind = [s.conn for s in self._servers if s.conn is not None and s.conn.backlog]
         ready = [key.data for key, _ in self._sel.select(0.0 if behind else timeout)]
+        if not ready:  # a payload rest the kernel holds back (low-water mark) is read anyway
+            behind += [s.conn for s in self._servers if s.conn is not None and s.conn.lowat]
         if behind:
             ready += [c for c in behind if c not in ready]
         for conn in ready:

@@ -1,6 +1,7 @@
 """The event-loop data plane: partial writes, many idle connections, no per-connection threads."""
 from __future__ import annotations
 
+import selectors
 import socket
 import threading
 import time
@@ -199,6 +200,47 @@ def test_batches_split_across_reads_at_any_byte_arrive_whole():
             event = conn.next_event(timeout=5)
             assert event.kind == "batch", event
             assert event.ref.index == i and bytes(event.batch.numpy()) == payloads[i], f"batch {i} arrived corrupted"
+    finally:
+        conn.close()
+        fake.close()
+
+
+def test_the_rest_of_a_large_payload_costs_one_wake_up_and_small_frames_after_it_are_not_held(monkeypatch):
+    # A 2 MB batch trickles in as 32 segments. The consumer asks the kernel to report the
+    # socket only once the rest of the payload is there (SO_RCVLOWAT), so it is woken a few
+    # times, not once per segment; then the mark goes back to one byte, or the small batch
+    # behind it would wait (the fake server keeps the connection open: no FIN wakes it).
+    # A receive buffer large enough for the mark (autotuning grows it on a busy stream).
+    monkeypatch.setenv("HETERO_SOCKBUF", str(4 << 20))  # read by framing.tune when the consumer connects
+    from _fault_helpers import FakeBulkServer
+    from dnn_worker.connection import BulkConnection
+
+    def frame(index: int, payload: bytes) -> bytes:
+        s, metas, raw = codec.encode(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        header = pb.BatchHeader(ref=pb.BatchRef(index=index), structure=s, tensors=metas, payload_bytes=len(raw),
+                                raw_bytes=len(raw))
+        return framing.batch_frame(header.SerializeToString()) + bytes(raw)
+
+    big, small = bytes(range(256)) * (8 << 10), b"tail" * 256
+    stream = frame(0, big)
+    step = 64 << 10
+    chunks = [stream[x:x + step] for x in range(0, len(stream), step)] + [frame(1, small)]
+    fake = FakeBulkServer()
+    fake.serve(chunks, linger_s=15, pause_s=0.01)
+    conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN, shared_memory=False, max_batch_bytes=4 << 20)
+    reads = []
+    real_read = conn.read_events
+    conn.read_events = lambda: reads.append(1) or real_read()
+    try:
+        conn.open(timeout=5)
+        event = conn.next_event(timeout=10)
+        assert event.kind == "batch" and bytes(event.batch.numpy()) == big
+        assert len(reads) <= 8, f"woken {len(reads)} times for one 2 MB payload sent in {len(chunks) - 1} pieces"
+        with selectors.DefaultSelector() as sel:
+            sel.register(conn, selectors.EVENT_READ)
+            assert sel.select(5), "a small frame after a large payload is not reported to the selector"
+        (event,) = conn.read_events()
+        assert event.kind == "batch" and bytes(event.batch.numpy()) == small
     finally:
         conn.close()
         fake.close()

@@ -8,8 +8,10 @@ side by side. It uses only interfaces every checkout has: ``hetero serve``, ``Re
 Kinds:
     threads  {"connections": N}: server threads (and this process's threads) with N idle
              authenticated data-plane connections.
-    stream   {"batch_bytes": B, "seconds": T, "shm": bool, "workers": W}: batches/s, GB/s, and
-             CPU seconds / context switches per batch of the server process and this consumer.
+    stream   {"batch_bytes": B, "seconds": T, "shm": bool, "workers": W, "busy_us": U}: batches/s,
+             GB/s, and CPU seconds / context switches per batch of the server process and this
+             consumer. With U > 0 the consumer spends U microseconds of CPU after each batch (the
+             CPU side of a training step), so batches wait for it; its CPU figure leaves that out.
 """
 from __future__ import annotations
 
@@ -128,7 +130,17 @@ def threads(connections: int) -> dict:
             "server_fds_added": fds_after - fds_before}
 
 
-def stream(batch_bytes: int, seconds: float, shm: bool, workers: int) -> dict:
+def _busy(us: float) -> float:
+    """Spend ``us`` microseconds of this thread's CPU; returns the CPU seconds spent."""
+    start = time.thread_time()
+    end = start + us / 1e6
+    now = start
+    while now < end:
+        now = time.thread_time()
+    return now - start
+
+
+def stream(batch_bytes: int, seconds: float, shm: bool, workers: int, busy_us: float = 0.0) -> dict:
     from dnn_worker import RemoteDataset
 
     proc, address = _serve(batch_bytes, workers)
@@ -138,10 +150,12 @@ def stream(batch_bytes: int, seconds: float, shm: bool, workers: int) -> dict:
             next(it)
         s_cpu0, s_sw0 = _proc_stat(proc.pid)
         c_cpu0, c_sw0 = _proc_stat()
-        n, nbytes, start = 0, 0, time.perf_counter()
+        n, nbytes, busy, start = 0, 0, 0.0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             nbytes += next(it)["blob"].numel()
             n += 1
+            if busy_us:
+                busy += _busy(busy_us)
         elapsed = time.perf_counter() - start
         s_cpu1, s_sw1 = _proc_stat(proc.pid)
         c_cpu1, c_sw1 = _proc_stat()
@@ -151,7 +165,7 @@ def stream(batch_bytes: int, seconds: float, shm: bool, workers: int) -> dict:
     return {"batch_bytes": batch_bytes, "shm": shm, "batches": n, "seconds": elapsed,
             "batches_per_s": n / elapsed, "gbps": nbytes / elapsed / 1e9,
             "server_cpu_ms_per_batch": (s_cpu1 - s_cpu0) / n * 1e3,
-            "consumer_cpu_ms_per_batch": (c_cpu1 - c_cpu0) / n * 1e3,
+            "consumer_cpu_ms_per_batch": (c_cpu1 - c_cpu0 - busy) / n * 1e3, "busy_us": busy_us,
             "server_switches_per_batch": (s_sw1 - s_sw0) / n,
             "consumer_switches_per_batch": (c_sw1 - c_sw0) / n}
 

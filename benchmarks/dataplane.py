@@ -9,6 +9,10 @@ reported) by benchmarks/_dataplane_probe.py, run with ``PYTHONPATH`` pointing at
   those connections add to the consumer);
 * CPU per batch (server process + consumer process, from /proc) and context switches per
   batch, over loopback TCP at 64 KB and 4 MB, and through shared memory at 4 MB;
+* the same CPU figures with a busy consumer (``--busy-us``): after each batch the consumer
+  spends that much CPU (the CPU side of a training step), so batches wait for it instead of it
+  waiting for them; its figure leaves the busy time out. This is the CPU a data plane takes
+  from a training loop that is not starved;
 * 64 KB batches/s to one consumer over TCP, beside raw TCP messages/s of the same size;
 * shared memory at 4 MB in GB/s against a cold memcpy (benchmarks/transport.py's).
 """
@@ -49,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured time per streaming point")
     parser.add_argument("--repeats", type=int, default=3, help="runs per point and checkout; medians are reported")
     parser.add_argument("--workers", type=int, default=1, help="server worker processes")
+    parser.add_argument("--busy-us", type=float, default=300.0,
+                        help="CPU microseconds the busy consumer spends per batch (0: leave those points out)")
     parser.add_argument("--json", default=None, help="write all figures here")
     args = parser.parse_args(argv)
     base = Path(args.baseline_root).resolve()
@@ -72,19 +78,24 @@ def main(argv: list[str] | None = None) -> int:
               f"{got['baseline']['server_rss_added_kib']} | {got['this']['server_rss_added_kib']} | "
               f"{got['baseline']['server_fds_added']} | {got['this']['server_fds_added']} |", flush=True)
 
-    points = [("64 KB TCP", 64 * KB, False), ("4 MB TCP", 4 * MB, False), ("4 MB shm", 4 * MB, True)]
+    points = [("64 KB TCP", 64 * KB, False, 0.0), ("4 MB TCP", 4 * MB, False, 0.0), ("4 MB shm", 4 * MB, True, 0.0)]
+    if args.busy_us > 0:
+        busy = f"busy consumer ({args.busy_us:g} us/batch)"
+        points += [(f"64 KB TCP, {busy}", 64 * KB, False, args.busy_us),
+                   (f"4 MB TCP, {busy}", 4 * MB, False, args.busy_us),
+                   (f"4 MB shm, {busy}", 4 * MB, True, args.busy_us)]
     refs = {}
-    for label, size, shm in points:
+    for label, size, shm, busy_us in points:
         runs: dict[str, list[dict]] = {name: [] for name in roots}
         for _ in range(args.repeats):  # interleaved so drift hits both alike
             for name, root in roots.items():
                 runs[name].append(probe(root, "stream", batch_bytes=size, seconds=args.seconds, shm=shm,
-                                        workers=args.workers))
+                                        workers=args.workers, busy_us=busy_us))
         results["stream"][label] = runs
         if label == "64 KB TCP":
             refs["raw_tcp_msgs_per_s"] = statistics.median(
                 raw_tcp(size, args.seconds) * 1e9 / size for _ in range(args.repeats))
-        if shm:
+        if shm and not busy_us:
             refs["cold_memcpy_gbps"] = statistics.median(memcpy(size, args.seconds, cold=True)
                                                          for _ in range(args.repeats))
     results["references"] = refs

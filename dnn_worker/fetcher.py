@@ -1,8 +1,8 @@
 """Fetch a list of batches from many servers, each exactly once, in order.
 
 The consumer decides which batches it needs; servers only build what they
-are asked for. Each server gets at most ``window`` outstanding requests, and a
-new request the moment one completes, so a faster server gets more work and a
+are asked for. Each server gets at most ``window`` outstanding requests, topped
+up whenever half a window has completed, so a faster server gets more work and a
 new server adds throughput with no reconfiguration. A server that dies or
 stalls has its unfinished batches asked of the others; one that comes back (same
 address) is used again. Only when no server is usable for ``connect_timeout``
@@ -91,6 +91,9 @@ class Fetcher:
         self._token = token
         self._refs = list(refs)
         self._window = window
+        # Requests go out in groups of half a window: one FetchRequest frame, one read and one
+        # wake-up of the server per group instead of per batch; half the window stays queued.
+        self._refill = max(1, window // 2)
         self._connect_timeout = connect_timeout
         self._batch_timeout = batch_timeout
         self._client_id = client_id
@@ -275,6 +278,8 @@ class Fetcher:
             if s.conn is None or s.draining or not todo:
                 continue
             room = self._window - len(s.outstanding)
+            if s.outstanding and room < self._refill:
+                continue  # ask again once half a window is free (see __init__)
             batch = []
             while room > 0 and todo:
                 ref = todo.popleft()

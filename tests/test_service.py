@@ -113,6 +113,17 @@ def test_out_of_range_request_is_an_error_not_a_hang(shared_server):
         list(Fetcher([shared_server.address], TOKEN, refs, connect_timeout=5))
 
 
+def test_requests_go_out_half_a_window_at_a_time(shared_server, monkeypatch):
+    # One FetchRequest per half window, not one per batch: fewer frames for the server to read.
+    frames: list[int] = []
+    real = BulkConnection.fetch
+    monkeypatch.setattr(BulkConnection, "fetch", lambda self, refs: frames.append(len(refs)) or real(self, refs))
+    refs = [pb.BatchRef(seed=0, epoch=0, index=i) for i in range(12)]
+    assert [r.index for r, _ in Fetcher([shared_server.address], TOKEN, refs, window=4)] == list(range(12))
+    assert frames[0] == 4 and sum(frames) == 12, frames
+    assert all(n >= 2 for n in frames[:-1]), f"requests of one batch: {frames}"
+
+
 @pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
 def test_client_disconnect_mid_stream_loses_nothing(shared_server, shm):
     with ControlClient(shared_server.address, TOKEN) as ctl:

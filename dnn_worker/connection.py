@@ -5,7 +5,8 @@ non-blocking; ``fetch()`` asks for batches. The connection has no thread of its 
 iterates (the ``Fetcher``, one selector over every server) calls ``read_events()`` when the
 socket is readable. Frames are parsed from a receive buffer, and each TCP batch's payload is
 received straight into a pooled buffer (one copy, kernel to user; pinned memory when asked),
-resuming wherever the last read stopped.
+resuming wherever the last read stopped. While the rest of a large payload is on its way, the
+socket's low-water mark (``SO_RCVLOWAT``) keeps the selector quiet until it is there.
 
 When the server runs on this host, batches stay in its shared-memory slots. A slot that comes
 with a lease is mapped and the batch's tensors are views of it (zero copy); when the last of
@@ -285,8 +286,8 @@ class BulkConnection:
                     try:
                         k = sock.recv_into(p.view[p.got:], need)
                     except _WOULD_BLOCK:
-                        if plain and need >= LOWAT_MIN:
-                            self._set_lowat(need)
+                        if plain and (need >= LOWAT_MIN or self._lowat > 1):
+                            self._set_lowat(need)  # never above what is still to come
                         return
                     if k == 0:
                         raise framing.PeerClosed(f"{self.address} closed the connection after {p.got} of "
@@ -352,8 +353,8 @@ class BulkConnection:
         buffer advertises, and a mark above that would never be reached.
         """
         try:
-            n = 1 if need <= 1 else min(need, self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4)
-            if n != self._lowat and (n == 1 or n >= LOWAT_MIN):
+            n = 1 if need <= 1 else max(1, min(need, self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4))
+            if n != self._lowat:
                 self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
                 self._lowat = n
         except OSError:

@@ -257,7 +257,8 @@ class BulkConnection:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"no event from {self.address} within {timeout}s")
-                if self.backlog or sel.select(min(left, LOWAT_CHECK_S) if self.lowat else left) or self.lowat:
+                wait = min(left, LOWAT_CHECK_S) if self.lowat else left  # a held-back rest is read anyway
+                if self.backlog or sel.select(wait) or self.lowat:
                     pending.extend(self.read_events())
         return pending.popleft()
 

@@ -105,6 +105,7 @@ class BulkConnection:
         self._releases: collections.deque = collections.deque()  # refs whose Release waits for flush()
         self._events: collections.deque[Event] = collections.deque()  # read, not yet taken by next_event()
         self._lowat = 1
+        self._lowat_since = 0.0
         self.backlog = False  # read_events() stopped early: call it again without waiting for the socket
 
     # -- lifecycle
@@ -354,17 +355,26 @@ class BulkConnection:
         buffer advertises, and a mark above that would never be reached.
         """
         try:
-            n = 1 if need <= 1 else max(1, min(need, self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4))
+            n = 1 if need <= 1 else max(1, min(need, self._lowat_cap()))
             if n != self._lowat:
                 self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
                 self._lowat = n
+                self._lowat_since = time.monotonic()
         except OSError:
             self._lowat = 1
+
+    def _lowat_cap(self) -> int:
+        return self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
 
     @property
     def lowat(self) -> bool:
         """The socket is reported only once a large payload's rest is there (see ``_set_lowat``)."""
         return self._lowat > 1
+
+    def held_back(self, now: float) -> bool:
+        """Waiting for its low-water mark for ``LOWAT_CHECK_S`` or longer: read it anyway (a mark
+        the sender cannot reach must not stall the batch)."""
+        return self._lowat > 1 and now - self._lowat_since >= LOWAT_CHECK_S
 
     def _on_frame(self, frame: pb.BulkFrame, events: list[Event]) -> None:
         kind = frame.WhichOneof("kind")

@@ -27,7 +27,7 @@ from data_service.errors import (BatchBuildError, ConfigError, DataServiceError,
 from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
-from .connection import BulkConnection, Event
+from .connection import LOWAT_CHECK_S, BulkConnection, Event
 from .control import ControlClient
 
 log = logging.getLogger(__name__)
@@ -264,9 +264,13 @@ class Fetcher:
             time.sleep(timeout)
             return
         behind = [s.conn for s in self._servers if s.conn is not None and s.conn.backlog]
+        held = [s.conn for s in self._servers if s.conn is not None and s.conn.lowat]
+        if held:  # a payload rest the kernel holds back (low-water mark) is read anyway after a while
+            timeout = min(timeout, LOWAT_CHECK_S)
         ready = [key.data for key, _ in self._sel.select(0.0 if behind else timeout)]
-        if not ready:  # a payload rest the kernel holds back (low-water mark) is read anyway
-            behind += [s.conn for s in self._servers if s.conn is not None and s.conn.lowat]
+        if held:
+            now = time.monotonic()
+            behind += [c for c in held if c.held_back(now)]
         if behind:
             ready += [c for c in behind if c not in ready]
         for conn in ready:

@@ -4,7 +4,8 @@ One ``selectors`` loop watches the data-plane listener, every consumer connectio
 and the worker pool's pipes and process sentinels (workers.py). A worker's "done" message,
 the write of that batch to its consumer and the next task for the freed slot all happen on
 this thread, without a hand-over; the number of threads does not grow with the number of
-consumers. Other threads (gRPC calls, worker replacement, shutdown) reach the loop through
+consumers. Frames queued during one turn of the loop are written at its end, after the
+workers have their next tasks: a worker starts building before the consumer is woken. Other threads (gRPC calls, worker replacement, shutdown) reach the loop through
 ``call_soon``.
 """
 from __future__ import annotations
@@ -52,6 +53,7 @@ class DataPlane:
         self._wake_w.setblocking(False)
         self._calls: collections.deque = collections.deque()
         self._sessions: set[Session] = set()
+        self._due: collections.deque[Session] = collections.deque()  # to flush at the end of this turn
         self._pool_keys: list = []
         self._pool_gen = -1
         self._accept_paused_until = 0.0
@@ -136,6 +138,9 @@ class DataPlane:
         except (KeyError, ValueError):
             pass  # not registered yet (handshake start) or already gone
 
+    def _flush_later(self, session: Session) -> None:
+        self._due.append(session)
+
     # -- the loop
     def _run(self) -> None:
         self._thread_id = threading.get_ident()
@@ -144,7 +149,7 @@ class DataPlane:
             try:
                 if self._pool.generation != self._pool_gen:
                     self._watch_pool()
-                timeout = max(0.0, next_tick - time.monotonic()) if not self._calls else 0.0
+                timeout = max(0.0, next_tick - time.monotonic()) if not (self._calls or self._due) else 0.0
                 ready = self._sel.select(timeout)
                 pool_ready = []
                 for key, events in ready:
@@ -168,6 +173,8 @@ class DataPlane:
                 while self._calls:
                     fn, args = self._calls.popleft()
                     fn(*args)
+                while self._due:  # one popped at a time: a failing flush leaves the rest due
+                    self._due.popleft().flush()
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + TICK_S

@@ -237,7 +237,8 @@ class DataServer:
             shared_memory=self.options.shared_memory, send_timeout_s=self.options.send_timeout_s,
             num_batches=self.plan.num_batches, pool=self.pool, stats=self.stats,
             shutting_down=lambda: self.shutting_down, count_auth_failure=self.count_auth_failure,
-            call_soon=plane.call_soon, closed=plane._session_closed, want_write=plane._want_write)
+            call_soon=plane.call_soon, closed=plane._session_closed, want_write=plane._want_write,
+            flush_later=plane._flush_later)
 
     def count_auth_failure(self) -> None:
         self.stats.auth_failures += 1

@@ -5,8 +5,9 @@ The connection's socket is non-blocking; the loop (dataplane.py) calls ``on_read
 ``FetchRequest`` frame becomes one task per batch for the worker pool; each finished batch is
 written back from the worker's slot (header frame, then the slot's bytes, no copy; partial
 writes resume where they stopped) in completion order, and its slot is freed once written.
-The header goes out as the worker serialized it (the server never parses it), and frames
-that wait for the socket leave together in one ``sendmsg``.
+The header goes out as the worker serialized it (the server never parses it). Frames are
+written at the end of the loop's turn that queued them, and every frame waiting then leaves
+in one ``sendmsg``: batches finished together cost the consumer one wake-up.
 When the consumer goes away its queued tasks are cancelled and held slots freed, so nothing
 leaks and nothing it did not receive is lost: it asks again. A consumer that takes no bytes
 for ``send_timeout_s`` while batches wait for it is dropped (its slots go back).
@@ -65,6 +66,7 @@ class SessionContext:
     call_soon: Callable[..., None]  # run a callable on the loop's thread (from any thread)
     closed: Callable[["Session"], None]  # the loop forgets the session
     want_write: Callable[["Session", bool], None]  # (un)register the socket for writability
+    flush_later: Callable[["Session"], None]  # the loop calls ``flush()`` at the end of its turn
 
 
 class _Out:
@@ -114,6 +116,7 @@ class Session:
         self._rbuf = bytearray()
         self._out: collections.deque[_Out] = collections.deque()
         self._writing = False      # registered for writability
+        self._flush_due = False    # the loop will flush at the end of its turn
         self._close_when_sent = False
         self._progress_at = time.monotonic()
         self._tasks: dict[int, Task] = {}
@@ -333,8 +336,17 @@ class Session:
         if not self._out:
             self._progress_at = time.monotonic()
         self._out.append(_Out(head, payload if payload is not None and len(payload) else None, result, figures))
-        if not self._writing:
-            self._flush()  # most frames go out at once; the rest wait for writability
+        if not self._writing and not self._flush_due:
+            # Written at the end of the loop's turn, with whatever else this turn queued: the
+            # batches of one worker message reach the consumer in one sendmsg and one wake-up.
+            self._flush_due = True
+            self.ctx.flush_later(self)
+
+    def flush(self) -> None:
+        """Write what waits (the loop calls this at the end of the turn that queued it)."""
+        self._flush_due = False
+        if not self._writing and not self.closed:
+            self._flush()
 
     def _flush(self) -> None:
         sock, out = self.sock, self._out

@@ -243,11 +243,12 @@ class WorkerPool:
     def _assign(self) -> None:
         with self._lock:
             for w in self._workers:
+                frames = b""  # this worker's new tasks, in one write: one wake-up of the worker
                 while self._pending and w.alive and w.ready and len(w.tasks) < TASKS_AHEAD:
                     while self._pending and self._pending[0].cancelled:
                         self._pending.popleft()
                     if not self._pending:
-                        return
+                        break
                     free = w.table.reserve()
                     if free is not None:
                         task = self._take()
@@ -258,8 +259,10 @@ class WorkerPool:
                         task, free = made
                     k, renew = free
                     w.tasks[task.id] = (task, k)
+                    frames += w.conn.frame(TaskMsg(task.id, task.seed, task.epoch, task.index, k, renew))
+                if frames:
                     try:
-                        w.conn.send(TaskMsg(task.id, task.seed, task.epoch, task.index, k, renew))
+                        w.conn.send_frames(frames)
                     except (OSError, ValueError):
                         pass  # the sentinel reports the death
 

@@ -8,6 +8,10 @@ stalls has its unfinished batches asked of the others; one that comes back (same
 address) is used again. Only when no server is usable for ``connect_timeout``
 seconds does iteration fail, naming every server and its last error.
 
+Small batches (at most ``SMALL_BATCH_BYTES``) cost per batch, not per byte: for them the
+window grows to ``small_window``, so every process in the chain finds more than one batch
+waiting when it wakes; the memory that costs is at most ``small_window`` x 1 MB per server.
+
 The iterating thread drives every connection itself: one selector over all servers' sockets,
 frames read and releases sent on that thread, no receive thread and no event queue.
 """
@@ -31,6 +35,8 @@ from .connection import LOWAT_CHECK_S, BulkConnection, Event
 from .control import ControlClient
 
 log = logging.getLogger(__name__)
+
+SMALL_BATCH_BYTES = 1 << 20  # batches up to this size get the wider window (``small_window``)
 
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # back-off between reconnects to one server
 
@@ -64,6 +70,8 @@ class Fetcher:
         token: the job token.
         refs: the batches to fetch, in the order to yield them (unique).
         window: outstanding requests per server.
+        small_window: outstanding requests per server while batches are at most
+            ``SMALL_BATCH_BYTES`` (0: always ``window``).
         connect_timeout: seconds to wait while no server is usable.
         batch_timeout: seconds a server may hold requests without delivering any before it
             is treated as failed.
@@ -76,7 +84,7 @@ class Fetcher:
             persistent loader worker).
     """
 
-    def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4,
+    def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4, small_window: int = 0,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, client_id: str = "",
                  fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
                  client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_ca: str = "",
@@ -90,10 +98,11 @@ class Fetcher:
             split_address(s.address)
         self._token = token
         self._refs = list(refs)
-        self._window = window
-        # Requests go out in groups of half a window: one FetchRequest frame, one read and one
-        # wake-up of the server per group instead of per batch; half the window stays queued.
-        self._refill = max(1, window // 2)
+        if small_window < 0:
+            raise ConfigError(f"small_window={small_window} must be >= 0 (0: always window={window})")
+        self._base_window = window
+        self._small_window = small_window
+        self._set_window(window)
         self._connect_timeout = connect_timeout
         self._batch_timeout = batch_timeout
         self._client_id = client_id
@@ -117,6 +126,17 @@ class Fetcher:
             # Late frames of the earlier iteration are dropped by _handle: none of its refs is outstanding.
             self._servers, self._sel, self._fingerprint = reuse._servers, reuse._sel, reuse._fingerprint
             reuse._open, reuse._servers, reuse._sel = False, [], None  # they are this Fetcher's now
+
+    def _set_window(self, window: int) -> None:
+        self._window = window
+        # Requests go out in groups of half a window: one FetchRequest frame, one read and one
+        # wake-up of the server per group instead of per batch; half the window stays queued.
+        self._refill = max(1, window // 2)
+
+    @property
+    def window(self) -> int:
+        """Outstanding requests per server now (``small_window`` while batches are small)."""
+        return self._window
 
     # -- connections
     def _connect(self, s: _Server, now: float) -> None:
@@ -319,6 +339,10 @@ class Fetcher:
         s.last_progress = time.monotonic()
         if ev.kind == "batch":
             s.delivered += 1
+            if self._small_window:
+                want = self._small_window if ev.nbytes <= SMALL_BATCH_BYTES else self._base_window
+                if want != self._window:
+                    self._set_window(want)
             done[self._pos[key]] = ev.batch
             return
         err = ev.error

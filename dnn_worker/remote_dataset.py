@@ -25,6 +25,8 @@ from .control import ControlClient
 from .fetcher import Fetcher, split_address
 from .sharding import ShardedBatches
 
+SMALL_WINDOW = 8  # default window for batches of at most 1 MB (fetcher.SMALL_BATCH_BYTES)
+
 
 class RemoteDataset(ShardedBatches):
     """Yields this rank's batches of the current epoch from one or more data servers.
@@ -33,7 +35,7 @@ class RemoteDataset(ShardedBatches):
         servers: ``host:port`` addresses (or one string, comma separated).
         token: the job token (the servers refuse anything else).
         window: outstanding requests per server per loader worker (default: 2 x the
-            server's worker processes).
+            server's worker processes, at least 4; at least 8 while batches are at most 1 MB).
         connect_timeout: seconds to wait for a first server, and while none is usable.
         batch_timeout: seconds a server may stall before its batches go elsewhere.
         pin_memory: receive straight into pinned host memory.
@@ -115,7 +117,9 @@ class RemoteDataset(ShardedBatches):
         previous, self._fetcher = self._fetcher, None
         refs = [pb.BatchRef(seed=self.seed, epoch=e, index=i) for e, i in items]
         window = self.window or max(4, 2 * info.workers)
-        fetcher = Fetcher(self.servers, self.token, refs, window=window, connect_timeout=self.connect_timeout,
+        small = 0 if self.window else max(SMALL_WINDOW, window)
+        fetcher = Fetcher(self.servers, self.token, refs, window=window, small_window=small,
+                          connect_timeout=self.connect_timeout,
                           batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
                           max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,

@@ -142,7 +142,7 @@ def test_waiting_frames_go_out_in_one_sendmsg_and_partial_writes_resume_across_t
     ctx = SessionContext(token=TOKEN, server_id="s", codec="", shared_memory=False, send_timeout_s=10,
                          num_batches=5, pool=WorkerPool("{}", 1), stats=stats, shutting_down=lambda: False,
                          count_auth_failure=lambda: None, call_soon=lambda fn, *args: fn(*args),
-                         closed=lambda s: None, want_write=lambda s, on: None)
+                         closed=lambda s: None, want_write=lambda s, on: None, flush_later=lambda s: None)
     session = Session(ctx, sock, "test")
     session._writing = True  # as if the socket were full: frames wait in order
     released: list[tuple[int, int]] = []  # (batch, bytes the socket had taken then)
@@ -172,6 +172,47 @@ def test_waiting_frames_go_out_in_one_sendmsg_and_partial_writes_resume_across_t
     assert not early, f"slots released before their last byte was written (batch, written, frame end): {early}"
     assert stats.batches_sent == 5 and stats.bytes_sent == len(expected)
     assert max(sock.calls) >= 4, f"no sendmsg carried two whole frames: {sock.calls}"
+
+
+def test_batches_finished_in_one_loop_turn_leave_in_one_sendmsg():
+    # A worker message that carries several finished batches (or several workers' messages
+    # read in one turn) must reach the consumer in one write, not one per batch: each write
+    # to a loopback socket wakes the consumer once more.
+    from data_service.session import Session, SessionContext
+    from data_service.stats import ServerStats
+    from data_service.tasks import Result, Task
+    from data_service.workers import WorkerPool
+
+    a, b = socket.socketpair()
+    sock = _CountingSocket(fileno=a.detach())
+    sock.calls, sock.sent = [], 0
+    sock.setblocking(False)
+    b.settimeout(10)
+    due: list = []
+    ctx = SessionContext(token=TOKEN, server_id="s", codec="", shared_memory=False, send_timeout_s=10,
+                         num_batches=3, pool=WorkerPool("{}", 1), stats=ServerStats(None), shutting_down=lambda: False,
+                         count_auth_failure=lambda: None, call_soon=lambda fn, *args: fn(*args),
+                         closed=lambda s: None, want_write=lambda s, on: None, flush_later=due.append)
+    session = Session(ctx, sock, "test")
+    expected = bytearray()
+    try:
+        for i in range(3):
+            payload = bytes([i + 1]) * 1_000
+            header = pb.BatchHeader(ref=pb.BatchRef(index=i), payload_bytes=len(payload), raw_bytes=len(payload))
+            session._deliver(Result(Task(0, 0, i, lambda _: None), header.SerializeToString(), memoryview(payload),
+                                    payload_bytes=len(payload), raw_bytes=len(payload), _release=lambda: None))
+            expected += framing.batch_frame(header.SerializeToString()) + payload
+        assert sock.calls == [], f"written before the loop's turn ended: {sock.calls}"
+        assert due == [session], f"the session must be flushed once at the end of the turn: {due}"
+        session.flush()
+        got = bytearray()
+        while len(got) < len(expected):
+            got += b.recv(1 << 16)
+    finally:
+        b.close()
+        session.close()
+    assert bytes(got) == bytes(expected)
+    assert sock.calls == [6], f"three batches took {len(sock.calls)} sendmsg calls: {sock.calls}"
 
 
 def test_batches_split_across_reads_at_any_byte_arrive_whole():

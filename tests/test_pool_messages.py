@@ -69,3 +69,27 @@ def test_the_other_end_closing_is_eof(pipe):
 def test_an_unknown_tag_is_refused():
     with pytest.raises(ValueError, match="unknown worker pipe message tag"):
         pm.decode(b"Zxxxx")
+
+
+def test_tasks_given_to_a_worker_at_once_go_in_one_write(pipe):
+    # Every write to the worker's pipe wakes it once: tasks assigned together go in one.
+    from data_service.slots import SlotTable
+    from data_service.tasks import Task
+    from data_service.worker_lifecycle import WorkerHandle
+    from data_service.workers import TASKS_AHEAD, WorkerPool
+
+    a, b = pipe
+    writes: list[bytes] = []
+    real = a.send_frames
+    a.send_frames = lambda frames: writes.append(bytes(frames)) or real(frames)
+    pool = WorkerPool("{}", 1, slots_per_worker=4)
+    pool._workers = [WorkerHandle(0, None, a, SlotTable(4), ready=True)]
+    for i in range(3):
+        task = Task(5, 0, i, lambda _: None)
+        task.id = i + 1
+        pool._pending.append(task)
+    pool._assign()
+    assert len(writes) == 1, f"{TASKS_AHEAD} tasks took {len(writes)} writes"
+    got = [b.recv() for _ in range(TASKS_AHEAD)]
+    assert [(m.task_id, m.index) for m in got] == [(i + 1, i) for i in range(TASKS_AHEAD)]
+    assert not b.poll(0.1)

@@ -124,6 +124,26 @@ def test_requests_go_out_half_a_window_at_a_time(shared_server, monkeypatch):
     assert all(n >= 2 for n in frames[:-1]), f"requests of one batch: {frames}"
 
 
+@pytest.mark.parametrize("small", [True, False], ids=["small-batches", "large-batches"])
+def test_the_window_widens_for_small_batches_only(shared_server, monkeypatch, small):
+    # Batches of at most SMALL_BATCH_BYTES cost per batch: the window grows to small_window.
+    # Larger ones keep the window (memory: window x batch size per server).
+    import dnn_worker.fetcher as fetcher_mod
+
+    if not small:
+        monkeypatch.setattr(fetcher_mod, "SMALL_BATCH_BYTES", 0)
+    refs = [pb.BatchRef(seed=0, epoch=0, index=i) for i in range(12)]
+    fetcher = Fetcher([shared_server.address], TOKEN, refs, window=4, small_window=8)
+    assert [r.index for r, _ in fetcher] == list(range(12))
+    assert fetcher.window == (8 if small else 4)
+    ds = RemoteDataset([shared_server.address], TOKEN)
+    list(ds)
+    assert ds._fetcher.window == (8 if small else 4), "RemoteDataset's default window must widen for small batches"
+    ds = RemoteDataset([shared_server.address], TOKEN, window=3)
+    list(ds)
+    assert ds._fetcher.window == 3, "a window the user gave must stay as given"
+
+
 @pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
 def test_client_disconnect_mid_stream_loses_nothing(shared_server, shm):
     with ControlClient(shared_server.address, TOKEN) as ctl:

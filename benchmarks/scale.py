@@ -26,6 +26,7 @@ plane. Reported per layout, over the measured window after a warm-up:
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import signal
@@ -72,8 +73,15 @@ def _iterate(servers: list[str], seed: int, until: float, out: dict, count: int)
     from dnn_worker.fetcher import Fetcher
 
     refs = [pb.BatchRef(seed=seed, epoch=0, index=i) for i in range(count)]
+    # The windows RemoteDataset would use with one-worker servers (a checkout without the
+    # small-batch window has only the fixed one).
+    windows = {}
+    if "small_window" in inspect.signature(Fetcher).parameters:
+        from dnn_worker.remote_dataset import SMALL_WINDOW
+
+        windows["small_window"] = SMALL_WINDOW
     fetcher = Fetcher(servers, TOKEN, refs, shared_memory=False, connect_timeout=30, batch_timeout=30,
-                      client_id=f"scale-{seed}")
+                      client_id=f"scale-{seed}", **windows)
     arrivals = out["arrivals"]
     try:
         for _ in fetcher:

@@ -5,8 +5,8 @@ and the worker pool's pipes and process sentinels (workers.py). A worker's "done
 the write of that batch to its consumer and the next task for the freed slot all happen on
 this thread, without a hand-over; the number of threads does not grow with the number of
 consumers. Frames queued during one turn of the loop are written at its end, after the
-workers have their next tasks: a worker starts building before the consumer is woken. Other threads (gRPC calls, worker replacement, shutdown) reach the loop through
-``call_soon``.
+workers have their next tasks: a worker starts building before the consumer is woken. Other
+threads (gRPC calls, worker replacement, shutdown) reach the loop through ``call_soon``.
 """
 from __future__ import annotations
 

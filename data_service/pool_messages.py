@@ -122,8 +122,7 @@ class MessageConnection(Connection):
     _rbuf = b""
 
     def send(self, obj) -> None:
-        data = encode(obj)
-        self.send_frames(_FRAME_LEN.pack(len(data)) + data)
+        self.send_frames(self.frame(obj))
 
     @staticmethod
     def frame(obj) -> bytes:

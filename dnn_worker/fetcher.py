@@ -84,9 +84,9 @@ class Fetcher:
             persistent loader worker).
     """
 
-    def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4, small_window: int = 0,
-                 connect_timeout: float = 60.0, batch_timeout: float = 300.0, client_id: str = "",
-                 fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
+    def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4,
+                 small_window: int = 0, connect_timeout: float = 60.0, batch_timeout: float = 300.0,
+                 client_id: str = "", fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
                  client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_ca: str = "",
                  tls_server_name: str = "", keep_open: bool = False, reuse: "Fetcher | None" = None) -> None:
         if not servers:

@@ -14,7 +14,10 @@ reported) by benchmarks/_dataplane_probe.py, run with ``PYTHONPATH`` pointing at
   waiting for them; its figure leaves the busy time out. This is the CPU a data plane takes
   from a training loop that is not starved;
 * 64 KB batches/s to one consumer over TCP, beside raw TCP messages/s of the same size;
-* shared memory at 4 MB in GB/s against a cold memcpy (benchmarks/transport.py's).
+* shared memory at 4 MB in GB/s against a cold memcpy (benchmarks/transport.py's);
+* the CPU floors under any data plane (benchmarks/floors.py): a raw TCP pair's CPU per 64 KB and
+  4 MB message, and the CPU of one header-out, release-back round trip between two processes;
+  each checkout's server + consumer CPU per batch is printed against them.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .floors import raw_tcp_cpu, round_trip_cpu
 from .transport import memcpy, raw_tcp
 
 HERE = Path(__file__).resolve().parent
@@ -98,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         if shm and not busy_us:
             refs["cold_memcpy_gbps"] = statistics.median(memcpy(size, args.seconds, cold=True)
                                                          for _ in range(args.repeats))
+    floors = {"64 KB TCP": [raw_tcp_cpu(64 * KB, args.seconds) for _ in range(args.repeats)],
+              "4 MB TCP": [raw_tcp_cpu(4 * MB, args.seconds) for _ in range(args.repeats)],
+              "4 MB shm": [round_trip_cpu(args.seconds) for _ in range(args.repeats)]}
+    refs["floor_cpu_ms"] = {label: _median(rows, "total_ms") for label, rows in floors.items()}
     results["references"] = refs
 
     print("\n| point | figure | baseline | this | this / baseline |")
@@ -121,6 +129,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{_median(r64['baseline'], 'batches_per_s') / raw:.3f}, this {_median(r64['this'], 'batches_per_s') / raw:.3f}")
     print(f"cold memcpy, 4 MB: {cold:.2f} GB/s; shared memory / cold memcpy: baseline "
           f"{_median(shm4['baseline'], 'gbps') / cold:.2f}, this {_median(shm4['this'], 'gbps') / cold:.2f}")
+    print("\n| point | CPU floor ms/batch (both ends) | baseline / floor | this / floor | half the baseline / floor |")
+    print("|---|---:|---:|---:|---:|")
+    for label, floor in refs["floor_cpu_ms"].items():
+        runs = results["stream"][label]
+        b, t = (_median(runs[name], "server_cpu_ms_per_batch") + _median(runs[name], "consumer_cpu_ms_per_batch")
+                for name in ("baseline", "this"))
+        what = "raw TCP pair, same size" if "TCP" in label else "round trip, header out and release back"
+        print(f"| {label} ({what}) | {floor:.3f} | {b / floor:.2f} | {t / floor:.2f} | {b / 2 / floor:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=str)

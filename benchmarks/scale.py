@@ -9,8 +9,10 @@ there is (one pre-made ``--batch-bytes`` tensor per batch), so the figures are a
 plane. Reported per layout, over the measured window after a warm-up:
 
 * aggregate batches/s, and the ratio to the first layout's;
-* CPU per batch of the server processes (utime + stime from /proc over the window; not in the
-  kill run);
+* CPU per batch (utime + stime from /proc over the window; not in the kill run) of the server
+  processes, of their workers, of the consumer processes, and of all of them, with the cores
+  they kept busy: on a machine whose cores they share, a higher total per batch is what lowers
+  batches/s;
 * each server's share of the batches, and the least and mean batches per iterator (a starved
   consumer shows as min / mean far below 1);
 * time per batch: each iterator's window divided by its batches, p50 and p99 over iterators; and
@@ -118,14 +120,47 @@ def consume(args: dict) -> int:
 
 # ------------------------------------------------------------------ one layout
 
-def _cpu_s(procs: list[subprocess.Popen]) -> float:
-    """CPU seconds (utime + stime) of the server processes so far (their workers not included)."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for proc in procs:
-        with open(f"/proc/{proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+def _cpu_s(pids: list[int]) -> tuple[float, int, int]:
+    """CPU seconds (utime + stime) of these processes so far, and their threads' voluntary and
+    involuntary context switches (a process that is gone counts 0)."""
+    tick, total, vol, invol = os.sysconf("SC_CLK_TCK"), 0.0, 0, 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
         total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches"):
+                            vol += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches"):
+                            invol += int(line.split()[1])
+            except OSError:
+                pass  # the thread ended
+    return total, vol, invol
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (a server's workers and its resource tracker)."""
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _cpu_by_role(procs: list[subprocess.Popen], consumers: list[subprocess.Popen]) -> dict[str, tuple]:
+    servers = [p.pid for p in procs]
+    return {"server": _cpu_s(servers), "workers": _cpu_s([c for pid in servers for c in _children(pid)]),
+            "consumers": _cpu_s([c.pid for c in consumers])}
 
 
 def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int, iterators: int, seconds: float,
@@ -148,14 +183,14 @@ def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int
             c.stdin.flush()
         killed_at = None
         time.sleep(max(0.0, start + warmup - time.monotonic()))
-        cpu0 = _cpu_s(procs)
+        cpu0 = _cpu_by_role(procs, consumers)
         if kill:
             time.sleep(max(0.0, start + warmup + seconds / 2 - time.monotonic()))
             killed_at = time.monotonic()
             os.killpg(procs[0].pid, signal.SIGKILL)  # the server and its workers, like a node that vanishes
         else:
             time.sleep(max(0.0, until - time.monotonic()))
-            cpu1 = _cpu_s(procs)
+            cpu1 = _cpu_by_role(procs, consumers)
         for c in consumers:
             c.wait(seconds + warmup + 120)
         its = []
@@ -179,7 +214,13 @@ def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int
            "p99_gap_ms": round(1e3 * statistics.quantiles(gaps, n=100)[98], 3) if len(gaps) > 1 else None,
            "errors": [it["error"] for it in its if "error" in it]}
     if killed_at is None and sum(counts):
-        row["server_cpu_ms_per_batch"] = round(1e3 * (cpu1 - cpu0) / sum(counts), 4)
+        used = {role: cpu1[role][0] - cpu0[role][0] for role in cpu0}
+        for role, cpu in used.items():
+            row[f"{role}_cpu_ms_per_batch"] = round(1e3 * cpu / sum(counts), 4)
+            row[f"{role}_switches_per_batch"] = [round((cpu1[role][k] - cpu0[role][k]) / sum(counts), 3)
+                                                 for k in (1, 2)]  # voluntary, involuntary
+        row["total_cpu_ms_per_batch"] = round(1e3 * sum(used.values()) / sum(counts), 4)
+        row["cores_busy"] = round(sum(used.values()) / seconds, 2)
     if killed_at is not None:
         recoveries = []
         for it in its:
@@ -226,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scale benchmark: {args.servers} servers x {args.workers} worker(s), {args.batch_bytes}-byte batches over "
           f"loopback TCP, {os.cpu_count()} cores, {args.seconds}s window after {args.warmup}s warm-up", flush=True)
     print("| consumers (P x I) | connections / server | batches/s | vs first | server shares | min / mean per "
-          "iterator | time per batch p50 / p99 ms | gap p99 ms | server CPU ms/batch | recovery after kill -9 "
-          "(max / p50 s; later stall, max s) |")
-    print("|---|---:|---:|---:|---|---:|---|---:|---:|---|")
+          "iterator | time per batch p50 / p99 ms | gap p99 ms | CPU ms/batch: server / workers / consumers / all "
+          "(cores busy) | recovery after kill -9 (max / p50 s; later stall, max s) |")
+    print("|---|---:|---:|---:|---|---:|---|---:|---|---|")
     rows, first = [], None
     for n, (p, i) in enumerate(layouts):
         kill = not args.no_kill and n == len(layouts) - 1
@@ -252,10 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         shares = " / ".join(f"{v:.2f}" for v in row["server_share"].values())
         rec = (f"{row['recovery_s_max']:.2f} / {row['recovery_s_p50']:.2f}; {row['later_stall_s_max']}"
                if "recovery_s_max" in row else "-")
+        cpu = (f"{row['server_cpu_ms_per_batch']:.3f} / {row['workers_cpu_ms_per_batch']:.3f} / "
+               f"{row['consumers_cpu_ms_per_batch']:.3f} / {row['total_cpu_ms_per_batch']:.3f} ({row['cores_busy']})"
+               if "total_cpu_ms_per_batch" in row else "-")
         print(f"| {p} x {i} | {row['connections_per_server']} | {row['batches_per_s']:.0f} | "
               f"{row['batches_per_s'] / first:.2f} | {shares} | {row['min_over_mean']:.2f} | {row['p50_ms']} / "
-              f"{row['p99_ms']} | {row['p99_gap_ms']} | {row.get('server_cpu_ms_per_batch', '-')} | {rec} |",
-              flush=True)
+              f"{row['p99_ms']} | {row['p99_gap_ms']} | {cpu} | {rec} |", flush=True)
         if row["errors"]:
             print(f"  errors: {row['errors'][:3]}", flush=True)
     if args.json:

@@ -55,9 +55,9 @@ def derive_seed(*parts: int) -> int:
 
 
 @lru_cache(maxsize=4)
-def _permutation(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    if not shuffle:
-        return np.arange(num_samples, dtype=np.int64)
+def _permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    # Cached per (seed, epoch): a server's workers see a few of those at a time (the epochs in
+    # flight of one job), and a permutation of millions of samples takes milliseconds to draw.
     rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, 0xE90C)))
     return rng.permutation(num_samples).astype(np.int64)
 
@@ -72,8 +72,10 @@ def batch_indices(cfg: PlanConfig, seed: int, epoch: int, index: int) -> list[in
         raise IndexError(f"epoch={epoch} must be >= 0")
     if not 0 <= index < cfg.num_batches:
         raise IndexError(f"batch index={index} is outside the epoch: valid 0..{cfg.num_batches - 1}")
-    perm = _permutation(cfg.num_samples, seed, epoch, cfg.shuffle)
     start = index * cfg.batch_size
+    if not cfg.shuffle:  # the identity: nothing to draw or cache, whatever the seed
+        return list(range(start, min(start + cfg.batch_size, cfg.num_samples)))
+    perm = _permutation(cfg.num_samples, seed, epoch)
     return perm[start:start + cfg.batch_size].tolist()
 
 

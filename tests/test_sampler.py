@@ -1,7 +1,8 @@
+import numpy as np
 import pytest
 
 from data_service.errors import ConfigError
-from data_service.sampler import PlanConfig, batch_indices, derive_seed, rank_share
+from data_service.sampler import PlanConfig, _permutation, batch_indices, derive_seed, rank_share
 
 
 def test_num_batches_drop_or_keep_last():
@@ -23,6 +24,22 @@ def test_permutation_depends_on_seed_and_epoch_only():
     assert batch_indices(cfg, 1, 0, 5) != batch_indices(cfg, 1, 1, 5)
     assert batch_indices(cfg, 1, 0, 5) != batch_indices(cfg, 2, 0, 5)
     assert batch_indices(PlanConfig(10, 5, shuffle=False), 1, 0, 1) == [5, 6, 7, 8, 9]
+
+
+def test_unshuffled_plans_draw_and_cache_nothing_whatever_the_seed():
+    # Consumers with many seeds (one per job, or per iterator in benchmarks.scale) must not
+    # evict each other's cached permutations: an unshuffled plan has none to draw.
+    _permutation.cache_clear()
+    cfg = PlanConfig(1_000_000, 64, shuffle=False)
+    for seed in range(10):
+        assert batch_indices(cfg, seed, seed % 3, 3) == list(range(192, 256))
+    assert batch_indices(PlanConfig(10, 4, shuffle=False), 1, 0, 2) == [8, 9]
+    assert _permutation.cache_info().currsize == 0
+    # A shuffled plan keeps its per-(seed, epoch) permutation: the same batches as ever.
+    shuffled = PlanConfig(10, 4)
+    expected = np.random.Generator(np.random.PCG64(derive_seed(5, 2, 0xE90C))).permutation(10)
+    assert batch_indices(shuffled, 5, 2, 1) == expected[4:8].tolist()
+    assert _permutation.cache_info().currsize == 1
 
 
 def test_out_of_range_batches_are_index_errors():

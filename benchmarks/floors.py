@@ -26,15 +26,10 @@ import statistics
 import sys
 import time
 
+from ._proc import usage
+
 KB, MB = 1 << 10, 1 << 20
 HEADER_BYTES, RELEASE_BYTES = 120, 30  # about a shared-memory batch frame and a release frame
-
-
-def _cpu_s(pid: int | str = "self") -> float:
-    """utime + stime of a whole process, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _connect(port: int) -> socket.socket:
@@ -83,12 +78,12 @@ def _pair(target, *args) -> tuple[mp.Process, socket.socket, socket.socket]:
 def _measure(proc: mp.Process, step, seconds: float, warmup: int) -> tuple[float, float, int]:
     for _ in range(warmup):
         step()
-    peer0, own0, n, start = _cpu_s(proc.pid), _cpu_s(), 0, time.perf_counter()
+    peer0, own0, n, start = usage([proc.pid])[0], usage([os.getpid()])[0], 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         step()
         n += 1
     elapsed = time.perf_counter() - start
-    return (_cpu_s(proc.pid) - peer0) / n, (_cpu_s() - own0) / n, round(n / elapsed)
+    return (usage([proc.pid])[0] - peer0) / n, (usage([os.getpid()])[0] - own0) / n, round(n / elapsed)
 
 
 def _close(proc: mp.Process, conn: socket.socket, lst: socket.socket) -> None:

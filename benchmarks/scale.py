@@ -41,6 +41,8 @@ import threading
 import time
 from pathlib import Path
 
+from ._proc import usage
+
 TOKEN = "scale"
 KILL_CAUSED_S = 1.0  # gaps starting this long after the kill are not waiting for the dead server
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,31 +122,6 @@ def consume(args: dict) -> int:
 
 # ------------------------------------------------------------------ one layout
 
-def _cpu_s(pids: list[int]) -> tuple[float, int, int]:
-    """CPU seconds (utime + stime) of these processes so far, and their threads' voluntary and
-    involuntary context switches (a process that is gone counts 0)."""
-    tick, total, vol, invol = os.sysconf("SC_CLK_TCK"), 0.0, 0, 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/status") as f:
-                    for line in f:
-                        if line.startswith("voluntary_ctxt_switches"):
-                            vol += int(line.split()[1])
-                        elif line.startswith("nonvoluntary_ctxt_switches"):
-                            invol += int(line.split()[1])
-            except OSError:
-                pass  # the thread ended
-    return total, vol, invol
-
-
 def _children(pid: int) -> list[int]:
     """The child processes of ``pid`` (a server's workers and its resource tracker)."""
     out = []
@@ -159,8 +136,8 @@ def _children(pid: int) -> list[int]:
 
 def _cpu_by_role(procs: list[subprocess.Popen], consumers: list[subprocess.Popen]) -> dict[str, tuple]:
     servers = [p.pid for p in procs]
-    return {"server": _cpu_s(servers), "workers": _cpu_s([c for pid in servers for c in _children(pid)]),
-            "consumers": _cpu_s([c.pid for c in consumers])}
+    return {"server": usage(servers), "workers": usage([c for pid in servers for c in _children(pid)]),
+            "consumers": usage([c.pid for c in consumers])}
 
 
 def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int, iterators: int, seconds: float,

@@ -25,6 +25,10 @@ import sys
 import threading
 import time
 
+# A sibling module, found through the script's own folder (first on sys.path), whatever checkout
+# PYTHONPATH names for the product.
+from _proc import usage
+
 TOKEN = "bench"
 
 
@@ -63,22 +67,10 @@ def _stop(proc: subprocess.Popen, address: str) -> None:
         proc.wait(10)
 
 
-def _proc_stat(pid: int | str = "self") -> tuple[float, int]:
-    """(CPU seconds of the process's live threads, their context switches), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime of the whole thread group
-    switches = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        switches += int(line.split()[1])
-        except OSError:
-            pass  # the thread ended
-    return cpu, switches
+def _proc_stat(pid: int | None = None) -> tuple[float, int]:
+    """(CPU seconds of the process, its threads' context switches), from /proc (default: this one)."""
+    cpu, vol, invol = usage([os.getpid() if pid is None else pid])
+    return cpu, vol + invol
 
 
 def _threads(pid: int | str = "self") -> int:

@@ -26,6 +26,8 @@ import statistics
 import sys
 import time
 
+from data_service import framing
+
 from ._proc import usage
 
 KB, MB = 1 << 10, 1 << 20
@@ -101,12 +103,7 @@ def raw_tcp_cpu(size: int, seconds: float) -> dict:
     view = memoryview(bytearray(size))
 
     def step() -> None:
-        got = 0
-        while got < size:
-            k = conn.recv_into(view[got:], size - got)
-            if not k:
-                raise ConnectionError("raw TCP sender went away")
-            got += k
+        framing.recv_into(conn, view)  # raises PeerClosed if the sender went away
 
     try:
         send_s, recv_s, rate = _measure(proc, step, seconds, warmup=20)

@@ -18,6 +18,7 @@ dataset shares its epoch and resume point with them through shared memory.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
@@ -45,7 +46,12 @@ class ResumableLoader:
         self._indices: list[int] = []
         self.last_yielded: tuple[int, int] | None = None
         self._audit: AuditLog | None = take_audit(self.dataset)
-        self._active: Iterator[Any] | None = None
+        # A weak reference: the iteration refers to this loader, so a strong one back would make a
+        # cycle that keeps a broken-off iteration (and its DataLoader workers) alive until the
+        # cyclic collector runs. That collector stops the index queues' feeder threads before the
+        # iteration's ``finally`` asks the workers to exit, so they never hear it and each costs
+        # torch's 5 s join timeout. Held only by the caller's loop, the iteration ends with it.
+        self._active: weakref.ref | None = None
 
     @property
     def audit_path(self) -> str | None:
@@ -73,10 +79,16 @@ class ResumableLoader:
         return len(self.dataset._rank_share()) - self.state_dict()["position"]
 
     def __iter__(self) -> Iterator[Any]:
-        if self._active is not None:  # an iteration left suspended (the loop broke off) ends here
-            self._active.close()
-        self._active = self._iterate()
-        return self._active
+        self._close_active()  # an iteration left suspended (the loop broke off) ends here
+        active = self._iterate()
+        self._active = weakref.ref(active)
+        return active
+
+    def _close_active(self) -> None:
+        active = self._active() if self._active is not None else None
+        self._active = None
+        if active is not None:
+            active.close()
 
     def _iterate(self) -> Iterator[Any]:
         state = self.state_dict()
@@ -108,9 +120,7 @@ class ResumableLoader:
 
     def close(self) -> None:
         """Stop the loader's (persistent) workers now; the next iteration starts new ones."""
-        if self._active is not None:
-            self._active.close()
-            self._active = None
+        self._close_active()
         _shutdown(getattr(self.loader, "_iterator", None))
         if self.persistent:
             self.loader._iterator = None

@@ -2,6 +2,10 @@
 and a stop at an epoch boundary resumes at batch 0 of the next epoch."""
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import time
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -48,6 +52,32 @@ def test_persistent_workers_follow_set_epoch_and_resume(fresh_forkserver):
         assert [batch_digest(b) for b in loader] == reference(1, start=2)
         assert worker_pids(loader) == pids, "persistent workers were not re-spawned"
     finally:
+        loader.close()
+
+
+def test_a_loop_broken_off_stops_its_workers_when_the_loop_ends(fresh_forkserver):
+    # With the cyclic collector off, the iteration must end by reference counting alone, as it
+    # does when a trainer breaks out of its loop (a step budget, SIGTERM) and carries on.
+    loader = ResumableLoader(DataLoader(dataset(), batch_size=None, num_workers=2,
+                                        multiprocessing_context="forkserver"))
+    before = set(multiprocessing.active_children())
+    gc.disable()
+    try:
+        def take_three() -> list:
+            for n, _ in enumerate(loader, 1):
+                if n == 3:
+                    return [p for p in multiprocessing.active_children() if p not in before]
+            return []
+
+        workers = take_three()
+        assert len(workers) == 2
+        deadline = time.monotonic() + 3.0
+        while any(p.is_alive() for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(p.is_alive() for p in workers), "the broken-off loop's loader workers still run"
+        assert loader.state_dict()["position"] == 3
+    finally:
+        gc.enable()
         loader.close()
 
 

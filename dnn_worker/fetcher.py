@@ -13,13 +13,16 @@ window grows to ``small_window``, so every process in the chain finds more than 
 waiting when it wakes; the memory that costs is at most ``small_window`` x 1 MB per server.
 
 The iterating thread drives every connection itself: one selector over all servers' sockets,
-frames read and releases sent on that thread, no receive thread and no event queue.
+frames read and releases sent on that thread, no receive thread and no event queue. Only
+connecting (the Hello call and the data-plane handshake) runs on a short-lived thread per
+attempt, so a server that accepts but never answers delays nobody else's batches.
 """
 from __future__ import annotations
 
 import collections
 import logging
 import selectors
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 SMALL_BATCH_BYTES = 1 << 20  # batches up to this size get the wider window (``small_window``)
 
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # back-off between reconnects to one server
+CONNECT_POLL_S = 0.02  # how often the loop looks for finished connection attempts while any is in flight
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -60,6 +64,19 @@ class _Server:
     last_progress: float = 0.0
     delivered: int = 0
     watching: int = 0  # selector events registered for its connection
+    connecting: "_Attempt | None" = None  # a connection attempt in flight
+
+
+class _Attempt:
+    """One connection attempt: its thread fills it in, the iterating thread takes it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done = False
+        self.abandoned = False  # the Fetcher closed meanwhile: the attempt's thread closes what it opened
+        self.hello: pb.HelloResponse | None = None
+        self.conn: BulkConnection | None = None
+        self.exc: BaseException | None = None
 
 
 class Fetcher:
@@ -139,35 +156,62 @@ class Fetcher:
         return self._window
 
     # -- connections
-    def _connect(self, s: _Server, now: float) -> None:
-        host, _ = split_address(s.address)
+    def _start_connect(self, s: _Server) -> None:
+        """Connect to ``s`` on a short-lived thread of its own: a server that accepts but never
+        answers (a hung process) must not stall the loop that serves the other servers."""
+        attempt = s.connecting = _Attempt()
+        threading.Thread(target=self._attempt, args=(s.address, attempt), name=f"connect {s.address}",
+                         daemon=True).start()
+
+    def _attempt(self, address: str, attempt: "_Attempt") -> None:
+        hello = conn = exc = None
         try:
-            with ControlClient(s.address, self._token, self._client_id, self._version, self._tls_ca,
-                               self._tls_name) as ctl:
-                hello = ctl.hello(timeout=2.0)
-            if hello.shutting_down:
-                raise ConnectionError("server is shutting down")
-            fp = hello.dataset.fingerprint
-            if self._fingerprint and fp != self._fingerprint:
-                raise ConfigError(
-                    f"server {s.address} runs pipeline {hello.dataset.pipeline!r} with fingerprint {fp}, "
-                    f"others run {self._fingerprint}: start every data server with the same pipeline and options")
-            self._fingerprint = fp
-            if hello.bulk_tls and self._tls_context is None:
-                raise ConfigError(f"server {s.address} serves TLS; pass tls_ca= (the CA bundle that signed its certificate)")
-            # Never allocate more than the server said its batches can be, whatever a header claims.
-            limit = min(self._max, hello.dataset.max_batch_bytes or self._max)
-            conn = BulkConnection(s.address, host, hello.bulk_port, self._token, self._client_id,
-                                  limit, self._pin, self._version, self._shm and not hello.bulk_tls,
-                                  self._tls_context if hello.bulk_tls else None, self._tls_name)
-            conn.open(timeout=5.0)
-        except (PermissionDeniedError, VersionMismatchError, ConfigError):
-            raise
-        except (grpc.RpcError, OSError, DataServiceError) as exc:
+            hello, conn = self._handshake(address)
+        except BaseException as e:  # handed to the iterating thread, which raises or retries
+            exc = e
+        with attempt.lock:
+            attempt.hello, attempt.conn, attempt.exc, attempt.done = hello, conn, exc, True
+            abandoned = attempt.abandoned
+        if abandoned and conn is not None:
+            conn.close()
+
+    def _handshake(self, address: str) -> tuple[pb.HelloResponse, BulkConnection]:
+        """The control-plane Hello, then the data-plane connection (runs on the attempt's thread)."""
+        host, _ = split_address(address)
+        with ControlClient(address, self._token, self._client_id, self._version, self._tls_ca,
+                           self._tls_name) as ctl:
+            hello = ctl.hello(timeout=2.0)
+        if hello.shutting_down:
+            raise ConnectionError("server is shutting down")
+        if hello.bulk_tls and self._tls_context is None:
+            raise ConfigError(f"server {address} serves TLS; pass tls_ca= (the CA bundle that signed its certificate)")
+        # Never allocate more than the server said its batches can be, whatever a header claims.
+        limit = min(self._max, hello.dataset.max_batch_bytes or self._max)
+        conn = BulkConnection(address, host, hello.bulk_port, self._token, self._client_id,
+                              limit, self._pin, self._version, self._shm and not hello.bulk_tls,
+                              self._tls_context if hello.bulk_tls else None, self._tls_name)
+        conn.open(timeout=5.0)
+        return hello, conn
+
+    def _finish_connect(self, s: _Server, now: float) -> None:
+        """Take the finished attempt's connection into the loop, or note why it failed."""
+        attempt, s.connecting = s.connecting, None
+        exc = attempt.exc
+        if isinstance(exc, (grpc.RpcError, OSError, DataServiceError)) and \
+                not isinstance(exc, (PermissionDeniedError, VersionMismatchError, ConfigError)):
             s.failures += 1
             s.retry_at = now + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
             s.last_error = getattr(exc, "details", lambda: None)() or f"{type(exc).__name__}: {exc}"
             return
+        if exc is not None:
+            raise exc
+        conn, fp = attempt.conn, attempt.hello.dataset.fingerprint
+        if self._fingerprint and fp != self._fingerprint:
+            conn.close()
+            raise ConfigError(
+                f"server {s.address} runs pipeline {attempt.hello.dataset.pipeline!r} with fingerprint {fp}, "
+                f"others run {self._fingerprint}: start every data server with the same pipeline and options")
+        self._fingerprint = fp
         try:
             self._sel.register(conn, selectors.EVENT_READ, conn)
         except (OSError, ValueError, KeyError) as exc:
@@ -232,8 +276,11 @@ class Fetcher:
                     break
                 now = time.monotonic()
                 for s in self._servers:
-                    if s.conn is None and now >= s.retry_at:
-                        self._connect(s, now)
+                    if s.connecting is not None:
+                        if s.connecting.done:
+                            self._finish_connect(s, now)
+                    elif s.conn is None and now >= s.retry_at:
+                        self._start_connect(s)
                     if s.conn is not None and s.outstanding and now - s.last_progress > self._batch_timeout:
                         self._drop(s, f"no batch for {self._batch_timeout:.0f}s", todo)
                 self._assign(todo)
@@ -244,7 +291,10 @@ class Fetcher:
                     no_server_since = now
                 elif now - no_server_since > self._connect_timeout:
                     raise self._unavailable(now - no_server_since)
-                self._wait(0.1 if not usable else 0.5, todo, done)
+                timeout = 0.1 if not usable else 0.5
+                if any(s.connecting is not None for s in self._servers):
+                    timeout = CONNECT_POLL_S  # take a new connection into the loop soon after it opens
+                self._wait(timeout, todo, done)
             complete = True
         finally:
             if complete and self._keep_open:
@@ -256,6 +306,13 @@ class Fetcher:
         """Close every connection (also those a complete ``keep_open`` iteration left open)."""
         self._open = False
         for s in self._servers:
+            attempt, s.connecting = s.connecting, None
+            if attempt is not None:
+                with attempt.lock:
+                    attempt.abandoned = True
+                    opened = attempt.conn if attempt.done else None
+                if opened is not None:
+                    opened.close()
             if s.conn is not None:
                 if self._sel is not None:
                     self._unwatch(s.conn)

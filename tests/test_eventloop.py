@@ -304,3 +304,48 @@ def test_a_batch_frame_built_from_header_bytes_equals_the_serialized_frame():
     merged.MergeFrom(extra)
     assert framing._LEN.unpack_from(frame)[0] == len(frame) - framing._LEN.size
     assert parsed.WhichOneof("kind") == "batch" and parsed.batch == merged
+
+
+def test_a_server_that_accepts_but_never_answers_delays_no_other_servers_batches(server_factory):
+    # A hung data server: its control plane answers Hello, but its data-plane port only accepts
+    # (the kernel's backlog) and never sends the challenge. Connecting to it must not stall the
+    # loop that reads the healthy server's batches: every attempt waits up to 5 s for the handshake.
+    from concurrent import futures
+
+    import grpc
+
+    from data_service.wire import pb_grpc
+    from dnn_worker import ControlClient
+
+    healthy = server_factory({"size": 160, "batch_size": 4}, num_workers=1)
+    with ControlClient(healthy.address, TOKEN) as ctl:
+        info = ctl.hello()
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(64)  # never accepted: connects complete, nothing is ever sent
+
+    class Hung(pb_grpc.DataServiceServicer):
+        def Hello(self, request, context):
+            reply = pb.HelloResponse()
+            reply.CopyFrom(info)
+            reply.bulk_port = mute.getsockname()[1]
+            return reply
+
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_DataServiceServicer_to_server(Hung(), grpc_server)
+    hung = f"127.0.0.1:{grpc_server.add_insecure_port('127.0.0.1:0')}"
+    grpc_server.start()
+    try:
+        ds = RemoteDataset([hung, healthy.address], TOKEN, connect_timeout=30)
+        start = last = time.monotonic()
+        gaps = []
+        for _ in ds:
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+        assert len(gaps) == 40
+        assert max(gaps) < 2.5, f"a batch waited {max(gaps):.1f} s behind the hung server's handshake"
+        assert time.monotonic() - start < 10
+    finally:
+        grpc_server.stop(0)
+        mute.close()

@@ -429,7 +429,7 @@ def test_the_consumer_never_allocates_more_than_the_servers_advertised_limit(tmp
 
     buffers.BufferPool.get = get
     try:
-        ds = RemoteDataset([f"127.0.0.1:{port}"], TOKEN, connect_timeout=3, batch_timeout=3)
+        ds = RemoteDataset([f"127.0.0.1:{port}"], TOKEN, connect_timeout=1, batch_timeout=1)
         with pytest.raises(Exception):
             list(ds)
     finally:

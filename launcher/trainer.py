@@ -329,10 +329,11 @@ def _checkpoint(job: TrainJob, rank: int, model, optimizer, data, steps: int, st
     cfg = job.cfg
     if not cfg.checkpoint or not job.checkpoint_dir:
         return None
-    states = [data.state_dict()]
+    mine = data.state_dict()
+    states = [mine]
     if job.world_size > 1:
         states = [None] * job.world_size
-        dist.all_gather_object(states, states[0])
+        dist.all_gather_object(states, mine)
     if rank != 0:
         return None
     path = checkpoint.save(job.checkpoint_dir, {

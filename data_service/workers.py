@@ -19,8 +19,11 @@ built into, and no other consumer would get a batch until its send timeout. So w
 has no free slot, another consumer is waiting, and a slot's batch has waited ``STUCK_S``, the
 slot is detached (slots.py): the batch stays where it is for its consumer, the worker builds
 into a fresh region, and the consumers whose batches are not stuck go first. At most
-``DETACH_PER_OWNER`` batches per consumer connection and ``DETACH_PER_SLOT`` x the pool's slots
-in all are detached at once, which bounds the memory a stalled consumer can pin.
+``detach_per_owner`` batches per consumer connection are detached at once: a consumer's default
+window, so every batch a consumer asked for can be moved aside, which bounds the memory a
+stalled consumer can pin to what it asked for. There is no cap over all connections together:
+DDP ranks in lock step that got ahead hold their windows while they wait for the rank behind,
+and that rank must still get the worker, or the whole job waits forever.
 
 ``Task`` and ``Result`` are tasks.py; the slot bookkeeping is slots.py; the pipe messages are
 pool_messages.py.
@@ -49,8 +52,7 @@ log = logging.getLogger(__name__)
 TASKS_AHEAD = 2  # tasks a worker holds at once: it starts the next without a round trip to us
 MAX_ATTEMPTS = 3  # a batch that kills this many workers is reported, not retried forever
 STUCK_S = 0.25    # a built batch nobody took for this long may be moved out of its worker's way
-DETACH_PER_OWNER = 8  # detached batches one consumer connection may hold at once
-DETACH_PER_SLOT = 4   # ... and all of them together, per slot of the pool
+DETACH_PER_OWNER = 8  # detached batches one consumer connection may hold at once, at least (see detach_per_owner)
 
 
 class WorkerPool:
@@ -64,7 +66,9 @@ class WorkerPool:
             raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
         self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, codec)
         self._num_workers = num_workers
-        self._num_slots = slots_per_worker
+        # A consumer's default window is max(4, 2 x workers), 8 while batches are small
+        # (dnn_worker/remote_dataset.py): that many of its batches may be moved aside.
+        self.detach_per_owner = max(DETACH_PER_OWNER, 2 * num_workers)
         self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()
         self._pending: collections.deque[Task] = collections.deque()
@@ -280,10 +284,9 @@ class WorkerPool:
     def _make_room(self, w: WorkerHandle) -> tuple[Task, tuple[int, bool]] | None:
         """Worker ``w`` has no free slot: detach its oldest stuck batch if a task of another
         consumer is waiting; returns that task and the freed slot (module docstring)."""
-        if len(self._detached) >= DETACH_PER_SLOT * self._num_slots * len(self._workers):
-            return None
+        cap = self.detach_per_owner
         for slot in w.table.stuck(time.monotonic() - STUCK_S):
-            if sum(s.owner is slot.owner for s in self._detached) >= DETACH_PER_OWNER:
+            if sum(s.owner is slot.owner for s in self._detached) >= cap:
                 continue
             for i, t in enumerate(self._pending):
                 if not t.cancelled and t.owner is not slot.owner:

@@ -172,6 +172,44 @@ def test_a_consumer_that_stops_reading_does_not_starve_the_others(shm):
         server.kill()
 
 
+def test_ranks_holding_their_windows_of_shared_memory_batches_do_not_starve_the_rank_behind():
+    # DDP in lock step: three ranks got ahead, hold a full window (8) of leased or copied-out-later
+    # shared-memory batches each and wait in an all-reduce for the fourth, which needs the server's
+    # only worker. Every one of those 24 batches was asked for, so the pool must move them all out of
+    # the worker's way (at most a window per connection); a cap on all connections together left
+    # the fourth rank waiting forever, and with it the whole job.
+    server = ServerProc({"size": 80, "batch_size": 4}, workers=1, token=TOKEN).start()
+    ahead = [RawBulk(bulk_port(server.address)) for _ in range(3)]
+    try:
+        for rank, raw in enumerate(ahead):
+            assert raw.login(shm=True).welcome.shm
+            raw.fetch(pb.BatchRef(seed=rank, epoch=0, index=i) for i in range(8))
+        deadline, sent, since = time.monotonic() + 10, -1, time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - since < 1.0:  # until the pool stops building
+            now_sent = stats(server.address).batches_sent
+            if now_sent != sent:
+                sent, since = now_sent, time.monotonic()
+            time.sleep(0.1)
+        assert sent >= 10, f"only {sent} of the three ranks' batches were built"
+        box: list = []
+
+        def behind():
+            try:
+                box.append(len(list(RemoteDataset([server.address], TOKEN, seed=9, connect_timeout=10,
+                                                  batch_timeout=10))))
+            except Exception as exc:  # noqa: BLE001
+                box.append(exc)
+
+        t = threading.Thread(target=behind, daemon=True)
+        t.start()
+        t.join(30)
+        assert box == [20], f"the rank behind got {box or 'nothing'} within 30 s"
+    finally:
+        for raw in ahead:
+            raw.close()
+        server.kill()
+
+
 @pytest.mark.parametrize("shared_memory", [False, True], ids=["tcp", "shared-memory"])
 def test_an_iterator_broken_off_and_kept_alive_does_not_stall_the_next_one(shared_memory):
     # A training loop that breaks out of one epoch's iterator and starts another without closing

@@ -197,11 +197,10 @@ class Fetcher:
         """Take the finished attempt's connection into the loop, or note why it failed."""
         attempt, s.connecting = s.connecting, None
         exc = attempt.exc
-        if isinstance(exc, (grpc.RpcError, OSError, DataServiceError)) and \
-                not isinstance(exc, (PermissionDeniedError, VersionMismatchError, ConfigError)):
-            s.failures += 1
-            s.retry_at = now + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
-            s.last_error = getattr(exc, "details", lambda: None)() or f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, (PermissionDeniedError, VersionMismatchError, ConfigError)):
+            raise exc  # refused for good: retrying cannot help
+        if isinstance(exc, (grpc.RpcError, OSError, DataServiceError)):
+            self._failed(s, getattr(exc, "details", lambda: None)() or f"{type(exc).__name__}: {exc}", now)
             return
         if exc is not None:
             raise exc
@@ -216,9 +215,7 @@ class Fetcher:
             self._sel.register(conn, selectors.EVENT_READ, conn)
         except (OSError, ValueError, KeyError) as exc:
             conn.close()
-            s.failures += 1
-            s.retry_at = now + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
-            s.last_error = f"{type(exc).__name__}: {exc}"
+            self._failed(s, f"{type(exc).__name__}: {exc}", now)
             return
         s.conn, s.draining, s.failures = conn, False, 0
         s.watching = selectors.EVENT_READ
@@ -230,15 +227,20 @@ class Fetcher:
             self._unwatch(s.conn)
             s.conn.close()
         s.conn = None
-        s.last_error = reason
-        s.failures += 1
-        s.retry_at = time.monotonic() + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
+        self._failed(s, reason, time.monotonic())
         if s.outstanding:
             self.failovers += 1
             log.warning("data server %s failed (%s); asking others for its %d unfinished batches",
                         s.address, reason, len(s.outstanding))
             self._requeue(list(s.outstanding.values()), todo)
             s.outstanding.clear()
+
+    @staticmethod
+    def _failed(s: _Server, reason: str, now: float) -> None:
+        """Note why ``s`` is unusable and when to try it again (back-off by its failures in a row)."""
+        s.failures += 1
+        s.retry_at = now + RETRY_S[min(s.failures - 1, len(RETRY_S) - 1)]
+        s.last_error = reason
 
     def _unwatch(self, conn: BulkConnection) -> None:
         try:
@@ -275,12 +277,13 @@ class Fetcher:
                 if nxt >= len(self._refs):
                     break
                 now = time.monotonic()
+                connecting = False
                 for s in self._servers:
-                    if s.connecting is not None:
-                        if s.connecting.done:
-                            self._finish_connect(s, now)
-                    elif s.conn is None and now >= s.retry_at:
+                    if s.connecting is not None and s.connecting.done:
+                        self._finish_connect(s, now)
+                    elif s.connecting is None and s.conn is None and now >= s.retry_at:
                         self._start_connect(s)
+                    connecting = connecting or s.connecting is not None
                     if s.conn is not None and s.outstanding and now - s.last_progress > self._batch_timeout:
                         self._drop(s, f"no batch for {self._batch_timeout:.0f}s", todo)
                 self._assign(todo)
@@ -291,10 +294,8 @@ class Fetcher:
                     no_server_since = now
                 elif now - no_server_since > self._connect_timeout:
                     raise self._unavailable(now - no_server_since)
-                timeout = 0.1 if not usable else 0.5
-                if any(s.connecting is not None for s in self._servers):
-                    timeout = CONNECT_POLL_S  # take a new connection into the loop soon after it opens
-                self._wait(timeout, todo, done)
+                # An attempt in flight: take its connection into the loop soon after it opens.
+                self._wait(CONNECT_POLL_S if connecting else 0.1 if not usable else 0.5, todo, done)
             complete = True
         finally:
             if complete and self._keep_open:

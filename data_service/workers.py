@@ -282,7 +282,7 @@ class WorkerPool:
         return self._pending.popleft()
 
     def _make_room(self, w: WorkerHandle) -> tuple[Task, tuple[int, bool]] | None:
-        """Worker ``w`` has no free slot: detach its oldest stuck batch if a task of another
+        """Worker ``w`` has no free slot: detach its oldest stuck batch for which a task of another
         consumer is waiting; returns that task and the freed slot (module docstring)."""
         cap = self.detach_per_owner
         for slot in w.table.stuck(time.monotonic() - STUCK_S):
@@ -298,7 +298,8 @@ class WorkerPool:
                         return None
                     del self._pending[i]
                     return t, free
-            return None  # every waiting task is this consumer's own
+            # Every waiting task is this slot's consumer's own (it holds a batch that came early
+            # while it waits for an earlier one): a younger slot of another consumer may free it.
         return None
 
     def _on_message(self, w: WorkerHandle) -> None:

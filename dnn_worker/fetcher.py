@@ -8,6 +8,16 @@ stalls has its unfinished batches asked of the others; one that comes back (same
 address) is used again. Only when no server is usable for ``connect_timeout``
 seconds does iteration fail, naming every server and its last error.
 
+Batches are yielded in order, so those that arrive early wait for the one before them. No batch
+is asked for more than ``AHEAD_WINDOWS`` x ``window`` x servers places ahead of the one the
+consumer waits for, which bounds what it holds. When that bound is what keeps a server idle, the
+batch the consumer waits for is also asked of that server (a hedged request: whichever copy
+comes first is used, the other dropped when it comes), so a straggling or silently stalled server
+slows the consumer down instead of stopping it until ``batch_timeout``. A copy that lost still
+counts against its server's window until it comes: a stalled server is given nothing more, and is
+still dropped after ``batch_timeout``. At the end of the list, when there is nothing left to ask
+for, the awaited batch is hedged once its server has delivered nothing for ``HEDGE_TAIL_S``.
+
 Small batches (at most ``SMALL_BATCH_BYTES``) cost per batch, not per byte: for them the
 window grows to ``small_window``, so every process in the chain finds more than one batch
 waiting when it wakes; the memory that costs is at most ``small_window`` x 1 MB per server.
@@ -43,6 +53,12 @@ SMALL_BATCH_BYTES = 1 << 20  # batches up to this size get the wider window (``s
 
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # back-off between reconnects to one server
 CONNECT_POLL_S = 0.02  # how often the loop looks for finished connection attempts while any is in flight
+AHEAD_WINDOWS = 2  # batches asked for ahead of the awaited one: at most this x window x servers
+HEDGE_TAIL_S = 1.0  # nothing left to ask for: a server that delivered nothing for this long is hedged
+
+
+def _key(ref: pb.BatchRef) -> tuple[int, int, int]:
+    return ref.seed, ref.epoch, ref.index
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -56,7 +72,7 @@ def split_address(address: str) -> tuple[str, int]:
 class _Server:
     address: str
     conn: BulkConnection | None = None
-    outstanding: dict[tuple[int, int], pb.BatchRef] = field(default_factory=dict)
+    outstanding: dict[tuple[int, int, int], pb.BatchRef] = field(default_factory=dict)
     draining: bool = False
     failures: int = 0
     retry_at: float = 0.0
@@ -137,11 +153,19 @@ class Fetcher:
             self._tls_context = client_context(tls_ca)
         self._sel: selectors.BaseSelector | None = None
         self.failovers = 0
+        self.hedges = 0     # batches also asked of a second server (see the module docstring)
+        self.most_held = 0  # most batches held at once, waiting for an earlier one
+        self._nxt = 0
+        self._hedged: set[tuple[int, int, int]] = set()  # asked of two servers, neither copy here yet
+        self._lost: set[tuple[int, int, int]] = set()    # came from one server, still outstanding at the other
         self._keep_open = keep_open
         self._open = False  # connections left open by a complete iteration (keep_open)
         if reuse is not None and reuse._open and [s.address for s in reuse._servers] == list(servers):
             # Late frames of the earlier iteration are dropped by _handle: none of its refs is outstanding.
             self._servers, self._sel, self._fingerprint = reuse._servers, reuse._sel, reuse._fingerprint
+            for s in self._servers:  # copies still to come of hedged batches the earlier one used:
+                for key in reuse._lost:  # dropped as not ours when they come
+                    s.outstanding.pop(key, None)
             reuse._open, reuse._servers, reuse._sel = False, [], None  # they are this Fetcher's now
 
     def _set_window(self, window: int) -> None:
@@ -228,12 +252,14 @@ class Fetcher:
             s.conn.close()
         s.conn = None
         self._failed(s, reason, time.monotonic())
-        if s.outstanding:
+        refs = [r for k, r in s.outstanding.items() if k not in self._lost]
+        self._lost.difference_update(s.outstanding)
+        s.outstanding.clear()
+        if refs:
             self.failovers += 1
             log.warning("data server %s failed (%s); asking others for its %d unfinished batches",
-                        s.address, reason, len(s.outstanding))
-            self._requeue(list(s.outstanding.values()), todo)
-            s.outstanding.clear()
+                        s.address, reason, len(refs))
+            self._requeue(refs, todo)
 
     @staticmethod
     def _failed(s: _Server, reason: str, now: float) -> None:
@@ -249,8 +275,13 @@ class Fetcher:
             pass
 
     def _requeue(self, refs: list[pb.BatchRef], todo: collections.deque) -> None:
-        for ref in sorted(refs, key=lambda r: self._pos[(r.epoch, r.index)], reverse=True):
-            todo.appendleft(ref)
+        """Ask again for ``refs`` (those no other server has outstanding, hedged ones): ``todo``
+        stays in order, which ``_assign``'s bound relies on."""
+        refs = [r for r in refs if not any(_key(r) in o.outstanding for o in self._servers)]
+        if refs:
+            merged = sorted([*todo, *refs], key=lambda r: self._pos[_key(r)])
+            todo.clear()
+            todo.extend(merged)
 
     def _unavailable(self, waited: float) -> ServerUnavailableError:
         detail = "; ".join(f"{s.address}: {s.last_error}" for s in self._servers)
@@ -259,12 +290,13 @@ class Fetcher:
 
     # -- iteration
     def __iter__(self) -> Iterator[tuple[pb.BatchRef, Any]]:
-        self._pos = {(r.epoch, r.index): i for i, r in enumerate(self._refs)}
+        self._pos = {_key(r): i for i, r in enumerate(self._refs)}
         if len(self._pos) != len(self._refs):
-            raise ConfigError("refs must be unique (epoch, index) pairs")
+            raise ConfigError("refs must be unique (seed, epoch, index) triples")
         todo: collections.deque[pb.BatchRef] = collections.deque(self._refs)
         done: dict[int, Any] = {}
         nxt = 0
+        self._hedged.clear()
         no_server_since: float | None = None
         if self._sel is None:  # a Fetcher that took over open connections has their selector
             self._sel = selectors.DefaultSelector()
@@ -286,6 +318,7 @@ class Fetcher:
                     connecting = connecting or s.connecting is not None
                     if s.conn is not None and s.outstanding and now - s.last_progress > self._batch_timeout:
                         self._drop(s, f"no batch for {self._batch_timeout:.0f}s", todo)
+                self._nxt = nxt
                 self._assign(todo)
                 usable = any(s.conn is not None and (not s.draining or s.outstanding) for s in self._servers)
                 if usable:
@@ -356,6 +389,8 @@ class Fetcher:
                 self._handle(event, todo, done)
 
     def _assign(self, todo: collections.deque) -> None:
+        limit = self._nxt + AHEAD_WINDOWS * self._window * len(self._servers)
+        held_back = False  # a server had room, but the next batch is too far ahead
         for s in self._servers:
             if s.conn is None or s.draining or not todo:
                 continue
@@ -363,20 +398,48 @@ class Fetcher:
             if s.outstanding and room < self._refill:
                 continue  # ask again once half a window is free (see __init__)
             batch = []
-            while room > 0 and todo:
+            while room > 0 and todo and self._pos[_key(todo[0])] < limit:
                 ref = todo.popleft()
                 batch.append(ref)
                 room -= 1
-            if not batch:
-                continue
-            for ref in batch:
-                s.outstanding[(ref.epoch, ref.index)] = ref
-            if not s.last_progress or len(s.outstanding) == len(batch):
-                s.last_progress = time.monotonic()
-            try:
-                s.conn.fetch(batch)
-            except OSError as exc:
-                self._drop(s, f"send failed: {exc}", todo)
+            held_back = held_back or room > 0 and bool(todo)
+            if batch:
+                self._send(s, batch, todo)
+        if held_back:
+            self._hedge(todo)
+        elif not todo:
+            self._hedge(todo, quiet_for=HEDGE_TAIL_S)
+
+    def _send(self, s: _Server, batch: list[pb.BatchRef], todo: collections.deque) -> None:
+        for ref in batch:
+            s.outstanding[_key(ref)] = ref
+        if not s.last_progress or len(s.outstanding) == len(batch):
+            s.last_progress = time.monotonic()
+        try:
+            s.conn.fetch(batch)
+        except OSError as exc:
+            self._drop(s, f"send failed: {exc}", todo)
+
+    def _hedge(self, todo: collections.deque, quiet_for: float = 0.0) -> None:
+        """Ask the least busy other server for the batch the consumer waits for too, once, if its
+        server has delivered nothing for ``quiet_for`` seconds (see the module docstring)."""
+        ref = self._refs[self._nxt]
+        key = _key(ref)
+        if key in self._hedged:
+            return
+        holders = [s for s in self._servers if key in s.outstanding]
+        if not holders or time.monotonic() - holders[0].last_progress < quiet_for:
+            return  # arrived already, or its server is still delivering
+        others = [s for s in self._servers if s.conn is not None and not s.draining and key not in s.outstanding
+                  and len(s.outstanding) < self._window]
+        if not others:
+            return
+        self._hedged.add(key)
+        self.hedges += 1
+        target = min(others, key=lambda s: len(s.outstanding))
+        log.debug("epoch %d batch %d waited on %s; asking %s too", ref.epoch, ref.index,
+                  holders[0].address, target.address)
+        self._send(target, [ref], todo)
 
     def _server_of(self, conn: BulkConnection) -> _Server | None:
         for s in self._servers:
@@ -391,17 +454,25 @@ class Fetcher:
         if ev.kind == "down":
             self._drop(s, f"{type(ev.exc).__name__}: {ev.exc}", todo)
             return
-        key = (ev.ref.epoch, ev.ref.index)
+        key = _key(ev.ref)
         if s.outstanding.pop(key, None) is None:
             return  # not ours (already re-requested elsewhere)
         s.last_progress = time.monotonic()
+        if key in self._lost:  # a hedged batch's second copy: the first was used
+            self._lost.discard(key)
+            return
         if ev.kind == "batch":
             s.delivered += 1
+            if key in self._hedged:
+                self._hedged.discard(key)
+                if any(key in o.outstanding for o in self._servers):
+                    self._lost.add(key)
             if self._small_window:
                 want = self._small_window if ev.nbytes <= SMALL_BATCH_BYTES else self._base_window
                 if want != self._window:
                     self._set_window(want)
             done[self._pos[key]] = ev.batch
+            self.most_held = max(self.most_held, len(done))
             return
         err = ev.error
         if err.kind == pb.SHUTTING_DOWN:

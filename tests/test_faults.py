@@ -508,6 +508,36 @@ def test_a_delayed_and_a_silently_stalled_link(server_factory, tmp_path):
             p.close()
 
 
+def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_piling_batches_up(server_factory):
+    # One of two links goes silent (no RST) early in a 200-batch list; batch_timeout is far off.
+    # (Shared memory: the server keeps a slot until the consumer releases it, copies dropped too.)
+    # The consumer may ask for at most 2 x window x servers batches ahead of the one it waits for,
+    # and then asks the live server for that one too: the list completes long before
+    # batch_timeout, in order, each batch once, holding at most that bound. Before, the live
+    # server was asked for the whole rest of the list, every batch of it waited in the consumer,
+    # and nothing was yielded until batch_timeout dropped the stalled server.
+    opts = {"size": 800, "batch_size": 4, "shape": [1, 16, 16]}
+    proxies, servers = _proxied_servers(server_factory, opts)
+    try:
+        refs = [pb.BatchRef(seed=3, epoch=0, index=i) for i in range(200)]
+        fetcher = Fetcher([s.address for s in servers], TOKEN, refs, window=3, batch_timeout=60, connect_timeout=30,
+                          shared_memory=True)
+        got, start = {}, time.monotonic()
+        for ref, batch in fetcher:
+            got[ref.index] = batch_digest(batch)
+            if len(got) == 10:
+                proxies[1].stall(True)
+        took = time.monotonic() - start
+        assert list(got) == list(range(200))
+        assert list(got.values()) == Reference("examples.synthetic:build_pipeline", opts, 3).digests(0)
+        assert took < 30, f"{took:.1f}s: the consumer waited for batch_timeout (60 s)"
+        assert fetcher.hedges > 0 and fetcher.most_held <= 2 * 3 * 2, (fetcher.hedges, fetcher.most_held)
+        wait_clean(servers[0].address)  # the copies it sent that came second were released too
+    finally:
+        for p in proxies:
+            p.close()
+
+
 # ------------------------------------------------------------------ resume and the audit log
 
 def test_resume_with_loader_workers_audits_each_batch_once(server_factory, tmp_path):

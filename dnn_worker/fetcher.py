@@ -115,6 +115,11 @@ class Fetcher:
         reuse: an earlier Fetcher (same servers) that completed with ``keep_open``: its
             connections are taken over instead of connecting again (the next epoch of a
             persistent loader worker).
+
+    Attributes:
+        failovers: servers dropped while they owed batches.
+        hedges: batches also asked of a second server (module docstring).
+        most_held: the most batches held at once while waiting for an earlier one.
     """
 
     def __init__(self, servers: list[str], token: str, refs: list[pb.BatchRef], *, window: int = 4,
@@ -153,8 +158,8 @@ class Fetcher:
             self._tls_context = client_context(tls_ca)
         self._sel: selectors.BaseSelector | None = None
         self.failovers = 0
-        self.hedges = 0     # batches also asked of a second server (see the module docstring)
-        self.most_held = 0  # most batches held at once, waiting for an earlier one
+        self.hedges = 0
+        self.most_held = 0
         self._nxt = 0
         self._hedged: set[tuple[int, int, int]] = set()  # asked of two servers, neither copy here yet
         self._lost: set[tuple[int, int, int]] = set()    # came from one server, still outstanding at the other

@@ -521,7 +521,7 @@ def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_pil
     try:
         refs = [pb.BatchRef(seed=3, epoch=0, index=i) for i in range(200)]
         fetcher = Fetcher([s.address for s in servers], TOKEN, refs, window=3, batch_timeout=60, connect_timeout=30,
-                          shared_memory=True)
+                          shared_memory=True, keep_open=True)
         got, start = {}, time.monotonic()
         for ref, batch in fetcher:
             got[ref.index] = batch_digest(batch)
@@ -532,6 +532,14 @@ def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_pil
         assert list(got.values()) == Reference("examples.synthetic:build_pipeline", opts, 3).digests(0)
         assert took < 30, f"{took:.1f}s: the consumer waited for batch_timeout (60 s)"
         assert fetcher.hedges > 0 and fetcher.most_held <= 2 * 3 * 2, (fetcher.hedges, fetcher.most_held)
+        # The next epoch on the same connections (a persistent loader worker), the link back: the
+        # stalled server's copies of epoch 0 that lost now come, and must be dropped.
+        proxies[1].stall(False)
+        later = [pb.BatchRef(seed=3, epoch=1, index=i) for i in range(40)]
+        again = {r.index: batch_digest(b) for r, b in Fetcher([s.address for s in servers], TOKEN, later, window=3,
+                                                               batch_timeout=60, reuse=fetcher)}
+        assert list(again.values()) == Reference("examples.synthetic:build_pipeline", opts, 3).digests(1)[:40]
+        assert time.monotonic() - start < 40
         wait_clean(servers[0].address)  # the copies it sent that came second were released too
     finally:
         for p in proxies:

@@ -16,7 +16,9 @@ comes first is used, the other dropped when it comes), so a straggling or silent
 slows the consumer down instead of stopping it until ``batch_timeout``. A copy that lost still
 counts against its server's window until it comes: a stalled server is given nothing more, and is
 still dropped after ``batch_timeout``. At the end of the list, when there is nothing left to ask
-for, the awaited batch is hedged once its server has delivered nothing for ``HEDGE_TAIL_S``.
+for, the awaited batch is hedged once its server has delivered nothing for ``HEDGE_TAIL_S``, or
+for ``HEDGE_TAIL_GAPS`` times its usual time between batches if that is longer (a slow pipeline
+is not taken for a stalled server).
 
 Small batches (at most ``SMALL_BATCH_BYTES``) cost per batch, not per byte: for them the
 window grows to ``small_window``, so every process in the chain finds more than one batch
@@ -54,7 +56,8 @@ SMALL_BATCH_BYTES = 1 << 20  # batches up to this size get the wider window (``s
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # back-off between reconnects to one server
 CONNECT_POLL_S = 0.02  # how often the loop looks for finished connection attempts while any is in flight
 AHEAD_WINDOWS = 2  # batches asked for ahead of the awaited one: at most this x window x servers
-HEDGE_TAIL_S = 1.0  # nothing left to ask for: a server that delivered nothing for this long is hedged
+HEDGE_TAIL_S = 1.0  # nothing left to ask for: a server that delivered nothing for this long is hedged,
+HEDGE_TAIL_GAPS = 4  # or for this many of its usual times between batches, if longer
 
 
 def _key(ref: pb.BatchRef) -> tuple[int, int, int]:
@@ -79,6 +82,8 @@ class _Server:
     last_error: str = "never connected"
     last_progress: float = 0.0
     delivered: int = 0
+    last_batch: float = 0.0  # time.monotonic() of its last batch
+    gap: float = 0.0         # its usual time between batches (moving average)
     watching: int = 0  # selector events registered for its connection
     connecting: "_Attempt | None" = None  # a connection attempt in flight
 
@@ -413,7 +418,7 @@ class Fetcher:
         if held_back:
             self._hedge(todo)
         elif not todo:
-            self._hedge(todo, quiet_for=HEDGE_TAIL_S)
+            self._hedge(todo, tail=True)
 
     def _send(self, s: _Server, batch: list[pb.BatchRef], todo: collections.deque) -> None:
         for ref in batch:
@@ -425,16 +430,19 @@ class Fetcher:
         except OSError as exc:
             self._drop(s, f"send failed: {exc}", todo)
 
-    def _hedge(self, todo: collections.deque, quiet_for: float = 0.0) -> None:
-        """Ask the least busy other server for the batch the consumer waits for too, once, if its
-        server has delivered nothing for ``quiet_for`` seconds (see the module docstring)."""
+    def _hedge(self, todo: collections.deque, tail: bool = False) -> None:
+        """Ask the least busy other server for the batch the consumer waits for too, once; at the
+        ``tail`` of the list only if its server has been quiet for long (module docstring)."""
         ref = self._refs[self._nxt]
         key = _key(ref)
         if key in self._hedged:
             return
         holders = [s for s in self._servers if key in s.outstanding]
-        if not holders or time.monotonic() - holders[0].last_progress < quiet_for:
-            return  # arrived already, or its server is still delivering
+        if not holders:
+            return  # arrived already
+        quiet_for = max(HEDGE_TAIL_S, HEDGE_TAIL_GAPS * holders[0].gap) if tail else 0.0
+        if time.monotonic() - holders[0].last_progress < quiet_for:
+            return  # its server is still delivering
         others = [s for s in self._servers if s.conn is not None and not s.draining and key not in s.outstanding
                   and len(s.outstanding) < self._window]
         if not others:
@@ -462,12 +470,15 @@ class Fetcher:
         key = _key(ev.ref)
         if s.outstanding.pop(key, None) is None:
             return  # not ours (already re-requested elsewhere)
-        s.last_progress = time.monotonic()
+        now = s.last_progress = time.monotonic()
         if key in self._lost:  # a hedged batch's second copy: the first was used
             self._lost.discard(key)
             return
         if ev.kind == "batch":
             s.delivered += 1
+            if s.last_batch:
+                s.gap = 0.8 * s.gap + 0.2 * (now - s.last_batch) if s.gap else now - s.last_batch
+            s.last_batch = now
             if key in self._hedged:
                 self._hedged.discard(key)
                 if any(key in o.outstanding for o in self._servers):

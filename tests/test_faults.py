@@ -546,6 +546,23 @@ def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_pil
             p.close()
 
 
+def test_a_slow_pipeline_is_not_hedged_at_the_end_of_the_list(server_factory, monkeypatch):
+    # At the end of the list the awaited batch is hedged only once its server has been quiet for
+    # HEDGE_TAIL_S or 4 of its usual gaps between batches, whichever is longer: a pipeline that
+    # takes longer than HEDGE_TAIL_S per batch is slow, not stalled, and building its batches
+    # twice at every epoch's end would only take CPU from other consumers. (HEDGE_TAIL_S is cut
+    # to 50 ms so that 0.2 s batches are "slow".)
+    from dnn_worker import fetcher as fetcher_module
+
+    monkeypatch.setattr(fetcher_module, "HEDGE_TAIL_S", 0.05)
+    opts = {"size": 48, "batch_size": 4, "work_ms": 50}  # about 0.2 s per batch per worker
+    servers = [server_factory(opts, num_workers=1) for _ in range(2)]
+    refs = [pb.BatchRef(seed=4, epoch=0, index=i) for i in range(12)]
+    fetcher = Fetcher([s.address for s in servers], TOKEN, refs, window=2)
+    assert [r.index for r, _ in fetcher] == list(range(12))
+    assert fetcher.hedges == 0
+
+
 # ------------------------------------------------------------------ resume and the audit log
 
 def test_resume_with_loader_workers_audits_each_batch_once(server_factory, tmp_path):

@@ -165,7 +165,6 @@ class Fetcher:
         self.failovers = 0
         self.hedges = 0
         self.most_held = 0
-        self._nxt = 0
         self._hedged: set[tuple[int, int, int]] = set()  # asked of two servers, neither copy here yet
         self._lost: set[tuple[int, int, int]] = set()    # came from one server, still outstanding at the other
         self._keep_open = keep_open
@@ -328,8 +327,7 @@ class Fetcher:
                     connecting = connecting or s.connecting is not None
                     if s.conn is not None and s.outstanding and now - s.last_progress > self._batch_timeout:
                         self._drop(s, f"no batch for {self._batch_timeout:.0f}s", todo)
-                self._nxt = nxt
-                self._assign(todo)
+                self._assign(todo, nxt)
                 usable = any(s.conn is not None and (not s.draining or s.outstanding) for s in self._servers)
                 if usable:
                     no_server_since = None
@@ -398,8 +396,10 @@ class Fetcher:
             for event in conn.read_events():
                 self._handle(event, todo, done)
 
-    def _assign(self, todo: collections.deque) -> None:
-        limit = self._nxt + AHEAD_WINDOWS * self._window * len(self._servers)
+    def _assign(self, todo: collections.deque, nxt: int) -> None:
+        """Top up each server's window with the next batches of ``todo``, none of them more than
+        the bound ahead of ``nxt`` (the position the consumer waits for); hedge ``nxt`` if due."""
+        limit = nxt + AHEAD_WINDOWS * self._window * len(self._servers)
         held_back = False  # a server had room, but the next batch is too far ahead
         for s in self._servers:
             if s.conn is None or s.draining or not todo:
@@ -416,9 +416,9 @@ class Fetcher:
             if batch:
                 self._send(s, batch, todo)
         if held_back:
-            self._hedge(todo)
+            self._hedge(todo, nxt)
         elif not todo:
-            self._hedge(todo, tail=True)
+            self._hedge(todo, nxt, tail=True)
 
     def _send(self, s: _Server, batch: list[pb.BatchRef], todo: collections.deque) -> None:
         for ref in batch:
@@ -430,18 +430,18 @@ class Fetcher:
         except OSError as exc:
             self._drop(s, f"send failed: {exc}", todo)
 
-    def _hedge(self, todo: collections.deque, tail: bool = False) -> None:
+    def _hedge(self, todo: collections.deque, nxt: int, tail: bool = False) -> None:
         """Ask the least busy other server for the batch the consumer waits for too, once; at the
         ``tail`` of the list only if its server has been quiet for long (module docstring)."""
-        ref = self._refs[self._nxt]
+        ref = self._refs[nxt]
         key = _key(ref)
         if key in self._hedged:
             return
-        holders = [s for s in self._servers if key in s.outstanding]
-        if not holders:
+        holder = next((s for s in self._servers if key in s.outstanding), None)
+        if holder is None:
             return  # arrived already
-        quiet_for = max(HEDGE_TAIL_S, HEDGE_TAIL_GAPS * holders[0].gap) if tail else 0.0
-        if time.monotonic() - holders[0].last_progress < quiet_for:
+        quiet_for = max(HEDGE_TAIL_S, HEDGE_TAIL_GAPS * holder.gap) if tail else 0.0
+        if time.monotonic() - holder.last_progress < quiet_for:
             return  # its server is still delivering
         others = [s for s in self._servers if s.conn is not None and not s.draining and key not in s.outstanding
                   and len(s.outstanding) < self._window]
@@ -451,7 +451,7 @@ class Fetcher:
         self.hedges += 1
         target = min(others, key=lambda s: len(s.outstanding))
         log.debug("epoch %d batch %d waited on %s; asking %s too", ref.epoch, ref.index,
-                  holders[0].address, target.address)
+                  holder.address, target.address)
         self._send(target, [ref], todo)
 
     def _server_of(self, conn: BulkConnection) -> _Server | None:

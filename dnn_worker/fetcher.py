@@ -287,10 +287,16 @@ class Fetcher:
         """Ask again for ``refs`` (those no other server has outstanding, hedged ones): ``todo``
         stays in order, which ``_assign``'s bound relies on."""
         refs = [r for r in refs if not any(_key(r) in o.outstanding for o in self._servers)]
-        if refs:
-            merged = sorted([*todo, *refs], key=lambda r: self._pos[_key(r)])
-            todo.clear()
-            todo.extend(merged)
+        if not refs:
+            return
+        pos = self._pos
+        last = max(pos[_key(r)] for r in refs)
+        # ``todo`` is sorted: only its head, up to the last requeued position, needs merging
+        # (not the rest of an epoch's list).
+        head = []
+        while todo and pos[_key(todo[0])] < last:
+            head.append(todo.popleft())
+        todo.extendleft(sorted([*head, *refs], key=lambda r: pos[_key(r)], reverse=True))
 
     def _unavailable(self, waited: float) -> ServerUnavailableError:
         detail = "; ".join(f"{s.address}: {s.last_error}" for s in self._servers)

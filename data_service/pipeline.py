@@ -45,6 +45,14 @@ class Pipeline:
             batch of the same structure and shapes.
         finish_dtypes: tensors whose dtype ``finish`` changes, name -> new dtype
             (e.g. ``{"image": "float32"}``); any other change is an error.
+        shuffle_block: 0 for a full shuffle; else samples per shuffle block (rounded up to a
+            multiple of ``batch_size``): each batch draws from one block of consecutive
+            indices, the order data stored as shards wants (``data_service.sampler``).
+        interleave: with ``shuffle_block``, blocks whose batches alternate in the epoch.
+
+    A dataset that reads slow storage may define ``prefetch(indices)``: the data server calls it
+    (in its own process, without waiting) with the sample indices of every batch a consumer asks
+    for, ahead of the workers that build it.
     """
 
     dataset: Any
@@ -55,6 +63,8 @@ class Pipeline:
     shuffle: bool = True
     finish: Callable[[Any], Any] | str | None = None
     finish_dtypes: Mapping[str, str] | None = None
+    shuffle_block: int = 0
+    interleave: int = 8
     # Samples this process dropped (SkipSample) since the pipeline was built; data workers report
     # the per-batch difference, which the server's samples_skipped stat adds up.
     samples_skipped: int = field(default=0, init=False, compare=False)
@@ -83,7 +93,14 @@ class Pipeline:
                 f"dataset of type {type(self.dataset).__name__} is not map-style: it needs "
                 "__len__ and __getitem__ (wrap an iterable source in a map-style dataset)"
             )
-        return PlanConfig(len(self.dataset), self.batch_size, self.drop_last, self.shuffle)
+        block = self.shuffle_block
+        if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+            raise ConfigError(f"shuffle_block={block!r} must be an integer >= 0 (samples per shuffle block; "
+                              "0 = a full shuffle)")
+        if block:
+            block = -(-block // self.batch_size) * self.batch_size if isinstance(self.batch_size, int) else block
+        return PlanConfig(len(self.dataset), self.batch_size, self.drop_last, self.shuffle,
+                          block, self.interleave if block else 1)
 
 
 @dataclass(frozen=True)

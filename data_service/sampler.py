@@ -3,6 +3,19 @@
 Everything here is a pure function of (plan config, seed, epoch, index), so any
 server, worker process or the in-process homogeneous loader computes the same
 batches. The consumer never needs the permutation: it asks for (seed, epoch, i).
+
+Two orders:
+
+* a full shuffle (``block_samples=0``): batch ``i`` is a slice of one permutation of every sample;
+* a block shuffle, for data read as large shards (``block_samples=S``): the samples are cut into
+  fixed blocks of ``S`` consecutive indices (``S`` a multiple of the batch size, so a block holds
+  whole batches); each epoch permutes the order of the blocks and, inside each block, its samples,
+  then cuts each block into batches. Every batch draws from one block only, so a data node that
+  builds it reads one contiguous stretch of the shards. Batches of ``interleave`` consecutive
+  blocks alternate (block a's first batch, block b's first, ..., block a's second, ...), so the
+  batches a consumer asks for at once belong to several blocks, which different data nodes own
+  (``dnn_worker.affinity``). A partial last batch (``drop_last=False``) comes last in the epoch,
+  as in the full shuffle.
 """
 from __future__ import annotations
 
@@ -30,8 +43,19 @@ class PlanConfig:
     batch_size: int
     drop_last: bool = False
     shuffle: bool = True
+    block_samples: int = 0
+    interleave: int = 1
 
     def __post_init__(self) -> None:
+        if self.block_samples:
+            if (not isinstance(self.block_samples, int) or self.block_samples < self.batch_size
+                    or self.block_samples % self.batch_size):
+                raise ConfigError(f"block_samples={self.block_samples!r} must be a multiple of "
+                                  f"batch_size={self.batch_size} (whole batches per shuffle block), or 0 for a "
+                                  "full shuffle")
+            if not isinstance(self.interleave, int) or self.interleave < 1:
+                raise ConfigError(f"interleave={self.interleave!r} must be an int >= 1 (blocks whose batches "
+                                  "alternate)")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size={self.batch_size!r} must be an int >= 1")
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
@@ -46,6 +70,11 @@ class PlanConfig:
     def num_batches(self) -> int:
         full, rest = divmod(self.num_samples, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
+
+    @property
+    def num_blocks(self) -> int:
+        """Shuffle blocks (1 for a full shuffle)."""
+        return -(-self.num_samples // self.block_samples) if self.block_samples else 1
 
 
 def derive_seed(*parts: int) -> int:
@@ -75,8 +104,61 @@ def batch_indices(cfg: PlanConfig, seed: int, epoch: int, index: int) -> list[in
     start = index * cfg.batch_size
     if not cfg.shuffle:  # the identity: nothing to draw or cache, whatever the seed
         return list(range(start, min(start + cfg.batch_size, cfg.num_samples)))
+    if cfg.block_samples:
+        block, k = _block_order(cfg, seed, epoch)[index]
+        first = int(block) * cfg.block_samples
+        perm = _block_permutation(cfg.block_samples, cfg.num_samples, seed, epoch, int(block))
+        return (perm[k * cfg.batch_size:(k + 1) * cfg.batch_size] + first).tolist()
     perm = _permutation(cfg.num_samples, seed, epoch)
     return perm[start:start + cfg.batch_size].tolist()
+
+
+def batch_block(cfg: PlanConfig, seed: int, epoch: int, index: int) -> int:
+    """The shuffle block batch ``index`` of ``epoch`` draws from (0 for a full shuffle).
+
+    Raises:
+        IndexError: ``index`` or ``epoch`` is outside the plan.
+    """
+    if epoch < 0 or not 0 <= index < cfg.num_batches:
+        raise IndexError(f"epoch={epoch}, batch index={index} is outside the plan (0..{cfg.num_batches - 1})")
+    if not cfg.block_samples:
+        return 0
+    if not cfg.shuffle:
+        return index * cfg.batch_size // cfg.block_samples
+    return int(_block_order(cfg, seed, epoch)[index][0])
+
+
+def block_range(cfg: PlanConfig, block: int) -> range:
+    """Sample indices of shuffle block ``block``."""
+    size = cfg.block_samples or cfg.num_samples
+    return range(block * size, min((block + 1) * size, cfg.num_samples))
+
+
+@lru_cache(maxsize=8)
+def _block_order(cfg: PlanConfig, seed: int, epoch: int) -> np.ndarray:
+    """``[num_batches, 2]``: (block, batch within the block) of every batch of the epoch."""
+    rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, 0xB10C)))
+    blocks = rng.permutation(cfg.num_blocks)
+    last = cfg.num_blocks - 1
+    per_block = cfg.block_samples // cfg.batch_size
+    last_full = (cfg.num_samples - last * cfg.block_samples) // cfg.batch_size
+    rows = []
+    for g in range(0, len(blocks), cfg.interleave):
+        group = blocks[g:g + cfg.interleave]
+        counts = np.array([last_full if b == last else per_block for b in group])
+        # round robin: the k-th batch of every block of the group, then the (k+1)-th
+        for k in range(int(counts.max(initial=0))):
+            rows.extend((int(b), k) for b, n in zip(group, counts) if k < n)
+    if cfg.num_batches > len(rows):  # the partial batch, kept: last in the epoch
+        rows.append((last, last_full))
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+@lru_cache(maxsize=64)
+def _block_permutation(block_samples: int, num_samples: int, seed: int, epoch: int, block: int) -> np.ndarray:
+    size = min(block_samples, num_samples - block * block_samples)
+    rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, block, 0xB10C)))
+    return rng.permutation(size).astype(np.int64)
 
 
 def rank_share(num_batches: int, rank: int, world_size: int, remainder: str = "drop") -> list[int]:

@@ -32,6 +32,7 @@ from .auth import TokenInterceptor
 from .errors import ConfigError
 from .dataplane import DataPlane
 from .pipeline import PipelineSpec
+from .sampler import batch_indices
 from .session import SessionContext
 from .stats import ServerStats
 from .version import PROTOCOL_VERSION, compatible, mismatch_message
@@ -133,6 +134,7 @@ class DataServer:
         self._health: health.HealthServicer | None = None
         self._listener: socket.socket | None = None
         self._tls_context = None
+        self._prefetch_hook = None
 
     @property
     def address(self) -> str:
@@ -151,7 +153,10 @@ class DataServer:
             num_samples=self.plan.num_samples, batch_size=self.plan.batch_size,
             drop_last=self.plan.drop_last, shuffle=self.plan.shuffle, pipeline=self.spec.target,
             fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes,
-            finish=pipe.finish_target(), finish_dtypes=dict(pipe.finish_dtypes or {}), codec=self.options.compression)
+            finish=pipe.finish_target(), finish_dtypes=dict(pipe.finish_dtypes or {}), codec=self.options.compression,
+            block_samples=self.plan.block_samples, interleave=self.plan.interleave)
+        # A data set that reads slow storage keeps its prefetch hook in this process; nothing else is kept.
+        self._prefetch_hook = getattr(pipe.dataset, "prefetch", None)
         del pipe
         self.pool.start(own_thread=False)  # the data-plane loop reads the workers' pipes
         try:
@@ -224,6 +229,13 @@ class DataServer:
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    def _prefetch(self, seed: int, epoch: int, index: int) -> None:
+        """Hand a requested batch's sample indices to the data set's prefetch hook (it must not block)."""
+        try:
+            self._prefetch_hook(batch_indices(self.plan, seed, epoch, index))
+        except Exception as exc:  # a hint only: the worker that builds the batch reports real errors
+            log.debug("prefetch of epoch %d batch %d: %s", epoch, index, exc)
+
     def _no_workers(self, why: str) -> None:
         """Every replacement of the last worker failed: say NOT_SERVING (requests already fail over)."""
         log.error("%s; health is NOT_SERVING", why)
@@ -238,6 +250,7 @@ class DataServer:
             num_batches=self.plan.num_batches, pool=self.pool, stats=self.stats,
             shutting_down=lambda: self.shutting_down, count_auth_failure=self.count_auth_failure,
             call_soon=plane.call_soon, closed=plane._session_closed, want_write=plane._want_write,
+            prefetch=self._prefetch if self._prefetch_hook is not None else None,
             flush_later=plane._flush_later)
 
     def count_auth_failure(self) -> None:

@@ -67,6 +67,9 @@ class SessionContext:
     closed: Callable[["Session"], None]  # the loop forgets the session
     want_write: Callable[["Session", bool], None]  # (un)register the socket for writability
     flush_later: Callable[["Session"], None]  # the loop calls ``flush()`` at the end of its turn
+    # Called with each requested batch (seed, epoch, index) before it is queued: the pipeline's
+    # data set starts fetching its samples (Pipeline's ``prefetch`` hook); None when it has none.
+    prefetch: Callable[[int, int, int], None] | None = None
 
 
 class _Out:
@@ -272,6 +275,8 @@ class Session:
                 continue
             if len(self._tasks) + len(self._out) >= MAX_OUTSTANDING:
                 raise ProtocolError(f"more than {MAX_OUTSTANDING} outstanding batch requests")
+            if self.ctx.prefetch is not None:
+                self.ctx.prefetch(ref.seed, ref.epoch, ref.index)
             task = Task(ref.seed, ref.epoch, ref.index, self._on_result, owner=self)
             self._tasks[id(task)] = task  # before submit: the pool may answer at once
             self.ctx.pool.submit(task)

@@ -20,6 +20,13 @@ for, the awaited batch is hedged once its server has delivered nothing for ``HED
 for ``HEDGE_TAIL_GAPS`` times its usual time between batches if that is longer (a slow pipeline
 is not taken for a stalled server).
 
+With an ``Affinity`` (a plan shuffled by blocks, data read as shards), each batch goes to the
+server that owns its block (``affinity.py``: the same owner on every consumer and rank), so each
+block is read from storage by one node. A server with nothing of its own to build takes batches
+of blocks it has already built (it holds them in its cache), never others; a server that fails or
+drains loses its blocks to the next-ranked server; and a batch stuck on a quiet owner is hedged
+as at the end of the list (after ``HEDGE_TAIL_S``, or ``HEDGE_TAIL_GAPS`` of the owner's usual gaps).
+
 Small batches (at most ``SMALL_BATCH_BYTES``) cost per batch, not per byte: for them the
 window grows to ``small_window``, so every process in the chain finds more than one batch
 waiting when it wakes; the memory that costs is at most ``small_window`` x 1 MB per server.
@@ -46,6 +53,7 @@ from data_service.errors import (BatchBuildError, ConfigError, DataServiceError,
 from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
+from .affinity import Affinity
 from .connection import LOWAT_CHECK_S, BulkConnection, Event
 from .control import ControlClient
 
@@ -58,6 +66,7 @@ CONNECT_POLL_S = 0.02  # how often the loop looks for finished connection attemp
 AHEAD_WINDOWS = 2  # batches asked for ahead of the awaited one: at most this x window x servers
 HEDGE_TAIL_S = 1.0  # nothing left to ask for: a server that delivered nothing for this long is hedged,
 HEDGE_TAIL_GAPS = 4  # or for this many of its usual times between batches, if longer
+BLOCKS_REMEMBERED = 16  # shuffle blocks a server built lately, taken as still in its cache (affinity)
 
 
 def _key(ref: pb.BatchRef) -> tuple[int, int, int]:
@@ -86,6 +95,7 @@ class _Server:
     gap: float = 0.0         # its usual time between batches (moving average)
     watching: int = 0  # selector events registered for its connection
     connecting: "_Attempt | None" = None  # a connection attempt in flight
+    blocks: dict[int, None] = field(default_factory=dict)  # shuffle blocks it built lately (affinity), oldest first
 
 
 class _Attempt:
@@ -120,6 +130,7 @@ class Fetcher:
         reuse: an earlier Fetcher (same servers) that completed with ``keep_open``: its
             connections are taken over instead of connecting again (the next epoch of a
             persistent loader worker).
+        affinity: ask each batch of the server owning its shuffle block (module docstring).
 
     Attributes:
         failovers: servers dropped while they owed batches.
@@ -131,7 +142,8 @@ class Fetcher:
                  small_window: int = 0, connect_timeout: float = 60.0, batch_timeout: float = 300.0,
                  client_id: str = "", fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
                  client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_ca: str = "",
-                 tls_server_name: str = "", keep_open: bool = False, reuse: "Fetcher | None" = None) -> None:
+                 tls_server_name: str = "", keep_open: bool = False, reuse: "Fetcher | None" = None,
+                 affinity: "Affinity | None" = None) -> None:
         if not servers:
             raise ConfigError("servers=[] : give at least one data server address 'host:port'")
         if window < 1:
@@ -162,6 +174,7 @@ class Fetcher:
 
             self._tls_context = client_context(tls_ca)
         self._sel: selectors.BaseSelector | None = None
+        self._affinity = affinity
         self.failovers = 0
         self.hedges = 0
         self.most_held = 0
@@ -406,6 +419,9 @@ class Fetcher:
         """Top up each server's window with the next batches of ``todo``, none of them more than
         the bound ahead of ``nxt`` (the position the consumer waits for); hedge ``nxt`` if due."""
         limit = nxt + AHEAD_WINDOWS * self._window * len(self._servers)
+        if self._affinity is not None:
+            self._assign_owned(todo, nxt, limit)
+            return
         held_back = False  # a server had room, but the next batch is too far ahead
         for s in self._servers:
             if s.conn is None or s.draining or not todo:
@@ -424,6 +440,50 @@ class Fetcher:
         if held_back:
             self._hedge(todo, nxt)
         elif not todo:
+            self._hedge(todo, nxt, tail=True)
+
+    def _owners(self) -> tuple[str, ...]:
+        """Servers that own blocks now: connected and not draining, or on their first connection
+        attempt (so a slow start does not hand a server's blocks to another for good)."""
+        return tuple(s.address for s in self._servers if not s.draining and (
+            s.conn is not None or (s.connecting is not None and s.failures == 0)))
+
+    def _assign_owned(self, todo: collections.deque, nxt: int, limit: int) -> None:
+        """``_assign`` with affinity: each server takes the batches of the blocks it owns; one with
+        room and nothing of its own takes batches of blocks it built lately."""
+        head = []
+        while todo and self._pos[_key(todo[0])] < limit:
+            head.append(todo.popleft())
+        live = self._owners()
+        mine: dict[str, list[pb.BatchRef]] = collections.defaultdict(list)
+        for ref in head:
+            mine[self._affinity.owner(ref, live)].append(ref)
+        plan: list[tuple[_Server, list[pb.BatchRef]]] = []
+        idle = False
+        for s in self._servers:
+            if s.conn is None or s.draining:
+                continue
+            room = self._window - len(s.outstanding)
+            if s.outstanding and room < self._refill:
+                continue
+            take = mine[s.address][:room]
+            del mine[s.address][:room]
+            if len(take) < room and not s.outstanding and s.blocks:
+                # idle: batches of blocks it built lately cost no extra read; the earliest first
+                extra = sorted((r for a, refs in mine.items() if a != s.address for r in refs
+                                if self._affinity.block(r) in s.blocks), key=lambda r: self._pos[_key(r)])
+                extra = extra[:room - len(take)]
+                for r in extra:
+                    mine[self._affinity.owner(r, live)].remove(r)
+                take += extra
+            idle = idle or (not take and not s.outstanding)
+            if take:
+                plan.append((s, take))
+        rest = sorted((r for refs in mine.values() for r in refs), key=lambda r: self._pos[_key(r)])
+        todo.extendleft(reversed(rest))  # before sending: a failed send requeues into a sorted ``todo``
+        for s, take in plan:
+            self._send(s, take, todo)
+        if idle or not todo:
             self._hedge(todo, nxt, tail=True)
 
     def _send(self, s: _Server, batch: list[pb.BatchRef], todo: collections.deque) -> None:
@@ -485,6 +545,12 @@ class Fetcher:
             if s.last_batch:
                 s.gap = 0.8 * s.gap + 0.2 * (now - s.last_batch) if s.gap else now - s.last_batch
             s.last_batch = now
+            if self._affinity is not None:
+                block = self._affinity.block(ev.ref)
+                s.blocks.pop(block, None)
+                s.blocks[block] = None
+                if len(s.blocks) > BLOCKS_REMEMBERED:
+                    del s.blocks[next(iter(s.blocks))]
             if key in self._hedged:
                 self._hedged.discard(key)
                 if any(key in o.outstanding for o in self._servers):

@@ -21,6 +21,7 @@ from data_service.errors import ConfigError
 from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
+from .affinity import Affinity
 from .control import ControlClient
 from .fetcher import Fetcher, split_address
 from .sharding import ShardedBatches
@@ -124,7 +125,7 @@ class RemoteDataset(ShardedBatches):
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
                           max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
                           shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name,
-                          keep_open=keep, reuse=previous)
+                          keep_open=keep, reuse=previous, affinity=Affinity.of(info.dataset))
         if previous is not None:
             previous.close()  # a no-op when taken over; else nothing is left open
         self._fetcher = fetcher

@@ -1,0 +1,1 @@
+"""Ready-made pipelines: ``images`` (image folders and image shards: decode, random crop, flip)."""

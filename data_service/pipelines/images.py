@@ -1,0 +1,376 @@
+"""An image-folder training job: JPEG decode, RandomResizedCrop, flip, ResNet-18.
+
+The layout users already have (torchvision's ``ImageFolder`` convention, and what a SageMaker
+channel delivers in File or FastFile mode)::
+
+    root/cat/0001.jpg
+    root/cat/0002.jpg
+    root/dog/0001.jpg
+
+Plug-in points used by the launcher (``--hp pipeline=examples.imagefolder:build_pipeline``):
+
+* ``examples.imagefolder:build_pipeline``: decode with torchvision's JPEG decoder (libjpeg-turbo),
+  ``RandomResizedCrop(image_size)``, ``RandomHorizontalFlip``; uint8 ``[B, 3, S, S]`` on the wire;
+* ``examples.imagefolder:finish``: the device-side last stage (uint8 -> normalised float32);
+* ``examples.imagefolder:resnet18``, ``examples.imagefolder:train_step``: torchvision's
+  ResNet-18 (no pretrained weights) and one cross-entropy step.
+
+Errors name the file and the fix: an empty folder, a file that is not an image (by its name), a
+corrupt image (``on_corrupt="fail"`` stops the job naming the file; ``"skip"`` drops the sample,
+logs the file and counts it in the data server's ``samples_skipped`` stat).
+``hetero synth --images DIR`` writes a small folder of drawn shapes (:mod:`hetero.synthetic_images`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import Pipeline, SkipSample
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+# ImageNet statistics (torchvision's pretrained-model convention), on the 0..255 scale.
+MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+ON_CORRUPT = ("fail", "skip")
+# Shard reading: a shuffle block of this many batches, and this many blocks alternating
+# (docs/shards.md, "Choosing the block size").
+DEFAULT_BLOCK_BATCHES = 32
+DEFAULT_INTERLEAVE = 8
+FINISH_DTYPES = {"image": "float32"}
+
+
+class CorruptImageError(ValueError):
+    """A file with an image name whose bytes do not decode."""
+
+
+def data_root(data_dir: str | None) -> str:
+    """``data_dir``, else ``SM_CHANNEL_TRAINING``; ConfigError naming both when neither is set."""
+    path = data_dir or os.environ.get("SM_CHANNEL_TRAINING", "")
+    if not path:
+        raise ConfigError("no image folder: SM_CHANNEL_TRAINING is unset and data_dir was not given; pass a "
+                          "'training' channel laid out as root/<class>/*.jpg (or `hetero synth --images DIR`)")
+    return path
+
+
+def scan(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
+    """Classes (sorted sub-folder names) and ``(path, class index)`` of every image, sorted.
+
+    Hidden files and folders (a leading dot) are ignored, as ``ls`` and SageMaker's S3 sync do.
+
+    Raises:
+        ConfigError: no such folder, no class folders, no images, or a file that is not an image
+            (listing the first ones and the accepted extensions).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"image folder {str(root)!r}: no such directory; expected root/<class>/*.jpg")
+    entries = sorted(e for e in root.iterdir() if not e.name.startswith("."))
+    loose = [e.name for e in entries if not e.is_dir()]
+    if loose:
+        raise ConfigError(f"image folder {str(root)!r} has files outside class folders ({_some(loose)}); images "
+                          "must lie in root/<class>/ (one sub-folder per class)")
+    classes = [e.name for e in entries]
+    if not classes:
+        raise ConfigError(f"image folder {str(root)!r} is empty: expected one sub-folder per class holding "
+                          f"{'/'.join(IMAGE_EXTENSIONS)} files (root/<class>/*.jpg)")
+    samples, others = [], []
+    for label, name in enumerate(classes):
+        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for f in sorted(filenames):
+                if f.startswith("."):
+                    continue
+                path = os.path.join(dirpath, f)
+                (samples if f.lower().endswith(IMAGE_EXTENSIONS) else others).append((path, label))
+    if others:
+        raise ConfigError(f"{len(others)} file(s) in {str(root)!r} are not images by their name "
+                          f"({_some([p for p, _ in others])}); accepted: {', '.join(IMAGE_EXTENSIONS)}; "
+                          "move them out of the class folders")
+    if not samples:
+        raise ConfigError(f"image folder {str(root)!r} has class folders {_some(classes)} but no "
+                          f"{'/'.join(IMAGE_EXTENSIONS)} files in them")
+    return classes, samples
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    shown = ", ".join(repr(str(x)) for x in names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def decode(path: str) -> torch.Tensor:
+    """The file as uint8 ``[3, H, W]`` RGB (torchvision's decoder: libjpeg-turbo for JPEG).
+
+    Raises:
+        CorruptImageError: the bytes do not decode (naming the file).
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    return decode_bytes(data, path)
+
+
+def decode_bytes(data: bytes, name: str) -> torch.Tensor:
+    """``data`` (an image file's bytes) as uint8 ``[3, H, W]`` RGB; ``name`` says where it came from.
+
+    Raises:
+        CorruptImageError: the bytes do not decode (naming ``name``).
+    """
+    from torchvision.io import ImageReadMode, decode_image
+
+    if not data:
+        raise CorruptImageError(f"{name} is empty (0 bytes)")
+    try:
+        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except (RuntimeError, ValueError) as exc:
+        # torchvision prefixes "decode_jpeg, <source file>:<line>, ": keep the reason only
+        reason = re.sub(r"^.*?\.cpp:\d+, ", "", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise CorruptImageError(f"{name} does not decode as an image ({reason})") from None
+
+
+class ImageFolder:
+    """Map-style: sample i is (uint8 image ``[3, H, W]``, int label).
+
+    Args:
+        root: the folder (root/<class>/*.jpg). on_corrupt: ``"fail"`` or ``"skip"``.
+        limit: use only the first ``limit`` images in sorted order (0 = all).
+    """
+
+    def __init__(self, root: str, on_corrupt: str = "fail", limit: int = 0) -> None:
+        self.root = root
+        self.classes, self.samples = scan(root)
+        if limit:
+            self.samples = self.samples[:limit]
+        self.on_corrupt = on_corrupt
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        try:
+            return decode(path), label
+        except CorruptImageError as exc:
+            _corrupt(exc, self.on_corrupt)
+
+
+class ShardImages:
+    """Map-style over image shards (``hetero prepare``'s output, a folder or ``s3://``): (uint8 image, label).
+
+    Args:
+        shards: a :class:`data_service.shards.ShardDataset`. on_corrupt, limit: as :class:`ImageFolder`.
+    """
+
+    def __init__(self, shards, on_corrupt: str = "fail", limit: int = 0) -> None:
+        self.shards = shards
+        self.root = shards.location
+        self.classes = shards.classes
+        self.on_corrupt = on_corrupt
+        self.length = min(limit, len(shards)) if limit else len(shards)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        data, label = self.shards[i]
+        try:
+            return decode_bytes(data, f"sample {i} of {self.root}"), label
+        except CorruptImageError as exc:
+            _corrupt(exc, self.on_corrupt)
+
+    def prefetch(self, indices) -> None:
+        self.shards.prefetch(indices)
+
+
+def _corrupt(exc: CorruptImageError, on_corrupt: str):
+    if on_corrupt == "skip":
+        raise SkipSample(str(exc)) from None
+    raise CorruptImageError(f"{exc}; replace or remove the file, or pass pipeline.on_corrupt=skip to "
+                            "drop such samples (counted in the data server's samples_skipped)") from None
+
+
+class Augment:
+    """``RandomResizedCrop(image_size, scale=(min_scale, 1))`` then ``RandomHorizontalFlip``, on uint8."""
+
+    def __init__(self, image_size: int, min_scale: float) -> None:
+        from torchvision.transforms import v2
+
+        self.transform = v2.Compose([v2.RandomResizedCrop(image_size, scale=(min_scale, 1.0), antialias=True),
+                                     v2.RandomHorizontalFlip()])
+
+    def __call__(self, sample):
+        image, label = sample
+        return self.transform(image), label
+
+
+def collate(samples) -> dict:
+    """``{"image": uint8 [B, 3, S, S], "label": int64 [B]}``: 1 byte per pixel and channel on the wire."""
+    return {"image": torch.stack([s[0] for s in samples]),
+            "label": torch.tensor([s[1] for s in samples], dtype=torch.int64)}
+
+
+def finish(batch: dict) -> dict:
+    """The device-side last stage: uint8 images -> float32, normalised per channel (ImageNet mean/std)."""
+    out = dict(batch)
+    image = batch["image"]
+    scale = torch.tensor([1 / s for s in STD], dtype=torch.float32, device=image.device).view(1, 3, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(MEAN, STD)], dtype=torch.float32, device=image.device)
+    # (x - mean) / std as x * (1 / std) + (-mean / std): multiplies are cheaper than divides
+    out["image"] = image.to(torch.float32).mul_(scale).add_(shift.view(1, 3, 1, 1))
+    return out
+
+
+def collate_finished_on_server(samples) -> dict:
+    """``finish_on="server"``: the same batch normalised on the data server (float32, 4x the bytes)."""
+    return finish(collate(samples))
+
+
+def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float = 0.08,
+                   on_corrupt: str = "fail", limit: int = 0, data_dir: str | None = None,
+                   drop_last: bool = True, finish_on: str = "device", shards: str = "",
+                   shuffle_block: int = 0, interleave: int = DEFAULT_INTERLEAVE, cache_dir: str = "",
+                   cache_bytes: int | str = 0) -> Pipeline:
+    """Image-folder batches ``{"image": uint8 [B, 3, image_size, image_size], "label": int64 [B]}``.
+
+    Args:
+        batch_size: images per batch (a batch with skipped samples is that many shorter).
+        image_size: side of the square random crop (``RandomResizedCrop(image_size)``).
+        min_scale: smallest crop area as a share of the image (torchvision's default 0.08).
+        on_corrupt: ``"fail"``: a file that does not decode stops the job, naming it; ``"skip"``:
+            drop that sample, log the file, count it in ``samples_skipped``.
+        limit: use only the first ``limit`` images (0 = all).
+        data_dir: the folder; default ``SM_CHANNEL_TRAINING`` (keep it out of the options when data
+            nodes see the data at different paths: options must match on every server).
+        finish_on: ``"device"``: uint8 on the wire, normalised on the training device by
+            :func:`finish`; ``"server"``: normalised float32 on the wire.
+        shards: read ``hetero prepare``'s shards instead of a folder: a local folder of them (a File
+            or FastFile channel) or ``s3://bucket/prefix`` (read directly, cached on the data node).
+        shuffle_block: with ``shards``, samples per shuffle block (each batch draws from one block;
+            0 = ``DEFAULT_BLOCK_BATCHES`` batches); see docs/shards.md for what it costs in randomness.
+        interleave: with ``shards``, blocks whose batches alternate (spreads work over data nodes).
+        cache_dir, cache_bytes: with ``shards`` in S3, the node-local cache and its bound (a size
+            such as ``"50GB"``; 0 = 80 % of the free disk space).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or not 8 <= image_size <= 4096:
+        raise ConfigError(f"image_size={image_size!r} must be an integer in 8..4096 (pixels per side of the crop)")
+    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not 0 < min_scale <= 1:
+        raise ConfigError(f"min_scale={min_scale!r} must be in (0, 1]: the smallest crop area as a share of the image")
+    if on_corrupt not in ON_CORRUPT:
+        raise ConfigError(f"on_corrupt={on_corrupt!r} must be 'fail' (stop, naming the file) or 'skip' "
+                          "(drop the sample, counted in samples_skipped)")
+    if finish_on not in ("device", "server"):
+        raise ConfigError(f"finish_on={finish_on!r} must be 'device' (uint8 on the wire, normalised on the "
+                          "training device) or 'server' (float32 on the wire)")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ConfigError(f"limit={limit!r} must be an integer >= 0 (0 = every image)")
+    if not isinstance(shards, str):
+        raise ConfigError(f"shards={shards!r} must be a folder of shards or an s3://bucket/prefix")
+    block = 0
+    if shards:
+        from ..shards import ShardDataset
+        from ..shards.format import parse_size
+
+        if isinstance(shuffle_block, bool) or not isinstance(shuffle_block, int) or shuffle_block < 0:
+            raise ConfigError(f"shuffle_block={shuffle_block!r} must be an integer >= 0 (samples per shuffle "
+                              f"block; 0 = {DEFAULT_BLOCK_BATCHES} batches)")
+        block = -(-(shuffle_block or DEFAULT_BLOCK_BATCHES * batch_size) // batch_size) * batch_size
+        dataset = ShardImages(ShardDataset(shards, block_samples=block, cache_dir=cache_dir,
+                                           cache_bytes=parse_size(cache_bytes, "cache_bytes")), on_corrupt, limit)
+    else:
+        dataset = ImageFolder(data_root(data_dir), on_corrupt, limit)
+    if drop_last and len(dataset) < batch_size:
+        raise ConfigError(f"{dataset.root!r} holds {len(dataset)} images, fewer than batch_size={batch_size} "
+                          "with drop_last=true: no batch at all; lower batch_size or add images")
+    augment = Augment(image_size, float(min_scale))
+    order = {"shuffle_block": block, "interleave": interleave}
+    if finish_on == "server":
+        return Pipeline(dataset=dataset, batch_size=batch_size, transform=augment,
+                        collate_fn=collate_finished_on_server, drop_last=drop_last, shuffle=True, **order)
+    return Pipeline(dataset=dataset, batch_size=batch_size, transform=augment, collate_fn=collate,
+                    drop_last=drop_last, shuffle=True, finish=finish, finish_dtypes=FINISH_DTYPES, **order)
+
+
+# The folder is listed once when the builder runs and each file is read whole, once per epoch, and
+# never written: SageMaker's FastFile mode (files streamed from S3 on first read) serves it as well
+# as File mode (hetero submit --input-mode FastFile; see hetero/sagemaker/input_modes.py).
+build_pipeline.input_modes = ("File", "FastFile")
+
+
+def count_classes(data_dir: str | None = None, shards: str = "") -> int:
+    """Classes of ``shards`` (from its index), else class folders under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
+    if shards:
+        from ..shards.format import INDEX_NAME, ShardIndex
+        from ..shards.store import open_store
+
+        store = open_store(shards)
+        return len(ShardIndex.from_json(store.read(INDEX_NAME), f"{shards}/{INDEX_NAME}").classes)
+    return len(scan(data_root(data_dir))[0])
+
+
+def resnet18(num_classes: int = 0, data_dir: str | None = None, shards: str = "") -> nn.Module:
+    """torchvision's ResNet-18, randomly initialised (no pretrained weights, no download).
+
+    Args:
+        num_classes: outputs; 0 = the number of classes of ``shards``, else of the class folders of
+            ``data_dir`` / ``SM_CHANNEL_TRAINING`` (pass it explicitly on nodes that do not see the data).
+    """
+    from torchvision.models import resnet18 as tv_resnet18
+
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        raise ConfigError(f"num_classes={num_classes!r} must be an integer >= 1 (0 = count the class folders)")
+    if num_classes == 0:
+        try:
+            num_classes = count_classes(data_dir, shards)
+        except ConfigError as exc:
+            raise ConfigError(f"resnet18: cannot count classes ({exc}); pass model.num_classes=N") from None
+    return tv_resnet18(weights=None, num_classes=num_classes)
+
+
+def prepare(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(normalised float images, labels) on ``device`` from a finished batch or a raw uint8 one."""
+    images, labels = (batch["image"], batch["label"]) if isinstance(batch, dict) else batch
+    images = images.to(device, non_blocking=True)
+    if images.dtype == torch.uint8:
+        images = finish({"image": images})["image"]
+    return images, labels.to(device, non_blocking=True)
+
+
+def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, device: torch.device) -> float:
+    """One step: forward, cross-entropy, backward, optimizer step. Returns the loss."""
+    images, labels = prepare(batch, device)
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, device: torch.device, batch_size: int = 64, image_size: int = 224) -> float | None:
+    """Top-1 accuracy on ``SM_CHANNEL_VALIDATION`` (same layout; centre crop); None when absent."""
+    from torchvision.transforms import v2
+
+    root = os.environ.get("SM_CHANNEL_VALIDATION", "")
+    if not root or not os.path.isdir(root):
+        return None
+    _, samples = scan(root)
+    resize = v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
+    model.eval()
+    correct = 0
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start:start + batch_size]
+        batch = {"image": torch.stack([resize(decode(p)) for p, _ in chunk]),
+                 "label": torch.tensor([y for _, y in chunk], dtype=torch.int64)}
+        images, labels = prepare(batch, device)
+        correct += int((model(images).argmax(1) == labels).sum())
+    model.train()
+    return correct / len(samples)

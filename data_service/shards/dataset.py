@@ -1,0 +1,196 @@
+"""``ShardDataset``: a map-style dataset over ``hetero prepare``'s shards, local or in S3.
+
+Sample ``i`` is ``(bytes, label)``: the file's bytes as they were written, and its class index. Any
+pipeline can decode them (the image pipeline's ``shards`` option does).
+
+Reads follow the shuffle blocks of ``data_service.sampler``: a block is ``block_samples``
+consecutive samples, so its bytes are one stretch of each shard it touches. From a local folder
+(a File or FastFile channel, a disk) samples are read in place. From S3 the first sample of a
+block a node needs brings the whole block into the node's cache (``cache.BlockCache``) with a few
+large ranged GETs in parallel, never one request per sample; every worker process of the node
+then reads it from there, and a later epoch reads nothing from S3 while the cache holds the data
+set. The data server calls :meth:`ShardDataset.prefetch` with every batch a consumer asks for,
+so blocks arrive before the workers reach them.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import ConfigError
+from .cache import BlockCache, default_dir
+from .format import INDEX_NAME, ShardIndex
+from .store import LocalStore, open_store
+
+log = logging.getLogger(__name__)
+
+OPEN_BLOCKS = 32  # block files a process keeps open (an interleaved epoch reads a few at a time)
+
+
+class ShardDataset:
+    """Map-style: sample ``i`` is ``(bytes, int label)``.
+
+    Args:
+        location: a folder of shards or ``s3://bucket/prefix`` (``hetero prepare``'s DEST).
+        block_samples: samples per shuffle block: pass the pipeline's ``shuffle_block`` (rounded to
+            whole batches), so a batch's samples lie in one block.
+        cache_dir: the node-local cache for S3 data (default ``HETERO_CACHE_DIR`` or the temp folder).
+        cache_bytes: the cache's bound (0: 80 % of its disk's free space).
+        range_bytes: the most one GET asks for; a block is read in ranges of this size, in parallel.
+        readers: parallel GETs per process.
+        request_timeout_s: deadline of one S3 request (retries come on top, bounded).
+
+    Raises:
+        ConfigError: no index, a malformed one, shards missing or of the wrong size, an S3 bucket
+            or key that cannot be read (naming it and the fix): at start, never mid-epoch.
+    """
+
+    def __init__(self, location: str, *, block_samples: int = 1024, cache_dir: str = "", cache_bytes: int = 0,
+                 range_bytes: int = 16 << 20, readers: int = 8, request_timeout_s: float = 60.0) -> None:
+        if isinstance(block_samples, bool) or not isinstance(block_samples, int) or block_samples < 1:
+            raise ConfigError(f"block_samples={block_samples!r} must be an integer >= 1")
+        if range_bytes < 1 << 16:
+            raise ConfigError(f"range_bytes={range_bytes} must be at least 64 KiB")
+        if readers < 1:
+            raise ConfigError(f"readers={readers} must be >= 1")
+        self.location = location
+        self.block_samples = block_samples
+        self.range_bytes = range_bytes
+        self.readers = readers
+        self.store = open_store(location, request_timeout_s=request_timeout_s) if location.startswith("s3://") \
+            else open_store(location)
+        where = f"{self.store.url.rstrip('/')}/{INDEX_NAME}"
+        self.store.check(INDEX_NAME)
+        raw = self.store.read(INDEX_NAME)
+        self.index = ShardIndex.from_json(raw, where)
+        self._check_shards()
+        self.classes = self.index.classes
+        self.local = isinstance(self.store, LocalStore)
+        self.cache: BlockCache | None = None
+        if not self.local:
+            digest = hashlib.sha256(location.encode() + b"\0" + raw).hexdigest()[:16]
+            self.cache = BlockCache(os.path.join(cache_dir or default_dir(), f"shards-{digest}"), cache_bytes)
+        self._blocks: collections.OrderedDict[int, tuple[int, dict[int, tuple[int, int]]]] = \
+            collections.OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+        self._prefetcher: ThreadPoolExecutor | None = None
+        self._prefetched: set[int] = set()
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def _check_shards(self) -> None:
+        have = dict(self.store.list(".tar"))
+        missing = [s.name for s in self.index.shards if s.name not in have]
+        wrong = [f"{s.name} ({have[s.name]} bytes, index says {s.size})" for s in self.index.shards
+                 if s.name in have and have[s.name] != s.size]
+        if missing or wrong:
+            what = (f"{len(missing)} shard(s) missing ({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})"
+                    if missing else f"shard(s) of the wrong size: {', '.join(wrong[:3])}")
+            raise ConfigError(f"{self.store.url}: {what}; the prefix is incomplete or was overwritten: write it "
+                              "again with `hetero prepare`")
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        if not 0 <= i < len(self.index):
+            raise IndexError(f"sample {i} is outside 0..{len(self.index) - 1}")
+        label = int(self.index.labels[i])
+        start, length = int(self.index.offsets[i]), int(self.index.lengths[i])
+        shard = int(self.index.shard_of[i])
+        if self.local:
+            return self.store.read(self.index.shards[shard].name, start, start + length), label
+        fd, where = self._block(i // self.block_samples)
+        part_start, pos = where[shard]
+        data = os.pread(fd, length, pos + start - part_start)
+        if len(data) != length:
+            raise OSError(f"cached block of sample {i} is short ({len(data)} of {length} bytes)")
+        return data, label
+
+    # -- blocks
+    def block_parts(self, block: int) -> list[tuple[int, int, int]]:
+        """``(shard, start, stop)`` byte ranges of block ``block``, in the order they are cached."""
+        first = block * self.block_samples
+        return self.index.parts(first, min(first + self.block_samples, len(self.index)))
+
+    def block_bytes(self, block: int) -> int:
+        return sum(stop - start for _, start, stop in self.block_parts(block))
+
+    def _name(self, block: int) -> str:
+        return f"b{self.block_samples}-{block:07d}.blk"
+
+    def _block(self, block: int) -> tuple[int, dict[int, tuple[int, int]]]:
+        """An open descriptor of the cached block and, per shard, (its range's start, its place in the file)."""
+        hit = self._blocks.get(block)
+        if hit is not None:
+            self._blocks.move_to_end(block)
+            return hit
+        parts = self.block_parts(block)
+        where, pos = {}, 0
+        for shard, start, stop in parts:
+            where[shard] = (start, pos)
+            pos += stop - start
+        fd = self.cache.open(self._name(block), pos, lambda out: self._fetch(parts, out))
+        self._blocks[block] = (fd, where)
+        while len(self._blocks) > OPEN_BLOCKS:
+            old, _ = self._blocks.popitem(last=False)
+            os.close(old)
+        return fd, where
+
+    def _fetch(self, parts: list[tuple[int, int, int]], out: int) -> None:
+        """Read ``parts`` into ``out`` back to back: ranges of at most ``range_bytes``, ``readers`` at once."""
+        jobs, pos = [], 0
+        for shard, start, stop in parts:
+            name = self.index.shards[shard].name
+            for a in range(start, stop, self.range_bytes):
+                b = min(stop, a + self.range_bytes)
+                jobs.append((name, a, b, pos + a - start))
+            pos += stop - start
+        os.ftruncate(out, pos)
+
+        def get(job):
+            name, a, b, at = job
+            os.pwrite(out, self.store.read(name, a, b), at)
+
+        if len(jobs) == 1:
+            get(jobs[0])
+            return
+        for _ in self._readers().map(get, jobs):
+            pass
+
+    def _readers(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool, self._pid = ThreadPoolExecutor(self.readers, thread_name_prefix="shard-read"), os.getpid()
+            return self._pool
+
+    def prefetch(self, indices) -> None:
+        """Start fetching the blocks holding ``indices`` into the node's cache; returns at once."""
+        if self.local or not len(indices):
+            return
+        blocks = {int(i) // self.block_samples for i in indices}
+        with self._lock:
+            todo = [b for b in blocks if b not in self._prefetched and not self.cache.cached(self._name(b))]
+            self._prefetched.update(todo)
+            if not todo:
+                return
+            if self._prefetcher is None:
+                self._prefetcher = ThreadPoolExecutor(2, thread_name_prefix="shard-prefetch")
+        for b in todo:
+            self._prefetcher.submit(self._prefetch_one, b)
+
+    def _prefetch_one(self, block: int) -> None:
+        try:
+            if not self.cache.cached(self._name(block)):
+                parts = self.block_parts(block)
+                size = sum(stop - start for _, start, stop in parts)
+                os.close(self.cache.open(self._name(block), size, lambda out: self._fetch(parts, out)))
+        except Exception as exc:  # the worker that needs the block fetches it again and reports the error
+            log.warning("prefetch of shard block %d failed: %s", block, exc)
+        finally:
+            with self._lock:
+                self._prefetched.discard(block)  # evicted later: a later request fetches it again

@@ -1,0 +1,72 @@
+"""Which data server should build a batch: the one that owns the batch's shuffle block.
+
+With a block shuffle (``data_service.sampler``) every batch draws from one block of consecutive
+samples, which a data node reading shards fetches whole into its cache. Asking for all of a
+block's batches from one server means each block is read from storage by one node per epoch, and
+by the same node every epoch (its cache then serves the later ones).
+
+Owners come from rendezvous (highest-random-weight) hashing of (pipeline fingerprint, server
+address, block) over the servers that are up: every consumer and every rank, given the same server
+list, picks the same owner without talking to the others; when a server goes away only its blocks
+move (each to the server that ranked second for it), and when one comes back it gets the same
+blocks again.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from data_service.sampler import PlanConfig, batch_block
+from data_service.wire import pb
+
+
+def _weight(salt: bytes, server: str, block: int) -> int:
+    return int.from_bytes(hashlib.blake2b(b"%s|%s|%d" % (salt, server.encode(), block), digest_size=8).digest(),
+                          "little")
+
+
+def rendezvous_owner(block: int, servers, salt: str = "") -> str:
+    """The server of ``servers`` with the highest weight for ``block`` (None-safe: ``servers`` non-empty)."""
+    key = salt.encode()
+    return max(servers, key=lambda s: (_weight(key, s, block), s))
+
+
+class Affinity:
+    """Block and owner of each batch of one pipeline's plan.
+
+    Args:
+        info: the servers' ``DatasetInfo`` (its ``block_samples`` must be > 0).
+    """
+
+    def __init__(self, info: pb.DatasetInfo) -> None:
+        self.cfg = PlanConfig(int(info.num_samples), int(info.batch_size), bool(info.drop_last), bool(info.shuffle),
+                              int(info.block_samples), int(info.interleave) or 1)
+        self.salt = info.fingerprint
+        self._blocks: dict[tuple[int, int, int], int] = {}
+        self._owners: dict[tuple[int, tuple[str, ...]], str] = {}
+
+    @classmethod
+    def of(cls, info: pb.DatasetInfo) -> "Affinity | None":
+        """An Affinity when the plan shuffles by blocks, else None (any server is as good as another)."""
+        return cls(info) if info.block_samples else None
+
+    def block(self, ref: pb.BatchRef) -> int:
+        key = (ref.seed, ref.epoch, ref.index)
+        b = self._blocks.get(key)
+        if b is None:
+            if len(self._blocks) > 1 << 16:
+                self._blocks.clear()
+            b = self._blocks[key] = batch_block(self.cfg, ref.seed, ref.epoch, ref.index)
+        return b
+
+    def owner(self, ref: pb.BatchRef, live: tuple[str, ...]) -> str | None:
+        """The address that should build ``ref`` among ``live`` (None when none is)."""
+        if not live:
+            return None
+        block = self.block(ref)
+        key = (block, live)
+        o = self._owners.get(key)
+        if o is None:
+            if len(self._owners) > 1 << 16:
+                self._owners.clear()
+            o = self._owners[key] = rendezvous_owner(block, live, self.salt)
+        return o

@@ -1,0 +1,63 @@
+"""``hetero prepare SRC DEST``: write an image folder (or a map-style data set) as shards plus an index.
+
+DEST is a local folder or ``s3://bucket/prefix``; the image pipeline reads it with
+``--hp pipeline.shards=DEST`` (docs/shards.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("prepare", help="write an image folder as WebDataset-compatible tar shards + index "
+                                       "(a local folder or s3://)",
+                       description="Reads SRC (an image folder root/<class>/*.jpg, or pkg.mod:fn returning a "
+                                   "map-style data set of (image bytes or uint8 [C,H,W] tensor, label)), checks "
+                                   "that every image decodes, shuffles the samples once (a fixed seed) and writes "
+                                   "tar shards (<key>.jpg + <key>.cls members, readable by the webdataset library) "
+                                   "and index.json to DEST. Files that do not decode are skipped and listed.")
+    p.add_argument("src", help="image folder, or pkg.mod:fn (options with -o key=value)")
+    p.add_argument("dest", help="local folder or s3://bucket/prefix (AWS_ENDPOINT_URL for S3-compatible stores)")
+    p.add_argument("--shard-size", default="256MB", help="bytes per shard, e.g. 64MB, 256MB, 1GB (default 256MB)")
+    p.add_argument("--max-side", type=int, default=0, metavar="N",
+                   help="re-encode images whose long side exceeds N px (JPEG q95, antialiased; default 0: keep all)")
+    p.add_argument("--workers", type=int, default=0, help="processes reading and checking files (default: every core)")
+    p.add_argument("--shuffle-seed", type=int, default=0, help="seed of the order samples are written in (default 0)")
+    p.add_argument("--no-shuffle", action="store_true",
+                   help="write samples in the source's order (class after class): block shuffling then mixes "
+                        "classes far less (docs/shards.md)")
+    p.add_argument("--no-verify", action="store_true", help="do not decode each image (faster; corrupt files kept)")
+    p.add_argument("--overwrite", action="store_true", help="replace shards already at DEST")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword option of a pkg.mod:fn source (value parsed as JSON when it parses)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from data_service.errors import ConfigError, DataServiceError
+    from data_service.shards.format import parse_size
+    from hetero.prepare import prepare
+
+    try:
+        options = {}
+        for item in args.option:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"-o {item!r} must look like key=value")
+            try:
+                options[key] = json.loads(value)
+            except json.JSONDecodeError:
+                options[key] = value
+        summary = prepare(args.src, args.dest, shard_size=parse_size(args.shard_size, "--shard-size"),
+                          max_side=args.max_side, workers=args.workers,
+                          shuffle_seed=None if args.no_shuffle else args.shuffle_seed, overwrite=args.overwrite,
+                          verify=not args.no_verify, progress=not args.quiet, options=options)
+    except DataServiceError as exc:
+        print(f"hetero prepare: {exc}")
+        return 2
+    for line in summary.lines(args.dest):
+        print(line)
+    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={args.dest}")
+    return 0

@@ -2,7 +2,7 @@
 
     python -m benchmarks.images [--images DIR] [--batch-size 32] [--batches 8] [--json out.json]
 
-* images/s per core: ``hetero.planning.profile`` builds batches of ``examples.imagefolder`` (decode
+* images/s per core: ``hetero.planning.profile`` builds batches of ``data_service.pipelines.images`` (decode
   with torchvision's JPEG decoder, RandomResizedCrop(224), flip) on one core, one torch thread,
   as a data worker does; median over ``--batches`` after one warm-up batch.
 * bytes per image on the wire: one real data server (loopback TCP, no shared memory) serves
@@ -21,7 +21,7 @@ import os
 import secrets
 import tempfile
 
-PIPELINE = "examples.imagefolder:build_pipeline"
+PIPELINE = "data_service.pipelines.images:build_pipeline"
 
 
 def served_bytes_per_image(images: str, batch_size: int, batches: int, finish_on: str) -> float:

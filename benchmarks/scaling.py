@@ -7,7 +7,7 @@ is served by S servers (separate ``hetero serve`` processes) with W workers in a
 and one consumer (``RemoteDataset``) pulls from all of them. Efficiency is
 throughput / (W x the one-worker throughput measured in the same run). Points
 with more workers than cores are printed but say so: they cannot scale.
-``--images DIR`` serves the JPEG image-folder pipeline (``examples.imagefolder``: decode,
+``--images DIR`` serves the JPEG image-folder pipeline (``data_service.pipelines.images``: decode,
 RandomResizedCrop(224), flip) on DIR instead, epoch after epoch.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def measure(workers: int, servers: int, seconds: float, work_ms: float, batch_si
     try:
         for n in split:
             port = free_port()
-            pipeline = (["examples.imagefolder:build_pipeline", "-o", f"data_dir={images}"] if images else
+            pipeline = (["data_service.pipelines.images:build_pipeline", "-o", f"data_dir={images}"] if images else
                         ["examples.synthetic:build_pipeline", "-o", "size=100000", "-o", f"work_ms={work_ms}",
                          "-o", "shape=[1,28,28]"])
             cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", *pipeline,

@@ -1,2 +1,3 @@
-"""Example pipelines: ``examples.synthetic`` (tests, benchmarks), ``examples.mnist`` (the default job) and
-``examples.imagefolder`` (JPEG image folders, ResNet-18; drawn-shape folders from ``hetero.synthetic_images``)."""
+"""Example pipelines and jobs a user would write:
+``mnist`` (the default job), ``synthetic`` (pipelines with knobs for tests and benchmarks), ``imagefolder`` (the
+image pipeline of :mod:`data_service.pipelines.images` under its older import path)."""

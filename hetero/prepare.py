@@ -14,6 +14,7 @@ are skipped and listed with the reason.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -198,7 +199,7 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
         ConfigError: bad options, an empty source, or ``dest`` already holding shards.
     """
     start = time.monotonic()
-    if shard_size < 1 << 20:
+    if shard_size < 1_000_000:
         raise ConfigError(f"shard_size={shard_size} bytes is below 1 MB: shards that small cost one request "
                           "each; use 64MB to 1GB")
     if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 0:
@@ -255,8 +256,14 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
 
         bar = tqdm(total=len(jobs), unit="img", desc="prepare", mininterval=0.5)
     try:
-        with mp.get_context("spawn").Pool(workers, _init_worker, (target, options)) as pool:
-            for pos, ext, data, label, why, reencoded in pool.imap(_convert, jobs, chunksize=16):
+        with contextlib.ExitStack() as stack:
+            if workers == 1:  # in this process: no pool to start
+                _init_worker(target, options)
+                results = map(_convert, jobs)
+            else:
+                pool = stack.enter_context(mp.get_context("spawn").Pool(workers, _init_worker, (target, options)))
+                results = pool.imap(_convert, jobs, chunksize=16)
+            for pos, ext, data, label, why, reencoded in results:
                 if bar is not None:
                     bar.update(1)
                 if why:

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/quickstart.py [--output out/quickstart] [--steps 80] [--batch-size 32]
 
 1. Writes a JPEG image folder of drawn shapes (kept in OUTPUT/images for the next run).
-2. Profiles one batch of ``examples.imagefolder:build_pipeline`` (decode, RandomResizedCrop(224),
+2. Profiles one batch of ``data_service.pipelines.images:build_pipeline`` (decode, RandomResizedCrop(224),
    flip) on one core, and sets the emulated accelerator step to a third of that time, so that
    one core cannot keep up with the "accelerator": the homogeneous node is CPU-bound, as an
    image job on a GPU instance with a few vCPUs is. (No GPU here: the step is a sleep.)
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PIPELINE = "examples.imagefolder:build_pipeline"
+PIPELINE = "data_service.pipelines.images:build_pipeline"
 STEP_SHARE = 1 / 3  # emulated step / one core's preprocessing time per batch
 # Steps left out of the averages: start-up, and the batches servers and loaders built ahead while
 # the trainer started, which would otherwise flatter whichever mode buffers more.

@@ -1,4 +1,4 @@
-"""examples.imagefolder: JPEG image-folder pipeline, its errors, skipped samples in stats,
+"""data_service.pipelines.images: JPEG image-folder pipeline, its errors, skipped samples in stats,
 ``hetero synth --images``, and ResNet-18 trained through a real data server."""
 import subprocess
 import sys
@@ -15,7 +15,7 @@ from examples import imagefolder
 from hetero.synthetic_images import write_image_folder
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = "examples.imagefolder:build_pipeline"
+TARGET = "data_service.pipelines.images:build_pipeline"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_batches_are_uint8_crops_finished_on_the_device(folder):
     assert batch["label"].dtype == torch.int64 and set(batch["label"].tolist()) <= {0, 1, 2}
     assert torch.equal(build_batch(pipe, cfg, seed=3, epoch=0, index=1)["image"], batch["image"])
     assert not torch.equal(build_batch(pipe, cfg, seed=4, epoch=0, index=1)["image"], batch["image"])
-    assert pipe.finish_target() == "examples.imagefolder:finish" and pipe.finish_dtypes == {"image": "float32"}
+    assert pipe.finish_target() == "data_service.pipelines.images:finish" and pipe.finish_dtypes == {"image": "float32"}
     finished = imagefolder.finish(batch)["image"]
     assert finished.dtype == torch.float32 and finished.shape == batch["image"].shape
     expected = (batch["image"][:, 1].float() - 0.456 * 255) / (0.224 * 255)
@@ -207,8 +207,8 @@ def test_resnet18_trains_through_a_data_server(folder):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     try:
         ds = RemoteDataset([server.address], "tok", seed=0, connect_timeout=30.0)
-        finish = ds.finish_stage()  # what the server announced: examples.imagefolder:finish
-        assert finish.target == "examples.imagefolder:finish"
+        finish = ds.finish_stage()  # what the server announced: data_service.pipelines.images:finish
+        assert finish.target == "data_service.pipelines.images:finish"
         losses = []
         for epoch in range(3):  # 2 batches per epoch
             ds.set_epoch(epoch)

@@ -130,7 +130,7 @@ def test_profile_times_the_finish_stage_too(tmp_path):
     from hetero.synthetic_images import write_image_folder
 
     write_image_folder(tmp_path, per_class=4, classes=2, seed=0)
-    prof = profile_pipeline("examples.imagefolder:build_pipeline",
+    prof = profile_pipeline("data_service.pipelines.images:build_pipeline",
                             {"data_dir": str(tmp_path), "batch_size": 2, "image_size": 64}, batches=2)
     assert 0 < prof.finish_s < prof.median_s and prof.handoff_s > 0
     with pytest.raises(ValueError, match="profiling needs 20"):

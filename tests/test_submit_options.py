@@ -156,8 +156,8 @@ def test_sdk_versions_that_can():
 
 def test_the_image_folder_pipeline_declares_it_reads_either_input_mode(capsys):
     (req,), _ = dry_run(HET + ["--input", "s3://bkt/d", "--input-mode", "FastFile", "--hyperparameters",
-                               "pipeline=examples.imagefolder:build_pipeline"], capsys)
+                               "pipeline=data_service.pipelines.images:build_pipeline"], capsys)
     assert req["InputDataConfig"][0]["InputMode"] == "FastFile"
-    import examples.imagefolder
+    import data_service.pipelines.images
 
-    assert examples.imagefolder.build_pipeline.input_modes == ("File", "FastFile")
+    assert data_service.pipelines.images.build_pipeline.input_modes == ("File", "FastFile")

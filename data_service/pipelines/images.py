@@ -7,12 +7,12 @@ channel delivers in File or FastFile mode)::
     root/cat/0002.jpg
     root/dog/0001.jpg
 
-Plug-in points used by the launcher (``--hp pipeline=examples.imagefolder:build_pipeline``):
+Plug-in points used by the launcher (``--hp pipeline=data_service.pipelines.images:build_pipeline``):
 
-* ``examples.imagefolder:build_pipeline``: decode with torchvision's JPEG decoder (libjpeg-turbo),
+* ``data_service.pipelines.images:build_pipeline``: decode with torchvision's JPEG decoder (libjpeg-turbo),
   ``RandomResizedCrop(image_size)``, ``RandomHorizontalFlip``; uint8 ``[B, 3, S, S]`` on the wire;
-* ``examples.imagefolder:finish``: the device-side last stage (uint8 -> normalised float32);
-* ``examples.imagefolder:resnet18``, ``examples.imagefolder:train_step``: torchvision's
+* ``data_service.pipelines.images:finish``: the device-side last stage (uint8 -> normalised float32);
+* ``data_service.pipelines.images:resnet18``, ``data_service.pipelines.images:train_step``: torchvision's
   ResNet-18 (no pretrained weights) and one cross-entropy step.
 
 Errors name the file and the fix: an empty folder, a file that is not an image (by its name), a

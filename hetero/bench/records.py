@@ -10,7 +10,7 @@ from pathlib import Path
 MODES = ("homogeneous", "heterogeneous")  # the two layouts every round runs
 
 PIPELINE = "examples.mnist:build_pipeline"
-IMAGES_PIPELINE = "examples.imagefolder:build_pipeline"  # --workload images: JPEG decode + crop + flip
+IMAGES_PIPELINE = "data_service.pipelines.images:build_pipeline"  # --workload images: JPEG decode + crop + flip
 
 
 @dataclass

@@ -230,7 +230,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also print the consumer's CPU per batch with and without resume bookkeeping")
     p.add_argument("--workload", choices=("mnist", "images"), default=d.workload,
                    help="mnist: the MNIST job (blur loop, --augment-repeats); images: a JPEG image folder "
-                        "(examples.imagefolder: decode, RandomResizedCrop(224), flip)")
+                        "(data_service.pipelines.images: decode, RandomResizedCrop(224), flip)")
     p.add_argument("--dnn-instance", default=d.dnn_instance, help="instance type the trainer node stands for")
     p.add_argument("--data-instance", default=d.data_instance, help="instance type each data node stands for")
     p.add_argument("--epoch-samples", type=int, default=d.epoch_samples, help="samples per epoch for $/epoch (MNIST: 60000)")

@@ -1,7 +1,7 @@
 """``hetero synth``: write synthetic training data for offline use.
 
 ``hetero synth DIR`` writes MNIST-format IDX files (train + t10k); ``hetero synth --images DIR``
-writes a JPEG image folder (``DIR/<class>/*.jpg``) for ``examples.imagefolder``.
+writes a JPEG image folder (``DIR/<class>/*.jpg``) for ``data_service.pipelines.images``.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def register(sub) -> None:
                        description="Without --images: drawn seven-segment digits (shifted, scaled, noisy) in MNIST's "
                                    "IDX format: train-images-idx3-ubyte, train-labels-idx1-ubyte and the t10k pair. "
                                    "With --images DIR: JPEGs of drawn shapes, DIR/<shape>/<n>.jpg, 300-500 px a "
-                                   "side, for the image-folder pipeline (examples.imagefolder).")
+                                   "side, for the image-folder pipeline (data_service.pipelines.images).")
     p.add_argument("out", type=Path, nargs="?", default=None, help="folder for MNIST IDX files (created)")
     p.add_argument("--images", type=Path, default=None, metavar="DIR",
                    help="write a JPEG image folder here instead (created)")
@@ -41,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
             paths = write_image_folder(args.images, per_class=args.per_class, classes=args.classes, seed=args.seed)
             classes = sorted({p.parent.name for p in paths})
             print(f"{len(paths)} JPEG images in {len(classes)} classes ({', '.join(classes)}) under {args.images}")
-            print(f"train on them: hetero local --data {args.images} --hp pipeline=examples.imagefolder:build_pipeline"
-                  " --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step"
-                  " --hp evaluate=examples.imagefolder:evaluate")
+            print(f"train on them: hetero local --data {args.images} --hp pipeline=data_service.pipelines.images:build_pipeline"
+                  " --hp model=data_service.pipelines.images:resnet18 --hp step=data_service.pipelines.images:train_step"
+                  " --hp evaluate=data_service.pipelines.images:evaluate")
             return 0
         from hetero.synthetic_mnist import write_synthetic
 

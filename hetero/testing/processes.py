@@ -31,6 +31,7 @@ class _ProcessGroup:
     log_path: Path | None = None
     starts = 0
     started_at = 0.0
+    env: dict[str, str] | None = None  # added to this process's environment
 
     @property
     def alive(self) -> bool:
@@ -42,7 +43,7 @@ class _ProcessGroup:
 
     def _spawn(self) -> None:
         """Start ``cmd`` from the repository root, output appended to ``log_path`` (or dropped)."""
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(self.env or {}))
         out = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -111,13 +112,15 @@ class ServerProc(_ProcessGroup):
         probe: build batch 0 at start-up (``hetero serve``'s default); off, the server is ready sooner.
         send_timeout_s: ``hetero serve --send-timeout`` (the server's default when None).
         log_path: the server's output is appended here (dropped when None).
+        env: variables added to its environment (``HETERO_CACHE_DIR``, ``AWS_ENDPOINT_URL``, ...).
     """
 
     def __init__(self, options: dict, *, port: int | None = None, bulk_port: int | None = None,
                  advertise_bulk_port: int = 0, workers: int = 1, slots: int = 2, token: str = TOKEN,
                  pipeline: str = PIPELINE, log_path: str | os.PathLike | None = None, probe: bool = False,
-                 send_timeout_s: float | None = None) -> None:
+                 send_timeout_s: float | None = None, env: dict[str, str] | None = None) -> None:
         self.options = dict(options)
+        self.env = dict(env or {})
         self.port = port or free_port()
         self.bulk_port = bulk_port or free_port()
         self.address = f"127.0.0.1:{self.port}"

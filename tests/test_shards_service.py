@@ -1,0 +1,120 @@
+"""Data servers reading shards: the same bytes for every cluster shape and store, affinity, a node killed.
+
+The shards are written once per module (a small drawn-shape folder, shards of about 1 MB); the
+servers are real ``hetero serve`` processes or in-process servers with real worker processes.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import TOKEN
+from data_service.codec import batch_digest
+from data_service.pipeline import PipelineSpec
+from data_service.server import DataServer, ServerOptions
+from dnn_worker import LocalDataset, RemoteDataset
+from hetero.prepare import prepare
+from hetero.testing import read_audit
+
+PIPELINE = "data_service.pipelines.images:build_pipeline"
+BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "interleave": 4, "drop_last": False}
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory) -> Path:
+    from hetero.synthetic_images import write_image_folder
+
+    root = tmp_path_factory.mktemp("shards")
+    write_image_folder(root / "src", per_class=50, classes=4, seed=1)  # 200 images: 25 batches, 7 blocks
+    prepare(str(root / "src"), str(root / "shards"), shard_size=1_000_000, workers=1, progress=False)
+    return root / "shards"
+
+
+def reference(options: dict, seed: int = 5, epoch: int = 0) -> list[str]:
+    ds = LocalDataset(PipelineSpec(PIPELINE, options), seed=seed)
+    ds.set_epoch(epoch)
+    return [batch_digest(b) for b in ds]
+
+
+def serve(options: dict, n: int, cache_root: Path | None = None) -> list[DataServer]:
+    servers = []
+    for i in range(n):
+        if cache_root is not None:  # each "node" its own cache, as separate machines have
+            os.environ["HETERO_CACHE_DIR"] = str(cache_root / f"node{i}")
+        servers.append(DataServer(PipelineSpec(PIPELINE, options), TOKEN, ServerOptions(num_workers=1)).start())
+    return servers
+
+
+@pytest.mark.parametrize("nservers, world", [(1, 1), (3, 2)])
+def test_every_cluster_shape_gives_the_in_process_batches(shard_dir, tmp_path, nservers, world):
+    options = {**BASE, "shards": str(shard_dir)}
+    ref = reference(options, epoch=1)
+    servers = serve(options, nservers)
+    try:
+        audit = tmp_path / "audit.jsonl"
+        for rank in range(world):
+            ds = RemoteDataset([s.address for s in servers], TOKEN, seed=5, rank=rank, world_size=world,
+                               audit_path=audit)
+            ds.set_epoch(1)
+            list(ds)
+        rows = read_audit(audit)
+        assert len(rows) == len(ref) // world * world and len({x["batch"] for x in rows}) == len(rows)
+        assert all(x["sha256"] == ref[x["batch"]] for x in rows)
+        if nservers > 1:
+            built = [s.stats.snapshot().batches_built for s in servers]
+            assert sum(1 for b in built if b > 1) >= 2, built  # affinity spreads blocks over servers
+    finally:
+        for s in servers:
+            s.shutdown(grace_s=1)
+
+
+def test_each_block_is_built_by_its_owner_only(shard_dir):
+    """With every server up, a block's batches all come from one server, the same on every rank."""
+    from dnn_worker.affinity import Affinity
+
+    options = {**BASE, "shards": str(shard_dir)}
+    servers = serve(options, 2)
+    try:
+        addresses = [s.address for s in servers]
+        owners: dict[int, set[str]] = {}
+        for rank in range(2):
+            ds = RemoteDataset(addresses, TOKEN, seed=2, rank=rank, world_size=2)
+            aff = Affinity(ds.hello().dataset)
+            from dnn_worker.fetcher import Fetcher
+
+            seen = []
+            original = Fetcher._send
+
+            def spy(self, s, batch, todo, _seen=seen, _orig=original):
+                _seen += [(aff.block(r), s.address) for r in batch]
+                return _orig(self, s, batch, todo)
+
+            Fetcher._send = spy
+            try:
+                list(ds)
+            finally:
+                Fetcher._send = original
+            for block, address in seen:
+                owners.setdefault(block, set()).add(address)
+        assert all(len(v) == 1 for v in owners.values()), owners
+        assert len({next(iter(v)) for v in owners.values()}) == 2
+    finally:
+        for s in servers:
+            s.shutdown(grace_s=1)
+
+
+def test_a_data_node_killed_mid_epoch_loses_and_duplicates_nothing(shard_dir, server_process, tmp_path):
+    options = {**BASE, "shards": str(shard_dir)}
+    ref = reference(options)
+    a, b = (server_process(options, pipeline=PIPELINE).start() for _ in range(2))
+    audit = tmp_path / "audit.jsonl"
+    ds = RemoteDataset([a.address, b.address], TOKEN, seed=5, window=2, audit_path=audit, connect_timeout=20)
+    got = []
+    for batch in ds:
+        got.append(batch_digest(batch))
+        if len(got) == 5:
+            a.kill()  # kill -9 with requests outstanding: its blocks move to the other node
+    assert got == ref
+    assert sorted(x["batch"] for x in read_audit(audit)) == list(range(len(ref)))

@@ -161,3 +161,16 @@ def test_the_image_folder_pipeline_declares_it_reads_either_input_mode(capsys):
     import data_service.pipelines.images
 
     assert data_service.pipelines.images.build_pipeline.input_modes == ("File", "FastFile")
+
+
+def test_shards_read_directly_need_no_channel_and_the_dry_run_says_so(capsys):
+    (req,), err = dry_run(HET + ["--shards", "s3://bkt/imagenet-shards/"], capsys)
+    hps = req["HyperParameters"]
+    assert hps["pipeline"] == "data_service.pipelines.images:build_pipeline"
+    assert hps["pipeline.shards"] == hps["model.shards"] == "s3://bkt/imagenet-shards"
+    assert not any(c["ChannelName"] == "train" for c in req.get("InputDataConfig", []))
+    assert "read directly by the data nodes" in err and "s3:GetObject" in err
+    (req,), _ = dry_run(HET + ["--shards", "s3://bkt/s", "--hyperparameters", "pipeline=mypkg.data:build"], capsys)
+    assert req["HyperParameters"]["pipeline"] == "mypkg.data:build" and "model" not in req["HyperParameters"]
+    assert main(BASE + HET + ["--shards", "/local/path", "--dry-run"]) == 2
+    assert "--shards '/local/path' must be an S3 URI" in capsys.readouterr().err

@@ -40,6 +40,10 @@ def register(sub) -> None:
     j.add_argument("--input-mode", action="append", default=[], metavar="[NAME=]File|FastFile",
                    help="how channels reach the nodes: File copies first (default), FastFile streams from S3; "
                         "MODE sets every channel, NAME=MODE one (repeatable)")
+    j.add_argument("--shards", metavar="S3URI",
+                   help="train on `hetero prepare`'s shards read straight from S3 by the data nodes (no channel; "
+                        "the job's role needs s3:GetObject and s3:ListBucket there): sets pipeline.shards and, "
+                        "unless --hyperparameters names a pipeline, the image pipeline, model and step")
     j.add_argument("--output", help="S3 URI for job outputs (model.tar.gz, output.tar.gz)")
     j.add_argument("--hyperparameters", nargs="+", action="extend", default=[], metavar="K=V")
     j.add_argument("--env", action="append", default=[], metavar="K=V", help="container environment variable")
@@ -68,6 +72,21 @@ def register(sub) -> None:
     r.add_argument("--region", default=None, help="AWS region (default from the AWS config/env)")
     r.add_argument("--endpoint-url", default=None, help="send AWS calls there (e.g. a moto server)")
     p.set_defaults(func=run)
+
+
+IMAGE_JOB = "data_service.pipelines.images"
+
+
+def direct_shards(hps: dict, uri: str) -> dict:
+    """Hyperparameters that make the data nodes read shards at ``uri`` themselves (no channel)."""
+    hps = dict(hps)
+    if "pipeline" not in hps:  # the image job: pipeline, model and step read the same shards
+        hps.update({"pipeline": f"{IMAGE_JOB}:build_pipeline", "model": f"{IMAGE_JOB}:resnet18",
+                    "step": f"{IMAGE_JOB}:train_step", "model.shards": uri, **hps})
+    hps["pipeline.shards"] = uri
+    print(f"hetero submit: data: shards under {uri}, read directly by the data nodes with the job's role "
+          "(no channel: the role needs s3:GetObject and s3:ListBucket on that prefix)", file=sys.stderr)
+    return hps
 
 
 def specs_from_args(args: argparse.Namespace) -> list:
@@ -111,6 +130,8 @@ def specs_from_args(args: argparse.Namespace) -> list:
         image, source = training_image(args.framework_version, region, types)
         print(f"hetero submit: training image {image} (from the {source})", file=sys.stderr)
     hps = parse_strings(args.hyperparameters, "--hyperparameters")
+    if args.shards:
+        hps = direct_shards(hps, check_s3_uri(args.shards, "--shards"))
     env = parse_strings(args.env, "--env")
     secret = args.job_secret or hps.pop(SECRET_HP, None) or env.pop(SECRET_ENV, None)
     secret_arn = args.job_secret_arn or env.pop(SECRET_ARN_ENV, None)

@@ -39,6 +39,8 @@ from typing import Any
 from hetero.testing import PIPELINE, ConsumerProc, FaultProxy, ServerProc, check_audit, free_port, read_audit
 
 FAULT_KINDS = ("server_kill", "worker_kill", "proxy_cut", "consumer_restart")
+WORKERS = 1           # data workers per server
+SLOTS_PER_WORKER = 2  # built batches each worker may hold (hetero serve --slots-per-worker)
 
 
 class RssTrack:
@@ -90,8 +92,8 @@ def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0,
         bulk = free_port()
         proxy = FaultProxy(("127.0.0.1", bulk))
         proxies.append(proxy)
-        servers.append(ServerProc(options, bulk_port=bulk, advertise_bulk_port=proxy.port, workers=1,
-                                  log_path=work / f"server{i}.log"))
+        servers.append(ServerProc(options, bulk_port=bulk, advertise_bulk_port=proxy.port, workers=WORKERS,
+                                  slots=SLOTS_PER_WORKER, log_path=work / f"server{i}.log"))
     audits = [work / f"audit-rank{r}.jsonl" for r in range(world)]
     for a in audits:
         a.unlink(missing_ok=True)
@@ -200,7 +202,8 @@ def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0,
     acc = check_audit(audits, options, seed, world, complete=False, verify=verify)
     elapsed = end - t0
     return {"batches_target": batches, "max_seconds": max_seconds, "seconds": round(elapsed, 1),
-            "servers": nservers, "consumers": world, "batches_per_epoch": per_epoch,
+            "servers": nservers, "consumers": world, "workers_per_server": WORKERS,
+            "slots_per_worker": SLOTS_PER_WORKER, "batches_per_epoch": per_epoch,
             "epochs_reached": max((r["epoch"] for r in rows), default=-1) + 1,
             **{k: acc[k] for k in ("delivered", "lost", "duplicated", "corrupt", "foreign")},
             "batches_per_s": round(acc["delivered"] / max(elapsed, 1e-9), 1),

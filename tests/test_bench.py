@@ -108,13 +108,21 @@ _BURN = "import time\nt=time.process_time()\nwhile time.process_time()-t<{s}: pa
 @pytest.mark.slow  # timing-sensitive sampling: flaky on a loaded 2-core VM (seen 2026-11-21)
 def test_cpu_monitor_counts_busy_idle_and_reaped_children():
     env = {**os.environ, "SM_CURRENT_INSTANCE_GROUP": "g"}
-    # "busy" burns 0.6 s of CPU in a grandchild that exits (reaped), then idles: its time must stay counted
-    busy_code = ("import subprocess, sys, time\n"
+    # "busy" burns 0.6 s of CPU in a grandchild that exits (reaped), then idles: its time must stay counted.
+    # The monitor counts a node from its first sample of it, so "busy" burns only once both nodes were
+    # seen (on a loaded machine that sample can come after most of the burn).
+    busy_code = ("import subprocess, sys, time\nsys.stdin.readline()\n"
                  f"subprocess.run([sys.executable, '-c', {_BURN.format(s=0.6)!r}])\ntime.sleep(2.0)\n")
     with NodeCpuMonitor(interval_s=0.4) as mon:  # coarse: a lost reaped child shows
-        procs = [subprocess.Popen([sys.executable, "-c", busy_code], env={**env, "SM_CURRENT_HOST": "busy"}),
+        procs = [subprocess.Popen([sys.executable, "-c", busy_code], env={**env, "SM_CURRENT_HOST": "busy"},
+                                  stdin=subprocess.PIPE),
                  subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3.0)"],
                                   env={**env, "SM_CURRENT_HOST": "idle"})]
+        deadline = time.monotonic() + 30
+        while {p.pid for p in procs} - set(mon.nodes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        procs[0].stdin.write(b"go\n")
+        procs[0].stdin.close()
         for p in procs:
             p.wait(30)
         time.sleep(0.2)

@@ -47,7 +47,7 @@ def serve(options: dict, n: int, cache_root: Path | None = None) -> list[DataSer
     return servers
 
 
-@pytest.mark.parametrize("nservers, world", [(1, 1), (3, 2)])
+@pytest.mark.parametrize("nservers, world", [(1, 1), pytest.param(3, 2, marks=pytest.mark.slow)])
 def test_every_cluster_shape_gives_the_in_process_batches(shard_dir, tmp_path, nservers, world):
     options = {**BASE, "shards": str(shard_dir)}
     ref = reference(options, epoch=1)
@@ -105,6 +105,7 @@ def test_each_block_is_built_by_its_owner_only(shard_dir):
             s.shutdown(grace_s=1)
 
 
+@pytest.mark.slow  # a kill -9 of a server reading a plain folder runs by default in test_multinode.py
 def test_a_data_node_killed_mid_epoch_loses_and_duplicates_nothing(shard_dir, server_process, tmp_path):
     options = {**BASE, "shards": str(shard_dir)}
     ref = reference(options)

@@ -236,7 +236,7 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
                    on_corrupt: str = "fail", limit: int = 0, data_dir: str | None = None,
                    drop_last: bool = True, finish_on: str = "device", shards: str = "",
                    shuffle_block: int = 0, interleave: int = DEFAULT_INTERLEAVE, cache_dir: str = "",
-                   cache_bytes: int | str = 0) -> Pipeline:
+                   cache_bytes: int | str = 0, request_timeout_s: float = 60.0) -> Pipeline:
     """Image-folder batches ``{"image": uint8 [B, 3, image_size, image_size], "label": int64 [B]}``.
 
     Args:
@@ -257,6 +257,8 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
         interleave: with ``shards``, blocks whose batches alternate (spreads work over data nodes).
         cache_dir, cache_bytes: with ``shards`` in S3, the node-local cache and its bound (a size
             such as ``"50GB"``; 0 = 80 % of the free disk space).
+        request_timeout_s: with ``shards`` in S3, the deadline of one request (connect, first byte,
+            each read); retries of one read stop after 8 of them.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
@@ -283,8 +285,12 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
             raise ConfigError(f"shuffle_block={shuffle_block!r} must be an integer >= 0 (samples per shuffle "
                               f"block; 0 = {DEFAULT_BLOCK_BATCHES} batches)")
         block = -(-(shuffle_block or DEFAULT_BLOCK_BATCHES * batch_size) // batch_size) * batch_size
+        if isinstance(request_timeout_s, bool) or not isinstance(request_timeout_s, (int, float)) \
+                or request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s={request_timeout_s!r} must be a number of seconds > 0")
         dataset = ShardImages(ShardDataset(shards, block_samples=block, cache_dir=cache_dir,
-                                           cache_bytes=parse_size(cache_bytes, "cache_bytes")), on_corrupt, limit)
+                                           cache_bytes=parse_size(cache_bytes, "cache_bytes"),
+                                           request_timeout_s=float(request_timeout_s)), on_corrupt, limit)
     else:
         dataset = ImageFolder(data_root(data_dir), on_corrupt, limit)
     if drop_last and len(dataset) < batch_size:

@@ -1,0 +1,93 @@
+"""Photo-like JPEG folders for decode and I/O figures, cut from scikit-image's real photographs.
+
+Drawn shapes (``hetero synth --images``) compress far better than photographs and decode
+unrealistically fast. These images are random crops of the photographs scikit-image ships (no
+download), resized to ImageNet's size mix (long side 500 px for most, 250-500 for the rest; 4:3,
+3:2, 1:1 and 3:4 frames), lightly jittered so no two files are the same, and saved as JPEG
+quality 90: about 170 k pixels and 40-60 KiB a file. One class per source photograph.
+
+    python -m benchmarks.photos DIR --images 10000
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+SOURCES = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
+           "stereo_motorcycle", "camera", "grass")
+FRAMES = ((4 / 3, 0.5), (3 / 2, 0.2), (1.0, 0.1), (3 / 4, 0.2))  # width / height, share
+
+
+def _sources() -> list[np.ndarray]:
+    try:
+        import skimage.data as data
+    except ImportError:
+        raise SystemExit("benchmarks.photos needs scikit-image: pip install 'hetero-data-service[bench]'") from None
+    out = []
+    for name in SOURCES:
+        image = getattr(data, name)()
+        image = image[0] if isinstance(image, tuple) else image
+        if image.ndim == 2:
+            image = np.stack([image] * 3, -1)
+        out.append(np.ascontiguousarray(image[..., :3]))
+    return out
+
+
+def write_photo_folder(root: str | os.PathLike, count: int, seed: int = 0) -> int:
+    """Write ``count`` JPEGs as ``root/<source>/<n>.jpg`` (kept if already there); returns the count written."""
+    from PIL import Image
+
+    root = Path(root)
+    existing = sum(1 for _ in root.glob("*/*.jpg")) if root.exists() else 0
+    if existing >= count:
+        return 0
+    sources = _sources()
+    rng = np.random.default_rng(seed)
+    shares = np.array([s for _, s in FRAMES])
+    written = 0
+    for n in range(count):
+        label = n % len(SOURCES)
+        path = root / SOURCES[label] / f"{n:07d}.jpg"
+        if path.exists():
+            continue
+        src = sources[label]
+        h, w = src.shape[:2]
+        area = rng.uniform(0.3, 1.0) * h * w
+        ratio = FRAMES[rng.choice(len(FRAMES), p=shares / shares.sum())][0]
+        cw = int(min(w, np.sqrt(area * ratio)))
+        ch = int(min(h, cw / ratio))
+        y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+        crop = src[y:y + ch, x:x + cw]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        crop = np.clip(crop.astype(np.float32) * rng.uniform(0.85, 1.15, 3) + rng.normal(0, 3, crop.shape),
+                       0, 255).astype(np.uint8)
+        long_side = 500 if rng.random() < 0.75 else int(rng.integers(250, 501))
+        scale = long_side / max(cw, ch)
+        size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(crop).resize(size, Image.BILINEAR).save(path, quality=90)
+        written += 1
+    return written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root")
+    ap.add_argument("--images", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    t = time.monotonic()
+    n = write_photo_folder(args.root, args.images, args.seed)
+    files = list(Path(args.root).glob("*/*.jpg"))
+    size = sum(f.stat().st_size for f in files)
+    print(f"{n} written, {len(files)} JPEGs in {args.root}, {size / len(files) / 1024:.1f} KiB each on average, "
+          f"{time.monotonic() - t:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

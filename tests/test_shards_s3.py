@@ -1,0 +1,197 @@
+"""Shards straight from S3: moto's real server on loopback behind the fault proxy, real data servers.
+
+The same batches byte for byte as from a local shard folder (1 and 3 data nodes, a node killed
+mid-epoch); each block read once per node with a few large ranged GETs and never again while it
+is cached; S3 faults retried without changing a byte; set-up problems fail the data server at
+start, naming the bucket or key and the fix; a read that keeps failing reaches the consumer
+naming the object, within its deadline.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("boto3")
+pytest.importorskip("moto.server")
+
+from conftest import TOKEN  # noqa: E402
+from data_service.codec import batch_digest  # noqa: E402
+from data_service.errors import BatchBuildError, ConfigError  # noqa: E402
+from data_service.pipeline import PipelineSpec  # noqa: E402
+from data_service.server import DataServer, ServerOptions  # noqa: E402
+from data_service.shards import ShardDataset  # noqa: E402
+from data_service.shards.format import INDEX_NAME  # noqa: E402
+from data_service.shards.s3 import S3Store  # noqa: E402
+from dnn_worker import LocalDataset, RemoteDataset  # noqa: E402
+from hetero.prepare import prepare  # noqa: E402
+from hetero.testing import read_audit  # noqa: E402
+from hetero.testing.s3proxy import s3_server  # noqa: E402
+
+PIPELINE = "data_service.pipelines.images:build_pipeline"
+BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "interleave": 4, "drop_last": False}
+BUCKET = "shard-tests"
+URL = f"s3://{BUCKET}/train"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(local shard folder, the S3 server) with the same shards uploaded under ``URL``; AWS env set."""
+    from hetero.synthetic_images import write_image_folder
+
+    root = tmp_path_factory.mktemp("s3shards")
+    write_image_folder(root / "src", per_class=50, classes=4, seed=1)
+    local = root / "shards"
+    prepare(str(root / "src"), str(local), shard_size=1_000_000, workers=1, progress=False)
+    saved = dict(os.environ)
+    with s3_server() as srv:
+        os.environ.update(srv.env)
+        for var in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+            os.environ.pop(var, None)
+        srv.client(direct=True).create_bucket(Bucket=BUCKET)
+        store = S3Store(URL)
+        for p in sorted(local.iterdir()):
+            if p.name != INDEX_NAME:
+                store.write_file(p.name, str(p))
+        store.write_file(INDEX_NAME, str(local / INDEX_NAME))
+        try:
+            yield local, srv
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def reference(local: Path, seed: int = 5, epoch: int = 0) -> list[str]:
+    ds = LocalDataset(PipelineSpec(PIPELINE, {**BASE, "shards": str(local)}), seed=seed)
+    ds.set_epoch(epoch)
+    return [batch_digest(b) for b in ds]
+
+
+def serve(n: int, cache_root: Path, options: dict | None = None) -> list[DataServer]:
+    servers = []
+    for i in range(n):
+        os.environ["HETERO_CACHE_DIR"] = str(cache_root / f"node{i}")  # read by this server and its workers
+        servers.append(DataServer(PipelineSpec(PIPELINE, options or {**BASE, "shards": URL}), TOKEN,
+                                  ServerOptions(num_workers=1)).start())
+    os.environ.pop("HETERO_CACHE_DIR", None)
+    return servers
+
+
+def test_each_block_is_a_few_ranged_reads_once_then_cached(world, tmp_path):
+    local, srv = world
+    ds = ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path))
+    plain = ShardDataset(str(local), block_samples=32)
+    srv.proxy.reset_counters()
+    assert [ds[i] for i in range(len(ds))] == [plain[i] for i in range(len(plain))]
+    c = srv.proxy.counters()
+    blocks = -(-len(ds) // 32)
+    parts = sum(len(ds.block_parts(b)) for b in range(blocks))
+    assert c["requests"].get("GET", 0) == c["ranged_gets"] == parts  # one ranged GET per shard a block touches
+    assert c["body_bytes"]["GET"] <= 1.1 * ds.index.data_bytes
+    srv.proxy.reset_counters()
+    again = ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path))  # another process of the node
+    srv.proxy.reset_counters()
+    assert [again[i][1] for i in range(len(again))] == [plain[i][1] for i in range(len(plain))]
+    assert srv.proxy.requests == 0
+
+
+@pytest.mark.parametrize("nservers", [1, pytest.param(3, marks=pytest.mark.slow)])
+def test_the_same_batches_as_from_a_local_folder(world, tmp_path, nservers):
+    local, srv = world
+    ref = reference(local, epoch=1)
+    servers = serve(nservers, tmp_path)
+    try:
+        srv.proxy.reset_counters()
+        ds = RemoteDataset([s.address for s in servers], TOKEN, seed=5)
+        ds.set_epoch(1)
+        assert [batch_digest(b) for b in ds] == ref
+        data = sum(os.path.getsize(p) for p in local.glob("*.tar"))
+        assert srv.proxy.get_bytes <= 1.1 * data  # each block read by one node only
+    finally:
+        for s in servers:
+            s.shutdown(grace_s=1)
+
+
+@pytest.mark.slow  # tests/test_shards_service.py kills a node reading a local shard folder
+def test_a_data_node_killed_mid_epoch_loses_and_duplicates_nothing(world, server_process, tmp_path):
+    local, _ = world
+    ref = reference(local)
+    options = {**BASE, "shards": URL}
+    a, b = (server_process(options, pipeline=PIPELINE, env={"HETERO_CACHE_DIR": str(tmp_path / f"n{i}")}).start()
+            for i in range(2))
+    audit = tmp_path / "audit.jsonl"
+    ds = RemoteDataset([a.address, b.address], TOKEN, seed=5, window=2, audit_path=audit, connect_timeout=20)
+    got = []
+    for batch in ds:
+        got.append(batch_digest(batch))
+        if len(got) == 5:
+            a.kill()
+    assert got == ref
+    assert sorted(x["batch"] for x in read_audit(audit)) == list(range(len(ref)))
+
+
+@pytest.mark.parametrize("fault", ["503", "500", "reset", "reset_body", "truncate", "stall", "stall_headers"])
+def test_s3_faults_while_reading_blocks_are_retried_without_changing_a_byte(world, tmp_path, fault):
+    local, srv = world
+    plain = ShardDataset(str(local), block_samples=32)
+    ds = ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path), request_timeout_s=1.0)
+    srv.proxy.fail_next(fault, count=2, match="shard-", method="GET")
+    try:
+        start = time.monotonic()
+        assert [ds[i] for i in range(len(ds))] == [plain[i] for i in range(len(plain))]
+        assert srv.proxy.pending_faults() == 0 and ds.store.retries >= 2
+        assert time.monotonic() - start < 20
+    finally:
+        srv.proxy.clear_faults()
+
+
+def test_a_data_server_retries_s3_faults_and_serves_the_same_batches(world, tmp_path):
+    local, srv = world
+    ref = reference(local)
+    servers = serve(1, tmp_path, {**BASE, "shards": URL, "request_timeout_s": 2.0})
+    try:
+        srv.proxy.fail_next("503", count=3, match="shard-", method="GET")
+        srv.proxy.fail_next("truncate", count=2, match="shard-", method="GET")
+        ds = RemoteDataset([servers[0].address], TOKEN, seed=5)
+        assert [batch_digest(b) for b in ds] == ref
+        assert srv.proxy.pending_faults() == 0
+    finally:
+        srv.proxy.clear_faults()
+        servers[0].shutdown(grace_s=1)
+
+
+@pytest.mark.parametrize("url, message", [
+    ("s3://no-such-bucket-here/train", "no-such-bucket-here"),
+    (f"s3://{BUCKET}/not-prepared", "hetero prepare"),
+])
+def test_set_up_problems_fail_the_data_server_at_start_naming_the_fix(world, tmp_path, url, message):
+    with pytest.raises(ConfigError, match=message):
+        serve(1, tmp_path, {**BASE, "shards": url})
+
+
+def test_access_denied_fails_at_start_naming_the_permission(world, tmp_path):
+    _, srv = world
+    srv.proxy.fail_next("403", count=1, match=INDEX_NAME)
+    try:
+        with pytest.raises(ConfigError, match="s3:GetObject"):
+            ShardDataset(URL, cache_dir=str(tmp_path))
+    finally:
+        srv.proxy.clear_faults()
+
+
+def test_a_read_that_keeps_failing_reaches_the_consumer_naming_the_object(world, tmp_path):
+    _, srv = world
+    servers = serve(1, tmp_path, {**BASE, "shards": URL, "request_timeout_s": 0.5})
+    try:
+        srv.proxy.fail_next("503", count=100000, match="shard-", method="GET")
+        ds = RemoteDataset([servers[0].address], TOKEN, seed=5, connect_timeout=10)
+        start = time.monotonic()
+        with pytest.raises(BatchBuildError, match=rf"s3://{BUCKET}/train/shard-") as err:
+            list(ds)  # batch 0 was built at start-up (the probe), before the faults
+        assert time.monotonic() - start < 30, "each read ends within its deadline"
+        assert "epoch 0, batch" in str(err.value)
+    finally:
+        srv.proxy.clear_faults()
+        servers[0].shutdown(grace_s=1)

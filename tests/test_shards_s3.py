@@ -195,3 +195,8 @@ def test_a_read_that_keeps_failing_reaches_the_consumer_naming_the_object(world,
     finally:
         srv.proxy.clear_faults()
         servers[0].shutdown(grace_s=1)
+
+
+def test_a_cache_smaller_than_a_block_fails_at_start_naming_both(world, tmp_path):
+    with pytest.raises(ConfigError, match="shuffle block of 32 samples.*cache_bytes=1000"):
+        ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path), cache_bytes=1000)

@@ -74,6 +74,11 @@ class ShardDataset:
         if not self.local:
             digest = hashlib.sha256(location.encode() + b"\0" + raw).hexdigest()[:16]
             self.cache = BlockCache(os.path.join(cache_dir or default_dir(), f"shards-{digest}"), cache_bytes)
+            largest = max(self.block_bytes(b) for b in range(-(-len(self.index) // block_samples)))
+            if largest > self.cache.max_bytes:
+                raise ConfigError(f"a shuffle block of {block_samples} samples takes up to {largest} bytes, more than "
+                                  f"cache_bytes={self.cache.max_bytes} ({self.cache.dir}); raise cache_bytes, free "
+                                  "disk space there (or point cache_dir elsewhere), or lower shuffle_block")
         self._blocks: collections.OrderedDict[int, tuple[int, dict[int, tuple[int, int]]]] = \
             collections.OrderedDict()
         self._pool: ThreadPoolExecutor | None = None

@@ -200,3 +200,23 @@ def test_a_read_that_keeps_failing_reaches_the_consumer_naming_the_object(world,
 def test_a_cache_smaller_than_a_block_fails_at_start_naming_both(world, tmp_path):
     with pytest.raises(ConfigError, match="shuffle block of 32 samples.*cache_bytes=1000"):
         ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path), cache_bytes=1000)
+
+
+@pytest.mark.slow  # a whole local job: two data nodes, a trainer (about 40 s)
+def test_a_whole_local_job_trains_on_s3_shards_and_shuts_down_cleanly(world, tmp_path):
+    from hetero.local import LocalJob, run_local
+
+    hps = {"pipeline": PIPELINE, "pipeline.shards": URL, "pipeline.batch_size": 16, "pipeline.image_size": 32,
+           "pipeline.shuffle_block": 32,  # 7 blocks of 2 batches: both nodes own some
+           "model": "data_service.pipelines.images:resnet18", "model.shards": URL,
+           "step": "data_service.pipelines.images:train_step", "evaluate": "", "epochs": 2}
+    audit = tmp_path / "audit.jsonl"
+    result = run_local(LocalJob(output=tmp_path / "out", hyperparameters=hps, data_nodes=2, dnn_nodes=1,
+                                audit=audit, timeout_s=240, echo=False))
+    assert result.ok and set(result.exit_codes.values()) == {0}, result.exit_codes
+    m = result.metrics
+    assert m["steps"] == 2 * 12 and m["step_kind"] == "real"
+    sent = [n["batches_sent"] for n in m["nodes"] if n["role"] == "data"]
+    assert len(sent) == 2 and sum(sent) >= 24 and min(sent) > 0, sent  # more: hedged copies, dropped
+    rows = read_audit(audit)
+    assert sorted((x["epoch"], x["batch"]) for x in rows) == [(e, b) for e in range(2) for b in range(12)]

@@ -264,6 +264,10 @@ class Session:
             return
         if kind != "fetch":
             raise ProtocolError(f"expected fetch frames, got {kind!r}")
+        if self.ctx.prefetch is not None:
+            for ref in frame.fetch.prefetch:  # hints: fetch data ahead, build and answer nothing
+                if ref.index < self.ctx.num_batches and ref.epoch < 1 << 62:
+                    self.ctx.prefetch(ref.seed, ref.epoch, ref.index)
         for ref in frame.fetch.batches:
             if not ref.index < self.ctx.num_batches or ref.epoch >= 1 << 62:
                 self._queue_error(ref, pb.OUT_OF_RANGE,

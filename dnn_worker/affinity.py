@@ -41,6 +41,9 @@ class Affinity:
         self.cfg = PlanConfig(int(info.num_samples), int(info.batch_size), bool(info.drop_last), bool(info.shuffle),
                               int(info.block_samples), int(info.interleave) or 1)
         self.salt = info.fingerprint
+        # Blocks starting this many places beyond what the consumer asks for are announced to their
+        # owners (a group of interleaved blocks: the next group's data arrives before it is reached).
+        self.hint_ahead = self.cfg.interleave * max(1, self.cfg.block_samples // self.cfg.batch_size)
         self._blocks: dict[tuple[int, int, int], int] = {}
         self._owners: dict[tuple[int, tuple[str, ...]], str] = {}
 

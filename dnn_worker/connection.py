@@ -178,6 +178,12 @@ class BulkConnection:
             raise ConnectionError(f"connection to {self.address} is closed")
         self._send(_frame(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
 
+    def hint(self, refs: list[pb.BatchRef]) -> None:
+        """Tell the server which batches will be asked for later (it may fetch their data ahead)."""
+        if self._sock is None or self.closed:
+            raise ConnectionError(f"connection to {self.address} is closed")
+        self._send(_frame(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
+
     @property
     def wants_write(self) -> bool:
         """Frames wait for the socket to take them (watch it for writability, then ``flush()``)."""

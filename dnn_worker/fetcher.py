@@ -321,6 +321,8 @@ class Fetcher:
         self._pos = {_key(r): i for i, r in enumerate(self._refs)}
         if len(self._pos) != len(self._refs):
             raise ConfigError("refs must be unique (seed, epoch, index) triples")
+        if self._affinity is not None:
+            self._find_openers()
         todo: collections.deque[pb.BatchRef] = collections.deque(self._refs)
         done: dict[int, Any] = {}
         nxt = 0
@@ -483,8 +485,39 @@ class Fetcher:
         todo.extendleft(reversed(rest))  # before sending: a failed send requeues into a sorted ``todo``
         for s, take in plan:
             self._send(s, take, todo)
+        self._hint(limit, live)
         if idle or not todo:
             self._hedge(todo, nxt, tail=True)
+
+    def _find_openers(self) -> None:
+        """Positions of the first batch of each block in the list (what ``_hint`` announces)."""
+        seen: set[tuple[int, int]] = set()
+        self._openers: list[int] = []
+        for i, ref in enumerate(self._refs):
+            block = (ref.epoch, self._affinity.block(ref))
+            if block not in seen:
+                seen.add(block)
+                self._openers.append(i)
+        self._next_opener = 0
+
+    def _hint(self, limit: int, live: tuple[str, ...]) -> None:
+        """Tell each owner about its blocks that start within the next ``hint_ahead`` places beyond
+        the ask-ahead bound, so its data arrives before the first batch of the block is asked for."""
+        if any(s.conn is None for s in self._servers if s.address in live):
+            return  # an owner still connecting: announce once it can hear
+        horizon = limit + self._affinity.hint_ahead
+        hints: dict[str, list[pb.BatchRef]] = collections.defaultdict(list)
+        while self._next_opener < len(self._openers) and self._openers[self._next_opener] < horizon:
+            i = self._openers[self._next_opener]
+            self._next_opener += 1
+            if i >= limit:  # nearer ones are asked for already, which starts their fetch too
+                hints[self._affinity.owner(self._refs[i], live)].append(self._refs[i])
+        for s in self._servers:
+            if hints.get(s.address) and s.conn is not None:
+                try:
+                    s.conn.hint(hints[s.address])
+                except OSError:
+                    pass  # the connection's failure is noticed, and handled, on its next read
 
     def _send(self, s: _Server, batch: list[pb.BatchRef], todo: collections.deque) -> None:
         for ref in batch:

@@ -119,3 +119,26 @@ def test_a_data_node_killed_mid_epoch_loses_and_duplicates_nothing(shard_dir, se
             a.kill()  # kill -9 with requests outstanding: its blocks move to the other node
     assert got == ref
     assert sorted(x["batch"] for x in read_audit(audit)) == list(range(len(ref)))
+
+
+def test_owners_hear_of_their_next_blocks_before_they_are_asked_for_them(tmp_path):
+    """Hints: a block's data is prefetched several batches before the first of its batches is built."""
+    log = tmp_path / "events"
+    spec = PipelineSpec("tests._prefetch_pipeline:build", {"log": str(log)})
+    server = DataServer(spec, TOKEN, ServerOptions(num_workers=1, probe=False)).start()
+    try:
+        ds = RemoteDataset([server.address], TOKEN, seed=1, window=1)
+        assert len(list(ds)) == 32
+    finally:
+        server.shutdown(grace_s=1)
+    events = [line.split() for line in log.read_text().splitlines()]
+    gets = [int(b) for kind, b in events if kind == "get"]
+    first_get = {b: gets.index(b) for b in set(gets)}
+    first_prefetch = {}
+    built = 0
+    for kind, b in events:
+        built += kind == "get"
+        first_prefetch.setdefault(int(b), built) if kind == "prefetch" else None
+    late = sorted(first_get, key=first_get.get)[2:]  # blocks after the first group of two
+    leads = [(first_get[b] - first_prefetch[b]) // 4 for b in late]  # in batches of 4 samples
+    assert min(leads) >= 3, leads  # asked for one batch ahead (window 1): a lead of 3+ is the hint

@@ -216,10 +216,12 @@ class Release(_message.Message):
     def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("batches",)
+    __slots__ = ("batches", "prefetch")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[BatchRef]
-    def __init__(self, batches: _Optional[_Iterable[_Union[BatchRef, _Mapping]]] = ...) -> None: ...
+    prefetch: _containers.RepeatedCompositeFieldContainer[BatchRef]
+    def __init__(self, batches: _Optional[_Iterable[_Union[BatchRef, _Mapping]]] = ..., prefetch: _Optional[_Iterable[_Union[BatchRef, _Mapping]]] = ...) -> None: ...
 
 class TensorMeta(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "nbytes")

@@ -94,6 +94,9 @@ def _per_file_pass(srv) -> dict:
             "seconds_16_threads": round(time.monotonic() - t, 2)}
 
 
+DATA_CPUS = ""  # taskset list for data nodes ("" = not pinned); set by main()
+
+
 def _servers(n: int, options: dict, pipeline: str, workers: int, cache: Path | None, log_dir: Path) -> list:
     from hetero.testing import TOKEN, ServerProc
 
@@ -101,7 +104,9 @@ def _servers(n: int, options: dict, pipeline: str, workers: int, cache: Path | N
     for i in range(n):
         env = {"HETERO_CACHE_DIR": str(cache / f"node{i}")} if cache is not None else {}
         procs.append(ServerProc(options, pipeline=pipeline, workers=workers, slots=4, token=TOKEN, env=env,
-                                log_path=log_dir / f"server-{len(list(log_dir.iterdir()))}.log"))
+                                log_path=log_dir / f"server-{len(list(log_dir.iterdir())) + i}.log"))
+        if DATA_CPUS:  # the data node's cores are its own: the store and the consumer run elsewhere
+            procs[-1].cmd = ["taskset", "-c", DATA_CPUS, *procs[-1].cmd]
     for p in procs:
         p.start(wait=False)
     for p in procs:
@@ -152,14 +157,21 @@ def _traffic(srv, shards: Path, nodes: int, workers: int, work: Path, batch: int
             p.stop()
 
 
-def _throughput(srv, shards: Path, workers: int, work: Path, batch: int, repeats: int, per_file_limit: int) -> dict:
-    """images/s of one data node: S3 shards (cold cache), local shards, per-file S3 (a subset); interleaved."""
+def _throughput(srv, shards: Path, workers: int, work: Path, batch: int, repeats: int, per_file_limit: int,
+                block_batches: list[int]) -> dict:
+    """images/s of one data node: S3 shards (cold cache), local shards, per-file S3 (a subset); interleaved.
+
+    ``block_batches``: further S3 runs with shuffle blocks of these many batches (the default is 32).
+    """
     configs = {
         "shards_s3": (PIPELINE, {"shards": f"s3://{BUCKET}/shards", "batch_size": batch}),
         "shards_local": (PIPELINE, {"shards": str(shards), "batch_size": batch}),
         "files_s3": (FILES_PIPELINE, {"prefix": f"s3://{BUCKET}/files", "batch_size": batch,
                                       "limit": per_file_limit}),
     }
+    for k in block_batches:
+        configs[f"shards_s3_block{k}"] = (PIPELINE, {"shards": f"s3://{BUCKET}/shards", "batch_size": batch,
+                                                     "shuffle_block": k * batch})
     rates: dict[str, list[float]] = {k: [] for k in configs}
     for r in range(repeats):
         for name, (pipeline, options) in configs.items():
@@ -186,15 +198,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--per-file-limit", type=int, default=1000, help="images of the per-file images/s run")
+    ap.add_argument("--block-batches", default="", help="also time S3 shards with blocks of these many batches, "
+                                                        "e.g. 8,128 (the default block is 32)")
     ap.add_argument("--skip", action="append", default=[], choices=["traffic", "throughput"])
+    ap.add_argument("--data-cpus", default="1" if (os.cpu_count() or 1) > 1 else "",
+                    help="pin data nodes here (taskset list; default 1) and this process (consumer, S3 server, proxy) "
+                         "to the other cores, so the store's own CPU does not count against the data node")
     args = ap.parse_args(argv)
+    global DATA_CPUS
+    DATA_CPUS = args.data_cpus
+    if DATA_CPUS:
+        from hetero.local.tree import parse_cpus  # the list syntax of hetero local --data-cpus
+
+        data = parse_cpus(DATA_CPUS)
+        os.sched_setaffinity(0, (set(range(os.cpu_count() or 1)) - data) or data)
     from hetero.testing.s3proxy import s3_server
 
     work = Path(args.work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
     shards = _prepare(work, args.images, args.shard_size)
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:],
-                     "latency_ms": args.latency_ms}
+                     "latency_ms": args.latency_ms, "data_cpus": DATA_CPUS,
+                     "bench_cpus": sorted(os.sched_getaffinity(0))}
     with s3_server(latency_s=args.latency_ms / 1000) as srv, srv.environ():
         _upload(srv, work, shards)
         if "traffic" not in args.skip:
@@ -211,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"data set); epoch 1 {e1['requests']} requests, {e1['bytes']} bytes", flush=True)
         if "throughput" not in args.skip:
             print("images/s of one data node:", flush=True)
+            blocks = [int(x) for x in args.block_batches.split(",") if x]
             results["throughput"] = tp = _throughput(srv, shards, args.workers, work, args.batch_size, args.repeats,
-                                                     args.per_file_limit)
+                                                     args.per_file_limit, blocks)
             local = tp["shards_local"]["median"]
             for name, v in tp.items():
                 print(f"  {name}: median {v['median']} images/s ({v['median'] / local:.2f}x local shards)")

@@ -25,7 +25,9 @@ server that owns its block (``affinity.py``: the same owner on every consumer an
 block is read from storage by one node. A server with nothing of its own to build takes batches
 of blocks it has already built (it holds them in its cache), never others; a server that fails or
 drains loses its blocks to the next-ranked server; and a batch stuck on a quiet owner is hedged
-as at the end of the list (after ``HEDGE_TAIL_S``, or ``HEDGE_TAIL_GAPS`` of the owner's usual gaps).
+as at the end of the list, but only after ``HEDGE_AFFINITY_S`` (an owner fetching a block is quiet
+for a while, and a second server building its batch reads the whole block again), or
+``HEDGE_TAIL_GAPS`` of the owner's usual gaps if longer.
 
 Small batches (at most ``SMALL_BATCH_BYTES``) cost per batch, not per byte: for them the
 window grows to ``small_window``, so every process in the chain finds more than one batch
@@ -66,6 +68,8 @@ CONNECT_POLL_S = 0.02  # how often the loop looks for finished connection attemp
 AHEAD_WINDOWS = 2  # batches asked for ahead of the awaited one: at most this x window x servers
 HEDGE_TAIL_S = 1.0  # nothing left to ask for: a server that delivered nothing for this long is hedged,
 HEDGE_TAIL_GAPS = 4  # or for this many of its usual times between batches, if longer
+HEDGE_AFFINITY_S = 10.0  # with affinity: a quiet owner may be fetching a block; another server
+# building its batch would read the whole block again, so wait this long before hedging
 BLOCKS_REMEMBERED = 16  # shuffle blocks a server built lately, taken as still in its cache (affinity)
 
 
@@ -539,7 +543,8 @@ class Fetcher:
         holder = next((s for s in self._servers if key in s.outstanding), None)
         if holder is None:
             return  # arrived already
-        quiet_for = max(HEDGE_TAIL_S, HEDGE_TAIL_GAPS * holder.gap) if tail else 0.0
+        first = HEDGE_AFFINITY_S if self._affinity is not None else HEDGE_TAIL_S
+        quiet_for = max(first, HEDGE_TAIL_GAPS * holder.gap) if tail else 0.0
         if time.monotonic() - holder.last_progress < quiet_for:
             return  # its server is still delivering
         others = [s for s in self._servers if s.conn is not None and not s.draining and key not in s.outstanding

@@ -110,7 +110,11 @@ def test_a_data_node_killed_mid_epoch_loses_and_duplicates_nothing(shard_dir, se
     options = {**BASE, "shards": str(shard_dir)}
     ref = reference(options)
     a, b = (server_process(options, pipeline=PIPELINE).start() for _ in range(2))
-    audit = tmp_path / "audit.jsonl"
+    kill_one_mid_epoch(a, b, ref, tmp_path / "audit.jsonl")
+
+
+def kill_one_mid_epoch(a, b, ref: list[str], audit: Path) -> None:
+    """Read an epoch from servers ``a`` and ``b``, kill -9 ``a`` after 5 batches; check bytes and audit."""
     ds = RemoteDataset([a.address, b.address], TOKEN, seed=5, window=2, audit_path=audit, connect_timeout=20)
     got = []
     for batch in ds:

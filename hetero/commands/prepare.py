@@ -6,7 +6,6 @@ DEST is a local folder or ``s3://bucket/prefix``; the image pipeline reads it wi
 from __future__ import annotations
 
 import argparse
-import json
 
 
 def register(sub) -> None:
@@ -36,20 +35,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_service.errors import ConfigError, DataServiceError
+    from data_service.errors import DataServiceError
     from data_service.shards.format import parse_size
+    from hetero.options import parse_kv
     from hetero.prepare import prepare
 
     try:
-        options = {}
-        for item in args.option:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"-o {item!r} must look like key=value")
-            try:
-                options[key] = json.loads(value)
-            except json.JSONDecodeError:
-                options[key] = value
+        options = parse_kv(args.option)
         summary = prepare(args.src, args.dest, shard_size=parse_size(args.shard_size, "--shard-size"),
                           max_side=args.max_side, workers=args.workers,
                           shuffle_seed=None if args.no_shuffle else args.shuffle_seed, overwrite=args.overwrite,

@@ -32,6 +32,7 @@ from .trainer import EXIT_STOPPED, TrainJob, train
 log = logging.getLogger(__name__)
 
 EXIT_TRAINING_FAILED = 1
+EXIT_GRACE_S = 30.0  # a trainer killed in teardown: how long the others get to finish and report
 _trainer_pids: list[int] = []   # spawned trainer processes, for forwarding SIGTERM
 
 
@@ -122,19 +123,37 @@ def run_trainers(job: TrainJob, timeout_s: float) -> int:
     if trainer_mod.STOP.is_set():  # SIGTERM came while they started
         _on_sigterm(signal.SIGTERM, None)
     deadline = time.monotonic() + timeout_s
+    statuses: dict[int, str] = {}
+
+    def drain() -> None:
+        while not results.empty():
+            local_rank, status = results.get()
+            statuses[local_rank] = status
+
     try:
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:
                 log.error("training ran past train_timeout_s=%gs; stopping the trainers", timeout_s)
                 return EXIT_TRAINING_FAILED
-        statuses = {}
-        while not results.empty():
-            local_rank, status = results.get()
-            statuses[local_rank] = status
-        if "stopped" in statuses.values():
-            return EXIT_STOPPED
-        return 0
-    except Exception as exc:  # ProcessRaisedException / ProcessExitedException
+        drain()
+        return EXIT_STOPPED if "stopped" in statuses.values() else 0
+    except mp.ProcessExitedException as exc:
+        # A process killed by a signal after it reported its final status (checkpoint written,
+        # metrics sent, past the last barrier) died in interpreter teardown (a C++ thread of the
+        # collective backend aborting at exit): its work is complete. Give the others the time to
+        # report before deciding.
+        end = time.monotonic() + EXIT_GRACE_S
+        for p in context.processes:
+            p.join(max(0.0, end - time.monotonic()))
+        drain()
+        if len(statuses) == job.nprocs:
+            log.warning("trainer %d exited with %s after it had finished and reported (%s); every rank's work is "
+                        "complete, so the node carries on", exc.error_index, _exit_name(exc),
+                        statuses.get(exc.error_index, "?"))
+            return EXIT_STOPPED if "stopped" in statuses.values() else 0
+        log.error("a trainer process failed: %s", exc)
+        return EXIT_TRAINING_FAILED
+    except Exception as exc:  # ProcessRaisedException
         log.error("a trainer process failed: %s", exc)
         return EXIT_TRAINING_FAILED
     finally:
@@ -144,6 +163,10 @@ def run_trainers(job: TrainJob, timeout_s: float) -> int:
                 p.terminate()
         for p in context.processes:
             p.join(10)
+
+
+def _exit_name(exc: mp.ProcessExitedException) -> str:
+    return f"signal {exc.signal_name}" if getattr(exc, "signal_name", None) else f"exit code {exc.exit_code}"
 
 
 def run_dnn_node(job: TrainJob, data_wait_s: float, local_server=None) -> int:

@@ -76,6 +76,17 @@ def test_trainer_crash_still_shuts_the_data_nodes_down(tmp_path):
     assert result.metrics is None
 
 
+@pytest.mark.slow  # a whole job with two local ranks
+def test_a_trainer_aborting_at_exit_after_it_reported_does_not_fail_the_job(tmp_path):
+    data = synth_data(tmp_path / "data", train=800, test=0)
+    result = run_local(local_job(tmp_path, data, data_nodes=1, dnn_nodes=1,
+                                 hps={"step": "launcher.faults:abort_at_exit_step", "procs_per_node": 2,
+                                      "loader_workers": 0}))
+    assert result.ok and set(result.exit_codes.values()) == {0}, (result.exit_codes, logs_of(result))
+    log = (result.output / "logs" / "algo-1.log").read_text()
+    assert "exited with signal SIGABRT after it had finished and reported" in log, log[-3000:]
+
+
 @pytest.mark.slow  # test_bench.py runs a pinned homogeneous job by default
 def test_homogeneous_baseline_from_the_command_line(tmp_path):
     out = tmp_path / "out"

@@ -238,3 +238,16 @@ def test_corrupt_bytes_in_a_shard_name_the_sample(shapes, tmp_path):
     pipe = PipelineSpec(PIPELINE, {"shards": str(pipe_dir), "batch_size": 8, "image_size": 32}).load()
     with pytest.raises(CorruptImageError, match="sample 3 of .*on_corrupt=skip"):
         pipe.dataset[3]
+
+
+def test_prepare_takes_a_map_style_data_set_by_import_path_in_source_order(tmp_path):
+    summary = prepare("tests._prepare_source:make", str(tmp_path / "out"), shard_size=1_000_000, workers=1,
+                      progress=False, shuffle_seed=None, options={"n": 6})
+    ds = ShardDataset(str(tmp_path / "out"), block_samples=2)
+    assert summary.samples == 6 and ds.classes == ["even", "odd"]
+    for i in range(6):
+        data, label = ds[i]
+        image = decode_bytes(data, str(i))
+        assert label == i % 2 and tuple(image.shape) == (3, 8 + i, 10)
+        if not i % 2:  # tensors travel as PNG: exact
+            assert torch.equal(image, torch.full((3, 8 + i, 10), 20 * i, dtype=torch.uint8))

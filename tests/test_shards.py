@@ -251,3 +251,15 @@ def test_prepare_takes_a_map_style_data_set_by_import_path_in_source_order(tmp_p
         assert label == i % 2 and tuple(image.shape) == (3, 8 + i, 10)
         if not i % 2:  # tensors travel as PNG: exact
             assert torch.equal(image, torch.full((3, 8 + i, 10), 20 * i, dtype=torch.uint8))
+
+
+def test_block_cache_removes_what_a_dead_process_left_half_written(tmp_path):
+    cache = BlockCache(str(tmp_path), max_bytes=10_000)
+    dead = mp.get_context("fork").Process(target=lambda: None)
+    dead.start()
+    dead.join()
+    stale, live = tmp_path / f"b1.blk.{dead.pid}.part", tmp_path / f"b2.blk.{os.getpid()}.part"
+    stale.write_bytes(b"x" * 100)
+    live.write_bytes(b"x" * 100)
+    os.close(cache.open("b3.blk", 100, lambda fd: os.pwrite(fd, b"y" * 100, 0)))
+    assert not stale.exists() and live.exists()

@@ -146,15 +146,31 @@ class BlockCache:
                     st = e.stat()
                 except FileNotFoundError:
                     continue
-                total += st.st_size
-                if not e.name.endswith(".part"):
+                if e.name.endswith(".part"):
+                    if not _alive(e.name):  # left by a process that died mid-fetch
+                        _unlink(self.path(e.name))
+                        continue
+                else:
                     entries.append((st.st_mtime, e.name, st.st_size))
+                total += st.st_size
         entries.sort()
         while entries and total + size > self.max_bytes:
             _, name, n = entries.pop(0)
             _unlink(self.path(name))
             total -= n
             log.debug("cache %s: evicted %s (%d bytes)", self.dir, name, n)
+
+
+def _alive(part_name: str) -> bool:
+    """Whether the process that writes ``<block>.<pid>.part`` still runs."""
+    try:
+        pid = int(part_name.rsplit(".", 2)[-2])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _unlink(path: str) -> None:

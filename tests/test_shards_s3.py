@@ -176,7 +176,7 @@ def test_access_denied_fails_at_start_naming_the_permission(world, tmp_path):
 
 def test_a_read_that_keeps_failing_reaches_the_consumer_naming_the_object(world, tmp_path):
     _, srv = world
-    servers = serve(1, tmp_path, {**BASE, "shards": URL, "request_timeout_s": 0.5})
+    servers = serve(1, tmp_path, {**BASE, "shards": URL, "request_timeout_s": 0.2})
     try:
         srv.proxy.fail_next("503", count=100000, match="shard-", method="GET")
         ds = RemoteDataset([servers[0].address], TOKEN, seed=5, connect_timeout=10)

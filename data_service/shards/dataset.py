@@ -61,8 +61,7 @@ class ShardDataset:
         self.block_samples = block_samples
         self.range_bytes = range_bytes
         self.readers = readers
-        self.store = open_store(location, request_timeout_s=request_timeout_s) if location.startswith("s3://") \
-            else open_store(location)
+        self.store = open_store(location, request_timeout_s=request_timeout_s)
         where = f"{self.store.url.rstrip('/')}/{INDEX_NAME}"
         self.store.check(INDEX_NAME)
         raw = self.store.read(INDEX_NAME)

@@ -68,8 +68,7 @@ def _init_worker(target: str, options: dict) -> None:
     import torch
 
     torch.set_num_threads(1)
-    if target:
-        _SOURCE = _load_dataset(target, options)
+    _SOURCE = _load_dataset(target, options) if target else None  # None: files of a folder
 
 
 def _load_dataset(target: str, options: dict):
@@ -223,11 +222,8 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
         np.random.Generator(np.random.PCG64(shuffle_seed)).permutation(len(items))
     summary = Summary()
     local = isinstance(store, LocalStore)
-    if local and existing:
-        for name in existing:
-            os.unlink(os.path.join(store.root, name))
-    elif existing:  # S3: the old index goes first, so the prefix is never taken for complete meanwhile
-        store.delete(INDEX_NAME) if hasattr(store, "delete") else store.write_bytes(INDEX_NAME, b"")
+    if existing:  # the old index goes first, so the destination is never taken for complete meanwhile
+        store.delete(INDEX_NAME)
     staging = store.root if local else tempfile.mkdtemp(prefix="hetero-prepare-")
     uploads: list[threading.Thread] = []
     errors: list[BaseException] = []
@@ -287,11 +283,10 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
     index = ShardIndex(classes, writer.shards, np.array(writer.offsets), np.array(writer.lengths),
                        np.array(writer.labels))
     store.write_bytes(INDEX_NAME, index.to_json())
-    if not local and existing:
-        keep = {s.name for s in writer.shards} | {INDEX_NAME}
-        for name in existing:
-            if name not in keep and hasattr(store, "delete"):
-                store.delete(name)
+    keep = {s.name for s in writer.shards} | {INDEX_NAME}
+    for name in existing:  # old shards the new ones did not replace
+        if name not in keep:
+            store.delete(name)
     summary.samples, summary.shards = len(index), len(writer.shards)
     summary.bytes, summary.data_bytes = sum(s.size for s in writer.shards), index.data_bytes
     summary.seconds = time.monotonic() - start

@@ -1,0 +1,94 @@
+"""The data-server registry: entries in a folder and in S3 (moto's real HTTP server), proofs, corruption."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from data_service import registry
+from data_service.errors import ConfigError
+from data_service.registry import RegistryError, read_entries, register, unregister, verify
+
+TOKEN = "registry-token"
+FP = "0123456789abcdef"
+
+
+def test_folder_register_read_unregister(tmp_path):
+    uri = str(tmp_path / "reg")
+    os.makedirs(uri)
+    assert read_entries(uri) == ([], [])  # no servers/ folder yet: no entries
+    entry = register(uri, TOKEN, "node-a-1", "10.0.0.7:6000", FP)
+    raw = json.loads((tmp_path / "reg" / "servers" / "node-a-1.json").read_text())
+    assert set(raw) == {"address", "fingerprint", "server_id", "started_at", "proof"}
+    assert raw["proof"] == registry.make_proof(TOKEN, "node-a-1", "10.0.0.7:6000", FP)
+    entries, problems = read_entries(uri)
+    assert entries == [entry] and problems == []
+    assert verify(entry, TOKEN, FP) is None
+    assert not [n for n in os.listdir(tmp_path / "reg" / "servers") if n.startswith(".")]  # no temporary left
+    unregister(uri, "node-a-1")
+    unregister(uri, "node-a-1")  # idempotent
+    assert read_entries(uri) == ([], [])
+
+
+def test_wrong_token_or_fingerprint_is_refused(tmp_path):
+    uri = str(tmp_path)
+    register(uri, "another-jobs-token", "intruder", "10.0.0.9:6000", FP)
+    register(uri, TOKEN, "other-pipeline", "10.0.0.8:6000", "ffffffffffffffff")
+    good = register(uri, TOKEN, "good", "10.0.0.7:6000", FP)
+    entries, _ = read_entries(uri)
+    verdicts = {e.server_id: verify(e, TOKEN, FP) for e in entries}
+    assert verdicts["good"] is None
+    assert "proof does not match the job token" in verdicts["intruder"]
+    assert "fingerprint ffffffffffffffff" in verdicts["other-pipeline"] and FP in verdicts["other-pipeline"]
+    # an entry whose address was changed after it was written no longer proves the token
+    forged = registry.Entry("10.6.6.6:6000", good.fingerprint, good.server_id, good.started_at, good.proof)
+    assert "proof" in verify(forged, TOKEN, FP)
+
+
+def test_corrupt_entries_are_problems_not_errors(tmp_path):
+    uri = str(tmp_path)
+    register(uri, TOKEN, "good", "10.0.0.7:6000", FP)
+    (tmp_path / "servers" / "half.json").write_bytes(b'{"address": "10.0')
+    (tmp_path / "servers" / "list.json").write_text("[1, 2]")
+    (tmp_path / "servers" / "short.json").write_text(json.dumps({"address": "a:1"}))
+    (tmp_path / "servers" / "big.json").write_bytes(b" " * (registry.MAX_ENTRY_BYTES + 1))
+    (tmp_path / "servers" / "notes.txt").write_text("ignored")
+    entries, problems = read_entries(uri)
+    assert [e.server_id for e in entries] == ["good"]
+    assert len(problems) == 4 and any("half.json: not JSON" in p for p in problems)
+    assert any("short.json: lacks" in p for p in problems)
+
+
+def test_missing_registry_folder_is_an_error(tmp_path):
+    with pytest.raises(RegistryError, match="does not exist"):
+        read_entries(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("uri, sid, address, match", [
+    ("", "a", "h:1", "folder or s3"), ("http://x/y", "a", "h:1", "only a local folder"),
+    ("s3://-/x", "a", "h:1", "valid bucket"), ("DIR", "../etc", "h:1", "server_id"), ("DIR", "a", "h", "host:port"),
+])
+def test_bad_arguments_name_the_value(tmp_path, uri, sid, address, match):
+    with pytest.raises(ConfigError, match=match):
+        register(str(tmp_path) if uri == "DIR" else uri, TOKEN, sid, address, FP)
+
+
+def test_s3_registry_and_unreachable_endpoint(monkeypatch):
+    from hetero.testing.s3proxy import s3_server
+
+    with s3_server() as srv, srv.environ():
+        srv.client(direct=True).create_bucket(Bucket="registry-bucket")
+        uri = "s3://registry-bucket/jobs/j1"
+        assert read_entries(uri) == ([], [])
+        entry = register(uri, TOKEN, "node-b-2", "10.0.0.5:6000", FP)
+        srv.client(direct=True).put_object(Bucket="registry-bucket", Key="jobs/j1/servers/bad.json", Body=b"{")
+        entries, problems = read_entries(uri)
+        assert entries == [entry] and len(problems) == 1 and "bad.json" in problems[0]
+        unregister(uri, "node-b-2")
+        assert read_entries(uri)[0] == []
+        with pytest.raises(RegistryError, match="no such bucket"):
+            read_entries("s3://no-such-registry-bucket/x")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", srv.endpoint)  # the server is gone now
+    with pytest.raises(RegistryError, match="cannot"):
+        read_entries("s3://registry-bucket/jobs/j2", timeout_s=1.0)

@@ -9,8 +9,9 @@ channel delivers in File or FastFile mode)::
 
 Plug-in points used by the launcher (``--hp pipeline=data_service.pipelines.images:build_pipeline``):
 
-* ``data_service.pipelines.images:build_pipeline``: decode with torchvision's JPEG decoder (libjpeg-turbo),
-  ``RandomResizedCrop(image_size)``, ``RandomHorizontalFlip``; uint8 ``[B, 3, S, S]`` on the wire;
+* ``data_service.pipelines.images:build_pipeline``: ``RandomResizedCrop(image_size)`` fused with the JPEG
+  decode (only the crop is decoded, :mod:`.crop_decode`), ``RandomHorizontalFlip``; uint8
+  ``[B, 3, S, S]`` on the wire (``decode="whole"``: torchvision's decoder on the whole image, then crop);
 * ``data_service.pipelines.images:finish``: the device-side last stage (uint8 -> normalised float32);
 * ``data_service.pipelines.images:resnet18``, ``data_service.pipelines.images:train_step``: torchvision's
   ResNet-18 (no pretrained weights) and one cross-entropy step.
@@ -33,6 +34,7 @@ from torch import nn
 
 from .. import Pipeline, SkipSample
 from ..errors import ConfigError
+from .crop_decode import DCT_SCALING, CropDecode
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 ON_CORRUPT = ("fail", "skip")
+DECODE = ("fused", "whole")
 # Shard reading: a shuffle block of this many batches, and this many blocks alternating
 # (docs/shards.md, "Choosing the block size").
 DEFAULT_BLOCK_BATCHES = 32
@@ -141,20 +144,25 @@ class ImageFolder:
     Args:
         root: the folder (root/<class>/*.jpg). on_corrupt: ``"fail"`` or ``"skip"``.
         limit: use only the first ``limit`` images in sorted order (0 = all).
+        decoded: False: sample i is ``((file bytes, path), label)``, for :class:`CropDecode`.
     """
 
-    def __init__(self, root: str, on_corrupt: str = "fail", limit: int = 0) -> None:
+    def __init__(self, root: str, on_corrupt: str = "fail", limit: int = 0, decoded: bool = True) -> None:
         self.root = root
         self.classes, self.samples = scan(root)
         if limit:
             self.samples = self.samples[:limit]
         self.on_corrupt = on_corrupt
+        self.decoded = decoded
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int):
         path, label = self.samples[i]
+        if not self.decoded:
+            with open(path, "rb") as f:
+                return (f.read(), path), label
         try:
             return decode(path), label
         except CorruptImageError as exc:
@@ -165,11 +173,12 @@ class ShardImages:
     """Map-style over image shards (``hetero prepare``'s output, a folder or ``s3://``): (uint8 image, label).
 
     Args:
-        shards: a :class:`data_service.shards.ShardDataset`. on_corrupt, limit: as :class:`ImageFolder`.
+        shards: a :class:`data_service.shards.ShardDataset`. on_corrupt, limit, decoded: as :class:`ImageFolder`.
     """
 
-    def __init__(self, shards, on_corrupt: str = "fail", limit: int = 0) -> None:
+    def __init__(self, shards, on_corrupt: str = "fail", limit: int = 0, decoded: bool = True) -> None:
         self.shards = shards
+        self.decoded = decoded
         self.root = shards.location
         self.classes = shards.classes
         self.on_corrupt = on_corrupt
@@ -180,6 +189,8 @@ class ShardImages:
 
     def __getitem__(self, i: int):
         data, label = self.shards[i]
+        if not self.decoded:
+            return (data, f"sample {i} of {self.root}"), label
         try:
             return decode_bytes(data, f"sample {i} of {self.root}"), label
         except CorruptImageError as exc:
@@ -197,7 +208,7 @@ def _corrupt(exc: CorruptImageError, on_corrupt: str):
 
 
 class Augment:
-    """``RandomResizedCrop(image_size, scale=(min_scale, 1))`` then ``RandomHorizontalFlip``, on uint8."""
+    """``RandomResizedCrop(image_size, scale=(min_scale, 1))`` then ``RandomHorizontalFlip``, on decoded uint8."""
 
     def __init__(self, image_size: int, min_scale: float) -> None:
         from torchvision.transforms import v2
@@ -208,6 +219,30 @@ class Augment:
     def __call__(self, sample):
         image, label = sample
         return self.transform(image), label
+
+
+class FusedAugment:
+    """The same augmentation fused with decoding (:class:`CropDecode`): ``((bytes, name), label)`` in.
+
+    Args:
+        image_size, min_scale: as :class:`Augment`. on_corrupt: as :class:`ImageFolder`.
+        dct_scaling: ``"pow2"`` or ``"none"`` (:class:`CropDecode`).
+    """
+
+    def __init__(self, image_size: int, min_scale: float, on_corrupt: str = "fail", dct_scaling: str = "pow2") -> None:
+        self.crop_decode = CropDecode(image_size, min_scale, decode_bytes, dct_scaling)
+        self.on_corrupt = on_corrupt
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Images decoded fused, decoded whole, and why (``"whole: CMYK/YCCK"``...), in this process."""
+        return self.crop_decode.counts
+
+    def __call__(self, sample):
+        try:
+            return self.crop_decode(sample)
+        except CorruptImageError as exc:
+            _corrupt(exc, self.on_corrupt)
 
 
 def collate(samples) -> dict:
@@ -236,7 +271,8 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
                    on_corrupt: str = "fail", limit: int = 0, data_dir: str | None = None,
                    drop_last: bool = True, finish_on: str = "device", shards: str = "",
                    shuffle_block: int = 0, interleave: int = DEFAULT_INTERLEAVE, cache_dir: str = "",
-                   cache_bytes: int | str = 0, request_timeout_s: float = 60.0) -> Pipeline:
+                   cache_bytes: int | str = 0, request_timeout_s: float = 60.0, decode: str = "fused",
+                   dct_scaling: str = "pow2") -> Pipeline:
     """Image-folder batches ``{"image": uint8 [B, 3, image_size, image_size], "label": int64 [B]}``.
 
     Args:
@@ -259,6 +295,12 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
             such as ``"50GB"``; 0 = 80 % of the free disk space).
         request_timeout_s: with ``shards`` in S3, the deadline of one request (connect, first byte,
             each read); retries of one read stop after 8 of them.
+        decode: ``"fused"``: draw the crop first and decode only that region of each JPEG
+            (:mod:`data_service.pipelines.crop_decode`; PNG and odd JPEGs are decoded whole);
+            ``"whole"``: decode every image whole, then crop (the classic recipe). The crop boxes,
+            flips and, at full DCT scale, the pixels are the same either way.
+        dct_scaling: with ``decode="fused"``, ``"pow2"`` decodes crops at least twice ``image_size``
+            a side at 1/2, 1/4 or 1/8 scale; ``"none"`` keeps every crop at full scale.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
@@ -274,6 +316,13 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
                           "training device) or 'server' (float32 on the wire)")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ConfigError(f"limit={limit!r} must be an integer >= 0 (0 = every image)")
+    if decode not in DECODE:
+        raise ConfigError(f"decode={decode!r} must be 'fused' (decode only the random crop) or 'whole' "
+                          "(decode every image whole, then crop)")
+    if dct_scaling not in DCT_SCALING:
+        raise ConfigError(f"dct_scaling={dct_scaling!r} must be 'pow2' (large crops decoded at 1/2, 1/4 or 1/8 "
+                          "scale) or 'none' (full scale)")
+    fused = decode == "fused"
     if not isinstance(shards, str):
         raise ConfigError(f"shards={shards!r} must be a folder of shards or an s3://bucket/prefix")
     block = 0
@@ -290,13 +339,15 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
             raise ConfigError(f"request_timeout_s={request_timeout_s!r} must be a number of seconds > 0")
         dataset = ShardImages(ShardDataset(shards, block_samples=block, cache_dir=cache_dir,
                                            cache_bytes=parse_size(cache_bytes, "cache_bytes"),
-                                           request_timeout_s=float(request_timeout_s)), on_corrupt, limit)
+                                           request_timeout_s=float(request_timeout_s)), on_corrupt, limit,
+                              decoded=not fused)
     else:
-        dataset = ImageFolder(data_root(data_dir), on_corrupt, limit)
+        dataset = ImageFolder(data_root(data_dir), on_corrupt, limit, decoded=not fused)
     if drop_last and len(dataset) < batch_size:
         raise ConfigError(f"{dataset.root!r} holds {len(dataset)} images, fewer than batch_size={batch_size} "
                           "with drop_last=true: no batch at all; lower batch_size or add images")
-    augment = Augment(image_size, float(min_scale))
+    augment = FusedAugment(image_size, float(min_scale), on_corrupt, dct_scaling) if fused \
+        else Augment(image_size, float(min_scale))
     order = {"shuffle_block": block, "interleave": interleave}
     if finish_on == "server":
         return Pipeline(dataset=dataset, batch_size=batch_size, transform=augment,

@@ -1,0 +1,175 @@
+/* Decode only a region of a JPEG, optionally at a reduced DCT scale (libjpeg-turbo).
+ *
+ * The calls tf.data's decode_and_crop_jpeg and DALI's CPU image_random_crop make:
+ * jpeg_crop_scanline() leaves out the iMCU columns left and right of the region,
+ * jpeg_skip_scanlines() entropy-decodes the rows above it without IDCT, colour conversion or
+ * upsampling, and the rows below are never read. scale_num/8 (1..8) picks libjpeg's scaled IDCT.
+ *
+ * info(data) -> (width, height, components, jpeg_color_space, progressive, precision, arith)
+ * decode_crop(data, x, y, w, h, scale_num) -> (bytearray, rows, cols) or None
+ *     The box [x, x + w) x [y, y + h) of the full-size image, decoded at scale_num / 8: the
+ *     output covers [floor(x * s), ceil((x + w) * s)) and likewise for rows, s = scale_num / 8,
+ *     as interleaved RGB (rows x cols x 3, uint8). None when libjpeg issued a warning (corrupt
+ *     data): the caller then decodes the whole image its usual way, so corrupt files behave
+ *     exactly as without this module. ValueError on an error.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdio.h>
+#include <setjmp.h>
+#include <string.h>
+#include <jpeglib.h>
+
+#define FAST_IDCT 1         /* flags: libjpeg's JDCT_IFAST (tf.data's default) */
+#define PLAIN_UPSAMPLING 2  /* flags: chroma replicated, not interpolated (do_fancy_upsampling off) */
+#define CONTEXT 16  /* pixels decoded beyond each side of the box (see decode_crop) */
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    int warnings;
+    char message[JMSG_LENGTH_MAX];
+} error_mgr;
+
+static void on_error(j_common_ptr cinfo) {
+    error_mgr *err = (error_mgr *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level < 0) ((error_mgr *)cinfo->err)->warnings++;  /* a warning: corrupt data */
+}
+
+static int open_header(struct jpeg_decompress_struct *cinfo, error_mgr *err, const Py_buffer *view) {
+    cinfo->err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_message;
+    err->warnings = 0;
+    err->message[0] = 0;
+    jpeg_create_decompress(cinfo);
+    jpeg_mem_src(cinfo, (const unsigned char *)view->buf, (unsigned long)view->len);
+    jpeg_read_header(cinfo, TRUE);
+    return 0;
+}
+
+static PyObject *info(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    struct jpeg_decompress_struct cinfo;
+    error_mgr err;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+    memset(&cinfo, 0, sizeof(cinfo));
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "%s", err.message);
+        return NULL;
+    }
+    open_header(&cinfo, &err, &view);
+    result = Py_BuildValue("(IIiiiii)", cinfo.image_width, cinfo.image_height, cinfo.num_components,
+                           (int)cinfo.jpeg_color_space, (int)cinfo.progressive_mode, cinfo.data_precision,
+                           (int)cinfo.arith_code);
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *decode_crop(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int x, y, w, h, scale, flags = 0;
+    struct jpeg_decompress_struct cinfo;
+    error_mgr err;
+    PyObject *volatile out = NULL;  /* read after a longjmp */
+    JSAMPARRAY row;
+    if (!PyArg_ParseTuple(args, "y*iiiii|i", &view, &x, &y, &w, &h, &scale, &flags)) return NULL;
+    if (scale < 1 || scale > 8 || x < 0 || y < 0 || w < 1 || h < 1) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "bad crop (%d, %d, %d, %d) or scale %d/8", x, y, w, h, scale);
+        return NULL;
+    }
+    memset(&cinfo, 0, sizeof(cinfo));
+    if (setjmp(err.jump)) {
+        Py_XDECREF(out);
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "%s", err.message);
+        return NULL;
+    }
+    open_header(&cinfo, &err, &view);
+    if ((unsigned)(x + w) > cinfo.image_width || (unsigned)(y + h) > cinfo.image_height) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "crop (%d, %d, %d, %d) outside the %ux%u image", x, y, w, h,
+                     cinfo.image_width, cinfo.image_height);
+        return NULL;
+    }
+    cinfo.out_color_space = JCS_RGB;
+    cinfo.scale_num = (unsigned)scale;
+    cinfo.scale_denom = 8;
+    if (flags & FAST_IDCT) cinfo.dct_method = JDCT_IFAST;
+    if (flags & PLAIN_UPSAMPLING) cinfo.do_fancy_upsampling = FALSE;
+    jpeg_start_decompress(&cinfo);
+    {
+        /* the box in output (scaled) pixels */
+        JDIMENSION x0 = (JDIMENSION)(((long long)x * scale) / 8);
+        JDIMENSION x1 = (JDIMENSION)(((long long)(x + w) * scale + 7) / 8);
+        JDIMENSION y0 = (JDIMENSION)(((long long)y * scale) / 8);
+        JDIMENSION y1 = (JDIMENSION)(((long long)(y + h) * scale + 7) / 8);
+        JDIMENSION xoff, cw, cols, rows, r;
+        unsigned char *dst;
+        if (x1 > cinfo.output_width) x1 = cinfo.output_width;
+        if (y1 > cinfo.output_height) y1 = cinfo.output_height;
+        if (x1 <= x0) x1 = x0 + 1;
+        if (y1 <= y0) y1 = y0 + 1;
+        cols = x1 - x0;
+        rows = y1 - y0;
+        /* Decode 16 more pixels each side where the image has them: the upsampler treats the edges
+         * of the decoded columns as the image's edges, so the box's own edge pixels come out as in
+         * a whole-image decode only when their neighbours are decoded too. */
+        xoff = x0 > CONTEXT ? x0 - CONTEXT : 0;
+        cw = (x1 + CONTEXT < cinfo.output_width ? x1 + CONTEXT : cinfo.output_width) - xoff;
+        if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);  /* widens to iMCU edges */
+        out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)rows * cols * 3);
+        if (out == NULL) {
+            jpeg_destroy_decompress(&cinfo);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        dst = (unsigned char *)PyByteArray_AS_STRING(out);
+        row = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, cinfo.output_width * 3, 1);
+        if (y0 > 0) jpeg_skip_scanlines(&cinfo, y0);
+        for (r = 0; r < rows; r++) {
+            jpeg_read_scanlines(&cinfo, row, 1);
+            memcpy(dst + (size_t)r * cols * 3, row[0] + (size_t)(x0 - xoff) * 3, (size_t)cols * 3);
+        }
+        jpeg_abort_decompress(&cinfo);  /* the rows below are never read */
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&view);
+        if (err.warnings) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        return Py_BuildValue("(NII)", out, rows, cols);
+    }
+}
+
+static PyMethodDef methods[] = {
+    {"info", info, METH_VARARGS, "(width, height, components, jpeg_color_space, progressive, precision, arith)"},
+    {"decode_crop", decode_crop, METH_VARARGS, "(data, x, y, w, h, scale_num) -> (bytearray RGB, rows, cols) or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegcrop", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__jpegcrop(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyModule_AddIntConstant(m, "JCS_GRAYSCALE", JCS_GRAYSCALE);
+    PyModule_AddIntConstant(m, "JCS_YCbCr", JCS_YCbCr);
+    PyModule_AddIntConstant(m, "JCS_RGB", JCS_RGB);
+    PyModule_AddIntConstant(m, "FAST_IDCT", FAST_IDCT);
+    PyModule_AddIntConstant(m, "PLAIN_UPSAMPLING", PLAIN_UPSAMPLING);
+    PyModule_AddIntConstant(m, "LIBJPEG_VERSION", JPEG_LIB_VERSION);
+    return m;
+}

@@ -1,0 +1,161 @@
+"""Fused random crop and decode: decode only the region ``RandomResizedCrop`` keeps.
+
+The classic recipe decodes the whole JPEG, then crops and resizes: on ImageNet-sized photos about
+half the time per image is spent outside the decoder, and much of the decoder's is spent on pixels
+the crop throws away. :class:`CropDecode` draws the crop box first, from the JPEG's header and
+exactly as ``torchvision.transforms.v2.RandomResizedCrop`` draws it (the same random calls, so the
+same box for the same seed), then asks libjpeg-turbo for that region only (``jpeg_crop_scanline``,
+``jpeg_skip_scanlines``: what tf.data's ``decode_and_crop_jpeg`` does), optionally at a reduced DCT
+scale (``dct_scaling``: the smallest of 1/8, 1/4, 1/2, 1 that still leaves at least the output size),
+then resizes with antialiasing and flips exactly as the classic recipe does.
+
+At full scale the output is bit-identical to decoding the whole image with torchvision and
+applying ``v2.RandomResizedCrop`` + ``v2.RandomHorizontalFlip``. PNGs, CMYK/YCCK, 12-bit and
+arithmetic-coded JPEGs, files with corrupt data, and everything when the compiled part is missing
+are decoded whole by torchvision as before and counted in :attr:`CropDecode.counts`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+log = logging.getLogger(__name__)
+
+try:
+    from . import _jpegcrop
+except ImportError:  # built at install time when a C compiler and libjpeg-turbo's headers exist
+    _jpegcrop = None
+
+RATIO = (3.0 / 4.0, 4.0 / 3.0)
+DCT_SCALING = ("none", "pow2")
+
+
+def available() -> bool:
+    """True when the compiled crop decoder is installed (else every image is decoded whole)."""
+    return _jpegcrop is not None
+
+
+def crop_box(height: int, width: int, scale: tuple[float, float], log_ratio: torch.Tensor) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)``: ``v2.RandomResizedCrop.make_params``' draw, call for call on torch's RNG."""
+    area = height * width
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,)).item()
+            j = torch.randint(0, width - w + 1, size=(1,)).item()
+            return i, j, h, w
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(RATIO):
+        w = width
+        h = int(round(w / min(RATIO)))
+    elif in_ratio > max(RATIO):
+        h = height
+        w = int(round(h * max(RATIO)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def dct_scale(h: int, w: int, size: int) -> int:
+    """``m`` of the smallest DCT scale ``m/8`` in 1/8, 1/4, 1/2, 1 that leaves the box at least ``size`` a side.
+
+    Only powers of two: libjpeg-turbo's other scaled IDCTs have no SIMD code and cost more than
+    the resize they save (docs/benchmarks.md, "Fused crop and decode").
+    """
+    side = min(h, w)
+    m = 8
+    while m > 1 and side * (m // 2) >= 8 * size:
+        m //= 2
+    return m
+
+
+class CropDecode:
+    """``(encoded image bytes, label) -> (uint8 [3, size, size], label)``: crop, decode, resize, flip.
+
+    Args:
+        size: side of the output square. min_scale: smallest crop area as a share of the image.
+        decode_whole: ``decode_whole(data, name) -> uint8 [3, H, W]``, the full decoder (and its
+            errors) for what the fused path does not take.
+        dct_scaling: ``"pow2"``: a box at least twice the output a side is decoded at 1/2, 1/4
+            or 1/8 scale (libjpeg's scaled IDCT, itself a good low-pass filter); ``"none"``:
+            always full scale, bit-identical to the whole-image path.
+    """
+
+    def __init__(self, size: int, min_scale: float, decode_whole, dct_scaling: str = "pow2") -> None:
+        from torchvision.transforms import v2
+
+        self.size = size
+        self.scale = (min_scale, 1.0)
+        self.decode_whole = decode_whole
+        self.dct_scaling = dct_scaling
+        self._log_ratio = torch.log(torch.tensor(RATIO))
+        self._crop = v2.RandomResizedCrop(size, scale=self.scale, antialias=True)  # the fallback, same draws
+        self.counts = {"fused": 0, "whole": 0}
+
+    def __call__(self, sample):
+        (data, name), label = sample
+        box, image, why = self._fused(data) if _jpegcrop is not None else (None, None, "not built")
+        if image is None:
+            self._count_whole(why, name)
+            whole = self.decode_whole(data, name)
+            if box is None:
+                image = self._crop(whole)
+            else:  # the box is drawn already: the same one, so the same pixels as the classic recipe
+                image = _resize(whole[:, box[0]:box[0] + box[2], box[1]:box[1] + box[3]], self.size)
+        else:
+            self.counts["fused"] += 1
+        if torch.rand(1) < 0.5:  # v2.RandomHorizontalFlip(p=0.5)'s draw
+            image = image.flip(-1)
+        return image, label
+
+    def _fused(self, data: bytes):
+        """(the box drawn or None, the output or None, why not fused)."""
+        if data[:2] != b"\xff\xd8":
+            return None, None, "not a JPEG"
+        if b"\xff\xd9" not in data[-1024:]:
+            return None, None, "truncated"  # rows past the crop are never read: let the whole decoder judge
+        try:
+            width, height, components, space, _progressive, precision, arith = _jpegcrop.info(data)
+        except ValueError:
+            return None, None, "bad header"
+        if precision != 8:
+            return None, None, f"{precision}-bit"
+        if arith:
+            return None, None, "arithmetic-coded"
+        if components not in (1, 3) or space not in (_jpegcrop.JCS_YCbCr, _jpegcrop.JCS_GRAYSCALE, _jpegcrop.JCS_RGB):
+            return None, None, "CMYK/YCCK"
+        box = crop_box(height, width, self.scale, self._log_ratio)
+        top, left, h, w = box
+        m = dct_scale(h, w, self.size) if self.dct_scaling == "pow2" else 8
+        try:
+            out = _jpegcrop.decode_crop(data, left, top, w, h, m)
+        except ValueError:
+            out = None
+        if out is None:
+            return box, None, "corrupt data"
+        buf, rows, cols = out
+        region = torch.frombuffer(buf, dtype=torch.uint8).view(rows, cols, 3).permute(2, 0, 1)
+        return box, _resize(region, self.size), ""
+
+    def _count_whole(self, why: str, name: str) -> None:
+        self.counts["whole"] += 1
+        key = f"whole: {why}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if self.counts[key] == 1:  # once per reason and process
+            if why == "not built":
+                log.warning("fused crop-and-decode is not installed (building it needs a C compiler and "
+                            "libjpeg-turbo's headers: apt-get install gcc libjpeg-dev, then reinstall the "
+                            "package); decoding whole images")
+            else:
+                log.info("%s: decoded whole (%s); further such images are counted, not logged", name, why)
+
+
+def _resize(region: torch.Tensor, size: int) -> torch.Tensor:
+    from torchvision.transforms.v2 import functional as F
+
+    return F.resize(region, [size, size], antialias=True)

@@ -95,7 +95,7 @@ class _Servicer(pb_grpc.DataServiceServicer):
         s = self._server
         return pb.HelloResponse(server_version=PROTOCOL_VERSION, bulk_port=s.options.advertise_bulk_port or s.bulk_port,
                                 dataset=s.dataset_info, server_id=s.server_id,
-                                shutting_down=s.shutting_down, workers=s.options.num_workers,
+                                shutting_down=s.leaving, workers=s.options.num_workers,
                                 bulk_tls=bool(s.options.tls_cert))
 
     def GetStats(self, request, context):
@@ -126,7 +126,10 @@ class DataServer:
         self.dataset_info: pb.DatasetInfo | None = None
         self.port = 0
         self.bulk_port = 0
-        self.shutting_down = False
+        self.shutting_down = False  # new requests are refused (SHUTTING_DOWN); in-flight ones finish
+        self.leaving = False        # told to leave: ``on_leave`` callbacks run, then requests are refused
+        self.leave_delay_s = 0.0    # keep serving this long after the callbacks (consumers see it gone)
+        self._on_leave: list = []
         self._dataplane: DataPlane | None = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -262,24 +265,49 @@ class DataServer:
         return 0 if plane is None else sum(1 for s in plane.sessions() if s.authenticated)
 
     # -- stop
+    def on_leave(self, callback) -> None:
+        """Call ``callback()`` first when the server is told to leave, before it refuses new
+        requests (a registered server unregisters here, so consumers stop asking it); it must
+        return within seconds. The server then keeps serving for ``leave_delay_s``."""
+        self._on_leave.append(callback)
+
     def shutdown(self, grace_s: float = 30.0, reason: str = "", block: bool = True) -> bool:
-        """Stop serving: finish in-flight requests (up to ``grace_s``), then stop everything.
+        """Leave: run the ``on_leave`` callbacks, stop taking new requests (consumers get
+        SHUTTING_DOWN and ask another server), finish in-flight ones (up to ``grace_s``), stop.
 
         Idempotent. Returns True when a shutdown was already under way.
         """
         with self._lock:
-            already, self.shutting_down = self.shutting_down, True
+            already, self.leaving = self.leaving, True
         if not already:
             log.info("data server %s shutting down (%s), grace %.0fs", self.server_id, reason or "requested", grace_s)
-            if self._health is not None:
-                self._health.enter_graceful_shutdown()
+            if not self._on_leave:
+                self._refuse()
             thread = threading.Thread(target=self._stop, args=(grace_s,), name="shutdown", daemon=True)
             thread.start()
         if block:
-            self._stopped.wait(grace_s + 30)
+            self._stopped.wait(grace_s + self.leave_delay_s + 30)
         return already
 
+    def _refuse(self) -> None:
+        self.shutting_down = True
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
+
+    def _leave(self, grace_s: float) -> None:
+        for callback in self._on_leave:
+            try:
+                callback()
+            except Exception as exc:  # leaving goes on: the consumers' failover covers the rest
+                log.warning("data server %s: leave step %s failed: %s", self.server_id,
+                            getattr(callback, "__name__", callback), exc)
+        if self.leave_delay_s > 0:
+            time.sleep(min(self.leave_delay_s, grace_s))
+        self._refuse()
+
     def _stop(self, grace_s: float) -> None:
+        if not self.shutting_down:
+            self._leave(grace_s)
         deadline = time.monotonic() + grace_s
         plane = self._dataplane
         while plane is not None and time.monotonic() < deadline:

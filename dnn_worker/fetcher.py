@@ -29,6 +29,15 @@ as at the end of the list, but only after ``HEDGE_AFFINITY_S`` (an owner fetchin
 for a while, and a second server building its batch reads the whole block again), or
 ``HEDGE_TAIL_GAPS`` of the owner's usual gaps if longer.
 
+With a registry (``registry_watch.RegistryWatcher``), servers join and leave while the list is
+fetched: a verified new entry becomes a server that is asked for batches as soon as it is
+connected (with affinity it owns blocks from then on: only blocks that rank it first move to it),
+and a server whose entry is gone is asked for nothing more, keeps delivering what it owes, and is
+then closed; one that vanished (kill -9) fails over as any server does. A registered server that
+cannot prove the token on the data plane or reports another pipeline is refused and logged, not
+fatal (a fixed server doing that is a configuration error). Every consumer yields exactly its own
+list, so servers coming and going never lose or repeat a batch; they only change who builds it.
+
 Small batches (at most ``SMALL_BATCH_BYTES``) cost per batch, not per byte: for them the
 window grows to ``small_window``, so every process in the chain finds more than one batch
 waiting when it wakes; the memory that costs is at most ``small_window`` x 1 MB per server.
@@ -56,6 +65,7 @@ from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
 from .affinity import Affinity
+from .registry_watch import RegistryWatcher
 from .connection import LOWAT_CHECK_S, BulkConnection, Event
 from .control import ControlClient
 
@@ -100,6 +110,11 @@ class _Server:
     watching: int = 0  # selector events registered for its connection
     connecting: "_Attempt | None" = None  # a connection attempt in flight
     blocks: dict[int, None] = field(default_factory=dict)  # shuffle blocks it built lately (affinity), oldest first
+    server_id: str = ""      # from its Hello (or its registry entry)
+    registered: bool = False  # came from the registry (not the fixed list)
+    late: bool = False        # joined mid-iteration: owns blocks only once connected
+    retired: bool = False     # its registry entry is gone: asked for nothing more, closed when it owes nothing
+    refused: str = ""         # why it is never used (registered servers only)
 
 
 class _Attempt:
@@ -135,6 +150,8 @@ class Fetcher:
             connections are taken over instead of connecting again (the next epoch of a
             persistent loader worker).
         affinity: ask each batch of the server owning its shuffle block (module docstring).
+        registry: a ``RegistryWatcher``: servers that join and leave (module docstring); with it
+            ``servers`` may be empty.
 
     Attributes:
         failovers: servers dropped while they owed batches.
@@ -147,12 +164,16 @@ class Fetcher:
                  client_id: str = "", fingerprint: str = "", pin_memory: bool = False, max_batch_bytes: int = 1 << 40,
                  client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_ca: str = "",
                  tls_server_name: str = "", keep_open: bool = False, reuse: "Fetcher | None" = None,
-                 affinity: "Affinity | None" = None) -> None:
-        if not servers:
-            raise ConfigError("servers=[] : give at least one data server address 'host:port'")
+                 affinity: "Affinity | None" = None, registry: "RegistryWatcher | None" = None) -> None:
+        if not servers and registry is None:
+            raise ConfigError("servers=[] : give at least one data server address 'host:port', or a registry")
         if window < 1:
             raise ConfigError(f"window={window} must be >= 1")
         self._servers = [_Server(a) for a in servers]
+        self._fixed = list(servers)
+        self._registry = registry
+        self._registry_version = -1
+        self._iterating = False
         for s in self._servers:
             split_address(s.address)
         self._token = token
@@ -186,9 +207,11 @@ class Fetcher:
         self._lost: set[tuple[int, int, int]] = set()    # came from one server, still outstanding at the other
         self._keep_open = keep_open
         self._open = False  # connections left open by a complete iteration (keep_open)
-        if reuse is not None and reuse._open and [s.address for s in reuse._servers] == list(servers):
+        if (reuse is not None and reuse._open and reuse._fixed == self._fixed and reuse._registry is registry
+                and all(s.address in self._fixed or s.registered for s in reuse._servers)):
             # Late frames of the earlier iteration are dropped by _handle: none of its refs is outstanding.
             self._servers, self._sel, self._fingerprint = reuse._servers, reuse._sel, reuse._fingerprint
+            self._registry_version = reuse._registry_version
             for s in self._servers:  # copies still to come of hedged batches the earlier one used:
                 for key in reuse._lost:  # dropped as not ours when they come
                     s.outstanding.pop(key, None)
@@ -248,6 +271,9 @@ class Fetcher:
         attempt, s.connecting = s.connecting, None
         exc = attempt.exc
         if isinstance(exc, (PermissionDeniedError, VersionMismatchError, ConfigError)):
+            if s.registered:  # a registry entry is not the user's configuration: refuse it, go on
+                self._refuse(s, str(exc))
+                return
             raise exc  # refused for good: retrying cannot help
         if isinstance(exc, (grpc.RpcError, OSError, DataServiceError)):
             self._failed(s, getattr(exc, "details", lambda: None)() or f"{type(exc).__name__}: {exc}", now)
@@ -257,17 +283,30 @@ class Fetcher:
         conn, fp = attempt.conn, attempt.hello.dataset.fingerprint
         if self._fingerprint and fp != self._fingerprint:
             conn.close()
+            if s.registered:
+                self._refuse(s, f"it runs pipeline {attempt.hello.dataset.pipeline!r} with fingerprint {fp}, "
+                                f"the job runs {self._fingerprint}")
+                return
             raise ConfigError(
                 f"server {s.address} runs pipeline {attempt.hello.dataset.pipeline!r} with fingerprint {fp}, "
                 f"others run {self._fingerprint}: start every data server with the same pipeline and options")
         self._fingerprint = fp
+        twin = next((o for o in self._servers if o is not s and o.conn is not None and attempt.hello.server_id
+                     and o.server_id == attempt.hello.server_id), None)
+        if twin is not None:  # one server under two addresses (fixed and registered): use it once
+            if s.registered or not twin.registered:
+                conn.close()
+                self._refuse(s, f"it is the same server as {twin.address}", quiet=True)
+                return
+            self._refuse(twin, f"it is the same server as {s.address}", quiet=True)
+        s.server_id = attempt.hello.server_id or s.server_id
         try:
             self._sel.register(conn, selectors.EVENT_READ, conn)
         except (OSError, ValueError, KeyError) as exc:
             conn.close()
             self._failed(s, f"{type(exc).__name__}: {exc}", now)
             return
-        s.conn, s.draining, s.failures = conn, False, 0
+        s.conn, s.draining, s.failures = conn, s.retired or bool(s.refused), 0
         s.watching = selectors.EVENT_READ
         s.last_progress = time.monotonic()
         log.debug("connected to data server %s", s.address)
@@ -286,6 +325,49 @@ class Fetcher:
             log.warning("data server %s failed (%s); asking others for its %d unfinished batches",
                         s.address, reason, len(refs))
             self._requeue(refs, todo)
+
+    def _refuse(self, s: _Server, reason: str, quiet: bool = False) -> None:
+        """Never use registered server ``s`` (until its registry entry changes); logged once."""
+        s.refused, s.draining = reason, True
+        s.last_error = f"refused: {reason}"
+        if not quiet:
+            self._registry.refuse(s.address, s.server_id, reason)
+
+    def _retire(self, s: _Server, why: str) -> None:
+        """Ask ``s`` for nothing more; it is closed once it owes nothing (``_sync_registry``)."""
+        if not s.retired:
+            s.retired, s.draining = True, True
+            log.info("data server %s: %s; asking it for nothing more", s.address, why)
+
+    def _sync_registry(self, todo: collections.deque) -> None:
+        """Take in servers that joined the registry, retire those that left, close retired ones
+        that owe nothing."""
+        version, entries = self._registry.snapshot()
+        if version != self._registry_version:
+            self._registry_version = version
+            known = {s.address: s for s in self._servers}
+            for address, entry in entries.items():
+                s = known.get(address)
+                if s is None:
+                    if any(o.server_id == entry.server_id and o.conn is not None for o in self._servers):
+                        continue  # a fixed server already connected under another address
+                    self._servers.append(_Server(address, registered=True, late=self._iterating,
+                                                 server_id=entry.server_id))
+                    log.info("data server %s joined (registry %s)", address, self._registry.uri)
+                elif s.registered and (s.retired or s.server_id != entry.server_id):
+                    # back in the registry, or another server at the same address: a fresh start
+                    s.retired = s.draining = False
+                    s.refused, s.server_id, s.failures, s.retry_at = "", entry.server_id, 0, 0.0
+            for s in self._servers:
+                if s.registered and s.address not in entries:
+                    self._retire(s, f"left registry {self._registry.uri}")
+        for s in [s for s in self._servers if (s.retired or s.refused) and not s.outstanding]:
+            if s.conn is not None:
+                self._unwatch(s.conn)
+                s.conn.close()
+                s.conn = None
+            if s.registered and s.address not in entries and s.connecting is None:
+                self._servers.remove(s)
 
     @staticmethod
     def _failed(s: _Server, reason: str, now: float) -> None:
@@ -316,7 +398,10 @@ class Fetcher:
         todo.extendleft(sorted([*head, *refs], key=lambda r: pos[_key(r)], reverse=True))
 
     def _unavailable(self, waited: float) -> ServerUnavailableError:
-        detail = "; ".join(f"{s.address}: {s.last_error}" for s in self._servers)
+        detail = "; ".join(f"{s.address}: {s.last_error}" for s in self._servers) or "no server known"
+        if self._registry is not None:
+            state = f"cannot be read: {self._registry.error}" if self._registry.error else "readable"
+            detail += f"; registry {self._registry.uri} {state}"
         return ServerUnavailableError(
             f"no data server usable for {waited:.1f}s (connect_timeout={self._connect_timeout}s): {detail}")
 
@@ -334,6 +419,11 @@ class Fetcher:
         no_server_since: float | None = None
         if self._sel is None:  # a Fetcher that took over open connections has their selector
             self._sel = selectors.DefaultSelector()
+        if self._registry is not None:
+            self._sync_registry(todo)
+            for s in self._servers:
+                s.late = False  # known as this iteration starts: owners like the fixed ones
+        self._iterating = True
         complete = False
         try:
             while nxt < len(self._refs):
@@ -344,10 +434,13 @@ class Fetcher:
                     break
                 now = time.monotonic()
                 connecting = False
+                if self._registry is not None:
+                    self._sync_registry(todo)
                 for s in self._servers:
                     if s.connecting is not None and s.connecting.done:
                         self._finish_connect(s, now)
-                    elif s.connecting is None and s.conn is None and now >= s.retry_at:
+                    elif (s.connecting is None and s.conn is None and now >= s.retry_at
+                          and not s.retired and not s.refused):
                         self._start_connect(s)
                     connecting = connecting or s.connecting is not None
                     if s.conn is not None and s.outstanding and now - s.last_progress > self._batch_timeout:
@@ -424,7 +517,7 @@ class Fetcher:
     def _assign(self, todo: collections.deque, nxt: int) -> None:
         """Top up each server's window with the next batches of ``todo``, none of them more than
         the bound ahead of ``nxt`` (the position the consumer waits for); hedge ``nxt`` if due."""
-        limit = nxt + AHEAD_WINDOWS * self._window * len(self._servers)
+        limit = nxt + AHEAD_WINDOWS * self._window * max(1, sum(1 for s in self._servers if not s.refused))
         if self._affinity is not None:
             self._assign_owned(todo, nxt, limit)
             return
@@ -451,8 +544,8 @@ class Fetcher:
     def _owners(self) -> tuple[str, ...]:
         """Servers that own blocks now: connected and not draining, or on their first connection
         attempt (so a slow start does not hand a server's blocks to another for good)."""
-        return tuple(s.address for s in self._servers if not s.draining and (
-            s.conn is not None or (s.connecting is not None and s.failures == 0)))
+        return tuple(s.address for s in self._servers if not s.draining and not s.refused and (
+            s.conn is not None or (s.connecting is not None and s.failures == 0 and not s.late)))
 
     def _assign_owned(self, todo: collections.deque, nxt: int, limit: int) -> None:
         """``_assign`` with affinity: each server takes the batches of the blocks it owns; one with

@@ -10,6 +10,10 @@
 Use "forkserver" (or "spawn") for loader workers: once this process has made a gRPC
 call (``len(ds)``, ``finish_stage()``), a plain fork() child can deadlock in gRPC.
 For resumable training wrap the loader in ``ResumableLoader`` (docs/consumer.md).
+
+Servers that join a running job: ``RemoteDataset(servers, token, registry="s3://bucket/job/registry")``
+(``servers`` may be None) also uses every server registered there that proves the token and runs
+the job's pipeline, from within about a second of its registering (docs/elastic.md).
 """
 from __future__ import annotations
 
@@ -18,12 +22,14 @@ import socket
 from typing import Any, Iterator, Sequence
 
 from data_service.errors import ConfigError
+from data_service.registry import check_uri
 from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
 from .affinity import Affinity
 from .control import ControlClient
 from .fetcher import Fetcher, split_address
+from .registry_watch import RegistryWatcher, watcher_for
 from .sharding import ShardedBatches
 
 SMALL_WINDOW = 8  # default window for batches of at most 1 MB (fetcher.SMALL_BATCH_BYTES)
@@ -33,7 +39,8 @@ class RemoteDataset(ShardedBatches):
     """Yields this rank's batches of the current epoch from one or more data servers.
 
     Args:
-        servers: ``host:port`` addresses (or one string, comma separated).
+        servers: ``host:port`` addresses (or one string, comma separated); None or empty with a
+            ``registry``: every server comes from the registry.
         token: the job token (the servers refuse anything else).
         window: outstanding requests per server per loader worker (default: 2 x the
             server's worker processes, at least 4; at least 8 while batches are at most 1 MB).
@@ -44,20 +51,30 @@ class RemoteDataset(ShardedBatches):
             automatically; False forces TCP).
         tls_ca: CA bundle (PEM) for servers started with a TLS certificate; tls_server_name
             overrides the name checked in their certificates.
+        registry: a registry of data servers that join and leave (a folder or
+            ``s3://bucket/prefix``, see ``data_service.registry``), polled every ``registry_poll_s``.
+        fingerprint: the pipeline fingerprint servers must run (default: the fixed servers', or,
+            with none, that of the oldest server in the registry that proves the token).
         **kwargs: seed, rank, world_size, dp_rank, dp_size, remainder, audit_path
             (see ``ShardedBatches``).
     """
 
-    def __init__(self, servers: str | Sequence[str], token: str, *, window: int | None = None,
+    def __init__(self, servers: str | Sequence[str] | None, token: str, *, window: int | None = None,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, pin_memory: bool = False,
                  max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, shared_memory: bool = True,
-                 tls_ca: str = "", tls_server_name: str = "", **kwargs: Any) -> None:
+                 tls_ca: str = "", tls_server_name: str = "", registry: str | None = None,
+                 registry_poll_s: float = 1.0, fingerprint: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
-        self.servers = list(servers)
-        if not self.servers:
-            raise ConfigError("servers=[] : give at least one data server address 'host:port'")
+        self.servers = list(servers or [])
+        self.registry = check_uri(registry) if registry else None
+        if not self.servers and not self.registry:
+            raise ConfigError("servers=[] : give at least one data server address 'host:port', or registry=")
+        if not registry_poll_s > 0:
+            raise ConfigError(f"registry_poll_s={registry_poll_s!r} must be > 0 seconds")
+        self.registry_poll_s = float(registry_poll_s)
+        self.fingerprint = fingerprint or None
         for address in self.servers:
             split_address(address)
         if not token:
@@ -80,9 +97,28 @@ class RemoteDataset(ShardedBatches):
     def hello(self) -> pb.HelloResponse:
         """Dataset facts from the first server that answers (cached)."""
         if self._info is None:
-            self._info = first_hello(self.servers, self.token, self.connect_timeout, self.client_version,
-                                     self.tls_ca, self.tls_server_name)
+            if self.servers:
+                info = first_hello(self.servers, self.token, self.connect_timeout, self.client_version,
+                                   self.tls_ca, self.tls_server_name)
+            else:
+                info = registry_hello(self._watcher(), self.fingerprint, self.connect_timeout, self.client_version,
+                                      self.tls_ca, self.tls_server_name)
+            if self.fingerprint and info.dataset.fingerprint != self.fingerprint:
+                raise ConfigError(f"data server {info.server_id} runs pipeline {info.dataset.pipeline!r} with "
+                                  f"fingerprint {info.dataset.fingerprint}, not fingerprint={self.fingerprint}: start "
+                                  "the data servers with the job's pipeline and options")
+            self._info = info
         return self._info
+
+    def _watcher(self) -> "RegistryWatcher | None":
+        """This process's watcher of the registry (None without one), told the job's fingerprint."""
+        if not self.registry:
+            return None
+        watcher = watcher_for(self.registry, self.token, self.registry_poll_s)
+        fp = self.fingerprint or (self._info.dataset.fingerprint if self._info is not None else None)
+        if fp:
+            watcher.set_fingerprint(fp)
+        return watcher
 
     def __getstate__(self) -> dict:
         # DataLoader workers get a pickled copy: carry the cached Hello as bytes (protobuf
@@ -125,7 +161,8 @@ class RemoteDataset(ShardedBatches):
                           fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
                           max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
                           shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name,
-                          keep_open=keep, reuse=previous, affinity=Affinity.of(info.dataset))
+                          keep_open=keep, reuse=previous, affinity=Affinity.of(info.dataset),
+                          registry=self._watcher())
         if previous is not None:
             previous.close()  # a no-op when taken over; else nothing is left open
         self._fetcher = fetcher
@@ -162,3 +199,46 @@ def first_hello(servers: Sequence[str], token: str, deadline_s: float,
                 f"no data server answered within {waited:.1f}s (connect_timeout={deadline_s}s); tried {tried}. "
                 "Check the addresses and that `hetero serve` runs there")
         time.sleep(0.25)
+
+
+def registry_hello(watcher: RegistryWatcher, fingerprint: str | None, deadline_s: float,
+                   client_version: str = PROTOCOL_VERSION, tls_ca: str = "", tls_server_name: str = "") -> pb.HelloResponse:
+    """Hello to the registry's servers that prove the token (of ``fingerprint``, or any: the oldest
+    first) until one answers with the fingerprint its entry claims; the deadline covers the wait
+    for the registry too."""
+    import time
+
+    import grpc
+
+    from data_service.errors import DataServiceError, ServerUnavailableError
+
+    start = time.monotonic()
+    errors: dict[str, str] = {}
+    reads = 0
+    while True:
+        watcher.wait_read(reads, timeout=max(0.0, min(2.0, deadline_s - (time.monotonic() - start))))
+        reads = watcher.reads
+        for entry in watcher.proved():
+            if fingerprint and entry.fingerprint != fingerprint:
+                continue
+            with ControlClient(entry.address, watcher.token, client_id(0), client_version, tls_ca,
+                               tls_server_name) as ctl:
+                try:
+                    info = ctl.hello(timeout=2.0)
+                except (grpc.RpcError, DataServiceError) as err:
+                    errors[entry.address] = f"{err.code().name}: {err.details()}" if isinstance(
+                        err, grpc.RpcError) else str(err)
+                    continue
+            if info.dataset.fingerprint == entry.fingerprint and not info.shutting_down:
+                return info
+            errors[entry.address] = ("shutting down" if info.shutting_down else
+                                     f"its entry says fingerprint {entry.fingerprint}, it runs {info.dataset.fingerprint}")
+        waited = time.monotonic() - start
+        if waited > deadline_s:
+            state = f"cannot be read ({watcher.error})" if watcher.error else "has no usable server"
+            tried = "; ".join(f"{a} ({e})" for a, e in errors.items()) or "none"
+            raise ServerUnavailableError(
+                f"no data server from registry {watcher.uri} answered within {waited:.1f}s "
+                f"(connect_timeout={deadline_s}s): the registry {state}; tried {tried}. Start a data server "
+                f"with `hetero serve ... --join {watcher.uri}` and the job token")
+        time.sleep(0.1)

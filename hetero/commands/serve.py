@@ -30,6 +30,16 @@ def register(sub) -> None:
     p.add_argument("--port-file", default=None, help="write 'grpc_port' here once serving (for scripts)")
     p.add_argument("--no-probe", action="store_true", help="skip building batch 0 at start-up (ready sooner; "
                    "a broken pipeline then fails on the first request instead)")
+    p.add_argument("--join", metavar="REGISTRY", default=None,
+                   help="add this server to a running job: register it in the job's registry (a folder or "
+                        "s3://bucket/prefix) once serving, unregister first when it leaves (SIGTERM, hetero shutdown)")
+    p.add_argument("--advertise-host", default=None,
+                   help="with --join: the host or IP consumers dial (default: --host when it is one address, else "
+                        "this machine's IP on its default route, e.g. the EC2/ECS private IP or the pod IP)")
+    p.add_argument("--leave-delay", type=float, default=2.0,
+                   help="with --join: seconds to keep serving after unregistering, before refusing new requests")
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="on SIGTERM: seconds to finish the requests already taken before stopping")
     p.set_defaults(func=run)
 
 
@@ -55,14 +65,35 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"hetero serve: {exc}")
         return 2
+    address = server.address
+    if args.join:
+        from data_service.registry import RegistryError, default_advertise_host, join
+
+        address = f"{args.advertise_host or default_advertise_host(args.host)}:{server.port}"
+        try:
+            join(server, args.join, address, leave_delay_s=args.leave_delay)
+        except (ConfigError, RegistryError) as exc:
+            server.shutdown(grace_s=1.0, reason="could not join")
+            print(f"hetero serve: --join {args.join}: {exc}")
+            return 2
     if args.port_file:
         tmp = args.port_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(f"{server.port}\n")
         os.replace(tmp, args.port_file)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.shutdown(grace_s=10.0, reason="signal", block=False))
-    print(f"serving {args.pipeline} on {server.address} (Ctrl-C or `hetero shutdown` to stop)", flush=True)
-    while not server.wait(timeout=1.0):
-        pass
+        signal.signal(sig, lambda *_: server.shutdown(grace_s=args.grace, reason="signal", block=False))
+    joined = f", joined {args.join} as {address}" if args.join else ""
+    print(f"serving {args.pipeline} on {server.address}{joined} (Ctrl-C or `hetero shutdown` to stop)", flush=True)
+    try:
+        while not server.wait(timeout=1.0):
+            pass
+    finally:
+        if args.join:  # however it ended, its entry goes (a no-op after a clean leave)
+            from data_service.registry import RegistryError, unregister
+
+            try:
+                unregister(args.join, server.server_id)
+            except RegistryError as exc:
+                print(f"hetero serve: could not remove its entry from {args.join}: {exc}", flush=True)
     return 0

@@ -1,15 +1,21 @@
-"""``hetero shutdown``: stop data servers with the job token."""
+"""``hetero shutdown``: stop data servers with the job token; ``--drain`` waits until each has left."""
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 
 def register(sub) -> None:
-    p = sub.add_parser("shutdown", help="shut data servers down (authenticated)")
+    p = sub.add_parser("shutdown", help="shut data servers down (authenticated)",
+                       description="Ask data servers to leave: a server that joined a registry removes its entry "
+                                   "first, then refuses new requests (consumers ask other servers) and finishes "
+                                   "those it took. With --drain, wait until each server has left.")
     p.add_argument("servers", nargs="+", help="host:port of each data server")
     p.add_argument("--token", default=None, help="job token (default: $HETERO_JOB_TOKEN)")
-    p.add_argument("--grace", type=float, default=30.0)
+    p.add_argument("--grace", type=float, default=30.0, help="seconds each server may take to finish its requests")
+    p.add_argument("--drain", action="store_true",
+                   help="wait until each server has finished what it owes and stopped (up to --grace + 30 s)")
     p.set_defaults(func=run)
 
 
@@ -21,12 +27,44 @@ def run(args: argparse.Namespace) -> int:
 
     token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")
     rc = 0
+    asked = []
     for address in args.servers:
         try:
             with ControlClient(address, token, "hetero-shutdown") as ctl:
-                already = ctl.shutdown(grace_s=args.grace, reason="hetero shutdown")
-            print(f"{address}: {'already shutting down' if already else 'shutting down'}")
+                already = ctl.shutdown(grace_s=args.grace, reason="hetero shutdown --drain" if args.drain
+                                       else "hetero shutdown")
+            print(f"{address}: {'already shutting down' if already else 'shutting down'}", flush=True)
+            asked.append(address)
         except (grpc.RpcError, DataServiceError) as exc:
             print(f"{address}: {exc}")
             rc = 1
+    if args.drain:
+        for address in asked:
+            waited = wait_gone(address, token, args.grace + 30.0)
+            if waited is None:
+                print(f"{address}: still serving after {args.grace + 30.0:.0f} s")
+                rc = 1
+            else:
+                print(f"{address}: drained, left after {waited:.1f} s", flush=True)
     return rc
+
+
+def wait_gone(address: str, token: str, deadline_s: float, poll_s: float = 0.2) -> float | None:
+    """Seconds until ``address`` stopped answering, or None if it still answers after ``deadline_s``."""
+    import grpc
+
+    from data_service.errors import DataServiceError
+    from dnn_worker.control import ControlClient
+
+    start = time.monotonic()
+    with ControlClient(address, token, "hetero-shutdown") as ctl:
+        while time.monotonic() - start < deadline_s:
+            try:
+                ctl.hello(timeout=1.0)
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    return time.monotonic() - start
+            except DataServiceError:
+                pass
+            time.sleep(poll_s)
+    return None

@@ -1,0 +1,207 @@
+"""Servers that join and leave a running job through a registry: real servers, real consumers.
+
+Data servers run in this process (real worker processes, real ports) or as ``hetero serve --join``
+processes (to kill -9 them); consumer ranks are threads iterating ``RemoteDataset``, each writing
+the audit log that ``check_audit`` accounts against the in-process bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+from conftest import TOKEN
+from data_service import registry
+from data_service.errors import ServerUnavailableError
+from data_service.pipeline import PipelineSpec
+from data_service.server import DataServer, ServerOptions
+from dnn_worker import RemoteDataset
+from hetero.testing import ServerProc, check_audit
+
+PIPELINE = "examples.synthetic:build_pipeline"
+OPTIONS = {"size": 384, "batch_size": 4}  # 96 batches an epoch
+
+
+@pytest.fixture
+def servers():
+    """``servers(options, token=...)`` starts an in-process server; all stop at teardown."""
+    started: list[DataServer] = []
+
+    def make(options: dict = OPTIONS, token: str = TOKEN) -> DataServer:
+        s = DataServer(PipelineSpec(PIPELINE, options), token, ServerOptions(num_workers=1, probe=False)).start()
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.leave_delay_s = 0.0
+        s.shutdown(grace_s=2.0, block=False)
+    for s in started:
+        s.wait(10.0)
+
+
+class Ranks:
+    """``world`` consumer ranks on threads, each reading one epoch with a pause per batch."""
+
+    def __init__(self, reg: str, audit, world: int, step_s: float, servers=None, **kw) -> None:
+        self.datasets = [RemoteDataset(servers, TOKEN, registry=reg, seed=3, rank=r, world_size=world,
+                                       audit_path=audit, connect_timeout=20, batch_timeout=20, **kw)
+                         for r in range(world)]
+        self.step_s = step_s
+        self.count = [0] * world
+        self.first_from: dict[str, list[float | None]] = {}
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(r,), daemon=True) for r in range(world)]
+
+    def watch(self, address: str) -> None:
+        """Note when each rank first has a batch from ``address``."""
+        self.first_from[address] = [None] * len(self.datasets)
+
+    def _run(self, rank: int) -> None:
+        ds = self.datasets[rank]
+        try:
+            for _ in ds:
+                self.count[rank] += 1
+                time.sleep(self.step_s)
+                stats = ds._fetcher.stats()
+                for address, firsts in self.first_from.items():
+                    if firsts[rank] is None and stats.get(address, 0) > 0:
+                        firsts[rank] = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - reported by join()
+            self.errors.append(exc)
+
+    def start(self) -> "Ranks":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def wait_batches(self, n: int, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while min(self.count) < n and time.monotonic() < end:
+            time.sleep(0.05)
+
+    def join(self, timeout: float = 60.0) -> None:
+        for t in self.threads:
+            t.join(timeout)
+        assert not any(t.is_alive() for t in self.threads), "a rank did not finish its epoch"
+        assert not self.errors, self.errors
+
+
+def exactly_once(audit, world: int) -> None:
+    counts = check_audit(audit, OPTIONS, seed=3, world=world, pipeline=PIPELINE)
+    assert counts["lost"] == counts["duplicated"] == counts["corrupt"] == 0, counts
+    assert counts["delivered"] == 96 // world * world
+
+
+def test_a_server_that_joins_mid_epoch_serves_every_rank_within_5s(servers, tmp_path):
+    reg = str(tmp_path / "registry")
+    a = servers()
+    registry.join(a, reg, a.address)
+    b = servers()  # started, not yet registered
+    ranks = Ranks(reg, tmp_path / "audit.jsonl", world=4, step_s=0.12).start()
+    ranks.watch(b.address)
+    ranks.wait_batches(3)
+    joined = time.monotonic()
+    registry.join(b, reg, b.address)
+    ranks.join()
+    exactly_once(tmp_path / "audit.jsonl", 4)
+    latency = [t - joined if t else None for t in ranks.first_from[b.address]]
+    assert all(t is not None and t < 5.0 for t in latency), latency
+    assert b.stats.snapshot().batches_sent > 0
+
+
+def test_drain_mid_epoch_unregisters_first_and_loses_nothing(servers, tmp_path):
+    from hetero.commands import shutdown
+
+    reg = str(tmp_path / "registry")
+    a, b = servers(), servers()
+    registry.join(a, reg, a.address)
+    registry.join(b, reg, b.address, leave_delay_s=1.0)
+    ranks = Ranks(reg, tmp_path / "audit.jsonl", world=2, step_s=0.05).start()
+    ranks.wait_batches(8)
+    sent_before = b.stats.snapshot().batches_sent
+    assert sent_before > 0
+    rc = shutdown.run(argparse.Namespace(servers=[b.address], token=TOKEN, grace=10.0, drain=True))
+    assert rc == 0 and b.stopped
+    assert [e.server_id for e in registry.read_entries(reg)[0]] == [a.server_id]
+    ranks.join()
+    exactly_once(tmp_path / "audit.jsonl", 2)
+    assert min(ranks.count) == 48
+
+
+@pytest.mark.slow
+def test_a_joined_server_killed_mid_epoch_loses_nothing(servers, tmp_path):
+    reg = str(tmp_path / "registry")
+    a = servers()
+    registry.join(a, reg, a.address)
+    b = ServerProc(OPTIONS, log_path=tmp_path / "b.log")
+    b.cmd += ["--join", reg, "--advertise-host", "127.0.0.1"]
+    b.start()
+    try:
+        ranks = Ranks(reg, tmp_path / "audit.jsonl", world=2, step_s=0.05).start()
+        ranks.watch(b.address)
+        deadline = time.monotonic() + 20
+        while not all(ranks.first_from[b.address]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(ranks.first_from[b.address]), "the joined server served no rank"
+        b.kill()
+        ranks.join()
+    finally:
+        b.stop()
+    exactly_once(tmp_path / "audit.jsonl", 2)
+    assert len(registry.read_entries(reg)[0]) == 2  # a kill -9 leaves its entry: consumers fail it over
+
+
+def test_entries_without_the_token_or_of_another_pipeline_are_refused(servers, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    reg = str(tmp_path / "registry")
+    a = servers()
+    registry.join(a, reg, a.address)
+    other_job = servers(token="another-jobs-token")
+    registry.register(reg, "another-jobs-token", other_job.server_id, other_job.address,
+                      other_job.dataset_info.fingerprint)
+    other_pipe = servers({**OPTIONS, "size": 200})
+    registry.join(other_pipe, reg, other_pipe.address)
+    # an entry that claims the job's pipeline for a server that runs another one
+    registry.register(reg, TOKEN, "claims-the-job-pipeline", f"localhost:{other_pipe.port}",
+                      a.dataset_info.fingerprint)
+    (tmp_path / "registry" / "servers" / "torn.json").write_text('{"address": ')
+    ranks = Ranks(reg, tmp_path / "audit.jsonl", world=2, step_s=0.0).start()
+    ranks.join()
+    exactly_once(tmp_path / "audit.jsonl", 2)
+    # the other job's server never saw this job's token: no call reached it at all
+    assert other_job.stats.snapshot().auth_failures == 0
+    assert other_job.stats.snapshot().batches_sent == other_pipe.stats.snapshot().batches_sent == 0
+    text = caplog.text
+    assert text.count("proof does not match the job token") == 1
+    assert text.count(f"serves pipeline fingerprint {other_pipe.dataset_info.fingerprint}") == 1
+    assert text.count("refused data server claims-the-job-pipeline") == 1  # at its Hello, once for both ranks
+    assert text.count("torn.json: not JSON") == 1
+
+
+def test_an_unreadable_registry_leaves_the_job_on_its_servers(servers, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    reg = tmp_path / "registry"
+    a = servers()
+    registry.join(a, str(reg), a.address)
+    ranks = Ranks(str(reg), tmp_path / "audit.jsonl", world=2, step_s=0.12).start()
+    ranks.wait_batches(5)
+    os.rename(reg, tmp_path / "moved")  # unreachable: reads fail for a few polls
+    time.sleep(2.0)
+    os.rename(tmp_path / "moved", reg)
+    ranks.join()
+    exactly_once(tmp_path / "audit.jsonl", 2)
+    assert caplog.text.count("cannot be read") == 1  # once per change of state, not per poll
+    assert caplog.text.count("can be read again") == 1
+
+
+def test_registry_only_consumer_waits_for_a_server_then_names_the_registry(tmp_path):
+    reg = tmp_path / "registry"
+    reg.mkdir()
+    ds = RemoteDataset(None, TOKEN, registry=str(reg), connect_timeout=1.5)
+    with pytest.raises(ServerUnavailableError, match="registry .* has no usable server.*--join"):
+        len(ds)

@@ -64,6 +64,9 @@ class LaunchConfig:
     emulate_step_s: float = 0.0             # >0: sleep instead of a real step (reported as emulated)
     tensorboard: bool = False
     audit_path: str = ""
+    # live advice (rank 0, heterogeneous): data nodes to add or drop, every N steps and at the end
+    advice_every: int = 200                 # 0: no advice
+    advice_prices: dict = field(default_factory=dict, hash=False)  # instance type -> $/h, for the costs
     # checkpoints (SIGTERM, periodic, end of training) and resume
     checkpoint: bool = True                 # false: never write or read checkpoints
     checkpoint_dir: str = ""                # "": the node's (HETERO_CHECKPOINT_DIR, else /opt/ml/checkpoints)
@@ -120,7 +123,8 @@ class LaunchConfig:
         for name in ("epochs", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("max_steps", "warmup_steps", "procs_per_node", "data_workers", "seed", "checkpoint_every"):
+        for name in ("max_steps", "warmup_steps", "procs_per_node", "data_workers", "seed", "checkpoint_every",
+                     "advice_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if self.loader_workers < -1:
@@ -150,6 +154,11 @@ class LaunchConfig:
         for name in ("data_group", "dnn_group"):
             if not self.group_list(name):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must name at least one instance group")
+        bad = {k: v for k, v in self.advice_prices.items()
+               if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0}
+        if bad:
+            raise ConfigError(f"advice_prices={self.advice_prices!r}: {bad} must be $/h numbers >= 0, e.g. "
+                              "'{\"ml.c5.9xlarge\": 1.836}'")
         if not self.bind_host:
             raise ConfigError("bind_host='' must be an address to listen on, e.g. 0.0.0.0")
 

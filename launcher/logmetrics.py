@@ -19,7 +19,14 @@ train:samples_per_s        same lines                                           
 train:loss                 end of each epoch, ``done:``                           final_loss
 test:accuracy              ``done:``                                              test_accuracy
 data:batches_per_s         data node, every ``RATE_EVERY_S`` and at its exit       batches_per_s (data_node.json)
+advice:data_node_change    rank 0, every ``advice_every`` steps, then at the end   advice.change
+advice:predicted_step_s    same lines                                             advice.predicted_step_s
+advice:change_usd_per_hour same lines (with a price for the data instance type)   advice.change_usd_per_hour
+advice:change_usd_per_epoch same lines (with a price and the epoch's size)        advice.change_usd_per_epoch
 =========================  ====================================================  ===============
+
+The advice lines (``launcher/advisor.py``) name no figure the other metrics read ("batches per
+s", "waits on data"), so they add points only to their own metrics.
 
 No ``n/a`` value matches: a metric without a value (an emulated step has no loss) has no point.
 """
@@ -38,6 +45,10 @@ METRIC_DEFINITIONS: tuple[dict[str, str], ...] = (
     {"Name": "train:loss", "Regex": r"[ ,]loss " + _NUMBER},
     {"Name": "test:accuracy", "Regex": r"test accuracy " + _NUMBER},
     {"Name": "data:batches_per_s", "Regex": _NUMBER + r" batches/s"},
+    {"Name": "advice:data_node_change", "Regex": r"advice at step [0-9]+.*?: data node change \+?" + _NUMBER},
+    {"Name": "advice:predicted_step_s", "Regex": r"predicted step " + _NUMBER + r" s"},
+    {"Name": "advice:change_usd_per_hour", "Regex": r"cost change " + _NUMBER + r" USD/h"},
+    {"Name": "advice:change_usd_per_epoch", "Regex": r"USD/h, " + _NUMBER + r" USD/epoch"},
 )
 
 RATE_EVERY_S = 60.0  # a data node's batches/s line: often enough for a console chart, not chatty
@@ -66,6 +77,30 @@ def summary_line(metrics: Mapping[str, Any], where: str) -> str:
             f"data wait {_fmt(None if wait is None else 100 * wait, '.2f')}%, "
             f"{_fmt(metrics.get('samples_per_s'))} samples/s, loss {_fmt(metrics.get('final_loss'))}, "
             f"test accuracy {_fmt(metrics.get('test_accuracy'))}; metrics in {where}")
+
+
+def advice_line(step: int, advice: Mapping[str, Any], final: bool = False) -> str:
+    """Rank 0's advice (``launcher.advice.Advice.to_dict()``): the data node change, the step it
+    predicts and what the change costs; ``final``: the one at the end of training."""
+    when = f"advice at step {step}" + (" (end of training)" if final else "")
+    n, kind = advice["data_nodes"], advice["data_instance"] or "data instance"
+    node_cap = advice.get("node_capacity_per_s")
+    now = (f"now {n} x {kind}, {advice['delivered_per_s']:.1f} batches per s delivered, "
+           f"{'n/a' if node_cap is None else format(node_cap, '.1f')} per node possible")
+    change = advice.get("change")
+    if change is None:
+        return f"{when}: no data node change to advise ({now}; {advice.get('note') or 'no figures'})"
+    timing = (f"predicted step {advice['predicted_step_s']:.4f} s (now {advice['step_s']:.4f} s, compute "
+              f"{advice['compute_s']:.4f} s, waits on data {100 * advice['data_wait_fraction']:.0f}% of it)")
+    per_h, per_epoch = advice.get("change_usd_per_hour"), advice.get("change_usd_per_epoch")
+    if per_h is None:
+        cost = f"cost n/a (no price for {kind}: advice_prices)"
+    else:
+        cost = f"cost change {per_h:.4f} USD/h" + (f", {per_epoch:.4f} USD/epoch" if per_epoch is not None else "")
+    job_now, job_after = advice.get("job_usd_per_epoch"), advice.get("predicted_job_usd_per_epoch")
+    job = f"; job {job_now:.4f} -> {job_after:.4f} USD per epoch" if job_now is not None and job_after is not None \
+        else ""
+    return f"{when}: data node change {change:+d} ({now}): {timing}; {cost}{job}"
 
 
 def rate_line(batches_sent: int, batches_per_s: float | None, seconds: float, final: bool) -> str:

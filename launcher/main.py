@@ -94,6 +94,13 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
         return _fail(env, f"launcher: unexpected {type(exc).__name__}: {exc}", 1)
 
 
+def instance_types(env: SageMakerEnv, plan) -> dict[str, str]:
+    """The data hosts' and this DNN host's instance types (for the live advice's costs)."""
+    types = {h: g.instance_type for g in env.groups for h in g.hosts}
+    data = [types[h] for h in plan.data_hosts if types.get(h)]
+    return {"data_instance_type": data[0] if data else "", "dnn_instance_type": types.get(plan.host, "")}
+
+
 def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, mapping) -> int:
     from .dnn_node import local_procs, run_dnn_node
     from .trainer import TrainJob
@@ -111,5 +118,6 @@ def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, ma
                    nprocs=local_procs(cfg.procs_per_node, env.num_gpus), master_addr=master_addr,
                    model_dir=env.model_dir, output_dir=env.output_data_dir, token=token, servers=servers,
                    server_hosts=server_hosts, checkpoint_dir=cfg.checkpoint_dir or env.checkpoint_dir,
-                   extra={"data_hosts": list(plan.data_hosts), "job_name": env.job_name})
+                   extra={"data_hosts": list(plan.data_hosts), "job_name": env.job_name,
+                          **instance_types(env, plan)})
     return run_dnn_node(job, cfg.data_wait_s, local_server)

@@ -31,12 +31,21 @@ def batch_size_of(batch: Any) -> int:
 
 
 class StepStats:
-    """Per-rank counters; ``log_every`` steps it logs the recent average step time."""
+    """Per-rank counters; ``log_every`` steps it logs the recent average step time.
 
-    def __init__(self, warmup: int, log_every: int, label: str = "") -> None:
+    Args:
+        warmup: first steps left out of the averages.
+        log_every: steps between window lines.
+        label: prefix of the window lines.
+        advisor: rank 0's ``launcher.advisor.LiveAdvisor`` (None elsewhere): told every step, asked
+            for the end-of-training advice by :meth:`summary`.
+    """
+
+    def __init__(self, warmup: int, log_every: int, label: str = "", advisor=None) -> None:
         self.warmup = warmup
         self.log_every = log_every
         self.label = label
+        self.advisor = advisor
         self.steps = 0
         self.samples = 0
         self.total_s = 0.0           # after warm-up
@@ -44,7 +53,8 @@ class StepStats:
         self.counted = 0
         self._window: list[tuple[float, float, int]] = []
 
-    def record(self, wait_s: float, step_s: float, samples: int) -> None:
+    def record(self, wait_s: float, step_s: float, samples: int) -> float:
+        """Count one step; returns the seconds the advisor took (not part of any step)."""
         self.steps += 1
         self._window.append((wait_s, step_s, samples))
         if self.steps > self.warmup:
@@ -58,13 +68,22 @@ class StepStats:
             log.info("%s", window_line(self.label, self.steps, sum(totals) / len(totals), len(totals),
                                        sum(waits) / elapsed, sum(counts) / elapsed))
             self._window.clear()
+        if self.advisor is None:
+            return 0.0
+        started = time.perf_counter()
+        self.advisor.on_step(self.steps, wait_s, step_s)
+        return time.perf_counter() - started
 
     def summary(self) -> dict[str, Any]:
         avg = self.total_s / self.counted if self.counted else None
-        return {"steps": self.steps, "warmup_steps_discarded": min(self.warmup, self.steps),
-                "avg_step_time_s": avg,
-                "data_wait_fraction": (self.wait_s / self.total_s) if self.total_s > 0 else None,
-                "samples_per_s": (self.samples / self.total_s) if self.total_s > 0 else None}
+        out = {"steps": self.steps, "warmup_steps_discarded": min(self.warmup, self.steps),
+               "avg_step_time_s": avg,
+               "data_wait_fraction": (self.wait_s / self.total_s) if self.total_s > 0 else None,
+               "samples_per_s": (self.samples / self.total_s) if self.total_s > 0 else None}
+        if self.advisor is not None:
+            out["advice"] = self.advisor.final(self.steps)
+            self.advisor = None  # asked once: the servers' channels are closed
+        return out
 
 
 class StepTimer:
@@ -87,12 +106,15 @@ class StepTimer:
 
     def done(self, samples: int) -> None:
         end = time.perf_counter()
-        self.stats.record(self._wait, end - self._last_end, samples)
-        self._last_end = end
+        advising = self.stats.record(self._wait, end - self._last_end, samples)
+        self._last_end = end + advising  # the advisor's calls are not part of the next step
 
 
 def job_metrics(rank_summaries: list[dict], base: dict[str, Any]) -> dict[str, Any]:
-    """Combine every rank's summary into the job's metrics (rank 0's view)."""
+    """Combine every rank's summary into the job's metrics (rank 0's view); rank 0's
+    end-of-training advice becomes the job's ``advice``."""
+    advice = next((r.get("advice") for r in rank_summaries if r.get("advice") is not None), None)
+    rank_summaries = [{k: v for k, v in r.items() if k != "advice"} for r in rank_summaries]
     avgs = [r["avg_step_time_s"] for r in rank_summaries if r["avg_step_time_s"] is not None]
     waits = [r["data_wait_fraction"] for r in rank_summaries if r["data_wait_fraction"] is not None]
     rates = [r["samples_per_s"] for r in rank_summaries if r["samples_per_s"] is not None]
@@ -102,6 +124,8 @@ def job_metrics(rank_summaries: list[dict], base: dict[str, Any]) -> dict[str, A
         nodes[r["host"]]["ranks"].append(r)
     out = dict(base)
     out.pop("mode_role", None)
+    if advice is not None:
+        out["advice"] = advice
     out.update({
         "steps": rank_summaries[0]["steps"] if rank_summaries else 0,
         "total_steps": sum(r["steps"] for r in rank_summaries),

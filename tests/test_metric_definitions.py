@@ -28,7 +28,7 @@ def points(text: str) -> dict[str, list[float]]:
 
 def test_every_metric_is_found_in_a_real_jobs_logs_with_its_summary_value(tmp_path):
     data = synth_data(tmp_path / "data", train=480, test=80)  # 60 steps of 8 images
-    hps = {**FAST_HPS, "log_every": 20}
+    hps = {**FAST_HPS, "log_every": 20, "advice_prices": {"ml.local": 0.5}}
     result = run_local(LocalJob(data=data, output=tmp_path / "out", hyperparameters=hps, timeout_s=240,
                                 echo=False, data_nodes=1, dnn_nodes=1))
     logs = {p.stem: p.read_text() for p in (result.output / "logs").glob("*.log")}
@@ -44,6 +44,13 @@ def test_every_metric_is_found_in_a_real_jobs_logs_with_its_summary_value(tmp_pa
     for name, value in expected.items():
         assert trainer[name], f"{name}: no line of the trainer's log matches {METRIC_DEFINITIONS}"
         assert trainer[name][-1] == pytest.approx(value, abs=0.006), (name, trainer[name])
+    advice = m["advice"]  # 60 steps, advice every 200: only the end-of-training advice
+    expected_advice = {"advice:data_node_change": advice["change"], "advice:predicted_step_s": advice["predicted_step_s"],
+                       "advice:change_usd_per_hour": advice["change_usd_per_hour"],
+                       "advice:change_usd_per_epoch": advice["change_usd_per_epoch"]}
+    for name, value in expected_advice.items():
+        assert len(trainer[name]) == 1, (name, trainer[name])
+        assert trainer[name][-1] == pytest.approx(value, abs=6e-5), (name, trainer[name])
     # the periodic lines make a time series: 60 steps, a line every 20, plus the summary
     assert len(trainer["train:step_time_s"]) == 4 and len(trainer["train:samples_per_s"]) == 4
     assert trainer["data:batches_per_s"] == []
@@ -51,7 +58,7 @@ def test_every_metric_is_found_in_a_real_jobs_logs_with_its_summary_value(tmp_pa
     node = read_json(result.output / data_host / "output" / "data_node.json")
     assert node["batches_sent"] == 60 and node["batches_per_s"] > 0
     assert data_node["data:batches_per_s"][-1] == pytest.approx(node["batches_per_s"], abs=1e-4)
-    assert all(not data_node[name] for name in expected), data_node  # no trainer metric on a data node
+    assert all(not data_node[name] for name in {**expected, **expected_advice}), data_node  # none on a data node
 
 
 def test_the_lines_without_a_value_publish_nothing():

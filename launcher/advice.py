@@ -1,0 +1,195 @@
+"""Live advice: how many data nodes a running job should add, or could drop, and what that costs.
+
+The planner's model (``hetero/planning/planner.py``, ``predict_step``) with live figures in place
+of a profile:
+
+* each of the job's ``R`` ranks takes one batch per step and needs ``compute_s`` of its own per
+  step: the measured step time minus the measured data wait;
+* the data servers together build ``S`` batches per second. A server's share is what it
+  delivered while the ranks waited on data (a starved job takes all the servers make), and its
+  delivered batches/s divided by its workers' busy share while they did not (the headroom it has);
+* step time ``= max(compute_s, R / S)``; with ``k`` more data nodes of the mean capacity ``c``
+  of the job's data nodes, ``max(compute_s, R / (S + k c))``.
+
+``k`` is the fewest nodes that bring the predicted data wait to ``target_wait`` (5 % by default,
+as ``hetero plan``) or below; when the servers have more than that needs, the advice is how many
+data nodes could go (always keeping one) with the wait still within the target. Costs come from
+a price map (instance type -> $/h): the change in $/h, the changed nodes' cost over one epoch at
+the predicted step time, and the whole job's $/epoch before and after when the DNN instance's
+price is known too. Nothing here measures or talks to a server: ``launcher/advisor.py`` gathers
+the figures.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+TARGET_WAIT = 0.05        # the predicted data wait the advice aims for (hetero plan's default)
+MIN_BUSY = 0.05           # below this busy share a server's headroom is not extrapolated further
+MIN_COMPUTE_SHARE = 0.01  # a step that is (almost) all data wait: take compute as this share of it
+MAX_CHANGE = 256          # the most nodes one piece of advice adds
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """One data server over the advice window.
+
+    Args:
+        address: host:port of the server.
+        batches_per_s: batches it delivered per second (to every rank together).
+        busy_fraction: share of its workers' time spent building batches (None: unknown).
+        data_node: False for a DNN host's own server (``dnn_local_server``): it adds capacity but
+            is not a data node that could be added or removed.
+    """
+
+    address: str
+    batches_per_s: float
+    busy_fraction: float | None = None
+    data_node: bool = True
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    """What the DNN node measured over the advice window.
+
+    Args:
+        step_s: mean step time of the window (rank 0's, or the slowest rank's).
+        data_wait_s: mean time per step the rank waited for its batch.
+        ranks: ranks taking batches (the job's world size).
+        servers: every data server's figures.
+        steps_per_epoch: steps each rank takes per epoch (None: no $/epoch).
+        data_instance: the data nodes' instance type.
+        dnn_instance: the DNN nodes' instance type; ``dnn_count`` of them.
+    """
+
+    step_s: float
+    data_wait_s: float
+    ranks: int
+    servers: tuple[ServerFigures, ...]
+    steps_per_epoch: int | None = None
+    data_instance: str = ""
+    dnn_instance: str = ""
+    dnn_count: int = 1
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The answer: ``change`` data nodes (+k to add, -r to drop, 0 to keep; None: cannot tell)."""
+
+    change: int | None
+    data_nodes: int
+    data_instance: str
+    step_s: float
+    compute_s: float
+    data_wait_fraction: float
+    predicted_step_s: float
+    predicted_wait_fraction: float
+    ranks: int
+    delivered_per_s: float
+    capacity_per_s: float
+    node_capacity_per_s: float | None
+    node_usd_per_hour: float | None
+    change_usd_per_hour: float | None
+    change_usd_per_epoch: float | None
+    job_usd_per_epoch: float | None
+    predicted_job_usd_per_epoch: float | None
+    steps_per_epoch: int | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def server_capacity(server: ServerFigures, waiting: bool) -> float:
+    """Batches/s the server could deliver: as delivered while ranks wait on data, else scaled by
+    its idle share (busy share floored at :data:`MIN_BUSY`)."""
+    if waiting or server.busy_fraction is None or server.batches_per_s <= 0:
+        return max(0.0, server.batches_per_s)
+    return server.batches_per_s / min(1.0, max(MIN_BUSY, server.busy_fraction))
+
+
+def predicted_step(compute_s: float, ranks: int, capacity_per_s: float) -> float:
+    """``max(compute_s, ranks / capacity)``: the planner's ``predict_step`` with one "core" per
+    batch/s of capacity (``preprocess_s = 1``, ``cores = capacity``, ``consumers = ranks``)."""
+    if capacity_per_s <= 0:
+        return math.inf
+    return max(compute_s, ranks / capacity_per_s)
+
+
+def _wait_share(step_s: float, compute_s: float) -> float:
+    return 0.0 if not math.isfinite(step_s) or step_s <= 0 else max(0.0, (step_s - compute_s) / step_s)
+
+
+def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None,
+           target_wait: float = TARGET_WAIT) -> Advice:
+    """Data nodes to add (or that could go) for ``figures``, with the predicted step and costs.
+
+    Args:
+        figures: the live figures of one window.
+        prices: instance type -> on-demand $/h; types without a price give no costs.
+        target_wait: the predicted data-wait share to reach (0 <= target < 1).
+
+    Returns:
+        The advice; ``change`` is None when no data node delivered anything to size one by.
+
+    Raises:
+        ValueError: a figure out of range (naming it).
+    """
+    if not figures.step_s > 0 or not math.isfinite(figures.step_s):
+        raise ValueError(f"step_s must be a positive number of seconds, got {figures.step_s!r}")
+    if not 0 <= figures.data_wait_s or not math.isfinite(figures.data_wait_s):
+        raise ValueError(f"data_wait_s must be >= 0 seconds, got {figures.data_wait_s!r}")
+    if figures.ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {figures.ranks!r}")
+    if not 0 <= target_wait < 1:
+        raise ValueError(f"target_wait must be a share in [0, 1), e.g. 0.05, got {target_wait!r}")
+    prices = prices or {}
+    step, ranks = figures.step_s, figures.ranks
+    wait_share = min(1.0, figures.data_wait_s / step)
+    compute = max(step - figures.data_wait_s, MIN_COMPUTE_SHARE * step)
+    note = "the step is almost all data wait: compute time taken as 1% of it" \
+        if step - figures.data_wait_s < MIN_COMPUTE_SHARE * step else ""
+    waiting = wait_share >= target_wait
+    caps = [(s, server_capacity(s, waiting)) for s in figures.servers]
+    capacity = sum(c for _, c in caps)
+    node_caps = [c for s, c in caps if s.data_node and c > 0]
+    nodes = sum(1 for s in figures.servers if s.data_node)
+    node_cap = sum(node_caps) / len(node_caps) if node_caps else None
+    needed = ranks * (1 - target_wait) / compute   # batches/s that keep the wait at the target
+    change: int | None = None
+    if node_cap is None:
+        note = note or "no data node delivered a batch in this window: nothing to size a node by"
+    elif capacity < needed:
+        change = min(MAX_CHANGE, math.ceil((needed - capacity) / node_cap - 1e-9))
+    else:
+        change = -min(max(0, nodes - 1), math.floor((capacity - needed) / node_cap + 1e-9))
+    new_capacity = capacity + (change or 0) * (node_cap or 0.0)
+    pred = predicted_step(compute, ranks, new_capacity)
+    price, dnn_price = prices.get(figures.data_instance), prices.get(figures.dnn_instance)
+    steps = figures.steps_per_epoch
+    change_h = change * price if change is not None and price is not None else None
+    change_epoch = (change_h * steps * pred / 3600.0 if change_h is not None and steps and math.isfinite(pred)
+                    else None)
+    job_now = job_after = None
+    if price is not None and dnn_price is not None and steps:
+        dnn_h = figures.dnn_count * dnn_price
+        job_now = (dnn_h + nodes * price) * steps * step / 3600.0
+        if change is not None and math.isfinite(pred):
+            job_after = (dnn_h + (nodes + change) * price) * steps * pred / 3600.0
+    return Advice(change=change, data_nodes=nodes, data_instance=figures.data_instance, step_s=step,
+                  compute_s=compute, data_wait_fraction=wait_share, predicted_step_s=pred,
+                  predicted_wait_fraction=_wait_share(pred, compute), ranks=ranks,
+                  delivered_per_s=sum(s.batches_per_s for s in figures.servers), capacity_per_s=capacity,
+                  node_capacity_per_s=node_cap, node_usd_per_hour=price, change_usd_per_hour=change_h,
+                  change_usd_per_epoch=change_epoch, job_usd_per_epoch=job_now,
+                  predicted_job_usd_per_epoch=job_after, steps_per_epoch=steps, note=note)
+
+
+def steps_per_epoch(num_samples: int, batch_size: int, drop_last: bool, ranks: int) -> int | None:
+    """Each rank's steps per epoch from the data set's size (ranks get equal counts, rest dropped)."""
+    if num_samples <= 0 or batch_size <= 0 or ranks <= 0:
+        return None
+    batches = num_samples // batch_size if drop_last else -(-num_samples // batch_size)
+    return batches // ranks or None
+

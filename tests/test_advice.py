@@ -1,0 +1,191 @@
+"""Live advice: the model with hand-computed figures, the advisor's windows, its lines and metrics.
+
+Prices used below (hetero/planning/prices.json): ml.c5.9xlarge $1.836/h, ml.p3.2xlarge $3.825/h.
+"""
+import logging
+import re
+
+import pytest
+
+from hetero.planning.planner import predict_step
+from launcher.advice import LiveFigures, ServerFigures, advise, predicted_step, steps_per_epoch
+from launcher.advisor import LiveAdvisor, Snapshot, window_figures
+from launcher.logmetrics import METRIC_DEFINITIONS, advice_line
+from launcher.metrics import StepStats, job_metrics
+
+PRICES = {"ml.c5.9xlarge": 1.836, "ml.p3.2xlarge": 3.825}
+
+
+def figures(step, wait, ranks, servers, steps=1000):
+    return LiveFigures(step, wait, ranks, tuple(servers), steps, "ml.c5.9xlarge", "ml.p3.2xlarge", 1)
+
+
+def test_a_starved_job_is_told_how_many_nodes_remove_the_wait_and_what_they_cost():
+    # step 40 ms of which 30 ms data wait: compute 10 ms; one node delivers 25 batches/s (all it can)
+    a = advise(figures(0.040, 0.030, 1, [ServerFigures("d1:6000", 25.0, 1.0)]), PRICES)
+    # needed: 1 x 0.95 / 0.010 = 95 batches/s; (95 - 25) / 25 = 2.8 -> 3 more nodes
+    assert a.change == 3 and a.data_nodes == 1
+    assert a.compute_s == pytest.approx(0.010) and a.data_wait_fraction == pytest.approx(0.75)
+    assert a.predicted_step_s == pytest.approx(0.010)       # max(0.010, 1 / 100)
+    assert a.change_usd_per_hour == pytest.approx(3 * 1.836)
+    assert a.change_usd_per_epoch == pytest.approx(5.508 * 1000 * 0.010 / 3600)   # 0.0153
+    assert a.job_usd_per_epoch == pytest.approx(5.661 * 1000 * 0.040 / 3600)      # 0.0629
+    assert a.predicted_job_usd_per_epoch == pytest.approx(11.169 * 1000 * 0.010 / 3600)  # 0.0310
+
+
+def test_an_oversized_data_group_is_told_how_many_nodes_could_go_and_the_saving():
+    # 2 ranks, 50 ms compute, no wait; 4 nodes each deliver 10 batches/s at 25% busy: 40 possible each
+    servers = [ServerFigures(f"d{i}:6000", 10.0, 0.25) for i in range(4)]
+    a = advise(figures(0.050, 0.0, 2, servers), PRICES)
+    # needed 2 x 0.95 / 0.05 = 38; capacity 160; (160 - 38) / 40 = 3.05 -> 3 could go
+    assert a.change == -3 and a.capacity_per_s == pytest.approx(160.0) and a.node_capacity_per_s == pytest.approx(40)
+    assert a.predicted_step_s == pytest.approx(0.050)       # max(0.05, 2 / 40)
+    assert a.change_usd_per_hour == pytest.approx(-3 * 1.836)
+    assert a.change_usd_per_epoch == pytest.approx(-5.508 * 1000 * 0.050 / 3600)
+
+
+def test_one_node_is_always_kept_and_a_fitting_group_is_left_alone():
+    a = advise(figures(0.020, 0.0005, 1, [ServerFigures("d1:6000", 50.0, 0.9)]), PRICES)
+    assert a.change == 0 and a.predicted_step_s == pytest.approx(0.0195)  # compute; 1 / 55.6 = 0.018 below it
+    idle = advise(figures(0.050, 0.0, 1, [ServerFigures("d1:6000", 20.0, 0.01)]), PRICES)
+    assert idle.change == 0  # one node, far more than needed: none can go
+
+
+def test_a_dnn_hosts_own_server_adds_capacity_but_is_not_a_data_node():
+    servers = [ServerFigures("dnn:6000", 20.0, 1.0, data_node=False), ServerFigures("d1:6000", 20.0, 1.0)]
+    a = advise(figures(0.050, 0.040, 1, servers), PRICES)
+    # needed 95, capacity 40, one node 20: ceil(55 / 20) = 3 -> 100 batches/s, step max(0.01, 0.01)
+    assert a.change == 3 and a.data_nodes == 1 and a.predicted_step_s == pytest.approx(0.010)
+
+
+def test_no_delivery_no_advice_and_no_price_no_cost():
+    a = advise(figures(0.050, 0.040, 1, [ServerFigures("d1:6000", 0.0, 0.0)]), PRICES)
+    assert a.change is None and "no data node delivered" in a.note
+    b = advise(LiveFigures(0.040, 0.030, 1, (ServerFigures("d1:6000", 25.0, 1.0),), None, "ml.local"), {})
+    assert b.change == 3 and b.change_usd_per_hour is None and b.change_usd_per_epoch is None
+    with pytest.raises(ValueError, match="step_s must be a positive"):
+        advise(figures(0.0, 0.0, 1, []))
+
+
+def test_the_live_model_is_the_planners():
+    for compute, ranks, capacity in [(0.01, 1, 25.0), (0.05, 8, 100.0), (0.2, 4, 12.5)]:
+        planner = predict_step(preprocess_s=1.0, gpu_step_s=compute, cores=capacity, consumers=ranks)
+        assert predicted_step(compute, ranks, capacity) == pytest.approx(planner.step_s)
+
+
+def test_steps_per_epoch_from_the_data_set():
+    assert steps_per_epoch(1000, 8, True, 2) == 62       # 125 batches, 62 each
+    assert steps_per_epoch(1001, 8, False, 1) == 126
+    assert steps_per_epoch(0, 8, True, 1) is None
+
+
+def test_window_figures_from_two_snapshots():
+    f = window_figures("a", Snapshot(10.0, 100, 0.5), Snapshot(20.0, 300, 0.75), True)
+    assert f.batches_per_s == pytest.approx(20.0) and f.busy_fraction == pytest.approx(1.0)  # (15 - 5) / 10
+    new = window_figures("b", None, Snapshot(4.0, 40, 0.5), True)   # joined after the last snapshot
+    assert new.batches_per_s == pytest.approx(10.0) and new.busy_fraction == 0.5
+    restarted = window_figures("c", Snapshot(50.0, 900, 0.5), Snapshot(2.0, 10, 0.9), True)
+    assert restarted.batches_per_s == pytest.approx(5.0)
+
+
+class FakeServer:
+    """GetStats/Hello of a server that builds ``rate`` batches per second of a fake clock."""
+
+    def __init__(self, clock, rate, busy, server_id):
+        self.clock, self.rate, self.busy, self.server_id = clock, rate, busy, server_id
+        self.fail = False
+
+    def stats(self, timeout):
+        if self.fail:
+            raise ConnectionError("down")
+        t = self.clock[0]
+        return type("S", (), {"uptime_s": t, "batches_sent": int(self.rate * t), "worker_busy_fraction": self.busy})
+
+    def hello(self, timeout):
+        info = type("D", (), {"num_samples": 8000, "batch_size": 8, "drop_last": True, "fingerprint": "fp"})
+        return type("H", (), {"server_id": self.server_id, "dataset": info})
+
+    def close(self):
+        pass
+
+
+def test_the_advisor_advises_every_n_steps_and_at_the_end(caplog):
+    clock = [100.0]
+    servers = {"d1:6000": FakeServer(clock, 25.0, 1.0, "s1")}
+    advisor = LiveAdvisor(lambda: [("d1:6000", True)], "tok", ranks=1, every=10, warmup=2,
+                          data_instance="ml.c5.9xlarge", dnn_instance="ml.p3.2xlarge", prices=PRICES,
+                          client=lambda address, token, who: servers[address])
+    stats = StepStats(warmup=2, log_every=1000, advisor=advisor)
+    caplog.set_level(logging.INFO, logger="launcher.advisor")
+    for _ in range(23):
+        clock[0] += 0.040
+        stats.record(0.030, 0.040, 8)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("advice at step")]
+    assert [line.split(":")[0] for line in lines] == ["advice at step 10", "advice at step 20"]
+    assert "data node change +3" in lines[0] and "predicted step 0.0100 s" in lines[0]
+    assert advisor.last["steps_per_epoch"] == 1000 and advisor.last["servers"][0]["batches_per_s"] == pytest.approx(25)
+    summary = stats.summary()  # the last window (3 steps) is short: joined to the one before
+    assert summary["advice"]["final"] and summary["advice"]["window_steps"] == 13
+    assert summary["advice"]["change"] == 3
+    metrics = job_metrics([dict(summary, rank=0, host="algo-1")], {"mode": "heterogeneous"})
+    assert metrics["advice"]["change"] == 3 and "advice" not in metrics["nodes"][0]["ranks"][0]
+
+
+def test_a_server_that_does_not_answer_is_left_out_and_training_goes_on(caplog):
+    clock = [100.0]
+    servers = {"d1:6000": FakeServer(clock, 25.0, 1.0, "s1"), "d2:6000": FakeServer(clock, 25.0, 1.0, "s2")}
+    advisor = LiveAdvisor(lambda: [("d1:6000", True), ("d2:6000", True)], "tok", ranks=1, every=5,
+                          client=lambda address, token, who: servers[address])
+    servers["d2:6000"].fail = True
+    advisor.on_step(1, 0.0, 0.04)                         # no warm-up: the first step's snapshot
+    for step in range(2, 6):
+        clock[0] += 0.04
+        advisor.on_step(step, 0.03, 0.04)
+    assert "no stats from data server d2:6000" in caplog.text
+    assert advisor.last["data_nodes"] == 1 and [s["address"] for s in advisor.last["servers"]] == ["d1:6000"]
+
+
+def lines_points(line):
+    return {d["Name"]: float(m.group(1)) for d in METRIC_DEFINITIONS if (m := re.search(d["Regex"], line))}
+
+
+def test_the_advice_lines_feed_only_the_advice_metrics():
+    a = advise(figures(0.040, 0.030, 1, [ServerFigures("d1:6000", 25.0, 1.0)]), PRICES).to_dict()
+    line = advice_line(200, a)
+    assert lines_points(line) == pytest.approx({
+        "advice:data_node_change": 3, "advice:predicted_step_s": 0.01,
+        "advice:change_usd_per_hour": 5.508, "advice:change_usd_per_epoch": 0.0153}, abs=1e-4)
+    drop = advise(figures(0.050, 0.0, 2, [ServerFigures(f"d{i}", 10.0, 0.25) for i in range(4)]), PRICES).to_dict()
+    final = advice_line(900, drop, final=True)
+    assert final.startswith("advice at step 900 (end of training): data node change -3")
+    assert lines_points(final)["advice:data_node_change"] == -3
+    assert lines_points(final)["advice:change_usd_per_hour"] == pytest.approx(-5.508)
+    unpriced = advice_line(5, advise(LiveFigures(0.04, 0.03, 1, (ServerFigures("d", 25.0, 1.0),)), {}).to_dict())
+    assert set(lines_points(unpriced)) == {"advice:data_node_change", "advice:predicted_step_s"}
+    none = advice_line(5, advise(figures(0.04, 0.03, 1, [ServerFigures("d", 0.0, None)])).to_dict())
+    assert lines_points(none) == {}
+
+
+def test_a_starved_local_job_logs_the_advice_and_writes_it_to_metrics_json(tmp_path):
+    from hetero.local import LocalJob, run_local
+
+    from _launcher_helpers import SYNTHETIC_HPS, synth_data
+
+    # one data worker builds a batch of 8 in ~16 ms of CPU; the emulated step is 5 ms: the trainer waits
+    hps = {**SYNTHETIC_HPS, "pipeline.size": 800, "pipeline.work_ms": 2, "emulate_step_s": 0.005,
+           "warmup_steps": 5, "log_every": 40, "advice_every": 40, "advice_prices": {"ml.local": 0.5}}
+    result = run_local(LocalJob(data=synth_data(tmp_path / "data", 16, 0), output=tmp_path / "out",
+                                hyperparameters=hps, timeout_s=120, echo=False))
+    logs = {p.stem: p.read_text() for p in (result.output / "logs").glob("*.log")}
+    assert result.ok, "\n".join(t[-3000:] for t in logs.values())
+    m = result.metrics
+    trainer = logs[m["dnn_hosts"][0]]
+    lines = [line for line in trainer.splitlines() if "advice at step" in line]
+    assert len(lines) == 3 and "rank 0" in lines[0], lines   # steps 40, 80, then the end (100)
+    assert "advice at step 100 (end of training)" in lines[-1]
+    a = m["advice"]
+    assert a["change"] >= 1 and a["data_nodes"] == 1 and a["data_instance"] == "ml.local"
+    assert a["predicted_step_s"] < a["step_s"] and a["predicted_step_s"] >= a["compute_s"] >= 0.005
+    assert a["change_usd_per_hour"] == pytest.approx(0.5 * a["change"])
+    assert lines_points(lines[-1])["advice:data_node_change"] == a["change"]
+    assert lines_points(lines[-1])["advice:predicted_step_s"] == pytest.approx(a["predicted_step_s"], abs=6e-5)

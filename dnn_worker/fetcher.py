@@ -353,7 +353,8 @@ class Fetcher:
                         continue  # a fixed server already connected under another address
                     self._servers.append(_Server(address, registered=True, late=self._iterating,
                                                  server_id=entry.server_id))
-                    log.info("data server %s joined (registry %s)", address, self._registry.uri)
+                    log.log(logging.INFO if self._iterating else logging.DEBUG, "data server %s joined (registry %s)",
+                            address, self._registry.uri)
                 elif s.registered and (s.retired or s.server_id != entry.server_id):
                     # back in the registry, or another server at the same address: a fresh start
                     s.retired = s.draining = False

@@ -205,3 +205,47 @@ def test_registry_only_consumer_waits_for_a_server_then_names_the_registry(tmp_p
     ds = RemoteDataset(None, TOKEN, registry=str(reg), connect_timeout=1.5)
     with pytest.raises(ServerUnavailableError, match="registry .* has no usable server.*--join"):
         len(ds)
+
+
+@pytest.mark.slow  # ~19 s on one core; rebalancing itself is unit-tested in test_affinity.py
+def test_with_shards_blocks_follow_a_server_that_joins_then_drains(tmp_path):
+    """Affinity: a server that joins takes over the blocks it now owns and, when it drains, hands
+    them back; every rank still gets each of its batches once, with the in-process bytes."""
+    from data_service.codec import batch_digest
+    from dnn_worker import LocalDataset
+    from hetero.prepare import prepare
+    from hetero.synthetic_images import write_image_folder
+    from hetero.testing import read_audit
+
+    write_image_folder(tmp_path / "src", per_class=40, classes=4, seed=1)  # 160 images
+    prepare(str(tmp_path / "src"), str(tmp_path / "shards"), shard_size=1_000_000, workers=1, progress=False)
+    spec = PipelineSpec("data_service.pipelines.images:build_pipeline",
+                        {"batch_size": 4, "image_size": 16, "shuffle_block": 8, "interleave": 2,
+                         "drop_last": False, "shards": str(tmp_path / "shards")})
+    want = [batch_digest(b) for b in LocalDataset(spec, seed=3)]  # 40 batches in 20 blocks
+    reg = str(tmp_path / "registry")
+    started = []
+    try:
+        for i in range(2):
+            os.environ["HETERO_CACHE_DIR"] = str(tmp_path / f"cache{i}")
+            started.append(DataServer(spec, TOKEN, ServerOptions(num_workers=1, probe=False)).start())
+        a, c = started
+        registry.join(a, reg, a.address)
+        ranks = Ranks(reg, tmp_path / "audit.jsonl", world=2, step_s=0.25).start()
+        ranks.wait_batches(2)
+        registry.join(c, reg, c.address, leave_delay_s=1.0)
+        deadline = time.monotonic() + 5.0
+        while c.stats.snapshot().batches_sent < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        c.shutdown(grace_s=10.0, reason="drain", block=False)
+        ranks.join()
+        assert c.wait(20.0)
+        rows = read_audit(tmp_path / "audit.jsonl")
+        assert sorted(r["batch"] for r in rows) == list(range(40))
+        assert all(r["sha256"] == want[r["batch"]] for r in rows)
+        assert c.stats.snapshot().batches_sent >= 2
+    finally:
+        os.environ.pop("HETERO_CACHE_DIR", None)
+        for s in started:
+            s.leave_delay_s = 0.0
+            s.shutdown(grace_s=2.0)

@@ -46,7 +46,8 @@ def test_every_job_carries_the_metric_definitions(capsys):
         assert botocore_errors(req) == []
     names = [d["Name"] for d in METRIC_DEFINITIONS]
     assert {"train:step_time_s", "train:data_wait_percent", "train:samples_per_s", "train:loss", "test:accuracy",
-            "data:batches_per_s"} == set(names)
+            "data:batches_per_s", "advice:data_node_change", "advice:predicted_step_s", "advice:change_usd_per_hour",
+            "advice:change_usd_per_epoch"} == set(names)
 
 
 def test_input_modes_per_channel(capsys):

@@ -6,6 +6,8 @@ SDK ``ModelTrainer`` see ``hetero.sagemaker.sdk``.)
 Heterogeneous: ``--data-group TYPE:COUNT --dnn-group TYPE:COUNT [--group NAME=TYPE:COUNT]``.
 Homogeneous: ``--instance TYPE:COUNT``. Both (the benchmark pair): the groups plus ``--pair``
 (and optionally ``--instance``; default: the dnn group's type and count).
+Extra data nodes for a running job: ``--join JOB [--data-group TYPE:COUNT]`` (a data-only job
+made from the running one; see docs/elastic.md).
 """
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ def register(sub) -> None:
                    help="extra instance group, a data group unless prefixed dnn: (repeatable; at most 5 groups)")
     c.add_argument("--instance", metavar="TYPE:COUNT", help="homogeneous job (or, with --pair, its partner)")
     c.add_argument("--pair", action="store_true", help="submit the heterogeneous job and its homogeneous twin")
+    c.add_argument("--join", metavar="JOB_NAME",
+                   help="a data-only job whose data nodes join the running job JOB_NAME (same image, code, pipeline, "
+                        "secret and VPC, read with DescribeTrainingJob; default group: 1 node of its data type)")
     j = p.add_argument_group("job")
     j.add_argument("--role", default=os.environ.get(ROLE_ENV), help=f"SageMaker execution role ARN (default ${ROLE_ENV})")
     j.add_argument("--image", help="training image URI (one image for every group)")
@@ -45,6 +50,13 @@ def register(sub) -> None:
                         "the job's role needs s3:GetObject and s3:ListBucket there): sets pipeline.shards and, "
                         "unless --hyperparameters names a pipeline, the image pipeline, model and step")
     j.add_argument("--output", help="S3 URI for job outputs (model.tar.gz, output.tar.gz)")
+    j.add_argument("--registry", nargs="?", const="default", metavar="S3URI",
+                   help="registry of the job's data servers, which other data servers may join (hetero submit "
+                        "--join, hetero serve --join): an S3 prefix, or alone for <output>/<job>/registry")
+    j.add_argument("--subnet", action="append", default=[], metavar="ID",
+                   help="VpcConfig subnet (repeatable or comma-separated; with --security-group)")
+    j.add_argument("--security-group", action="append", default=[], metavar="ID",
+                   help="VpcConfig security group (repeatable or comma-separated; with --subnet)")
     j.add_argument("--hyperparameters", nargs="+", action="extend", default=[], metavar="K=V")
     j.add_argument("--env", action="append", default=[], metavar="K=V", help="container environment variable")
     j.add_argument("--tag", action="append", default=[], metavar="K=V", help="resource tag")
@@ -63,7 +75,9 @@ def register(sub) -> None:
     j.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
     j.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
     r = p.add_argument_group("run")
-    r.add_argument("--dry-run", action="store_true", help="print the CreateTrainingJob request(s) as JSON; no AWS call")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print the CreateTrainingJob request(s) as JSON; no AWS call (with --join: only "
+                        "DescribeTrainingJob of the running job)")
     r.add_argument("--wait", action="store_true", help="follow the job(s), stream logs, print step time and cost")
     r.add_argument("--wait-timeout", type=float, default=None, help="deadline for --wait in s (default max run + 1h)")
     r.add_argument("--poll", type=float, default=30.0, help="seconds between status polls")
@@ -89,6 +103,51 @@ def direct_shards(hps: dict, uri: str) -> dict:
     return hps
 
 
+def advice_prices(types: list[str], prices: str | None = None) -> dict[str, str]:
+    """The ``advice_prices`` hyperparameter (instance type -> $/h) for the live advice's costs,
+    from the price table; empty when no type has a price."""
+    from hetero.planning.cost import PriceError, load_prices
+
+    try:
+        table = load_prices(prices)
+    except PriceError as exc:
+        print(f"hetero submit: no prices for the live advice ({exc})", file=sys.stderr)
+        return {}
+    known = {t: table.hourly(t) for t in dict.fromkeys(types) if t in table.entries}
+    return {"advice_prices": json.dumps(known, sort_keys=True)} if known else {}
+
+
+def join_specs(args: argparse.Namespace, clients) -> list:
+    """The data-only JobSpec that joins the running job ``args.join`` (reads it from AWS)."""
+    from hetero.sagemaker.join import default_join_name, describe, join_spec
+    from hetero.sagemaker.spec import (DATA, Group, SubmitError, check_s3_uri, parse_duration, parse_strings,
+                                       parse_type_count, parse_vpc)
+
+    if args.dnn_group or args.instance or args.pair or args.group or args.input or args.shards or args.registry:
+        raise SubmitError("--join makes a data-only job from the running one: give only --data-group (and job "
+                          "options), not --dnn-group, --group, --instance, --pair, --input, --shards or --registry")
+    if args.job_secret or args.job_secret_arn:
+        raise SubmitError("--join uses the running job's secret (its token must match): drop --job-secret / "
+                          "--job-secret-arn")
+    group = Group(args.data_group_name, *parse_type_count(args.data_group, "--data-group"), DATA) \
+        if args.data_group else None
+    vpc = parse_vpc(args.subnet, args.security_group)
+    hps = parse_strings(args.hyperparameters, "--hyperparameters")
+    output = check_s3_uri(args.output, "--output") if args.output else None
+    if args.image and args.framework_version:
+        raise SubmitError("give --image or --framework-version, not both")
+    image = args.image
+    if args.framework_version:
+        from hetero.sagemaker.images import training_image
+
+        image, _ = training_image(args.framework_version, clients.region, [group.instance_type] if group else [])
+    job = describe(clients, args.join)
+    return [join_spec(job, job_name=args.job_name or default_join_name(args.join), group=group, vpc=vpc,
+                      role=args.role if args.role else None, image=image, output=output, region=clients.region,
+                      max_run_s=parse_duration(args.max_run, "--max-run"), spot=args.spot,
+                      hyperparameters=hps, tags=parse_strings(args.tag, "--tag"))]
+
+
 def specs_from_args(args: argparse.Namespace) -> list:
     """The JobSpec(s) the options describe; raises SubmitError before any AWS call."""
     from hetero.sagemaker.client import resolve_region
@@ -97,7 +156,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
     from hetero.sagemaker.source import source_uri
     from hetero.sagemaker.spec import (DATA, DNN, SECRET_ARN_ENV, SECRET_ENV, SECRET_HP, Group, JobSpec, SubmitError,
                                        apply_input_modes, check_s3_uri, check_secret_arn, parse_duration, parse_group,
-                                       parse_input, parse_strings, parse_type_count)
+                                       parse_input, parse_strings, parse_type_count, parse_vpc)
 
     groups = []
     if args.data_group:
@@ -140,6 +199,11 @@ def specs_from_args(args: argparse.Namespace) -> list:
                           "the request)")
     kind = "pair" if args.pair else ("het" if groups else "hom")
     name = args.job_name or default_job_name(kind)
+    if args.registry:
+        hps["registry"] = (f"{output}/{name}/registry" if args.registry == "default"
+                           else check_s3_uri(args.registry, "--registry"))
+    if groups and "advice_prices" not in hps:
+        hps.update(advice_prices([g.instance_type for g in groups], args.prices))
     if args.volume_size < 1:
         raise SubmitError(f"--volume-size {args.volume_size}: give at least 1 (GB)")
     spec = JobSpec(
@@ -154,7 +218,8 @@ def specs_from_args(args: argparse.Namespace) -> list:
         source_s3=None if args.no_source else source_uri(
             check_s3_uri(args.code_uri, "--code-uri") if args.code_uri else output, name),
         environment=env,
-        tags={"hetero:mode": "heterogeneous" if groups else "homogeneous", **parse_strings(args.tag, "--tag")})
+        tags={"hetero:mode": "heterogeneous" if groups else "homogeneous", **parse_strings(args.tag, "--tag")},
+        vpc=parse_vpc(args.subnet, args.security_group))
     if secret:
         spec.job_secret = secret
     if secret_arn:
@@ -173,8 +238,23 @@ def run(args: argparse.Namespace) -> int:
     from hetero.sagemaker.request import masked, secret_notice
     from hetero.sagemaker.spec import SubmitError
 
+    clients = None
     try:
-        specs = specs_from_args(args)
+        if args.join:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            from hetero.sagemaker.client import resolve_region
+
+            clients = Clients(resolve_region(args.region), args.endpoint_url)
+            try:
+                specs = join_specs(args, clients)
+            except (BotoCoreError, ClientError) as exc:
+                print(f"hetero submit: cannot read training job {args.join!r} (DescribeTrainingJob in "
+                      f"{clients.region}): {exc}; check the name, the region and that you may call "
+                      "sagemaker:DescribeTrainingJob", file=sys.stderr)
+                return 1
+        else:
+            specs = specs_from_args(args)
         requests = prepare(specs)
     except SubmitError as exc:
         print(f"hetero submit: {exc}", file=sys.stderr)
@@ -190,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     from hetero.cli import setup_logging
 
     setup_logging("submit", args.log_level)
-    clients = Clients(specs[0].region, args.endpoint_url)
+    clients = clients or Clients(specs[0].region, args.endpoint_url)
     try:
         arns = submit(specs, clients, args.source_dir)
         for spec, arn in zip(specs, arns):

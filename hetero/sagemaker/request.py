@@ -139,6 +139,9 @@ def build_request(spec: JobSpec) -> dict:
         request["InputDataConfig"] = [_channel(c, spec.homogeneous) for c in spec.channels]
     env = {k: v for k, v in spec.environment.items() if k not in (SECRET_ENV, SECRET_ARN_ENV)}
     request["Environment"] = {**env, **secret_environment(spec)}
+    if spec.vpc:
+        request["VpcConfig"] = {"Subnets": list(spec.vpc["Subnets"]),
+                                "SecurityGroupIds": list(spec.vpc["SecurityGroupIds"])}
     if tensorboard_enabled(spec):
         request["TensorBoardOutputConfig"] = {"S3OutputPath": f"{spec.output}/{spec.job_name}/tensorboard",
                                               "LocalPath": TENSORBOARD_LOCAL}
@@ -166,7 +169,8 @@ def homogeneous_twin(spec: JobSpec, instance: tuple[str, int] | None = None, job
     return spec.copy(job_name=job_name or f"{spec.job_name}-hom", homogeneous=True,
                      groups=[Group("homogeneousCluster", *instance)],
                      channels=[replace(c, groups=()) for c in spec.channels],
-                     job_secret=secrets.token_hex(16), tags={**spec.tags, "hetero:mode": "homogeneous"})
+                     job_secret=secrets.token_hex(16), tags={**spec.tags, "hetero:mode": "homogeneous"},
+                     vpc=dict(spec.vpc) if spec.vpc else None)
 
 
 def make_pair(spec: JobSpec, instance: tuple[str, int] | None = None) -> tuple[JobSpec, JobSpec]:

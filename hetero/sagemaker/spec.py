@@ -84,6 +84,8 @@ class JobSpec:
             (HETERO_JOB_SECRET_ARN) and every node reads the value at start.
         environment: container environment variables.
         tags: resource tags.
+        vpc: ``VpcConfig`` (``{"Subnets": [...], "SecurityGroupIds": [...]}``), or None: the
+            job runs in SageMaker's own network.
     """
 
     job_name: str
@@ -105,6 +107,7 @@ class JobSpec:
     job_secret_arn: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    vpc: dict | None = None
 
     def cluster(self) -> list[tuple[str, int]]:
         """``[(instance_type, count), ...]`` for hetero.planning.cost."""
@@ -211,6 +214,23 @@ def parse_strings(items: list[str] | None, option: str) -> dict[str, str]:
             raise SubmitError(f"{option} {item!r} must look like key=value")
         out[key] = value
     return out
+
+
+def parse_vpc(subnets: list[str] | None, groups: list[str] | None) -> dict | None:
+    """``--subnet`` / ``--security-group`` values (repeatable, or comma-separated) -> ``VpcConfig``,
+    None when neither is given; both or neither."""
+    subnet_ids = [s.strip() for item in subnets or [] for s in item.split(",") if s.strip()]
+    group_ids = [g.strip() for item in groups or [] for g in item.split(",") if g.strip()]
+    if not subnet_ids and not group_ids:
+        return None
+    if not subnet_ids or not group_ids:
+        raise SubmitError("a VPC needs both --subnet and --security-group (e.g. --subnet subnet-0abc "
+                          "--security-group sg-0def); give both or neither")
+    bad = [s for s in subnet_ids if not re.fullmatch(r"subnet-[0-9a-z]+", s)] + \
+        [g for g in group_ids if not re.fullmatch(r"sg-[0-9a-z]+", g)]
+    if bad:
+        raise SubmitError(f"{bad}: subnets look like subnet-0123abcd and security groups like sg-0123abcd")
+    return {"Subnets": subnet_ids, "SecurityGroupIds": group_ids}
 
 
 def check_s3_uri(uri: str | None, option: str) -> str:

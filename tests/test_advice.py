@@ -2,11 +2,16 @@
 
 Prices used below (hetero/planning/prices.json): ml.c5.9xlarge $1.836/h, ml.p3.2xlarge $3.825/h.
 """
+import json
 import logging
 import re
+import threading
+import time
 
 import pytest
 
+from hetero.cli import main
+from hetero.commands.stats import latest_advice
 from hetero.planning.planner import predict_step
 from launcher.advice import LiveFigures, ServerFigures, advise, predicted_step, steps_per_epoch
 from launcher.advisor import LiveAdvisor, Snapshot, window_figures
@@ -166,7 +171,28 @@ def test_the_advice_lines_feed_only_the_advice_metrics():
     assert lines_points(none) == {}
 
 
-def test_a_starved_local_job_logs_the_advice_and_writes_it_to_metrics_json(tmp_path):
+def test_hetero_stats_local_reads_the_newest_advice(tmp_path, capsys):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    line = advice_line(40, advise(figures(0.040, 0.030, 1, [ServerFigures("d1:6000", 25.0, 1.0)]), PRICES).to_dict())
+    (logs / "algo-1.log").write_text(
+        "2026-11-25 10:00:01,000 trainer@algo-1 rank 0 INFO launcher.metrics: step 40: avg step time 0.0400 s over "
+        f"the last 40 steps, data wait 75%, 200.0 samples/s\n2026-11-25 10:00:01,001 trainer@algo-1 rank 0 INFO "
+        f"launcher.advisor: {line}\n")
+    (logs / "algo-2.log").write_text("2026-11-25 10:00:02,000 data@algo-2 INFO launcher.data_node: serving\n")
+    assert main(["stats", "--local", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert line in out and "data wait 75%" in out
+    assert json.loads(out[out.index("{"):]) == pytest.approx({
+        "advice:data_node_change": 3, "advice:predicted_step_s": 0.01, "advice:change_usd_per_hour": 5.508,
+        "advice:change_usd_per_epoch": 0.0153}, abs=1e-4)
+    (logs / "algo-1.log").write_text("no advice yet\n")
+    assert main(["stats", "--local", str(tmp_path)]) == 1
+    assert "no advice in" in capsys.readouterr().err
+    assert main(["stats", "--local", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_starved_local_job_logs_the_advice_and_writes_it_to_metrics_json(tmp_path, capsys):
     from hetero.local import LocalJob, run_local
 
     from _launcher_helpers import SYNTHETIC_HPS, synth_data
@@ -174,8 +200,18 @@ def test_a_starved_local_job_logs_the_advice_and_writes_it_to_metrics_json(tmp_p
     # one data worker builds a batch of 8 in ~16 ms of CPU; the emulated step is 5 ms: the trainer waits
     hps = {**SYNTHETIC_HPS, "pipeline.size": 800, "pipeline.work_ms": 2, "emulate_step_s": 0.005,
            "warmup_steps": 5, "log_every": 40, "advice_every": 40, "advice_prices": {"ml.local": 0.5}}
-    result = run_local(LocalJob(data=synth_data(tmp_path / "data", 16, 0), output=tmp_path / "out",
-                                hyperparameters=hps, timeout_s=120, echo=False))
+    job = LocalJob(data=synth_data(tmp_path / "data", 16, 0), output=tmp_path / "out", hyperparameters=hps,
+                   timeout_s=120, echo=False)
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(run_local(job)))
+    runner.start()
+    seen = []   # what `hetero stats --local` shows while the job runs
+    while runner.is_alive():
+        if (tmp_path / "out" / "logs").is_dir() and (found := latest_advice(tmp_path / "out" / "logs")):
+            seen.append(found["advice"])
+        time.sleep(0.05)
+    runner.join()
+    result = done[0]
     logs = {p.stem: p.read_text() for p in (result.output / "logs").glob("*.log")}
     assert result.ok, "\n".join(t[-3000:] for t in logs.values())
     m = result.metrics
@@ -189,3 +225,8 @@ def test_a_starved_local_job_logs_the_advice_and_writes_it_to_metrics_json(tmp_p
     assert a["change_usd_per_hour"] == pytest.approx(0.5 * a["change"])
     assert lines_points(lines[-1])["advice:data_node_change"] == a["change"]
     assert lines_points(lines[-1])["advice:predicted_step_s"] == pytest.approx(a["predicted_step_s"], abs=6e-5)
+    assert seen and "advice at step 40:" in seen[0], seen[:1]   # shown before the job ended
+    assert main(["stats", "--local", str(result.output)]) == 0
+    out = capsys.readouterr().out
+    assert lines[-1] in out and "step 80: avg step time" in out
+    assert json.loads(out[out.index("{"):])["advice:data_node_change"] == a["change"]

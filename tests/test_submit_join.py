@@ -29,7 +29,8 @@ VPC = {"Subnets": ["subnet-0aaa", "subnet-0bbb"], "SecurityGroupIds": ["sg-0ccc"
 def running_job(**changes) -> dict:
     """A DescribeTrainingJob response of a running heterogeneous job with a registry and a VPC."""
     job = {
-        "TrainingJobName": RUNNING, "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{RUNNING}",
+        "TrainingJobName": RUNNING,
+        "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{RUNNING}",
         "ModelArtifacts": {"S3ModelArtifacts": ""}, "TrainingJobStatus": "InProgress", "SecondaryStatus": "Training",
         "RoleArn": ROLE, "CreationTime": datetime.datetime(2026, 11, 25, 23, 0),
         "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
@@ -106,8 +107,8 @@ def test_the_create_call_carries_the_running_jobs_secret(sagemaker, capsys):
     expected["Environment"]["HETERO_JOB_SECRET"] = SECRET
     assert expected["ResourceConfig"]["InstanceGroups"][0]["InstanceType"] == "ml.c5.9xlarge"  # the running type
     sagemaker.add_response("describe_training_job", running_job(), expected_params={"TrainingJobName": RUNNING})
-    sagemaker.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/extra"},
-                           expected_params=expected)
+    created = {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/extra"}
+    sagemaker.add_response("create_training_job", created, expected_params=expected)
     assert main(["submit", "--join", RUNNING, "--region", "us-east-1", "--job-name", "extra"]) == 0
     assert "submitted extra" in capsys.readouterr().out
 

@@ -82,7 +82,8 @@ class LocalCluster:
 
     def _pump(self, node: Node, proc: subprocess.Popen) -> None:
         prefix = f"[{node.host} {node.role}] "
-        with open(self.log_dir / f"{node.host}.log", "w") as f:
+        # line-buffered: `hetero stats --local` reads the logs while the job runs
+        with open(self.log_dir / f"{node.host}.log", "w", buffering=1) as f:
             for line in proc.stdout:
                 f.write(line)
                 self._note_error(node.host, line)

@@ -12,7 +12,7 @@ from torchvision.transforms import v2
 
 from data_service.pipeline import build_batch, seed_everything
 from data_service.pipelines import crop_decode, images
-from data_service.pipelines.crop_decode import RATIO, CropDecode, crop_box, dct_scale
+from data_service.pipelines.crop_decode import BoxDraw, CropDecode, dct_scale
 from data_service.pipelines.images import Augment, CorruptImageError, FusedAugment, decode_bytes
 
 from tests._odd_images import _photo, write_odd_folder
@@ -42,13 +42,13 @@ def _fused(data: bytes, seed: int, size: int = 224, min_scale: float = 0.08, dct
 def test_boxes_are_torchvisions_for_the_same_seed(hw):
     h, w = hw
     reference = v2.RandomResizedCrop(224, scale=(0.08, 1.0))
-    log_ratio = torch.log(torch.tensor(RATIO))
+    draw = BoxDraw((0.08, 1.0))
     for seed in range(200):
         torch.manual_seed(seed)
         want = reference.make_params([torch.empty(3, h, w, dtype=torch.uint8)])
         want_next = torch.rand(1)
         torch.manual_seed(seed)
-        top, left, bh, bw = crop_box(h, w, (0.08, 1.0), log_ratio)
+        top, left, bh, bw = draw(h, w)
         assert (top, left, bh, bw) == (want["top"], want["left"], want["height"], want["width"])
         assert torch.equal(torch.rand(1), want_next)  # the generator is left where torchvision leaves it
 

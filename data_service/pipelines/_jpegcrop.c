@@ -22,7 +22,7 @@
 
 #define FAST_IDCT 1         /* flags: libjpeg's JDCT_IFAST (tf.data's default) */
 #define PLAIN_UPSAMPLING 2  /* flags: chroma replicated, not interpolated (do_fancy_upsampling off) */
-#define CONTEXT 16  /* pixels decoded beyond each side of the box (see decode_crop) */
+#define CONTEXT 4  /* pixels decoded beyond each side of the box (see decode_crop) */
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -124,7 +124,8 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         if (y1 <= y0) y1 = y0 + 1;
         cols = x1 - x0;
         rows = y1 - y0;
-        /* Decode 16 more pixels each side where the image has them: the upsampler treats the edges
+        /* Decode 4 more pixels each side where the image has them (a chroma sample at up to 4x
+         * horizontal subsampling): the upsampler treats the edges
          * of the decoded columns as the image's edges, so the box's own edge pixels come out as in
          * a whole-image decode only when their neighbours are decoded too. */
         xoff = x0 > CONTEXT ? x0 - CONTEXT : 0;

@@ -1,0 +1,317 @@
+"""Images per second of one pinned core: our image pipeline against the peers and the decode floor.
+
+Every pipeline turns the same photo-like JPEGs (:mod:`benchmarks.photos`, ImageNet's size mix)
+into batches of 32 random 224 px crops, flipped at random, as uint8, on one core (its own process,
+pinned with ``sched_setaffinity``; one thread where a library has a setting for it):
+
+* ``fused``: ours, ``data_service.pipelines.images`` with ``decode="fused"`` (the default);
+* ``whole``: ours with ``decode="whole"``: torchvision's decoder, then v2 RandomResizedCrop;
+* ``pil``: the classic recipe, PIL decode + v1 RandomResizedCrop + flip + PILToTensor;
+* ``tf``: tf.data, ``sample_distorted_bounding_box`` + ``decode_and_crop_jpeg`` + bilinear resize;
+* ``dali``: DALI's CPU ``decoders.image_random_crop`` + resize + flip;
+* ``floor``: read + torchvision ``decode_jpeg`` of the whole image, no crop, no batch.
+
+tf and dali run in ``--peers-python`` (default: this interpreter) and are skipped, with the
+reason, where they are not installed (``pip install 'hetero-data-service[peers]'``, best in a
+venv of its own). Runs are interleaved, ``--repeats`` rounds, median reported. ``--stages``
+also prints where the time per image goes in ``whole`` and ``fused``.
+
+    python -m benchmarks.decode --images-dir /tmp/photos --images 1500 --repeats 3 --stages
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BATCH, SIZE, MIN_SCALE = 32, 224, 0.08
+OURS = ("fused", "whole", "pil", "floor")
+PEERS = ("tf", "dali")
+
+
+def _files(root: str, count: int) -> list[str]:
+    files = sorted(str(p) for p in Path(root).glob("*/*.jpg"))[:count]
+    if len(files) < count:
+        raise SystemExit(f"{root} holds {len(files)} JPEGs, fewer than --images {count}; "
+                         f"python -m benchmarks.photos {root} --images {count}")
+    return files
+
+
+def _ours(files: list[str], kind: str):
+    """A function building every batch once (our pipeline through build_batch, as a data worker does)."""
+    import torch
+
+    from data_service.pipeline import build_batch
+    from data_service.pipelines import images
+
+    torch.set_num_threads(1)
+    pipe = images.build_pipeline(batch_size=BATCH, image_size=SIZE, min_scale=MIN_SCALE, decode=kind,
+                                 data_dir=str(Path(files[0]).parent.parent), limit=len(files))
+    cfg = pipe.plan_config()
+    batches = len(files) // BATCH
+
+    def run() -> int:
+        for index in range(batches):
+            build_batch(pipe, cfg, 1, 0, index)
+        return batches * BATCH
+    return run, lambda: getattr(pipe.transform, "counts", {})
+
+
+def _pil(files: list[str]):
+    import torch
+    from PIL import Image
+    from torchvision import transforms as T
+
+    torch.set_num_threads(1)
+    tf = T.Compose([T.RandomResizedCrop(SIZE, scale=(MIN_SCALE, 1.0)), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+    def run() -> int:
+        n = len(files) // BATCH * BATCH
+        for start in range(0, n, BATCH):
+            torch.stack([tf(Image.open(f).convert("RGB")) for f in files[start:start + BATCH]])
+        return n
+    return run, dict
+
+
+def _floor(files: list[str]):
+    import torch
+    from torchvision.io import decode_jpeg
+
+    torch.set_num_threads(1)
+
+    def run() -> int:
+        for f in files:
+            with open(f, "rb") as fh:
+                decode_jpeg(torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8))
+        return len(files)
+    return run, dict
+
+
+def _tf(files: list[str]):
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+
+    def load(path):
+        data = tf.io.read_file(path)
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            tf.io.extract_jpeg_shape(data), bounding_boxes=tf.zeros([1, 0, 4]), min_object_covered=0.0,
+            aspect_ratio_range=(3 / 4, 4 / 3), area_range=(MIN_SCALE, 1.0), max_attempts=10,
+            use_image_if_no_bounding_boxes=True)
+        y, x, _ = tf.unstack(begin)
+        h, w, _ = tf.unstack(size)
+        image = tf.image.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+        image = tf.image.random_flip_left_right(tf.image.resize(image, [SIZE, SIZE]))
+        return tf.cast(image, tf.uint8)
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    options.autotune.enabled = False
+    n = len(files) // BATCH * BATCH
+    ds = tf.data.Dataset.from_tensor_slices(files[:n]).map(load).batch(BATCH).with_options(options)
+
+    def run() -> int:
+        for _ in ds:
+            pass
+        return n
+    return run, dict
+
+
+def _dali(files: list[str]):
+    from nvidia.dali import fn, pipeline_def, types
+
+    n = len(files) // BATCH * BATCH
+
+    @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None, prefetch_queue_depth=1)
+    def pipe():
+        jpegs, _ = fn.readers.file(files=files[:n], random_shuffle=False, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=[MIN_SCALE, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE)
+        return fn.flip(images, horizontal=fn.random.coin_flip())
+
+    p = pipe()
+    p.build()
+
+    def run() -> int:
+        for _ in range(n // BATCH):
+            p.run()
+        return n
+    return run, dict
+
+
+def worker(kind: str, files: list[str], cpu: int) -> dict:
+    """One timed pass of ``kind`` on CPU ``cpu`` (after one untimed warm-up pass over a few batches)."""
+    os.sched_setaffinity(0, {cpu})
+    build = {"pil": _pil, "floor": _floor, "tf": _tf, "dali": _dali}.get(kind)
+    run, counts = build(files) if build else _ours(files, kind)
+    run()  # warm-up: imports, page cache, allocator
+    t = time.perf_counter()
+    n = run()
+    seconds = time.perf_counter() - t
+    return {"kind": kind, "images": n, "seconds": seconds, "images_per_s": n / seconds, "counts": counts()}
+
+
+def _spawn(python: str, kind: str, files_json: str, cpu: int) -> dict:
+    cmd = [python, "-m", "benchmarks.decode", "--worker", kind, "--files-json", files_json, "--cpu", str(cpu)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                         cwd=str(Path(__file__).resolve().parent.parent),
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"kind": kind, "skipped": last[:200]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def stages(files: list[str], cpu: int) -> dict[str, dict[str, float]]:
+    """Microseconds per image in each stage of ``whole`` and ``fused``, on ``cpu``."""
+    import torch
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as F
+
+    from data_service.pipeline import seed_everything
+    from data_service.pipelines import crop_decode
+    from data_service.pipelines.images import collate, decode_bytes
+
+    os.sched_setaffinity(0, {cpu})
+    torch.set_num_threads(1)
+    draw_box = crop_decode.BoxDraw((MIN_SCALE, 1.0))
+    rrc = v2.RandomResizedCrop(SIZE, scale=(MIN_SCALE, 1.0), antialias=True)
+    t = {k: 0.0 for k in ("read", "decode whole", "draw box", "crop+resize", "flip", "collate",
+                          "header", "decode crop", "resize")}
+    whole_out, fused_out = [], []
+    clock = time.perf_counter
+    for rnd in range(2):  # the first round warms up
+        for k in t:
+            t[k] = 0.0
+        for i, f in enumerate(files):
+            a = clock()
+            with open(f, "rb") as fh:
+                data = fh.read()
+            b = clock()
+            seed_everything(i)
+            image = decode_bytes(data, f)
+            c = clock()
+            box = rrc.make_params([image])
+            d = clock()
+            out = F.resized_crop(image, box["top"], box["left"], box["height"], box["width"], [SIZE, SIZE],
+                                 antialias=True)
+            e = clock()
+            out = out.flip(-1) if torch.rand(1) < 0.5 else out
+            g = clock()
+            t["read"] += b - a
+            t["decode whole"] += c - b
+            t["draw box"] += d - c
+            t["crop+resize"] += e - d
+            t["flip"] += g - e
+            whole_out.append((out, 0))
+            seed_everything(i)
+            a = clock()
+            info = crop_decode._jpegcrop.info(data) if crop_decode.available() else None
+            b = clock()
+            top, left, h, w = draw_box(info[1], info[0])
+            c = clock()
+            buf, rows, cols = crop_decode._jpegcrop.decode_crop(data, left, top, w, h, crop_decode.dct_scale(h, w, SIZE))
+            d = clock()
+            region = torch.frombuffer(buf, dtype=torch.uint8).view(rows, cols, 3).permute(2, 0, 1)
+            out = F.resize(region, [SIZE, SIZE], antialias=True)
+            e = clock()
+            out = out.flip(-1) if torch.rand(1) < 0.5 else out
+            g = clock()
+            t["header"] += b - a
+            t["draw box"] += c - b
+            t["decode crop"] += d - c
+            t["resize"] += e - d
+            t["flip"] += g - e
+            fused_out.append((out, 0))
+            if len(fused_out) == BATCH:
+                a = clock()
+                collate(whole_out)
+                collate(fused_out)
+                t["collate"] += (clock() - a) / 2
+                whole_out, fused_out = [], []
+    n = len(files)
+    us = {k: v / n * 1e6 for k, v in t.items()}
+    # draw box and flip were summed over both pipelines (the same calls in each)
+    whole = {"read": us["read"], "decode": us["decode whole"], "draw box": us["draw box"] / 2,
+             "crop + resize": us["crop+resize"], "flip": us["flip"] / 2, "collate": us["collate"]}
+    fused = {"read": us["read"], "header": us["header"], "draw box": us["draw box"] / 2,
+             "decode crop": us["decode crop"], "resize": us["resize"], "flip": us["flip"] / 2,
+             "collate": us["collate"]}
+    return {"whole": whole, "fused": fused}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images-dir", default="/tmp/photos")
+    ap.add_argument("--images", type=int, default=1500)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cpu", type=int, default=(os.cpu_count() or 1) - 1, help="the core to pin to")
+    ap.add_argument("--only", default=",".join(OURS + PEERS), help="comma-separated pipelines")
+    ap.add_argument("--peers-python", default=sys.executable, help="interpreter with tensorflow / DALI")
+    ap.add_argument("--stages", action="store_true", help="also time each stage of whole and fused")
+    ap.add_argument("--json", default="", help="write the figures here")
+    ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--files-json", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        with open(args.files_json) as f:
+            files = json.load(f)
+        print(json.dumps(worker(args.worker, files, args.cpu)))
+        return 0
+    from benchmarks.photos import write_photo_folder
+
+    write_photo_folder(args.images_dir, args.images)
+    files = _files(args.images_dir, args.images)
+    from PIL import Image
+
+    pixels = [Image.open(f).size for f in files]
+    mean_px = statistics.mean(w * h for w, h in pixels)
+    mean_kib = statistics.mean(os.path.getsize(f) for f in files) / 1024
+    print(f"{len(files)} photo-like JPEGs, mean {mean_px / 1e3:.0f} k pixels, {mean_kib:.1f} KiB; "
+          f"batches of {BATCH} x {SIZE} px crops; core {args.cpu}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    files_json = os.path.join(os.path.dirname(os.path.abspath(args.images_dir)), ".decode-bench-files.json")
+    with open(files_json, "w") as f:
+        json.dump(files, f)
+    kinds = [k for k in args.only.split(",") if k]
+    results: dict[str, list[dict]] = {k: [] for k in kinds}
+    for r in range(args.repeats):
+        for kind in kinds:
+            res = _spawn(args.peers_python if kind in PEERS else sys.executable, kind, files_json, args.cpu)
+            results[kind].append(res)
+            shown = f"{res['images_per_s']:.0f} images/s" if "images_per_s" in res else f"skipped: {res['skipped']}"
+            print(f"  round {r + 1} {kind:6s} {shown}", flush=True)
+    base = statistics.median(x["images_per_s"] for x in results["whole"]) if "whole" in results and all(
+        "images_per_s" in x for x in results["whole"]) else None
+    print(f"\n{'pipeline':8s} {'images/s':>9s} {'vs whole':>9s}  (median of {args.repeats}, one core)")
+    summary = {}
+    for kind, runs in results.items():
+        ok = [x["images_per_s"] for x in runs if "images_per_s" in x]
+        if not ok:
+            print(f"{kind:8s} skipped: {runs[0].get('skipped')}")
+            continue
+        med = statistics.median(ok)
+        summary[kind] = {"images_per_s": med, "runs": ok, "counts": runs[-1].get("counts", {})}
+        print(f"{kind:8s} {med:9.0f} {(med / base if base else float('nan')):9.2f}"
+              + (f"  {runs[-1]['counts']}" if runs[-1].get("counts") else ""))
+    if args.stages:
+        st = stages(files, args.cpu)
+        summary["stages_us"] = st
+        for name, parts in st.items():
+            total = sum(parts.values())
+            print(f"\n{name}: {total:.0f} us per image = " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"images": len(files), "mean_kpixels": mean_px / 1e3, "mean_kib": mean_kib, **summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,6 +42,11 @@ class LaunchConfig:
     watchdog_connect_s: float = 1800.0      # exit non-zero if no consumer came within this
     watchdog_idle_s: float = 600.0          # ... or all consumers have been gone this long
     dnn_local_server: bool = False          # DNN hosts also serve batches from their own CPUs
+    # servers that join and leave (docs/elastic.md)
+    registry: str = ""                      # this job's registry (folder or s3://bucket/prefix): consumers
+                                            # use every server registered there; data nodes register there
+    join: str = ""                          # a data-only job: its data nodes join this registry of another job
+    advertise_host: str = ""                # host/IP consumers dial for this node's registry entry
     # DNN node
     data_wait_s: float = 600.0              # deadline for every data server to be healthy
     master_port: int = 29500
@@ -161,6 +166,14 @@ class LaunchConfig:
                               "'{\"ml.c5.9xlarge\": 1.836}'")
         if not self.bind_host:
             raise ConfigError("bind_host='' must be an address to listen on, e.g. 0.0.0.0")
+        if self.registry and self.join:
+            raise ConfigError(f"registry={self.registry!r} and join={self.join!r}: registry is this job's own registry, "
+                              "join makes a data-only job serve another job's; set one of them")
+        from data_service.registry import check_uri
+
+        for name in ("registry", "join"):
+            if getattr(self, name):
+                check_uri(getattr(self, name), name)
 
     def group_list(self, which: str) -> list[str]:
         """``data_group`` / ``dnn_group`` as a list of names."""

@@ -3,6 +3,12 @@
 Exit codes: 0 after a clean (authenticated) shutdown or SIGTERM; ``EXIT_NO_CONSUMER`` when no
 consumer connected within ``watchdog_connect_s``; ``EXIT_CONSUMERS_GONE`` when every consumer
 has been gone for ``watchdog_idle_s``. The watchdog keeps a broken job from billing for hours.
+
+With ``registry`` (this job's) or ``join`` (another job's), the node registers its server there
+once it serves and unregisters first when it leaves (docs/elastic.md). A node that joined another
+job has no first-consumer deadline (it may join before that job's trainers start, or between
+its epochs); once its consumers have all been gone for ``watchdog_idle_s`` the job it joined has
+ended, and it exits 0.
 """
 from __future__ import annotations
 
@@ -37,16 +43,20 @@ class Watchdog:
 
     connect_s: float
     idle_s: float
+    joined: bool = False  # serving another job's registry: no first-consumer deadline, idle ends it cleanly
 
     def verdict(self, ever_connected: bool, seconds_since_last_consumer: float,
                 uptime_s: float) -> tuple[int, str] | None:
         """None to keep serving, else (exit code, reason)."""
         if not ever_connected:
-            if uptime_s > self.connect_s:
+            if uptime_s > self.connect_s and not self.joined:
                 return EXIT_NO_CONSUMER, (f"no consumer connected within watchdog_connect_s={self.connect_s:g}s; "
                                           "are the DNN nodes running with the same job token?")
             return None
         if seconds_since_last_consumer > self.idle_s:
+            if self.joined:
+                return 0, (f"all consumers of the joined job gone for {seconds_since_last_consumer:.0f}s "
+                           f"(watchdog_idle_s={self.idle_s:g}s): that job has ended")
             return EXIT_CONSUMERS_GONE, (f"all consumers gone for {seconds_since_last_consumer:.0f}s "
                                          f"(watchdog_idle_s={self.idle_s:g}s) and no shutdown came")
         return None
@@ -117,10 +127,27 @@ def serve_until_shutdown(server: DataServer, watchdog: Watchdog, poll_s: float =
                                    time.monotonic() - started)
         if verdict is not None:
             code, reason = verdict
-            log.error("watchdog: %s; shutting down with exit code %d", reason, code)
+            log.log(logging.ERROR if code else logging.INFO, "watchdog: %s; shutting down with exit code %d",
+                    reason, code)
+            server.leave_delay_s = 0.0  # no consumer is left to see its registry entry go
             server.shutdown(grace_s=5.0, reason=f"watchdog: {reason}")
             return code, reason
     return 0, "shut down"
+
+
+def advertised_address(cfg: LaunchConfig, host: str, port: int) -> str:
+    """The address this node's registry entry gives: ``advertise_host`` if set; for a node of the
+    job itself, the address its own trainers dial (so both name one server); for a node joining
+    another job, this machine's IP (the other job cannot resolve this job's host names)."""
+    from data_service.registry import default_advertise_host
+
+    from .roles import host_map, resolve
+
+    if cfg.advertise_host:
+        return f"{cfg.advertise_host}:{port}"
+    if cfg.join:
+        return f"{default_advertise_host(cfg.bind_host)}:{port}"
+    return f"{resolve(host, cfg.data_port, host_map(os.environ))[0]}:{port}"
 
 
 def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, host: str) -> int:
@@ -128,6 +155,17 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
     server = start_server(cfg, token, port)
     log.info("healthy: serving %s on %s (%d workers); waiting for the DNN nodes", cfg.pipeline,
              server.address, server.options.num_workers)
+    uri = cfg.join or cfg.registry
+    if uri:
+        from data_service.registry import join
+
+        address = advertised_address(cfg, host, server.port)
+        try:
+            join(server, uri, address)
+        except Exception:
+            server.shutdown(grace_s=1.0, reason="could not register")
+            raise
+        log.info("registered in %s as %s%s", uri, address, " (joined another job)" if cfg.join else "")
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -138,7 +176,17 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
     meter = RateMeter()
-    code, reason = serve_until_shutdown(server, Watchdog(cfg.watchdog_connect_s, cfg.watchdog_idle_s), meter=meter)
+    try:
+        code, reason = serve_until_shutdown(server, Watchdog(cfg.watchdog_connect_s, cfg.watchdog_idle_s,
+                                                             joined=bool(cfg.join)), meter=meter)
+    finally:
+        if uri:  # however serving ended, the entry goes (a no-op after a clean leave)
+            from data_service.registry import RegistryError, unregister
+
+            try:
+                unregister(uri, server.server_id)
+            except RegistryError as exc:
+                log.warning("could not remove this server's entry from %s: %s", uri, exc)
     snap = server.stats.snapshot()
     rate, serving_s = meter.final(snap.batches_sent)
     write_json(os.path.join(output_dir, "data_node.json"), {

@@ -77,7 +77,9 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
             return 0
         for name, path in env.channels.items():  # a bare container has the folders but no variables
             os.environ.setdefault(f"SM_CHANNEL_{name.upper()}", path)
-        token = job_token(with_job_secret(environ), env.job_name or cfg.job_name, cfg.job_secret)
+        # a data-only job that joins another job proves that job's token: job_name names the job joined
+        name = cfg.job_name if cfg.join and cfg.job_name else env.job_name or cfg.job_name
+        token = job_token(with_job_secret(environ), name, cfg.job_secret)
         preflight(cfg, plan.role)  # every plug-in and its options, before waiting or training
         mapping = host_map(environ)
         if plan.role == DATA:

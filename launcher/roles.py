@@ -80,11 +80,15 @@ def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
     overlap = set(data_names) & set(dnn_names)
     if overlap:
         raise ConfigError(f"group(s) {sorted(overlap)} named both data_group and dnn_group; name each once")
+    if cfg.join:  # a data-only job: every node serves another job's registry
+        hosts = tuple(sorted(env.hosts, key=host_key))
+        return NodePlan(DATA, env.current_host, hosts, (), -1)
     if len(env.groups) == 1:
         only = env.groups[0]
         if only.name in data_names:
             raise ConfigError(f"the job's only instance group {only.name!r} is a data group (data_group="
-                              f"{cfg.data_group!r}); add a dnn group {cfg.dnn_group!r} or rename the group")
+                              f"{cfg.data_group!r}); add a dnn group {cfg.dnn_group!r}, rename the group, or set join= to "
+                              "serve another job's registry")
         hosts = tuple(sorted(only.hosts, key=host_key))
         return NodePlan(HOMOGENEOUS, env.current_host, (), hosts, hosts.index(env.current_host))
     if env.current_group not in data_names + dnn_names:

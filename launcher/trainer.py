@@ -102,8 +102,12 @@ def make_dataset(job: TrainJob, rank: int):
         from dnn_worker import RemoteDataset
         # pinned receive buffers only help without loader workers (a worker's tensors are copied
         # into shared memory; the DataLoader pins those in the trainer instead)
+        # with a registry, servers that join the job are used too (the job's pipeline only)
+        elastic = dict(registry=cfg.registry, fingerprint=PipelineSpec(cfg.pipeline, cfg.pipeline_options).fingerprint()
+                       ) if cfg.registry else {}
         return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.connect_timeout_s,
-                             pin_memory=torch.cuda.is_available() and cfg.workers_for(job.mode) == 0, **common)
+                             pin_memory=torch.cuda.is_available() and cfg.workers_for(job.mode) == 0, **elastic,
+                             **common)
     from dnn_worker import LocalDataset
     return LocalDataset(PipelineSpec(cfg.pipeline, cfg.pipeline_options), **common)
 

@@ -32,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--sigterm-on", metavar="REGEX", default=None,
                    help="drill a spot stop: SIGTERM the DNN nodes' launchers when a DNN node's log line matches "
                         "REGEX (e.g. 'step 50:'); they checkpoint, shut the data nodes down and exit 143")
+    p.add_argument("--registry", type=Path, default=None, metavar="DIR",
+                   help="the job's registry folder: data servers started elsewhere with `hetero serve ... --join DIR` "
+                        "(and HETERO_JOB_TOKEN: this environment's, else OUTPUT/job_token) join the running job")
     p.add_argument("--quiet", action="store_true", help="do not echo node logs (they are in OUTPUT/logs)")
     p.set_defaults(func=run)
 
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                        hyperparameters=parse_kv(args.hp), timeout_s=args.timeout, synth_train=args.synth_train,
                        synth_test=args.synth_test, data_cpus=args.data_cpus, dnn_cpus=args.dnn_cpus,
                        keep_tree=args.keep_tree, echo=not args.quiet, checkpoint_dir=args.checkpoint_dir,
-                       sigterm_on=args.sigterm_on)
+                       sigterm_on=args.sigterm_on, registry=args.registry)
         result = run_local(job)
     except ConfigError as exc:
         print(f"hetero local: {exc}")

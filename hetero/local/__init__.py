@@ -44,6 +44,7 @@ class LocalJob:
     echo: bool = True
     checkpoint_dir: Path | None = None      # kept across runs: a rerun resumes from it
     sigterm_on: str | None = None           # drill: SIGTERM the DNN nodes when their log matches this
+    registry: Path | None = None            # a folder: servers started with `hetero serve --join` join the job
 
 
 EXIT_STOPPED = 143  # the DNN node's exit code after a SIGTERM stop (launcher.trainer.EXIT_STOPPED)
@@ -92,8 +93,9 @@ def run_local(job: LocalJob) -> LocalResult:
         if job.audit is not None:
             hps["audit_path"] = str(Path(job.audit).resolve())
         name = f"hetero-local-{'homo' if job.homogeneous else 'hetero'}-{int(time.time())}-{os.getpid()}"
+        env = open_registry(job, hps, output) if job.registry is not None else {}
         nodes = build_nodes(work / "nodes", job.data_nodes, job.dnn_nodes, job.homogeneous, data_dir, hps, name,
-                            data_cpus, dnn_cpus, job.checkpoint_dir)
+                            data_cpus, dnn_cpus, job.checkpoint_dir, env=env)
         cluster = LocalCluster(nodes, hps, output / "logs", echo=job.echo, sigterm_on=job.sigterm_on)
         try:
             cluster.start()
@@ -109,3 +111,33 @@ def run_local(job: LocalJob) -> LocalResult:
         else:
             import shutil
             shutil.rmtree(work, ignore_errors=True)
+
+
+def open_registry(job: LocalJob, hps: dict[str, Any], output: Path) -> dict[str, str]:
+    """Make ``job.registry`` the job's registry; returns the variables every node needs.
+
+    Servers joining the job must prove its token, so the job runs with an explicit token:
+    ``HETERO_JOB_TOKEN`` from this environment, else a fresh one written to ``output/job_token``
+    (readable by this user only).
+    """
+    import secrets
+
+    if job.homogeneous:
+        raise ConfigError("--registry: a homogeneous job has no data servers to join")
+    registry = Path(job.registry).resolve()
+    registry.mkdir(parents=True, exist_ok=True)
+    hps["registry"] = str(registry)
+    token = os.environ.get("HETERO_JOB_TOKEN", "")
+    where = "$HETERO_JOB_TOKEN"
+    if not token:
+        token = secrets.token_hex(16)
+        path = output / "job_token"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        where = f"$(cat {path})"
+    pipeline = hps.get("pipeline", "examples.mnist:build_pipeline")
+    log.info("registry %s: add data servers to this job with HETERO_JOB_TOKEN=%s hetero serve %s "
+             "-o <the job's pipeline options> --port 0 --join %s", registry, where, pipeline, registry)
+    return {"HETERO_JOB_TOKEN": token}

@@ -63,8 +63,11 @@ def parse_cpus(text: str | None) -> set[int] | None:
 
 def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, data_dir: Path,
                 hyperparameters: dict[str, Any], job_name: str, data_cpus: set[int] | None = None,
-                dnn_cpus: set[int] | None = None, checkpoint_dir: Path | None = None) -> list[Node]:
+                dnn_cpus: set[int] | None = None, checkpoint_dir: Path | None = None,
+                env: dict[str, str] | None = None) -> list[Node]:
     """Write every node's tree under ``work`` and return the nodes (DNN hosts first).
+
+    ``env``: variables added to every node's environment (``HETERO_JOB_TOKEN`` for a registry).
 
     ``checkpoint_dir``: one folder every node uses as its checkpoint dir (``HETERO_CHECKPOINT_DIR``),
     kept across runs; None: each node's ``<root>/checkpoints``, gone with the tree.
@@ -111,6 +114,7 @@ def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, 
             "SM_HPS": json.dumps(hps), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
         if checkpoint_dir is not None:
             node.env["HETERO_CHECKPOINT_DIR"] = str(Path(checkpoint_dir).resolve())
+        node.env.update(env or {})
     return nodes
 
 

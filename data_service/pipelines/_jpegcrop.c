@@ -22,6 +22,7 @@
 
 #define FAST_IDCT 1         /* flags: libjpeg's JDCT_IFAST (tf.data's default) */
 #define PLAIN_UPSAMPLING 2  /* flags: chroma replicated, not interpolated (do_fancy_upsampling off) */
+#define BATCH_ROWS 16       /* rows asked of jpeg_read_scanlines per call (an iMCU row at 4:2:0) */
 #define CONTEXT 4  /* pixels decoded beyond each side of the box (see decode_crop) */
 
 typedef struct {
@@ -138,11 +139,15 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
             return NULL;
         }
         dst = (unsigned char *)PyByteArray_AS_STRING(out);
-        row = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, cinfo.output_width * 3, 1);
+        /* as many rows per call as the decoder makes at once (an iMCU row), copied out of it */
+        row = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, cinfo.output_width * 3, BATCH_ROWS);
         if (y0 > 0) jpeg_skip_scanlines(&cinfo, y0);
-        for (r = 0; r < rows; r++) {
-            jpeg_read_scanlines(&cinfo, row, 1);
-            memcpy(dst + (size_t)r * cols * 3, row[0] + (size_t)(x0 - xoff) * 3, (size_t)cols * 3);
+        for (r = 0; r < rows;) {
+            JDIMENSION want = rows - r < BATCH_ROWS ? rows - r : BATCH_ROWS, got, k;
+            got = jpeg_read_scanlines(&cinfo, row, want);
+            if (got == 0) break;  /* a short image: the rest stays zero (the warning sends it to the whole decoder) */
+            for (k = 0; k < got; k++, r++)
+                memcpy(dst + (size_t)r * cols * 3, row[k] + (size_t)(x0 - xoff) * 3, (size_t)cols * 3);
         }
         jpeg_abort_decompress(&cinfo);  /* the rows below are never read */
         jpeg_destroy_decompress(&cinfo);

@@ -159,12 +159,14 @@ class RemoteDataModule(ShardedDataModule):
     """Training batches from data servers, sharded by Lightning's global rank.
 
     Args:
-        servers: data server ``host:port`` addresses. token: the job token. seed: the job's seed.
+        servers: data server ``host:port`` addresses (None with ``registry=``). token: the job token.
+            seed: the job's seed.
         loader_workers, persistent_workers, multiprocessing_context: see ``ShardedDataModule``.
-        **dataset_kwargs: passed to ``RemoteDataset`` (connect_timeout, remainder, audit_path...).
+        **dataset_kwargs: passed to ``RemoteDataset`` (connect_timeout, remainder, audit_path,
+            registry for servers that join the job...).
     """
 
-    def __init__(self, servers: Sequence[str] | str, token: str, seed: int = 0, loader_workers: int = 2,
+    def __init__(self, servers: Sequence[str] | str | None, token: str, seed: int = 0, loader_workers: int = 2,
                  persistent_workers: bool = True, multiprocessing_context: str = "forkserver",
                  **dataset_kwargs: Any) -> None:
         super().__init__(loader_workers, persistent_workers, multiprocessing_context)

@@ -5,15 +5,16 @@ of a profile:
 
 * each of the job's ``R`` ranks takes one batch per step and needs ``compute_s`` of its own per
   step: the measured step time minus the measured data wait;
-* the data servers together build ``S`` batches per second. A server's share is what it
-  delivered while the ranks waited on data (a starved job takes all the servers make), and its
-  delivered batches/s divided by its workers' busy share while they did not (the headroom it has);
+* the data servers together build ``S`` batches per second: each server's delivered batches/s
+  divided by its workers' busy share over the window (a starved job keeps them busy, so this is
+  what they delivered; a server with idle workers has that much headroom);
 * step time ``= max(compute_s, R / S)``; with ``k`` more data nodes of the mean capacity ``c``
   of the job's data nodes, ``max(compute_s, R / (S + k c))``.
 
-``k`` is the fewest nodes that bring the predicted data wait to ``target_wait`` (5 % by default,
-as ``hetero plan``) or below; when the servers have more than that needs, the advice is how many
-data nodes could go (always keeping one) with the wait still within the target. Costs come from
+``k`` is the fewest nodes whose capacity covers the ranks' demand ``R / compute_s`` with
+``headroom`` to spare (10 % by default: servers run near full load only with bursts of waiting,
+as batch times and fetches vary); when the servers have more than that, the advice is how many
+data nodes could go (always keeping one) with that headroom kept. Costs come from
 a price map (instance type -> $/h): the change in $/h, the changed nodes' cost over one epoch at
 the predicted step time, and the whole job's $/epoch before and after when the DNN instance's
 price is known too. Nothing here measures or talks to a server: ``launcher/advisor.py`` gathers
@@ -25,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-TARGET_WAIT = 0.05        # the predicted data wait the advice aims for (hetero plan's default)
+HEADROOM = 0.10           # spare capacity the advice keeps over the ranks' demand
 MIN_BUSY = 0.05           # below this busy share a server's headroom is not extrapolated further
 MIN_COMPUTE_SHARE = 0.01  # a step that is (almost) all data wait: take compute as this share of it
 MAX_CHANGE = 256          # the most nodes one piece of advice adds
@@ -101,10 +102,10 @@ class Advice:
         return asdict(self)
 
 
-def server_capacity(server: ServerFigures, waiting: bool) -> float:
-    """Batches/s the server could deliver: as delivered while ranks wait on data, else scaled by
-    its idle share (busy share floored at :data:`MIN_BUSY`)."""
-    if waiting or server.busy_fraction is None or server.batches_per_s <= 0:
+def server_capacity(server: ServerFigures) -> float:
+    """Batches/s the server could deliver: what it delivered over its workers' busy share (floored
+    at :data:`MIN_BUSY`), or as delivered when the share is unknown."""
+    if server.busy_fraction is None or server.batches_per_s <= 0:
         return max(0.0, server.batches_per_s)
     return server.batches_per_s / min(1.0, max(MIN_BUSY, server.busy_fraction))
 
@@ -121,14 +122,13 @@ def _wait_share(step_s: float, compute_s: float) -> float:
     return 0.0 if not math.isfinite(step_s) or step_s <= 0 else max(0.0, (step_s - compute_s) / step_s)
 
 
-def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None,
-           target_wait: float = TARGET_WAIT) -> Advice:
+def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, headroom: float = HEADROOM) -> Advice:
     """Data nodes to add (or that could go) for ``figures``, with the predicted step and costs.
 
     Args:
         figures: the live figures of one window.
         prices: instance type -> on-demand $/h; types without a price give no costs.
-        target_wait: the predicted data-wait share to reach (0 <= target < 1).
+        headroom: spare capacity to keep over the demand (0.1 = 10 %).
 
     Returns:
         The advice; ``change`` is None when no data node delivered anything to size one by.
@@ -142,21 +142,20 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None,
         raise ValueError(f"data_wait_s must be >= 0 seconds, got {figures.data_wait_s!r}")
     if figures.ranks < 1:
         raise ValueError(f"ranks must be >= 1, got {figures.ranks!r}")
-    if not 0 <= target_wait < 1:
-        raise ValueError(f"target_wait must be a share in [0, 1), e.g. 0.05, got {target_wait!r}")
+    if not 0 <= headroom < 10:
+        raise ValueError(f"headroom must be a share >= 0, e.g. 0.1 for 10 %, got {headroom!r}")
     prices = prices or {}
     step, ranks = figures.step_s, figures.ranks
     wait_share = min(1.0, figures.data_wait_s / step)
     compute = max(step - figures.data_wait_s, MIN_COMPUTE_SHARE * step)
     note = "the step is almost all data wait: compute time taken as 1% of it" \
         if step - figures.data_wait_s < MIN_COMPUTE_SHARE * step else ""
-    waiting = wait_share >= target_wait
-    caps = [(s, server_capacity(s, waiting)) for s in figures.servers]
+    caps = [(s, server_capacity(s)) for s in figures.servers]
     capacity = sum(c for _, c in caps)
     node_caps = [c for s, c in caps if s.data_node and c > 0]
     nodes = sum(1 for s in figures.servers if s.data_node)
     node_cap = sum(node_caps) / len(node_caps) if node_caps else None
-    needed = ranks * (1 - target_wait) / compute   # batches/s that keep the wait at the target
+    needed = ranks * (1 + headroom) / compute   # batches/s the ranks take, plus the headroom
     change: int | None = None
     if node_cap is None:
         note = note or "no data node delivered a batch in this window: nothing to size a node by"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from .advice import LiveFigures, ServerFigures, advise, steps_per_epoch
@@ -54,6 +54,20 @@ def window_figures(address: str, before: Snapshot | None, after: Snapshot, data_
     span = span_s if span_s and span_s > 0 else uptime
     return ServerFigures(address, (after.batches_sent - before.batches_sent) / span,
                          min(1.0, max(0.0, busy)), data_node)
+
+
+def scaled_to_consumption(servers: list[ServerFigures], consumed_per_s: float) -> tuple[ServerFigures, ...]:
+    """The servers' batches/s scaled so they add up to what the ranks consumed (``ranks / step``).
+
+    A server's counter runs ahead of the ranks by the batches in flight and held (up to a window
+    per server and consumer); that lead grows as an epoch starts and drains as it ends, which would
+    skew a window's deltas. The ranks' consumption is exact, so the servers' deltas only give
+    their shares of it.
+    """
+    total = sum(s.batches_per_s for s in servers)
+    if total <= 0 or consumed_per_s <= 0:
+        return tuple(servers)
+    return tuple(replace(s, batches_per_s=s.batches_per_s * consumed_per_s / total) for s in servers)
 
 
 class LiveAdvisor:
@@ -138,8 +152,9 @@ class LiveAdvisor:
               now: dict[str, Snapshot], final: bool) -> dict[str, Any] | None:
         kinds = dict(self._kinds)
         span = sum(w[1] for w in window)
-        servers = tuple(window_figures(a, base.get(a), s, kinds.get(a, True), span) for a, s in now.items())
         step_s = span / len(window)
+        servers = scaled_to_consumption(
+            [window_figures(a, base.get(a), s, kinds.get(a, True), span) for a, s in now.items()], self.ranks / step_s)
         wait_s = sum(w[0] for w in window) / len(window)
         try:
             advice = advise(LiveFigures(step_s, wait_s, self.ranks, servers, self._steps_per_epoch,

@@ -28,30 +28,33 @@ def figures(step, wait, ranks, servers, steps=1000):
 def test_a_starved_job_is_told_how_many_nodes_remove_the_wait_and_what_they_cost():
     # step 40 ms of which 30 ms data wait: compute 10 ms; one node delivers 25 batches/s (all it can)
     a = advise(figures(0.040, 0.030, 1, [ServerFigures("d1:6000", 25.0, 1.0)]), PRICES)
-    # needed: 1 x 0.95 / 0.010 = 95 batches/s; (95 - 25) / 25 = 2.8 -> 3 more nodes
-    assert a.change == 3 and a.data_nodes == 1
+    # needed: 1 x 1.1 / 0.010 = 110 batches/s (10 % headroom); (110 - 25) / 25 = 3.4 -> 4 more nodes
+    assert a.change == 4 and a.data_nodes == 1
     assert a.compute_s == pytest.approx(0.010) and a.data_wait_fraction == pytest.approx(0.75)
-    assert a.predicted_step_s == pytest.approx(0.010)       # max(0.010, 1 / 100)
-    assert a.change_usd_per_hour == pytest.approx(3 * 1.836)
-    assert a.change_usd_per_epoch == pytest.approx(5.508 * 1000 * 0.010 / 3600)   # 0.0153
+    assert a.predicted_step_s == pytest.approx(0.010)       # max(0.010, 1 / 125)
+    assert a.change_usd_per_hour == pytest.approx(4 * 1.836)
+    assert a.change_usd_per_epoch == pytest.approx(7.344 * 1000 * 0.010 / 3600)   # 0.0204
     assert a.job_usd_per_epoch == pytest.approx(5.661 * 1000 * 0.040 / 3600)      # 0.0629
-    assert a.predicted_job_usd_per_epoch == pytest.approx(11.169 * 1000 * 0.010 / 3600)  # 0.0310
+    assert a.predicted_job_usd_per_epoch == pytest.approx(13.005 * 1000 * 0.010 / 3600)  # 0.0361
 
 
 def test_an_oversized_data_group_is_told_how_many_nodes_could_go_and_the_saving():
     # 2 ranks, 50 ms compute, no wait; 4 nodes each deliver 10 batches/s at 25% busy: 40 possible each
     servers = [ServerFigures(f"d{i}:6000", 10.0, 0.25) for i in range(4)]
     a = advise(figures(0.050, 0.0, 2, servers), PRICES)
-    # needed 2 x 0.95 / 0.05 = 38; capacity 160; (160 - 38) / 40 = 3.05 -> 3 could go
-    assert a.change == -3 and a.capacity_per_s == pytest.approx(160.0) and a.node_capacity_per_s == pytest.approx(40)
-    assert a.predicted_step_s == pytest.approx(0.050)       # max(0.05, 2 / 40)
-    assert a.change_usd_per_hour == pytest.approx(-3 * 1.836)
-    assert a.change_usd_per_epoch == pytest.approx(-5.508 * 1000 * 0.050 / 3600)
+    # needed 2 x 1.1 / 0.05 = 44; capacity 160; (160 - 44) / 40 = 2.9 -> 2 could go
+    assert a.change == -2 and a.capacity_per_s == pytest.approx(160.0) and a.node_capacity_per_s == pytest.approx(40)
+    assert a.predicted_step_s == pytest.approx(0.050)       # max(0.05, 2 / 80)
+    assert a.change_usd_per_hour == pytest.approx(-2 * 1.836)
+    assert a.change_usd_per_epoch == pytest.approx(-3.672 * 1000 * 0.050 / 3600)
 
 
 def test_one_node_is_always_kept_and_a_fitting_group_is_left_alone():
-    a = advise(figures(0.020, 0.0005, 1, [ServerFigures("d1:6000", 50.0, 0.9)]), PRICES)
-    assert a.change == 0 and a.predicted_step_s == pytest.approx(0.0195)  # compute; 1 / 55.6 = 0.018 below it
+    # compute 19.5 ms: needed 1.1 / 0.0195 = 56.4; 50 batches/s at 80 % busy: 62.5 possible
+    a = advise(figures(0.020, 0.0005, 1, [ServerFigures("d1:6000", 50.0, 0.8)]), PRICES)
+    assert a.change == 0 and a.predicted_step_s == pytest.approx(0.0195)  # compute; 1 / 62.5 = 0.016 below it
+    tight = advise(figures(0.020, 0.0005, 1, [ServerFigures("d1:6000", 50.0, 0.9)]), PRICES)
+    assert tight.change == 1   # 55.6 possible: less than the demand plus its headroom
     idle = advise(figures(0.050, 0.0, 1, [ServerFigures("d1:6000", 20.0, 0.01)]), PRICES)
     assert idle.change == 0  # one node, far more than needed: none can go
 
@@ -59,15 +62,15 @@ def test_one_node_is_always_kept_and_a_fitting_group_is_left_alone():
 def test_a_dnn_hosts_own_server_adds_capacity_but_is_not_a_data_node():
     servers = [ServerFigures("dnn:6000", 20.0, 1.0, data_node=False), ServerFigures("d1:6000", 20.0, 1.0)]
     a = advise(figures(0.050, 0.040, 1, servers), PRICES)
-    # needed 95, capacity 40, one node 20: ceil(55 / 20) = 3 -> 100 batches/s, step max(0.01, 0.01)
-    assert a.change == 3 and a.data_nodes == 1 and a.predicted_step_s == pytest.approx(0.010)
+    # needed 110, capacity 40, one node 20: ceil(70 / 20) = 4 -> 120 batches/s, step max(0.01, 1 / 120)
+    assert a.change == 4 and a.data_nodes == 1 and a.predicted_step_s == pytest.approx(0.010)
 
 
 def test_no_delivery_no_advice_and_no_price_no_cost():
     a = advise(figures(0.050, 0.040, 1, [ServerFigures("d1:6000", 0.0, 0.0)]), PRICES)
     assert a.change is None and "no data node delivered" in a.note
     b = advise(LiveFigures(0.040, 0.030, 1, (ServerFigures("d1:6000", 25.0, 1.0),), None, "ml.local"), {})
-    assert b.change == 3 and b.change_usd_per_hour is None and b.change_usd_per_epoch is None
+    assert b.change == 4 and b.change_usd_per_hour is None and b.change_usd_per_epoch is None
     with pytest.raises(ValueError, match="step_s must be a positive"):
         advise(figures(0.0, 0.0, 1, []))
 
@@ -127,13 +130,13 @@ def test_the_advisor_advises_every_n_steps_and_at_the_end(caplog):
         stats.record(0.030, 0.040, 8)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("advice at step")]
     assert [line.split(":")[0] for line in lines] == ["advice at step 10", "advice at step 20"]
-    assert "data node change +3" in lines[0] and "predicted step 0.0100 s" in lines[0]
+    assert "data node change +4" in lines[0] and "predicted step 0.0100 s" in lines[0]
     assert advisor.last["steps_per_epoch"] == 1000 and advisor.last["servers"][0]["batches_per_s"] == pytest.approx(25)
     summary = stats.summary()  # the last window (3 steps) is short: joined to the one before
     assert summary["advice"]["final"] and summary["advice"]["window_steps"] == 13
-    assert summary["advice"]["change"] == 3
+    assert summary["advice"]["change"] == 4
     metrics = job_metrics([dict(summary, rank=0, host="algo-1")], {"mode": "heterogeneous"})
-    assert metrics["advice"]["change"] == 3 and "advice" not in metrics["nodes"][0]["ranks"][0]
+    assert metrics["advice"]["change"] == 4 and "advice" not in metrics["nodes"][0]["ranks"][0]
 
 
 def test_a_server_that_does_not_answer_is_left_out_and_training_goes_on(caplog):
@@ -158,13 +161,13 @@ def test_the_advice_lines_feed_only_the_advice_metrics():
     a = advise(figures(0.040, 0.030, 1, [ServerFigures("d1:6000", 25.0, 1.0)]), PRICES).to_dict()
     line = advice_line(200, a)
     assert lines_points(line) == pytest.approx({
-        "advice:data_node_change": 3, "advice:predicted_step_s": 0.01,
-        "advice:change_usd_per_hour": 5.508, "advice:change_usd_per_epoch": 0.0153}, abs=1e-4)
+        "advice:data_node_change": 4, "advice:predicted_step_s": 0.01,
+        "advice:change_usd_per_hour": 7.344, "advice:change_usd_per_epoch": 0.0204}, abs=1e-4)
     drop = advise(figures(0.050, 0.0, 2, [ServerFigures(f"d{i}", 10.0, 0.25) for i in range(4)]), PRICES).to_dict()
     final = advice_line(900, drop, final=True)
-    assert final.startswith("advice at step 900 (end of training): data node change -3")
-    assert lines_points(final)["advice:data_node_change"] == -3
-    assert lines_points(final)["advice:change_usd_per_hour"] == pytest.approx(-5.508)
+    assert final.startswith("advice at step 900 (end of training): data node change -2")
+    assert lines_points(final)["advice:data_node_change"] == -2
+    assert lines_points(final)["advice:change_usd_per_hour"] == pytest.approx(-3.672)
     unpriced = advice_line(5, advise(LiveFigures(0.04, 0.03, 1, (ServerFigures("d", 25.0, 1.0),)), {}).to_dict())
     assert set(lines_points(unpriced)) == {"advice:data_node_change", "advice:predicted_step_s"}
     none = advice_line(5, advise(figures(0.04, 0.03, 1, [ServerFigures("d", 0.0, None)])).to_dict())
@@ -184,8 +187,8 @@ def test_hetero_stats_local_reads_the_newest_advice(tmp_path, capsys):
     out = capsys.readouterr().out
     assert line in out and "data wait 75%" in out
     assert json.loads(out[out.index("{"):]) == pytest.approx({
-        "advice:data_node_change": 3, "advice:predicted_step_s": 0.01, "advice:change_usd_per_hour": 5.508,
-        "advice:change_usd_per_epoch": 0.0153}, abs=1e-4)
+        "advice:data_node_change": 4, "advice:predicted_step_s": 0.01, "advice:change_usd_per_hour": 7.344,
+        "advice:change_usd_per_epoch": 0.0204}, abs=1e-4)
     (logs / "algo-1.log").write_text("no advice yet\n")
     assert main(["stats", "--local", str(tmp_path)]) == 1
     assert "no advice in" in capsys.readouterr().err

@@ -165,10 +165,12 @@ def unregister(uri: str, server_id: str, *, timeout_s: float = 10.0) -> None:
         raise RegistryError(f"cannot remove {os.path.join(uri, SERVERS, name)}: {exc}") from exc
 
 
-def read_entries(uri: str, *, timeout_s: float = 5.0) -> tuple[list[Entry], list[str]]:
+def read_entries(uri: str, *, timeout_s: float = 5.0, cache: dict | None = None) -> tuple[list[Entry], list[str]]:
     """Every entry of the registry, and a line per entry that could not be read (corrupt).
 
-    A registry folder with no ``servers`` folder yet has no entries.
+    A registry folder with no ``servers`` folder yet has no entries. ``cache``: a dict the caller
+    keeps between reads of an S3 registry; an object listed with the name and size it had at the
+    last read is not fetched again (a poll is then one LIST).
 
     Raises:
         RegistryError: the registry cannot be listed (unreachable, no such folder, permissions).
@@ -176,7 +178,7 @@ def read_entries(uri: str, *, timeout_s: float = 5.0) -> tuple[list[Entry], list
     uri = check_uri(uri)
     entries: list[Entry] = []
     problems: list[str] = []
-    for name, data in (_read_s3(uri, timeout_s) if is_s3(uri) else _read_folder(uri)):
+    for name, data in (_read_s3(uri, timeout_s, cache) if is_s3(uri) else _read_folder(uri)):
         if isinstance(data, str):
             problems.append(f"{name}: {data}")
             continue
@@ -224,7 +226,7 @@ def _store(uri: str, timeout_s: float):
     return store
 
 
-def _read_s3(uri: str, timeout_s: float):
+def _read_s3(uri: str, timeout_s: float, cache: dict | None):
     from .shards.s3 import S3Error
 
     store = _store(uri, timeout_s)
@@ -232,6 +234,9 @@ def _read_s3(uri: str, timeout_s: float):
         listed = store.list(".json")
     except (S3Error, ConfigError) as exc:
         raise RegistryError(f"cannot list {uri}/{SERVERS}: {exc}") from exc
+    if cache is not None:
+        for gone in set(cache) - {key for key, _ in listed}:
+            del cache[gone]
     out = []
     for key, size in listed:
         folder, _, name = key.rpartition("/")
@@ -240,8 +245,14 @@ def _read_s3(uri: str, timeout_s: float):
         if size > MAX_ENTRY_BYTES:
             out.append((name, f"{size} bytes, more than an entry can be ({MAX_ENTRY_BYTES})"))
             continue
+        if cache is not None and key in cache and cache[key][0] == size:
+            out.append((name, cache[key][1]))
+            continue
         try:
-            out.append((name, store.read(key)))
+            data = store.read(key)
+            out.append((name, data))
+            if cache is not None:
+                cache[key] = (size, data)
         except S3Error as exc:
             if getattr(exc, "code", "") in ("NoSuchKey", "404", "NotFound"):
                 continue  # removed between the listing and the read

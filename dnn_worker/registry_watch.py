@@ -50,6 +50,7 @@ class RegistryWatcher:
         self._proved: dict[str, Entry] = {}  # address -> newest entry whose proof matches the token
         self._usable: dict[str, Entry] = {}
         self._logged: set[tuple] = set()
+        self._cache: dict = {}  # S3 entries by key: (size, bytes), so a poll is one LIST
         self._refused: dict[tuple[str, str], str] = {}  # (address, server_id) -> why, found on connecting
         self._lock = threading.Lock()
         self._read_done = threading.Condition(self._lock)
@@ -114,7 +115,7 @@ class RegistryWatcher:
     def poll(self) -> None:
         """Read the registry once and update the usable servers (the thread calls this)."""
         try:
-            entries, problems = read_entries(self.uri, timeout_s=self.timeout_s)
+            entries, problems = read_entries(self.uri, timeout_s=self.timeout_s, cache=self._cache)
         except (RegistryError, OSError) as exc:
             with self._lock:
                 if self.error is None:

@@ -85,8 +85,13 @@ def test_s3_registry_and_unreachable_endpoint(monkeypatch):
         srv.client(direct=True).put_object(Bucket="registry-bucket", Key="jobs/j1/servers/bad.json", Body=b"{")
         entries, problems = read_entries(uri)
         assert entries == [entry] and len(problems) == 1 and "bad.json" in problems[0]
+        cache: dict = {}
+        assert read_entries(uri, cache=cache)[0] == [entry]
+        before = srv.proxy.requests
+        assert read_entries(uri, cache=cache)[0] == [entry]  # from the cache: one LIST, no GET
+        assert srv.proxy.requests - before == 1
         unregister(uri, "node-b-2")
-        assert read_entries(uri)[0] == []
+        assert read_entries(uri, cache=cache)[0] == [] and "jobs/j1/servers/node-b-2.json" not in cache
         with pytest.raises(RegistryError, match="no such bucket"):
             read_entries("s3://no-such-registry-bucket/x")
     monkeypatch.setenv("AWS_ENDPOINT_URL", srv.endpoint)  # the server is gone now

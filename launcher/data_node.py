@@ -139,7 +139,7 @@ def advertised_address(cfg: LaunchConfig, host: str, port: int) -> str:
     """The address this node's registry entry gives: ``advertise_host`` if set; for a node of the
     job itself, the address its own trainers dial (so both name one server); for a node joining
     another job, this machine's IP (the other job cannot resolve this job's host names)."""
-    from data_service.registry import default_advertise_host
+    from data_service.joining import default_advertise_host
 
     from .roles import host_map, resolve
 
@@ -157,7 +157,7 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
              server.address, server.options.num_workers)
     uri = cfg.join or cfg.registry
     if uri:
-        from data_service.registry import join
+        from data_service.joining import join
 
         address = advertised_address(cfg, host, server.port)
         try:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import TOKEN
-from data_service import registry
+from data_service import joining, registry
 from data_service.errors import ServerUnavailableError
 from data_service.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
@@ -100,13 +100,13 @@ def exactly_once(audit, world: int) -> None:
 def test_a_server_that_joins_mid_epoch_serves_every_rank_within_5s(servers, tmp_path):
     reg = str(tmp_path / "registry")
     a = servers()
-    registry.join(a, reg, a.address)
+    joining.join(a, reg, a.address)
     b = servers()  # started, not yet registered
     ranks = Ranks(reg, tmp_path / "audit.jsonl", world=4, step_s=0.12).start()
     ranks.watch(b.address)
     ranks.wait_batches(3)
     joined = time.monotonic()
-    registry.join(b, reg, b.address)
+    joining.join(b, reg, b.address)
     ranks.join()
     exactly_once(tmp_path / "audit.jsonl", 4)
     latency = [t - joined if t else None for t in ranks.first_from[b.address]]
@@ -119,8 +119,8 @@ def test_drain_mid_epoch_unregisters_first_and_loses_nothing(servers, tmp_path):
 
     reg = str(tmp_path / "registry")
     a, b = servers(), servers()
-    registry.join(a, reg, a.address)
-    registry.join(b, reg, b.address, leave_delay_s=1.0)
+    joining.join(a, reg, a.address)
+    joining.join(b, reg, b.address, leave_delay_s=1.0)
     ranks = Ranks(reg, tmp_path / "audit.jsonl", world=2, step_s=0.05).start()
     ranks.wait_batches(8)
     sent_before = b.stats.snapshot().batches_sent
@@ -137,12 +137,12 @@ def test_entries_without_the_token_or_of_another_pipeline_are_refused(servers, t
     caplog.set_level(logging.INFO)
     reg = str(tmp_path / "registry")
     a = servers()
-    registry.join(a, reg, a.address)
+    joining.join(a, reg, a.address)
     other_job = servers(token="another-jobs-token")
     registry.register(reg, "another-jobs-token", other_job.server_id, other_job.address,
                       other_job.dataset_info.fingerprint)
     other_pipe = servers({**OPTIONS, "size": 200})
-    registry.join(other_pipe, reg, other_pipe.address)
+    joining.join(other_pipe, reg, other_pipe.address)
     # an entry that claims the job's pipeline for a server that runs another one
     registry.register(reg, TOKEN, "claims-the-job-pipeline", f"localhost:{other_pipe.port}",
                       a.dataset_info.fingerprint)
@@ -164,7 +164,7 @@ def test_an_unreadable_registry_leaves_the_job_on_its_servers(servers, tmp_path,
     caplog.set_level(logging.INFO)
     reg = tmp_path / "registry"
     a = servers()
-    registry.join(a, str(reg), a.address)
+    joining.join(a, str(reg), a.address)
     ranks = Ranks(str(reg), tmp_path / "audit.jsonl", world=2, step_s=0.12).start()
     ranks.wait_batches(5)
     os.rename(reg, tmp_path / "moved")  # unreachable: reads fail for a few polls
@@ -207,10 +207,10 @@ def test_with_shards_blocks_follow_a_server_that_joins_then_drains(tmp_path):
             os.environ["HETERO_CACHE_DIR"] = str(tmp_path / f"cache{i}")
             started.append(DataServer(spec, TOKEN, ServerOptions(num_workers=1, probe=False)).start())
         a, c = started
-        registry.join(a, reg, a.address)
+        joining.join(a, reg, a.address)
         ranks = Ranks(reg, tmp_path / "audit.jsonl", world=2, step_s=0.25).start()
         ranks.wait_batches(2)
-        registry.join(c, reg, c.address, leave_delay_s=1.0)
+        joining.join(c, reg, c.address, leave_delay_s=1.0)
         deadline = time.monotonic() + 5.0
         while c.stats.snapshot().batches_sent < 2 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     address = server.address
     if args.join:
-        from data_service.registry import RegistryError, default_advertise_host, join
+        from data_service.joining import default_advertise_host, join
+        from data_service.registry import RegistryError
 
         address = f"{args.advertise_host or default_advertise_host(args.host)}:{server.port}"
         try:

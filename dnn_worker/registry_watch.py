@@ -181,3 +181,14 @@ def watcher_for(uri: str, token: str, poll_s: float = 1.0) -> RegistryWatcher:
         if w is None:
             w = _WATCHERS[key] = RegistryWatcher(uri, token, poll_s)
         return w
+
+
+def registered_servers(uri: str, token: str, fingerprint: str | None = None, timeout_s: float = 5.0) -> list[str]:
+    """Addresses of the servers registered in ``uri`` that prove ``token`` (and run ``fingerprint``),
+    read once; [] with a warning when the registry cannot be read."""
+    try:
+        entries, _ = read_entries(uri, timeout_s=timeout_s)
+    except (RegistryError, OSError) as exc:
+        log.warning("registry %s cannot be read (%s); its servers are not listed", uri, exc)
+        return []
+    return sorted({e.address for e in entries if verify(e, token, fingerprint) is None})

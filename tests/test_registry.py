@@ -97,3 +97,14 @@ def test_s3_registry_and_unreachable_endpoint(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", srv.endpoint)  # the server is gone now
     with pytest.raises(RegistryError, match="cannot"):
         read_entries("s3://registry-bucket/jobs/j2", timeout_s=1.0)
+
+
+def test_registered_servers_lists_only_verified_entries(tmp_path, caplog):
+    from dnn_worker.registry_watch import registered_servers
+
+    register(str(tmp_path), TOKEN, "good", "10.0.0.7:6000", FP)
+    register(str(tmp_path), "other-token", "intruder", "10.0.0.9:6000", FP)
+    register(str(tmp_path), TOKEN, "other-pipeline", "10.0.0.8:6000", "ffffffffffffffff")
+    assert registered_servers(str(tmp_path), TOKEN) == ["10.0.0.7:6000", "10.0.0.8:6000"]
+    assert registered_servers(str(tmp_path), TOKEN, FP) == ["10.0.0.7:6000"]
+    assert registered_servers(str(tmp_path / "gone"), TOKEN) == [] and "cannot be read" in caplog.text

@@ -4,7 +4,8 @@
 
 1. Writes a JPEG image folder of drawn shapes (kept in OUTPUT/images for the next run).
 2. Profiles one batch of ``data_service.pipelines.images:build_pipeline`` (decode, RandomResizedCrop(224),
-   flip) on one core, and sets the emulated accelerator step to a third of that time, so that
+   flip) on one core, beside the same with whole-image decoding (what the fused crop-and-decode
+   buys), and sets the emulated accelerator step to a third of that time, so that
    one core cannot keep up with the "accelerator": the homogeneous node is CPU-bound, as an
    image job on a GPU instance with a few vCPUs is. (No GPU here: the step is a sleep.)
 3. Runs the job twice with ``hetero local``: homogeneous (one node on CPU 0, preprocessing in
@@ -112,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"emulated accelerator step: {step_s * 1000:.1f} ms = 1/3 of that. Why: a GPU trains a batch faster than "
           f"one CPU core can decode and augment it, so the node's own CPU (1 core here) starves it, and every core "
           f"a data node adds shortens the step until the step itself is the limit.\n")
+    whole = profile_pipeline(PIPELINE, {**options, "data_dir": str(images), "decode": "whole"}, batches=6,
+                             cpu=cpus[0], warmup=1)
+    print(f"the fused crop-and-decode (decode only the random crop of each JPEG, the default) against decoding whole "
+          f"images then cropping (decode=whole): {preprocess_s * 1000:.1f} vs {whole.median_s * 1000:.1f} ms per batch, "
+          f"{whole.median_s / preprocess_s:.2f}x the images per core, so a data group that many times smaller feeds "
+          f"the same accelerators (`hetero plan --profile --compare decode=whole` prices both)\n")
     finish_s, handoff_s = prof.finish_s, prof.handoff_s
     print(f"the trainer's own work per batch on its core: the finish stage (uint8 -> normalised float32) takes "
           f"{finish_s * 1000:.1f} ms here (on a GPU it runs on the device); homogeneous, its loader worker also "

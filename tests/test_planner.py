@@ -162,3 +162,22 @@ def test_cli_plan_profile(capsys):
                       "-o", "size=64", "-o", "work_ms=2", "--batch-size", "4", "--profile-batches", "2"])
     text = capsys.readouterr().out
     assert rc in (0, 1) and "profile:" in text and "batch of 4" in text
+
+
+def test_cli_plan_compare_profiles_the_changed_option_and_prices_both(capsys):
+    rc = hetero_main(["plan", "--gpu-step-s", "0.002", "--profile", "--pipeline", "examples.synthetic:build_pipeline",
+                      "-o", "size=64", "-o", "work_ms=2", "--batch-size", "4", "--profile-batches", "3",
+                      "--compare", "work_ms=20", "--data-types", "ml.c5.xlarge"])
+    text = capsys.readouterr().out
+    assert rc in (0, 1)
+    assert "profile with work_ms=20:" in text
+    line = next(x for x in text.splitlines() if x.startswith("compare: with work_ms=20"))
+    # ten times the work per batch: about ten times the profile, and a data group at least as big
+    ratio = float(line.split("(")[1].split("x)")[0])
+    assert ratio > 3, line
+
+
+def test_cli_plan_compare_needs_profile(capsys):
+    assert hetero_main(["plan", "--gpu-step-s", "0.1", "--preprocess-s", "1", "--batch-size", "8",
+                        "--compare", "decode=whole"]) == 2
+    assert "--compare needs --profile" in capsys.readouterr().out

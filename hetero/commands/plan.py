@@ -35,11 +35,14 @@ def register(sub) -> None:
                    "(launcher option dnn_local_server=true)")
     p.add_argument("--epoch-samples", type=int, default=0, help="samples per epoch, for $/epoch")
     p.add_argument("--prices", default=None, help="price file merged over hetero/planning/prices.json")
+    p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --profile: also profile the pipeline with this option changed and price the data "
+                        "group it needs beside (e.g. decode=whole: what the fused crop-and-decode saves)")
     p.add_argument("--json", type=Path, default=None, help="write the plan here")
     p.set_defaults(func=run)
 
 
-def _profile(args: argparse.Namespace, options: dict) -> tuple[float, int]:
+def _profile(args: argparse.Namespace, options: dict, label: str = "") -> tuple[float, int]:
     import os
 
     from hetero.planning.profile import profile_pipeline
@@ -58,9 +61,25 @@ def _profile(args: argparse.Namespace, options: dict) -> tuple[float, int]:
     finally:
         if tmp is not None:
             tmp.cleanup()
-    print(f"profile: {prof.median_s * 1000:.1f} ms per batch of {prof.batch_size} on CPU {prof.cpu} "
+    print(f"profile{label}: {prof.median_s * 1000:.1f} ms per batch of {prof.batch_size} on CPU {prof.cpu} "
           f"(median of {args.profile_batches}; {prof.min_s * 1000:.1f}-{prof.max_s * 1000:.1f} ms)")
     return prof.median_s, prof.batch_size
+
+
+def compare_line(kv: str, preprocess_s: float, result, other_s: float, other) -> str:
+    """One line: the data group the pipeline needs as given against with ``kv``, and the $/h between."""
+    def group(p) -> str:
+        r = p.recommended
+        if r is None:
+            return "no data group meets the target"
+        return f"{r.data_count} x {r.data_instance}, ${r.usd_per_hour:.2f}/h" if r.data_instance else \
+            f"no data node, ${r.usd_per_hour:.2f}/h"
+    line = (f"compare: with {kv} a batch takes {other_s * 1000:.1f} ms on one core against {preprocess_s * 1000:.1f} "
+            f"({other_s / preprocess_s:.2f}x) and needs {group(other)}; as given: {group(result)}")
+    if result.recommended and other.recommended:
+        saved = other.recommended.usd_per_hour - result.recommended.usd_per_hour
+        line += f" ({'saves' if saved >= 0 else 'costs'} ${abs(saved):.2f}/h)"
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,14 +105,26 @@ def run(args: argparse.Namespace) -> int:
             if args.preprocess_s is None or args.batch_size is None:
                 raise PlanError("give --preprocess-s and --batch-size (measured figures), or --profile to measure them")
             preprocess_s, batch_size = args.preprocess_s, args.batch_size
-        result = plan(table, args.dnn_instance, preprocess_s, args.gpu_step_s, batch_size, dnn_count=args.dnn_count,
-                      data_types=types or None, max_count=args.max_count, target_wait=args.target_wait,
-                      reserve_cpus=args.reserve_cpus, efficiency=args.efficiency, local_server=args.local_server,
-                      epoch_samples=args.epoch_samples)
+        if args.compare and not args.profile:
+            raise PlanError("--compare needs --profile (it profiles the pipeline with the option changed)")
+
+        def plan_for(preprocess_s: float, batch_size: int):
+            return plan(table, args.dnn_instance, preprocess_s, args.gpu_step_s, batch_size, dnn_count=args.dnn_count,
+                        data_types=types or None, max_count=args.max_count, target_wait=args.target_wait,
+                        reserve_cpus=args.reserve_cpus, efficiency=args.efficiency, local_server=args.local_server,
+                        epoch_samples=args.epoch_samples)
+        result = plan_for(preprocess_s, batch_size)
+        compared = []
+        for kv in args.compare:
+            changed = {**options, **parse_kv([kv])}
+            other_s, other_batch = _profile(args, changed, f" with {kv}")
+            compared.append((kv, other_s, plan_for(other_s, other_batch)))
     except (PriceError, PlanError, ConfigError, ValueError) as exc:
         print(f"hetero plan: {exc}")
         return 2
     print(format_plan(result))
+    for kv, other_s, other in compared:
+        print(compare_line(kv, preprocess_s, result, other_s, other))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")

@@ -4,7 +4,8 @@ The planner's model (``hetero/planning/planner.py``, ``predict_step``) with live
 of a profile:
 
 * each of the job's ``R`` ranks takes one batch per step and needs ``compute_s`` of its own per
-  step: the measured step time minus the measured data wait;
+  step: the measured step time minus the measured data wait, plus the CPU time the rank spent
+  inside that wait receiving its batch (more data nodes do not take that work off the rank);
 * the data servers together build ``S`` batches per second: each server's delivered batches/s
   divided by its workers' busy share over the window (a starved job keeps them busy, so this is
   what they delivered; a server with idle workers has that much headroom);
@@ -62,6 +63,8 @@ class LiveFigures:
         steps_per_epoch: steps each rank takes per epoch (None: no $/epoch).
         data_instance: the data nodes' instance type.
         dnn_instance: the DNN nodes' instance type; ``dnn_count`` of them.
+        fetch_cpu_s: mean CPU time per step the rank's own thread spent inside the wait (receiving
+            and unpacking the batch).
     """
 
     step_s: float
@@ -72,6 +75,7 @@ class LiveFigures:
     data_instance: str = ""
     dnn_instance: str = ""
     dnn_count: int = 1
+    fetch_cpu_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -147,9 +151,9 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
     prices = prices or {}
     step, ranks = figures.step_s, figures.ranks
     wait_share = min(1.0, figures.data_wait_s / step)
-    compute = max(step - figures.data_wait_s, MIN_COMPUTE_SHARE * step)
-    note = "the step is almost all data wait: compute time taken as 1% of it" \
-        if step - figures.data_wait_s < MIN_COMPUTE_SHARE * step else ""
+    own = step - figures.data_wait_s + min(max(0.0, figures.fetch_cpu_s), figures.data_wait_s)
+    compute = max(own, MIN_COMPUTE_SHARE * step)
+    note = "the step is almost all data wait: compute time taken as 1% of it" if own < MIN_COMPUTE_SHARE * step else ""
     caps = [(s, server_capacity(s)) for s in figures.servers]
     capacity = sum(c for _, c in caps)
     node_caps = [c for s, c in caps if s.data_node and c > 0]

@@ -101,8 +101,8 @@ class LiveAdvisor:
         self.timeout_s = stats_timeout_s
         self._steps_per_epoch: int | None = None
         self._base: dict[str, Snapshot] | None = None
-        self._window: list[tuple[float, float]] = []       # (wait_s, step_s) since the base
-        self._prev: tuple[dict[str, Snapshot], list[tuple[float, float]]] | None = None
+        self._window: list[tuple[float, float, float]] = []   # (wait_s, step_s, fetch_cpu_s) since the base
+        self._prev: tuple[dict[str, Snapshot], list[tuple[float, float, float]]] | None = None
         self.registry = registry
         self._kinds: list[tuple[str, bool]] = []
         self._clients: dict[str, Any] = {}
@@ -112,8 +112,9 @@ class LiveAdvisor:
         self.history: list[dict[str, Any]] = []
 
     # -- fed by StepStats ------------------------------------------------------------------------
-    def on_step(self, steps: int, wait_s: float, step_s: float) -> None:
-        """Record step ``steps`` (1-based); snapshot after the warm-up, advise every ``every``."""
+    def on_step(self, steps: int, wait_s: float, step_s: float, fetch_cpu_s: float = 0.0) -> None:
+        """Record step ``steps`` (1-based; ``fetch_cpu_s``: CPU time of the wait spent receiving);
+        snapshot after the warm-up, advise every ``every``."""
         if steps <= self.warmup:
             if steps == self.warmup:
                 self._base = self._snapshot()
@@ -121,7 +122,7 @@ class LiveAdvisor:
         if self._base is None:  # no warm-up: the first step's snapshot starts the window
             self._base = self._snapshot()
             return
-        self._window.append((wait_s, step_s))
+        self._window.append((wait_s, step_s, fetch_cpu_s))
         if self.every and steps % self.every == 0:
             now = self._snapshot()
             self._emit(steps, self._base, self._window, now, final=False)
@@ -148,7 +149,7 @@ class LiveAdvisor:
         self._clients.clear()
 
     # -- internals -------------------------------------------------------------------------------
-    def _emit(self, steps: int, base: dict[str, Snapshot], window: list[tuple[float, float]],
+    def _emit(self, steps: int, base: dict[str, Snapshot], window: list[tuple[float, float, float]],
               now: dict[str, Snapshot], final: bool) -> dict[str, Any] | None:
         kinds = dict(self._kinds)
         span = sum(w[1] for w in window)
@@ -156,9 +157,11 @@ class LiveAdvisor:
         servers = scaled_to_consumption(
             [window_figures(a, base.get(a), s, kinds.get(a, True), span) for a, s in now.items()], self.ranks / step_s)
         wait_s = sum(w[0] for w in window) / len(window)
+        fetch_cpu_s = sum(w[2] for w in window) / len(window)
         try:
             advice = advise(LiveFigures(step_s, wait_s, self.ranks, servers, self._steps_per_epoch,
-                                        self.data_instance, self.dnn_instance, self.dnn_count), self.prices)
+                                        self.data_instance, self.dnn_instance, self.dnn_count, fetch_cpu_s),
+                            self.prices)
         except ValueError as exc:
             log.warning("no advice at step %d: %s", steps, exc)
             return None

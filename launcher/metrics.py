@@ -53,8 +53,9 @@ class StepStats:
         self.counted = 0
         self._window: list[tuple[float, float, int]] = []
 
-    def record(self, wait_s: float, step_s: float, samples: int) -> float:
-        """Count one step; returns the seconds the advisor took (not part of any step)."""
+    def record(self, wait_s: float, step_s: float, samples: int, fetch_cpu_s: float = 0.0) -> float:
+        """Count one step (``fetch_cpu_s``: CPU time this thread spent inside the wait, receiving the
+        batch); returns the seconds the advisor took (not part of any step)."""
         self.steps += 1
         self._window.append((wait_s, step_s, samples))
         if self.steps > self.warmup:
@@ -71,7 +72,7 @@ class StepStats:
         if self.advisor is None:
             return 0.0
         started = time.perf_counter()
-        self.advisor.on_step(self.steps, wait_s, step_s)
+        self.advisor.on_step(self.steps, wait_s, step_s, fetch_cpu_s)
         return time.perf_counter() - started
 
     def summary(self) -> dict[str, Any]:
@@ -93,20 +94,22 @@ class StepTimer:
         self.stats = stats
         self._last_end = time.perf_counter()
         self._wait = 0.0
+        self._fetch_cpu = 0.0
 
     def restart(self) -> None:
         """Call when a new epoch starts (epoch set-up is not a step)."""
         self._last_end = time.perf_counter()
 
     def fetch(self, iterator):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         batch = next(iterator)
         self._wait = time.perf_counter() - start
+        self._fetch_cpu = time.thread_time() - cpu
         return batch
 
     def done(self, samples: int) -> None:
         end = time.perf_counter()
-        advising = self.stats.record(self._wait, end - self._last_end, samples)
+        advising = self.stats.record(self._wait, end - self._last_end, samples, self._fetch_cpu)
         self._last_end = end + advising  # the advisor's calls are not part of the next step
 
 

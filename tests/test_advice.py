@@ -16,7 +16,7 @@ from hetero.planning.planner import predict_step
 from launcher.advice import LiveFigures, ServerFigures, advise, predicted_step, steps_per_epoch
 from launcher.advisor import LiveAdvisor, Snapshot, window_figures
 from launcher.logmetrics import METRIC_DEFINITIONS, advice_line
-from launcher.metrics import StepStats, job_metrics
+from launcher.metrics import StepStats, StepTimer, job_metrics
 
 PRICES = {"ml.c5.9xlarge": 1.836, "ml.p3.2xlarge": 3.825}
 
@@ -47,6 +47,36 @@ def test_an_oversized_data_group_is_told_how_many_nodes_could_go_and_the_saving(
     assert a.predicted_step_s == pytest.approx(0.050)       # max(0.05, 2 / 80)
     assert a.change_usd_per_hour == pytest.approx(-2 * 1.836)
     assert a.change_usd_per_epoch == pytest.approx(-3.672 * 1000 * 0.050 / 3600)
+
+
+def test_the_ranks_own_receiving_work_is_not_taken_off_by_more_nodes():
+    f = LiveFigures(0.040, 0.030, 1, (ServerFigures("d1:6000", 25.0, 1.0),), fetch_cpu_s=0.002)
+    a = advise(f, PRICES)
+    # compute 0.040 - 0.030 + 0.002 = 0.012; needed 1.1 / 0.012 = 91.7; (91.7 - 25) / 25 = 2.67 -> 3
+    assert a.compute_s == pytest.approx(0.012) and a.change == 3 and a.predicted_step_s == pytest.approx(0.012)
+
+
+def test_the_step_timer_measures_the_cpu_time_spent_receiving():
+    def batches(busy):
+        while True:
+            if busy:  # 20 ms of this thread's CPU however busy the machine is
+                end = time.thread_time() + 0.02
+                while time.thread_time() < end:
+                    pass
+            else:
+                time.sleep(0.02)
+            yield 0
+
+    seen = []
+    for busy in (True, False):
+        stats = StepStats(warmup=0, log_every=100)
+        stats.record = lambda wait, step, samples, cpu: seen.append((wait, cpu)) or 0.0
+        timer = StepTimer(stats)
+        timer.fetch(batches(busy))
+        timer.done(1)
+    (busy_wait, busy_cpu), (idle_wait, idle_cpu) = seen
+    assert busy_wait >= 0.02 and busy_cpu >= 0.02          # receiving work: CPU time
+    assert idle_wait >= 0.02 and idle_cpu < 0.005          # waiting for a server: none
 
 
 def test_one_node_is_always_kept_and_a_fitting_group_is_left_alone():
@@ -233,3 +263,28 @@ def test_a_starved_local_job_logs_the_advice_and_writes_it_to_metrics_json(tmp_p
     out = capsys.readouterr().out
     assert lines[-1] in out and "step 80: avg step time" in out
     assert json.loads(out[out.index("{"):])["advice:data_node_change"] == a["change"]
+
+
+@pytest.mark.slow  # two local jobs, about a minute
+def test_the_advised_nodes_give_the_predicted_step_within_20_percent(tmp_path):
+    from hetero.local import LocalJob, run_local
+
+    from _launcher_helpers import synth_data
+
+    # batches take 40 ms of sleep on one worker (no CPU: nodes add capacity even on one core);
+    # the emulated step is 10 ms, so one data node starves the trainer
+    hps = {"pipeline": "tests._sleep_pipeline:build", "pipeline.size": 1600, "pipeline.sample_ms": 5,
+           "data_workers": 1, "loader_workers": 0, "emulate_step_s": 0.010, "warmup_steps": 10, "advice_every": 50}
+
+    def run(nodes, name):
+        result = run_local(LocalJob(data=synth_data(tmp_path / "data", 16, 0), output=tmp_path / name,
+                                    data_nodes=nodes, hyperparameters=hps, timeout_s=300, echo=False))
+        assert result.ok, result.failure
+        return result.metrics
+
+    before = run(1, "one")
+    advice = before["advice"]
+    assert advice["change"] >= 2 and before["data_wait_fraction"] > 0.5
+    after = run(1 + advice["change"], "more")
+    assert after["avg_step_time_s"] == pytest.approx(advice["predicted_step_s"], rel=0.2)
+    assert after["data_wait_fraction"] < 0.25 and after["advice"]["change"] in (-1, 0, 1)

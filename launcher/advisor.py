@@ -108,6 +108,7 @@ class LiveAdvisor:
         self._clients: dict[str, Any] = {}
         self._ids: dict[str, str] = {}          # address -> server id (from Hello)
         self._fingerprint: str | None = None
+        self._registered_last: list[tuple[str, bool]] = []
         self.last: dict[str, Any] | None = None
         self.history: list[dict[str, Any]] = []
 
@@ -181,15 +182,16 @@ class LiveAdvisor:
 
         try:
             entries, _ = read_entries(self.registry, timeout_s=self.timeout_s)
-        except Exception as exc:
+        except Exception as exc:  # the consumers keep the servers they have: so does the advice
             log.warning("advice: registry %s not read (%s); advising from the servers known so far",
                         self.registry, exc)
-            return []
+            return self._registered_last
         addresses = {a for a, _ in known}
         ids = {self._ids.get(a) for a in addresses}
-        return [(e.address, True) for e in entries
-                if e.address not in addresses and e.server_id not in ids
-                and verify(e, self._token, self._fingerprint) is None]
+        self._registered_last = [(e.address, True) for e in entries
+                                 if e.address not in addresses and e.server_id not in ids
+                                 and verify(e, self._token, self._fingerprint) is None]
+        return self._registered_last
 
     def _snapshot(self) -> dict[str, Snapshot]:
         started = time.monotonic()

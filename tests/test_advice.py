@@ -5,6 +5,7 @@ Prices used below (hetero/planning/prices.json): ml.c5.9xlarge $1.836/h, ml.p3.2
 import json
 import logging
 import re
+import shutil
 import threading
 import time
 
@@ -181,6 +182,31 @@ def test_a_server_that_does_not_answer_is_left_out_and_training_goes_on(caplog):
         advisor.on_step(step, 0.03, 0.04)
     assert "no stats from data server d2:6000" in caplog.text
     assert advisor.last["data_nodes"] == 1 and [s["address"] for s in advisor.last["servers"]] == ["d1:6000"]
+
+
+def test_servers_that_joined_through_the_registry_count_once_and_strangers_not_at_all(tmp_path, caplog):
+    from data_service.registry import register
+
+    clock = [100.0]
+    servers = {a: FakeServer(clock, 25.0, 1.0, sid) for a, sid in
+               [("d1:6000", "s1"), ("10.0.0.1:6000", "s1"), ("d2:6000", "s2"), ("d3:6000", "s3"), ("d4:6000", "s4")]}
+    registry = str(tmp_path / "registry")
+    register(registry, "tok", "s1", "10.0.0.1:6000", "fp")     # the job's own node, under another address
+    register(registry, "tok", "s2", "d2:6000", "fp")           # a node that joined
+    register(registry, "other-token", "s3", "d3:6000", "fp")   # not of this job
+    register(registry, "tok", "s4", "d4:6000", "another-pipeline")
+    advisor = LiveAdvisor(lambda: [("d1:6000", True)], "tok", ranks=1, every=5, registry=registry,
+                          client=lambda address, token, who: servers[address])
+    for step in range(1, 6):
+        clock[0] += 0.04
+        advisor.on_step(step, 0.03, 0.04)
+    assert advisor.last["data_nodes"] == 2
+    assert sorted(s["address"] for s in advisor.last["servers"]) == ["d1:6000", "d2:6000"]
+    shutil.rmtree(registry)   # unreadable: the servers already known still count, and the log says so
+    for step in range(6, 11):
+        clock[0] += 0.04
+        advisor.on_step(step, 0.03, 0.04)
+    assert f"registry {registry} not read" in caplog.text and advisor.last["data_nodes"] == 2
 
 
 def lines_points(line):

@@ -50,6 +50,11 @@ class Pipeline:
             indices, the order data stored as shards wants (``data_service.sampler``).
         interleave: with ``shuffle_block``, blocks whose batches alternate in the epoch.
 
+        stats: optional ``stats() -> {name: number}``: figures of the pipeline's own (a cache's
+            size, say) that the data server adds to its stats (``hetero stats``).
+        close: optional ``close()``: the data server calls it once when it shuts down (to free
+            what the pipeline holds outside its processes, such as files on a tmpfs).
+
     A dataset that reads slow storage may define ``prefetch(indices)``: the data server calls it
     (in its own process, without waiting) with the sample indices of every batch a consumer asks
     for, ahead of the workers that build it.
@@ -65,6 +70,8 @@ class Pipeline:
     finish_dtypes: Mapping[str, str] | None = None
     shuffle_block: int = 0
     interleave: int = 8
+    stats: Callable[[], Mapping[str, float]] | None = None
+    close: Callable[[], None] | None = None
     # Samples this process dropped (SkipSample) since the pipeline was built; data workers report
     # the per-batch difference, which the server's samples_skipped stat adds up.
     samples_skipped: int = field(default=0, init=False, compare=False)

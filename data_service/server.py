@@ -138,6 +138,7 @@ class DataServer:
         self._listener: socket.socket | None = None
         self._tls_context = None
         self._prefetch_hook = None
+        self._pipeline_close = None
 
     @property
     def address(self) -> str:
@@ -160,6 +161,9 @@ class DataServer:
             block_samples=self.plan.block_samples, interleave=self.plan.interleave)
         # A data set that reads slow storage keeps its prefetch hook in this process; nothing else is kept.
         self._prefetch_hook = getattr(pipe.dataset, "prefetch", None)
+        # So are the pipeline's own stats and its clean-up (a decoded-image cache on a tmpfs, say).
+        self.stats.pipeline_stats = pipe.stats
+        self._pipeline_close = pipe.close
         del pipe
         self.pool.start(own_thread=False)  # the data-plane loop reads the workers' pipes
         try:
@@ -325,6 +329,11 @@ class DataServer:
         self.pool.stop(timeout=5.0)
         if self._grpc is not None:
             self._grpc.stop(grace=1.0).wait(5.0)
+        if self._pipeline_close is not None:
+            try:
+                self._pipeline_close()
+            except Exception as exc:  # the server stops all the same
+                log.warning("data server %s: the pipeline's close() failed: %s", self.server_id, exc)
         self._stopped.set()
         log.info("data server %s stopped", self.server_id)
 

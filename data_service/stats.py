@@ -1,11 +1,14 @@
 """Server counters behind the GetStats call."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from .wire import pb
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .workers import WorkerPool
@@ -21,6 +24,7 @@ class ServerStats:
     def __init__(self, pool: "WorkerPool") -> None:
         self._pool = pool
         self._lock = threading.Lock()
+        self.pipeline_stats = None  # the pipeline's stats() (Pipeline.stats), set by the server
         self.started = time.monotonic()
         self.batches_sent = 0
         self.bytes_sent = 0
@@ -84,4 +88,14 @@ class ServerStats:
                 compress_s=self.compress_s,
                 seconds_since_last_consumer=idle_s,
                 consumer_ever_connected=self.consumer_ever_connected,
-                shm_leases=pool.leases, slots_retired=pool.retired, samples_skipped=pool.samples_skipped)
+                shm_leases=pool.leases, slots_retired=pool.retired, samples_skipped=pool.samples_skipped,
+                pipeline=self._pipeline_figures())
+
+    def _pipeline_figures(self) -> dict[str, float]:
+        if self.pipeline_stats is None:
+            return {}
+        try:
+            return {str(k): float(v) for k, v in self.pipeline_stats().items()}
+        except Exception as exc:  # a stats call must not fail because of the pipeline's own figures
+            log.warning("the pipeline's stats() failed: %s", exc)
+            return {}

@@ -129,20 +129,10 @@ class CropDecode:
 
     def _fused(self, data: bytes):
         """(the box drawn or None, the output or None, why not fused)."""
-        if data[:2] != b"\xff\xd8":
-            return None, None, "not a JPEG"
-        if b"\xff\xd9" not in data[-1024:]:
-            return None, None, "truncated"  # rows past the crop are never read: let the whole decoder judge
-        try:
-            width, height, components, space, _progressive, precision, arith = _jpegcrop.info(data)
-        except ValueError:
-            return None, None, "bad header"
-        if precision != 8:
-            return None, None, f"{precision}-bit"
-        if arith:
-            return None, None, "arithmetic-coded"
-        if components not in (1, 3) or space not in (_jpegcrop.JCS_YCbCr, _jpegcrop.JCS_GRAYSCALE, _jpegcrop.JCS_RGB):
-            return None, None, "CMYK/YCCK"
+        size, why = plain_jpeg_size(data)
+        if size is None:
+            return None, None, why
+        width, height = size
         box = self.draw_box(height, width)
         top, left, h, w = box
         m = dct_scale(h, w, self.size) if self.dct_scaling == "pow2" else 8
@@ -152,9 +142,7 @@ class CropDecode:
             out = None
         if out is None:
             return box, None, "corrupt data"
-        buf, rows, cols = out
-        region = torch.frombuffer(buf, dtype=torch.uint8).view(rows, cols, 3).permute(2, 0, 1)
-        return box, _resize(region, self.size), ""
+        return box, _resize(_hwc(out).permute(2, 0, 1), self.size), ""
 
     def _count_whole(self, why: str, name: str) -> None:
         self.counts["whole"] += 1
@@ -167,6 +155,87 @@ class CropDecode:
                             "package); decoding whole images")
             else:
                 log.info("%s: decoded whole (%s); further such images are counted, not logged", name, why)
+
+
+def plain_jpeg_size(data: bytes) -> tuple[tuple[int, int] | None, str]:
+    """``((width, height), "")`` for a JPEG the crop decoder takes, else ``(None, why not)``."""
+    if data[:2] != b"\xff\xd8":
+        return None, "not a JPEG"
+    if b"\xff\xd9" not in data[-1024:]:
+        return None, "truncated"  # rows past the crop are never read: let the whole decoder judge
+    try:
+        width, height, components, space, _progressive, precision, arith = _jpegcrop.info(data)
+    except ValueError:
+        return None, "bad header"
+    if precision != 8:
+        return None, f"{precision}-bit"
+    if arith:
+        return None, "arithmetic-coded"
+    if components not in (1, 3) or space not in (_jpegcrop.JCS_YCbCr, _jpegcrop.JCS_GRAYSCALE, _jpegcrop.JCS_RGB):
+        return None, "CMYK/YCCK"
+    return (width, height), ""
+
+
+def _hwc(out: tuple[bytearray, int, int]) -> torch.Tensor:
+    buf, rows, cols = out
+    return torch.frombuffer(buf, dtype=torch.uint8).view(rows, cols, 3)
+
+
+class CachedCropDecode:
+    """:class:`CropDecode`'s job from decoded images kept in a :class:`~.decoded_cache.DecodedCache`.
+
+    Each image is decoded once (at the smallest DCT scale that keeps its short side at least
+    ``side``), shrunk to short side ``side`` (antialiased), stored, and every epoch cropped, resized
+    and flipped from the stored copy (the same draws as :class:`CropDecode`).
+
+    Args:
+        size, min_scale, decode_whole: as :class:`CropDecode`. cache: the store. side: short side kept.
+    """
+
+    def __init__(self, size: int, min_scale: float, decode_whole, cache, side: int) -> None:
+        self.size, self.side = size, side
+        self.decode_whole = decode_whole
+        self.cache = cache
+        self.draw_box = BoxDraw((min_scale, 1.0))
+        self.counts = {"cache hit": 0, "cache miss": 0}
+
+    def __call__(self, sample):
+        (data, name), label = sample
+        key = self.cache.key(data)
+        image = self.cache.get(key)
+        if image is None:
+            self.counts["cache miss"] += 1
+            image = self.shrunk(data, name)
+            self.cache.put(key, image)
+        else:
+            self.counts["cache hit"] += 1
+        top, left, h, w = self.draw_box(image.shape[0], image.shape[1])
+        out = _resize(image[top:top + h, left:left + w].permute(2, 0, 1), self.size)
+        if torch.rand(1) < 0.5:
+            out = out.flip(-1)
+        return out, label
+
+    def shrunk(self, data: bytes, name: str) -> torch.Tensor:
+        """The image decoded and shrunk to short side ``side`` (if longer), uint8 ``[rows, cols, 3]``."""
+        image = None
+        if _jpegcrop is not None:
+            size, _ = plain_jpeg_size(data)
+            if size is not None:
+                width, height = size
+                try:
+                    out = _jpegcrop.decode_crop(data, 0, 0, width, height, dct_scale(height, width, self.side))
+                except ValueError:
+                    out = None
+                image = _hwc(out) if out is not None else None
+        if image is None:
+            image = self.decode_whole(data, name).permute(1, 2, 0)
+        rows, cols = image.shape[:2]
+        if min(rows, cols) > self.side:
+            scale = self.side / min(rows, cols)
+            shape = (max(1, round(rows * scale)), max(1, round(cols * scale)))
+            image = torch.nn.functional.interpolate(image.permute(2, 0, 1).unsqueeze(0), size=shape, mode="bilinear",
+                                                    antialias=True, align_corners=False)[0].permute(1, 2, 0)
+        return image.contiguous()
 
 
 def _resize(region: torch.Tensor, size: int) -> torch.Tensor:

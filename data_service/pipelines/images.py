@@ -34,7 +34,8 @@ from torch import nn
 
 from .. import Pipeline, SkipSample
 from ..errors import ConfigError
-from .crop_decode import DCT_SCALING, CropDecode
+from .crop_decode import DCT_SCALING, CachedCropDecode, CropDecode
+from .decoded_cache import DecodedCache
 
 log = logging.getLogger(__name__)
 
@@ -227,10 +228,14 @@ class FusedAugment:
     Args:
         image_size, min_scale: as :class:`Augment`. on_corrupt: as :class:`ImageFolder`.
         dct_scaling: ``"pow2"`` or ``"none"`` (:class:`CropDecode`).
+        cache, side: a :class:`DecodedCache` and the short side it keeps: crop the decoded images
+            it holds instead (:class:`CachedCropDecode`).
     """
 
-    def __init__(self, image_size: int, min_scale: float, on_corrupt: str = "fail", dct_scaling: str = "pow2") -> None:
-        self.crop_decode = CropDecode(image_size, min_scale, decode_bytes, dct_scaling)
+    def __init__(self, image_size: int, min_scale: float, on_corrupt: str = "fail", dct_scaling: str = "pow2",
+                 cache: DecodedCache | None = None, side: int = 0) -> None:
+        self.crop_decode = CachedCropDecode(image_size, min_scale, decode_bytes, cache, side) if cache else \
+            CropDecode(image_size, min_scale, decode_bytes, dct_scaling)
         self.on_corrupt = on_corrupt
 
     @property
@@ -272,7 +277,8 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
                    drop_last: bool = True, finish_on: str = "device", shards: str = "",
                    shuffle_block: int = 0, interleave: int = DEFAULT_INTERLEAVE, cache_dir: str = "",
                    cache_bytes: int | str = 0, request_timeout_s: float = 60.0, decode: str = "fused",
-                   dct_scaling: str = "pow2") -> Pipeline:
+                   dct_scaling: str = "pow2", decoded_cache_bytes: int | str = 0,
+                   decoded_cache_dir: str = "/dev/shm", decoded_side: int = 0) -> Pipeline:
     """Image-folder batches ``{"image": uint8 [B, 3, image_size, image_size], "label": int64 [B]}``.
 
     Args:
@@ -301,6 +307,12 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
             flips and, at full DCT scale, the pixels are the same either way.
         dct_scaling: with ``decode="fused"``, ``"pow2"`` decodes crops at least twice ``image_size``
             a side at 1/2, 1/4 or 1/8 scale; ``"none"`` keeps every crop at full scale.
+        decoded_cache_bytes: keep up to this many bytes of decoded images (a size such as
+            ``"20GB"``) in RAM on each data node, shared by its processes, and crop later epochs
+            from them (:mod:`.decoded_cache`); 0 = off. Crops then come from images shrunk to
+            short side ``decoded_side``, so batches differ from the uncached pipeline's.
+        decoded_cache_dir: the tmpfs the cache lives in (a folder per pipeline is made there).
+        decoded_side: short side of the images kept (0 = 1.15 x ``image_size``).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
@@ -323,6 +335,15 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
         raise ConfigError(f"dct_scaling={dct_scaling!r} must be 'pow2' (large crops decoded at 1/2, 1/4 or 1/8 "
                           "scale) or 'none' (full scale)")
     fused = decode == "fused"
+    from ..shards.format import parse_size
+
+    cache_budget = parse_size(decoded_cache_bytes, "decoded_cache_bytes")
+    if isinstance(decoded_side, bool) or not isinstance(decoded_side, int) or decoded_side < 0:
+        raise ConfigError(f"decoded_side={decoded_side!r} must be an integer >= 0 (pixels; 0 = 1.15 x image_size)")
+    side = decoded_side or round(1.15 * image_size)
+    if cache_budget and side < image_size:
+        raise ConfigError(f"decoded_side={decoded_side} is below image_size={image_size}: crops would be upscaled "
+                          f"from smaller images; use 0 (= {round(1.15 * image_size)}) or at least {image_size}")
     if not isinstance(shards, str):
         raise ConfigError(f"shards={shards!r} must be a folder of shards or an s3://bucket/prefix")
     block = 0
@@ -346,14 +367,26 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
     if drop_last and len(dataset) < batch_size:
         raise ConfigError(f"{dataset.root!r} holds {len(dataset)} images, fewer than batch_size={batch_size} "
                           "with drop_last=true: no batch at all; lower batch_size or add images")
-    augment = FusedAugment(image_size, float(min_scale), on_corrupt, dct_scaling) if fused \
+    cache = None
+    if cache_budget:
+        import hashlib
+        import json
+
+        # one folder per pipeline (its data and image options) and host, shared by its servers' processes
+        tag = hashlib.blake2b(json.dumps([shards or os.path.abspath(str(dataset.root)), limit, image_size, side],
+                                         sort_keys=True).encode(), digest_size=8).hexdigest()
+        cache = DecodedCache(os.path.join(decoded_cache_dir, f"hetero-decoded-{tag}"), cache_budget)
+    if cache is not None and not fused:
+        raise ConfigError("decoded_cache_bytes needs decode='fused' (the cache keeps the images the fused path shrinks)")
+    augment = FusedAugment(image_size, float(min_scale), on_corrupt, dct_scaling, cache, side) if fused \
         else Augment(image_size, float(min_scale))
+    hooks = {"stats": cache.stats, "close": cache.remove} if cache is not None else {}
     order = {"shuffle_block": block, "interleave": interleave}
     if finish_on == "server":
         return Pipeline(dataset=dataset, batch_size=batch_size, transform=augment,
-                        collate_fn=collate_finished_on_server, drop_last=drop_last, shuffle=True, **order)
+                        collate_fn=collate_finished_on_server, drop_last=drop_last, shuffle=True, **order, **hooks)
     return Pipeline(dataset=dataset, batch_size=batch_size, transform=augment, collate_fn=collate,
-                    drop_last=drop_last, shuffle=True, finish=finish, finish_dtypes=FINISH_DTYPES, **order)
+                    drop_last=drop_last, shuffle=True, finish=finish, finish_dtypes=FINISH_DTYPES, **order, **hooks)
 
 
 # The folder is listed once when the builder runs and each file is read whole, once per epoch, and

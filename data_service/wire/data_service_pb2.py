@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n heterodata/v1/data_service.proto\x12\rheterodata.v1\"9\n\x0cHelloRequest\x12\x16\n\x0e\x63lient_version\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\"\xde\x02\n\x0b\x44\x61tasetInfo\x12\x13\n\x0bnum_samples\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x11\n\tdrop_last\x18\x03 \x01(\x08\x12\x0f\n\x07shuffle\x18\x04 \x01(\x08\x12\x10\n\x08pipeline\x18\x05 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12\x17\n\x0fmax_batch_bytes\x18\x07 \x01(\x04\x12\x0e\n\x06\x66inish\x18\x08 \x01(\t\x12\x43\n\rfinish_dtypes\x18\t \x03(\x0b\x32,.heterodata.v1.DatasetInfo.FinishDtypesEntry\x12\r\n\x05\x63odec\x18\n \x01(\t\x12\x15\n\rblock_samples\x18\x0b \x01(\x04\x12\x12\n\ninterleave\x18\x0c \x01(\r\x1a\x33\n\x11\x46inishDtypesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb4\x01\n\rHelloResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x11\n\tbulk_port\x18\x02 \x01(\r\x12+\n\x07\x64\x61taset\x18\x03 \x01(\x0b\x32\x1a.heterodata.v1.DatasetInfo\x12\x11\n\tserver_id\x18\x04 \x01(\t\x12\x15\n\rshutting_down\x18\x05 \x01(\x08\x12\x10\n\x08\x62ulk_tls\x18\x06 \x01(\x08\x12\x0f\n\x07workers\x18\x07 \x01(\r\"\x0e\n\x0cStatsRequest\"\xf2\x03\n\x05Stats\x12\x15\n\rbatches_built\x18\x01 \x01(\x04\x12\x14\n\x0c\x62\x61tches_sent\x18\x02 \x01(\x04\x12\x12\n\nbytes_sent\x18\x03 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x0f\n\x07workers\x18\x05 \x01(\r\x12\x1c\n\x14worker_busy_fraction\x18\x06 \x01(\x01\x12\x16\n\x0e\x61\x63tive_streams\x18\x07 \x01(\r\x12\x15\n\rstreams_total\x18\x08 \x01(\x04\x12\x14\n\x0c\x62\x61tch_errors\x18\t \x01(\x04\x12\x17\n\x0fworker_restarts\x18\n \x01(\x04\x12\x15\n\rauth_failures\x18\x0b \x01(\x04\x12\x10\n\x08uptime_s\x18\x0c \x01(\x01\x12\x14\n\x0cslots_in_use\x18\r \x01(\r\x12\x16\n\x0e\x62ytes_in_slots\x18\x0e \x01(\x04\x12\x11\n\traw_bytes\x18\x0f \x01(\x04\x12\x12\n\ncompress_s\x18\x10 \x01(\x01\x12#\n\x1bseconds_since_last_consumer\x18\x11 \x01(\x01\x12\x1f\n\x17\x63onsumer_ever_connected\x18\x12 \x01(\x08\x12\x12\n\nshm_leases\x18\x13 \x01(\x04\x12\x15\n\rslots_retired\x18\x14 \x01(\x04\x12\x17\n\x0fsamples_skipped\x18\x15 \x01(\x04\"2\n\x0fShutdownRequest\x12\x0f\n\x07grace_s\x18\x01 \x01(\x01\x12\x0e\n\x06reason\x18\x02 \x01(\t\"1\n\x10ShutdownResponse\x12\x1d\n\x15\x61lready_shutting_down\x18\x01 \x01(\x08\"6\n\x08\x42\x61tchRef\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05index\x18\x03 \x01(\x04\"2\n\tChallenge\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\"\x82\x01\n\tBulkHello\x12\x16\n\x0e\x63lient_version\x18\x01 \x01(\t\x12\r\n\x05proof\x18\x02 \x01(\x0c\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x15\n\raccept_codecs\x18\x04 \x03(\t\x12\x10\n\x08host_key\x18\x05 \x01(\t\x12\x12\n\naccept_shm\x18\x06 \x01(\x08\"8\n\x07Welcome\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\r\n\x05\x63odec\x18\x02 \x01(\t\x12\x0b\n\x03shm\x18\x03 \x01(\x08\"/\n\x07Release\x12$\n\x03ref\x18\x01 \x01(\x0b\x32\x17.heterodata.v1.BatchRef\"c\n\x0c\x46\x65tchRequest\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.heterodata.v1.BatchRef\x12)\n\x08prefetch\x18\x02 \x03(\x0b\x32\x17.heterodata.v1.BatchRef\"X\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xcd\x02\n\x0b\x42\x61tchHeader\x12$\n\x03ref\x18\x01 \x01(\x0b\x32\x17.heterodata.v1.BatchRef\x12+\n\tstructure\x18\x02 \x01(\x0e\x32\x18.heterodata.v1.Structure\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.heterodata.v1.TensorMeta\x12\x15\n\rpayload_bytes\x18\x04 \x01(\x04\x12\x11\n\traw_bytes\x18\x05 \x01(\x04\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x0f\n\x07\x62uild_s\x18\x07 \x01(\x01\x12\x12\n\ncompress_s\x18\x08 \x01(\x01\x12\x10\n\x08shm_path\x18\t \x01(\t\x12\x10\n\x08shm_size\x18\n \x01(\x04\x12\x11\n\tshm_lease\x18\x0b \x01(\x08\x12\x11\n\tshm_inode\x18\x0c \x01(\x04\x12\x17\n\x0fsamples_skipped\x18\r \x01(\r\"\x94\x01\n\nBatchError\x12$\n\x03ref\x18\x01 \x01(\x0b\x32\x17.heterodata.v1.BatchRef\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.heterodata.v1.ErrorKind\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x14\n\x0csample_index\x18\x05 \x01(\x03\"\xca\x02\n\tBulkFrame\x12-\n\tchallenge\x18\x01 \x01(\x0b\x32\x18.heterodata.v1.ChallengeH\x00\x12)\n\x05hello\x18\x02 \x01(\x0b\x32\x18.heterodata.v1.BulkHelloH\x00\x12)\n\x07welcome\x18\x03 \x01(\x0b\x32\x16.heterodata.v1.WelcomeH\x00\x12,\n\x05\x66\x65tch\x18\x04 \x01(\x0b\x32\x1b.heterodata.v1.FetchRequestH\x00\x12+\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32\x1a.heterodata.v1.BatchHeaderH\x00\x12*\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x19.heterodata.v1.BatchErrorH\x00\x12)\n\x07release\x18\x07 \x01(\x0b\x32\x16.heterodata.v1.ReleaseH\x00\x42\x06\n\x04kind*Q\n\tStructure\x12\x19\n\x15STRUCTURE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x44ICT\x10\x01\x12\t\n\x05TUPLE\x10\x02\x12\x08\n\x04LIST\x10\x03\x12\n\n\x06TENSOR\x10\x04*\xae\x01\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10TRANSFORM_FAILED\x10\x01\x12\x10\n\x0cOUT_OF_RANGE\x10\x02\x12\x11\n\rSHUTTING_DOWN\x10\x03\x12\x15\n\x11PERMISSION_DENIED\x10\x04\x12\x14\n\x10VERSION_MISMATCH\x10\x05\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x06\x12\x0c\n\x08INTERNAL\x10\x07\x32\xdd\x01\n\x0b\x44\x61taService\x12\x42\n\x05Hello\x12\x1b.heterodata.v1.HelloRequest\x1a\x1c.heterodata.v1.HelloResponse\x12=\n\x08GetStats\x12\x1b.heterodata.v1.StatsRequest\x1a\x14.heterodata.v1.Stats\x12K\n\x08Shutdown\x12\x1e.heterodata.v1.ShutdownRequest\x1a\x1f.heterodata.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n heterodata/v1/data_service.proto\x12\rheterodata.v1\"9\n\x0cHelloRequest\x12\x16\n\x0e\x63lient_version\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\"\xde\x02\n\x0b\x44\x61tasetInfo\x12\x13\n\x0bnum_samples\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x11\n\tdrop_last\x18\x03 \x01(\x08\x12\x0f\n\x07shuffle\x18\x04 \x01(\x08\x12\x10\n\x08pipeline\x18\x05 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12\x17\n\x0fmax_batch_bytes\x18\x07 \x01(\x04\x12\x0e\n\x06\x66inish\x18\x08 \x01(\t\x12\x43\n\rfinish_dtypes\x18\t \x03(\x0b\x32,.heterodata.v1.DatasetInfo.FinishDtypesEntry\x12\r\n\x05\x63odec\x18\n \x01(\t\x12\x15\n\rblock_samples\x18\x0b \x01(\x04\x12\x12\n\ninterleave\x18\x0c \x01(\r\x1a\x33\n\x11\x46inishDtypesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb4\x01\n\rHelloResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x11\n\tbulk_port\x18\x02 \x01(\r\x12+\n\x07\x64\x61taset\x18\x03 \x01(\x0b\x32\x1a.heterodata.v1.DatasetInfo\x12\x11\n\tserver_id\x18\x04 \x01(\t\x12\x15\n\rshutting_down\x18\x05 \x01(\x08\x12\x10\n\x08\x62ulk_tls\x18\x06 \x01(\x08\x12\x0f\n\x07workers\x18\x07 \x01(\r\"\x0e\n\x0cStatsRequest\"\xd9\x04\n\x05Stats\x12\x15\n\rbatches_built\x18\x01 \x01(\x04\x12\x14\n\x0c\x62\x61tches_sent\x18\x02 \x01(\x04\x12\x12\n\nbytes_sent\x18\x03 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x0f\n\x07workers\x18\x05 \x01(\r\x12\x1c\n\x14worker_busy_fraction\x18\x06 \x01(\x01\x12\x16\n\x0e\x61\x63tive_streams\x18\x07 \x01(\r\x12\x15\n\rstreams_total\x18\x08 \x01(\x04\x12\x14\n\x0c\x62\x61tch_errors\x18\t \x01(\x04\x12\x17\n\x0fworker_restarts\x18\n \x01(\x04\x12\x15\n\rauth_failures\x18\x0b \x01(\x04\x12\x10\n\x08uptime_s\x18\x0c \x01(\x01\x12\x14\n\x0cslots_in_use\x18\r \x01(\r\x12\x16\n\x0e\x62ytes_in_slots\x18\x0e \x01(\x04\x12\x11\n\traw_bytes\x18\x0f \x01(\x04\x12\x12\n\ncompress_s\x18\x10 \x01(\x01\x12#\n\x1bseconds_since_last_consumer\x18\x11 \x01(\x01\x12\x1f\n\x17\x63onsumer_ever_connected\x18\x12 \x01(\x08\x12\x12\n\nshm_leases\x18\x13 \x01(\x04\x12\x15\n\rslots_retired\x18\x14 \x01(\x04\x12\x17\n\x0fsamples_skipped\x18\x15 \x01(\x04\x12\x34\n\x08pipeline\x18\x16 \x03(\x0b\x32\".heterodata.v1.Stats.PipelineEntry\x1a/\n\rPipelineEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"2\n\x0fShutdownRequest\x12\x0f\n\x07grace_s\x18\x01 \x01(\x01\x12\x0e\n\x06reason\x18\x02 \x01(\t\"1\n\x10ShutdownResponse\x12\x1d\n\x15\x61lready_shutting_down\x18\x01 \x01(\x08\"6\n\x08\x42\x61tchRef\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05index\x18\x03 \x01(\x04\"2\n\tChallenge\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\"\x82\x01\n\tBulkHello\x12\x16\n\x0e\x63lient_version\x18\x01 \x01(\t\x12\r\n\x05proof\x18\x02 \x01(\x0c\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x15\n\raccept_codecs\x18\x04 \x03(\t\x12\x10\n\x08host_key\x18\x05 \x01(\t\x12\x12\n\naccept_shm\x18\x06 \x01(\x08\"8\n\x07Welcome\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\r\n\x05\x63odec\x18\x02 \x01(\t\x12\x0b\n\x03shm\x18\x03 \x01(\x08\"/\n\x07Release\x12$\n\x03ref\x18\x01 \x01(\x0b\x32\x17.heterodata.v1.BatchRef\"c\n\x0c\x46\x65tchRequest\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.heterodata.v1.BatchRef\x12)\n\x08prefetch\x18\x02 \x03(\x0b\x32\x17.heterodata.v1.BatchRef\"X\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xcd\x02\n\x0b\x42\x61tchHeader\x12$\n\x03ref\x18\x01 \x01(\x0b\x32\x17.heterodata.v1.BatchRef\x12+\n\tstructure\x18\x02 \x01(\x0e\x32\x18.heterodata.v1.Structure\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.heterodata.v1.TensorMeta\x12\x15\n\rpayload_bytes\x18\x04 \x01(\x04\x12\x11\n\traw_bytes\x18\x05 \x01(\x04\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\x0f\n\x07\x62uild_s\x18\x07 \x01(\x01\x12\x12\n\ncompress_s\x18\x08 \x01(\x01\x12\x10\n\x08shm_path\x18\t \x01(\t\x12\x10\n\x08shm_size\x18\n \x01(\x04\x12\x11\n\tshm_lease\x18\x0b \x01(\x08\x12\x11\n\tshm_inode\x18\x0c \x01(\x04\x12\x17\n\x0fsamples_skipped\x18\r \x01(\r\"\x94\x01\n\nBatchError\x12$\n\x03ref\x18\x01 \x01(\x0b\x32\x17.heterodata.v1.BatchRef\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.heterodata.v1.ErrorKind\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x14\n\x0csample_index\x18\x05 \x01(\x03\"\xca\x02\n\tBulkFrame\x12-\n\tchallenge\x18\x01 \x01(\x0b\x32\x18.heterodata.v1.ChallengeH\x00\x12)\n\x05hello\x18\x02 \x01(\x0b\x32\x18.heterodata.v1.BulkHelloH\x00\x12)\n\x07welcome\x18\x03 \x01(\x0b\x32\x16.heterodata.v1.WelcomeH\x00\x12,\n\x05\x66\x65tch\x18\x04 \x01(\x0b\x32\x1b.heterodata.v1.FetchRequestH\x00\x12+\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32\x1a.heterodata.v1.BatchHeaderH\x00\x12*\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x19.heterodata.v1.BatchErrorH\x00\x12)\n\x07release\x18\x07 \x01(\x0b\x32\x16.heterodata.v1.ReleaseH\x00\x42\x06\n\x04kind*Q\n\tStructure\x12\x19\n\x15STRUCTURE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x44ICT\x10\x01\x12\t\n\x05TUPLE\x10\x02\x12\x08\n\x04LIST\x10\x03\x12\n\n\x06TENSOR\x10\x04*\xae\x01\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10TRANSFORM_FAILED\x10\x01\x12\x10\n\x0cOUT_OF_RANGE\x10\x02\x12\x11\n\rSHUTTING_DOWN\x10\x03\x12\x15\n\x11PERMISSION_DENIED\x10\x04\x12\x14\n\x10VERSION_MISMATCH\x10\x05\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x06\x12\x0c\n\x08INTERNAL\x10\x07\x32\xdd\x01\n\x0b\x44\x61taService\x12\x42\n\x05Hello\x12\x1b.heterodata.v1.HelloRequest\x1a\x1c.heterodata.v1.HelloResponse\x12=\n\x08GetStats\x12\x1b.heterodata.v1.StatsRequest\x1a\x14.heterodata.v1.Stats\x12K\n\x08Shutdown\x12\x1e.heterodata.v1.ShutdownRequest\x1a\x1f.heterodata.v1.ShutdownResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DATASETINFO_FINISHDTYPESENTRY']._loaded_options = None
   _globals['_DATASETINFO_FINISHDTYPESENTRY']._serialized_options = b'8\001'
-  _globals['_STRUCTURE']._serialized_start=2625
-  _globals['_STRUCTURE']._serialized_end=2706
-  _globals['_ERRORKIND']._serialized_start=2709
-  _globals['_ERRORKIND']._serialized_end=2883
+  _globals['_STATS_PIPELINEENTRY']._loaded_options = None
+  _globals['_STATS_PIPELINEENTRY']._serialized_options = b'8\001'
+  _globals['_STRUCTURE']._serialized_start=2728
+  _globals['_STRUCTURE']._serialized_end=2809
+  _globals['_ERRORKIND']._serialized_start=2812
+  _globals['_ERRORKIND']._serialized_end=2986
   _globals['_HELLOREQUEST']._serialized_start=51
   _globals['_HELLOREQUEST']._serialized_end=108
   _globals['_DATASETINFO']._serialized_start=111
@@ -49,31 +51,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATSREQUEST']._serialized_start=646
   _globals['_STATSREQUEST']._serialized_end=660
   _globals['_STATS']._serialized_start=663
-  _globals['_STATS']._serialized_end=1161
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1163
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1213
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1215
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1264
-  _globals['_BATCHREF']._serialized_start=1266
-  _globals['_BATCHREF']._serialized_end=1320
-  _globals['_CHALLENGE']._serialized_start=1322
-  _globals['_CHALLENGE']._serialized_end=1372
-  _globals['_BULKHELLO']._serialized_start=1375
-  _globals['_BULKHELLO']._serialized_end=1505
-  _globals['_WELCOME']._serialized_start=1507
-  _globals['_WELCOME']._serialized_end=1563
-  _globals['_RELEASE']._serialized_start=1565
-  _globals['_RELEASE']._serialized_end=1612
-  _globals['_FETCHREQUEST']._serialized_start=1614
-  _globals['_FETCHREQUEST']._serialized_end=1713
-  _globals['_TENSORMETA']._serialized_start=1715
-  _globals['_TENSORMETA']._serialized_end=1803
-  _globals['_BATCHHEADER']._serialized_start=1806
-  _globals['_BATCHHEADER']._serialized_end=2139
-  _globals['_BATCHERROR']._serialized_start=2142
-  _globals['_BATCHERROR']._serialized_end=2290
-  _globals['_BULKFRAME']._serialized_start=2293
-  _globals['_BULKFRAME']._serialized_end=2623
-  _globals['_DATASERVICE']._serialized_start=2886
-  _globals['_DATASERVICE']._serialized_end=3107
+  _globals['_STATS']._serialized_end=1264
+  _globals['_STATS_PIPELINEENTRY']._serialized_start=1217
+  _globals['_STATS_PIPELINEENTRY']._serialized_end=1264
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1266
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1316
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=1318
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1367
+  _globals['_BATCHREF']._serialized_start=1369
+  _globals['_BATCHREF']._serialized_end=1423
+  _globals['_CHALLENGE']._serialized_start=1425
+  _globals['_CHALLENGE']._serialized_end=1475
+  _globals['_BULKHELLO']._serialized_start=1478
+  _globals['_BULKHELLO']._serialized_end=1608
+  _globals['_WELCOME']._serialized_start=1610
+  _globals['_WELCOME']._serialized_end=1666
+  _globals['_RELEASE']._serialized_start=1668
+  _globals['_RELEASE']._serialized_end=1715
+  _globals['_FETCHREQUEST']._serialized_start=1717
+  _globals['_FETCHREQUEST']._serialized_end=1816
+  _globals['_TENSORMETA']._serialized_start=1818
+  _globals['_TENSORMETA']._serialized_end=1906
+  _globals['_BATCHHEADER']._serialized_start=1909
+  _globals['_BATCHHEADER']._serialized_end=2242
+  _globals['_BATCHERROR']._serialized_start=2245
+  _globals['_BATCHERROR']._serialized_end=2393
+  _globals['_BULKFRAME']._serialized_start=2396
+  _globals['_BULKFRAME']._serialized_end=2726
+  _globals['_DATASERVICE']._serialized_start=2989
+  _globals['_DATASERVICE']._serialized_end=3210
 # @@protoc_insertion_point(module_scope)

@@ -106,7 +106,14 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("batches_built", "batches_sent", "bytes_sent", "queue_depth", "workers", "worker_busy_fraction", "active_streams", "streams_total", "batch_errors", "worker_restarts", "auth_failures", "uptime_s", "slots_in_use", "bytes_in_slots", "raw_bytes", "compress_s", "seconds_since_last_consumer", "consumer_ever_connected", "shm_leases", "slots_retired", "samples_skipped")
+    __slots__ = ("batches_built", "batches_sent", "bytes_sent", "queue_depth", "workers", "worker_busy_fraction", "active_streams", "streams_total", "batch_errors", "worker_restarts", "auth_failures", "uptime_s", "slots_in_use", "bytes_in_slots", "raw_bytes", "compress_s", "seconds_since_last_consumer", "consumer_ever_connected", "shm_leases", "slots_retired", "samples_skipped", "pipeline")
+    class PipelineEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     BATCHES_BUILT_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +135,7 @@ class Stats(_message.Message):
     SHM_LEASES_FIELD_NUMBER: _ClassVar[int]
     SLOTS_RETIRED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
     batches_built: int
     batches_sent: int
     bytes_sent: int
@@ -149,7 +157,8 @@ class Stats(_message.Message):
     shm_leases: int
     slots_retired: int
     samples_skipped: int
-    def __init__(self, batches_built: _Optional[int] = ..., batches_sent: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_depth: _Optional[int] = ..., workers: _Optional[int] = ..., worker_busy_fraction: _Optional[float] = ..., active_streams: _Optional[int] = ..., streams_total: _Optional[int] = ..., batch_errors: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., auth_failures: _Optional[int] = ..., uptime_s: _Optional[float] = ..., slots_in_use: _Optional[int] = ..., bytes_in_slots: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compress_s: _Optional[float] = ..., seconds_since_last_consumer: _Optional[float] = ..., consumer_ever_connected: bool = ..., shm_leases: _Optional[int] = ..., slots_retired: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
+    pipeline: _containers.ScalarMap[str, float]
+    def __init__(self, batches_built: _Optional[int] = ..., batches_sent: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_depth: _Optional[int] = ..., workers: _Optional[int] = ..., worker_busy_fraction: _Optional[float] = ..., active_streams: _Optional[int] = ..., streams_total: _Optional[int] = ..., batch_errors: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., auth_failures: _Optional[int] = ..., uptime_s: _Optional[float] = ..., slots_in_use: _Optional[int] = ..., bytes_in_slots: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compress_s: _Optional[float] = ..., seconds_since_last_consumer: _Optional[float] = ..., consumer_ever_connected: bool = ..., shm_leases: _Optional[int] = ..., slots_retired: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., pipeline: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("grace_s", "reason")

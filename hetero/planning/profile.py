@@ -123,6 +123,8 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
             handoff_times = [_time_handoff(batch) for batch in built]
         finally:
             torch.set_num_threads(threads)
+    if pipe.close is not None:
+        pipe.close()  # what the pipeline keeps outside this process (a decoded-image cache's tmpfs folder)
     kept = times[warmup:]
     result = ProfileResult(target, dict(options or {}), cpu, pipe.batch_size, statistics.median(kept), min(kept),
                            max(kept), warmup, times, statistics.median(finish_times) if finish_times else 0.0,

@@ -110,6 +110,13 @@ def spec(**kw) -> JobSpec:
     return JobSpec(**base)
 
 
+def test_a_vpc_reaches_the_request(aws):
+    fake, session = aws
+    vpc = {"Subnets": ["subnet-0aaa"], "SecurityGroupIds": ["sg-0ccc"]}
+    model_trainer(spec(vpc=vpc), boto_session=session).train(wait=False, logs=False)
+    assert fake.job()["VpcConfig"] == vpc
+
+
 def test_heterogeneous_job_from_the_sdk(aws):
     fake, session = aws
     model_trainer(spec(), boto_session=session).train(wait=False, logs=False)
@@ -138,6 +145,7 @@ def test_heterogeneous_job_from_the_sdk(aws):
     assert req["TensorBoardOutputConfig"] == {"S3OutputPath": "s3://bkt/out/nb/tensorboard",
                                               "LocalPath": "/opt/ml/output/data/tensorboard"}
     assert req["TrainingJobName"].startswith("nb-") and {"Key": "team", "Value": "ml"} in req["Tags"]
+    assert "VpcConfig" not in req
     # the code went next to the job's output, file by file, with the entry point and requirements
     code = f"s3://bkt/out/nb/{req['TrainingJobName']}/input/code/"
     assert channels["code"]["DataSource"]["S3DataSource"]["S3Uri"].rstrip("/") + "/" == code

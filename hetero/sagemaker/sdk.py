@@ -164,7 +164,8 @@ def model_trainer(spec: JobSpec, source_root: str | Path | None = None, sagemake
     check_request(request)
 
     from sagemaker.core import shapes
-    from sagemaker.core.training.configs import CheckpointConfig, Compute, OutputDataConfig, SourceCode, StoppingCondition
+    from sagemaker.core.training.configs import (CheckpointConfig, Compute, Networking, OutputDataConfig, SourceCode,
+                                                 StoppingCondition)
     from sagemaker.train import ModelTrainer
 
     if spec.homogeneous:
@@ -199,7 +200,9 @@ def model_trainer(spec: JobSpec, source_root: str | Path | None = None, sagemake
                                              max_wait_time_in_seconds=stop.get("MaxWaitTimeInSeconds")),
         checkpoint_config=CheckpointConfig(s3_uri=checkpoint["S3Uri"], local_path=checkpoint["LocalPath"])
         if checkpoint else None,
-        tags=[shapes.Tag(key=t["Key"], value=t["Value"]) for t in request.get("Tags", [])] or None)
+        tags=[shapes.Tag(key=t["Key"], value=t["Value"]) for t in request.get("Tags", [])] or None,
+        networking=Networking(subnets=spec.vpc["Subnets"], security_group_ids=spec.vpc["SecurityGroupIds"])
+        if spec.vpc else None)
     trainer = trainer.with_metric_definitions(
         [shapes.MetricDefinition(name=d["Name"], regex=d["Regex"])
          for d in request["AlgorithmSpecification"]["MetricDefinitions"]])

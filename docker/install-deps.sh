@@ -13,6 +13,15 @@ if ! command -v python3 >/dev/null 2>&1; then  # a bare CUDA base (Debian/Ubuntu
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
   rm -rf /var/lib/apt/lists/*
 fi
+# A C compiler and libjpeg-turbo's headers: the image pipeline's fused crop-and-decode is a small C
+# extension built in the image (Dockerfile: setup.py build_ext).
+if command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    gcc libc6-dev libjpeg-dev python3-dev >/dev/null
+  rm -rf /var/lib/apt/lists/*
+elif command -v dnf >/dev/null 2>&1; then
+  dnf install -y -q gcc libjpeg-turbo-devel python3-devel && dnf clean all
+fi
 # --system-site-packages: a PyTorch base image's own torch stays visible in the venv.
 python3 -m venv --system-site-packages /opt/venv
 $PY -m pip install -q --upgrade pip

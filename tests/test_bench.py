@@ -210,3 +210,34 @@ def test_epoch_boundary_cost_is_its_window_against_the_steady_median(tmp_path):
     assert step_time.boundary_lines(runs) == ["epoch boundary, homogeneous: +3.200 s (median of 1; each: +3.200) "
                                               "over a steady 0.1000 s/step"]
     assert step_time.boundary_costs(log, epoch_batches=0, warmup=0) == []
+
+
+def test_cpu_per_step_is_the_steady_state_between_logged_windows(tmp_path):
+    import datetime
+
+    from hetero.bench.cpu_monitor import NodeUsage
+
+    base = datetime.datetime(2026, 11, 25, 12, 0, 0)
+    stamp = lambda s: (base + datetime.timedelta(seconds=s)).strftime("%Y-%m-%d %H:%M:%S,%f")[:23]  # noqa: E731
+    log = tmp_path / "algo-1.log"
+    log.write_text(f"{stamp(5)} algo-1 launcher.metrics: step 10: avg step time 0.5 s over the last 10 steps\n"
+                   f"{stamp(10)} algo-1 launcher.metrics: step 20: avg step time 0.5 s over the last 10 steps\n"
+                   f"{stamp(20)} algo-1 launcher.metrics: step 40: avg step time 0.5 s over the last 20 steps\n")
+    t0 = base.timestamp()
+
+    class Monitor:
+        nodes = {1: NodeUsage("algo-1", "dnn_group", [0], 0.0, series=[(t0, 3.0), (t0 + 30, 33.0)]),  # 1 CPU-s/s
+                 2: NodeUsage("algo-2", "data_group", [1], 0.0, series=[(t0 + 12, 0.0), (t0 + 30, 18.0)])}
+
+    # warm-up 10: the window ending at step 20 (t=10 s) starts the steady state, step 40 (t=20 s) ends it;
+    # algo-2's samples begin after t=10 s, so it cannot be measured and is left out
+    got = step_time.cpu_per_step(log, warmup=10, monitor=Monitor)
+    assert got == {"dnn_group algo-1": pytest.approx(10.0 / 20)}
+    assert step_time.cpu_per_step(log, warmup=30, monitor=Monitor) == {}  # one window: no interval
+    runs = [_run("homogeneous", 0, 0.2), _run("heterogeneous", 0, 0.1)]
+    runs[0].cpu_per_step_s = {"homogeneousCluster algo-1": 0.040}
+    runs[1].cpu_per_step_s = {"dnn_group algo-1": 0.010, "data_group algo-2": 0.033}
+    s = _summary(tmp_path, runs)
+    assert s["cpu_per_step_ratio"] == pytest.approx(0.043 / 0.040)
+    assert "**CPU per batch**" in bench_report.markdown(s) and "data_group 33.0 + dnn_group 10.0" in \
+        bench_report.markdown(s)

@@ -78,6 +78,17 @@ class NodeUsage:
     cpu_s: float = 0.0
     first_cpu_s: float = 0.0
     intervals: list[float] = field(default_factory=list)  # busy share per sampling interval
+    series: list[tuple[float, float]] = field(default_factory=list)  # (wall clock, CPU seconds) per sample
+
+    def cpu_at(self, when: float) -> float | None:
+        """CPU seconds of the node's tree at wall-clock time ``when``, interpolated between samples."""
+        pts = self.series
+        if not pts or when < pts[0][0] or when > pts[-1][0]:
+            return None
+        for (t0, c0), (t1, c1) in zip(pts, pts[1:]):
+            if t0 <= when <= t1:
+                return c0 + (c1 - c0) * ((when - t0) / (t1 - t0) if t1 > t0 else 1.0)
+        return pts[-1][1]
 
     def summary(self) -> dict:
         wall = max(self.last_s - self.first_s, 1e-9)
@@ -149,11 +160,13 @@ class NodeCpuMonitor:
                 self.nodes[proc.pid] = usage
                 usage.first_cpu_s = usage.cpu_s = _tree_cpu_s(proc)
                 usage.last_s = now
+                usage.series.append((time.time(), usage.cpu_s))
                 continue
             cpu = max(usage.cpu_s, _tree_cpu_s(proc))  # a reaped tree must not count backwards
             if now > usage.last_s:
                 usage.intervals.append((cpu - usage.cpu_s) / ((now - usage.last_s) * max(1, len(usage.cpus))))
             usage.cpu_s, usage.last_s = cpu, now
+            usage.series.append((time.time(), cpu))
 
     def _loop(self) -> None:
         while not self._stop.is_set():

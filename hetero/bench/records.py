@@ -106,6 +106,7 @@ class RunResult:
     quiet_wait_s: float = 0.0             # waited before the run for the cores to be quiet
     busy_before: float | None = None      # the cores' busy share (others) just before the run
     boundaries: list[dict] = field(default_factory=list)  # epoch boundaries: their window vs the steady state
+    cpu_per_step_s: dict = field(default_factory=dict)    # "role host" -> CPU seconds per step, steady state
 
     @property
     def step_s(self) -> float | None:

@@ -40,6 +40,20 @@ def _rounds(summary: dict) -> str:
     return f"{len(quiet)} of {total} round(s) quiet: no more than {summary['max_foreign']:.0%} of the cores used by others"
 
 
+def cpu_line(summary: dict) -> str:
+    """CPU per step of the whole job in each mode (steady state), by role, and their ratio."""
+    parts = []
+    for mode in MODES:
+        cps = summary["modes"][mode].get("cpu_per_step_s") or {}
+        if not cps.get("total"):
+            parts.append(f"{mode} n/a")
+            continue
+        roles = " + ".join(f"{role} {sec * 1000:.1f}" for role, sec in sorted(cps["by_role"].items()))
+        parts.append(f"{mode} {cps['total'] * 1000:.1f} ms ({roles})")
+    return (f"**CPU per batch** (every node's CPU per step, steady state, medians): {'; '.join(parts)}; "
+            f"heterogeneous / homogeneous {_f(summary.get('cpu_per_step_ratio'), '.2f')}x.")
+
+
 def markdown(summary: dict) -> str:
     """The benchmark's figures as Markdown (a header, a table, speed-up, cost ratio, prediction)."""
     c, modes = summary["config"], summary["modes"]
@@ -76,7 +90,8 @@ def markdown(summary: dict) -> str:
               f"(median {_f(summary['speedup_per_round_median'], '.2f')}x).",
               f"**Cost ratio** per step (homogeneous / heterogeneous, "
               f"${modes['homogeneous']['cost']['usd_per_hour']:.3f}/h vs "
-              f"${modes['heterogeneous']['cost']['usd_per_hour']:.3f}/h): {_f(summary['cost_ratio'], '.2f')}x."]
+              f"${modes['heterogeneous']['cost']['usd_per_hour']:.3f}/h): {_f(summary['cost_ratio'], '.2f')}x.",
+              cpu_line(summary)]
     if summary["basis"] != "all rounds":
         allm = summary["modes_all_rounds"]
         lines.append(f"All {len(summary['rounds'])} rounds, quiet or not: homogeneous "

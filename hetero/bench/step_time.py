@@ -53,6 +53,35 @@ def step_windows(log_path: Path, warmup: int) -> list[float]:
     return out
 
 
+_STAMPED_WINDOW = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*step (\d+): avg step time [\d.]+ s over the last (\d+) "
+                             r"steps", re.M)
+
+
+def cpu_per_step(log_path: Path, warmup: int, monitor) -> dict[str, float]:
+    """Each node's CPU seconds per step in the steady state: between the end of the first logged
+    window after the warm-up and the end of the last one (wall-clock stamps of the trainer's log,
+    each node's CPU interpolated from the monitor's samples). Empty when it cannot be measured."""
+    import datetime
+
+    if not log_path.is_file():
+        return {}
+    marks = []
+    for m in _STAMPED_WINDOW.finditer(log_path.read_text(errors="replace")):
+        last, n = int(m.group(2)), int(m.group(3))
+        if last - n >= warmup:
+            when = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            marks.append((when, last))
+    if len(marks) < 2 or marks[-1][1] <= marks[0][1]:
+        return {}
+    (t0, s0), (t1, s1) = marks[0], marks[-1]
+    out = {}
+    for usage in monitor.nodes.values():
+        c0, c1 = usage.cpu_at(t0), usage.cpu_at(t1)
+        if c0 is not None and c1 is not None:
+            out[f"{usage.role} {usage.host}"] = (c1 - c0) / (s1 - s0)
+    return out
+
+
 def step_windows_at(log_path: Path) -> list[tuple[int, int, float]]:
     """Every logged window as (first step, last step, average step time)."""
     if not log_path.is_file():
@@ -133,7 +162,8 @@ def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunR
     trainer_log = out / "logs" / "algo-1.log"
     return RunResult(mode, round_no, result.ok, wall, result.metrics, nodes, monitor.core_busy,
                      step_windows(trainer_log, cfg.warmup), foreign, waited, before,
-                     boundary_costs(trainer_log, cfg.epoch_batches, cfg.warmup))
+                     boundary_costs(trainer_log, cfg.epoch_batches, cfg.warmup),
+                     cpu_per_step(trainer_log, cfg.warmup, monitor))
 
 
 def run_benchmark(cfg: BenchConfig) -> dict:

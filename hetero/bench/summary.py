@@ -54,7 +54,26 @@ def mode_figures(runs: list[RunResult], mode: str, warmup: int) -> dict:
         "warmup_steps_discarded": good[0].metrics["warmup_steps_discarded"] if good else warmup,
         "steps_per_run": good[0].metrics["steps"] if good else 0,
         "step_kind": good[0].metrics.get("step_kind") if good else None,
+        "cpu_per_step_s": cpu_per_step(good),
     }
+
+
+def cpu_per_step(runs: list[RunResult]) -> dict:
+    """Steady-state CPU seconds per step: median over runs of each role's nodes summed, and the total."""
+    by_role: dict[str, list[float]] = {}
+    totals = []
+    for r in runs:
+        if not r.cpu_per_step_s:
+            continue
+        roles: dict[str, float] = {}
+        for label, sec in r.cpu_per_step_s.items():
+            role = label.split(" ")[0]
+            roles[role] = roles.get(role, 0.0) + sec
+        for role, sec in roles.items():
+            by_role.setdefault(role, []).append(sec)
+        totals.append(sum(roles.values()))
+    return {"total": statistics.median(totals) if totals else None,
+            "by_role": {k: statistics.median(v) for k, v in by_role.items()}}
 
 
 def speedups(runs: list[RunResult]) -> list[float]:
@@ -81,6 +100,9 @@ def summarize(cfg: BenchConfig, runs: list[RunResult]) -> dict:
         out[f"{prefix}speedup"] = homo / het if homo and het else None
         out[f"{prefix}speedup_per_round"] = ratios
         out[f"{prefix}speedup_per_round_median"] = statistics.median(ratios) if ratios else None
+    homo_cpu = out["modes"]["homogeneous"]["cpu_per_step_s"]["total"]
+    het_cpu = out["modes"]["heterogeneous"]["cpu_per_step_s"]["total"]
+    out["cpu_per_step_ratio"] = het_cpu / homo_cpu if homo_cpu and het_cpu else None
     return out
 
 

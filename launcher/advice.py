@@ -6,9 +6,10 @@ of a profile:
 * each of the job's ``R`` ranks takes one batch per step and needs ``compute_s`` of its own per
   step: the measured step time minus the measured data wait, plus the CPU time the rank spent
   inside that wait receiving its batch (more data nodes do not take that work off the rank);
-* the data servers together build ``S`` batches per second: each server's delivered batches/s
-  divided by its workers' busy share over the window (a starved job keeps them busy, so this is
-  what they delivered; a server with idle workers has that much headroom);
+* the data servers together build ``S`` batches per second: each server's batches built per
+  second divided by its workers' busy share over the window (a starved job keeps them busy, so
+  this is what they make; a server with idle workers has that much headroom), and at least what
+  it delivered (all of it when its busy share is unknown);
 * step time ``= max(compute_s, R / S)``; with ``k`` more data nodes of the mean capacity ``c``
   of the job's data nodes, ``max(compute_s, R / (S + k c))``.
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 HEADROOM = 0.10           # spare capacity the advice keeps over the ranks' demand
 MIN_BUSY = 0.05           # below this busy share a server's headroom is not extrapolated further
@@ -41,6 +42,11 @@ class ServerFigures:
         address: host:port of the server.
         batches_per_s: batches it delivered per second (to every rank together).
         busy_fraction: share of its workers' time spent building batches (None: unknown).
+        built_per_s: batches it built per second over the same time as ``busy_fraction`` (None:
+            take ``batches_per_s``). Built, not delivered, over busy gives the build rate also
+            while the consumers live on batches built earlier (the end of training).
+        new: it joined during the window (no figures from its start), so it counts at the mean
+            capacity of the data nodes that were there.
         data_node: False for a DNN host's own server (``dnn_local_server``): it adds capacity but
             is not a data node that could be added or removed.
     """
@@ -49,6 +55,8 @@ class ServerFigures:
     batches_per_s: float
     busy_fraction: float | None = None
     data_node: bool = True
+    built_per_s: float | None = None
+    new: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,11 +115,35 @@ class Advice:
 
 
 def server_capacity(server: ServerFigures) -> float:
-    """Batches/s the server could deliver: what it delivered over its workers' busy share (floored
-    at :data:`MIN_BUSY`), or as delivered when the share is unknown."""
-    if server.busy_fraction is None or server.batches_per_s <= 0:
-        return max(0.0, server.batches_per_s)
-    return server.batches_per_s / min(1.0, max(MIN_BUSY, server.busy_fraction))
+    """Batches/s the server could deliver: what it built over its workers' busy share (floored at
+    :data:`MIN_BUSY`) and at least what it delivered; as delivered when the share is unknown."""
+    delivered = max(0.0, server.batches_per_s)
+    if server.busy_fraction is None or delivered <= 0:
+        return delivered
+    built = delivered if server.built_per_s is None else max(0.0, server.built_per_s)
+    return max(delivered, built / min(1.0, max(MIN_BUSY, server.busy_fraction)))
+
+
+def total_capacity(servers: Sequence[ServerFigures]) -> tuple[float, float | None]:
+    """(batches/s all servers could deliver, the mean capacity of one data node; None: unknown).
+
+    The node unit is the mean over the data nodes whose capacity was measured (busy share known),
+    else over those present the whole window (as delivered). A data node not measured yet counts
+    at that unit when some were measured (it is taken to be like them), one that joined during the
+    window always does (what it delivered since its start is no rate); other servers count at
+    their own figures.
+    """
+    measured = [server_capacity(s) for s in servers if s.data_node and not s.new and s.busy_fraction is not None]
+    present = [server_capacity(s) for s in servers if s.data_node and not s.new]
+    pool = [c for c in (measured or present) if c > 0]
+    unit = sum(pool) / len(pool) if pool else None
+    total = 0.0
+    for s in servers:
+        own = server_capacity(s)
+        if s.data_node and unit is not None and (s.new or (measured and s.busy_fraction is None)):
+            own = unit
+        total += own
+    return total, unit
 
 
 def predicted_step(compute_s: float, ranks: int, capacity_per_s: float) -> float:
@@ -154,11 +186,8 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
     own = step - figures.data_wait_s + min(max(0.0, figures.fetch_cpu_s), figures.data_wait_s)
     compute = max(own, MIN_COMPUTE_SHARE * step)
     note = "the step is almost all data wait: compute time taken as 1% of it" if own < MIN_COMPUTE_SHARE * step else ""
-    caps = [(s, server_capacity(s)) for s in figures.servers]
-    capacity = sum(c for _, c in caps)
-    node_caps = [c for s, c in caps if s.data_node and c > 0]
+    capacity, node_cap = total_capacity(figures.servers)
     nodes = sum(1 for s in figures.servers if s.data_node)
-    node_cap = sum(node_caps) / len(node_caps) if node_caps else None
     needed = ranks * (1 + headroom) / compute   # batches/s the ranks take, plus the headroom
     change: int | None = None
     if node_cap is None:

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 ServerList = Callable[[], Sequence[tuple[str, bool]]]   # -> [(address, is a data node)]
 
 
+TRUSTED_UPTIME_S = 60.0  # a server's busy share is differenced only once it has been up this long
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """One server's cumulative counters at one moment."""
@@ -34,12 +37,18 @@ class Snapshot:
     uptime_s: float
     batches_sent: int
     busy_fraction: float
+    batches_built: int = 0
 
 
 def window_figures(address: str, before: Snapshot | None, after: Snapshot, data_node: bool,
                    span_s: float | None = None) -> ServerFigures:
-    """A server's batches/s and busy share between two snapshots (since its start when ``before``
-    is missing or from an earlier life of the server).
+    """A server's batches/s, busy share and batches built per second between two snapshots.
+
+    The server reports its workers' busy share since they started, which is after its own clock
+    started (they load the pipeline first): differencing it over a window is off by up to that
+    load time over the server's uptime, so for a server up less than :data:`TRUSTED_UPTIME_S`
+    (and one that joined or restarted since ``before``) the busy share is left unknown and the
+    advice takes what it delivered as its capacity.
 
     Args:
         span_s: the window's length as the trainer timed it (its steps' total): the batches/s are
@@ -47,13 +56,15 @@ def window_figures(address: str, before: Snapshot | None, after: Snapshot, data_
             training) does not dilute them. None: the server's own uptime between the snapshots.
     """
     if before is None or after.uptime_s <= before.uptime_s or after.batches_sent < before.batches_sent:
-        span = max(after.uptime_s, 1e-9)
-        return ServerFigures(address, after.batches_sent / span, after.busy_fraction, data_node)
+        return ServerFigures(address, after.batches_sent / max(after.uptime_s, 1e-9), None, data_node, new=True)
     uptime = after.uptime_s - before.uptime_s
-    busy = (after.busy_fraction * after.uptime_s - before.busy_fraction * before.uptime_s) / uptime
     span = span_s if span_s and span_s > 0 else uptime
-    return ServerFigures(address, (after.batches_sent - before.batches_sent) / span,
-                         min(1.0, max(0.0, busy)), data_node)
+    sent = (after.batches_sent - before.batches_sent) / span
+    if before.uptime_s < TRUSTED_UPTIME_S:
+        return ServerFigures(address, sent, None, data_node)
+    busy = (after.busy_fraction * after.uptime_s - before.busy_fraction * before.uptime_s) / uptime
+    return ServerFigures(address, sent, min(1.0, max(0.0, busy)), data_node,
+                         built_per_s=(after.batches_built - before.batches_built) / uptime)
 
 
 def scaled_to_consumption(servers: list[ServerFigures], consumed_per_s: float) -> tuple[ServerFigures, ...]:
@@ -64,10 +75,11 @@ def scaled_to_consumption(servers: list[ServerFigures], consumed_per_s: float) -
     skew a window's deltas. The ranks' consumption is exact, so the servers' deltas only give
     their shares of it.
     """
-    total = sum(s.batches_per_s for s in servers)
-    if total <= 0 or consumed_per_s <= 0:
+    total = sum(s.batches_per_s for s in servers if not s.new)
+    target = consumed_per_s - sum(s.batches_per_s for s in servers if s.new)  # a new one's figure stays
+    if total <= 0 or target <= 0:
         return tuple(servers)
-    return tuple(replace(s, batches_per_s=s.batches_per_s * consumed_per_s / total) for s in servers)
+    return tuple(s if s.new else replace(s, batches_per_s=s.batches_per_s * target / total) for s in servers)
 
 
 class LiveAdvisor:
@@ -226,7 +238,8 @@ class LiveAdvisor:
                     self._steps_per_epoch = steps_per_epoch(info.num_samples, info.batch_size, info.drop_last,
                                                             self.ranks)
             s = ctl.stats(timeout=self.timeout_s)
-            return Snapshot(float(s.uptime_s), int(s.batches_sent), float(s.worker_busy_fraction))
+            return Snapshot(float(s.uptime_s), int(s.batches_sent), float(s.worker_busy_fraction),
+                            int(s.batches_built))
         except Exception as exc:  # advice is informative: training goes on without this server's figures
             dropped = self._clients.pop(address, None)
             if dropped is not None:

@@ -14,7 +14,7 @@ import pytest
 from hetero.cli import main
 from hetero.commands.stats import latest_advice
 from hetero.planning.planner import predict_step
-from launcher.advice import LiveFigures, ServerFigures, advise, predicted_step, steps_per_epoch
+from launcher.advice import LiveFigures, ServerFigures, advise, predicted_step, server_capacity, steps_per_epoch
 from launcher.advisor import LiveAdvisor, Snapshot, window_figures
 from launcher.logmetrics import METRIC_DEFINITIONS, advice_line
 from launcher.metrics import StepStats, StepTimer, job_metrics
@@ -97,6 +97,21 @@ def test_a_dnn_hosts_own_server_adds_capacity_but_is_not_a_data_node():
     assert a.change == 4 and a.data_nodes == 1 and a.predicted_step_s == pytest.approx(0.010)
 
 
+def test_nodes_not_measured_yet_count_like_the_measured_ones():
+    old = ServerFigures("d1:6000", 25.0, 1.0)
+    joined = [ServerFigures(f"n{i}:6000", 1.0, None, new=True) for i in range(3)]   # joined during the window
+    a = advise(figures(0.040, 0.030, 1, [old] + joined), PRICES)
+    # unit 25 (the measured node); capacity 25 + 3 x 25 = 100 < 110 -> one more; not +81 from 1 batch/s each
+    assert a.node_capacity_per_s == pytest.approx(25.0) and a.capacity_per_s == pytest.approx(100.0)
+    assert a.change == 1 and a.data_nodes == 4
+    young = [ServerFigures(f"y{i}:6000", 16.0, None) for i in range(4)]   # up < 60 s: busy share not trusted
+    fed = advise(figures(0.0125, 0.0015, 1, [ServerFigures("d1:6000", 16.0, 0.64)] + young), PRICES)
+    # unit 16 / 0.64 = 25 for all five: 125 against 1.1 / 0.011 = 100 -> one could go (as delivered: 80 -> +2)
+    assert fed.capacity_per_s == pytest.approx(125.0) and fed.change == -1
+    alone = advise(figures(0.0125, 0.0015, 1, young), PRICES)  # nothing measured: as delivered
+    assert alone.capacity_per_s == pytest.approx(64.0) and alone.change == 3
+
+
 def test_no_delivery_no_advice_and_no_price_no_cost():
     a = advise(figures(0.050, 0.040, 1, [ServerFigures("d1:6000", 0.0, 0.0)]), PRICES)
     assert a.change is None and "no data node delivered" in a.note
@@ -119,12 +134,21 @@ def test_steps_per_epoch_from_the_data_set():
 
 
 def test_window_figures_from_two_snapshots():
-    f = window_figures("a", Snapshot(10.0, 100, 0.5), Snapshot(20.0, 300, 0.75), True)
-    assert f.batches_per_s == pytest.approx(20.0) and f.busy_fraction == pytest.approx(1.0)  # (15 - 5) / 10
+    # up 100 s: 100 sent and built in 10 s, busy share 0.5 -> 0.5 (5 of the 10 s busy)
+    f = window_figures("a", Snapshot(100.0, 1000, 0.5, 1000), Snapshot(110.0, 1100, 0.5, 1100), True)
+    assert f.batches_per_s == pytest.approx(10.0) and f.busy_fraction == pytest.approx(0.5)
+    assert f.built_per_s == pytest.approx(10.0) and server_capacity(f) == pytest.approx(20.0)
+    rising = window_figures("a", Snapshot(100.0, 1000, 0.5, 1000), Snapshot(110.0, 1200, 0.55, 1200), True)
+    assert rising.busy_fraction == pytest.approx(1.0)   # (60.5 - 50) / 10, clipped
+    young = window_figures("y", Snapshot(20.0, 100, 0.5, 100), Snapshot(30.0, 300, 0.75, 300), True)
+    assert young.busy_fraction is None and server_capacity(young) == pytest.approx(20.0)  # as delivered
     new = window_figures("b", None, Snapshot(4.0, 40, 0.5), True)   # joined after the last snapshot
-    assert new.batches_per_s == pytest.approx(10.0) and new.busy_fraction == 0.5
-    restarted = window_figures("c", Snapshot(50.0, 900, 0.5), Snapshot(2.0, 10, 0.9), True)
+    assert new.batches_per_s == pytest.approx(10.0) and new.busy_fraction is None
+    restarted = window_figures("c", Snapshot(500.0, 900, 0.5), Snapshot(2.0, 10, 0.9), True)
     assert restarted.batches_per_s == pytest.approx(5.0)
+    # the end of training: consumers live on batches built earlier; built over busy stays the rate
+    drain = ServerFigures("d", batches_per_s=20.0, busy_fraction=0.1, built_per_s=2.5)
+    assert server_capacity(drain) == pytest.approx(25.0)   # not 20 / 0.1 = 200
 
 
 class FakeServer:
@@ -138,7 +162,8 @@ class FakeServer:
         if self.fail:
             raise ConnectionError("down")
         t = self.clock[0]
-        return type("S", (), {"uptime_s": t, "batches_sent": int(self.rate * t), "worker_busy_fraction": self.busy})
+        return type("S", (), {"uptime_s": t, "batches_sent": int(self.rate * t), "batches_built": int(self.rate * t),
+                              "worker_busy_fraction": self.busy})
 
     def hello(self, timeout):
         info = type("D", (), {"num_samples": 8000, "batch_size": 8, "drop_last": True, "fingerprint": "fp"})

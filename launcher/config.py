@@ -60,6 +60,8 @@ class LaunchConfig:
     log_every: int = 50
     warmup_steps: int = 5                   # discarded from averages
     loader_workers: int = -1                # -1: 2 in homogeneous mode, 0 in heterogeneous (see workers_for)
+    homogeneous_loader: str = "server"      # homogeneous mode: "server" (the node's own data server, the
+                                            # data nodes' code) or "dataloader" (LocalDataset in DataLoader workers)
     model: str = "examples.mnist:Net"
     model_options: dict = field(default_factory=dict, hash=False)
     step: str = "examples.mnist:train_step"
@@ -81,6 +83,19 @@ class LaunchConfig:
     job_name: str = ""                      # when TRAINING_JOB_NAME is not set
     log_level: str = "INFO"
 
+    def homogeneous_server_workers(self, nprocs: int) -> int:
+        """Worker processes of a homogeneous node's own data server (0: none, DataLoader workers build).
+
+        With ``homogeneous_loader="server"`` (the default) a homogeneous node builds its batches
+        the way a data node does, in a data server's worker processes on its own CPUs, and its
+        ranks take them through shared memory: a batch costs the same CPU in either mode, so the
+        speed-up a heterogeneous job shows is the data nodes' cores, not a cheaper code path.
+        ``loader_workers`` per rank (default 2) set the count; 0 builds in the trainer itself.
+        """
+        if self.homogeneous_loader != "server" or self.loader_workers == 0:
+            return 0
+        return (self.loader_workers if self.loader_workers > 0 else 2) * max(1, nprocs)
+
     def workers_for(self, mode: str) -> int:
         """DataLoader workers per rank in ``mode`` ("homogeneous" or "heterogeneous").
 
@@ -89,6 +104,8 @@ class LaunchConfig:
         would only add a copy of every batch and a process on the GPU node's CPUs, the ones the
         data nodes exist to spare.
         """
+        if mode == "homogeneous" and self.homogeneous_server_workers(1):
+            return 0  # the node's own data server builds the batches
         if self.loader_workers >= 0:
             return self.loader_workers
         return 2 if mode == "homogeneous" else 0
@@ -134,6 +151,9 @@ class LaunchConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if self.loader_workers < -1:
             raise ConfigError(f"loader_workers={self.loader_workers} must be >= 0, or -1 for the mode's default")
+        if self.homogeneous_loader not in ("server", "dataloader"):
+            raise ConfigError(f"homogeneous_loader={self.homogeneous_loader!r} must be 'server' (the node's own data "
+                              "server builds batches) or 'dataloader' (DataLoader workers build them)")
         for name in ("watchdog_connect_s", "watchdog_idle_s", "data_wait_s", "dist_timeout_s",
                      "train_timeout_s", "connect_timeout_s"):
             if getattr(self, name) <= 0:

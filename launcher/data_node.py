@@ -104,10 +104,11 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = None) -> DataServer:
-    """Start a data server for the job's pipeline on ``port`` (raises ConfigError)."""
+def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = None, workers: int = 0) -> DataServer:
+    """Start a data server for the job's pipeline on ``port`` with ``workers`` worker processes
+    (0: ``data_workers``, else one per usable CPU). Raises ConfigError."""
     options = ServerOptions(host=host or cfg.bind_host, port=port, bulk_port=cfg.bulk_port,
-                            num_workers=cfg.data_workers or usable_cpus())
+                            num_workers=workers or cfg.data_workers or usable_cpus())
     return DataServer(PipelineSpec(cfg.pipeline, cfg.pipeline_options), token, options).start()
 
 

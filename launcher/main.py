@@ -19,7 +19,7 @@ from .config import LaunchConfig
 from .jobsecret import with_job_secret
 from .jobtoken import job_token
 from .preflight import preflight
-from .roles import DATA, DNN, IDLE, data_addresses, host_map, plan_roles, resolve
+from .roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, host_map, plan_roles, resolve
 from .sm_env import DEFAULT_ROOT, SageMakerEnv, decode_hyperparameters, load_env
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,13 @@ def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, ma
 
     servers, server_hosts = (), ()
     local_server = None
+    nprocs = local_procs(cfg.procs_per_node, env.num_gpus)
+    if plan.role == HOMOGENEOUS and cfg.homogeneous_server_workers(nprocs):
+        # the node's own data server builds the batches (docs/launcher.md, "Homogeneous mode")
+        from .data_node import start_server
+        port = resolve(plan.host, cfg.data_port, mapping)[1]
+        local_server = start_server(cfg, token, port, host="127.0.0.1", workers=cfg.homogeneous_server_workers(nprocs))
+        servers, server_hosts = (f"127.0.0.1:{local_server.port}",), (plan.host,)
     if plan.role == DNN:
         servers = tuple(data_addresses(plan, cfg, mapping))
         server_hosts = tuple(plan.data_hosts) + ((plan.host,) if cfg.dnn_local_server else ())
@@ -117,7 +124,7 @@ def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, ma
             local_server = start_server(cfg, token, resolve(plan.host, cfg.data_port, mapping)[1])
     master_addr, _ = resolve(plan.dnn_hosts[0], cfg.data_port, mapping)
     job = TrainJob(cfg=cfg, mode=plan.mode, host=plan.host, dnn_hosts=plan.dnn_hosts, node_rank=plan.node_rank,
-                   nprocs=local_procs(cfg.procs_per_node, env.num_gpus), master_addr=master_addr,
+                   nprocs=nprocs, master_addr=master_addr,
                    model_dir=env.model_dir, output_dir=env.output_data_dir, token=token, servers=servers,
                    server_hosts=server_hosts, checkpoint_dir=cfg.checkpoint_dir or env.checkpoint_dir,
                    extra={"data_hosts": list(plan.data_hosts), "job_name": env.job_name,

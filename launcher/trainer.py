@@ -98,13 +98,13 @@ def make_dataset(job: TrainJob, rank: int):
     # Knowing the epochs lets the dataset fetch the next epoch's first batches before this one ends.
     common = dict(seed=cfg.seed, rank=rank, world_size=job.world_size, audit_path=cfg.audit_path or None,
                   epochs=cfg.epochs)
-    if job.mode == "heterogeneous":
+    if job.servers:  # heterogeneous, or a homogeneous node's own data server
         from dnn_worker import RemoteDataset
         # pinned receive buffers only help without loader workers (a worker's tensors are copied
         # into shared memory; the DataLoader pins those in the trainer instead)
         # with a registry, servers that join the job are used too (the job's pipeline only)
         elastic = dict(registry=cfg.registry, fingerprint=PipelineSpec(cfg.pipeline, cfg.pipeline_options).fingerprint()
-                       ) if cfg.registry else {}
+                       ) if cfg.registry and job.mode == "heterogeneous" else {}
         return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.connect_timeout_s,
                              pin_memory=torch.cuda.is_available() and cfg.workers_for(job.mode) == 0, **elastic,
                              **common)
@@ -163,7 +163,10 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
         torch.cuda.set_device(device)
     else:
         # intra-op threads share the node's CPUs with the other ranks and the loader workers
-        free = len(os.sched_getaffinity(0)) - cfg.workers_for(job.mode)
+        builders = cfg.workers_for(job.mode)
+        if job.mode == "homogeneous":
+            builders += cfg.homogeneous_server_workers(job.nprocs)
+        free = len(os.sched_getaffinity(0)) - builders
         torch.set_num_threads(max(1, free // job.nprocs))
     if job.world_size > 1:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{job.master_addr}:{cfg.master_port}",

@@ -9,7 +9,7 @@
    one core cannot keep up with the "accelerator": the homogeneous node is CPU-bound, as an
    image job on a GPU instance with a few vCPUs is. (No GPU here: the step is a sleep.)
 3. Runs the job twice with ``hetero local``: homogeneous (one node on CPU 0, preprocessing in
-   its own loader worker) and heterogeneous (the same node on CPU 0, serving batches from its
+   its own data server's worker, as a data node builds them) and heterogeneous (the same node on CPU 0, serving batches from its
    own core too, plus a data node on the other CPUs; no loader worker, the launcher's default
    there, since batches arrive built).
 4. Prints both step times, data wait, the speed-up and the planner's prediction for each, and
@@ -119,18 +119,17 @@ def main(argv: list[str] | None = None) -> int:
           f"images then cropping (decode=whole): {preprocess_s * 1000:.1f} vs {whole.median_s * 1000:.1f} ms per batch, "
           f"{whole.median_s / preprocess_s:.2f}x the images per core, so a data group that many times smaller feeds "
           f"the same accelerators (`hetero plan --profile --compare decode=whole` prices both)\n")
-    finish_s, handoff_s = prof.finish_s, prof.handoff_s
+    finish_s = prof.finish_s
     print(f"the trainer's own work per batch on its core: the finish stage (uint8 -> normalised float32) takes "
-          f"{finish_s * 1000:.1f} ms here (on a GPU it runs on the device); homogeneous, its loader worker also "
-          f"hands each batch over through shared memory ({handoff_s * 1000:.1f} ms)\n")
+          f"{finish_s * 1000:.1f} ms here (on a GPU it runs on the device)\n")
     hps = {"pipeline": PIPELINE, **{f"pipeline.{k}": v for k, v in options.items()}, "emulate_step_s": step_s,
            "max_steps": args.steps, "warmup_steps": WARMUP, "log_every": 1000, "evaluate": "", "data_workers": 1}
-    print(f"== homogeneous: one node on CPU {cpus[0]}, preprocessing in its own loader worker", flush=True)
+    print(f"== homogeneous: one node on CPU {cpus[0]}, preprocessing in its own data server's worker", flush=True)
     homo = run_mode(True, images, out / "homo", cpus, {**hps, "loader_workers": 1})
     print(f"== heterogeneous: the same node on CPU {cpus[0]} (serving from its own core too) + a data node on "
           f"CPU(s) {','.join(map(str, cpus[1:]))}", flush=True)
     hetero = run_mode(False, images, out / "hetero", cpus, {**hps, "data_workers": max(1, len(cpus) - 1)})
-    pred_homo = predict_step(preprocess_s, step_s, cores=1, trainer_s=finish_s + handoff_s)
+    pred_homo = predict_step(preprocess_s, step_s, cores=1, trainer_s=finish_s)
     pred_hetero = predict_step(preprocess_s, step_s, cores=len(cpus), trainer_s=finish_s)
     print()
     rows = []

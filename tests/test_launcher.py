@@ -58,10 +58,20 @@ def test_bad_options_name_the_value(hps, message):
 
 
 def test_loader_workers_default_to_none_where_batches_arrive_built():
+    # homogeneous: the node's own data server builds (2 workers per rank), the trainer takes them built
     cfg = LaunchConfig.from_hyperparameters({})
-    assert cfg.workers_for("homogeneous") == 2 and cfg.workers_for("heterogeneous") == 0
+    assert cfg.workers_for("homogeneous") == 0 and cfg.workers_for("heterogeneous") == 0
+    assert cfg.homogeneous_server_workers(nprocs=1) == 2 and cfg.homogeneous_server_workers(nprocs=4) == 8
     cfg = LaunchConfig.from_hyperparameters({"loader_workers": "3"})
-    assert cfg.workers_for("homogeneous") == 3 and cfg.workers_for("heterogeneous") == 3
+    assert cfg.workers_for("homogeneous") == 0 and cfg.homogeneous_server_workers(1) == 3
+    assert cfg.workers_for("heterogeneous") == 3
+    # DataLoader workers instead, or everything in the trainer
+    cfg = LaunchConfig.from_hyperparameters({"homogeneous_loader": "dataloader"})
+    assert cfg.workers_for("homogeneous") == 2 and cfg.homogeneous_server_workers(1) == 0
+    cfg = LaunchConfig.from_hyperparameters({"loader_workers": "0"})
+    assert cfg.workers_for("homogeneous") == 0 and cfg.homogeneous_server_workers(1) == 0
+    with pytest.raises(ConfigError, match="homogeneous_loader='threads' must be 'server'"):
+        LaunchConfig.from_hyperparameters({"homogeneous_loader": "threads"})
 
 
 def test_cli_arguments_as_sagemaker_passes_them():

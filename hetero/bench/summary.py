@@ -133,7 +133,8 @@ def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, 
 
     ``trainer_s``: the trainer's own CPU seconds per batch on its cores (the finish stage when
     training runs on the CPU; 0 where it runs on a GPU). ``handoff_s``: a DataLoader worker's
-    hand-off of one batch to the trainer, paid where the trainer has loader workers.
+    hand-off of one batch to the trainer, paid where the trainer has loader workers (heterogeneous
+    with ``--loader-workers``; a homogeneous node's own data server hands batches over as a data node does).
     """
     if preprocess_s is None or cfg.emulate_step_s <= 0:
         summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}
@@ -145,7 +146,7 @@ def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, 
     for mode, cores in (("homogeneous", homo_cores), ("heterogeneous", het_cores)):
         # Without a local server the trainer's cores only train: the data cores alone build batches.
         shared = mode == "homogeneous" or cfg.local_server
-        loaders = mode == "homogeneous" or cfg.loader_workers > 0
+        loaders = mode == "heterogeneous" and cfg.loader_workers > 0
         own = (trainer_s + (handoff_s if loaders else 0.0)) if shared else 0.0
         p = predict_step(preprocess_s, cfg.emulate_step_s, cores, trainer_s=own)
         measured = summary["modes"][mode]["step_time_s"]["median"]

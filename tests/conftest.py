@@ -89,9 +89,12 @@ def fresh_forkserver():
 _SHM = Path("/dev/shm")
 
 
+_NOT_OURS = {"libpod_lock"}  # podman's lock file: created by its first command, kept by design
+
+
 def _shm_entries() -> set[str]:
     try:
-        return {p.name for p in _SHM.iterdir() if p.stat().st_uid == os.getuid()}
+        return {p.name for p in _SHM.iterdir() if p.stat().st_uid == os.getuid() and p.name not in _NOT_OURS}
     except OSError:
         return set()
 

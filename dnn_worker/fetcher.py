@@ -80,6 +80,7 @@ HEDGE_TAIL_S = 1.0  # nothing left to ask for: a server that delivered nothing f
 HEDGE_TAIL_GAPS = 4  # or for this many of its usual times between batches, if longer
 HEDGE_AFFINITY_S = 10.0  # with affinity: a quiet owner may be fetching a block; another server
 # building its batch would read the whole block again, so wait this long before hedging
+REGISTRY_TURN_S = 0.2  # with a registry, the longest the loop waits for frames before looking at it again
 BLOCKS_REMEMBERED = 16  # shuffle blocks a server built lately, taken as still in its cache (affinity)
 
 
@@ -455,7 +456,10 @@ class Fetcher:
                 elif now - no_server_since > self._connect_timeout:
                     raise self._unavailable(now - no_server_since)
                 # An attempt in flight: take its connection into the loop soon after it opens.
-                self._wait(CONNECT_POLL_S if connecting else 0.1 if not usable else 0.5, todo, done)
+                # With a registry the loop looks at it at least every REGISTRY_TURN_S: a server that
+                # joins is taken in soon after the watcher has read its entry.
+                idle = 0.5 if self._registry is None else REGISTRY_TURN_S
+                self._wait(CONNECT_POLL_S if connecting else 0.1 if not usable else idle, todo, done)
             complete = True
         finally:
             if complete and self._keep_open:

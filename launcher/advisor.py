@@ -6,7 +6,8 @@ node already uses for ``metrics.json``); every ``advice_every`` steps it takes a
 differences into each server's batches/s and workers' busy share over the window, pairs them with
 the window's mean step time and data wait, and logs :func:`launcher.advice.advise`'s answer as an
 advice line (``launcher.logmetrics.advice_line``, read by the job's ``MetricDefinitions``). The
-end-of-training advice goes into ``metrics.json`` under ``advice``.
+end-of-training advice goes into ``metrics.json`` under ``advice``, the advice lines before it
+under ``advice.history``.
 
 Each ``GetStats`` call has a deadline (``stats_timeout_s``); a server that does not answer is left
 out of that window and named in a warning, and training goes on.
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 ServerList = Callable[[], Sequence[tuple[str, bool]]]   # -> [(address, is a data node)]
 
 
+HISTORY_KEYS = ("step", "change", "data_nodes", "predicted_step_s", "step_s", "data_wait_fraction")
+HISTORY_KEEP = 100       # advice lines kept for metrics.json
 TRUSTED_UPTIME_S = 60.0  # a server's busy share is differenced only once it has been up this long
 
 
@@ -182,9 +185,10 @@ class LiveAdvisor:
                    servers=[{"address": s.address, "batches_per_s": s.batches_per_s,
                              "busy_fraction": s.busy_fraction, "data_node": s.data_node} for s in servers])
         log.info("%s", advice_line(steps, out, final=final))
+        self.history = (self.history + [{k: out[k] for k in HISTORY_KEYS}])[-HISTORY_KEEP:]
+        if final:  # metrics.json: the end-of-training advice and the latest periodic ones before it
+            out["history"] = list(self.history)
         self.last = out
-        self.history.append({k: out[k] for k in ("step", "change", "predicted_step_s", "step_s",
-                                                  "data_wait_fraction")})
         return out
 
     def _registered(self, known: list[tuple[str, bool]]) -> list[tuple[str, bool]]:

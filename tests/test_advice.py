@@ -191,6 +191,7 @@ def test_the_advisor_advises_every_n_steps_and_at_the_end(caplog):
     summary = stats.summary()  # the last window (3 steps) is short: joined to the one before
     assert summary["advice"]["final"] and summary["advice"]["window_steps"] == 13
     assert summary["advice"]["change"] == 4
+    assert [h["step"] for h in summary["advice"]["history"]] == [10, 20, 23]
     metrics = job_metrics([dict(summary, rank=0, host="algo-1")], {"mode": "heterogeneous"})
     assert metrics["advice"]["change"] == 4 and "advice" not in metrics["nodes"][0]["ranks"][0]
 

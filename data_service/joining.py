@@ -51,7 +51,7 @@ def join(server, uri: str, address: str, *, leave_delay_s: float = 2.0, timeout_
     """
     uri = check_uri(uri)
     entry = register(uri, server.token, server.server_id, address, server.dataset_info.fingerprint,
-                     timeout_s=timeout_s)
+                     timeout_s=timeout_s, started_at=getattr(server, "created_at", None))
 
     def unregister_entry() -> None:
         unregister(uri, server.server_id, timeout_s=timeout_s)

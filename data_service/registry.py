@@ -130,13 +130,14 @@ def parse_entry(data: bytes, name: str) -> Entry:
 
 
 def register(uri: str, token: str, server_id: str, address: str, fingerprint: str, *,
-             timeout_s: float = 10.0) -> Entry:
-    """Write this server's entry (atomically); returns it.
+             timeout_s: float = 10.0, started_at: float | None = None) -> Entry:
+    """Write this server's entry (atomically); returns it. ``started_at``: when the server was
+    made (Unix time; default now).
 
     Raises:
         ConfigError: bad arguments (see ``make_entry``). RegistryError: the write failed.
     """
-    entry = make_entry(token, server_id, address, fingerprint)
+    entry = make_entry(token, server_id, address, fingerprint, started_at)
     _write(check_uri(uri), f"{server_id}.json", entry.to_json(), timeout_s)
     return entry
 

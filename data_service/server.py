@@ -117,6 +117,7 @@ class DataServer:
         self.token = token
         self.options = options or ServerOptions()
         self.server_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.created_at = time.time()  # wall clock, for a registry entry's ``started_at``
         self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
                                self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
                                codec=self.options.compression)

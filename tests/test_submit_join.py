@@ -165,6 +165,9 @@ def test_plain_submit_sets_registry_vpc_and_advice_prices():
     assert json.loads(req["HyperParameters"]["advice_prices"]) == {"ml.c5.9xlarge": 1.836, "ml.p3.2xlarge": 3.825}
     (other,) = requests_for(HET + ["--registry", "s3://bkt/reg/"])
     assert other["HyperParameters"]["registry"] == "s3://bkt/reg" and "VpcConfig" not in other
+    het, hom = requests_for(HET + ["--pair", "--registry", "--subnet", "subnet-0aaa", "--security-group", "sg-0ccc"])
+    assert "registry" in het["HyperParameters"] and "registry" not in hom["HyperParameters"]
+    assert het["VpcConfig"] == hom["VpcConfig"] == {"Subnets": ["subnet-0aaa"], "SecurityGroupIds": ["sg-0ccc"]}
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -161,7 +161,8 @@ def homogeneous_twin(spec: JobSpec, instance: tuple[str, int] | None = None, job
     """The benchmark partner of a heterogeneous job: same code, image, data and hyperparameters
     on one instance type (default: the dnn group's), with a fresh job secret.
 
-    Channel restrictions to a group are dropped: the single group reads every channel.
+    Channel restrictions to a group are dropped: the single group reads every channel; so is a
+    ``registry`` (the twin has no data servers for others to join).
     """
     if instance is None:
         dnn = [g for g in spec.groups if g.role == DNN] or spec.groups[-1:]
@@ -169,6 +170,7 @@ def homogeneous_twin(spec: JobSpec, instance: tuple[str, int] | None = None, job
     return spec.copy(job_name=job_name or f"{spec.job_name}-hom", homogeneous=True,
                      groups=[Group("homogeneousCluster", *instance)],
                      channels=[replace(c, groups=()) for c in spec.channels],
+                     hyperparameters={k: v for k, v in spec.hyperparameters.items() if k != "registry"},
                      job_secret=secrets.token_hex(16), tags={**spec.tags, "hetero:mode": "homogeneous"},
                      vpc=dict(spec.vpc) if spec.vpc else None)
 

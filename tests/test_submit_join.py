@@ -97,6 +97,7 @@ def test_dry_run_shows_a_data_only_job_that_registers_with_the_running_job(sagem
     assert req["InputDataConfig"][0]["InputMode"] == "FastFile"
     assert req["Environment"] == {"HETERO_JOB_SECRET": "****"} and SECRET not in out.out
     assert {t["Key"]: t["Value"] for t in req["Tags"]}["hetero:joins"] == RUNNING
+    assert f"job secret: job {RUNNING}'s" in out.err
 
 
 def test_the_create_call_carries_the_running_jobs_secret(sagemaker, capsys):

@@ -101,6 +101,12 @@ def secret_environment(spec: JobSpec) -> dict[str, str]:
 
 def secret_notice(spec: JobSpec) -> str:
     """One plain sentence on where the job secret travels and who can read it."""
+    joined = spec.tags.get("hetero:joins")
+    if joined:
+        where = (f"from AWS Secrets Manager ({spec.job_secret_arn})" if spec.job_secret_arn
+                 else f"in clear as the container variable {SECRET_ENV} (shown as **** here)")
+        return (f"job secret: job {joined}'s, read {where} as that job does, so these nodes derive its "
+                "token; whoever may describe either job (or read the secret) can reach its data servers.")
     if spec.job_secret_arn:
         return (f"job secret: read by every node at start from AWS Secrets Manager ({spec.job_secret_arn}); "
                 "it is not in the request. The execution role needs secretsmanager:GetSecretValue on it "

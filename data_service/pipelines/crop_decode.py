@@ -98,9 +98,12 @@ class CropDecode:
         dct_scaling: ``"pow2"``: a box at least twice the output a side is decoded at 1/2, 1/4
             or 1/8 scale (libjpeg's scaled IDCT, itself a good low-pass filter); ``"none"``:
             always full scale, bit-identical to the whole-image path.
+        deferred: return fused outputs as :class:`Interleaved` (flip and channels-first left to
+            :func:`stack`, which writes them straight into the batch) instead of a tensor.
     """
 
-    def __init__(self, size: int, min_scale: float, decode_whole, dct_scaling: str = "pow2") -> None:
+    def __init__(self, size: int, min_scale: float, decode_whole, dct_scaling: str = "pow2",
+                 deferred: bool = False) -> None:
         from torchvision.transforms import v2
 
         self.size = size
@@ -109,6 +112,7 @@ class CropDecode:
         self.dct_scaling = dct_scaling
         self.draw_box = BoxDraw(self.scale)
         self._crop = v2.RandomResizedCrop(size, scale=self.scale, antialias=True)  # the fallback, same draws
+        self.deferred = deferred
         self.counts = {"fused": 0, "whole": 0}
 
     def __call__(self, sample):
@@ -121,11 +125,11 @@ class CropDecode:
                 image = self._crop(whole)
             else:  # the box is drawn already: the same one, so the same pixels as the classic recipe
                 image = _resize(whole[:, box[0]:box[0] + box[2], box[1]:box[1] + box[3]], self.size)
-        else:
-            self.counts["fused"] += 1
-        if torch.rand(1) < 0.5:  # v2.RandomHorizontalFlip(p=0.5)'s draw
-            image = image.flip(-1)
-        return image, label
+            if torch.rand(1) < 0.5:  # v2.RandomHorizontalFlip(p=0.5)'s draw
+                image = image.flip(-1)
+            return image, label
+        self.counts["fused"] += 1
+        return _finish(image, torch.rand(1).item() < 0.5, self.deferred), label
 
     def _fused(self, data: bytes):
         """(the box drawn or None, the output or None, why not fused)."""
@@ -142,7 +146,7 @@ class CropDecode:
             out = None
         if out is None:
             return box, None, "corrupt data"
-        return box, _resize(_hwc(out).permute(2, 0, 1), self.size), ""
+        return box, _resize_hwc(_hwc(out), self.size), ""
 
     def _count_whole(self, why: str, name: str) -> None:
         self.counts["whole"] += 1
@@ -189,11 +193,13 @@ class CachedCropDecode:
     and flipped from the stored copy (the same draws as :class:`CropDecode`).
 
     Args:
-        size, min_scale, decode_whole: as :class:`CropDecode`. cache: the store. side: short side kept.
+        size, min_scale, decode_whole, deferred: as :class:`CropDecode`. cache: the store. side: short
+            side kept.
     """
 
-    def __init__(self, size: int, min_scale: float, decode_whole, cache, side: int) -> None:
+    def __init__(self, size: int, min_scale: float, decode_whole, cache, side: int, deferred: bool = False) -> None:
         self.size, self.side = size, side
+        self.deferred = deferred
         self.decode_whole = decode_whole
         self.cache = cache
         self.draw_box = BoxDraw((min_scale, 1.0))
@@ -210,10 +216,8 @@ class CachedCropDecode:
         else:
             self.counts["cache hit"] += 1
         top, left, h, w = self.draw_box(image.shape[0], image.shape[1])
-        out = _resize(image[top:top + h, left:left + w].permute(2, 0, 1), self.size)
-        if torch.rand(1) < 0.5:
-            out = out.flip(-1)
-        return out, label
+        out = _resize_hwc(image[top:top + h, left:left + w], self.size)
+        return _finish(out, torch.rand(1).item() < 0.5, self.deferred), label
 
     def shrunk(self, data: bytes, name: str) -> torch.Tensor:
         """The image decoded and shrunk to short side ``side`` (if longer), uint8 ``[rows, cols, 3]``."""
@@ -236,6 +240,54 @@ class CachedCropDecode:
             image = torch.nn.functional.interpolate(image.permute(2, 0, 1).unsqueeze(0), size=shape, mode="bilinear",
                                                     antialias=True, align_corners=False)[0].permute(1, 2, 0)
         return image.contiguous()
+
+
+class Interleaved:
+    """A fused output not yet in its final layout: uint8 ``[size, size, 3]`` and whether to mirror it.
+
+    :func:`stack` writes it into the batch channels-first (mirrored if ``flip``) in one pass;
+    :meth:`tensor` gives the ``[3, size, size]`` tensor on its own.
+    """
+
+    __slots__ = ("hwc", "flip")
+
+    def __init__(self, hwc: torch.Tensor, flip: bool) -> None:
+        self.hwc, self.flip = hwc, flip
+
+    def tensor(self) -> torch.Tensor:
+        out = torch.empty(3, self.hwc.shape[0], self.hwc.shape[1], dtype=torch.uint8)
+        self.write(out)
+        return out
+
+    def write(self, out: torch.Tensor) -> None:
+        rows, cols = self.hwc.shape[:2]
+        _jpegcrop.planar(self.hwc.numpy(), rows, cols, self.flip, out.numpy())
+
+
+def stack(images: list) -> torch.Tensor:
+    """``torch.stack`` of ``[3, S, S]`` images that also takes :class:`Interleaved` ones (written in place)."""
+    if not any(isinstance(x, Interleaved) for x in images):
+        return torch.stack(images)
+    first = images[0]
+    shape = (3, *first.hwc.shape[:2]) if isinstance(first, Interleaved) else tuple(first.shape)
+    out = torch.empty(len(images), *shape, dtype=torch.uint8)
+    for i, x in enumerate(images):
+        if isinstance(x, Interleaved):
+            x.write(out[i])
+        else:
+            out[i].copy_(x)
+    return out
+
+
+def _finish(hwc: torch.Tensor, flip: bool, deferred: bool):
+    image = Interleaved(hwc, flip)
+    return image if deferred else image.tensor()
+
+
+def _resize_hwc(region: torch.Tensor, size: int) -> torch.Tensor:
+    """``region`` (uint8 ``[rows, cols, 3]``, any strides) resized to ``[size, size, 3]``, contiguous."""
+    out = _resize(region.permute(2, 0, 1), size).permute(1, 2, 0)
+    return out if out.is_contiguous() else out.contiguous()
 
 
 def _resize(region: torch.Tensor, size: int) -> torch.Tensor:

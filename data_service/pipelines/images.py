@@ -34,7 +34,7 @@ from torch import nn
 
 from .. import Pipeline, SkipSample
 from ..errors import ConfigError
-from .crop_decode import DCT_SCALING, CachedCropDecode, CropDecode
+from .crop_decode import DCT_SCALING, CachedCropDecode, CropDecode, stack
 from .decoded_cache import DecodedCache
 
 log = logging.getLogger(__name__)
@@ -230,12 +230,14 @@ class FusedAugment:
         dct_scaling: ``"pow2"`` or ``"none"`` (:class:`CropDecode`).
         cache, side: a :class:`DecodedCache` and the short side it keeps: crop the decoded images
             it holds instead (:class:`CachedCropDecode`).
+        deferred: images may come out as :class:`~.crop_decode.Interleaved` (for :func:`collate`,
+            which writes them into the batch in one pass); False: always ``[3, S, S]`` tensors.
     """
 
     def __init__(self, image_size: int, min_scale: float, on_corrupt: str = "fail", dct_scaling: str = "pow2",
-                 cache: DecodedCache | None = None, side: int = 0) -> None:
-        self.crop_decode = CachedCropDecode(image_size, min_scale, decode_bytes, cache, side) if cache else \
-            CropDecode(image_size, min_scale, decode_bytes, dct_scaling)
+                 cache: DecodedCache | None = None, side: int = 0, deferred: bool = False) -> None:
+        self.crop_decode = CachedCropDecode(image_size, min_scale, decode_bytes, cache, side, deferred) if cache \
+            else CropDecode(image_size, min_scale, decode_bytes, dct_scaling, deferred)
         self.on_corrupt = on_corrupt
 
     @property
@@ -252,7 +254,7 @@ class FusedAugment:
 
 def collate(samples) -> dict:
     """``{"image": uint8 [B, 3, S, S], "label": int64 [B]}``: 1 byte per pixel and channel on the wire."""
-    return {"image": torch.stack([s[0] for s in samples]),
+    return {"image": stack([s[0] for s in samples]),
             "label": torch.tensor([s[1] for s in samples], dtype=torch.int64)}
 
 
@@ -378,7 +380,7 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
         cache = DecodedCache(os.path.join(decoded_cache_dir, f"hetero-decoded-{tag}"), cache_budget)
     if cache is not None and not fused:
         raise ConfigError("decoded_cache_bytes needs decode='fused' (the cache keeps the images the fused path shrinks)")
-    augment = FusedAugment(image_size, float(min_scale), on_corrupt, dct_scaling, cache, side) if fused \
+    augment = FusedAugment(image_size, float(min_scale), on_corrupt, dct_scaling, cache, side, deferred=True) if fused \
         else Augment(image_size, float(min_scale))
     hooks = {"stats": cache.stats, "close": cache.remove} if cache is not None else {}
     order = {"shuffle_block": block, "interleave": interleave}

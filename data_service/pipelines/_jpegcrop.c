@@ -161,89 +161,57 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     }
 }
 
-/* One row of interleaved RGB into three planes, mirrored when flip. */
-static void planar_row(const unsigned char *p, unsigned char *r, unsigned char *g, unsigned char *b,
-                       Py_ssize_t cols, int flip, Py_ssize_t from) {
-    Py_ssize_t x;
-    for (x = from; x < cols; x++) {
-        Py_ssize_t o = flip ? cols - 1 - x : x;
-        r[o] = p[3 * x];
-        g[o] = p[3 * x + 1];
-        b[o] = p[3 * x + 2];
-    }
+/* dst[i] = src[n - 1 - i] */
+static void reverse_row(const unsigned char *src, unsigned char *dst, Py_ssize_t n, Py_ssize_t from) {
+    Py_ssize_t i;
+    for (i = from; i < n; i++) dst[i] = src[n - 1 - i];
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#define HAVE_SIMD_PLANAR 1
-/* 16 pixels (48 bytes) per step with SSSE3 byte shuffles; the rest of the row scalar. */
+#define HAVE_SIMD_MIRROR 1
+/* 16 bytes per step with an SSSE3 byte shuffle; the rest scalar. */
 __attribute__((target("ssse3")))
-static void planar_row_ssse3(const unsigned char *p, unsigned char *r, unsigned char *g, unsigned char *b,
-                             Py_ssize_t cols, int flip) {
-    const __m128i r0 = _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m128i r1 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1);
-    const __m128i r2 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13);
-    const __m128i g0 = _mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m128i g1 = _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1);
-    const __m128i g2 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14);
-    const __m128i b0 = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m128i b1 = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1);
-    const __m128i b2 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15);
+static void reverse_row_ssse3(const unsigned char *src, unsigned char *dst, Py_ssize_t n) {
     const __m128i rev = _mm_setr_epi8(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    Py_ssize_t x = 0;
-    for (; x + 16 <= cols; x += 16) {
-        const __m128i v0 = _mm_loadu_si128((const __m128i *)(p + 3 * x));
-        const __m128i v1 = _mm_loadu_si128((const __m128i *)(p + 3 * x + 16));
-        const __m128i v2 = _mm_loadu_si128((const __m128i *)(p + 3 * x + 32));
-        __m128i vr = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, r0), _mm_shuffle_epi8(v1, r1)),
-                                  _mm_shuffle_epi8(v2, r2));
-        __m128i vg = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, g0), _mm_shuffle_epi8(v1, g1)),
-                                  _mm_shuffle_epi8(v2, g2));
-        __m128i vb = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, b0), _mm_shuffle_epi8(v1, b1)),
-                                  _mm_shuffle_epi8(v2, b2));
-        Py_ssize_t o = x;
-        if (flip) {
-            vr = _mm_shuffle_epi8(vr, rev);
-            vg = _mm_shuffle_epi8(vg, rev);
-            vb = _mm_shuffle_epi8(vb, rev);
-            o = cols - 16 - x;
-        }
-        _mm_storeu_si128((__m128i *)(r + o), vr);
-        _mm_storeu_si128((__m128i *)(g + o), vg);
-        _mm_storeu_si128((__m128i *)(b + o), vb);
-    }
-    planar_row(p, r, g, b, cols, flip, x);
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(src + n - 16 - i)), rev));
+    reverse_row(src, dst, n, i);
 }
 #endif
 
-static int simd_planar = 0;  /* set at import when the CPU has SSSE3 */
+static int simd_mirror = 0;  /* set at import when the CPU has SSSE3 */
 
-/* planar(src, rows, cols, flip, dst): interleaved RGB (rows x cols x 3) into planar (3 x rows x
- * cols) in dst, mirrored left to right when flip: the last two steps of an augmented sample
- * (a horizontal flip, channels first) in one pass over the bytes, into the batch's own memory. */
-static PyObject *planar(PyObject *self, PyObject *args) {
+/* copy_rows(src, rows, cols, flip, dst): rows x cols bytes from src into dst, each row mirrored
+ * when flip: a horizontal flip of a planar image written straight into the batch. */
+static PyObject *copy_rows(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     Py_ssize_t rows, cols, y;
     int flip;
     if (!PyArg_ParseTuple(args, "y*nnpw*", &src, &rows, &cols, &flip, &dst)) return NULL;
-    if (rows < 0 || cols < 0 || src.len < rows * cols * 3 || dst.len < rows * cols * 3) {
+    if (rows < 0 || cols < 0 || src.len < rows * cols || dst.len < rows * cols) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&dst);
-        PyErr_SetString(PyExc_ValueError, "planar: buffers smaller than rows x cols x 3");
+        PyErr_SetString(PyExc_ValueError, "copy_rows: buffers smaller than rows x cols");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    for (y = 0; y < rows; y++) {
-        const unsigned char *p = (const unsigned char *)src.buf + y * cols * 3;
-        unsigned char *r = (unsigned char *)dst.buf + y * cols;
-        unsigned char *g = r + rows * cols, *b = g + rows * cols;
-#ifdef HAVE_SIMD_PLANAR
-        if (simd_planar) {
-            planar_row_ssse3(p, r, g, b, cols, flip);
-            continue;
-        }
+    if (!flip) {
+        memcpy(dst.buf, src.buf, (size_t)(rows * cols));
+    } else {
+        for (y = 0; y < rows; y++) {
+            const unsigned char *in = (const unsigned char *)src.buf + y * cols;
+            unsigned char *out = (unsigned char *)dst.buf + y * cols;
+#ifdef HAVE_SIMD_MIRROR
+            if (simd_mirror) {
+                reverse_row_ssse3(in, out, cols);
+                continue;
+            }
 #endif
-        planar_row(p, r, g, b, cols, flip, 0);
+            reverse_row(in, out, cols, 0);
+        }
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
@@ -252,7 +220,7 @@ static PyObject *planar(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"planar", planar, METH_VARARGS, "(src, rows, cols, flip, dst): interleaved RGB -> planar, mirrored if flip"},
+    {"copy_rows", copy_rows, METH_VARARGS, "(src, rows, cols, flip, dst): copy rows, each mirrored if flip"},
     {"info", info, METH_VARARGS, "(width, height, components, jpeg_color_space, progressive, precision, arith)"},
     {"decode_crop", decode_crop, METH_VARARGS, "(data, x, y, w, h, scale_num) -> (bytearray RGB, rows, cols) or None"},
     {NULL, NULL, 0, NULL},
@@ -263,11 +231,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegcrop", NULL, -1
 PyMODINIT_FUNC PyInit__jpegcrop(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-#ifdef HAVE_SIMD_PLANAR
+#ifdef HAVE_SIMD_MIRROR
     __builtin_cpu_init();
-    simd_planar = __builtin_cpu_supports("ssse3") && getenv("HETERO_NO_SIMD") == NULL;
+    simd_mirror = __builtin_cpu_supports("ssse3") && getenv("HETERO_NO_SIMD") == NULL;
 #endif
-    PyModule_AddIntConstant(m, "SIMD_PLANAR", simd_planar);
+    PyModule_AddIntConstant(m, "SIMD_MIRROR", simd_mirror);
     PyModule_AddIntConstant(m, "JCS_GRAYSCALE", JCS_GRAYSCALE);
     PyModule_AddIntConstant(m, "JCS_YCbCr", JCS_YCbCr);
     PyModule_AddIntConstant(m, "JCS_RGB", JCS_RGB);

@@ -98,8 +98,8 @@ class CropDecode:
         dct_scaling: ``"pow2"``: a box at least twice the output a side is decoded at 1/2, 1/4
             or 1/8 scale (libjpeg's scaled IDCT, itself a good low-pass filter); ``"none"``:
             always full scale, bit-identical to the whole-image path.
-        deferred: return fused outputs as :class:`Interleaved` (flip and channels-first left to
-            :func:`stack`, which writes them straight into the batch) instead of a tensor.
+        deferred: return fused outputs as :class:`Flippable` (the flip left to :func:`stack`,
+            which writes them straight into the batch) instead of a tensor.
     """
 
     def __init__(self, size: int, min_scale: float, decode_whole, dct_scaling: str = "pow2",
@@ -242,52 +242,52 @@ class CachedCropDecode:
         return image.contiguous()
 
 
-class Interleaved:
-    """A fused output not yet in its final layout: uint8 ``[size, size, 3]`` and whether to mirror it.
+class Flippable:
+    """A fused output whose horizontal flip is not applied yet: uint8 ``[3, size, size]`` + ``flip``.
 
-    :func:`stack` writes it into the batch channels-first (mirrored if ``flip``) in one pass;
-    :meth:`tensor` gives the ``[3, size, size]`` tensor on its own.
+    :func:`stack` writes it into the batch, mirrored if ``flip``, in one pass over its bytes;
+    :meth:`tensor` gives the final ``[3, size, size]`` tensor on its own.
     """
 
-    __slots__ = ("hwc", "flip")
+    __slots__ = ("image", "flip")
 
-    def __init__(self, hwc: torch.Tensor, flip: bool) -> None:
-        self.hwc, self.flip = hwc, flip
+    def __init__(self, image: torch.Tensor, flip: bool) -> None:
+        self.image, self.flip = image, flip
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.image.shape
 
     def tensor(self) -> torch.Tensor:
-        out = torch.empty(3, self.hwc.shape[0], self.hwc.shape[1], dtype=torch.uint8)
-        self.write(out)
-        return out
+        return self.image.flip(-1) if self.flip else self.image
 
     def write(self, out: torch.Tensor) -> None:
-        rows, cols = self.hwc.shape[:2]
-        _jpegcrop.planar(self.hwc.numpy(), rows, cols, self.flip, out.numpy())
+        c, h, w = self.image.shape
+        _jpegcrop.copy_rows(self.image.numpy(), c * h, w, self.flip, out.numpy())
 
 
 def stack(images: list) -> torch.Tensor:
-    """``torch.stack`` of ``[3, S, S]`` images that also takes :class:`Interleaved` ones (written in place)."""
-    if not any(isinstance(x, Interleaved) for x in images):
+    """``torch.stack`` of ``[3, S, S]`` images that also takes :class:`Flippable` ones (written in place)."""
+    if not any(isinstance(x, Flippable) for x in images):
         return torch.stack(images)
-    first = images[0]
-    shape = (3, *first.hwc.shape[:2]) if isinstance(first, Interleaved) else tuple(first.shape)
-    out = torch.empty(len(images), *shape, dtype=torch.uint8)
+    out = torch.empty(len(images), *images[0].shape, dtype=torch.uint8)
     for i, x in enumerate(images):
-        if isinstance(x, Interleaved):
+        if isinstance(x, Flippable):
             x.write(out[i])
         else:
             out[i].copy_(x)
     return out
 
 
-def _finish(hwc: torch.Tensor, flip: bool, deferred: bool):
-    image = Interleaved(hwc, flip)
-    return image if deferred else image.tensor()
+def _finish(image: torch.Tensor, flip: bool, deferred: bool):
+    if not image.is_contiguous():
+        image = image.contiguous()
+    return Flippable(image, flip) if deferred else (image.flip(-1) if flip else image)
 
 
 def _resize_hwc(region: torch.Tensor, size: int) -> torch.Tensor:
-    """``region`` (uint8 ``[rows, cols, 3]``, any strides) resized to ``[size, size, 3]``, contiguous."""
-    out = _resize(region.permute(2, 0, 1), size).permute(1, 2, 0)
-    return out if out.is_contiguous() else out.contiguous()
+    """``region`` (uint8 ``[rows, cols, 3]``, any strides) resized to ``[3, size, size]``."""
+    return _resize(region.permute(2, 0, 1), size)
 
 
 def _resize(region: torch.Tensor, size: int) -> torch.Tensor:

@@ -230,7 +230,7 @@ class FusedAugment:
         dct_scaling: ``"pow2"`` or ``"none"`` (:class:`CropDecode`).
         cache, side: a :class:`DecodedCache` and the short side it keeps: crop the decoded images
             it holds instead (:class:`CachedCropDecode`).
-        deferred: images may come out as :class:`~.crop_decode.Interleaved` (for :func:`collate`,
+        deferred: images may come out as :class:`~.crop_decode.Flippable` (for :func:`collate`,
             which writes them into the batch in one pass); False: always ``[3, S, S]`` tensors.
     """
 

@@ -1,9 +1,9 @@
 """Watch a job's registry of data servers (``data_service.registry``) from a consumer process.
 
-A ``RegistryWatcher`` reads the registry about every ``poll_s`` seconds on a thread of its own
+A ``RegistryWatcher`` reads the registry every ``poll_s`` seconds on a thread of its own
 (each read has a deadline, and a slow read delays no batch) and keeps the servers whose entries
 prove the job token and serve the job's pipeline fingerprint. ``Fetcher`` asks it for a snapshot
-on every turn of its loop: a new entry becomes a new server within about a second, a removed
+on every turn of its loop: a new entry becomes a new server within about ``poll_s``, a removed
 entry a server that is asked for nothing more.
 
 What is refused is logged once per entry and never used: an entry whose proof does not match the

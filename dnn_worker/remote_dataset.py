@@ -13,7 +13,7 @@ For resumable training wrap the loader in ``ResumableLoader`` (docs/consumer.md)
 
 Servers that join a running job: ``RemoteDataset(servers, token, registry="s3://bucket/job/registry")``
 (``servers`` may be None) also uses every server registered there that proves the token and runs
-the job's pipeline, from within about a second of its registering (docs/elastic.md).
+the job's pipeline, from about a second after it registers (docs/elastic.md).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import socket
 from typing import Any, Iterator, Sequence
 
 from data_service.errors import ConfigError
-from data_service.registry import check_uri
+from data_service.registry import check_uri, is_s3
 from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
@@ -52,7 +52,8 @@ class RemoteDataset(ShardedBatches):
         tls_ca: CA bundle (PEM) for servers started with a TLS certificate; tls_server_name
             overrides the name checked in their certificates.
         registry: a registry of data servers that join and leave (a folder or
-            ``s3://bucket/prefix``, see ``data_service.registry``), polled every ``registry_poll_s``.
+            ``s3://bucket/prefix``, see ``data_service.registry``), polled every ``registry_poll_s``
+            (default: 0.5 s for a folder, 1 s for S3, where each poll is a LIST request).
         fingerprint: the pipeline fingerprint servers must run (default: the fixed servers', or,
             with none, that of the oldest server in the registry that proves the token).
         **kwargs: seed, rank, world_size, dp_rank, dp_size, remainder, audit_path
@@ -63,7 +64,7 @@ class RemoteDataset(ShardedBatches):
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, pin_memory: bool = False,
                  max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, shared_memory: bool = True,
                  tls_ca: str = "", tls_server_name: str = "", registry: str | None = None,
-                 registry_poll_s: float = 1.0, fingerprint: str | None = None, **kwargs: Any) -> None:
+                 registry_poll_s: float | None = None, fingerprint: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
@@ -71,6 +72,8 @@ class RemoteDataset(ShardedBatches):
         self.registry = check_uri(registry) if registry else None
         if not self.servers and not self.registry:
             raise ConfigError("servers=[] : give at least one data server address 'host:port', or registry=")
+        if registry_poll_s is None:
+            registry_poll_s = 1.0 if self.registry and is_s3(self.registry) else 0.5
         if not registry_poll_s > 0:
             raise ConfigError(f"registry_poll_s={registry_poll_s!r} must be > 0 seconds")
         self.registry_poll_s = float(registry_poll_s)

@@ -179,7 +179,7 @@ def _spawn(python: str, kind: str, files_json: str, cpu: int) -> dict:
 
 
 def stages(files: list[str], cpu: int) -> dict[str, dict[str, float]]:
-    """Microseconds per image in each stage of ``whole`` and ``fused``, on ``cpu``."""
+    """Microseconds per image in each stage of ``whole`` and ``fused`` (their own code paths), on ``cpu``."""
     import torch
     from torchvision.transforms import v2
     from torchvision.transforms.v2 import functional as F
@@ -192,13 +192,12 @@ def stages(files: list[str], cpu: int) -> dict[str, dict[str, float]]:
     torch.set_num_threads(1)
     draw_box = crop_decode.BoxDraw((MIN_SCALE, 1.0))
     rrc = v2.RandomResizedCrop(SIZE, scale=(MIN_SCALE, 1.0), antialias=True)
-    t = {k: 0.0 for k in ("read", "decode whole", "draw box", "crop+resize", "flip", "collate",
-                          "header", "decode crop", "resize")}
-    whole_out, fused_out = [], []
+    names = {"whole": ("read", "decode", "draw box", "crop + resize", "flip", "collate"),
+             "fused": ("read", "header", "draw box", "decode crop", "resize", "flip + collate")}
     clock = time.perf_counter
-    for rnd in range(2):  # the first round warms up
-        for k in t:
-            t[k] = 0.0
+    for _ in range(2):  # the first round warms up
+        t = {k: dict.fromkeys(v, 0.0) for k, v in names.items()}
+        batches: dict[str, list] = {"whole": [], "fused": []}
         for i, f in enumerate(files):
             a = clock()
             with open(f, "rb") as fh:
@@ -214,46 +213,31 @@ def stages(files: list[str], cpu: int) -> dict[str, dict[str, float]]:
             e = clock()
             out = out.flip(-1) if torch.rand(1) < 0.5 else out
             g = clock()
-            t["read"] += b - a
-            t["decode whole"] += c - b
-            t["draw box"] += d - c
-            t["crop+resize"] += e - d
-            t["flip"] += g - e
-            whole_out.append((out, 0))
+            for k, v in zip(names["whole"], (b - a, c - b, d - c, e - d, g - e)):
+                t["whole"][k] += v
+            batches["whole"].append((out, 0))
             seed_everything(i)
             a = clock()
-            info = crop_decode._jpegcrop.info(data) if crop_decode.available() else None
+            (width, height), _ = crop_decode.plain_jpeg_size(data)
             b = clock()
-            top, left, h, w = draw_box(info[1], info[0])
+            top, left, h, w = draw_box(height, width)
             c = clock()
-            buf, rows, cols = crop_decode._jpegcrop.decode_crop(data, left, top, w, h, crop_decode.dct_scale(h, w, SIZE))
+            region = crop_decode._jpegcrop.decode_crop(data, left, top, w, h, crop_decode.dct_scale(h, w, SIZE))
             d = clock()
-            region = torch.frombuffer(buf, dtype=torch.uint8).view(rows, cols, 3).permute(2, 0, 1)
-            out = F.resize(region, [SIZE, SIZE], antialias=True)
+            out = crop_decode._resize_hwc(crop_decode._hwc(region), SIZE)
             e = clock()
-            out = out.flip(-1) if torch.rand(1) < 0.5 else out
+            batches["fused"].append((crop_decode._finish(out, torch.rand(1).item() < 0.5, deferred=True), 0))
             g = clock()
-            t["header"] += b - a
-            t["draw box"] += c - b
-            t["decode crop"] += d - c
-            t["resize"] += e - d
-            t["flip"] += g - e
-            fused_out.append((out, 0))
-            if len(fused_out) == BATCH:
-                a = clock()
-                collate(whole_out)
-                collate(fused_out)
-                t["collate"] += (clock() - a) / 2
-                whole_out, fused_out = [], []
-    n = len(files)
-    us = {k: v / n * 1e6 for k, v in t.items()}
-    # draw box and flip were summed over both pipelines (the same calls in each)
-    whole = {"read": us["read"], "decode": us["decode whole"], "draw box": us["draw box"] / 2,
-             "crop + resize": us["crop+resize"], "flip": us["flip"] / 2, "collate": us["collate"]}
-    fused = {"read": us["read"], "header": us["header"], "draw box": us["draw box"] / 2,
-             "decode crop": us["decode crop"], "resize": us["resize"], "flip": us["flip"] / 2,
-             "collate": us["collate"]}
-    return {"whole": whole, "fused": fused}
+            for k, v in zip(names["fused"][1:], (b - a, c - b, d - c, e - d, g - e)):
+                t["fused"][k] += v
+            if len(batches["fused"]) == BATCH:
+                for kind, last in (("whole", "collate"), ("fused", "flip + collate")):
+                    a = clock()
+                    collate(batches[kind])
+                    t[kind][last] += clock() - a
+                batches = {"whole": [], "fused": []}
+        t["fused"]["read"] = t["whole"]["read"]
+    return {kind: {k: v / len(files) * 1e6 for k, v in parts.items()} for kind, parts in t.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from data_service.errors import ServerUnavailableError
 from data_service.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import RemoteDataset
-from hetero.testing import check_audit
+from hetero.testing import ServerProc, check_audit
 
 PIPELINE = "examples.synthetic:build_pipeline"
 OPTIONS = {"size": 384, "batch_size": 4}  # 96 batches an epoch
@@ -131,6 +131,22 @@ def test_drain_mid_epoch_unregisters_first_and_loses_nothing(servers, tmp_path):
     ranks.join()
     exactly_once(tmp_path / "audit.jsonl", 2)
     assert min(ranks.count) == 48
+
+
+def test_hetero_serve_join_registers_and_unregisters_on_sigterm(tmp_path):
+    reg = tmp_path / "registry"
+    server = ServerProc(OPTIONS, log_path=tmp_path / "serve.log")
+    server.cmd += ["--join", str(reg), "--advertise-host", "127.0.0.1", "--leave-delay", "0.2"]
+    server.start()
+    try:
+        entries, problems = registry.read_entries(str(reg))
+        assert [e.address for e in entries] == [server.address] and problems == []
+        fingerprint = PipelineSpec(PIPELINE, OPTIONS).fingerprint()
+        assert registry.verify(entries[0], TOKEN, fingerprint) is None
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, (tmp_path / "serve.log").read_text()[-2000:]
+    assert registry.read_entries(str(reg)) == ([], [])
 
 
 def test_entries_without_the_token_or_of_another_pipeline_are_refused(servers, tmp_path, caplog):

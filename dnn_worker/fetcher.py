@@ -293,8 +293,8 @@ class Fetcher:
                 f"others run {self._fingerprint}: start every data server with the same pipeline and options")
         self._fingerprint = fp
         twin = next((o for o in self._servers if o is not s and o.conn is not None and attempt.hello.server_id
-                     and o.server_id == attempt.hello.server_id), None)
-        if twin is not None:  # one server under two addresses (fixed and registered): use it once
+                     and o.server_id == attempt.hello.server_id and (s.registered or o.registered)), None)
+        if twin is not None:  # one server under a fixed and a registered address: use it once
             if s.registered or not twin.registered:
                 conn.close()
                 self._refuse(s, f"it is the same server as {twin.address}", quiet=True)

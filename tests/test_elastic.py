@@ -242,3 +242,15 @@ def test_with_shards_blocks_follow_a_server_that_joins_then_drains(tmp_path):
         for s in started:
             s.leave_delay_s = 0.0
             s.shutdown(grace_s=2.0)
+
+
+def test_a_fixed_server_also_registered_under_another_address_is_used_once(servers, tmp_path):
+    reg = str(tmp_path / "registry")
+    a = servers()
+    joining.join(a, reg, f"localhost:{a.port}")  # the same server, under another name
+    ds = RemoteDataset([a.address], TOKEN, registry=reg, seed=3, connect_timeout=20)
+    assert len(list(ds)) == 96
+    delivered = ds._fetcher.stats()
+    assert sum(delivered.values()) == 96, delivered
+    in_use = [s.address for s in ds._fetcher._servers if not s.refused]
+    assert in_use == [a.address], in_use  # the registered name was taken for what it is: the same server

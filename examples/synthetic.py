@@ -43,11 +43,14 @@ class SyntheticImages:
 class Augment:
     """Random noise + random flip from torch's global RNG, like a real augmentation."""
 
-    def __init__(self, work_ms: float = 0.0) -> None:
+    def __init__(self, work_ms: float = 0.0, sleep_ms: float = 0.0) -> None:
         self.work_ms = work_ms
+        self.sleep_ms = sleep_ms
 
     def __call__(self, sample):
         image, label = sample
+        if self.sleep_ms:  # wall time without CPU: data nodes of it add capacity on any machine
+            time.sleep(self.sleep_ms / 1000.0)
         if self.work_ms:
             end = time.perf_counter() + self.work_ms / 1000.0
             while time.perf_counter() < end:  # CPU work, not sleep: it must load a core
@@ -62,12 +65,14 @@ class Augment:
 def build_pipeline(size: int = 64, batch_size: int = 8, shape: list[int] | None = None, drop_last: bool = False,
                    shuffle: bool = True, fail_at: int | None = None, crash_once_at: int | None = None,
                    crash_marker: str | None = None, work_ms: float = 0.0, as_tuple: bool = False,
-                   die_loading: int = 0, die_loading_dir: str | None = None) -> Pipeline:
+                   die_loading: int = 0, die_loading_dir: str | None = None, sleep_ms: float = 0.0) -> Pipeline:
     """Args:
         size: samples in the dataset. batch_size: samples per batch. shape: image shape (default 1x8x8).
         fail_at: sample index whose loading raises ValueError.
         crash_once_at, crash_marker: sample index whose loading SIGKILLs the worker once (marker file).
         work_ms: busy CPU time per sample (a CPU-heavy augmentation).
+        sleep_ms: wall time per sample without CPU (a sleep): each data node of it adds the same
+            capacity, as nodes with cores of their own would, even on a 2-core machine.
         as_tuple: collate to (image, label) instead of a dict.
         die_loading, die_loading_dir: the first ``die_loading`` data worker processes to load this
             pipeline SIGKILL themselves while loading (one file per death in the directory; armed
@@ -83,7 +88,7 @@ def build_pipeline(size: int = 64, batch_size: int = 8, shape: list[int] | None 
     if as_tuple:
         def collate(samples):
             return (torch.stack([s["image"] for s in samples]), torch.stack([s["label"] for s in samples]))
-    return Pipeline(dataset=dataset, batch_size=batch_size, transform=Augment(work_ms), collate_fn=collate,
+    return Pipeline(dataset=dataset, batch_size=batch_size, transform=Augment(work_ms, sleep_ms), collate_fn=collate,
                     drop_last=drop_last, shuffle=shuffle)
 
 

@@ -9,7 +9,8 @@ pinned with ``sched_setaffinity``; one thread where a library has a setting for 
 * ``cached``: ours with the decoded-image cache, every image a hit (a later epoch; the untimed
   warm-up pass fills the cache);
 * ``pil``: the classic recipe, PIL decode + v1 RandomResizedCrop + flip + PILToTensor;
-* ``tf``: tf.data, ``sample_distorted_bounding_box`` + ``decode_and_crop_jpeg`` + bilinear resize;
+* ``tf``: tf.data, ``sample_distorted_bounding_box`` + ``decode_and_crop_jpeg`` + bilinear resize
+  (tf.data's recipe: no antialiasing); ``tf-aa``: the same with ``antialias=True``, our output's quality;
 * ``dali``: DALI's CPU ``decoders.image_random_crop`` + resize + flip;
 * ``floor``: read + torchvision ``decode_jpeg`` of the whole image, no crop, no batch.
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 BATCH, SIZE, MIN_SCALE = 32, 224, 0.08
 OURS = ("fused", "whole", "cached", "pil", "floor")
-PEERS = ("tf", "dali")
+PEERS = ("tf", "tf-aa", "dali")
 
 
 def _files(root: str, count: int) -> list[str]:
@@ -97,7 +98,7 @@ def _floor(files: list[str]):
     return run, dict
 
 
-def _tf(files: list[str]):
+def _tf(files: list[str], antialias: bool = False):
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -112,7 +113,7 @@ def _tf(files: list[str]):
         y, x, _ = tf.unstack(begin)
         h, w, _ = tf.unstack(size)
         image = tf.image.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
-        image = tf.image.random_flip_left_right(tf.image.resize(image, [SIZE, SIZE]))
+        image = tf.image.random_flip_left_right(tf.image.resize(image, [SIZE, SIZE], antialias=antialias))
         return tf.cast(image, tf.uint8)
 
     options = tf.data.Options()
@@ -155,7 +156,8 @@ def _dali(files: list[str]):
 def worker(kind: str, files: list[str], cpu: int) -> dict:
     """One timed pass of ``kind`` on CPU ``cpu`` (after one untimed warm-up pass over a few batches)."""
     os.sched_setaffinity(0, {cpu})
-    build = {"pil": _pil, "floor": _floor, "tf": _tf, "dali": _dali}.get(kind)
+    build = {"pil": _pil, "floor": _floor, "tf": _tf, "tf-aa": lambda f: _tf(f, antialias=True),
+             "dali": _dali}.get(kind)
     run, counts = build(files) if build else _ours(files, kind)
     run()  # warm-up: imports, page cache, allocator (and the decoded-image cache)
     t = time.perf_counter()

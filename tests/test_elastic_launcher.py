@@ -123,3 +123,24 @@ def _sent(server) -> int:
 
     with ControlClient(server.address, server.token) as ctl:
         return ctl.stats().batches_sent
+
+
+def test_hetero_local_registry_gives_the_job_a_token_a_joining_server_can_use(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from hetero.local import LocalJob, open_registry
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.delenv("HETERO_JOB_TOKEN", raising=False)
+    hps = {"pipeline": "examples.synthetic:build_pipeline", "pipeline.size": 640}
+    env = open_registry(LocalJob(registry=tmp_path / "reg"), hps, tmp_path)
+    token_file = tmp_path / "job_token"
+    assert env == {"HETERO_JOB_TOKEN": token_file.read_text().strip()} and len(env["HETERO_JOB_TOKEN"]) == 32
+    assert token_file.stat().st_mode & 0o077 == 0  # its owner's only
+    assert hps["registry"] == str((tmp_path / "reg").resolve()) and (tmp_path / "reg").is_dir()
+    assert f"hetero serve examples.synthetic:build_pipeline -o size='640' --port 0 --join {hps['registry']}" in caplog.text
+    monkeypatch.setenv("HETERO_JOB_TOKEN", "from-the-environment")
+    assert open_registry(LocalJob(registry=tmp_path / "reg"), dict(hps), tmp_path) == {
+        "HETERO_JOB_TOKEN": "from-the-environment"}
+    with pytest.raises(ConfigError, match="homogeneous job has no data servers"):
+        open_registry(LocalJob(registry=tmp_path / "reg", homogeneous=True), dict(hps), tmp_path)

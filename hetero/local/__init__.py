@@ -113,6 +113,15 @@ def run_local(job: LocalJob) -> LocalResult:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _json_dict(value: Any) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
 def open_registry(job: LocalJob, hps: dict[str, Any], output: Path) -> dict[str, str]:
     """Make ``job.registry`` the job's registry; returns the variables every node needs.
 
@@ -138,6 +147,11 @@ def open_registry(job: LocalJob, hps: dict[str, Any], output: Path) -> dict[str,
             f.write(token + "\n")
         where = f"$(cat {path})"
     pipeline = hps.get("pipeline", "examples.mnist:build_pipeline")
-    log.info("registry %s: add data servers to this job with HETERO_JOB_TOKEN=%s hetero serve %s "
-             "-o <the job's pipeline options> --port 0 --join %s", registry, where, pipeline, registry)
+    options = {**_json_dict(hps.get("pipeline_options", {})),
+               **{k.split(".", 1)[1]: v for k, v in hps.items() if k.startswith("pipeline.")}}
+    opts = " ".join(f"-o {k}={json.dumps(v)!r}" if not isinstance(v, str) else f"-o {k}={v}"
+                    for k, v in options.items())
+    log.info("registry %s: add data servers to this job with HETERO_JOB_TOKEN=%s hetero serve %s %s--port 0 "
+             "--join %s (the job's pipeline and options: consumers refuse any other)", registry, where, pipeline,
+             opts + " " if opts else "", registry)
     return {"HETERO_JOB_TOKEN": token}

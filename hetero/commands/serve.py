@@ -54,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not token:
             raise ConfigError("no job token: pass --token or set HETERO_JOB_TOKEN")
+        if args.join:  # a bad registry fails before the pipeline is loaded
+            from data_service.registry import check_uri
+
+            check_uri(args.join, "--join")
         spec = PipelineSpec(args.pipeline, parse_kv(args.option))
         options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
                                 slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,

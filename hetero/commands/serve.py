@@ -36,6 +36,8 @@ def register(sub) -> None:
     p.add_argument("--advertise-host", default=None,
                    help="with --join: the host or IP consumers dial (default: --host when it is one address, else "
                         "this machine's IP on its default route, e.g. the EC2/ECS private IP or the pod IP)")
+    p.add_argument("--advertise-port", type=int, default=0,
+                   help="with --join: the gRPC port consumers dial when it is not --port (a port mapping)")
     p.add_argument("--leave-delay", type=float, default=2.0,
                    help="with --join: seconds to keep serving after unregistering, before refusing new requests")
     p.add_argument("--grace", type=float, default=10.0,
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         from data_service.joining import default_advertise_host, join
         from data_service.registry import RegistryError
 
-        address = f"{args.advertise_host or default_advertise_host(args.host)}:{server.port}"
+        address = f"{args.advertise_host or default_advertise_host(args.host)}:{args.advertise_port or server.port}"
         try:
             join(server, args.join, address, leave_delay_s=args.leave_delay)
         except (ConfigError, RegistryError) as exc:

@@ -56,6 +56,8 @@ class RegistryWatcher:
         self._read_done = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._used = time.monotonic()
+        self._reading_since: float | None = None  # a read in progress began then (a folder read cannot
+        # be cut short: a hung network file system is noticed here and reported, not waited for)
 
     # -- what consumers see
     def set_fingerprint(self, fingerprint: str) -> None:
@@ -68,7 +70,13 @@ class RegistryWatcher:
     def snapshot(self) -> tuple[int, dict[str, Entry]]:
         """(version, address -> entry) of the usable servers; starts the polling thread if needed."""
         with self._lock:
-            self._used = time.monotonic()
+            self._used = now = time.monotonic()
+            since = self._reading_since
+            if since is not None and now - since > self.timeout_s and self.error is None:
+                self.error = f"a read has taken more than {self.timeout_s:g}s"
+                log.warning("registry %s: a read has taken %.1fs (deadline %gs); carrying on with the %d data "
+                            "server(s) known from it so far and any fixed ones", self.uri, now - since,
+                            self.timeout_s, len(self._usable))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"registry {self.uri}", daemon=True)
                 self._thread.start()
@@ -108,8 +116,11 @@ class RegistryWatcher:
                 if time.monotonic() - self._used > IDLE_STOP_S:
                     self._thread = None
                     return
-            started = time.monotonic()
-            self.poll()
+            started = self._reading_since = time.monotonic()
+            try:
+                self.poll()
+            finally:
+                self._reading_since = None
             time.sleep(max(0.0, self.poll_s - (time.monotonic() - started)))
 
     def poll(self) -> None:

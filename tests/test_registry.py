@@ -108,3 +108,37 @@ def test_registered_servers_lists_only_verified_entries(tmp_path, caplog):
     assert registered_servers(str(tmp_path), TOKEN) == ["10.0.0.7:6000", "10.0.0.8:6000"]
     assert registered_servers(str(tmp_path), TOKEN, FP) == ["10.0.0.7:6000"]
     assert registered_servers(str(tmp_path / "gone"), TOKEN) == [] and "cannot be read" in caplog.text
+
+
+def test_a_hung_registry_read_is_reported_once_and_waits_for_nothing(tmp_path, monkeypatch, caplog):
+    import logging
+    import threading
+    import time
+
+    from dnn_worker import registry_watch
+
+    caplog.set_level(logging.INFO)
+
+    real = registry_watch.read_entries
+    hung = threading.Event()
+
+    def read(*args, **kwargs):  # a network file system that stops answering for a while
+        if hung.is_set():
+            time.sleep(1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry_watch, "read_entries", read)
+    register(str(tmp_path), TOKEN, "good", "10.0.0.7:6000", FP)
+    w = registry_watch.RegistryWatcher(str(tmp_path), TOKEN, poll_s=0.1, timeout_s=0.3)
+    assert w.wait_read(0, timeout=5.0)
+    hung.set()
+    time.sleep(0.2)
+    for _ in range(8):  # the consumer's loop goes on: each snapshot returns at once
+        start = time.monotonic()
+        version, servers = w.snapshot()
+        assert time.monotonic() - start < 0.05 and list(servers) == ["10.0.0.7:6000"]
+        time.sleep(0.1)
+    hung.clear()
+    assert w.wait_read(w.reads + 1, timeout=5.0)
+    assert caplog.text.count("a read has taken") == 1 and caplog.text.count("can be read again") == 1
+    assert w.error is None

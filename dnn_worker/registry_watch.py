@@ -80,7 +80,7 @@ class RegistryWatcher:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"registry {self.uri}", daemon=True)
                 self._thread.start()
-            return self.version, dict(self._usable)
+            return self.version, self._usable  # replaced, never changed in place: safe to hand out
 
     def refuse(self, address: str, server_id: str, reason: str) -> None:
         """Never use this entry again in this process (a consumer found it lying on connecting:

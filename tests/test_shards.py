@@ -237,7 +237,7 @@ def test_corrupt_bytes_in_a_shard_name_the_sample(shapes, tmp_path):
     tar.write_bytes(bytes(data))
     pipe = PipelineSpec(PIPELINE, {"shards": str(pipe_dir), "batch_size": 8, "image_size": 32}).load()
     with pytest.raises(CorruptImageError, match="sample 3 of .*on_corrupt=skip"):
-        pipe.dataset[3]
+        pipe.transform(pipe.dataset[3])  # the bytes are read; decoding them (fused with the crop) fails
 
 
 def test_prepare_takes_a_map_style_data_set_by_import_path_in_source_order(tmp_path):

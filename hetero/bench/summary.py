@@ -142,7 +142,8 @@ def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, 
     homo_cores = len(cfg.trainer_cpus)
     het_cores = len(cfg.data_cpus) + (homo_cores if cfg.local_server else 0)
     pred = {"preprocess_s_per_batch_one_core": preprocess_s, "trainer_s_per_batch": trainer_s,
-            "loader_handoff_s_per_batch": handoff_s, "gpu_step_s": cfg.emulate_step_s}
+            "loader_handoff_s_per_batch": handoff_s if cfg.loader_workers > 0 else 0.0,
+            "gpu_step_s": cfg.emulate_step_s}
     for mode, cores in (("homogeneous", homo_cores), ("heterogeneous", het_cores)):
         # Without a local server the trainer's cores only train: the data cores alone build batches.
         shared = mode == "homogeneous" or cfg.local_server

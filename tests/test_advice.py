@@ -277,6 +277,7 @@ def test_hetero_stats_local_reads_the_newest_advice(tmp_path, capsys):
     assert main(["stats", "--local", str(tmp_path / "nowhere")]) == 2
 
 
+@pytest.mark.slow  # a whole process tree: the slow tier
 def test_a_starved_local_job_logs_the_advice_and_writes_it_to_metrics_json(tmp_path, capsys):
     from hetero.local import LocalJob, run_local
 

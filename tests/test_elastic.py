@@ -133,6 +133,7 @@ def test_drain_mid_epoch_unregisters_first_and_loses_nothing(servers, tmp_path):
     assert min(ranks.count) == 48
 
 
+@pytest.mark.slow  # a whole process tree: the slow tier
 def test_hetero_serve_join_registers_and_unregisters_on_sigterm(tmp_path):
     reg = tmp_path / "registry"
     server = ServerProc(OPTIONS, log_path=tmp_path / "serve.log")

@@ -59,6 +59,7 @@ def test_trainers_read_the_registry_with_the_jobs_fingerprint(tmp_path):
     assert plain.registry is None
 
 
+@pytest.mark.slow  # a whole process tree: the slow tier
 def test_a_data_node_joining_another_job_registers_serves_and_leaves_cleanly(tmp_path):
     reg = tmp_path / "registry"
     nodes = nodes_for(tmp_path, base=SYNTHETIC_HPS, join=str(reg), job_name="test-job", watchdog_idle_s=2,

@@ -36,7 +36,8 @@ def serve(port: int) -> None:
     dispatcher.join()
 
 
-def dataset(files: list[str], fused: bool):
+def sample_fn(fused: bool = True, antialias: bool = False):
+    """tf.data's recipe for one file: random box, decode (of the box alone when ``fused``), resize, flip."""
     import tensorflow as tf
 
     def load(path):
@@ -51,9 +52,15 @@ def dataset(files: list[str], fused: bool):
             image = tf.image.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
         else:
             image = tf.slice(tf.io.decode_jpeg(data, channels=3), begin, size)
-        image = tf.image.random_flip_left_right(tf.image.resize(image, [SIZE, SIZE]))
+        image = tf.image.random_flip_left_right(tf.image.resize(image, [SIZE, SIZE], antialias=antialias))
         return tf.cast(image, tf.uint8)
+    return load
 
+
+def dataset(files: list[str], fused: bool):
+    import tensorflow as tf
+
+    load = sample_fn(fused)
     options = tf.data.Options()
     options.threading.private_threadpool_size = 1
     options.threading.max_intra_op_parallelism = 1

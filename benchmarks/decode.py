@@ -101,21 +101,12 @@ def _floor(files: list[str]):
 def _tf(files: list[str], antialias: bool = False):
     import tensorflow as tf
 
+    from benchmarks._tf_service import sample_fn
+
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
 
-    def load(path):
-        data = tf.io.read_file(path)
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            tf.io.extract_jpeg_shape(data), bounding_boxes=tf.zeros([1, 0, 4]), min_object_covered=0.0,
-            aspect_ratio_range=(3 / 4, 4 / 3), area_range=(MIN_SCALE, 1.0), max_attempts=10,
-            use_image_if_no_bounding_boxes=True)
-        y, x, _ = tf.unstack(begin)
-        h, w, _ = tf.unstack(size)
-        image = tf.image.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
-        image = tf.image.random_flip_left_right(tf.image.resize(image, [SIZE, SIZE], antialias=antialias))
-        return tf.cast(image, tf.uint8)
-
+    load = sample_fn(fused=True, antialias=antialias)
     options = tf.data.Options()
     options.threading.private_threadpool_size = 1
     options.threading.max_intra_op_parallelism = 1

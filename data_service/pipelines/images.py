@@ -351,7 +351,6 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
     block = 0
     if shards:
         from ..shards import ShardDataset
-        from ..shards.format import parse_size
 
         if isinstance(shuffle_block, bool) or not isinstance(shuffle_block, int) or shuffle_block < 0:
             raise ConfigError(f"shuffle_block={shuffle_block!r} must be an integer >= 0 (samples per shuffle "

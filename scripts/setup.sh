@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install the project with its extras (idempotent).
+# Create .venv and install the project with its extras (idempotent). pip's output goes to
+# .venv/install.log; on a failure the end of that log is printed and the script exits non-zero.
 # Usage: bash scripts/setup.sh [extras]   (default extras: dev)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,10 +9,20 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+log=.venv/install.log
+echo "installing into .venv (log: $log)"
+: >"$log"
+pip_install() {
+  if ! .venv/bin/python -m pip install --disable-pip-version-check "$@" >>"$log" 2>&1; then
+    echo "setup: pip install $* failed; the end of $log:" >&2
+    tail -n 40 "$log" >&2
+    exit 1
+  fi
+}
+pip_install --upgrade pip
 # The torch pair first, from its own pin file (see the comment there).
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -r requirements/torch.txt 2>&1 | grep -v "is ignored: it is neither" || true
-.venv/bin/python -m pip install -q -e ".[${extras}]" 2>&1 | grep -v "is ignored: it is neither" || true
+pip_install -r requirements/torch.txt
+pip_install -e ".[${extras}]"
 # smdebug-rulesconfig (a SageMaker SDK dependency, in the dev and sagemaker extras) installs its own test
 # suite as a top-level `tests` package, which shadows this repository's tests/ for imports such as
 # tests.test_pipeline: remove that copy.

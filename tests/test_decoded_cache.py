@@ -130,3 +130,59 @@ def test_shrinking_keeps_the_whole_picture(tmp_path):
     assert got.shape[1:] == (258, 344)
     assert float((got - ref).abs().mean()) < 3.0
     assert np.isfinite(float(got.mean()))
+
+
+def test_without_the_compiled_part_cached_batches_are_the_stacked_crops(folder, tmp_path, monkeypatch):
+    from data_service.pipelines import crop_decode
+
+    monkeypatch.setattr(crop_decode, "_jpegcrop", None)  # a host where setup.py built no C extension
+    opts = {"data_dir": str(folder), "batch_size": 4, "image_size": 48, "decoded_cache_bytes": "16MB"}
+    warm = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "a")}).load()
+    cold = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "b")}).load()
+    plain = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "c")}).load()
+    plain.transform.crop_decode.deferred = False  # each crop a finished tensor, torch.stack'ed
+    cfg = warm.plan_config()
+    for epoch in range(2):  # epoch 0 fills the warm cache, epoch 1 crops from it
+        for index in range(cfg.num_batches):
+            a = build_batch(warm, cfg, 3, epoch, index)
+            if epoch == 1:
+                b, c = build_batch(cold, cfg, 3, epoch, index), build_batch(plain, cfg, 3, epoch, index)
+                assert torch.equal(a["image"], b["image"]) and torch.equal(a["image"], c["image"])
+                assert torch.equal(a["label"], c["label"]) and a["image"].shape == (4, 3, 48, 48)
+    assert warm.transform.counts == {"cache miss": 16, "cache hit": 16}
+
+
+@pytest.mark.parametrize("leave", ["shutdown", "drain"])
+def test_a_server_leaving_keeps_the_cache_of_the_servers_that_stay(folder, tmp_path, leave):
+    from dnn_worker import RemoteDataset
+    from dnn_worker.control import ControlClient
+
+    opts = {"data_dir": str(folder), "batch_size": 4, "image_size": 32, "decoded_cache_bytes": "8MB"}
+    spec = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "shm")})
+    reference = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "ref")}).load()
+    cfg = reference.plan_config()
+    leaving = DataServer(spec, "tok", ServerOptions(num_workers=1)).start()
+    staying = DataServer(spec, "tok", ServerOptions(num_workers=1)).start()
+    try:
+        ds = RemoteDataset([staying.address], "tok", seed=0, connect_timeout=30.0, window=1)
+        got = []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            for index, batch in enumerate(ds):
+                got.append((epoch, index, batch))
+                if (epoch, index) == (0, 1):  # mid-way through the first epoch, while images are being cached
+                    if leave == "drain":
+                        with ControlClient(leaving.address, "tok", "test") as ctl:
+                            ctl.shutdown(grace_s=2.0, reason="drain")
+                        assert leaving.wait(30.0)
+                    else:
+                        leaving.shutdown(grace_s=2.0)
+        assert [(e, i) for e, i, _ in got] == [(e, i) for e in range(3) for i in range(cfg.num_batches)]
+        for epoch, index, batch in got:
+            want = build_batch(reference, cfg, 0, epoch, index)
+            assert torch.equal(batch["image"], want["image"]) and torch.equal(batch["label"], want["label"])
+        assert dict(staying.stats.snapshot().pipeline)["decoded_cache_images"] == 16
+    finally:
+        leaving.shutdown(grace_s=2.0)
+        staying.shutdown(grace_s=2.0)
+    assert not list((tmp_path / "shm").iterdir())  # the last server to leave removes the folder

@@ -262,6 +262,9 @@ class Flippable:
         return self.image.flip(-1) if self.flip else self.image
 
     def write(self, out: torch.Tensor) -> None:
+        if _jpegcrop is None:  # cached crops are deferred on hosts without the compiled part too
+            out.copy_(self.tensor())
+            return
         c, h, w = self.image.shape
         _jpegcrop.copy_rows(self.image.numpy(), c * h, w, self.flip, out.numpy())
 

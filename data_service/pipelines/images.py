@@ -381,7 +381,7 @@ def build_pipeline(batch_size: int = 32, image_size: int = 224, min_scale: float
         raise ConfigError("decoded_cache_bytes needs decode='fused' (the cache keeps the images the fused path shrinks)")
     augment = FusedAugment(image_size, float(min_scale), on_corrupt, dct_scaling, cache, side, deferred=True) if fused \
         else Augment(image_size, float(min_scale))
-    hooks = {"stats": cache.stats, "close": cache.remove} if cache is not None else {}
+    hooks = {"stats": cache.stats, "close": cache.close} if cache is not None else {}
     order = {"shuffle_block": block, "interleave": interleave}
     if finish_on == "server":
         return Pipeline(dataset=dataset, batch_size=batch_size, transform=augment,

@@ -11,6 +11,10 @@ MODES = ("homogeneous", "heterogeneous")  # the two layouts every round runs
 
 PIPELINE = "examples.mnist:build_pipeline"
 IMAGES_PIPELINE = "data_service.pipelines.images:build_pipeline"  # --workload images: JPEG decode + crop + flip
+# With no --emulate-step-s, the emulated accelerator step is this share of one core's batch, profiled in
+# the same run (as the quickstart does): shorter than the batch on any machine, so one core cannot
+# keep up with the "accelerator" and the homogeneous node is CPU-bound.
+STEP_SHARE = 1 / 3
 
 
 @dataclass
@@ -24,7 +28,7 @@ class BenchConfig:
     warmup: int = 10
     batch_size: int = 64
     augment_repeats: int = 4
-    emulate_step_s: float = 0.05
+    emulate_step_s: float | None = None  # None: STEP_SHARE of the profiled batch (derived_step)
     loader_workers: int = 0            # 0: homogeneous one per trainer CPU, heterogeneous the launcher's default (0)
     local_server: bool = True
     data_nodes: int = 1
@@ -63,7 +67,8 @@ class BenchConfig:
                              f"{self.quiet_wait_s} >= 0")
         if self.workload not in ("mnist", "images"):
             raise ValueError(f"--workload {self.workload!r} must be 'mnist' or 'images'")
-        if self.emulate_step_s < 0 or self.augment_repeats < 0 or self.loader_workers < 0:
+        if (self.emulate_step_s is not None and self.emulate_step_s < 0) or self.augment_repeats < 0 \
+                or self.loader_workers < 0:
             raise ValueError("--emulate-step-s, --augment-repeats and --loader-workers must be >= 0")
 
     @property
@@ -76,6 +81,8 @@ class BenchConfig:
         return {"batch_size": self.batch_size, "augment_repeats": self.augment_repeats}
 
     def hyperparameters(self) -> dict:
+        if self.emulate_step_s is None:
+            raise ValueError("emulate_step_s is not set yet: run_benchmark derives it from the profile")
         hps = {"max_steps": self.steps, "warmup_steps": self.warmup, "emulate_step_s": self.emulate_step_s,
                "pipeline": self.pipeline, **{f"pipeline.{k}": v for k, v in self.pipeline_options().items()},
                "loader_workers": self.loader_workers or len(self.trainer_cpus),  # homogeneous; run_mode sets heterogeneous
@@ -88,6 +95,12 @@ class BenchConfig:
         if self.epoch_batches:
             return self.epoch_batches * self.batch_size
         return self.synth_train or (self.steps + 1) * self.batch_size
+
+
+def derived_step(batch_s: float) -> float:
+    """The emulated step for one core's batch of ``batch_s`` seconds: ``STEP_SHARE`` of it, to 0.1 ms
+    (at least 0.1 ms: 0 would mean the real CPU step)."""
+    return max(1e-4, round(batch_s * STEP_SHARE, 4))
 
 
 @dataclass

@@ -24,6 +24,22 @@ def step_label(summary: dict) -> str:
     return f"EMULATED accelerator step ({step * 1000:g} ms sleep, no GPU)" if step > 0 else "real step on the CPU"
 
 
+def step_note(step: dict) -> str:
+    """Which emulated step the runs use and why, from ``step_time.choose_step``'s dict, e.g.
+    'emulated step 12.3 ms: 1/3 of one core's batch (36.9 ms, profiled now), so ...; pass
+    --emulate-step-s to set it'."""
+    from fractions import Fraction
+
+    if step["source"] == "profiled":
+        share = Fraction(step["share"]).limit_denominator(20)
+        return (f"emulated step {step['s'] * 1000:.1f} ms: {share} of one core's batch "
+                f"({step['batch_s'] * 1000:.1f} ms, profiled now), so the trainer's own core cannot keep up with it; "
+                "pass --emulate-step-s to set it")
+    if step["s"] > 0:
+        return f"emulated step {step['s'] * 1000:g} ms (--emulate-step-s)"
+    return "real CPU step, none emulated (--emulate-step-s 0)"
+
+
 def layout(summary: dict, mode: str) -> str:
     """E.g. '1 x ml.p3.2xlarge (CPUs 0) + 1 x ml.c5.9xlarge (CPUs 1)'."""
     c = summary["config"]
@@ -69,7 +85,8 @@ def markdown(summary: dict) -> str:
         f"{'the trainer CPUs also build batches in heterogeneous mode' if c['local_server'] else 'trainer CPUs only train in heterogeneous mode'}. "
         f"Medians over {summary['basis']} ({_rounds(summary)}); spread = min-max of the runs' averages; "
         f"others' CPU = share of the run's cores used by other processes. Prices "
-        f"{summary['prices']['region']} on-demand as of {summary['prices']['as_of']}.", "",
+        f"{summary['prices']['region']} on-demand as of {summary['prices']['as_of']}."
+        + (f" The {step_note(summary['emulated_step'])}." if summary.get("emulated_step") else ""), "",
         f"| mode | emulated nodes as instances | step time (s) | spread (s) | data wait | samples/s "
         f"| CPU busy per node | others' CPU | $/step | $/1000 steps | $/epoch ({steps_per_epoch} steps) |",
         "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -13,7 +13,10 @@ machine's load hits both; figures are medians over rounds, with the min-max spre
 speed-up is also given per round (both runs of a round measured back to back). The first
 ``--warmup`` steps of every run are discarded. With no GPU here the accelerator step is
 *emulated* (``--emulate-step-s``: the trainer sleeps instead of computing; 0 = the real CPU
-step), so the trainer's own CPU work does not hide the data path. Each emulated node is
+step), so the trainer's own CPU work does not hide the data path. Without ``--emulate-step-s``
+the step is a third of one core's batch, profiled at the start of the same run (as the
+quickstart does), so the trainer's own core cannot keep up however fast this machine is; the
+output says which step it used and why. Each emulated node is
 priced as the instance type named on the command line (hetero/planning/cost.py), and the
 planner's prediction (hetero/planning/planner.py) from a one-core profile is printed beside the
 measured step times.
@@ -25,8 +28,9 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 from hetero.planning.cost import PriceError, load_prices
 from hetero.planning.planner import PlanError
@@ -34,7 +38,7 @@ from hetero.planning.profile import profile_pipeline
 
 from . import report
 from .cpu_monitor import NodeCpuMonitor, cpu_list_text, foreign_share, parse_cpu_list, wait_for_quiet
-from .records import MODES, BenchConfig, RunResult
+from .records import MODES, STEP_SHARE, BenchConfig, RunResult, derived_step
 from .summary import add_costs, add_prediction, summarize
 
 log = logging.getLogger(__name__)
@@ -166,8 +170,22 @@ def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunR
                      cpu_per_step(trainer_log, cfg.warmup, monitor))
 
 
-def run_benchmark(cfg: BenchConfig) -> dict:
+def choose_step(cfg: BenchConfig, batch_s: float) -> tuple[BenchConfig, dict]:
+    """The configuration with its emulated step set, and where the step came from: the one given
+    (``--emulate-step-s``) or, with none, ``STEP_SHARE`` of ``batch_s``, one core's batch profiled in
+    this run. The dict is the summary's ``emulated_step`` (``report.step_note`` words it)."""
+    if cfg.emulate_step_s is not None:
+        return cfg, {"s": cfg.emulate_step_s, "source": "given", "share": None, "batch_s": batch_s}
+    step = derived_step(batch_s)
+    return replace(cfg, emulate_step_s=step), {"s": step, "source": "profiled", "share": STEP_SHARE,
+                                               "batch_s": batch_s}
+
+
+def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -> dict:
     """Profile, run both modes ``cfg.repeats`` times (alternating), and return every figure.
+
+    With no emulated step in ``cfg`` the step is derived from the first profile (``choose_step``);
+    ``echo`` is given the line that says which step the runs use, before they start.
 
     Raises:
         PriceError: unknown instance type (before anything runs). ValueError: bad configuration.
@@ -193,6 +211,10 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         return profile_pipeline(cfg.pipeline, options, batches=cfg.profile_batches, cpu=cfg.data_cpus[0])
 
     profiles = [profile()]
+    cfg, step = choose_step(cfg, profiles[0].median_s)
+    log.info("%s", report.step_note(step))
+    if echo is not None:
+        echo(report.step_note(step))
     started = time.time()
     runs = []
     for i in range(cfg.repeats):
@@ -211,7 +233,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         from .consumer_cpu import measure
 
         summary["consumer_cpu"] = measure(batch_size=cfg.batch_size)
-    summary.update(config={**asdict(cfg), "output": str(cfg.output)}, profile=asdict(prof),
+    summary.update(config={**asdict(cfg), "output": str(cfg.output)}, emulated_step=step, profile=asdict(prof),
                    profiles=[asdict(p) for p in profiles], runs=[asdict(r) for r in runs], started_unix=started,
                    machine=_machine())
     return summary
@@ -246,7 +268,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--augment-repeats", type=int, default=d.augment_repeats, help="MNIST blur passes (CPU cost)")
     p.add_argument("--emulate-step-s", type=float, default=d.emulate_step_s,
-                   help="EMULATED accelerator step in seconds (sleep); 0 = real CPU step")
+                   help="EMULATED accelerator step in seconds (sleep); 0 = real CPU step (default: a third of "
+                        "one core's batch, profiled at the start of the run, so the trainer's core is the limit)")
     p.add_argument("--loader-workers", type=int, default=0,
                    help="trainer DataLoader workers in both modes (0: homogeneous one per trainer CPU, "
                         "heterogeneous the launcher's default, none)")
@@ -289,7 +312,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                           log_every=args.log_every, consumer_cpu=args.consumer_cpu, workload=args.workload)
         if not cfg.data_cpus:
             raise ValueError("no data CPUs: this machine offers one CPU; pass --trainer-cpus and --data-cpus")
-        summary = run_benchmark(cfg)
+        summary = run_benchmark(cfg, echo=lambda line: print(line, flush=True))
     except (PriceError, PlanError, ValueError) as exc:
         print(f"benchmark: {exc}")
         return 2

@@ -136,7 +136,7 @@ def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, 
     hand-off of one batch to the trainer, paid where the trainer has loader workers (heterogeneous
     with ``--loader-workers``; a homogeneous node's own data server hands batches over as a data node does).
     """
-    if preprocess_s is None or cfg.emulate_step_s <= 0:
+    if preprocess_s is None or not cfg.emulate_step_s or cfg.emulate_step_s <= 0:
         summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}
         return
     homo_cores = len(cfg.trainer_cpus)

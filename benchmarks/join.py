@@ -50,7 +50,7 @@ def consumer_main(args: argparse.Namespace) -> None:
         ds.set_epoch(epoch)
         for _ in ds:
             time.sleep(args.step_s)
-            seen = {a: n for a, n in ds._fetcher.stats().items() if n > 0 and a not in firsts}
+            seen = {a: n for a, n in ds.fetcher.stats().items() if n > 0 and a not in firsts}
             if seen:
                 now = time.time()
                 firsts.update({a: now for a in seen})

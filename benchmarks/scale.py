@@ -28,7 +28,6 @@ plane. Reported per layout, over the measured window after a warm-up:
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import signal
@@ -74,18 +73,14 @@ def wait_ready(address: str) -> None:
 
 def _iterate(servers: list[str], seed: int, until: float, out: dict, count: int) -> None:
     from data_service.wire import pb
+    from dnn_worker.fetch_options import FetchOptions
     from dnn_worker.fetcher import Fetcher
+    from dnn_worker.remote_dataset import SMALL_WINDOW
 
     refs = [pb.BatchRef(seed=seed, epoch=0, index=i) for i in range(count)]
-    # The windows RemoteDataset would use with one-worker servers (a checkout without the
-    # small-batch window has only the fixed one).
-    windows = {}
-    if "small_window" in inspect.signature(Fetcher).parameters:
-        from dnn_worker.remote_dataset import SMALL_WINDOW
-
-        windows["small_window"] = SMALL_WINDOW
-    fetcher = Fetcher(servers, TOKEN, refs, shared_memory=False, connect_timeout=30, batch_timeout=30,
-                      client_id=f"scale-{seed}", **windows)
+    # The windows RemoteDataset would use with one-worker servers.
+    fetcher = Fetcher(servers, refs, FetchOptions(TOKEN, small_window=SMALL_WINDOW, shared_memory=False,
+                                                  connect_timeout=30, batch_timeout=30, client_id=f"scale-{seed}"))
     arrivals = out["arrivals"]
     try:
         for _ in fetcher:

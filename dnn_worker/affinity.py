@@ -9,11 +9,15 @@ Owners come from rendezvous (highest-random-weight) hashing of (pipeline fingerp
 address, block) over the servers that are up: every consumer and every rank, given the same server
 list, picks the same owner without talking to the others; when a server goes away only its blocks
 move (each to the server that ranked second for it), and when one comes back it gets the same
-blocks again.
+blocks again. Servers of unequal size get blocks in proportion to a weight every consumer knows
+alike (their worker processes, from their Hello): weighted rendezvous hashing, where a server's
+score for a block is ``-weight / ln(u)`` with ``u`` its uniform hash; equal weights give the same
+owners as the plain hash.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 
 from data_service.sampler import PlanConfig, batch_block
 from data_service.wire import pb
@@ -24,10 +28,17 @@ def _weight(salt: bytes, server: str, block: int) -> int:
                           "little")
 
 
-def rendezvous_owner(block: int, servers, salt: str = "") -> str:
-    """The server of ``servers`` with the highest weight for ``block`` (None-safe: ``servers`` non-empty)."""
+def rendezvous_owner(block: int, servers, salt: str = "", weights=None) -> str:
+    """The server of ``servers`` (non-empty) with the highest score for ``block``; with ``weights``
+    (one positive number per server, in the same order) each wins blocks in proportion to its weight."""
     key = salt.encode()
-    return max(servers, key=lambda s: (_weight(key, s, block), s))
+    if weights is None or len(set(weights)) <= 1:
+        return max(servers, key=lambda s: (_weight(key, s, block), s))
+    scores = {}
+    for s, w in zip(servers, weights):
+        u = (_weight(key, s, block) + 0.5) / 2.0 ** 64
+        scores[s] = (-w / math.log(u), s)
+    return max(scores, key=scores.__getitem__)
 
 
 class Affinity:
@@ -61,15 +72,16 @@ class Affinity:
             b = self._blocks[key] = batch_block(self.cfg, ref.seed, ref.epoch, ref.index)
         return b
 
-    def owner(self, ref: pb.BatchRef, live: tuple[str, ...]) -> str | None:
-        """The address that should build ``ref`` among ``live`` (None when none is)."""
+    def owner(self, ref: pb.BatchRef, live: tuple[str, ...], weights: tuple[float, ...] | None = None) -> str | None:
+        """The address that should build ``ref`` among ``live`` (None when none is), each server
+        weighted by ``weights`` (aligned with ``live``; None: equal)."""
         if not live:
             return None
         block = self.block(ref)
-        key = (block, live)
+        key = (block, live, weights)
         o = self._owners.get(key)
         if o is None:
             if len(self._owners) > 1 << 16:
                 self._owners.clear()
-            o = self._owners[key] = rendezvous_owner(block, live, self.salt)
+            o = self._owners[key] = rendezvous_owner(block, live, self.salt, weights)
         return o

@@ -28,11 +28,12 @@ from data_service.wire import pb
 
 from .affinity import Affinity
 from .control import ControlClient
-from .fetcher import Fetcher, split_address
+from .fetch_options import FetchOptions, split_address
+from .fetcher import Fetcher
 from .registry_watch import RegistryWatcher, watcher_for
 from .sharding import ShardedBatches
 
-SMALL_WINDOW = 8  # default window for batches of at most 1 MB (fetcher.SMALL_BATCH_BYTES)
+SMALL_WINDOW = 8  # default window for batches of at most 1 MB (scheduler.SMALL_BATCH_BYTES)
 
 
 class RemoteDataset(ShardedBatches):
@@ -60,7 +61,7 @@ class RemoteDataset(ShardedBatches):
             (see ``ShardedBatches``).
     """
 
-    def __init__(self, servers: str | Sequence[str] | None, token: str, *, window: int | None = None,
+    def __init__(self, servers: str | Sequence[str] | None = None, token: str = "", *, window: int | None = None,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, pin_memory: bool = False,
                  max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, shared_memory: bool = True,
                  tls_ca: str = "", tls_server_name: str = "", registry: str | None = None,
@@ -96,6 +97,12 @@ class RemoteDataset(ShardedBatches):
         self.tls_server_name = tls_server_name
         self._info: pb.HelloResponse | None = None
         self._fetcher: Fetcher | None = None  # the last epoch's, connections open when it fetched ahead
+
+    @property
+    def fetcher(self) -> Fetcher | None:
+        """The ``Fetcher`` of the epoch in progress, or of the last one (None before the first):
+        its ``servers``, ``stats()``, ``hedges`` and ``failovers`` say how batches were fetched."""
+        return self._fetcher
 
     def hello(self) -> pb.HelloResponse:
         """Dataset facts from the first server that answers (cached)."""
@@ -156,16 +163,14 @@ class RemoteDataset(ShardedBatches):
         keep = bool(items) and items[-1][0] != self.epoch
         previous, self._fetcher = self._fetcher, None
         refs = [pb.BatchRef(seed=self.seed, epoch=e, index=i) for e, i in items]
-        window = self.window or max(4, 2 * info.workers)
-        small = 0 if self.window else max(SMALL_WINDOW, window)
-        fetcher = Fetcher(self.servers, self.token, refs, window=window, small_window=small,
-                          connect_timeout=self.connect_timeout,
-                          batch_timeout=self.batch_timeout, client_id=client_id(self.dp_rank),
-                          fingerprint=info.dataset.fingerprint, pin_memory=self.pin_memory,
-                          max_batch_bytes=self.max_batch_bytes, client_version=self.client_version,
-                          shared_memory=self.shared_memory, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name,
-                          keep_open=keep, reuse=previous, affinity=Affinity.of(info.dataset),
-                          registry=self._watcher())
+        options = FetchOptions(self.token, window=self.window, small_window=0 if self.window else SMALL_WINDOW,
+                               connect_timeout=self.connect_timeout, batch_timeout=self.batch_timeout,
+                               client_id=client_id(self.dp_rank), fingerprint=info.dataset.fingerprint,
+                               pin_memory=self.pin_memory, max_batch_bytes=self.max_batch_bytes,
+                               client_version=self.client_version, shared_memory=self.shared_memory,
+                               tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
+        fetcher = Fetcher(self.servers, refs, options, affinity=Affinity.of(info.dataset), registry=self._watcher(),
+                          keep_open=keep, reuse=previous)
         if previous is not None:
             previous.close()  # a no-op when taken over; else nothing is left open
         self._fetcher = fetcher

@@ -38,3 +38,14 @@ def test_owner_does_not_depend_on_server_order_and_comes_back_with_its_server():
     assert owners(servers) == owners(list(reversed(servers)))
     assert owners(servers) == owners(servers[:3] + servers[3:])
     assert owners(servers[:5] + ["h5:1"]) == owners(servers)  # leave then rejoin: the same blocks again
+
+
+def test_weighted_owners_follow_the_weights_and_equal_weights_change_nothing():
+    servers = ("big:1", "small:1")
+    counts = collections.Counter(rendezvous_owner(b, servers, SALT, (3.0, 1.0)) for b in BLOCKS)
+    assert 0.68 < counts["big:1"] / len(BLOCKS) < 0.82  # about 3/4
+    assert {b: rendezvous_owner(b, servers, SALT, (2.0, 2.0)) for b in BLOCKS} == owners(servers)
+    # a third server joining takes blocks from both, and moves none between them
+    before = {b: rendezvous_owner(b, servers, SALT, (3.0, 1.0)) for b in BLOCKS}
+    after = {b: rendezvous_owner(b, servers + ("new:1",), SALT, (3.0, 1.0, 2.0)) for b in BLOCKS}
+    assert all(after[b] in (before[b], "new:1") for b in BLOCKS)

@@ -67,7 +67,7 @@ class Ranks:
             for _ in ds:
                 self.count[rank] += 1
                 time.sleep(self.step_s)
-                stats = ds._fetcher.stats()
+                stats = ds.fetcher.stats()
                 for address, firsts in self.first_from.items():
                     if firsts[rank] is None and stats.get(address, 0) > 0:
                         firsts[rank] = time.monotonic()
@@ -251,7 +251,7 @@ def test_a_fixed_server_also_registered_under_another_address_is_used_once(serve
     joining.join(a, reg, f"localhost:{a.port}")  # the same server, under another name
     ds = RemoteDataset([a.address], TOKEN, registry=reg, seed=3, connect_timeout=20)
     assert len(list(ds)) == 96
-    delivered = ds._fetcher.stats()
+    delivered = ds.fetcher.stats()
     assert sum(delivered.values()) == 96, delivered
-    in_use = [s.address for s in ds._fetcher._servers if not s.refused]
+    in_use = [s.address for s in ds.fetcher.servers if not s.refused]
     assert in_use == [a.address], in_use  # the registered name was taken for what it is: the same server

@@ -26,6 +26,7 @@ from data_service.pipeline import PipelineSpec
 from data_service.sampler import PlanConfig, batch_indices
 from data_service.wire import pb
 from dnn_worker import RemoteDataset
+from dnn_worker.fetch_options import FetchOptions
 from dnn_worker.fetcher import Fetcher
 from hetero.testing import ConsumerProc, FaultProxy, Reference, ServerProc, check_audit, free_port, read_audit
 
@@ -361,7 +362,7 @@ def test_transform_raising_on_one_sample_names_it_and_the_servers_stay_clean(ser
         for s in servers:  # the aborted iteration left nothing behind
             wait_clean(s.address)
         good = [pb.BatchRef(seed=9, epoch=epoch, index=i) for i in range(24) if i != bad_batch]
-        got = {ref.index: batch_digest(b) for ref, b in Fetcher([s.address for s in servers], TOKEN, good)}
+        got = {ref.index: batch_digest(b) for ref, b in Fetcher([s.address for s in servers], good, FetchOptions(TOKEN))}
         ref = Reference("examples.synthetic:build_pipeline", opts, 9).digests(epoch)
         assert got == {i: ref[i] for i in got} and len(got) == 23
         for s in servers:
@@ -520,8 +521,9 @@ def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_pil
     proxies, servers = _proxied_servers(server_factory, opts)
     try:
         refs = [pb.BatchRef(seed=3, epoch=0, index=i) for i in range(200)]
-        fetcher = Fetcher([s.address for s in servers], TOKEN, refs, window=3, batch_timeout=60, connect_timeout=30,
-                          shared_memory=True, keep_open=True)
+        fetcher = Fetcher([s.address for s in servers], refs,
+                          FetchOptions(TOKEN, window=3, batch_timeout=60, connect_timeout=30, shared_memory=True),
+                          keep_open=True)
         got, start = {}, time.monotonic()
         for ref, batch in fetcher:
             got[ref.index] = batch_digest(batch)
@@ -536,8 +538,9 @@ def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_pil
         # stalled server's copies of epoch 0 that lost now come, and must be dropped.
         proxies[1].stall(False)
         later = [pb.BatchRef(seed=3, epoch=1, index=i) for i in range(40)]
-        again = {r.index: batch_digest(b) for r, b in Fetcher([s.address for s in servers], TOKEN, later, window=3,
-                                                               batch_timeout=60, reuse=fetcher)}
+        again = {r.index: batch_digest(b) for r, b in Fetcher([s.address for s in servers], later,
+                                                               FetchOptions(TOKEN, window=3, batch_timeout=60),
+                                                               reuse=fetcher)}
         assert list(again.values()) == Reference("examples.synthetic:build_pipeline", opts, 3).digests(1)[:40]
         assert time.monotonic() - start < 40
         wait_clean(servers[0].address)  # the copies it sent that came second were released too
@@ -552,13 +555,13 @@ def test_a_slow_pipeline_is_not_hedged_at_the_end_of_the_list(server_factory, mo
     # takes longer than HEDGE_TAIL_S per batch is slow, not stalled, and building its batches
     # twice at every epoch's end would only take CPU from other consumers. (HEDGE_TAIL_S is cut
     # to 50 ms so that 0.2 s batches are "slow".)
-    from dnn_worker import fetcher as fetcher_module
+    from dnn_worker import scheduler
 
-    monkeypatch.setattr(fetcher_module, "HEDGE_TAIL_S", 0.05)
+    monkeypatch.setattr(scheduler, "HEDGE_TAIL_S", 0.05)
     opts = {"size": 48, "batch_size": 4, "work_ms": 50}  # about 0.2 s per batch per worker
     servers = [server_factory(opts, num_workers=1) for _ in range(2)]
     refs = [pb.BatchRef(seed=4, epoch=0, index=i) for i in range(12)]
-    fetcher = Fetcher([s.address for s in servers], TOKEN, refs, window=2)
+    fetcher = Fetcher([s.address for s in servers], refs, FetchOptions(TOKEN, window=2))
     assert [r.index for r, _ in fetcher] == list(range(12))
     assert fetcher.hedges == 0
 

@@ -122,7 +122,7 @@ def test_the_next_epochs_first_batches_are_fetched_ahead_and_used(server_factory
             loader.set_epoch(epoch)
             assert [batch_digest(b) for b in loader] == reference(epoch)
             if workers == 0:
-                conns.append(ds._fetcher._servers[0].conn)
+                conns.append(ds.fetcher.servers[0].conn)
         if workers == 0:  # one data-plane connection across epochs
             assert conns[0] is conns[1] is not None
         # every batch built once; the lookahead of epoch 1 was used, that of epoch 2 waits.
@@ -133,7 +133,7 @@ def test_the_next_epochs_first_batches_are_fetched_ahead_and_used(server_factory
         loader.set_epoch(2)
         assert [batch_digest(b) for b in loader] == reference(2)  # the last epoch: nothing fetched ahead
         if workers == 0:
-            assert ds._fetcher._servers[0].conn is None and conns[0].closed, "the last epoch closes its connections"
+            assert ds.fetcher.servers[0].conn is None and conns[0].closed, "the last epoch closes its connections"
         expected += 12 - (2 if workers == 0 or persistent else 0)
         wait_until(lambda: server.stats.snapshot().batches_sent >= expected, 10, f"{expected} batches sent")
         assert server.stats.snapshot().batches_sent == expected

@@ -16,6 +16,7 @@ from data_service.pipeline import PipelineSpec
 from data_service.wire import pb
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset
 from dnn_worker.connection import BulkConnection
+from dnn_worker.fetch_options import FetchOptions
 from dnn_worker.fetcher import Fetcher
 
 SPEC = PipelineSpec("examples.synthetic:build_pipeline", {"size": 100, "batch_size": 8})
@@ -110,7 +111,7 @@ def test_version_mismatch_names_both_versions(shared_server):
 def test_out_of_range_request_is_an_error_not_a_hang(shared_server):
     refs = [pb.BatchRef(seed=0, epoch=0, index=13)]
     with pytest.raises(Exception, match="outside the plan"):
-        list(Fetcher([shared_server.address], TOKEN, refs, connect_timeout=5))
+        list(Fetcher([shared_server.address], refs, FetchOptions(TOKEN, connect_timeout=5)))
 
 
 def test_requests_go_out_half_a_window_at_a_time(shared_server, monkeypatch):
@@ -119,7 +120,7 @@ def test_requests_go_out_half_a_window_at_a_time(shared_server, monkeypatch):
     real = BulkConnection.fetch
     monkeypatch.setattr(BulkConnection, "fetch", lambda self, refs: frames.append(len(refs)) or real(self, refs))
     refs = [pb.BatchRef(seed=0, epoch=0, index=i) for i in range(12)]
-    assert [r.index for r, _ in Fetcher([shared_server.address], TOKEN, refs, window=4)] == list(range(12))
+    assert [r.index for r, _ in Fetcher([shared_server.address], refs, FetchOptions(TOKEN, window=4))] == list(range(12))
     assert frames[0] == 4 and sum(frames) == 12, frames
     assert all(n >= 2 for n in frames[:-1]), f"requests of one batch: {frames}"
 
@@ -128,20 +129,21 @@ def test_requests_go_out_half_a_window_at_a_time(shared_server, monkeypatch):
 def test_the_window_widens_for_small_batches_only(shared_server, monkeypatch, small):
     # Batches of at most SMALL_BATCH_BYTES cost per batch: the window grows to small_window.
     # Larger ones keep the window (memory: window x batch size per server).
-    import dnn_worker.fetcher as fetcher_mod
+    import dnn_worker.scheduler as scheduler_mod
 
     if not small:
-        monkeypatch.setattr(fetcher_mod, "SMALL_BATCH_BYTES", 0)
+        monkeypatch.setattr(scheduler_mod, "SMALL_BATCH_BYTES", 0)
     refs = [pb.BatchRef(seed=0, epoch=0, index=i) for i in range(12)]
-    fetcher = Fetcher([shared_server.address], TOKEN, refs, window=4, small_window=8)
+    fetcher = Fetcher([shared_server.address], refs, FetchOptions(TOKEN, window=4, small_window=8))
     assert [r.index for r, _ in fetcher] == list(range(12))
-    assert fetcher.window == (8 if small else 4)
+    assert fetcher.windows() == {shared_server.address: 8 if small else 4}
     ds = RemoteDataset([shared_server.address], TOKEN)
     list(ds)
-    assert ds._fetcher.window == (8 if small else 4), "RemoteDataset's default window must widen for small batches"
+    assert ds.fetcher.windows() == {shared_server.address: 8 if small else 4}, \
+        "RemoteDataset's default window must widen for small batches"
     ds = RemoteDataset([shared_server.address], TOKEN, window=3)
     list(ds)
-    assert ds._fetcher.window == 3, "a window the user gave must stay as given"
+    assert ds.fetcher.windows() == {shared_server.address: 3}, "a window the user gave must stay as given"
 
 
 @pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
@@ -176,7 +178,7 @@ def test_transform_error_names_epoch_batch_sample_and_server_survives(server_fac
     assert (err.epoch, err.index, err.sample_index) == (1, 4, 17)
     assert "ValueError: synthetic failure on sample 17" in str(err) and "Traceback" in str(err)
     refs = [pb.BatchRef(seed=0, epoch=1, index=i) for i in (0, 1, 2, 3, 5)]
-    assert len(list(Fetcher([server.address], TOKEN, refs))) == 5
+    assert len(list(Fetcher([server.address], refs, FetchOptions(TOKEN)))) == 5
 
 
 def test_worker_death_is_rebuilt_without_gap_or_duplicate(server_factory, tmp_path):

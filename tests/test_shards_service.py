@@ -82,20 +82,21 @@ def test_each_block_is_built_by_its_owner_only(shard_dir):
         for rank in range(2):
             ds = RemoteDataset(addresses, TOKEN, seed=2, rank=rank, world_size=2)
             aff = Affinity(ds.hello().dataset)
-            from dnn_worker.fetcher import Fetcher
+            from dnn_worker.server_set import ServerSet
 
             seen = []
-            original = Fetcher._send
+            original = ServerSet.send
 
-            def spy(self, s, batch, todo, _seen=seen, _orig=original):
-                _seen += [(aff.block(r), s.address) for r in batch]
-                return _orig(self, s, batch, todo)
+            def spy(self, address, refs, hint=False, _seen=seen, _orig=original):
+                if not hint:
+                    _seen += [(aff.block(r), address) for r in refs]
+                return _orig(self, address, refs, hint)
 
-            Fetcher._send = spy
+            ServerSet.send = spy
             try:
                 list(ds)
             finally:
-                Fetcher._send = original
+                ServerSet.send = original
             for block, address in seen:
                 owners.setdefault(block, set()).add(address)
         assert all(len(v) == 1 for v in owners.values()), owners

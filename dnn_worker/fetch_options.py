@@ -1,0 +1,133 @@
+"""How a consumer talks to its data servers: the options of one ``Fetcher``, checked once.
+
+``FetchOptions`` holds what every connection and the scheduler share (the job token, the
+request window, the deadlines, TLS, shared memory); ``RemoteDataset`` builds one from its own
+arguments. ``connect`` opens one server: the control-plane Hello, then the data-plane
+connection; ``Attempt`` runs it on a short-lived thread, so a server that accepts but never
+answers delays nobody else's batches.
+"""
+from __future__ import annotations
+
+import ssl
+import threading
+from dataclasses import dataclass, field
+
+from data_service.errors import ConfigError
+from data_service.version import PROTOCOL_VERSION
+from data_service.wire import pb
+
+from .connection import BulkConnection
+from .control import ControlClient
+
+HELLO_TIMEOUT_S = 2.0  # the control-plane Hello of one connection attempt
+OPEN_TIMEOUT_S = 5.0   # the data-plane handshake of one connection attempt
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 hosts in brackets) as (host, port); a clear error otherwise."""
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"server address {address!r} must look like 'host:port'")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    """Options of one ``Fetcher`` (see ``RemoteDataset`` for each one's meaning to a user).
+
+    Args:
+        token: the job token.
+        window: outstanding requests per server (None: 2 x that server's worker processes, at
+            least 4, each server's own).
+        small_window: outstanding requests per server while batches are at most
+            ``scheduler.SMALL_BATCH_BYTES`` (0: always the window).
+        connect_timeout: seconds to wait while no server is usable.
+        batch_timeout: seconds a server may hold requests without delivering any before it is
+            treated as failed.
+        fingerprint: pipeline fingerprint every server must report ("" = take the first's).
+        shared_memory: read batches from shared memory when a server runs on this host.
+        tls_ca, tls_server_name: verify TLS servers against this CA bundle (data_service.tls).
+    """
+
+    token: str
+    window: int | None = None
+    small_window: int = 0
+    connect_timeout: float = 60.0
+    batch_timeout: float = 300.0
+    client_id: str = ""
+    fingerprint: str = ""
+    pin_memory: bool = False
+    max_batch_bytes: int = 1 << 40
+    client_version: str = PROTOCOL_VERSION
+    shared_memory: bool = True
+    tls_ca: str = ""
+    tls_server_name: str = ""
+    tls_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.window is not None and self.window < 1:
+            raise ConfigError(f"window={self.window} must be >= 1")
+        if self.small_window < 0:
+            raise ConfigError(f"small_window={self.small_window} must be >= 0 (0: always the window)")
+        if self.tls_ca and self.tls_context is None:
+            from data_service.tls import client_context
+
+            object.__setattr__(self, "tls_context", client_context(self.tls_ca))
+
+    def window_for(self, hello: pb.HelloResponse | None) -> int:
+        """The window of one server: the one given, else 2 x its worker processes, at least 4."""
+        if self.window is not None:
+            return self.window
+        return max(4, 2 * (hello.workers if hello is not None else 0))
+
+
+def connect(address: str, options: FetchOptions) -> tuple[pb.HelloResponse, BulkConnection]:
+    """The control-plane Hello, then the data-plane connection of one server."""
+    host, _ = split_address(address)
+    with ControlClient(address, options.token, options.client_id, options.client_version, options.tls_ca,
+                       options.tls_server_name) as ctl:
+        hello = ctl.hello(timeout=HELLO_TIMEOUT_S)
+    if hello.shutting_down:
+        raise ConnectionError("server is shutting down")
+    if hello.bulk_tls and options.tls_context is None:
+        raise ConfigError(f"server {address} serves TLS; pass tls_ca= (the CA bundle that signed its certificate)")
+    # Never allocate more than the server said its batches can be, whatever a header claims.
+    limit = min(options.max_batch_bytes, hello.dataset.max_batch_bytes or options.max_batch_bytes)
+    conn = BulkConnection(address, host, hello.bulk_port, options.token, options.client_id, limit,
+                          options.pin_memory, options.client_version, options.shared_memory and not hello.bulk_tls,
+                          options.tls_context if hello.bulk_tls else None, options.tls_server_name)
+    conn.open(timeout=OPEN_TIMEOUT_S)
+    return hello, conn
+
+
+class Attempt:
+    """One connection attempt on a thread of its own; the iterating thread takes its result."""
+
+    def __init__(self, address: str, options: FetchOptions) -> None:
+        self._lock = threading.Lock()
+        self.done = False
+        self._abandoned = False  # the caller closed meanwhile: the attempt's thread closes what it opened
+        self.hello: pb.HelloResponse | None = None
+        self.conn: BulkConnection | None = None
+        self.exc: BaseException | None = None
+        threading.Thread(target=self._run, args=(address, options), name=f"connect {address}", daemon=True).start()
+
+    def _run(self, address: str, options: FetchOptions) -> None:
+        hello = conn = exc = None
+        try:
+            hello, conn = connect(address, options)
+        except BaseException as e:  # handed to the iterating thread, which raises or retries
+            exc = e
+        with self._lock:
+            self.hello, self.conn, self.exc, self.done = hello, conn, exc, True
+            abandoned = self._abandoned
+        if abandoned and conn is not None:
+            conn.close()
+
+    def abandon(self) -> None:
+        """Close what the attempt opened (now, or when it finishes)."""
+        with self._lock:
+            self._abandoned = True
+            opened = self.conn if self.done else None
+        if opened is not None:
+            opened.close()

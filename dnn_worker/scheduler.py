@@ -1,0 +1,303 @@
+"""What to ask of which data server, and when: the consumer's scheduling, with no I/O.
+
+The ``Fetcher`` tells the ``Scheduler`` which servers it can ask (``plan``'s ``usable``) and what
+came back (``arrived``, ``declined``, ``lost``); the scheduler answers with ``Orders``: batches to
+ask of each server, block hints, and hedged copies. Time comes in as ``now``, so every rule is
+unit-tested with fake servers and a fake clock (tests/test_scheduler.py).
+
+* **Shares follow measured speed.** Each batch, in the order the consumer needs them, goes to
+  the server expected to deliver it first: a lane's ``done_at`` from its own time between
+  batches (``lane.py``). A server twice as fast gets about twice the batches, and batches are
+  delivered close to the order they are needed in, so a slow server does not pace the step.
+* **Windows.** A server owes at most its window (2 x its worker processes, at least 4, or the
+  window the user gave; wider while batches are small: they cost per batch, not per byte).
+  Requests go out in groups of at least half a window: one frame and one wake-up of the server
+  per group.
+* **Bound ahead.** Nothing is asked more than ``AHEAD_WINDOWS`` x the servers' windows beyond the
+  batch the consumer waits for, which bounds what the consumer holds.
+* **Hedges.** The batch the consumer waits for is also asked of another server, once, when
+  (a) a server with room would deliver it clearly before the one that has it (the head of the
+  line stuck behind a slow, straggling or stalled server: a server late on a batch is expected
+  later the longer it stays quiet); or (b) at the end of the list, or with a server idle, its
+  server has been quiet for ``HEDGE_TAIL_S`` or ``HEDGE_TAIL_GAPS`` of its usual gaps. The first
+  copy to come is used, the other dropped; a copy still owed counts against its server's window,
+  so a stalled server is given nothing more (and is dropped after ``batch_timeout``).
+* **Affinity** (a block-shuffled plan: shards): a batch goes to the server owning its block
+  (``affinity.py``, weighted by the servers' worker processes), so each block is read from
+  storage by one node. A server with nothing of its own takes batches of blocks it built
+  lately; a hedge of another's block waits ``HEDGE_AFFINITY_S`` (the owner may be fetching the
+  block; another server would read it all again) unless the helper built that block lately.
+* **Requeues.** What a failed or draining server owed goes back in order to the others.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from data_service.errors import ConfigError
+from data_service.wire import pb
+
+from .affinity import Affinity
+from .lane import Key, Lane, key
+
+SMALL_BATCH_BYTES = 1 << 20  # batches up to this size get the wider window (``small_window``)
+AHEAD_WINDOWS = 2  # batches asked for ahead of the awaited one: at most this x the windows
+HEDGE_TAIL_S = 1.0  # nothing left to ask for: a server that delivered nothing for this long is hedged,
+HEDGE_TAIL_GAPS = 4  # or for this many of its usual times between batches, if longer
+HEDGE_AFFINITY_S = 10.0  # with affinity: a quiet owner may be fetching a block; wait this long
+HEDGE_SOONER = 2.0  # a server with room is hedged to when it would deliver this many of its gaps sooner
+
+
+@dataclass
+class Orders:
+    """One turn's requests: ``fetch`` and ``hint`` map an address to its refs, in order."""
+
+    fetch: dict[str, list[pb.BatchRef]] = field(default_factory=lambda: collections.defaultdict(list))
+    hint: dict[str, list[pb.BatchRef]] = field(default_factory=lambda: collections.defaultdict(list))
+
+
+class Scheduler:
+    """Which server builds each of ``refs`` (module docstring).
+
+    Args:
+        refs: the batches, in the order the consumer needs them (unique).
+        small_window: a server's window while batches are small (0: its window always).
+        affinity: the plan's blocks and owners (None: any server is as good as another).
+    """
+
+    def __init__(self, refs: list[pb.BatchRef], small_window: int = 0, affinity: Affinity | None = None) -> None:
+        self.refs = list(refs)
+        self.pos = {key(r): i for i, r in enumerate(self.refs)}
+        if len(self.pos) != len(self.refs):
+            raise ConfigError("refs must be unique (seed, epoch, index) triples")
+        self.todo: collections.deque[pb.BatchRef] = collections.deque(self.refs)
+        self.lanes: dict[str, Lane] = {}
+        self.small_window = small_window
+        self.small = False  # batches seen so far are at most SMALL_BATCH_BYTES
+        self.affinity = affinity
+        self.hedges = 0
+        self.failovers = 0
+        self._hedged: set[Key] = set()  # asked of two servers, neither copy here yet
+        self._spare: set[Key] = set()   # came from one server, a copy still owed by another
+        self._openers = self._find_openers() if affinity is not None else []
+        self._next_opener = 0
+
+    # -- servers
+    def lane(self, address: str, window: int = 4, weight: float = 1.0) -> Lane:
+        """The lane of ``address`` (made on first use, with its window and affinity weight)."""
+        lane = self.lanes.get(address)
+        if lane is None:
+            lane = self.lanes[address] = Lane(address, window, window, weight)
+        else:
+            lane.base_window, lane.weight = window, weight
+        lane.window = max(self.small_window, window) if self.small else window
+        return lane
+
+    def owes(self, address: str) -> bool:
+        lane = self.lanes.get(address)
+        return bool(lane and lane.outstanding)
+
+    def lost(self, address: str) -> int:
+        """``address`` failed: what it owed is asked of the others; returns how many batches."""
+        lane = self.lanes.get(address)
+        if lane is None:
+            return 0
+        refs = [r for k, r in lane.outstanding.items() if k not in self._spare]
+        self._spare.difference_update(lane.outstanding)
+        lane.outstanding.clear()
+        if refs:
+            self.failovers += 1
+            self._requeue(refs)
+        return len(refs)
+
+    def declined(self, address: str, ref: pb.BatchRef, requeue: bool) -> bool:
+        """``address`` answered ``ref`` with an error: True when it is a batch the consumer still
+        needs; with ``requeue`` (the server is shutting down) it is asked of the others."""
+        k = key(ref)
+        lane = self.lanes.get(address)
+        if lane is None or lane.outstanding.pop(k, None) is None:
+            return False
+        if k in self._spare:
+            self._spare.discard(k)
+            return False
+        if requeue:
+            self._requeue([ref])
+        return True
+
+    def forget(self, address: str) -> None:
+        """``address`` left for good (it owes nothing)."""
+        self.lanes.pop(address, None)
+
+    def stalled(self, now: float, timeout: float) -> list[str]:
+        """Servers that owe batches and delivered none for ``timeout`` seconds."""
+        return [a for a, lane in self.lanes.items() if lane.outstanding and now - lane.last_progress > timeout]
+
+    # -- results
+    def arrived(self, address: str, ref: pb.BatchRef, nbytes: int, now: float) -> bool:
+        """A batch came from ``address``: True when it is one the consumer still needs."""
+        k = key(ref)
+        lane = self.lanes.get(address)
+        if lane is None or lane.outstanding.pop(k, None) is None:
+            return False  # not ours (already asked of another, or an earlier iteration's)
+        lane.arrived(now)
+        if k in self._spare:  # a hedged batch's second copy: the first was used
+            self._spare.discard(k)
+            return False
+        if self.affinity is not None:
+            lane.built_block(self.affinity.block(ref))
+        if k in self._hedged:
+            self._hedged.discard(k)
+            if any(k in o.outstanding for o in self.lanes.values()):
+                self._spare.add(k)
+        if self.small_window and (nbytes <= SMALL_BATCH_BYTES) != self.small:
+            self.small = not self.small
+            for lane in self.lanes.values():
+                lane.window = max(self.small_window, lane.base_window) if self.small else lane.base_window
+        return True
+
+    # -- asking
+    def plan(self, nxt: int, usable: list[str], owners: tuple[str, ...], now: float,
+             hint_ready: bool = True) -> Orders:
+        """This turn's requests. ``nxt``: the position the consumer waits for; ``usable``: servers
+        that may be asked (connected, not draining); ``owners``: servers owning blocks now
+        (affinity); ``hint_ready``: every owner can hear hints."""
+        orders = Orders()
+        lanes = [self.lanes[a] for a in usable if a in self.lanes]
+        limit = nxt + AHEAD_WINDOWS * max(1, sum(lane.window for lane in self.lanes.values()))
+        if self.affinity is not None:
+            idle = self._plan_owned(orders, lanes, owners, limit)
+            if hint_ready:
+                self._hint(orders, limit, owners)
+        else:
+            idle = self._plan_fastest(orders, lanes, limit, now)
+        for address, refs in orders.fetch.items():
+            self.lanes[address].asked(refs, now)
+        if nxt < len(self.refs):
+            self._hedge(orders, lanes, nxt, now, idle or not self.todo)
+        return orders
+
+    def _ready(self, lane: Lane) -> bool:
+        """Takes requests now: room, and either owes nothing or half a window is free."""
+        room = lane.room()
+        return room > 0 and (not lane.outstanding or room >= max(1, lane.window // 2))
+
+    def _default_gap(self) -> float:
+        gaps = [lane.gap for lane in self.lanes.values() if lane.gap]
+        return sum(gaps) / len(gaps) if gaps else 1.0
+
+    def _plan_fastest(self, orders: Orders, lanes: list[Lane], limit: int, now: float) -> bool:
+        """Each batch to the server that would deliver it first. A batch whose best server takes no
+        requests this turn (its window is full) waits for it, holding a place in its queue, so a
+        slower server gets only the batches it would deliver first. Returns whether one stays idle."""
+        room = {ln.address: ln.room() for ln in lanes if self._ready(ln)}
+        if room and self.todo:
+            queued = {ln.address: len(ln.outstanding) for ln in lanes}
+            gap = self._default_gap()
+            waiting: list[pb.BatchRef] = []
+            while self.todo and self.pos[key(self.todo[0])] < limit and any(room.values()):
+                best = min(lanes, key=lambda ln: (ln.done_at(queued[ln.address] + 1, now, gap), queued[ln.address]))
+                ref = self.todo.popleft()
+                queued[best.address] += 1
+                if room.get(best.address, 0) > 0:
+                    orders.fetch[best.address].append(ref)
+                    room[best.address] -= 1
+                else:
+                    waiting.append(ref)
+            self.todo.extendleft(reversed(waiting))
+        return any(not ln.outstanding and not orders.fetch.get(ln.address) for ln in lanes)
+
+    def _plan_owned(self, orders: Orders, lanes: list[Lane], owners: tuple[str, ...], limit: int) -> bool:
+        """Each server takes the batches of the blocks it owns; one with room and nothing of its
+        own takes batches of blocks it built lately. Returns whether a server stays idle."""
+        head = []
+        while self.todo and self.pos[key(self.todo[0])] < limit:
+            head.append(self.todo.popleft())
+        weights = tuple(self.lanes[a].weight if a in self.lanes else 1.0 for a in owners)
+        owner = {key(r): self.affinity.owner(r, owners, weights) for r in head}
+        mine: dict[str, list[pb.BatchRef]] = collections.defaultdict(list)
+        for ref in head:
+            mine[owner[key(ref)]].append(ref)
+        idle = False
+        for lane in lanes:
+            if not self._ready(lane):
+                continue
+            room = lane.room()
+            take = mine[lane.address][:room]
+            del mine[lane.address][:room]
+            if len(take) < room and not lane.outstanding and lane.blocks:
+                # idle: batches of blocks it built lately cost no extra read; the earliest first
+                extra = sorted((r for a, refs in mine.items() if a != lane.address for r in refs
+                                if self.affinity.block(r) in lane.blocks), key=lambda r: self.pos[key(r)])
+                for r in extra[:room - len(take)]:
+                    mine[owner[key(r)]].remove(r)
+                    take.append(r)
+            idle = idle or (not take and not lane.outstanding)
+            if take:
+                orders.fetch[lane.address] = take
+        rest = sorted((r for refs in mine.values() for r in refs), key=lambda r: self.pos[key(r)])
+        self.todo.extendleft(reversed(rest))
+        return idle
+
+    def _find_openers(self) -> list[int]:
+        """Positions of the first batch of each block in the list (what ``_hint`` announces)."""
+        seen: set[tuple[int, int]] = set()
+        openers = []
+        for i, ref in enumerate(self.refs):
+            block = (ref.epoch, self.affinity.block(ref))
+            if block not in seen:
+                seen.add(block)
+                openers.append(i)
+        return openers
+
+    def _hint(self, orders: Orders, limit: int, owners: tuple[str, ...]) -> None:
+        """Tell each owner of its blocks that start within ``hint_ahead`` places beyond the bound,
+        so its data arrives before the block's first batch is asked for."""
+        horizon = limit + self.affinity.hint_ahead
+        weights = tuple(self.lanes[a].weight if a in self.lanes else 1.0 for a in owners)
+        while self._next_opener < len(self._openers) and self._openers[self._next_opener] < horizon:
+            i = self._openers[self._next_opener]
+            self._next_opener += 1
+            if i >= limit and owners:  # nearer ones are asked for already, which starts their fetch too
+                orders.hint[self.affinity.owner(self.refs[i], owners, weights)].append(self.refs[i])
+
+    def _hedge(self, orders: Orders, lanes: list[Lane], nxt: int, now: float, tail: bool) -> None:
+        """Ask another server for the batch the consumer waits for too, once (module docstring)."""
+        ref = self.refs[nxt]
+        k = key(ref)
+        if k in self._hedged:
+            return
+        holder = next((lane for lane in self.lanes.values() if k in lane.outstanding), None)
+        if holder is None:
+            return  # arrived already, or not asked yet
+        others = [lane for lane in lanes if lane is not holder and lane.room() > 0 and k not in lane.outstanding
+                  and not orders.fetch.get(lane.address)]
+        if not others:
+            return
+        gap = self._default_gap()
+        target = min(others, key=lambda ln: (ln.done_at(len(ln.outstanding) + 1, now, gap), len(ln.outstanding)))
+        quiet = now - holder.last_progress
+        ahead = holder.done_at(holder.rank(k), now, gap) - target.done_at(len(target.outstanding) + 1, now, gap)
+        sooner = ahead > max(HEDGE_SOONER * (target.gap or gap), 0.5 * (holder.gap or gap))
+        settle = max(HEDGE_AFFINITY_S if self.affinity is not None else HEDGE_TAIL_S, HEDGE_TAIL_GAPS * holder.gap)
+        if self.affinity is not None and self.affinity.block(ref) not in target.blocks:
+            # another server would read the whole block again: only once the owner is long quiet
+            if quiet < settle or not (tail or sooner):
+                return
+        elif not sooner and not (tail and quiet >= settle):
+            return
+        self._hedged.add(k)
+        self.hedges += 1
+        orders.fetch[target.address].append(ref)
+        target.asked([ref], now)
+
+    def _requeue(self, refs: list[pb.BatchRef]) -> None:
+        """Ask again for ``refs`` (those no other server owes: hedged ones); ``todo`` stays in
+        order, which the bound ahead relies on."""
+        refs = [r for r in refs if not any(key(r) in lane.outstanding for lane in self.lanes.values())]
+        if not refs:
+            return
+        last = max(self.pos[key(r)] for r in refs)
+        head = []  # ``todo`` is sorted: only its head, up to the last requeued position, needs merging
+        while self.todo and self.pos[key(self.todo[0])] < last:
+            head.append(self.todo.popleft())
+        self.todo.extendleft(sorted([*head, *refs], key=lambda r: self.pos[key(r)], reverse=True))

@@ -1,0 +1,203 @@
+"""The consumer's scheduler with fake servers and a fake clock: shares follow speed, the head of
+the line is never stuck behind a slow or stalled server, affinity holds, nothing is lost."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from data_service.wire import pb
+from dnn_worker.affinity import Affinity
+from dnn_worker.in_order import InOrderBuffer
+from dnn_worker.lane import key
+from dnn_worker.scheduler import AHEAD_WINDOWS, Scheduler
+
+
+class FakeServer:
+    """Builds what it is asked, first asked first, ``workers`` at a time, ``per_batch`` seconds each
+    (``slow_after``: from that many batches on, ``slow_per_batch`` instead: a noisy neighbour or a stall)."""
+
+    def __init__(self, address: str, per_batch: float, workers: int = 1, slow_after: int | None = None,
+                 slow_per_batch: float = 1e9) -> None:
+        self.address, self.per_batch, self.workers = address, per_batch, workers
+        self.slow_after, self.slow_per_batch = slow_after, slow_per_batch
+        self.queue: collections.deque = collections.deque()
+        self.running: list[tuple[float, pb.BatchRef]] = []
+        self.built = 0
+        self.asked = 0
+        self.frames: list[int] = []
+
+    def ask(self, refs, now):
+        self.queue.extend(refs)
+        self.asked += len(refs)
+        self.frames.append(len(refs))
+        self._start(now)
+
+    def _start(self, now):
+        while self.queue and len(self.running) < self.workers:
+            slow = self.slow_after is not None and self.built + len(self.running) >= self.slow_after
+            self.running.append((now + (self.slow_per_batch if slow else self.per_batch), self.queue.popleft()))
+            self.running.sort(key=lambda x: x[0])
+
+    def next_time(self):
+        return self.running[0][0] if self.running else None
+
+    def finish(self, now):
+        done = []
+        while self.running and self.running[0][0] <= now:
+            done.append(self.running.pop(0)[1])
+            self.built += 1
+        self._start(now)
+        return done
+
+
+def simulate(servers, n, *, window=4, affinity=None, consume_s=0.0, until=1e6, sched=None):
+    """Run the scheduler against ``servers`` for ``n`` batches of one list; the consumer takes each
+    batch ``consume_s`` after the one before. Returns (finish time, scheduler, buffer)."""
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(n)]
+    sched = sched or Scheduler(refs, affinity=affinity)
+    for s in servers:
+        sched.lane(s.address, window, float(s.workers))
+    out = InOrderBuffer(n)
+    by = {s.address: s for s in servers}
+    now, consumer_free = 0.0, 0.0
+    while not out.finished and now < until:
+        for _ in out.ready():
+            consumer_free = max(consumer_free, now) + consume_s
+        if out.finished:
+            break
+        owners = tuple(by)
+        orders = sched.plan(out.next, list(by), owners, now)
+        for address, asked in orders.fetch.items():
+            assert len(sched.lanes[address].outstanding) <= sched.lanes[address].window
+            by[address].ask(asked, now)
+        times = [t for t in (s.next_time() for s in servers) if t is not None]
+        now = max(now, min(times)) if times else now + 0.01
+        for s in servers:
+            for ref in s.finish(now):
+                if sched.arrived(s.address, ref, 1 << 21, now):
+                    out.put(sched.pos[key(ref)], ref)
+    return now, sched, out
+
+
+def test_one_server_takes_everything_in_order_within_its_window():
+    s = FakeServer("a:1", 0.01)
+    end, sched, out = simulate([s], 100, window=4)
+    assert out.finished and s.built == 100 and sched.hedges == 0
+    assert end == pytest.approx(1.0, rel=0.02)
+    assert all(n >= 2 for n in s.frames[:-1]), f"requests go out half a window at a time: {s.frames}"
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 3, 5])
+def test_shares_follow_measured_speed(ratio):
+    """A server ``ratio`` times faster gets about ``ratio`` times the batches, and the list takes
+    about what both servers' throughputs together allow (equal shares would pace it by the slow one)."""
+    fast, slow = FakeServer("fast:1", 0.01), FakeServer("slow:1", 0.01 * ratio)
+    n = 600
+    end, sched, _ = simulate([fast, slow], n)
+    ideal = n / (1 / 0.01 + 1 / (0.01 * ratio))
+    assert end < 1.10 * ideal, f"{end:.3f}s against {ideal:.3f}s with both servers' throughput"
+    assert fast.built / slow.built == pytest.approx(ratio, rel=0.2), (fast.built, slow.built)
+    assert sched.hedges <= n * 0.02
+
+
+def test_a_server_that_slows_down_mid_list_loses_its_share():
+    steady, neighbour = FakeServer("a:1", 0.01), FakeServer("b:1", 0.01, slow_after=50, slow_per_batch=0.05)
+    n = 800
+    end, sched, _ = simulate([steady, neighbour], n)
+    ideal = 100 * 0.01 / 2 + (n - 100) / (100 + 20)  # both at 100/s for 100 batches, then 100/s + 20/s
+    assert end < 1.15 * ideal, (end, ideal)
+    assert steady.built > 4 * (neighbour.built - 50)
+
+
+def test_a_stalled_server_is_hedged_in_a_few_of_its_gaps_not_at_a_timeout():
+    a, b = FakeServer("a:1", 0.01), FakeServer("b:1", 0.01, slow_after=20)  # b stops after 20 batches
+    end, sched, out = simulate([a, b], 300, until=100)
+    assert out.finished, "the list must complete without the stalled server"
+    assert end < 300 * 0.01 * 1.3 + 1.0, end
+    assert sched.hedges >= 1
+    assert len(sched.lanes["b:1"].outstanding) <= 4, "a stalled server is given no more than its window"
+    assert sched.stalled(end + 301, 300) == ["b:1"], "it is dropped after batch_timeout"
+
+
+def test_steady_slow_servers_are_not_hedged_at_the_tail():
+    servers = [FakeServer(f"s{i}:1", 0.2) for i in range(2)]
+    _, sched, _ = simulate(servers, 12, window=2)
+    assert sched.hedges == 0
+
+
+def test_nothing_is_asked_beyond_the_bound_ahead_of_the_awaited_batch():
+    a, b = FakeServer("a:1", 0.001), FakeServer("b:1", 5.0)
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(200)]
+    sched = Scheduler(refs)
+    _, _, out = simulate([a, b], 200, window=3, sched=sched)
+    assert out.finished and out.most_held <= AHEAD_WINDOWS * 3 * 2, out.most_held
+
+
+def test_a_lost_server_s_batches_go_back_in_order_and_come_once():
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(20)]
+    sched = Scheduler(refs)
+    sched.lane("a:1", 4)
+    sched.lane("b:1", 4)
+    orders = sched.plan(0, ["a:1", "b:1"], (), 0.0)
+    owed = [r.index for r in orders.fetch["a:1"]]
+    assert owed and sched.lost("a:1") == len(owed) and sched.failovers == 1
+    assert [r.index for r in sched.todo][:len(owed)] == sorted(owed)
+    orders = sched.plan(0, ["b:1"], (), 1.0)
+    got = [r.index for r in orders.fetch.get("b:1", [])]
+    assert not sched.arrived("a:1", refs[owed[0]], 10, 1.0), "a late copy from the lost server is not used"
+    assert set(got) <= set(range(20))
+
+
+def test_a_shutting_down_server_s_declined_batch_is_asked_of_another():
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4)]
+    sched = Scheduler(refs)
+    sched.lane("a:1", 4)
+    orders = sched.plan(0, ["a:1"], (), 0.0)
+    assert [r.index for r in orders.fetch["a:1"]] == [0, 1, 2, 3]
+    assert sched.declined("a:1", refs[0], requeue=True)
+    assert not sched.declined("a:1", refs[0], requeue=True), "declined once"
+    sched.lane("b:1", 4)
+    assert [r.index for r in sched.plan(0, ["b:1"], (), 0.1).fetch["b:1"]] == [0]
+
+
+def _affinity(num_samples=4096, batch=8, block=64):
+    return Affinity(pb.DatasetInfo(num_samples=num_samples, batch_size=batch, drop_last=True, shuffle=True,
+                                   block_samples=block, interleave=1, fingerprint="fp"))
+
+
+def test_with_affinity_each_block_goes_to_its_owner_weighted_by_workers():
+    aff = _affinity()
+    big, small = FakeServer("big:1", 0.01, workers=3), FakeServer("small:1", 0.01, workers=1)
+    n = 4096 // 8
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(n)]
+    sched = Scheduler(refs, affinity=aff)
+    asked: dict[int, set[str]] = collections.defaultdict(set)
+    real = {s.address: s.ask for s in (big, small)}
+    for s in (big, small):
+        s.ask = (lambda refs_, now, _s=s: ([asked[aff.block(r)].add(_s.address) for r in refs_],
+                                           real[_s.address](refs_, now)))
+    _, sched, out = simulate([big, small], n, window=6, sched=sched)
+    assert out.finished
+    assert all(len(v) == 1 for v in asked.values()), "a block is built by one server"
+    share = sum(1 for v in asked.values() if "big:1" in v) / len(asked)
+    assert 0.6 < share < 0.9, share
+
+
+def test_hints_announce_each_block_once_to_its_owner():
+    aff = _affinity()
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4096 // 8)]
+    sched = Scheduler(refs, affinity=aff)
+    for a in ("a:1", "b:1"):
+        sched.lane(a, 4)
+    hinted = []
+    for t in range(200):
+        orders = sched.plan(min(t * 2, len(refs) - 1), ["a:1", "b:1"], ("a:1", "b:1"), t * 0.01)
+        for address, rs in orders.hint.items():
+            hinted += [(aff.block(r), address, r) for r in rs]
+        for address, rs in orders.fetch.items():
+            for r in rs:
+                sched.arrived(address, r, 10, t * 0.01)
+    blocks = [b for b, _, _ in hinted]
+    assert blocks and len(blocks) == len(set(blocks)), "each block is announced once"
+    assert all(a == aff.owner(r, ("a:1", "b:1")) for _, a, r in hinted)

@@ -201,6 +201,15 @@ def test_registry_only_consumer_waits_for_a_server_then_names_the_registry(tmp_p
         len(ds)
 
 
+def test_a_registry_alone_is_enough(servers, tmp_path):
+    # RemoteDataset(registry=..., token=...): no server list at all, by keyword only.
+    reg = str(tmp_path / "registry")
+    a = servers()
+    joining.join(a, reg, a.address)
+    ds = RemoteDataset(registry=reg, token=TOKEN, seed=3, connect_timeout=20)
+    assert len(list(ds)) == 96 and ds.fetcher.stats() == {a.address: 96}
+
+
 @pytest.mark.slow  # ~19 s on one core; rebalancing itself is unit-tested in test_affinity.py
 def test_with_shards_blocks_follow_a_server_that_joins_then_drains(tmp_path):
     """Affinity: a server that joins takes over the blocks it now owns and, when it drains, hands

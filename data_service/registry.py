@@ -11,22 +11,26 @@ the job token and whose fingerprint is the job's pipeline (``verify``); anything
 The proof is checked before a consumer connects, so a consumer never sends the token to a server
 that could not prove it knows the token. Entries are read as JSON only (nothing is unpickled).
 
-Writes are atomic: a temporary file renamed into place in a folder, one PUT on S3. S3 requests
-have a short deadline (``timeout_s``) and honour ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``
-(``data_service.shards.s3``). A registry that cannot be read raises ``RegistryError``; an entry
-that cannot be parsed is reported as a problem and skipped.
+Entries go through ``data_service.storage``: writes are atomic (a temporary file renamed into
+place in a folder, one PUT on S3); S3 requests have a short deadline (``timeout_s``) and honour
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``. A registry that cannot be read raises
+``RegistryError``; an entry that cannot be parsed is reported as a problem and skipped.
+``verified_entries`` is the one reader of what a registry holds for a job (the consumers' watcher
+and rank 0's advisor use it).
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-import os
 import re
 import time
 from dataclasses import asdict, dataclass
 
+from .addresses import split_address
 from .errors import ConfigError, DataServiceError
+from .storage import Store, StoreError, check_location, open_store
+from .storage import is_s3_url as is_s3  # noqa: F401 - dnn_worker.remote_dataset imports it from here
 
 SERVERS = "servers"  # the folder (key prefix) of the entries under the registry URI
 MAX_ENTRY_BYTES = 64 << 10  # an entry larger than this is corrupt, not read
@@ -52,26 +56,13 @@ class Entry:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
 
-def is_s3(uri: str) -> bool:
-    return isinstance(uri, str) and uri.startswith("s3://")
-
-
 def check_uri(uri: str, what: str = "registry") -> str:
     """``uri`` checked: an ``s3://bucket/prefix`` URL or a folder path.
 
     Raises:
-        ConfigError: empty, or an S3 URL without a valid bucket.
+        ConfigError: empty, another scheme, or an S3 URL without a valid bucket.
     """
-    if not isinstance(uri, str) or not uri.strip():
-        raise ConfigError(f"{what}={uri!r} must be a folder or s3://bucket/prefix")
-    uri = uri.strip()
-    if is_s3(uri):
-        from .shards.s3 import parse_s3_url
-
-        parse_s3_url(uri)
-    elif "://" in uri:
-        raise ConfigError(f"{what}={uri!r}: only a local folder or s3://bucket/prefix is supported")
-    return uri
+    return check_location(uri, what)
 
 
 def make_proof(token: str, server_id: str, address: str, fingerprint: str) -> str:
@@ -92,9 +83,7 @@ def make_entry(token: str, server_id: str, address: str, fingerprint: str,
     if not _SERVER_ID.match(server_id or ""):
         raise ConfigError(f"server_id={server_id!r} must be 1-200 letters, digits, '.', '_' or '-' "
                           "(it names the registry entry's file)")
-    host, sep, port = (address or "").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"address={address!r} must look like 'host:port' (the address consumers dial)")
+    split_address(address, "registry entry address (the address consumers dial)")
     return Entry(address, fingerprint, server_id, float(time.time() if started_at is None else started_at),
                  make_proof(token, server_id, address, fingerprint))
 
@@ -138,7 +127,12 @@ def register(uri: str, token: str, server_id: str, address: str, fingerprint: st
         ConfigError: bad arguments (see ``make_entry``). RegistryError: the write failed.
     """
     entry = make_entry(token, server_id, address, fingerprint, started_at)
-    _write(check_uri(uri), f"{server_id}.json", entry.to_json(), timeout_s)
+    store = _store(check_uri(uri), timeout_s, create=True)
+    key = f"{SERVERS}/{server_id}.json"
+    try:
+        store.write_bytes(key, entry.to_json())
+    except (StoreError, ConfigError) as exc:
+        raise RegistryError(f"cannot write {store.key_url(key)}: {exc}") from exc
     return entry
 
 
@@ -148,38 +142,40 @@ def unregister(uri: str, server_id: str, *, timeout_s: float = 10.0) -> None:
     Raises:
         RegistryError: the delete failed.
     """
-    uri = check_uri(uri)
-    name = f"{server_id}.json"
-    if is_s3(uri):
-        from .shards.s3 import S3Error
-
-        try:
-            _store(uri, timeout_s).delete(f"{SERVERS}/{name}")
-        except (S3Error, ConfigError) as exc:
-            raise RegistryError(f"cannot remove {uri}/{SERVERS}/{name}: {exc}") from exc
-        return
+    store = _store(check_uri(uri), timeout_s)
+    key = f"{SERVERS}/{server_id}.json"
     try:
-        os.unlink(os.path.join(uri, SERVERS, name))
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise RegistryError(f"cannot remove {os.path.join(uri, SERVERS, name)}: {exc}") from exc
+        store.delete(key)
+    except (StoreError, ConfigError) as exc:
+        raise RegistryError(f"cannot remove {store.key_url(key)}: {exc}") from exc
 
 
 def read_entries(uri: str, *, timeout_s: float = 5.0, cache: dict | None = None) -> tuple[list[Entry], list[str]]:
     """Every entry of the registry, and a line per entry that could not be read (corrupt).
 
-    A registry folder with no ``servers`` folder yet has no entries. ``cache``: a dict the caller
-    keeps between reads of an S3 registry; an object listed with the name and size it had at the
-    last read is not fetched again (a poll is then one LIST).
+    A registry with no ``servers`` folder yet has no entries. ``cache``: a dict the caller keeps
+    between reads; an entry listed with the version (S3 ETag, a file's inode and mtime) it had at
+    the last read is not fetched again (an S3 poll is then one LIST).
 
     Raises:
         RegistryError: the registry cannot be listed (unreachable, no such folder, permissions).
     """
-    uri = check_uri(uri)
+    store = _store(check_uri(uri), timeout_s)
+    try:
+        listed = store.list(".json", under=SERVERS, versions=True)
+    except (StoreError, ConfigError) as exc:
+        raise RegistryError(f"cannot list {store.key_url(SERVERS)}: {exc}") from exc
+    if cache is not None:
+        for gone in set(cache) - {name for name, _, _ in listed}:
+            del cache[gone]
     entries: list[Entry] = []
     problems: list[str] = []
-    for name, data in (_read_s3(uri, timeout_s, cache) if is_s3(uri) else _read_folder(uri)):
+    for name, size, version in listed:
+        if "/" in name or name.startswith("."):
+            continue
+        data = _entry_bytes(store, name, size, version, cache)
+        if data is None:
+            continue  # removed between the listing and the read: the server left
         if isinstance(data, str):
             problems.append(f"{name}: {data}")
             continue
@@ -190,93 +186,54 @@ def read_entries(uri: str, *, timeout_s: float = 5.0, cache: dict | None = None)
     return entries, problems
 
 
-def _read_folder(uri: str):
-    folder = os.path.join(uri, SERVERS)
-    if not os.path.isdir(uri):
-        raise RegistryError(f"registry folder {uri} does not exist (or is not a folder)")
+def verified_entries(uri: str, token: str, fingerprint: str | None = None, *, timeout_s: float = 5.0,
+                     cache: dict | None = None) -> tuple[list[Entry], list[tuple[Entry | None, str]]]:
+    """The entries of ``uri`` that prove ``token`` (and serve ``fingerprint``; None: any), oldest
+    first, and what was refused: ``(entry, why)``, the entry None for one that cannot be parsed.
+
+    Raises:
+        RegistryError: the registry cannot be listed.
+    """
+    entries, problems = read_entries(uri, timeout_s=timeout_s, cache=cache)
+    refused: list[tuple[Entry | None, str]] = [(None, p) for p in problems]
+    good = []
+    for e in sorted(entries, key=lambda e: (e.started_at, e.server_id)):
+        why = verify(e, token, fingerprint)
+        if why is None:
+            good.append(e)
+        else:
+            refused.append((e, why))
+    return good, refused
+
+
+def _entry_bytes(store: Store, name: str, size: int, version: str, cache: dict | None) -> bytes | str | None:
+    """The bytes of entry ``name`` (from ``cache`` when its version is unchanged), a line saying why
+    it cannot be read, or None when it is gone."""
+    if size > MAX_ENTRY_BYTES:
+        return f"{size} bytes, more than an entry can be ({MAX_ENTRY_BYTES})"
+    if cache is not None and name in cache and cache[name][0] == version:
+        return cache[name][1]
+    key = f"{SERVERS}/{name}"
     try:
-        names = sorted(n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith("."))
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise RegistryError(f"cannot list {folder}: {exc}") from exc
-    out = []
-    for name in names:
-        try:
-            with open(os.path.join(folder, name), "rb") as f:
-                out.append((name, f.read(MAX_ENTRY_BYTES + 1)))
-        except FileNotFoundError:
-            continue  # removed meanwhile: the server left
-        except OSError as exc:
-            out.append((name, f"cannot be read ({exc})"))
-    return out
+        data = store.read(key)
+    except StoreError as exc:
+        if exc.missing:
+            return None
+        raise RegistryError(f"cannot read {store.key_url(key)}: {exc}") from exc
+    if cache is not None:
+        cache[name] = (version, data)
+    return data
 
 
-_STORES: dict[tuple[str, float], object] = {}
+_STORES: dict[tuple[str, float, bool], Store] = {}
 
 
-def _store(uri: str, timeout_s: float):
-    """One S3Store per registry and deadline in this process (its client is made per process)."""
-    from .shards.s3 import S3Store
-
-    key = (uri, timeout_s)
+def _store(uri: str, timeout_s: float, create: bool = False) -> Store:
+    """One store per registry and deadline in this process (an S3 client is made per process)."""
+    key = (uri, timeout_s, create)
     store = _STORES.get(key)
     if store is None:
-        store = _STORES[key] = S3Store(uri, request_timeout_s=max(0.5, timeout_s / 2), attempts=2,
-                                       deadline_s=timeout_s, backoff_max_s=0.5)
+        store = _STORES[key] = open_store(uri, what="registry", create=create,
+                                          request_timeout_s=max(0.5, timeout_s / 2), attempts=2,
+                                          deadline_s=timeout_s, backoff_max_s=0.5)
     return store
-
-
-def _read_s3(uri: str, timeout_s: float, cache: dict | None):
-    from .shards.s3 import S3Error
-
-    store = _store(uri, timeout_s)
-    try:
-        listed = store.list(".json")
-    except (S3Error, ConfigError) as exc:
-        raise RegistryError(f"cannot list {uri}/{SERVERS}: {exc}") from exc
-    if cache is not None:
-        for gone in set(cache) - {key for key, _ in listed}:
-            del cache[gone]
-    out = []
-    for key, size in listed:
-        folder, _, name = key.rpartition("/")
-        if folder != SERVERS or name.startswith("."):
-            continue
-        if size > MAX_ENTRY_BYTES:
-            out.append((name, f"{size} bytes, more than an entry can be ({MAX_ENTRY_BYTES})"))
-            continue
-        if cache is not None and key in cache and cache[key][0] == size:
-            out.append((name, cache[key][1]))
-            continue
-        try:
-            data = store.read(key)
-            out.append((name, data))
-            if cache is not None:
-                cache[key] = (size, data)
-        except S3Error as exc:
-            if getattr(exc, "code", "") in ("NoSuchKey", "404", "NotFound"):
-                continue  # removed between the listing and the read
-            raise RegistryError(f"cannot read {uri}/{key}: {exc}") from exc
-    return out
-
-
-def _write(uri: str, name: str, data: bytes, timeout_s: float) -> None:
-    if is_s3(uri):
-        from .shards.s3 import S3Error
-
-        try:
-            _store(uri, timeout_s).write_bytes(f"{SERVERS}/{name}", data)  # one PUT: atomic
-        except (S3Error, ConfigError) as exc:
-            raise RegistryError(f"cannot write {uri}/{SERVERS}/{name}: {exc}") from exc
-        return
-    folder = os.path.join(uri, SERVERS)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, os.path.join(folder, name))  # readers see the old entry or the new, never half
-    except OSError as exc:
-        raise RegistryError(f"cannot write {os.path.join(folder, name)}: {exc}; check the registry folder "
-                            "exists and is writable") from exc

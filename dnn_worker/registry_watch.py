@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-from data_service.registry import Entry, RegistryError, check_uri, read_entries, verify
+from data_service.registry import Entry, RegistryError, check_uri, verified_entries, verify
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class RegistryWatcher:
         self._proved: dict[str, Entry] = {}  # address -> newest entry whose proof matches the token
         self._usable: dict[str, Entry] = {}
         self._logged: set[tuple] = set()
-        self._cache: dict = {}  # S3 entries by key: (size, bytes), so a poll is one LIST
+        self._cache: dict = {}  # entries by name: (version, bytes), so an S3 poll is one LIST
         self._refused: dict[tuple[str, str], str] = {}  # (address, server_id) -> why, found on connecting
         self._lock = threading.Lock()
         self._read_done = threading.Condition(self._lock)
@@ -126,7 +126,8 @@ class RegistryWatcher:
     def poll(self) -> None:
         """Read the registry once and update the usable servers (the thread calls this)."""
         try:
-            entries, problems = read_entries(self.uri, timeout_s=self.timeout_s, cache=self._cache)
+            entries, refused = verified_entries(self.uri, self.token, None, timeout_s=self.timeout_s,
+                                                cache=self._cache)
         except (RegistryError, OSError) as exc:
             with self._lock:
                 if self.error is None:
@@ -136,17 +137,13 @@ class RegistryWatcher:
                 self.reads += 1
                 self._read_done.notify_all()
             return
-        for problem in problems:
-            self._once(("corrupt", problem), logging.WARNING,
-                       "registry %s: entry %s; it is not used", self.uri, problem)
-        proved: dict[str, Entry] = {}
-        for e in sorted(entries, key=lambda e: e.started_at):
-            why = verify(e, self.token, None)
-            if why is not None:
+        for e, why in refused:
+            if e is None:
+                self._once(("corrupt", why), logging.WARNING, "registry %s: entry %s; it is not used", self.uri, why)
+            else:
                 self._once(("proof", e.server_id, e.address, e.proof), logging.WARNING,
                            "registry %s: refused data server %s at %s: %s", self.uri, e.server_id, e.address, why)
-                continue
-            proved[e.address] = e  # the newest entry for an address wins (a server restarted there)
+        proved = {e.address: e for e in entries}  # oldest first: the newest entry for an address wins
         with self._lock:
             if self.error is not None:
                 log.info("registry %s can be read again (%d verified data server(s))", self.uri, len(proved))
@@ -198,8 +195,8 @@ def registered_servers(uri: str, token: str, fingerprint: str | None = None, tim
     """Addresses of the servers registered in ``uri`` that prove ``token`` (and run ``fingerprint``),
     read once; [] with a warning when the registry cannot be read."""
     try:
-        entries, _ = read_entries(uri, timeout_s=timeout_s)
+        entries, _ = verified_entries(uri, token, fingerprint, timeout_s=timeout_s)
     except (RegistryError, OSError) as exc:
         log.warning("registry %s cannot be read (%s); its servers are not listed", uri, exc)
         return []
-    return sorted({e.address for e in entries if verify(e, token, fingerprint) is None})
+    return sorted({e.address for e in entries})

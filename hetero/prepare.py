@@ -18,9 +18,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import tarfile
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ import numpy as np
 
 from data_service.errors import ConfigError
 from data_service.shards.format import INDEX_NAME, SHARD_PATTERN, ShardIndex, ShardInfo, padded
-from data_service.shards.store import LocalStore, open_store
+from data_service.storage import open_store
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +177,61 @@ def _sources(src: str, options: dict) -> tuple[list[str], list[tuple[str, int]],
     return classes, samples, ""
 
 
+class _Uploads:
+    """Stores each finished shard under its name (a folder renames it into place, S3 uploads it),
+    at most four at once so local staging stays bounded."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def add(self, path: str, name: str) -> None:
+        def upload():
+            try:
+                self.store.write_file(name, path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            except BaseException as exc:  # reported after the last shard
+                self.errors.append(exc)
+        while len([t for t in self.threads if t.is_alive()]) >= 4:
+            time.sleep(0.05)
+        t = threading.Thread(target=upload, name=f"upload {name}", daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def join(self) -> None:
+        """Wait for every upload; raise the first one's error."""
+        for t in self.threads:
+            t.join()
+        if self.errors:
+            raise self.errors[0]
+
+
+def _converted(jobs: list, target: str, options: dict, workers: int, progress: bool):
+    """``_convert``'s results for ``jobs``, in order, from ``workers`` processes (one: this one)."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), unit="img", desc="prepare", mininterval=0.5)
+    try:
+        with contextlib.ExitStack() as stack:
+            if workers == 1:  # in this process: no pool to start
+                _init_worker(target, options)
+                results = map(_convert, jobs)
+            else:
+                pool = stack.enter_context(mp.get_context("spawn").Pool(workers, _init_worker, (target, options)))
+                results = pool.imap(_convert, jobs, chunksize=16)
+            for result in results:
+                if bar is not None:
+                    bar.update(1)
+                yield result
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: int = 0, workers: int = 0,
             shuffle_seed: int | None = 0, overwrite: bool = False, verify: bool = True, progress: bool = True,
             options: dict | None = None) -> Summary:
@@ -207,10 +260,7 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
     if workers < 1:
         raise ConfigError(f"workers={workers} must be >= 1")
     options = dict(options or {})
-    store = open_store(dest) if dest.startswith("s3://") else None
-    if store is None:
-        os.makedirs(dest, exist_ok=True)
-        store = LocalStore(dest)
+    store = open_store(dest, what="dest", create=True)
     existing = [name for name, _ in store.list() if name == INDEX_NAME or name.endswith(".tar")]
     if existing and not overwrite:
         raise ConfigError(f"{dest} already holds shards ({', '.join(existing[:3])}{' ...' if len(existing) > 3 else ''}); "
@@ -221,47 +271,14 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
     order = np.arange(len(items)) if shuffle_seed is None else \
         np.random.Generator(np.random.PCG64(shuffle_seed)).permutation(len(items))
     summary = Summary()
-    local = isinstance(store, LocalStore)
     if existing:  # the old index goes first, so the destination is never taken for complete meanwhile
         store.delete(INDEX_NAME)
-    staging = store.root if local else tempfile.mkdtemp(prefix="hetero-prepare-")
-    uploads: list[threading.Thread] = []
-    errors: list[BaseException] = []
-
-    def on_shard(path: str, name: str) -> None:
-        if local:
-            return
-
-        def upload():
-            try:
-                store.write_file(name, path)
-                os.unlink(path)
-            except BaseException as exc:  # reported after the last shard
-                errors.append(exc)
-        while len([t for t in uploads if t.is_alive()]) >= 4:  # bounded local staging
-            time.sleep(0.05)
-        t = threading.Thread(target=upload, name=f"upload {name}", daemon=True)
-        t.start()
-        uploads.append(t)
-
-    writer = _ShardWriter(staging, shard_size, on_shard)
     jobs = [(pos, items[i][0], items[i][1], max_side, verify) for pos, i in enumerate(order)]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(jobs), unit="img", desc="prepare", mininterval=0.5)
-    try:
-        with contextlib.ExitStack() as stack:
-            if workers == 1:  # in this process: no pool to start
-                _init_worker(target, options)
-                results = map(_convert, jobs)
-            else:
-                pool = stack.enter_context(mp.get_context("spawn").Pool(workers, _init_worker, (target, options)))
-                results = pool.imap(_convert, jobs, chunksize=16)
+    with store.staging() as staging:
+        uploads = _Uploads(store)
+        writer = _ShardWriter(staging, shard_size, uploads.add)
+        with contextlib.closing(_converted(jobs, target, options, workers, progress)) as results:
             for pos, ext, data, label, why, reencoded in results:
-                if bar is not None:
-                    bar.update(1)
                 if why:
                     summary.skipped.append((items[order[pos]][0] if not target else f"item {items[order[pos]][0]}",
                                             why))
@@ -269,15 +286,7 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
                 writer.add(f"{len(writer.offsets):09d}", ext, data, label)
                 summary.reencoded += reencoded
         writer.finish()
-        for t in uploads:
-            t.join()
-        if errors:
-            raise errors[0]
-    finally:
-        if bar is not None:
-            bar.close()
-        if not local:
-            shutil.rmtree(staging, ignore_errors=True)
+        uploads.join()
     if not writer.offsets:
         raise ConfigError(f"none of the {len(items)} files of {src} decodes; nothing written")
     index = ShardIndex(classes, writer.shards, np.array(writer.offsets), np.array(writer.lengths),

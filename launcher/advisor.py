@@ -194,10 +194,10 @@ class LiveAdvisor:
     def _registered(self, known: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
         """Servers in the registry that prove the job token and serve the job's pipeline, not
         already in ``known``."""
-        from data_service.registry import read_entries, verify
+        from data_service.registry import verified_entries
 
         try:
-            entries, _ = read_entries(self.registry, timeout_s=self.timeout_s)
+            entries, _ = verified_entries(self.registry, self._token, self._fingerprint, timeout_s=self.timeout_s)
         except Exception as exc:  # the consumers keep the servers they have: so does the advice
             log.warning("advice: registry %s not read (%s); advising from the servers known so far",
                         self.registry, exc)
@@ -205,8 +205,7 @@ class LiveAdvisor:
         addresses = {a for a, _ in known}
         ids = {self._ids.get(a) for a in addresses}
         self._registered_last = [(e.address, True) for e in entries
-                                 if e.address not in addresses and e.server_id not in ids
-                                 and verify(e, self._token, self._fingerprint) is None]
+                                 if e.address not in addresses and e.server_id not in ids]
         return self._registered_last
 
     def _snapshot(self) -> dict[str, Snapshot]:

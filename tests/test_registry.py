@@ -119,7 +119,7 @@ def test_a_hung_registry_read_is_reported_once_and_waits_for_nothing(tmp_path, m
 
     caplog.set_level(logging.INFO)
 
-    real = registry_watch.read_entries
+    real = registry_watch.verified_entries
     hung = threading.Event()
 
     def read(*args, **kwargs):  # a network file system that stops answering for a while
@@ -127,7 +127,7 @@ def test_a_hung_registry_read_is_reported_once_and_waits_for_nothing(tmp_path, m
             time.sleep(1.0)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(registry_watch, "read_entries", read)
+    monkeypatch.setattr(registry_watch, "verified_entries", read)
     register(str(tmp_path), TOKEN, "good", "10.0.0.7:6000", FP)
     w = registry_watch.RegistryWatcher(str(tmp_path), TOKEN, poll_s=0.1, timeout_s=0.3)
     assert w.wait_read(0, timeout=5.0)

@@ -2,7 +2,7 @@
 
 Every fault S3 really shows (503 SlowDown, 500, a reset before or during the body, a stall before
 or after the headers, a body shorter than its Content-Length) is retried and the read returns the
-right bytes; faults that persist end in S3ReadError naming the object within the deadline; set-up
+right bytes; faults that persist end in StoreReadError naming the object within the deadline; set-up
 problems (no bucket, no key, access denied, no credentials, no endpoint) fail check() at once
 with the fix in the message.
 """
@@ -23,7 +23,7 @@ pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
 from data_service.errors import ConfigError  # noqa: E402
-from data_service.shards.s3 import INSTALL_HINT, S3ReadError, S3Store, is_s3_url, parse_s3_url  # noqa: E402
+from data_service.storage import INSTALL_HINT, S3Store, StoreReadError, is_s3_url, parse_s3_url  # noqa: E402
 from hetero.ports import free_port  # noqa: E402
 from hetero.testing.s3proxy import S3FaultProxy, s3_server  # noqa: E402
 
@@ -255,7 +255,7 @@ def test_a_persistent_fault_ends_in_a_read_error_naming_the_object(s3, kind):
     st = store(deadline_s=3.0)
     s3.proxy.fail_next(kind, count=100, method="GET")
     t0 = time.monotonic()
-    with pytest.raises(S3ReadError) as e:
+    with pytest.raises(StoreReadError) as e:
         st.read("shard-000001.tar", 0, 1 << 20)
     elapsed = time.monotonic() - t0
     msg = str(e.value)
@@ -270,7 +270,7 @@ def test_the_overall_deadline_stops_retries_early(s3):
     st = store(attempts=100, deadline_s=1.2)
     s3.proxy.fail_next("stall", count=1000, method="GET")
     t0 = time.monotonic()
-    with pytest.raises(S3ReadError, match="shard-000000.tar"):
+    with pytest.raises(StoreReadError, match="shard-000000.tar"):
         st.read("shard-000000.tar", 0, 1000)
     elapsed = time.monotonic() - t0
     assert 1.0 < elapsed < 1.2 + FAST["request_timeout_s"] + 1.0
@@ -282,7 +282,7 @@ def test_a_trickling_body_is_abandoned_at_the_deadline(s3):
     try:
         st = store(endpoint_url=slow.endpoint, request_timeout_s=5, deadline_s=1.0)
         t0 = time.monotonic()
-        with pytest.raises(S3ReadError, match="deadline") as e:
+        with pytest.raises(StoreReadError, match="deadline") as e:
             st.read("shard-000000.tar")
         assert time.monotonic() - t0 < 1.0 + 256_000 / 400_000 + 1.0
         assert f"s3://{BUCKET}/data/shard-000000.tar" in str(e.value)
@@ -307,7 +307,7 @@ def test_missing_bucket(s3):
     with pytest.raises(ConfigError, match="check the bucket name and region") as e:
         S3Store("s3://no-such-bucket/data", **FAST).check("index.json")
     assert "no such bucket 'no-such-bucket'" in str(e.value)
-    with pytest.raises(S3ReadError, match="no such bucket 'no-such-bucket'"):
+    with pytest.raises(StoreReadError, match="no such bucket 'no-such-bucket'"):
         S3Store("s3://no-such-bucket/data", **FAST).read("index.json", 0, 10)
     with pytest.raises(ConfigError, match="no such bucket 'no-such-bucket'"):
         S3Store("s3://no-such-bucket/data", **FAST).list()
@@ -320,7 +320,7 @@ def test_missing_key(s3):
     assert str(e.value) == (f"no such key s3://{BUCKET}/data/index.json; run `hetero prepare` to write shards "
                             "there, or check the prefix")
     t0 = time.monotonic()
-    with pytest.raises(S3ReadError, match="no such key"):
+    with pytest.raises(StoreReadError, match="no such key"):
         st.read("index.json", 0, 10)
     assert st.retries == 0 and time.monotonic() - t0 < 1.0  # not retried
 
@@ -329,12 +329,12 @@ def test_missing_key(s3):
 def test_access_denied_names_the_permissions(s3, method):
     st = store()
     s3.proxy.fail_next("403", method=method)
-    with pytest.raises((ConfigError, S3ReadError)) as e:
+    with pytest.raises((ConfigError, StoreReadError)) as e:
         st.check("shard-000000.tar") if method == "HEAD" else st.read("shard-000000.tar", 0, 10)
     msg = str(e.value)
     assert f"access denied to s3://{BUCKET}/data/shard-000000.tar" in msg
     assert "need s3:GetObject and s3:ListBucket on" in msg and f"arn:aws:s3:::{BUCKET}/data/*" in msg
-    assert isinstance(e.value, ConfigError if method == "HEAD" else S3ReadError)
+    assert isinstance(e.value, ConfigError if method == "HEAD" else StoreReadError)
     assert st.retries == 0
 
 
@@ -353,9 +353,9 @@ def test_no_credentials(s3, monkeypatch):
 
 def test_ranges_outside_the_object(s3):
     st = store()
-    with pytest.raises(S3ReadError, match=rf"past the end .*size {len(DATA)}"):
+    with pytest.raises(StoreReadError, match=rf"past the end .*size {len(DATA)}"):
         st.read("shard-000000.tar", len(DATA) - 10, len(DATA) + 10)
-    with pytest.raises(S3ReadError, match="outside"):
+    with pytest.raises(StoreReadError, match="outside"):
         st.read("shard-000000.tar", len(DATA) + 10, len(DATA) + 20)
     with pytest.raises(ValueError):
         st.read("shard-000000.tar", 10, 5)
@@ -370,5 +370,5 @@ def test_without_boto3_the_error_names_the_extra(s3, monkeypatch):
 
 
 def test_importing_the_module_does_not_import_boto3():
-    code = "import sys, data_service.shards.s3; assert 'boto3' not in sys.modules and 'botocore' not in sys.modules"
+    code = "import sys, data_service.storage; assert 'boto3' not in sys.modules and 'botocore' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)

@@ -17,7 +17,8 @@ from data_service.pipelines.images import CorruptImageError, decode, decode_byte
 from data_service.sampler import PlanConfig, batch_block, batch_indices, block_range
 from data_service.shards import ShardDataset
 from data_service.shards.cache import BlockCache
-from data_service.shards.format import INDEX_NAME, parse_size
+from data_service.shards.format import INDEX_NAME
+from data_service.storage import parse_size
 from dnn_worker.affinity import rendezvous_owner
 from hetero.prepare import prepare
 from tests._odd_images import write_odd_folder

@@ -24,7 +24,7 @@ from data_service.pipeline import PipelineSpec  # noqa: E402
 from data_service.server import DataServer, ServerOptions  # noqa: E402
 from data_service.shards import ShardDataset  # noqa: E402
 from data_service.shards.format import INDEX_NAME  # noqa: E402
-from data_service.shards.s3 import S3Store  # noqa: E402
+from data_service.storage import S3Store  # noqa: E402
 from dnn_worker import LocalDataset, RemoteDataset  # noqa: E402
 from hetero.prepare import prepare  # noqa: E402
 from hetero.testing import read_audit  # noqa: E402

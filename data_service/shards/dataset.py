@@ -22,9 +22,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ConfigError
+from ..storage import LocalStore, open_store
 from .cache import BlockCache, default_dir
 from .format import INDEX_NAME, ShardIndex
-from .store import LocalStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ShardDataset:
         self.block_samples = block_samples
         self.range_bytes = range_bytes
         self.readers = readers
-        self.store = open_store(location, request_timeout_s=request_timeout_s)
+        self.store = open_store(location, what="shards", request_timeout_s=request_timeout_s)
         where = f"{self.store.url.rstrip('/')}/{INDEX_NAME}"
         self.store.check(INDEX_NAME)
         raw = self.store.read(INDEX_NAME)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
+from ..storage.parsing import parse_size  # noqa: F401 - the image pipeline imports it from here
 
 INDEX_NAME = "index.json"
 FORMAT = "hetero-shards"
@@ -141,25 +142,3 @@ class ShardIndex:
 def padded(n: int) -> int:
     """Bytes a tar member's data takes, padded to the 512-byte tar block."""
     return -(-n // TAR_BLOCK) * TAR_BLOCK
-
-
-_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
-          "T": 1000**4, "TB": 1000**4, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
-
-
-def parse_size(value, name: str) -> int:
-    """Bytes from ``256MB``, ``1.5GiB``, ``64k`` or a plain integer; ConfigError naming ``name`` otherwise."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} must be a size such as 256MB or 1GiB")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{name}={value} must be >= 0")
-        return value
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
-    unit = m.group(2).upper() if m else ""
-    if not m or unit not in _UNITS:
-        raise ConfigError(f"{name}={value!r} must be a size such as 256MB, 1GiB or 65536 (units: "
-                          "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    return int(float(m.group(1)) * _UNITS[unit])

@@ -36,7 +36,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from data_service.errors import DataServiceError
-    from data_service.shards.format import parse_size
+    from data_service.storage import parse_size
     from hetero.options import parse_kv
     from hetero.prepare import prepare
 

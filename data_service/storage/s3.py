@@ -1,0 +1,446 @@
+"""S3 as a store: ranged reads and uploads under ``s3://bucket/prefix`` that survive S3 as it really behaves.
+
+``S3Store("s3://bucket/prefix")`` reads and writes objects under one prefix with boto3 (imported
+lazily: ``pip install 'hetero-data-service[s3]'``). Keys are relative to the prefix.
+
+Endpoint. boto3 itself honours ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` (and
+``endpoint_url`` in the AWS config file); when any of them (or the ``endpoint_url`` argument)
+points away from AWS, path-style addressing is used, which S3-compatible servers need.
+
+Retries. botocore's own retries are off for reads: every GET is retried here, together with the
+read of its body, because botocore never retries a body that breaks off (a reset, a stall, fewer
+bytes than Content-Length). What is retried is ``s3_errors.retryable``'s call. Back-off is
+exponential with full jitter (``uniform(0, min(backoff_max_s, backoff_base_s * 2**n))``).
+``retries`` counts every retry. Writes (converters only) keep botocore's standard retries too, so
+one failed part of a multipart upload is sent again alone; the store then retries the whole call.
+
+Deadlines. Each request has botocore connect and read timeouts of ``request_timeout_s`` (the read
+timeout bounds any silence, so a body that stalls after its headers fails after that long), and
+each call has an overall deadline ``deadline_s`` (default ``request_timeout_s * attempts``)
+across its attempts and back-off sleeps: no attempt starts or sleeps past it, and a body still
+trickling in is abandoned at it (checked every 256 KB), so a call returns or raises within about
+``deadline_s + request_timeout_s``.
+
+Errors. ``check()`` (called when a data server starts) raises ``ConfigError`` naming the bucket,
+the key and the likely fix (``s3_errors``); so does ``list()``. Reads that fail for good raise
+``StoreReadError``, writes ``StoreWriteError``, with the same messages.
+
+Processes and threads. One boto3 client per process, made on first use and shared by the
+process's threads (boto3 clients are thread-safe); a forked or spawned child makes its own. A
+store pickles without its client. Counters, kept under a lock: ``requests`` (every request sent,
+retries included), ``bytes_read`` (GET body bytes received, those of attempts that broke off
+included), ``retries``.
+"""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import threading
+import time
+from typing import Any
+
+from ..errors import ConfigError
+from . import s3_errors
+from .base import StoreError, StoreReadError, StoreWriteError, removed_after
+from .parsing import join_key, parse_s3_url
+from .s3_errors import DeadlineExceeded, OutOfRange, ShortRead, is_aws_host
+
+INSTALL_HINT = "pip install 'hetero-data-service[s3]'"
+
+_CHUNK = 256 << 10  # body bytes read per call, between deadline checks
+
+_STATE_LOCK = threading.Lock()  # guards making a process's lock and clients; fresh in a forked child
+os.register_at_fork(after_in_child=lambda: globals().__setitem__("_STATE_LOCK", threading.Lock()))
+
+
+class _Missing(Exception):
+    """exists(): the object is not there."""
+
+
+def _boto():
+    try:
+        import boto3
+        import botocore.config
+    except ImportError as e:
+        raise ConfigError(f"reading or writing s3:// URLs needs boto3, which is not installed: {INSTALL_HINT}") from e
+    return boto3, botocore.config
+
+
+class S3Store:
+    """Objects under ``s3://bucket/prefix``: HEAD, ranged GET, LIST and uploads, retried.
+
+    Args:
+        url: ``s3://bucket/prefix`` (the prefix may be empty or end with "/").
+        request_timeout_s: botocore's connect and read timeout for each request.
+        attempts: tries per call (first try included).
+        max_pool: HTTP connections kept per process (threads reading at once).
+        client: a boto3 S3 client to use in this process instead of making one.
+        deadline_s: the overall deadline of one call across its attempts (default
+            ``request_timeout_s * attempts``).
+        endpoint_url: an endpoint to use instead of boto3's (which honours AWS_ENDPOINT_URL_S3,
+            AWS_ENDPOINT_URL and the config file).
+        backoff_base_s, backoff_max_s: the exponential back-off with full jitter.
+    """
+
+    def __init__(self, url: str, *, request_timeout_s: float = 60.0, attempts: int = 8, max_pool: int = 16,
+                 client: Any = None, deadline_s: float | None = None, endpoint_url: str | None = None,
+                 backoff_base_s: float = 0.1, backoff_max_s: float = 10.0) -> None:
+        self.bucket, self.prefix = parse_s3_url(url)
+        self.url = url
+        if request_timeout_s <= 0 or attempts < 1 or max_pool < 1:
+            raise ConfigError(f"S3Store({url!r}): request_timeout_s must be > 0 (got {request_timeout_s}), "
+                              f"attempts >= 1 (got {attempts}), max_pool >= 1 (got {max_pool})")
+        self.request_timeout_s = float(request_timeout_s)
+        self.attempts = int(attempts)
+        self.max_pool = int(max_pool)
+        self.deadline_s = float(deadline_s) if deadline_s is not None else self.request_timeout_s * self.attempts
+        self.endpoint_url = endpoint_url
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.multipart_bytes = 64 << 20  # write_file: multipart above this, parts this big
+        self.list_page_size = 1000  # list(): keys per LIST request
+        self.requests = 0
+        self.bytes_read = 0
+        self.retries = 0
+        self._given = (os.getpid(), client) if client is not None else None
+        self._local: tuple[int, threading.Lock, dict] | None = None
+
+    # -- per-process state ---------------------------------------------------------------------
+    def _proc(self) -> tuple[threading.Lock, dict]:
+        """This process's lock and clients (a child after fork gets fresh ones, never the parent's)."""
+        local = self._local
+        pid = os.getpid()
+        if local is None or local[0] != pid:
+            with _STATE_LOCK:
+                local = self._local
+                if local is None or local[0] != pid:
+                    local = (pid, threading.Lock(), {})
+                    self._local = local
+        return local[1], local[2]
+
+    def _count(self, requests: int = 0, bytes_read: int = 0, retries: int = 0) -> None:
+        lock, _ = self._proc()
+        with lock:
+            self.requests += requests
+            self.bytes_read += bytes_read
+            self.retries += retries
+
+    def _client(self, writer: bool = False):
+        lock, clients = self._proc()
+        name = "writer" if writer else "reader"
+        c = clients.get(name)
+        if c is not None:
+            return c
+        with lock:  # one client per process: threads wait for the first one to make it
+            c = clients.get(name)
+            if c is None:
+                if self._given is not None and self._given[0] == os.getpid():
+                    c = self._given[1]
+                else:
+                    c = self._make_client(writer)
+                clients[name] = c
+            return c
+
+    def _configured_endpoint(self) -> tuple[str | None, str]:
+        """(the endpoint asked for, where it came from); (None, "") when boto3 picks AWS's."""
+        if self.endpoint_url:
+            return self.endpoint_url, "the endpoint_url argument"
+        if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+            return None, ""
+        for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if os.environ.get(var):
+                return os.environ[var], var
+        return None, ""
+
+    def _make_client(self, writer: bool):
+        boto3, bconfig = _boto()
+        configured, _ = self._configured_endpoint()
+
+        def make(path_style: bool):
+            config = bconfig.Config(
+                connect_timeout=self.request_timeout_s, read_timeout=self.request_timeout_s,
+                max_pool_connections=self.max_pool, tcp_keepalive=True,
+                # reads: every retry is ours (with the body read); writes: botocore retries each
+                # request (each multipart part) too, and ours retries the whole upload
+                retries={"mode": "standard", "total_max_attempts": self.attempts if writer else 1},
+                s3={"addressing_style": "path"} if path_style else None)
+            return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
+
+        client = make(configured is not None)
+        if configured is None and not is_aws_host(client.meta.endpoint_url):
+            client = make(True)  # an endpoint from the AWS config file: not AWS, so path-style
+        return client
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_local"] = None
+        state["_given"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r})"
+
+    # -- public API -------------------------------------------------------------------------------
+    def key_url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{join_key(self.prefix, key)}"
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint this process's client talks to, and where it came from."""
+        url, source = self.endpoint_and_source()
+        return f"{url} (from {source})"
+
+    def check(self, key: str) -> int:
+        """HEAD ``key``: its size. Raises ConfigError naming the bucket, key and fix when the object
+        cannot be read (no bucket, no key, access denied, no credentials, endpoint unreachable,
+        or still failing after the retries). Call it when a data server starts."""
+        try:
+            return self._head(key)
+        except StoreError as e:
+            raise ConfigError(str(e)) from e
+
+    def size(self, key: str) -> int:
+        """The size of ``key`` in bytes (HEAD, retried)."""
+        return self._head(key)
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists (HEAD, retried; False on 404, also when the bucket is missing)."""
+        try:
+            self._head(key, missing_ok=True)
+        except _Missing:
+            return False
+        return True
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of ``key`` (end None: to the end) with one ranged GET, retried;
+        exactly ``end - start`` bytes or StoreReadError."""
+        if start < 0 or (end is not None and end < start):
+            raise ValueError(f"bad byte range [{start}, {end}) for {self.key_url(key)}")
+        if end is not None and end == start:
+            return b""
+        holder: list[bytearray] = []
+
+        def alloc(n: int) -> memoryview:
+            holder[:] = [bytearray(n)]
+            return memoryview(holder[0])
+
+        self._get(key, start, end, alloc)
+        return bytes(holder[0])
+
+    def read_into(self, key: str, start: int, end: int | None, out: memoryview) -> None:
+        """Bytes [start, end) of ``key`` into ``out[:end - start]`` (end None: ``start + len(out)``)."""
+        out = memoryview(out).cast("B")
+        if end is None:
+            end = start + len(out)
+        if start < 0 or end < start or len(out) < end - start:
+            raise ValueError(f"bad byte range [{start}, {end}) for {self.key_url(key)} "
+                             f"into a buffer of {len(out)} bytes")
+        if end == start:
+            return
+
+        def alloc(n: int) -> memoryview:
+            return out[:n]
+
+        self._get(key, start, end, alloc)
+
+    def list(self, suffix: str = "", under: str = "", versions: bool = False) -> list[tuple]:
+        """(key relative to ``under`` under the prefix, size) of every object there whose key ends
+        with ``suffix``, in key order (paginated LIST, each page retried); ``versions``: with its
+        ETag third. Like ``check()``, called at start: raises ConfigError."""
+        client = self._client()
+        full_prefix = join_key(self.prefix, under)
+        if full_prefix:
+            full_prefix += "/"
+        found: list[tuple] = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix, "MaxKeys": self.list_page_size}
+            if token:
+                kw["ContinuationToken"] = token
+
+            def page(deadline: float, kw=kw):
+                self._count(requests=1)
+                return client.list_objects_v2(**kw)
+
+            try:
+                resp = self._call(page, under, "listing", StoreReadError)
+            except StoreReadError as e:  # listing happens at start: a set-up problem
+                raise ConfigError(str(e)) from e
+            for obj in resp.get("Contents", []):
+                rel = obj["Key"][len(full_prefix):]
+                if rel.endswith(suffix):
+                    found.append((rel, int(obj["Size"]), str(obj.get("ETag", ""))) if versions
+                                 else (rel, int(obj["Size"])))
+            if not resp.get("IsTruncated"):
+                return found
+            token = resp.get("NextContinuationToken")
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """PUT ``data`` at ``key`` (retried)."""
+        client = self._client(writer=True)
+
+        def put(deadline: float):
+            self._count(requests=1)
+            client.put_object(Bucket=self.bucket, Key=join_key(self.prefix, key), Body=data)
+
+        self._call(put, key, "writing", StoreWriteError)
+
+    def write_file(self, key: str, path: str) -> None:
+        """Upload the file at ``path`` to ``key`` (multipart above ``multipart_bytes``, 64 MB, parts
+        in parallel; each request retried by botocore, the whole upload by this store)."""
+        _boto()
+        from boto3.s3.transfer import TransferConfig
+        client = self._client(writer=True)
+        config = TransferConfig(multipart_threshold=self.multipart_bytes, multipart_chunksize=self.multipart_bytes,
+                                max_concurrency=max(1, min(8, self.max_pool)), use_threads=True)
+
+        def upload(deadline: float):
+            self._count(requests=1)
+            client.upload_file(path, self.bucket, join_key(self.prefix, key), Config=config)
+
+        self._call(upload, key, "writing", StoreWriteError)
+
+    def delete(self, key: str) -> None:
+        """DELETE ``key`` (retried; nothing happens when it is not there)."""
+        client = self._client(writer=True)
+
+        def delete(deadline: float):
+            self._count(requests=1)
+            client.delete_object(Bucket=self.bucket, Key=join_key(self.prefix, key))
+
+        self._call(delete, key, "deleting", StoreWriteError)
+
+    def staging(self):
+        """A temporary local folder for files to upload with ``write_file`` (removed on exit)."""
+        return removed_after(tempfile.mkdtemp(prefix="hetero-staging-"))
+
+    def close(self) -> None:
+        """Close this process's clients (their connection pools); the next call makes new ones."""
+        lock, clients = self._proc()
+        with lock:
+            made = [c for c in clients.values() if self._given is None or c is not self._given[1]]
+            clients.clear()
+        for c in {id(c): c for c in made}.values():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+    # -- internals --------------------------------------------------------------------------------
+    def _head(self, key: str, missing_ok: bool = False) -> int:
+        client = self._client()
+
+        def head(deadline: float) -> int:
+            self._count(requests=1)
+            return int(client.head_object(Bucket=self.bucket, Key=join_key(self.prefix, key))["ContentLength"])
+
+        return self._call(head, key, "reading", StoreReadError, missing_ok=missing_ok)
+
+    def _get(self, key: str, start: int, end: int | None, alloc) -> None:
+        client = self._client()
+        full = join_key(self.prefix, key)
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": full}
+        if end is not None:
+            kw["Range"] = f"bytes={start}-{end - 1}"
+        elif start:
+            kw["Range"] = f"bytes={start}-"
+
+        def get(deadline: float) -> None:
+            self._count(requests=1)
+            resp = client.get_object(**kw)
+            body = resp["Body"]
+            done = False
+            try:
+                length = int(resp["ContentLength"])
+                want = end - start if end is not None else length
+                if length != want:
+                    total = s3_errors.range_total(resp.get("ContentRange"))
+                    if total is not None and end is not None and end > total:
+                        raise OutOfRange(total)
+                    raise ShortRead(f"the server announced {length} bytes for a range of {want}")
+                out = alloc(want)
+                pos = 0
+                while pos < want:
+                    if time.monotonic() > deadline:
+                        raise DeadlineExceeded(f"{pos} of {want} bytes had arrived")
+                    n = body.readinto(out[pos:min(want, pos + _CHUNK)])
+                    if not n:
+                        raise ShortRead(f"the body ended after {pos} of {want} bytes")
+                    pos += n
+                    self._count(bytes_read=n)
+                # at the end: botocore checks the length and, for a whole object, its checksum
+                if body.readinto(bytearray(1)):
+                    raise ShortRead(f"the body is longer than the {want} bytes announced")
+                done = True
+            finally:
+                if not done:
+                    body.close()  # drop the connection: it may still carry part of this body
+
+        rng = f"bytes [{start}, {'end' if end is None else end})"
+        self._call(get, key, f"reading {rng} of", StoreReadError, rng=(start, end))
+
+    def _call(self, fn, key: str, doing: str, error: type[StoreError], *, missing_ok: bool = False,
+              rng: tuple[int, int | None] | None = None):
+        """Run ``fn(deadline)`` with retries, back-off and the overall deadline; turn failures into
+        ``error`` with a message naming the bucket, key and fix."""
+        t0 = time.monotonic()
+        deadline = t0 + self.deadline_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn(deadline)
+            except OutOfRange as e:
+                raise error(f"byte range [{rng[0]}, {rng[1]}) is past the end of {self.key_url(key)} "
+                            f"(size {e.total})", bucket=self.bucket, key=key, code="InvalidRange") from None
+            except DeadlineExceeded as e:
+                raise error(f"{doing} {self.key_url(key)} failed: no complete answer within the deadline of "
+                            f"{self.deadline_s:g} s ({e}) after {attempt} attempt(s)", bucket=self.bucket,
+                            key=key, code="Deadline", retryable=True) from None
+            except Exception as e:
+                verdict = s3_errors.retryable(e)
+                if verdict is None:
+                    raise
+                if missing_ok and not verdict and s3_errors.is_missing(e):
+                    raise _Missing from None
+                if not verdict:
+                    raise s3_errors.permanent(self, e, key, doing, error, rng) from e
+                now = time.monotonic()
+                if attempt >= self.attempts or now >= deadline:
+                    raise s3_errors.exhausted(self, e, key, doing, error, attempt, now - t0) from e
+                pause = random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)))
+                if now + pause >= deadline:
+                    raise s3_errors.exhausted(self, e, key, doing, error, attempt, now - t0) from e
+                self._count(retries=1)
+                time.sleep(pause)
+
+    def endpoint_and_source(self) -> tuple[str, str]:
+        """(the endpoint this process's client talks to, where it came from), for messages."""
+        configured, source = self._configured_endpoint()
+        try:
+            url = self._client().meta.endpoint_url
+        except Exception:  # noqa: BLE001 - only for a message
+            url = configured or "?"
+        if configured is not None:
+            return url, source
+        if not is_aws_host(url):
+            return url, "endpoint_url in the AWS config file"
+        return url, "boto3's default for the region"
+
+    def region(self) -> str:
+        """The client's region ("unset" when it has none), for messages."""
+        try:
+            return self._client().meta.region_name or "unset"
+        except Exception:  # noqa: BLE001 - only for a message
+            return "unset"
+
+    def bucket_exists(self) -> bool:
+        """Whether the bucket answers HEAD with anything but a clear 404 (for messages)."""
+        try:
+            self._client().head_bucket(Bucket=self.bucket)
+            self._count(requests=1)
+        except Exception as e:  # noqa: BLE001 - anything but a clear 404 counts as "exists"
+            self._count(requests=1)
+            return s3_errors.error_code(e)[0] not in ("404", "NoSuchBucket", "NotFound")
+        return True

@@ -14,6 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["data_service", "dnn_worker", "launcher", "hetero"]  # each may import those before it
 OUTSIDE = {"benchmarks", "examples", "tests", "conftest"}
+# A data node builds batches: no model code in it (models are user code, reached by import path).
+MODEL_CODE = {"data_service": ("torchvision.models",)}
 
 
 def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
@@ -48,6 +50,8 @@ def violations(path: Path, layer: int, root: Path = ROOT) -> list[str]:
             bad.append(f"{where}:{line} imports {module} (outside the product)")
         elif top in LAYERS and top not in allowed:
             bad.append(f"{where}:{line} imports {module} ({own} may use only {sorted(allowed)})")
+        elif any(module == m or module.startswith(m + ".") for m in MODEL_CODE.get(own, ())):
+            bad.append(f"{where}:{line} imports {module} (model code, not for {own})")
         elif module.startswith("hetero.testing") and not module_name.startswith("hetero.testing"):
             bad.append(f"{where}:{line} imports {module} (test toolkit, not for the product)")
     return bad
@@ -68,3 +72,15 @@ def test_the_check_sees_lazy_and_relative_imports(tmp_path):
                      "    from examples.mnist import Net\n    from ..hetero import cli\n    import hetero.testing\n")
     bad = violations(probe, LAYERS.index("launcher"), root=tmp_path)
     assert [b.split(" imports ")[1].split(" ")[0] for b in bad] == ["examples.mnist.Net", "hetero.cli", "hetero.testing"]
+
+
+
+def test_a_data_node_imports_no_model_code(tmp_path):
+    (tmp_path / "data_service").mkdir()
+    probe = tmp_path / "data_service" / "augment.py"
+    probe.write_text("import torchvision.transforms\nfrom torchvision import models\n\n\ndef net():\n"
+                     "    from torchvision.models import resnet18\n    import examples.imagefolder\n")
+    found = [b.split(" imports ")[1] for b in violations(probe, LAYERS.index("data_service"), root=tmp_path)]
+    assert found == ["torchvision.models (model code, not for data_service)",
+                     "torchvision.models.resnet18 (model code, not for data_service)",
+                     "examples.imagefolder (outside the product)"]

@@ -201,8 +201,8 @@ def test_a_whole_local_job_trains_on_s3_shards_and_shuts_down_cleanly(world, tmp
 
     hps = {"pipeline": PIPELINE, "pipeline.shards": URL, "pipeline.batch_size": 16, "pipeline.image_size": 32,
            "pipeline.shuffle_block": 32,  # 7 blocks of 2 batches: both nodes own some
-           "model": "data_service.pipelines.images:resnet18", "model.shards": URL,
-           "step": "data_service.pipelines.images:train_step", "evaluate": "", "epochs": 2}
+           "model": "examples.imagefolder:resnet18", "model.shards": URL,
+           "step": "examples.imagefolder:train_step", "evaluate": "", "epochs": 2}
     audit = tmp_path / "audit.jsonl"
     result = run_local(LocalJob(output=tmp_path / "out", hyperparameters=hps, data_nodes=2, dnn_nodes=1,
                                 audit=audit, timeout_s=240, echo=False))

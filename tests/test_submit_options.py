@@ -169,6 +169,7 @@ def test_shards_read_directly_need_no_channel_and_the_dry_run_says_so(capsys):
     hps = req["HyperParameters"]
     assert hps["pipeline"] == "data_service.pipelines.images:build_pipeline"
     assert hps["pipeline.shards"] == hps["model.shards"] == "s3://bkt/imagenet-shards"
+    assert (hps["model"], hps["step"]) == ("examples.imagefolder:resnet18", "examples.imagefolder:train_step")
     assert not any(c["ChannelName"] == "train" for c in req.get("InputDataConfig", []))
     assert "read directly by the data nodes" in err and "s3:GetObject" in err
     (req,), _ = dry_run(HET + ["--shards", "s3://bkt/s", "--hyperparameters", "pipeline=mypkg.data:build"], capsys)

@@ -88,15 +88,16 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-IMAGE_JOB = "data_service.pipelines.images"
+IMAGE_PIPELINE = "data_service.pipelines.images:build_pipeline"
+IMAGE_MODEL = "examples.imagefolder"  # ResNet-18 and its step: user code, by import path
 
 
 def direct_shards(hps: dict, uri: str) -> dict:
     """Hyperparameters that make the data nodes read shards at ``uri`` themselves (no channel)."""
     hps = dict(hps)
     if "pipeline" not in hps:  # the image job: pipeline, model and step read the same shards
-        hps.update({"pipeline": f"{IMAGE_JOB}:build_pipeline", "model": f"{IMAGE_JOB}:resnet18",
-                    "step": f"{IMAGE_JOB}:train_step", "model.shards": uri, **hps})
+        hps.update({"pipeline": IMAGE_PIPELINE, "model": f"{IMAGE_MODEL}:resnet18",
+                    "step": f"{IMAGE_MODEL}:train_step", "model.shards": uri, **hps})
     hps["pipeline.shards"] = uri
     print(f"hetero submit: data: shards under {uri}, read directly by the data nodes with the job's role "
           "(no channel: the role needs s3:GetObject and s3:ListBucket on that prefix)", file=sys.stderr)

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
             classes = sorted({p.parent.name for p in paths})
             print(f"{len(paths)} JPEG images in {len(classes)} classes ({', '.join(classes)}) under {args.images}")
             print(f"train on them: hetero local --data {args.images} --hp pipeline=data_service.pipelines.images:build_pipeline"
-                  " --hp model=data_service.pipelines.images:resnet18 --hp step=data_service.pipelines.images:train_step"
-                  " --hp evaluate=data_service.pipelines.images:evaluate")
+                  " --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step"
+                  " --hp evaluate=examples.imagefolder:evaluate")
             return 0
         from hetero.synthetic_mnist import write_synthetic
 

@@ -3,22 +3,22 @@
 The shard block cache (:mod:`data_service.shards.cache`) and the decoded-image cache
 (:mod:`data_service.pipelines.decoded_cache`) keep their entries this way:
 
-* an entry is written to ``<name>.<pid>.part`` and renamed into place, so a reader sees a whole
-  entry or none; a ``.part`` left by a process that died is removed by the next fetch;
-* ``.cache.lock`` is the folder's lock (``flock``) and holds the bytes and entries stored, which
-  every writer updates under that lock (a folder without the count is counted once from its files);
-* :meth:`FileCache.fetch` fills a missing entry under that entry's own ``<name>.lock``, so a slow
-  fetch runs once per host while the other processes wait for it (with a deadline);
-* with ``evict`` the least recently used entries (by modification time, which every hit refreshes)
-  make room; without it an entry past the budget is refused and the first budget's worth stays.
-  A process that still has an evicted file open keeps reading it (POSIX unlink semantics);
-* with ``shared`` every process that uses the folder holds a shared ``flock`` on ``.users.lock``
-  (taken on first use, dropped by the kernel when the process dies); :meth:`FileCache.close`
-  removes the folder only when no other process holds one, so the last user leaves it clean.
+* an entry is written to ``<name>.<pid>.part`` and renamed into place: a reader sees all of it or
+  none; the ``.part`` of a process that died is removed by the next fetch;
+* ``.cache.lock`` is the folder's lock (``flock``) and holds the bytes and entries stored, kept by
+  every writer under that lock (a folder without the count is counted once from its files);
+* :meth:`FileCache.fetch` fills a missing entry under its own ``<name>.lock``: a slow fetch runs
+  once per host while the other processes wait (with a deadline);
+* with ``evict`` the least recently used entries (by modification time, refreshed by every hit)
+  make room, and a process with an evicted file open keeps reading it; without it an entry past
+  the budget is refused (the first budget's worth stays);
+* with ``shared`` every process using the folder holds a shared ``flock`` on ``.users.lock`` (from
+  its first use; the kernel drops it when the process dies), and :meth:`FileCache.close` removes
+  the folder only when no other process holds one: the last user leaves it clean.
 """
 from __future__ import annotations
 
-import errno
+import contextlib
 import fcntl
 import logging
 import os
@@ -26,7 +26,6 @@ import shutil
 import struct
 import time
 import weakref
-from contextlib import contextmanager
 from typing import Callable, Iterable
 
 from .errors import DataServiceError
@@ -48,9 +47,8 @@ class FileCache:
 
     Args:
         directory: the folder. max_bytes: the budget. evict: make room by removing the least
-            recently used entries (else refuse entries past the budget).
-        wait_s: the longest a process waits for a lock another process holds.
-        shared: count the processes that use the folder, for :meth:`close`.
+            recently used entries (else refuse entries past the budget). wait_s: the longest a
+            process waits for a lock another holds. shared: track the folder's users (:meth:`close`).
 
     Raises:
         OSError: ``directory`` cannot be created (callers name their option in the error).
@@ -82,10 +80,8 @@ class FileCache:
         except FileNotFoundError:
             return None
         if self.evict:
-            try:
+            with contextlib.suppress(OSError):
                 os.utime(path)  # least recently used goes first
-            except OSError:
-                pass
         return fd
 
     def read(self, name: str) -> bytearray | None:
@@ -95,13 +91,7 @@ class FileCache:
             return None
         try:
             buf = bytearray(os.fstat(fd).st_size)
-            view, got = memoryview(buf), 0
-            while got < len(buf):
-                n = os.preadv(fd, [view[got:]], got)
-                if n == 0:
-                    return None
-                got += n
-            return buf
+            return buf if os.readv(fd, [buf]) == len(buf) else None  # whole: entries are renamed in complete
         finally:
             os.close(fd)
 
@@ -118,15 +108,12 @@ class FileCache:
         return self._commit(part, name, size)
 
     def fetch(self, name: str, size: int, fill: Callable[[int], None]) -> int:
-        """A read-only descriptor of entry ``name`` (``size`` bytes), filled by ``fill(fd)`` if absent.
-
-        ``fill`` writes the entry into the descriptor it is given (``os.pwrite``); it runs in one
-        process of the host at a time, and never for an entry already stored. Room is made before
-        it runs. An entry the budget refuses (no ``evict``) is still returned, just not kept.
+        """A descriptor of entry ``name`` (``size`` bytes), written by ``fill(fd)`` (``os.pwrite``) if absent:
+        in one process of the host at a time, after room is made. An entry the budget refuses (no
+        ``evict``) is returned all the same, just not kept.
 
         Raises:
-            CacheError: another process held the entry's lock past ``wait_s``, or ``fill`` wrote
-                another size.
+            CacheError: another process held the entry's lock past ``wait_s``; ``fill`` wrote another size.
         """
         fd = self.open(name)
         if fd is not None:
@@ -160,40 +147,30 @@ class FileCache:
     def held(self) -> tuple[int, int]:
         """(bytes, entries) stored, as the writers counted them."""
         try:
-            fd = os.open(self.path(FOLDER_LOCK), os.O_RDONLY)
+            with open(self.path(FOLDER_LOCK), "rb") as f:
+                raw = f.read(COUNTER.size)
         except FileNotFoundError:
             return 0, 0
-        try:
-            raw = os.pread(fd, COUNTER.size, 0)
-        finally:
-            os.close(fd)
         return COUNTER.unpack(raw) if len(raw) == COUNTER.size else (0, 0)
 
     def close(self) -> bool:
         """Stop using the folder and remove it unless another process uses it; True when removed."""
         users, self._users = self._users, None
-        held = users.detach() if users is not None else None
-        if held is not None:
-            fd = held[2][0]  # finalize's (object, function, args, kwargs): args is (fd,)
-        else:
-            try:
-                fd = os.open(self.path(USERS_LOCK), os.O_RDWR)
-            except FileNotFoundError:  # nobody ever used it
-                shutil.rmtree(self.dir, ignore_errors=True)
-                return True
+        held = users.detach() if users is not None else None  # (object, function, (fd,), kwargs)
         try:
-            # from shared to exclusive: granted only when no other process holds the shared lock
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            os.close(fd)
-            return False
+            fd = held[2][0] if held else os.open(self.path(USERS_LOCK), os.O_RDWR)
+        except FileNotFoundError:  # nobody ever used it
+            fd = None
         try:
+            if fd is not None:  # shared to exclusive: granted only when no other process holds the shared lock
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(self.dir, ignore_errors=True)
+            return True
+        except BlockingIOError:
+            return False
         finally:
-            os.close(fd)
-        return True
+            if fd is not None:
+                os.close(fd)
 
     def remove(self) -> None:
         """Delete the folder and everything in it, whoever still uses it."""
@@ -233,7 +210,7 @@ class FileCache:
     def _part(self, name: str) -> str:
         return f"{self.path(name)}.{os.getpid()}.part"
 
-    @contextmanager
+    @contextlib.contextmanager
     def _folder_locked(self):
         fd = os.open(self.path(FOLDER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -305,9 +282,8 @@ def flock(fd: int, op: int, wait_s: float, timeout_message: Callable[[], str]) -
         try:
             fcntl.flock(fd, op | fcntl.LOCK_NB)
             return
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
+        except BlockingIOError:
+            pass
         if time.monotonic() > deadline:
             raise CacheError(timeout_message())
         time.sleep(delay)
@@ -317,17 +293,14 @@ def flock(fd: int, op: int, wait_s: float, timeout_message: Callable[[], str]) -
 def _alive(part_name: str) -> bool:
     """Whether the process that writes ``<entry>.<pid>.part`` still runs."""
     try:
-        pid = int(part_name.rsplit(".", 2)[-2])
-        os.kill(pid, 0)
+        os.kill(int(part_name.rsplit(".", 2)[-2]), 0)
     except (ValueError, IndexError, ProcessLookupError):
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's process
+        pass
     return True
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

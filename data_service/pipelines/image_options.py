@@ -67,7 +67,7 @@ class ImageOptions:
         return cls(**kwargs)
 
     def __post_init__(self) -> None:
-        from ..shards.format import parse_size
+        from ..storage.parsing import parse_size
 
         _integer("batch_size", self.batch_size, 1)
         _integer("image_size", self.image_size, 8, 4096, " (pixels per side of the crop)")

@@ -88,7 +88,7 @@ def count_classes(data_dir: str | None = None, shards: str = "") -> int:
     """Classes of ``shards`` (from its index), else class folders under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
     if shards:
         from ..shards.format import INDEX_NAME, ShardIndex
-        from ..shards.store import open_store
+        from ..storage import open_store
 
         store = open_store(shards)
         return len(ShardIndex.from_json(store.read(INDEX_NAME), f"{shards}/{INDEX_NAME}").classes)

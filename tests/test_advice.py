@@ -77,7 +77,7 @@ def test_the_step_timer_measures_the_cpu_time_spent_receiving():
         timer.done(1)
     (busy_wait, busy_cpu), (idle_wait, idle_cpu) = seen
     assert busy_wait >= 0.02 and busy_cpu >= 0.02          # receiving work: CPU time
-    assert idle_wait >= 0.02 and idle_cpu < 0.005          # waiting for a server: none
+    assert idle_wait >= 0.02 and idle_cpu < busy_cpu / 4   # waiting for a server: next to none
 
 
 def test_one_node_is_always_kept_and_a_fitting_group_is_left_alone():

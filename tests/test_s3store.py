@@ -67,6 +67,16 @@ def store(prefix: str = "data", **kw) -> S3Store:
     return S3Store(f"s3://{BUCKET}/{prefix}", **{**FAST, **kw})
 
 
+def slack_s(s3, floor: float = 1.0) -> float:
+    """Seconds a timed read may take beyond what its faults cost: ``floor``, or 4 x a clean first read
+    (a new client, its connection and one GET through the proxy, timed now) where that is more, so
+    the bounds hold on a slow or loaded machine. Clears the proxy's faults."""
+    s3.proxy.clear_faults()
+    t0 = time.monotonic()
+    store().read("shard-000000.tar", 0, 10)
+    return max(floor, 4 * (time.monotonic() - t0))
+
+
 # -- URLs ------------------------------------------------------------------------------------------
 def test_parse_s3_url():
     assert parse_s3_url("s3://bucket/a/b") == ("bucket", "a/b")
@@ -208,7 +218,7 @@ def test_a_fault_is_retried_and_the_read_is_right(s3, kind):
     assert st.retries == 1
     assert s3.proxy.counters()["faults"] == {kind: 1}
     assert s3.proxy.counters()["requests"]["GET"] == st.requests == 2
-    assert elapsed < FAST["request_timeout_s"] + 1.5  # a stall costs one read timeout, nothing hangs
+    assert elapsed < FAST["request_timeout_s"] + slack_s(s3, 1.5)  # a stall costs one read timeout, nothing hangs
 
 
 @pytest.mark.parametrize("kind", ["503", "reset", "stall_headers"])
@@ -263,7 +273,7 @@ def test_a_persistent_fault_ends_in_a_read_error_naming_the_object(s3, kind):
     assert e.value.bucket == BUCKET and e.value.key == "shard-000001.tar" and e.value.retryable
     assert st.retries == 3 and s3.proxy.counters()["faults"] == {kind: 4}
     # 4 attempts; a stall costs at most one read timeout each, the back-off at most 0.05 s each
-    assert elapsed < 4 * FAST["request_timeout_s"] + 3 * FAST["backoff_max_s"] + 1.5
+    assert elapsed < 4 * FAST["request_timeout_s"] + 3 * FAST["backoff_max_s"] + slack_s(s3, 1.5)
 
 
 def test_the_overall_deadline_stops_retries_early(s3):
@@ -273,7 +283,7 @@ def test_the_overall_deadline_stops_retries_early(s3):
     with pytest.raises(StoreReadError, match="shard-000000.tar"):
         st.read("shard-000000.tar", 0, 1000)
     elapsed = time.monotonic() - t0
-    assert 1.0 < elapsed < 1.2 + FAST["request_timeout_s"] + 1.0
+    assert 1.0 < elapsed < 1.2 + FAST["request_timeout_s"] + slack_s(s3)
     assert st.retries < 4
 
 
@@ -284,7 +294,8 @@ def test_a_trickling_body_is_abandoned_at_the_deadline(s3):
         t0 = time.monotonic()
         with pytest.raises(StoreReadError, match="deadline") as e:
             st.read("shard-000000.tar")
-        assert time.monotonic() - t0 < 1.0 + 256_000 / 400_000 + 1.0
+        took = time.monotonic() - t0
+        assert took < 1.0 + 256_000 / 400_000 + slack_s(s3)
         assert f"s3://{BUCKET}/data/shard-000000.tar" in str(e.value)
     finally:
         slow.close()
@@ -297,9 +308,10 @@ def test_latency_is_added_before_the_first_byte(s3):
         st.size("shard-000000.tar")  # connect first
         t0 = time.monotonic()
         st.read("shard-000000.tar", 0, 10)
-        assert 0.2 <= time.monotonic() - t0 < 1.0
+        took = time.monotonic() - t0
     finally:
         s3.proxy.latency_s = 0.0
+    assert 0.2 <= took < 0.2 + slack_s(s3, 0.8)
 
 
 # -- clear errors ---------------------------------------------------------------------------------------
@@ -322,7 +334,8 @@ def test_missing_key(s3):
     t0 = time.monotonic()
     with pytest.raises(StoreReadError, match="no such key"):
         st.read("index.json", 0, 10)
-    assert st.retries == 0 and time.monotonic() - t0 < 1.0  # not retried
+    took = time.monotonic() - t0
+    assert st.retries == 0 and took < slack_s(s3)  # not retried
 
 
 @pytest.mark.parametrize("method", ["HEAD", "GET"])

@@ -14,36 +14,36 @@ them is gone a finalizer sends the slot's ``Release`` on whatever thread dropped
 the socket is busy at that moment, leaves it for the next ``flush()``). Without a lease (or
 when the batch must land in pinned memory, or in a DataLoader worker's shared memory anyway)
 the batch is copied out and released at once.
+
+Its parts: ``handshake.py`` (version check, token proof), ``recv_buffer.py`` (bytes read and not
+parsed yet), ``slot_maps.py`` (the slots it mapped, the low-water mark).
 """
 from __future__ import annotations
 
 import collections
 import logging
-import mmap
-import os
 import selectors
 import socket
 import ssl
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from data_service import codec, compression, framing
-from data_service.errors import PermissionDeniedError, ProtocolError, VersionMismatchError
-from data_service.version import PROTOCOL_VERSION, compatible, mismatch_message
+from data_service.errors import ProtocolError
+from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
 from .buffers import BufferPool
+from .handshake import handshake
+from .recv_buffer import RecvBuffer
+from .slot_maps import LowWater, SlotMaps
 
 log = logging.getLogger(__name__)
 
-RECV_CHUNK = 1 << 18  # frame headers (and small payloads) are read this many bytes at a time
 LOWAT_MIN = 1 << 18  # payload rests at least this large are read in one wake-up (SO_RCVLOWAT)
 LOWAT_CHECK_S = 0.5  # a socket waiting for its low-water mark is read anyway after this long
 MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, other servers) again
@@ -96,16 +96,14 @@ class BulkConnection:
         self._tls_name = tls_server_name or host
         self.shm = False
         self.codec = ""
-        self._maps: dict[str, tuple[int, int, mmap.mmap]] = {}  # path -> (inode, size, map)
-        self._rbuf = bytearray(RECV_CHUNK)
-        self._rstart = self._rend = 0      # unparsed bytes are _rbuf[_rstart:_rend]
+        self._maps = SlotMaps(address)
+        self._rbuf = RecvBuffer(address)
         self._payload: _Payload | None = None
         self._out = bytearray()            # frames not yet written (the socket was full)
         self._send_lock = threading.Lock()
         self._releases: collections.deque = collections.deque()  # refs whose Release waits for flush()
         self._events: collections.deque[Event] = collections.deque()  # read, not yet taken by next_event()
-        self._lowat = 1
-        self._lowat_since = 0.0
+        self._lowat = LowWater()
         self.backlog = False  # read_events() stopped early: call it again without waiting for the socket
 
     # -- lifecycle
@@ -120,27 +118,8 @@ class BulkConnection:
             framing.tune(sock)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_hostname=self._tls_name)
-            frame = framing.recv_frame(sock)
-            if frame.WhichOneof("kind") != "challenge":
-                raise ProtocolError(f"{self.address}: expected a challenge, got {frame.WhichOneof('kind')!r}")
-            if not compatible(self._version, frame.challenge.server_version):
-                raise VersionMismatchError(f"{self.address}: " + mismatch_message(self._version, frame.challenge.server_version))
-            hello = pb.BulkHello(client_version=self._version, client_id=self._client_id,
-                                 proof=framing.token_proof(self._token, frame.challenge.nonce),
-                                 accept_codecs=compression.available(), accept_shm=self._want_shm,
-                                 host_key=framing.host_key() if self._want_shm else "")
-            framing.send_frame(sock, pb.BulkFrame(hello=hello))
-            reply = framing.recv_frame(sock)
-            kind = reply.WhichOneof("kind")
-            if kind == "error":
-                if reply.error.kind == pb.PERMISSION_DENIED:
-                    raise PermissionDeniedError(f"server {self.address} refused the job token on the data plane")
-                if reply.error.kind == pb.VERSION_MISMATCH:
-                    raise VersionMismatchError(f"{self.address}: {reply.error.message}")
-                raise ProtocolError(f"{self.address}: {reply.error.message}")
-            if kind != "welcome":
-                raise ProtocolError(f"{self.address}: expected welcome, got {kind!r}")
-            self.shm, self.codec = reply.welcome.shm, reply.welcome.codec
+            self.shm, self.codec = handshake(sock, self.address, self._token, self._client_id, self._version,
+                                             self._want_shm)
             sock.setblocking(False)
         except BaseException:
             sock.close()
@@ -164,12 +143,7 @@ class BulkConnection:
                 pass
             self._sock.close()
         self._payload = None
-        for *_, m in self._maps.values():
-            try:
-                m.close()
-            except BufferError:
-                pass  # zero-copy batches still use it: unmapped when they are gone
-        self._maps.clear()
+        self._maps.close()
 
     # -- sending
     def fetch(self, refs: list[pb.BatchRef]) -> None:
@@ -271,7 +245,6 @@ class BulkConnection:
 
     def _read(self, events: list[Event]) -> None:
         sock = self._sock
-        lsize = framing._LEN.size
         # A plain socket that filled less of the frame buffer than asked is empty: stop there
         # instead of paying a failing recv (the selector reports what comes next). Payloads are
         # read until the socket says so: a large one keeps arriving while we copy. TLS keeps
@@ -282,20 +255,15 @@ class BulkConnection:
             p = self._payload
             if p is not None:
                 need = p.header.payload_bytes - p.got
-                have = self._rend - self._rstart
-                if have:  # the payload's first bytes came in with its header
-                    k = min(have, need)
-                    with memoryview(self._rbuf) as rbuf:
-                        p.view[p.got:p.got + k] = rbuf[self._rstart:self._rstart + k]
-                    self._rstart += k
-                    p.got += k
-                    need -= k
+                k = self._rbuf.take(p.view[p.got:], need)  # its first bytes came in with its header
+                p.got += k
+                need -= k
                 if need:
                     try:
                         k = sock.recv_into(p.view[p.got:], need)
                     except _WOULD_BLOCK:
-                        if plain and (need >= LOWAT_MIN or self._lowat > 1):
-                            self._set_lowat(need)  # never above what is still to come
+                        if plain and (need >= LOWAT_MIN or self._lowat.active):
+                            self._lowat.set(sock, need)  # never above what is still to come
                         return
                     if k == 0:
                         raise framing.PeerClosed(f"{self.address} closed the connection after {p.got} of "
@@ -304,8 +272,8 @@ class BulkConnection:
                     if p.got < p.header.payload_bytes:
                         continue
                 self._payload = None
-                if self._lowat > 1:
-                    self._set_lowat(1)
+                if self._lowat.active:
+                    self._lowat.set(sock, 1)
                 p.view.release()
                 buf = p.buf
                 if p.packed is not None:
@@ -313,74 +281,27 @@ class BulkConnection:
                 events.append(self._batch_event(p.header, buf))
                 del p, buf
                 continue
-            have = self._rend - self._rstart
-            if have >= lsize:
-                (n,) = framing._LEN.unpack_from(self._rbuf, self._rstart)
-                if n > framing.MAX_FRAME:
-                    raise ProtocolError(f"frame header of {n} bytes exceeds the {framing.MAX_FRAME}-byte limit: "
-                                        "not a heterodata.v1 peer?")
-                if have >= lsize + n:
-                    frame = pb.BulkFrame()
-                    start = self._rstart + lsize
-                    try:
-                        with memoryview(self._rbuf) as rbuf:
-                            frame.ParseFromString(rbuf[start:start + n])
-                    except Exception as exc:  # protobuf raises DecodeError; anything else is garbage too
-                        raise ProtocolError(f"unparsable frame header ({n} bytes): {exc}") from None
-                    self._rstart = start + n
-                    self._on_frame(frame, events)
-                    continue
-                want = lsize + n
-            else:
-                want = lsize
-            # More bytes needed: move the unparsed tail to the front (growing for a large header).
-            if self._rstart:
-                self._rbuf[:have] = self._rbuf[self._rstart:self._rend]
-                self._rstart, self._rend = 0, have
-            if want > len(self._rbuf):
-                self._rbuf.extend(bytes(want - len(self._rbuf)))
+            frame = self._rbuf.frame()
+            if frame is not None:
+                self._on_frame(frame, events)
+                continue
             if drained:
                 return
-            room = len(self._rbuf) - self._rend
             try:
-                k = sock.recv_into(memoryview(self._rbuf)[self._rend:])
+                k, room = self._rbuf.fill(sock)
             except _WOULD_BLOCK:
                 return
-            if k == 0:
-                if have:
-                    raise framing.PeerClosed(f"{self.address} closed the connection inside a frame")
-                raise framing.PeerClosed(f"{self.address} closed the connection")
-            self._rend += k
             drained = plain and k < room
-
-    def _set_lowat(self, need: int) -> None:
-        """Have the selector report the socket only once ``need`` more bytes wait (1: any byte).
-
-        The rest of a large payload then costs one wake-up instead of one per segment. The mark
-        stays under a quarter of the receive buffer: the sender can only fill the window the
-        buffer advertises, and a mark above that would never be reached.
-        """
-        try:
-            n = 1 if need <= 1 else max(1, min(need, self._lowat_cap()))
-            if n != self._lowat:
-                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
-                self._lowat = n
-                self._lowat_since = time.monotonic()
-        except OSError:
-            self._lowat = 1
-
-    def _lowat_cap(self) -> int:
-        return self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
 
     @property
     def lowat(self) -> bool:
-        """The socket is reported only once a large payload's rest is there (see ``_set_lowat``)."""
-        return self._lowat > 1
+        """The socket is reported only once a large payload's rest is there (``LowWater``)."""
+        return self._lowat.active
 
     def held_back(self, now: float) -> bool:
         """Waiting for its low-water mark for ``LOWAT_CHECK_S`` or longer: read it anyway (a mark
         the sender cannot reach must not stall the batch)."""
-        return self._lowat > 1 and now - self._lowat_since >= LOWAT_CHECK_S
+        return self._lowat.active and now - self._lowat.since >= LOWAT_CHECK_S
 
     def _on_frame(self, frame: pb.BulkFrame, events: list[Event]) -> None:
         kind = frame.WhichOneof("kind")
@@ -413,63 +334,15 @@ class BulkConnection:
         return Event("batch", self, ref=header.ref, batch=batch, nbytes=header.payload_bytes)
 
     # -- shared memory
-    def _map_slot(self, header: pb.BatchHeader) -> mmap.mmap:
-        """Map the server's slot named in ``header`` (cached per slot)."""
+    def _from_shm(self, header: pb.BatchHeader) -> torch.Tensor:
         if not self.shm:
             raise ProtocolError(f"{self.address} sent a shared-memory batch without agreeing to it")
-        path, size, inode = header.shm_path, header.shm_size, header.shm_inode
-        if not path.startswith("/proc/") or header.payload_bytes > size:
-            raise ProtocolError(f"{self.address}: bad shared-memory reference {path!r} ({header.payload_bytes} of {size} bytes)")
-        cached = self._maps.get(path)
-        if cached is not None and cached[:2] == (inode, size):
-            return cached[2]
-        old = self._maps.pop(path, None)
-        if old is not None:
-            _unmap(old[2])
-        fd = os.open(path, os.O_RDWR)  # writable: users may change batch tensors in place
-        try:
-            if inode and os.fstat(fd).st_ino != inode:
-                # The slot was retired and its descriptor number reused before we got here.
-                raise ProtocolError(f"{self.address}: shared-memory slot {path!r} was replaced before it was read")
-            m = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self._maps[path] = (inode, size, m)
-        return m
+        return self._maps.batch(header, self._pool, self._dropped, self._release)
 
-    def _zero_copy(self, header: pb.BatchHeader) -> bool:
-        # Pinned buffers and a loader worker's shared storage need their own copy anyway.
-        return (header.shm_lease and not header.codec and header.payload_bytes > 0 and not self._pool.pin_memory
-                and get_worker_info() is None)
-
-    def _from_shm(self, header: pb.BatchHeader):
-        """Shared-memory mode: the batch's bytes as a uint8 tensor (a view of the slot, or a copy)."""
-        slot = self._map_slot(header)
-        if self._zero_copy(header):
-            view = memoryview(slot)[:header.payload_bytes]
-            buf = torch.frombuffer(view, dtype=torch.uint8)  # keeps ``view`` alive while any tensor uses it
-            weakref.finalize(view, self._dropped, header.ref)
-            return buf
-        buf = self._pool.get(header.raw_bytes)
-        src = memoryview(slot)[:header.payload_bytes]
-        try:
-            if header.codec:
-                compression.decompress_into(header.codec, src, memoryview(buf.numpy()))
-            elif header.payload_bytes:
-                np.copyto(buf.numpy(), np.frombuffer(src, dtype=np.uint8))
-        finally:
-            src.release()
-        self._send(_frame(pb.BulkFrame(release=pb.Release(ref=header.ref))), wait=True)
-        return buf
+    def _release(self, ref: pb.BatchRef) -> None:
+        self._send(_frame(pb.BulkFrame(release=pb.Release(ref=ref))), wait=True)
 
 
 def _frame(frame: pb.BulkFrame) -> bytes:
     head = frame.SerializeToString()
     return framing._LEN.pack(len(head)) + head
-
-
-def _unmap(m: mmap.mmap) -> None:
-    try:
-        m.close()
-    except BufferError:
-        pass  # zero-copy batches still use it: unmapped when they are gone

@@ -43,8 +43,8 @@ class RemoteDataset(ShardedBatches):
         servers: ``host:port`` addresses (or one string, comma separated); None or empty with a
             ``registry``: every server comes from the registry.
         token: the job token (the servers refuse anything else).
-        window: outstanding requests per server per loader worker (default: 2 x the
-            server's worker processes, at least 4; at least 8 while batches are at most 1 MB).
+        window: outstanding requests per server per loader worker (default: each server's
+            own, from its worker processes: docs/consumer.md).
         connect_timeout: seconds to wait for a first server, and while none is usable.
         batch_timeout: seconds a server may stall before its batches go elsewhere.
         pin_memory: receive straight into pinned host memory.

@@ -24,6 +24,8 @@ from data_service.errors import ConfigError
 from data_service.pipelines.images import *  # noqa: F401,F403  (the pipeline under this import path)
 from data_service.pipelines.images import count_classes, decode, finish, scan
 
+from .training import supervised_step
+
 
 def resnet18(num_classes: int = 0, data_dir: str | None = None, shards: str = "") -> nn.Module:
     """torchvision's ResNet-18, randomly initialised (no pretrained weights, no download).
@@ -55,12 +57,7 @@ def device_batch(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
 
 def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, device: torch.device) -> float:
     """One step: forward, cross-entropy, backward, optimizer step. Returns the loss."""
-    images, labels = device_batch(batch, device)
-    optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(images), labels)
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
+    return supervised_step(model, *device_batch(batch, device), optimizer, F.cross_entropy)
 
 
 @torch.no_grad()

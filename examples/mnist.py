@@ -32,6 +32,8 @@ from torch import nn
 from data_service import Pipeline
 from data_service.errors import ConfigError
 
+from .training import supervised_step
+
 MEAN, STD = 0.1307, 0.3081
 _DTYPES = {0x08: np.uint8}
 
@@ -206,12 +208,7 @@ class Net(nn.Module):
 
 def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, device: torch.device) -> float:
     """One step: forward, NLL loss, backward, optimizer step. Returns the loss."""
-    images, labels = prepare(batch, device)
-    optimizer.zero_grad(set_to_none=True)
-    loss = F.nll_loss(model(images), labels)
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
+    return supervised_step(model, *prepare(batch, device), optimizer, F.nll_loss)
 
 
 @torch.no_grad()

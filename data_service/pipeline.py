@@ -12,7 +12,7 @@ import json
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 import torch
@@ -55,9 +55,8 @@ class Pipeline:
         close: optional ``close()``: the data server calls it once when it shuts down (to free
             what the pipeline holds outside its processes, such as files on a tmpfs).
 
-    A dataset that reads slow storage may define ``prefetch(indices)``: the data server calls it
-    (in its own process, without waiting) with the sample indices of every batch a consumer asks
-    for, ahead of the workers that build it.
+    ``stats`` and ``close`` reach the data server only from a builder that declares no
+    ``server_side`` (:class:`ServerSide`): its main process then builds the pipeline once for them.
     """
 
     dataset: Any
@@ -110,6 +109,63 @@ class Pipeline:
                           block, self.interleave if block else 1)
 
 
+class BlockPrefetcher(Protocol):
+    """Fetches a data set's blocks ahead of the workers that read them (a shard source from S3, say).
+
+    Block ``b`` is samples ``[b * block_samples, (b + 1) * block_samples)``. The data server calls
+    ``prefetch_block`` in its main process, once per block and epoch whether a consumer's hint or
+    its request names the block first; it must return at once (fetch on a thread of its own) and
+    may skip a block it already holds.
+    """
+
+    block_samples: int
+
+    def prefetch_block(self, block: int) -> None:
+        """Start fetching block ``block``; return without waiting for it."""
+
+
+@dataclass
+class ServerSide:
+    """What a data server's main process keeps of a pipeline, built without its data set or transforms.
+
+    A builder declares it as a function attribute taking the builder's own options::
+
+        def build_pipeline(**options) -> Pipeline: ...
+        build_pipeline.server_side = lambda **options: ServerSide(prefetcher=...)
+
+    The main process then never calls the builder: the workers build the pipeline and report its
+    plan (:class:`PipelineInfo`).
+
+    Args:
+        prefetcher: fetches blocks ahead of the workers (:class:`BlockPrefetcher`); None: none.
+        stats: ``stats() -> {name: number}`` added to the server's stats (``hetero stats``).
+        close: called once when the server shuts down.
+    """
+
+    prefetcher: BlockPrefetcher | None = None
+    stats: Callable[[], Mapping[str, float]] | None = None
+    close: Callable[[], None] | None = None
+
+    @classmethod
+    def of(cls, pipe: Pipeline) -> "ServerSide":
+        """A built pipeline's own ``stats`` and ``close`` (for a builder that declares no ``server_side``)."""
+        return cls(stats=pipe.stats, close=pipe.close)
+
+
+@dataclass(frozen=True)
+class PipelineInfo:
+    """What a data server needs of a pipeline its workers built: each worker reports it when ready."""
+
+    plan: PlanConfig
+    finish: str                      # the finish stage's import path ("" : none)
+    finish_dtypes: Mapping[str, str]
+
+    @classmethod
+    def of(cls, pipe: Pipeline) -> "PipelineInfo":
+        """Checks the pipeline's plan and finish stage (ConfigError naming the value and the fix)."""
+        return cls(pipe.plan_config(), pipe.finish_target(), dict(pipe.finish_dtypes or {}))
+
+
 @dataclass(frozen=True)
 class PipelineSpec:
     """An importable pipeline: ``target`` is ``"package.module:function"``."""
@@ -154,6 +210,27 @@ class PipelineSpec:
                 f"pipeline={self.target!r}: module {module_name!r} has no callable {func_name!r}"
             )
         return func
+
+    def server_side(self) -> ServerSide | None:
+        """The builder's ``server_side(**options)`` called (see :class:`ServerSide`); None when the
+        builder declares none.
+
+        Raises:
+            ConfigError: the builder does not import, or its ``server_side`` rejects the options or
+                returns something else.
+        """
+        factory = getattr(self.resolve(), "server_side", None)
+        if factory is None:
+            return None
+        try:
+            side = factory(**dict(self.options))
+        except TypeError as exc:
+            raise ConfigError(f"pipeline={self.target!r}: its server_side rejected options {dict(self.options)!r}: "
+                              f"{exc}") from exc
+        if not isinstance(side, ServerSide):
+            raise ConfigError(f"pipeline={self.target!r}: its server_side returned {type(side).__name__}; it must "
+                              "return data_service.pipeline.ServerSide(...)")
+        return side
 
     def load(self) -> Pipeline:
         """Import and call the builder; check what it returns."""

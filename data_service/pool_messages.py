@@ -30,9 +30,10 @@ class StopMsg(NamedTuple):
 
 
 class ReadyMsg(NamedTuple):
-    """Worker -> server: the pipeline is loaded."""
+    """Worker -> server: the pipeline is loaded; ``info`` is its ``PipelineInfo`` (plan, finish stage)."""
 
     pid: int
+    info: object = None
 
 
 class FatalMsg(NamedTuple):

@@ -4,7 +4,7 @@ Python API::
 
     server = DataServer(PipelineSpec("mypkg.data:build_pipeline", {"size": 64}),
                         token="s3cret", options=ServerOptions(num_workers=4))
-    server.start()              # loads the pipeline, starts workers, builds a probe batch
+    server.start()              # starts workers (they load the pipeline), builds a probe batch
     print(server.address)       # "127.0.0.1:50051": what consumers connect to
     server.wait()               # until Shutdown (RPC or server.shutdown())
 
@@ -31,8 +31,8 @@ from . import compression, tls
 from .auth import TokenInterceptor
 from .errors import ConfigError
 from .dataplane import DataPlane
-from .pipeline import PipelineSpec
-from .sampler import batch_indices
+from .block_prefetch import PrefetchOnce
+from .pipeline import PipelineSpec, ServerSide
 from .session import SessionContext
 from .stats import ServerStats
 from .version import PROTOCOL_VERSION, compatible, mismatch_message
@@ -138,7 +138,7 @@ class DataServer:
         self._health: health.HealthServicer | None = None
         self._listener: socket.socket | None = None
         self._tls_context = None
-        self._prefetch_hook = None
+        self._prefetch: PrefetchOnce | None = None  # the pipeline's block prefetcher, once per block
         self._pipeline_close = None
 
     @property
@@ -147,27 +147,32 @@ class DataServer:
 
     # -- start
     def start(self) -> "DataServer":
-        """Load the pipeline, start workers, check a probe batch, open both ports.
+        """Start workers (they build the pipeline and report its plan), check a probe batch, open both ports.
+
+        The main process builds only the pipeline's :class:`~data_service.pipeline.ServerSide`
+        (a block prefetcher, stats, clean-up), never its data set or transforms; a builder that
+        declares no ``server_side`` is built here once for its ``stats`` and ``close``.
 
         Raises:
             ConfigError: bad import path, options, batch structure or size; busy port.
         """
-        pipe = self.spec.load()  # fails here, at start-up, with the import path in the message
-        self.plan = pipe.plan_config()
-        self.dataset_info = pb.DatasetInfo(
-            num_samples=self.plan.num_samples, batch_size=self.plan.batch_size,
-            drop_last=self.plan.drop_last, shuffle=self.plan.shuffle, pipeline=self.spec.target,
-            fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes,
-            finish=pipe.finish_target(), finish_dtypes=dict(pipe.finish_dtypes or {}), codec=self.options.compression,
-            block_samples=self.plan.block_samples, interleave=self.plan.interleave)
-        # A data set that reads slow storage keeps its prefetch hook in this process; nothing else is kept.
-        self._prefetch_hook = getattr(pipe.dataset, "prefetch", None)
-        # So are the pipeline's own stats and its clean-up (a decoded-image cache on a tmpfs, say).
-        self.stats.pipeline_stats = pipe.stats
-        self._pipeline_close = pipe.close
-        del pipe
+        side = self.spec.server_side()  # fails here, at start-up, with the import path in the message
+        if side is None:
+            side = ServerSide.of(self.spec.load())
+        self.stats.pipeline_stats = side.stats
+        self._pipeline_close = side.close
         self.pool.start(own_thread=False)  # the data-plane loop reads the workers' pipes
         try:
+            info = self.pool.info
+            self.plan = info.plan
+            self.dataset_info = pb.DatasetInfo(
+                num_samples=self.plan.num_samples, batch_size=self.plan.batch_size,
+                drop_last=self.plan.drop_last, shuffle=self.plan.shuffle, pipeline=self.spec.target,
+                fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes,
+                finish=info.finish, finish_dtypes=dict(info.finish_dtypes), codec=self.options.compression,
+                block_samples=self.plan.block_samples, interleave=self.plan.interleave)
+            if side.prefetcher is not None:
+                self._prefetch = PrefetchOnce(side.prefetcher, self.plan)
             if self.options.probe:
                 self._probe()
             self._open_ports()
@@ -237,13 +242,6 @@ class DataServer:
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
-    def _prefetch(self, seed: int, epoch: int, index: int) -> None:
-        """Hand a requested batch's sample indices to the data set's prefetch hook (it must not block)."""
-        try:
-            self._prefetch_hook(batch_indices(self.plan, seed, epoch, index))
-        except Exception as exc:  # a hint only: the worker that builds the batch reports real errors
-            log.debug("prefetch of epoch %d batch %d: %s", epoch, index, exc)
-
     def _no_workers(self, why: str) -> None:
         """Every replacement of the last worker failed: say NOT_SERVING (requests already fail over)."""
         log.error("%s; health is NOT_SERVING", why)
@@ -258,7 +256,7 @@ class DataServer:
             num_batches=self.plan.num_batches, pool=self.pool, stats=self.stats,
             shutting_down=lambda: self.shutting_down, count_auth_failure=self.count_auth_failure,
             call_soon=plane.call_soon, closed=plane._session_closed, want_write=plane._want_write,
-            prefetch=self._prefetch if self._prefetch_hook is not None else None,
+            prefetch=self._prefetch.batch if self._prefetch is not None else None,
             flush_later=plane._flush_later)
 
     def count_auth_failure(self) -> None:

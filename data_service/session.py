@@ -67,8 +67,9 @@ class SessionContext:
     closed: Callable[["Session"], None]  # the loop forgets the session
     want_write: Callable[["Session", bool], None]  # (un)register the socket for writability
     flush_later: Callable[["Session"], None]  # the loop calls ``flush()`` at the end of its turn
-    # Called with each requested batch (seed, epoch, index) before it is queued: the pipeline's
-    # data set starts fetching its samples (Pipeline's ``prefetch`` hook); None when it has none.
+    # Called with each batch (seed, epoch, index) a consumer hints at or requests, before it is
+    # queued: the pipeline's block prefetcher starts fetching its blocks, once per block and epoch
+    # (block_prefetch.PrefetchOnce); None when the pipeline has no prefetcher.
     prefetch: Callable[[int, int, int], None] | None = None
 
 

@@ -51,6 +51,7 @@ class WorkerHandle:
     tasks: dict = field(default_factory=dict)  # task id -> (Task, slot), in the order sent
     ready: bool = False
     alive: bool = True
+    info: object = None  # the PipelineInfo it reported when ready
 
 
 def spawn(ctx, wid: int, cfg: WorkerConfig) -> WorkerHandle:
@@ -86,6 +87,7 @@ def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> None:
                                   "while loading the pipeline") from None
             if isinstance(msg, ReadyMsg):
                 w.ready = True
+                w.info = msg.info
                 return
             if isinstance(msg, FatalMsg):
                 raise ConfigError(f"data worker could not load the pipeline: {msg.message}\n{msg.traceback}")

@@ -40,16 +40,17 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
     import torch
 
     from . import codec, compression
-    from .pipeline import PipelineSpec, SampleError, build_batch
+    from .pipeline import PipelineInfo, PipelineSpec, SampleError, build_batch
 
     torch.set_num_threads(1)
     try:
         pipe = PipelineSpec.from_json(spec_json).load()
-        cfg = pipe.plan_config()
+        info = PipelineInfo.of(pipe)
     except BaseException as exc:  # report why we cannot start, then exit
         conn.send(FatalMsg(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
-    conn.send(ReadyMsg(os.getpid()))
+    cfg = info.plan
+    conn.send(ReadyMsg(os.getpid(), info))
     slots: list[_WorkerSlot | None] = [None] * num_slots
     scratch = bytearray(0)  # raw layout before compression
     while True:

@@ -75,6 +75,7 @@ class WorkerPool:
         self._workers: list[WorkerHandle] = []
         self._gone: list[WorkerHandle] = []  # replaced workers whose pipes a poller may still watch
         self._next_id = 1
+        self.info = None  # the PipelineInfo the workers reported (start())
         self._stopping = False
         self._replacing = 0   # replacement threads running
         self.no_workers = ""  # why no worker is left (every replacement failed); submits fail at once
@@ -97,7 +98,8 @@ class WorkerPool:
 
     # -- lifecycle
     def start(self, own_thread: bool = True) -> None:
-        """Start the workers; wait until each has loaded the pipeline.
+        """Start the workers; wait until each has loaded the pipeline; ``info`` is then what they
+        reported (the plan and finish stage).
 
         Args:
             own_thread: read the workers' pipes on a dispatcher thread of the pool's own. False:
@@ -115,6 +117,12 @@ class WorkerPool:
         except ConfigError:
             self.stop(0)
             raise
+        infos = [w.info for w in self._workers]
+        if any(i != infos[0] for i in infos):
+            self.stop(0)
+            raise ConfigError(f"the data workers built different pipelines from one spec ({infos}); the builder "
+                              "must depend on its options only (not on the process, the time or a changing folder)")
+        self.info = infos[0]
         self.started_at = time.monotonic()
         self.generation += 1
         if own_thread:

@@ -9,8 +9,9 @@ consecutive samples, so its bytes are one stretch of each shard it touches. From
 block a node needs brings the whole block into the node's cache (``cache.BlockCache``) with a few
 large ranged GETs in parallel, never one request per sample; every worker process of the node
 then reads it from there, and a later epoch reads nothing from S3 while the cache holds the data
-set. The data server calls :meth:`ShardDataset.prefetch` with every batch a consumer asks for,
-so blocks arrive before the workers reach them.
+set. A ``ShardDataset`` is a :class:`~data_service.pipeline.BlockPrefetcher`: a pipeline's
+``server_side`` hands one to the data server, whose main process calls :meth:`ShardDataset.prefetch_block`
+once per block a consumer hints at or asks for, so blocks arrive before the workers reach them.
 """
 from __future__ import annotations
 
@@ -172,20 +173,19 @@ class ShardDataset:
                 self._pool, self._pid = ThreadPoolExecutor(self.readers, thread_name_prefix="shard-read"), os.getpid()
             return self._pool
 
-    def prefetch(self, indices) -> None:
-        """Start fetching the blocks holding ``indices`` into the node's cache; returns at once."""
-        if self.local or not len(indices):
+    def prefetch_block(self, block: int) -> None:
+        """Start fetching block ``block`` into the node's cache; returns at once (a
+        :class:`~data_service.pipeline.BlockPrefetcher`). A folder's samples are read in place:
+        nothing to fetch; a block already cached or being fetched is skipped."""
+        if self.local:
             return
-        blocks = {int(i) // self.block_samples for i in indices}
         with self._lock:
-            todo = [b for b in blocks if b not in self._prefetched and not self.cache.cached(self._name(b))]
-            self._prefetched.update(todo)
-            if not todo:
+            if block in self._prefetched or self.cache.cached(self._name(block)):
                 return
+            self._prefetched.add(block)
             if self._prefetcher is None:
                 self._prefetcher = ThreadPoolExecutor(2, thread_name_prefix="shard-prefetch")
-        for b in todo:
-            self._prefetcher.submit(self._prefetch_one, b)
+        self._prefetcher.submit(self._prefetch_one, block)
 
     def _prefetch_one(self, block: int) -> None:
         try:

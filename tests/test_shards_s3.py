@@ -98,6 +98,26 @@ def test_each_block_is_a_few_ranged_reads_once_then_cached(world, tmp_path):
     assert srv.proxy.requests == 0
 
 
+def test_prefetch_block_brings_a_block_into_the_node_cache_once(world, tmp_path):
+    """A ShardDataset is the data node's BlockPrefetcher: a block it prefetched costs the workers nothing."""
+    local, srv = world
+    prefetcher = ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path))
+    srv.proxy.reset_counters()
+    prefetcher.prefetch_block(2)
+    prefetcher.prefetch_block(2)  # asked again while (or after) it is fetched: nothing more
+    deadline = time.monotonic() + 30
+    while not prefetcher.cache.cached(prefetcher._name(2)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.proxy.counters()["requests"].get("GET", 0) == len(prefetcher.block_parts(2))
+    worker = ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path))  # a worker process of the node
+    srv.proxy.reset_counters()
+    plain = ShardDataset(str(local), block_samples=32)
+    assert [worker[i] for i in range(64, 96)] == [plain[i] for i in range(64, 96)]
+    assert srv.proxy.requests == 0
+    prefetcher.prefetch_block(2)  # cached: nothing to fetch
+    assert srv.proxy.requests == 0
+
+
 @pytest.mark.parametrize("nservers", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_the_same_batches_as_from_a_local_folder(world, tmp_path, nservers):
     local, srv = world

@@ -5,15 +5,16 @@ atomic put, put from a file, delete); the shard source, the registry of data ser
 ``hetero prepare`` all use it and never ask which kind they have.
 
 ``base`` (the interface and its errors), ``local`` (a folder), ``s3`` (S3 with retries and
-deadlines), ``s3_errors`` (what an S3 failure means and the fix to name), ``parsing`` (locations
-and sizes as users give them).
+deadlines), ``s3_client`` (making boto3 clients: endpoint, addressing), ``s3_errors`` (what an S3
+failure means and the fix to name), ``parsing`` (locations and sizes as users give them).
 """
 from __future__ import annotations
 
 from .base import Store, StoreError, StoreReadError, StoreWriteError
 from .local import LocalStore
 from .parsing import check_location, is_s3_url, parse_s3_url, parse_size
-from .s3 import INSTALL_HINT, S3Store
+from .s3 import S3Store
+from .s3_client import INSTALL_HINT
 
 
 def open_store(url: str, *, what: str = "location", create: bool = False, **s3_options) -> Store:

@@ -5,7 +5,8 @@ lazily: ``pip install 'hetero-data-service[s3]'``). Keys are relative to the pre
 
 Endpoint. boto3 itself honours ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` (and
 ``endpoint_url`` in the AWS config file); when any of them (or the ``endpoint_url`` argument)
-points away from AWS, path-style addressing is used, which S3-compatible servers need.
+points away from AWS, path-style addressing is used, which S3-compatible servers need
+(``s3_client``).
 
 Retries. botocore's own retries are off for reads: every GET is retried here, together with the
 read of its body, because botocore never retries a body that breaks off (a reset, a stall, fewer
@@ -44,9 +45,8 @@ from ..errors import ConfigError
 from . import s3_errors
 from .base import StoreError, StoreReadError, StoreWriteError, removed_after
 from .parsing import join_key, parse_s3_url
-from .s3_errors import DeadlineExceeded, OutOfRange, ShortRead, is_aws_host
-
-INSTALL_HINT = "pip install 'hetero-data-service[s3]'"
+from .s3_client import boto, endpoint_source, make_client
+from .s3_errors import DeadlineExceeded, OutOfRange, ShortRead
 
 _CHUNK = 256 << 10  # body bytes read per call, between deadline checks
 
@@ -56,15 +56,6 @@ os.register_at_fork(after_in_child=lambda: globals().__setitem__("_STATE_LOCK", 
 
 class _Missing(Exception):
     """exists(): the object is not there."""
-
-
-def _boto():
-    try:
-        import boto3
-        import botocore.config
-    except ImportError as e:
-        raise ConfigError(f"reading or writing s3:// URLs needs boto3, which is not installed: {INSTALL_HINT}") from e
-    return boto3, botocore.config
 
 
 class S3Store:
@@ -138,39 +129,10 @@ class S3Store:
                 if self._given is not None and self._given[0] == os.getpid():
                     c = self._given[1]
                 else:
-                    c = self._make_client(writer)
+                    c = make_client(self.endpoint_url, self.request_timeout_s, self.max_pool, self.attempts,
+                                    writer)
                 clients[name] = c
             return c
-
-    def _configured_endpoint(self) -> tuple[str | None, str]:
-        """(the endpoint asked for, where it came from); (None, "") when boto3 picks AWS's."""
-        if self.endpoint_url:
-            return self.endpoint_url, "the endpoint_url argument"
-        if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
-            return None, ""
-        for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
-            if os.environ.get(var):
-                return os.environ[var], var
-        return None, ""
-
-    def _make_client(self, writer: bool):
-        boto3, bconfig = _boto()
-        configured, _ = self._configured_endpoint()
-
-        def make(path_style: bool):
-            config = bconfig.Config(
-                connect_timeout=self.request_timeout_s, read_timeout=self.request_timeout_s,
-                max_pool_connections=self.max_pool, tcp_keepalive=True,
-                # reads: every retry is ours (with the body read); writes: botocore retries each
-                # request (each multipart part) too, and ours retries the whole upload
-                retries={"mode": "standard", "total_max_attempts": self.attempts if writer else 1},
-                s3={"addressing_style": "path"} if path_style else None)
-            return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
-
-        client = make(configured is not None)
-        if configured is None and not is_aws_host(client.meta.endpoint_url):
-            client = make(True)  # an endpoint from the AWS config file: not AWS, so path-style
-        return client
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -289,7 +251,7 @@ class S3Store:
     def write_file(self, key: str, path: str) -> None:
         """Upload the file at ``path`` to ``key`` (multipart above ``multipart_bytes``, 64 MB, parts
         in parallel; each request retried by botocore, the whole upload by this store)."""
-        _boto()
+        boto()
         from boto3.s3.transfer import TransferConfig
         client = self._client(writer=True)
         config = TransferConfig(multipart_threshold=self.multipart_bytes, multipart_chunksize=self.multipart_bytes,
@@ -417,16 +379,11 @@ class S3Store:
 
     def endpoint_and_source(self) -> tuple[str, str]:
         """(the endpoint this process's client talks to, where it came from), for messages."""
-        configured, source = self._configured_endpoint()
         try:
             url = self._client().meta.endpoint_url
         except Exception:  # noqa: BLE001 - only for a message
-            url = configured or "?"
-        if configured is not None:
-            return url, source
-        if not is_aws_host(url):
-            return url, "endpoint_url in the AWS config file"
-        return url, "boto3's default for the region"
+            url = None
+        return endpoint_source(self.endpoint_url, url)
 
     def region(self) -> str:
         """The client's region ("unset" when it has none), for messages."""

@@ -1,0 +1,67 @@
+"""Making boto3 S3 clients: which endpoint, path-style addressing, timeouts and retries.
+
+boto3 honours ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` (and ``endpoint_url`` in the AWS
+config file) itself; any endpoint away from AWS gets path-style addressing, which S3-compatible
+servers need. boto3 is imported only when a client is made (``pip install 'hetero-data-service[s3]'``).
+"""
+from __future__ import annotations
+
+import os
+
+from ..errors import ConfigError
+from .s3_errors import is_aws_host
+
+INSTALL_HINT = "pip install 'hetero-data-service[s3]'"
+
+
+def boto():
+    """(boto3, botocore.config); ConfigError with the install command when boto3 is missing."""
+    try:
+        import boto3
+        import botocore.config
+    except ImportError as e:
+        raise ConfigError(f"reading or writing s3:// URLs needs boto3, which is not installed: {INSTALL_HINT}") from e
+    return boto3, botocore.config
+
+
+def configured_endpoint(endpoint_url: str | None) -> tuple[str | None, str]:
+    """(the endpoint asked for, where it came from); (None, "") when boto3 picks AWS's."""
+    if endpoint_url:
+        return endpoint_url, "the endpoint_url argument"
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return None, ""
+    for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if os.environ.get(var):
+            return os.environ[var], var
+    return None, ""
+
+
+def make_client(endpoint_url: str | None, timeout_s: float, max_pool: int, attempts: int, writer: bool):
+    """A new S3 client: connect and read timeouts of ``timeout_s``; botocore retries only for a
+    ``writer`` (each multipart part), a reader's retries being the store's own, with the body."""
+    boto3, bconfig = boto()
+    configured, _ = configured_endpoint(endpoint_url)
+
+    def make(path_style: bool):
+        config = bconfig.Config(
+            connect_timeout=timeout_s, read_timeout=timeout_s, max_pool_connections=max_pool, tcp_keepalive=True,
+            retries={"mode": "standard", "total_max_attempts": attempts if writer else 1},
+            s3={"addressing_style": "path"} if path_style else None)
+        return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+    client = make(configured is not None)
+    if configured is None and not is_aws_host(client.meta.endpoint_url):
+        client = make(True)  # an endpoint from the AWS config file: not AWS, so path-style
+    return client
+
+
+def endpoint_source(endpoint_url: str | None, client_url: str | None) -> tuple[str, str]:
+    """(the endpoint a client talks to, where it came from), for messages; ``client_url`` None:
+    the client could not be made."""
+    configured, source = configured_endpoint(endpoint_url)
+    url = client_url or configured or "?"
+    if configured is not None:
+        return url, source
+    if not is_aws_host(url):
+        return url, "endpoint_url in the AWS config file"
+    return url, "boto3's default for the region"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from data_service import Pipeline
 from data_service.pipelines.images import FINISH_DTYPES, Augment, collate, decode_bytes, finish
-from data_service.shards.s3 import S3Store
+from data_service.storage import S3Store
 
 
 class S3Files:

@@ -37,7 +37,7 @@ def main() -> None:
         env[k] = v
     os.environ.update(env)
     try:
-        from data_service.shards.s3 import S3Store
+        from data_service.storage import S3Store
         import boto3
         from botocore.config import Config
         c = boto3.client("s3", config=Config(s3={"addressing_style": "path"}))

@@ -40,7 +40,8 @@ BUCKET = "bench"
 
 
 def _prepare(work: Path, images: int, shard_size: str) -> Path:
-    from data_service.shards.format import INDEX_NAME, parse_size
+    from data_service.shards.format import INDEX_NAME
+    from data_service.storage import parse_size
     from hetero.prepare import prepare
 
     n = write_photo_folder(work / "images", images)
@@ -56,7 +57,7 @@ def _prepare(work: Path, images: int, shard_size: str) -> Path:
 
 def _upload(srv, work: Path, shards: Path) -> None:
     from data_service.shards.format import INDEX_NAME
-    from data_service.shards.s3 import S3Store
+    from data_service.storage import S3Store
 
     client = srv.client(direct=True)
     client.create_bucket(Bucket=BUCKET)
@@ -81,7 +82,7 @@ def _counters(proxy) -> tuple[int, int]:
 
 def _per_file_pass(srv) -> dict:
     """One epoch's reads of the per-file folder (no decode): a LIST, then one GET per file."""
-    from data_service.shards.s3 import S3Store
+    from data_service.storage import S3Store
 
     srv.proxy.reset_counters()
     store = S3Store(f"s3://{BUCKET}/files")

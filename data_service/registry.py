@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass
 from .addresses import split_address
 from .errors import ConfigError, DataServiceError
 from .storage import Store, StoreError, check_location, open_store
-from .storage import is_s3_url as is_s3  # noqa: F401 - dnn_worker.remote_dataset imports it from here
 
 SERVERS = "servers"  # the folder (key prefix) of the entries under the registry URI
 MAX_ENTRY_BYTES = 64 << 10  # an entry larger than this is corrupt, not read

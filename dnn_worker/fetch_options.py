@@ -12,6 +12,7 @@ import ssl
 import threading
 from dataclasses import dataclass, field
 
+from data_service.addresses import split_address
 from data_service.errors import ConfigError
 from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
@@ -21,14 +22,6 @@ from .control import ControlClient
 
 HELLO_TIMEOUT_S = 2.0  # the control-plane Hello of one connection attempt
 OPEN_TIMEOUT_S = 5.0   # the data-plane handshake of one connection attempt
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` (IPv6 hosts in brackets) as (host, port); a clear error otherwise."""
-    host, sep, port = str(address).rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ConfigError(f"server address {address!r} must look like 'host:port'")
-    return host.strip("[]"), int(port)
 
 
 @dataclass(frozen=True)

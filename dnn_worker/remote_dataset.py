@@ -21,14 +21,16 @@ import os
 import socket
 from typing import Any, Iterator, Sequence
 
+from data_service.addresses import split_address
 from data_service.errors import ConfigError
-from data_service.registry import check_uri, is_s3
+from data_service.registry import check_uri
+from data_service.storage import is_s3_url
 from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
 from .affinity import Affinity
 from .control import ControlClient
-from .fetch_options import FetchOptions, split_address
+from .fetch_options import FetchOptions
 from .fetcher import Fetcher
 from .registry_watch import RegistryWatcher, watcher_for
 from .sharding import ShardedBatches
@@ -74,7 +76,7 @@ class RemoteDataset(ShardedBatches):
         if not self.servers and not self.registry:
             raise ConfigError("servers=[] : give at least one data server address 'host:port', or registry=")
         if registry_poll_s is None:
-            registry_poll_s = 1.0 if self.registry and is_s3(self.registry) else 0.5
+            registry_poll_s = 1.0 if self.registry and is_s3_url(self.registry) else 0.5
         if not registry_poll_s > 0:
             raise ConfigError(f"registry_poll_s={registry_poll_s!r} must be > 0 seconds")
         self.registry_poll_s = float(registry_poll_s)

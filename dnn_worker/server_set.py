@@ -19,12 +19,13 @@ from typing import Callable
 
 import grpc
 
+from data_service.addresses import split_address
 from data_service.errors import (ConfigError, DataServiceError, PermissionDeniedError, ServerUnavailableError,
                                  VersionMismatchError)
 from data_service.wire import pb
 
 from .connection import LOWAT_CHECK_S, BulkConnection, Event
-from .fetch_options import Attempt, FetchOptions, split_address
+from .fetch_options import Attempt, FetchOptions
 from .registry_watch import RegistryWatcher
 
 log = logging.getLogger(__name__)

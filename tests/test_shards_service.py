@@ -147,3 +147,22 @@ def test_owners_hear_of_their_next_blocks_before_they_are_asked_for_them(tmp_pat
     late = sorted(first_get, key=first_get.get)[2:]  # blocks after the first group of two
     leads = [(first_get[b] - first_prefetch[b]) // 4 for b in late]  # in batches of 4 samples
     assert min(leads) >= 3, leads  # asked for one batch ahead (window 1): a lead of 3+ is the hint
+
+
+def test_the_image_pipeline_prefetches_each_shard_block_once_through_its_server_side(shard_dir, monkeypatch):
+    """The image pipeline's ``server_side`` hands the data server its shard source as block
+    prefetcher: every block of the epoch is prefetched once, hinted and requested alike."""
+    from data_service.shards import ShardDataset
+
+    calls = []
+    real = ShardDataset.prefetch_block
+    monkeypatch.setattr(ShardDataset, "prefetch_block", lambda self, block: calls.append(block) or real(self, block))
+    options = {**BASE, "shards": str(shard_dir)}
+    side = PipelineSpec(PIPELINE, options).server_side()
+    assert isinstance(side.prefetcher, ShardDataset) and side.prefetcher.block_samples == 32
+    [server] = serve(options, 1)
+    try:
+        assert [batch_digest(b) for b in RemoteDataset([server.address], TOKEN, seed=5, window=2)] == reference(options)
+    finally:
+        server.shutdown(grace_s=1)
+    assert sorted(calls) == list(range(7)), calls  # 200 samples in blocks of 32

@@ -27,6 +27,7 @@ from dataclasses import fields
 import torch
 
 from .. import Pipeline
+from ..pipeline import ServerSide
 from ..errors import ConfigError
 from .augment import Augment, FusedAugment, collate
 from .decoded_cache import DecodedCache
@@ -118,6 +119,17 @@ def build_pipeline(**options) -> Pipeline:
                     shuffle=True, shuffle_block=opts.block, interleave=opts.interleave, **stage, **hooks)
 
 
+def server_side(**options) -> ServerSide:
+    """What a data server's main process keeps of this pipeline (without building it): the shard
+    source as its block prefetcher, and the decoded-image cache's stats and clean-up."""
+    opts = ImageOptions.from_kwargs(**options)
+    prefetcher = _shards(opts) if opts.shards else None
+    cache = _decoded_cache(opts, opts.shards or data_root(opts.data_dir)) if opts.decoded_budget else None
+    return ServerSide(prefetcher=prefetcher, stats=cache.stats if cache else None,
+                      close=cache.close if cache else None)
+
+
+build_pipeline.server_side = server_side
 # The signature the launcher's checks and help see: ImageOptions' fields and defaults.
 build_pipeline.__signature__ = inspect.Signature(
     [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
@@ -132,11 +144,14 @@ def _source(opts: ImageOptions):
     """The shards (``opts.shards``) or the folder, as map-style samples the augmentation takes."""
     if not opts.shards:
         return ImageFolder(data_root(opts.data_dir), opts.on_corrupt, opts.limit, decoded=not opts.fused)
+    return ShardImages(_shards(opts), opts.on_corrupt, opts.limit, decoded=not opts.fused)
+
+
+def _shards(opts: ImageOptions):
     from ..shards import ShardDataset
 
-    shards = ShardDataset(opts.shards, block_samples=opts.block, cache_dir=opts.cache_dir,
-                          cache_bytes=opts.shard_cache_budget, request_timeout_s=float(opts.request_timeout_s))
-    return ShardImages(shards, opts.on_corrupt, opts.limit, decoded=not opts.fused)
+    return ShardDataset(opts.shards, block_samples=opts.block, cache_dir=opts.cache_dir,
+                        cache_bytes=opts.shard_cache_budget, request_timeout_s=float(opts.request_timeout_s))
 
 
 def _decoded_cache(opts: ImageOptions, root: str) -> DecodedCache:

@@ -189,6 +189,3 @@ class ShardImages:
             return decode_bytes(data, f"sample {i} of {self.root}"), label
         except CorruptImageError as exc:
             corrupt(exc, self.on_corrupt)
-
-    def prefetch(self, indices) -> None:
-        self.shards.prefetch(indices)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
-from ..storage.parsing import parse_size  # noqa: F401 - the image pipeline imports it from here
 
 INDEX_NAME = "index.json"
 FORMAT = "hetero-shards"

@@ -1,2 +1,0 @@
-"""The shard stores' old import path: ``data_service.storage`` holds them."""
-from ..storage import LocalStore, open_store  # noqa: F401

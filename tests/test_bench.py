@@ -192,6 +192,7 @@ def test_with_no_step_given_the_step_is_a_third_of_the_batch_profiled_in_the_run
         "real CPU step, none emulated (--emulate-step-s 0)"
 
 
+@pytest.mark.slow  # a whole pinned local job; the slow tier's speed-up test runs four of them
 @two_cpus
 def test_one_pinned_homogeneous_run(tmp_path):
     cfg = BenchConfig([CPUS[0]], [CPUS[1]], steps=24, warmup=4, batch_size=16, augment_repeats=1,

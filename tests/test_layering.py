@@ -74,6 +74,60 @@ def test_the_check_sees_lazy_and_relative_imports(tmp_path):
     assert [b.split(" imports ")[1].split(" ")[0] for b in bad] == ["examples.mnist.Net", "hetero.cli", "hetero.testing"]
 
 
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """Groups of product modules that import each other, directly or round a circle (lazy imports
+    too; a module's import of its own package's ``__init__`` is not counted)."""
+    modules = {}
+    for pkg in LAYERS:
+        for path in (root / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+
+    def resolve(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {name: {d for _, m in imported_modules(path, root) if (d := resolve(m)) and d != name
+                    and not name.startswith(d + ".")} for name, path in modules.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return cycles
+
+
+def test_no_import_circles():
+    assert import_cycles() == []
+
+
+def test_the_circle_check_finds_a_lazy_circle(tmp_path):
+    (tmp_path / "dnn_worker").mkdir()
+    (tmp_path / "dnn_worker" / "a.py").write_text("from .b import x\n")
+    (tmp_path / "dnn_worker" / "b.py").write_text("def x():\n    from dnn_worker.c import y\n")
+    (tmp_path / "dnn_worker" / "c.py").write_text("import dnn_worker.a\n")
+    assert import_cycles(tmp_path) == [["dnn_worker.a", "dnn_worker.b", "dnn_worker.c"]]
+
 
 def test_a_data_node_imports_no_model_code(tmp_path):
     (tmp_path / "data_service").mkdir()

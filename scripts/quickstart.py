@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
-STEP_SHARE = 1 / 3  # emulated step / one core's preprocessing time per batch
 # Steps left out of the averages: start-up, and the batches servers and loaders built ahead while
 # the trainer started, which would otherwise flatter whichever mode buffers more.
 WARMUP = 20
@@ -92,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classes", type=int, default=4)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    from hetero.bench.records import derived_step
     from hetero.planning.planner import predict_step
     from hetero.planning.profile import profile_pipeline
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {"batch_size": args.batch_size, "image_size": 224}
     prof = profile_pipeline(PIPELINE, {**options, "data_dir": str(images)}, batches=6, cpu=cpus[0], warmup=1)
     preprocess_s = prof.median_s
-    step_s = round(preprocess_s * STEP_SHARE, 4)
+    step_s = derived_step(preprocess_s)
     print(f"\nprofile: one batch of {args.batch_size} JPEGs (decode + RandomResizedCrop(224) + flip) takes "
           f"{preprocess_s * 1000:.1f} ms on one core (median of {len(prof.times_s) - 1}; "
           f"{args.batch_size / preprocess_s:.0f} images/s per core)")

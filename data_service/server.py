@@ -65,6 +65,8 @@ class ServerOptions:
     send_timeout_s: float = 30.0  # a consumer that takes no bytes for this long is dropped (frees its slots)
     tls_cert: str = ""            # PEM certificate: serve both planes over TLS (with tls_key)
     tls_key: str = ""
+    worker_nice: int = 0          # raise the workers' nice value by this much (0-19): a server on cores a
+                                  # trainer also uses builds in the cycles the trainer leaves, never delaying it
 
     def __post_init__(self) -> None:
         for name in ("port", "bulk_port"):
@@ -80,6 +82,8 @@ class ServerOptions:
         compression.check(self.compression)
         if not self.send_timeout_s > 0:
             raise ConfigError(f"send_timeout_s={self.send_timeout_s!r} must be > 0 seconds")
+        if isinstance(self.worker_nice, bool) or not isinstance(self.worker_nice, int) or not 0 <= self.worker_nice <= 19:
+            raise ConfigError(f"worker_nice={self.worker_nice!r} must be an integer 0..19 (0: the server's own priority)")
         if self.tls_cert or self.tls_key:
             tls.server_files(self.tls_cert, self.tls_key)
 
@@ -120,7 +124,7 @@ class DataServer:
         self.created_at = time.time()  # wall clock, for a registry entry's ``started_at``
         self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
                                self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
-                               codec=self.options.compression)
+                               codec=self.options.compression, nice=self.options.worker_nice)
         self.pool.on_no_workers = self._no_workers
         self.stats = ServerStats(self.pool)
         self.plan = None

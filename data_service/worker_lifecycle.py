@@ -38,6 +38,7 @@ class WorkerConfig:
     start_timeout: float
     log_level: int
     codec: str
+    nice: int = 0  # added to each worker's nice value (os.nice) before it loads the pipeline
 
 
 @dataclass
@@ -59,7 +60,7 @@ def spawn(ctx, wid: int, cfg: WorkerConfig) -> WorkerHandle:
     parent, child = ctx.Pipe(duplex=True)
     proc = ctx.Process(
         target=worker_main, name=f"hetero-data-worker-{wid}", daemon=True,
-        args=(child, cfg.spec_json, wid, cfg.num_slots, os.getpid(), cfg.log_level, cfg.codec))
+        args=(child, cfg.spec_json, wid, cfg.num_slots, os.getpid(), cfg.log_level, cfg.codec, cfg.nice))
     proc.start()
     child.close()
     return WorkerHandle(wid, proc, message_connection(parent), SlotTable(cfg.num_slots))

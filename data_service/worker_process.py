@@ -33,8 +33,10 @@ class _WorkerSlot:
 
 
 def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
-                log_level: int, codec_name: str = "") -> None:
+                log_level: int, codec_name: str = "", nice: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
+    if nice:
+        os.nice(nice)
     conn = message_connection(conn)
     logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
     import torch

@@ -59,12 +59,12 @@ class WorkerPool:
     """Runs a pipeline in ``num_workers`` processes; see the module docstring."""
 
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
-                 start_timeout: float = 120.0, log_level: int = logging.INFO, codec: str = "") -> None:
+                 start_timeout: float = 120.0, log_level: int = logging.INFO, codec: str = "", nice: int = 0) -> None:
         if num_workers < 1:
             raise ConfigError(f"num_workers={num_workers} must be >= 1")
         if slots_per_worker < 1:
             raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
-        self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, codec)
+        self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, codec, nice)
         self._num_workers = num_workers
         # A consumer's default window is max(4, 2 x workers), 8 while batches are small
         # (dnn_worker/remote_dataset.py): that many of its batches may be moved aside.

@@ -42,6 +42,8 @@ class LaunchConfig:
     watchdog_connect_s: float = 1800.0      # exit non-zero if no consumer came within this
     watchdog_idle_s: float = 600.0          # ... or all consumers have been gone this long
     dnn_local_server: bool = False          # DNN hosts also serve batches from their own CPUs
+    local_server_nice: int = 10             # nice value of a DNN host's own data server's workers (0-19):
+                                            # they build in the cycles its trainers leave
     # servers that join and leave (docs/elastic.md)
     registry: str = ""                      # this job's registry (folder or s3://bucket/prefix): consumers
                                             # use every server registered there; data nodes register there
@@ -149,6 +151,8 @@ class LaunchConfig:
                      "advice_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
+        if not 0 <= self.local_server_nice <= 19:
+            raise ConfigError(f"local_server_nice={self.local_server_nice} must be 0..19 (0: the trainers' own priority)")
         if self.loader_workers < -1:
             raise ConfigError(f"loader_workers={self.loader_workers} must be >= 0, or -1 for the mode's default")
         if self.homogeneous_loader not in ("server", "dataloader"):

@@ -104,11 +104,15 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = None, workers: int = 0) -> DataServer:
+def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = None, workers: int = 0,
+                 beside_trainer: bool = False) -> DataServer:
     """Start a data server for the job's pipeline on ``port`` with ``workers`` worker processes
-    (0: ``data_workers``, else one per usable CPU). Raises ConfigError."""
+    (0: ``data_workers``, else one per usable CPU). ``beside_trainer``: the server shares the
+    node's cores with its trainers (homogeneous mode, ``dnn_local_server``): its workers run at
+    ``local_server_nice``, so they build in the cycles the trainers leave. Raises ConfigError."""
     options = ServerOptions(host=host or cfg.bind_host, port=port, bulk_port=cfg.bulk_port,
-                            num_workers=workers or cfg.data_workers or usable_cpus())
+                            num_workers=workers or cfg.data_workers or usable_cpus(),
+                            worker_nice=cfg.local_server_nice if beside_trainer else 0)
     return DataServer(PipelineSpec(cfg.pipeline, cfg.pipeline_options), token, options).start()
 
 

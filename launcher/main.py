@@ -114,14 +114,15 @@ def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, ma
         # the node's own data server builds the batches (docs/launcher.md, "Homogeneous mode")
         from .data_node import start_server
         port = resolve(plan.host, cfg.data_port, mapping)[1]
-        local_server = start_server(cfg, token, port, host="127.0.0.1", workers=cfg.homogeneous_server_workers(nprocs))
+        local_server = start_server(cfg, token, port, host="127.0.0.1", workers=cfg.homogeneous_server_workers(nprocs),
+                                    beside_trainer=True)
         servers, server_hosts = (f"127.0.0.1:{local_server.port}",), (plan.host,)
     if plan.role == DNN:
         servers = tuple(data_addresses(plan, cfg, mapping))
         server_hosts = tuple(plan.data_hosts) + ((plan.host,) if cfg.dnn_local_server else ())
         if cfg.dnn_local_server:
             from .data_node import start_server
-            local_server = start_server(cfg, token, resolve(plan.host, cfg.data_port, mapping)[1])
+            local_server = start_server(cfg, token, resolve(plan.host, cfg.data_port, mapping)[1], beside_trainer=True)
     master_addr, _ = resolve(plan.dnn_hosts[0], cfg.data_port, mapping)
     job = TrainJob(cfg=cfg, mode=plan.mode, host=plan.host, dnn_hosts=plan.dnn_hosts, node_rank=plan.node_rank,
                    nprocs=nprocs, master_addr=master_addr,

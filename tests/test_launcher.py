@@ -51,6 +51,7 @@ def test_options_from_hyperparameters():
     ({"checkpoint_every": -1}, "checkpoint_every=-1 must be >= 0"),
     ({"loader_workers": -2}, "loader_workers=-2 must be >= 0, or -1"),
     ({"checkpoint": "perhaps"}, "checkpoint='perhaps' must be a bool"),
+    ({"local_server_nice": 20}, "local_server_nice=20 must be 0..19"),
 ])
 def test_bad_options_name_the_value(hps, message):
     with pytest.raises(ConfigError, match=message):
@@ -201,3 +202,17 @@ def test_tensorboard_without_the_extra_is_a_clear_error(tmp_path):
                    nprocs=1, master_addr="127.0.0.1", model_dir=str(tmp_path), output_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"tensorboard=true needs the tensorboard package"):
         _tensorboard(job)
+
+
+def test_a_server_beside_the_trainers_builds_at_the_local_server_nice_value():
+    from launcher.data_node import start_server
+
+    cfg = LaunchConfig.from_hyperparameters({"pipeline": "examples.synthetic:build_pipeline", "pipeline.size": 64,
+                                             "local_server_nice": "6"})
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    for beside, nice in ((True, min(19, own + 6)), (False, own)):
+        server = start_server(cfg, "t" * 32, 0, host="127.0.0.1", workers=1, beside_trainer=beside)
+        try:
+            assert [os.getpriority(os.PRIO_PROCESS, p) for p in server.pool.worker_pids()] == [nice]
+        finally:
+            server.shutdown(grace_s=1)

@@ -1,6 +1,7 @@
 """Integration: real servers on free ports, real worker processes, real consumers."""
 from __future__ import annotations
 
+import os
 import time
 
 import grpc
@@ -13,6 +14,7 @@ from data_service.codec import batch_digest
 from data_service.errors import (BatchBuildError, ConfigError, PermissionDeniedError, ServerUnavailableError,
                                  VersionMismatchError)
 from data_service.pipeline import PipelineSpec
+from data_service.server import DataServer, ServerOptions
 from data_service.wire import pb
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset
 from dnn_worker.connection import BulkConnection
@@ -264,3 +266,17 @@ def test_dataset_with_cached_hello_pickles_into_loader_workers(shared_server, co
     assert len(ds) == 13  # a Hello in this process, cached
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
     assert [batch_digest(b) for b in loader] == digests(LocalDataset(SPEC, seed=1))
+
+
+def test_worker_nice_lowers_the_workers_priority_and_bad_values_are_refused():
+    # A server on cores a trainer also uses (dnn_local_server, a homogeneous node) builds in the
+    # cycles the trainer leaves: its workers run at a higher nice value than the server.
+    server = DataServer(SPEC, TOKEN, ServerOptions(num_workers=1, probe=False, worker_nice=7)).start()
+    try:
+        [pid] = server.pool.worker_pids()
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
+    finally:
+        server.shutdown(grace_s=1)
+    for bad in (-1, 20, True):
+        with pytest.raises(ConfigError, match="worker_nice"):
+            ServerOptions(worker_nice=bad)

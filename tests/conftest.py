@@ -89,6 +89,7 @@ def fresh_forkserver():
 _SHM = Path("/dev/shm")
 
 
+_SHM_BEFORE = pytest.StashKey[set]()
 _NOT_OURS = {"libpod_lock"}  # podman's lock file: created by its first command, kept by design
 
 
@@ -99,10 +100,22 @@ def _shm_entries() -> set[str]:
         return set()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_dev_shm_leak():
-    before = _shm_entries()
-    yield
+def _controller(config) -> bool:
+    """This process runs the whole session (no pytest-xdist, or xdist's controller, which ends last)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    if _controller(session.config):
+        session.config.stash[_SHM_BEFORE] = _shm_entries()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # In the controller only: with xdist, one worker's end is not the run's (the others' live
+    # entries are not leaks).
+    if not _controller(session.config) or _SHM_BEFORE not in session.config.stash:
+        return
+    before = session.config.stash[_SHM_BEFORE]
     deadline = time.monotonic() + 10.0  # resource trackers unlink a moment after their owner dies
     while (leaked := _shm_entries() - before) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -112,7 +125,12 @@ def no_dev_shm_leak():
         except OSError:
             pass
     if leaked:
-        pytest.fail(f"the test run left {len(leaked)} entries in /dev/shm: {sorted(leaked)[:12]}", pytrace=False)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_sep("!", f"the test run left {len(leaked)} entries in /dev/shm: {sorted(leaked)[:12]}",
+                                red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

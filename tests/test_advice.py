@@ -319,6 +319,7 @@ def test_a_starved_local_job_logs_the_advice_and_writes_it_to_metrics_json(tmp_p
 
 
 @pytest.mark.slow  # two local jobs, about a minute
+@pytest.mark.serial
 def test_the_advised_nodes_give_the_predicted_step_within_20_percent(tmp_path):
     from hetero.local import LocalJob, run_local
 

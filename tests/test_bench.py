@@ -105,7 +105,8 @@ def test_step_windows_skip_warmup(tmp_path):
 _BURN = "import time\nt=time.process_time()\nwhile time.process_time()-t<{s}: pass\n"
 
 
-@pytest.mark.slow  # timing-sensitive sampling: flaky on a loaded 2-core VM (seen 2026-11-21)
+@pytest.mark.slow  # timing-sensitive sampling: flaky on a loaded 2-core VM
+@pytest.mark.serial
 def test_cpu_monitor_counts_busy_idle_and_reaped_children():
     env = {**os.environ, "SM_CURRENT_INSTANCE_GROUP": "g"}
     # "busy" burns 0.6 s of CPU in a grandchild that exits (reaped), then idles: its time must stay counted.
@@ -135,7 +136,8 @@ def test_cpu_monitor_counts_busy_idle_and_reaped_children():
     assert set(mon.core_busy) == set(range(len(mon.core_busy))) and all(0 <= v <= 1 for v in mon.core_busy.values())
 
 
-@pytest.mark.slow  # timing-sensitive sampling: flaky on a loaded 2-core VM (seen 2026-11-21)
+@pytest.mark.slow  # timing-sensitive sampling: flaky on a loaded 2-core VM
+@pytest.mark.serial
 def test_tree_cpu_time_keeps_reaped_children():
     import psutil
 
@@ -193,6 +195,7 @@ def test_with_no_step_given_the_step_is_a_third_of_the_batch_profiled_in_the_run
 
 
 @pytest.mark.slow  # a whole pinned local job; the slow tier's speed-up test runs four of them
+@pytest.mark.serial
 @two_cpus
 def test_one_pinned_homogeneous_run(tmp_path):
     cfg = BenchConfig([CPUS[0]], [CPUS[1]], steps=24, warmup=4, batch_size=16, augment_repeats=1,
@@ -238,6 +241,7 @@ def test_hetero_bench_derives_its_step_from_the_batch_it_profiled_and_says_so(tm
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @two_cpus
 def test_hetero_faster_than_homo_on_a_cpu_bound_pipeline(tmp_path, capsys):
     # No --emulate-step-s: the step is a third of one core's batch on this machine, profiled in this

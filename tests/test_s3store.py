@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "shards"
 DATA = os.urandom(3 * (1 << 20) + 12345)  # a "shard": several body chunks, not a round size
 FAST = {"request_timeout_s": 0.5, "attempts": 4, "backoff_base_s": 0.01, "backoff_max_s": 0.05}
+# No fault injected and no retry expected: a deadline that only catches a hang, so a loaded
+# machine's slow answer is not taken for a fault.
+CALM = {"request_timeout_s": 30.0}
 _AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION",
              "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
              "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
@@ -101,8 +104,8 @@ def test_keys_join_the_prefix_whatever_its_slashes(s3):
 
 # -- round trip --------------------------------------------------------------------------------------
 def test_round_trip_write_list_read(s3, tmp_path):
-    st = store("rt/run1/")
-    other = store("rt/run10")  # a prefix that extends run1's: never listed with it
+    st = store("rt/run1/", **CALM)
+    other = store("rt/run10", **CALM)  # a prefix that extends run1's: never listed with it
     other.write_bytes("x.tar", b"x")
     st.write_bytes("index.json", b'{"shards": 2}')
     f = tmp_path / "shard.tar"
@@ -134,7 +137,7 @@ def test_round_trip_write_list_read(s3, tmp_path):
 
 
 def test_counters_count_what_the_proxy_saw(s3):
-    st = store()
+    st = store(**CALM)
     ranges = [(0, 1000), (1 << 20, 3 << 20), (5, len(DATA))]
     for a, b in ranges:
         assert st.read("shard-000000.tar", a, b) == DATA[a:b]
@@ -150,7 +153,7 @@ def test_counters_count_what_the_proxy_saw(s3):
 
 
 def test_threads_share_one_client_and_the_counters_add_up(s3):
-    st = store(attempts=6)
+    st = store(attempts=6, **CALM)  # only the injected faults are retried
     s3.proxy.fail_next("503", count=6, method="GET")
     s3.proxy.fail_next("truncate", count=3, method="GET")
     part = 256 << 10
@@ -326,7 +329,7 @@ def test_missing_bucket(s3):
 
 
 def test_missing_key(s3):
-    st = store()
+    st = store(**CALM)
     with pytest.raises(ConfigError) as e:
         st.check("index.json")
     assert str(e.value) == (f"no such key s3://{BUCKET}/data/index.json; run `hetero prepare` to write shards "
@@ -340,7 +343,7 @@ def test_missing_key(s3):
 
 @pytest.mark.parametrize("method", ["HEAD", "GET"])
 def test_access_denied_names_the_permissions(s3, method):
-    st = store()
+    st = store(**CALM)
     s3.proxy.fail_next("403", method=method)
     with pytest.raises((ConfigError, StoreReadError)) as e:
         st.check("shard-000000.tar") if method == "HEAD" else st.read("shard-000000.tar", 0, 10)
@@ -365,7 +368,7 @@ def test_no_credentials(s3, monkeypatch):
 
 
 def test_ranges_outside_the_object(s3):
-    st = store()
+    st = store(**CALM)
     with pytest.raises(StoreReadError, match=rf"past the end .*size {len(DATA)}"):
         st.read("shard-000000.tar", len(DATA) - 10, len(DATA) + 10)
     with pytest.raises(StoreReadError, match="outside"):

@@ -55,8 +55,10 @@ class Pipeline:
         close: optional ``close()``: the data server calls it once when it shuts down (to free
             what the pipeline holds outside its processes, such as files on a tmpfs).
 
-    ``stats`` and ``close`` reach the data server only from a builder that declares no
-    ``server_side`` (:class:`ServerSide`): its main process then builds the pipeline once for them.
+    A data server's main process never builds the pipeline: it calls the ``stats`` and ``close``
+    of the builder's ``server_side`` (:class:`ServerSide`). Those set here serve where the pipeline
+    is built in-process (the profile, a user's own loop); a data server whose builder sets them
+    without a ``server_side`` says so at start.
     """
 
     dataset: Any
@@ -146,11 +148,6 @@ class ServerSide:
     stats: Callable[[], Mapping[str, float]] | None = None
     close: Callable[[], None] | None = None
 
-    @classmethod
-    def of(cls, pipe: Pipeline) -> "ServerSide":
-        """A built pipeline's own ``stats`` and ``close`` (for a builder that declares no ``server_side``)."""
-        return cls(stats=pipe.stats, close=pipe.close)
-
 
 @dataclass(frozen=True)
 class PipelineInfo:
@@ -159,11 +156,13 @@ class PipelineInfo:
     plan: PlanConfig
     finish: str                      # the finish stage's import path ("" : none)
     finish_dtypes: Mapping[str, str]
+    hooks: tuple[str, ...] = ()      # which of Pipeline's stats and close the builder set
 
     @classmethod
     def of(cls, pipe: Pipeline) -> "PipelineInfo":
         """Checks the pipeline's plan and finish stage (ConfigError naming the value and the fix)."""
-        return cls(pipe.plan_config(), pipe.finish_target(), dict(pipe.finish_dtypes or {}))
+        return cls(pipe.plan_config(), pipe.finish_target(), dict(pipe.finish_dtypes or {}),
+                   tuple(name for name in ("stats", "close") if getattr(pipe, name) is not None))
 
 
 @dataclass(frozen=True)

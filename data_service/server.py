@@ -154,20 +154,22 @@ class DataServer:
         """Start workers (they build the pipeline and report its plan), check a probe batch, open both ports.
 
         The main process builds only the pipeline's :class:`~data_service.pipeline.ServerSide`
-        (a block prefetcher, stats, clean-up), never its data set or transforms; a builder that
-        declares no ``server_side`` is built here once for its ``stats`` and ``close``.
+        (a block prefetcher, stats, clean-up), never its data set or transforms.
 
         Raises:
             ConfigError: bad import path, options, batch structure or size; busy port.
         """
-        side = self.spec.server_side()  # fails here, at start-up, with the import path in the message
-        if side is None:
-            side = ServerSide.of(self.spec.load())
+        declared = self.spec.server_side()  # fails here, at start-up, with the import path in the message
+        side = declared or ServerSide()
         self.stats.pipeline_stats = side.stats
         self._pipeline_close = side.close
         self.pool.start(own_thread=False)  # the data-plane loop reads the workers' pipes
         try:
             info = self.pool.info
+            if declared is None and info.hooks:
+                log.warning("pipeline %s sets Pipeline %s, which a data server does not call: declare the "
+                            "builder's server_side (data_service.pipeline.ServerSide) with them",
+                            self.spec.target, " and ".join(info.hooks))
             self.plan = info.plan
             self.dataset_info = pb.DatasetInfo(
                 num_samples=self.plan.num_samples, batch_size=self.plan.batch_size,

@@ -204,6 +204,11 @@ class Scheduler:
                 else:
                     waiting.append(ref)
             self.todo.extendleft(reversed(waiting))
+            for ln in lanes:  # a group the bound ahead cut short waits to be whole, unless the list ends
+                group = orders.fetch.get(ln.address)
+                if group and ln.outstanding and self.todo and len(group) < max(1, ln.window // 2):
+                    del orders.fetch[ln.address]
+                    self._requeue(group)
         return any(not ln.outstanding and not orders.fetch.get(ln.address) for ln in lanes)
 
     def _plan_owned(self, orders: Orders, lanes: list[Lane], owners: tuple[str, ...], limit: int) -> bool:

@@ -72,3 +72,9 @@ def uneven(marker: str) -> Pipeline:
 
 
 uneven.server_side = lambda marker: ServerSide()
+
+
+def build_plain(log: str, n: int = 128, batch_size: int = 4) -> Pipeline:
+    """The same samples without a ``server_side``, with a ``close`` hook a data server does not call."""
+    return Pipeline(dataset=Recording(n, n, log), batch_size=batch_size, transform=Identity(log),
+                    close=lambda: _write(log, f"close {os.getpid()}"))

@@ -41,6 +41,20 @@ def test_the_server_process_builds_neither_the_data_set_nor_the_transform(tmp_pa
     assert os.getpid() not in {pid for _, pid in built}, built  # the server runs in this process
 
 
+def test_a_builder_without_server_side_is_built_only_by_the_workers_and_its_hooks_are_named(tmp_path, caplog):
+    log = tmp_path / "events"
+    spec = PipelineSpec("tests._prefetch_pipeline:build_plain", {"log": str(log)})
+    server = DataServer(spec, TOKEN, ServerOptions(num_workers=1, probe=False)).start()
+    try:
+        assert len(list(RemoteDataset([server.address], TOKEN, seed=1))) == 32
+    finally:
+        server.shutdown(grace_s=1)
+    built = [int(pid) for kind, pid in (line.split() for line in log.read_text().splitlines())
+             if kind in ("dataset", "transform", "close")]
+    assert built and os.getpid() not in built, built
+    assert "sets Pipeline close, which a data server does not call" in caplog.text
+
+
 def test_a_later_epoch_prefetches_its_blocks_again_once():
     class Log:
         block_samples = 8

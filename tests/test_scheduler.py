@@ -201,3 +201,26 @@ def test_hints_announce_each_block_once_to_its_owner():
     blocks = [b for b, _, _ in hinted]
     assert blocks and len(blocks) == len(set(blocks)), "each block is announced once"
     assert all(a == aff.owner(r, ("a:1", "b:1")) for _, a, r in hinted)
+
+
+def test_a_group_cut_short_by_the_bound_ahead_waits_to_be_half_a_window():
+    """The consumer lags (it has taken nothing yet): the bound ahead would let one more batch go,
+    and a request of one batch costs the server a wake-up of its own; it waits for the consumer."""
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(20)]
+    sched = Scheduler(refs)
+    sched.lane("a:1", 4)
+    frames = []
+
+    def turn(nxt, now, arrive=()):
+        for i in arrive:
+            assert sched.arrived("a:1", refs[i], 1 << 21, now)
+        sent = sched.plan(nxt, ["a:1"], (), now).fetch.get("a:1", [])
+        if sent:
+            frames.append([r.index for r in sent])
+
+    turn(0, 0.0)
+    turn(0, 0.1, arrive=(0, 1, 2))
+    turn(0, 0.2, arrive=(3, 4, 5))  # only batch 7 lies within the bound (8 places ahead of 0)
+    assert frames == [[0, 1, 2, 3], [4, 5, 6]]
+    turn(6, 0.3)  # the consumer took batches 0-5
+    assert frames[-1] == [7, 8, 9]

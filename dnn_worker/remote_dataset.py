@@ -12,7 +12,7 @@ call (``len(ds)``, ``finish_stage()``), a plain fork() child can deadlock in gRP
 For resumable training wrap the loader in ``ResumableLoader`` (docs/consumer.md).
 
 Servers that join a running job: ``RemoteDataset(servers, token, registry="s3://bucket/job/registry")``
-(``servers`` may be None) also uses every server registered there that proves the token and runs
+(or ``RemoteDataset(registry=..., token=...)`` with no server list) also uses every server registered there that proves the token and runs
 the job's pipeline, from about a second after it registers (docs/elastic.md).
 """
 from __future__ import annotations

@@ -90,8 +90,12 @@ class Scheduler:
             lane = self.lanes[address] = Lane(address, window, window, weight)
         else:
             lane.base_window, lane.weight = window, weight
-        lane.window = max(self.small_window, window) if self.small else window
+        lane.window = self._window(window)
         return lane
+
+    def _window(self, base: int) -> int:
+        """A lane's window now: its own, widened to ``small_window`` while batches are small."""
+        return max(self.small_window, base) if self.small else base
 
     def owes(self, address: str) -> bool:
         lane = self.lanes.get(address)
@@ -152,7 +156,7 @@ class Scheduler:
         if self.small_window and (nbytes <= SMALL_BATCH_BYTES) != self.small:
             self.small = not self.small
             for lane in self.lanes.values():
-                lane.window = max(self.small_window, lane.base_window) if self.small else lane.base_window
+                lane.window = self._window(lane.base_window)
         return True
 
     # -- asking
@@ -165,9 +169,10 @@ class Scheduler:
         lanes = [self.lanes[a] for a in usable if a in self.lanes]
         limit = nxt + AHEAD_WINDOWS * max(1, sum(lane.window for lane in self.lanes.values()))
         if self.affinity is not None:
-            idle = self._plan_owned(orders, lanes, owners, limit)
+            weights = tuple(self.lanes[a].weight if a in self.lanes else 1.0 for a in owners)
+            idle = self._plan_owned(orders, lanes, owners, weights, limit)
             if hint_ready:
-                self._hint(orders, limit, owners)
+                self._hint(orders, limit, owners, weights)
         else:
             idle = self._plan_fastest(orders, lanes, limit, now)
         for address, refs in orders.fetch.items():
@@ -211,13 +216,13 @@ class Scheduler:
                     self._requeue(group)
         return any(not ln.outstanding and not orders.fetch.get(ln.address) for ln in lanes)
 
-    def _plan_owned(self, orders: Orders, lanes: list[Lane], owners: tuple[str, ...], limit: int) -> bool:
+    def _plan_owned(self, orders: Orders, lanes: list[Lane], owners: tuple[str, ...],
+                    weights: tuple[float, ...], limit: int) -> bool:
         """Each server takes the batches of the blocks it owns; one with room and nothing of its
         own takes batches of blocks it built lately. Returns whether a server stays idle."""
         head = []
         while self.todo and self.pos[key(self.todo[0])] < limit:
             head.append(self.todo.popleft())
-        weights = tuple(self.lanes[a].weight if a in self.lanes else 1.0 for a in owners)
         owner = {key(r): self.affinity.owner(r, owners, weights) for r in head}
         mine: dict[str, list[pb.BatchRef]] = collections.defaultdict(list)
         for ref in head:
@@ -254,11 +259,10 @@ class Scheduler:
                 openers.append(i)
         return openers
 
-    def _hint(self, orders: Orders, limit: int, owners: tuple[str, ...]) -> None:
+    def _hint(self, orders: Orders, limit: int, owners: tuple[str, ...], weights: tuple[float, ...]) -> None:
         """Tell each owner of its blocks that start within ``hint_ahead`` places beyond the bound,
         so its data arrives before the block's first batch is asked for."""
         horizon = limit + self.affinity.hint_ahead
-        weights = tuple(self.lanes[a].weight if a in self.lanes else 1.0 for a in owners)
         while self._next_opener < len(self._openers) and self._openers[self._next_opener] < horizon:
             i = self._openers[self._next_opener]
             self._next_opener += 1

@@ -56,7 +56,9 @@ def test_two_data_nodes_share_the_work_with_an_emulated_step(tmp_path):
     assert m["step_kind"] == "emulated" and m["emulate_step_s"] == 0.005 and m["test_accuracy"] is None
     assert m["steps"] == 300 and m["avg_step_time_s"] >= 0.005
     sent = [n["batches_sent"] for n in m["nodes"] if n["role"] == "data"]
-    assert len(sent) == 2 and sum(sent) == 300 and min(sent) > 0, sent
+    # a server quiet for a second on a loaded machine gets its head batch hedged: a copy is sent
+    # twice and dropped once; the audit below shows each batch was trained on exactly once
+    assert len(sent) == 2 and 300 <= sum(sent) <= 315 and min(sent) > 0, sent
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert sorted(line["batch"] for line in lines) == list(range(300))
     assert set(result.exit_codes.values()) == {0}

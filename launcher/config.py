@@ -21,6 +21,7 @@ from data_service.errors import ConfigError
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DDP_BACKENDS = ("auto", "nccl", "gloo", "smddp")  # dnn_worker.ddp_backend.BACKENDS
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class LaunchConfig:
     master_port: int = 29500
     procs_per_node: int = 0                 # 0: one per GPU, or 1 without GPUs
     dist_timeout_s: float = 600.0
+    ddp_backend: str = "auto"               # auto (nccl with CUDA, else gloo), nccl, gloo or smddp
     train_timeout_s: float = 86400.0
     # training
     epochs: int = 1
@@ -188,6 +190,9 @@ class LaunchConfig:
         if bad:
             raise ConfigError(f"advice_prices={self.advice_prices!r}: {bad} must be $/h numbers >= 0, e.g. "
                               "'{\"ml.c5.9xlarge\": 1.836}'")
+        if self.ddp_backend not in DDP_BACKENDS:  # what this machine can run is checked at start (preflight)
+            raise ConfigError(f"ddp_backend={self.ddp_backend!r} must be one of {', '.join(DDP_BACKENDS)} "
+                              "(auto: nccl with CUDA, else gloo)")
         if not self.bind_host:
             raise ConfigError("bind_host='' must be an address to listen on, e.g. 0.0.0.0")
         if self.registry and self.join:

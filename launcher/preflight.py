@@ -63,6 +63,10 @@ def preflight(cfg: LaunchConfig, role: str) -> None:
     from .trainer import OPTIMIZERS
 
     _callable(OPTIMIZERS.get(cfg.optimizer.lower(), cfg.optimizer), "optimizer")
+    if role in ("dnn", "homogeneous"):
+        from dnn_worker.ddp_backend import resolve_backend
+
+        resolve_backend(cfg.ddp_backend)  # nccl without CUDA, smddp without its library: fail now
     if role == "homogeneous":
         # the pipeline runs here: build it now (values, data, finish stage), not at the first batch
         PipelineSpec(cfg.pipeline, cfg.pipeline_options).load().finish_target()

@@ -168,10 +168,14 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
             builders += cfg.homogeneous_server_workers(job.nprocs)
         free = len(os.sched_getaffinity(0)) - builders
         torch.set_num_threads(max(1, free // job.nprocs))
-    if job.world_size > 1:
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{job.master_addr}:{cfg.master_port}",
+    if job.world_size > 1 or cfg.ddp_backend != "auto":  # a chosen backend runs even on one rank
+        from dnn_worker.ddp_backend import resolve_backend
+
+        backend = resolve_backend(cfg.ddp_backend, cuda)
+        dist.init_process_group(backend, init_method=f"tcp://{job.master_addr}:{cfg.master_port}",
                                 rank=rank, world_size=job.world_size,
                                 timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
+        log.info("DDP process group: backend %s, %d rank(s)", backend, job.world_size)
     try:
         summary = _train(job, rank, local_rank, device)
         if results is not None:
@@ -204,7 +208,7 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
     optimizer = make_optimizer(cfg, plain.parameters())
     resumed = _resume(job, rank, plain, optimizer, feeder)
     model = plain
-    if job.world_size > 1:
+    if dist.is_initialized():
         model = torch.nn.parallel.DistributedDataParallel(plain, device_ids=[local_rank] if cuda else None)
     step_fn = None if cfg.emulate_step_s > 0 else load_object(cfg.step, "step")
     writer = _tensorboard(job) if cfg.tensorboard and rank == 0 else None
@@ -367,7 +371,8 @@ def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emula
     metrics = job_metrics(summaries, {
         "mode": job.mode, "step_kind": "emulated" if emulated else "real",
         "emulate_step_s": cfg.emulate_step_s if emulated else None, "test_accuracy": accuracy,
-        "final_loss": loss, "world_size": job.world_size, "epochs": cfg.epochs, "seed": cfg.seed,
+        "final_loss": loss, "world_size": job.world_size,
+        "ddp_backend": dist.get_backend() if dist.is_initialized() else None, "epochs": cfg.epochs, "seed": cfg.seed,
         "pipeline": cfg.pipeline, "pipeline_options": cfg.pipeline_options, "model": cfg.model,
         "dnn_hosts": list(job.dnn_hosts), "data_servers": list(job.servers),
         "wall_time_s": time.time() - started, "nodes": data_nodes, "status": status,

@@ -69,12 +69,12 @@ class UnsizedRemoteDataModule(RemoteDataModule):
 
 
 def fit(server: str, audit: str, ckpt_dir: str, stop_at: int, num_nodes: int = 1, loader_workers: int = 0,
-        sized: bool = True) -> int:
+        sized: bool = True, strategy=None) -> int:
     """Returns the global step reached."""
     path = os.path.join(ckpt_dir, "stop.ckpt")
     dm = (RemoteDataModule if sized else UnsizedRemoteDataModule)([server], TOKEN, seed=2, loader_workers=loader_workers, audit_path=audit)
     trainer = L.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, num_nodes=num_nodes,
-                        strategy="ddp" if num_nodes > 1 else "auto", logger=False, enable_progress_bar=False,
+                        strategy=strategy or ("ddp" if num_nodes > 1 else "auto"), logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False, callbacks=[StopAt(stop_at, path)])
     trainer.fit(TinyModel(), datamodule=dm, ckpt_path=path if os.path.exists(path) and not stop_at else None)
     return trainer.global_step

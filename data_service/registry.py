@@ -4,9 +4,15 @@ A registry lives at a URI that is a local folder or ``s3://bucket/prefix``. Each
 joins writes one small JSON object, ``<uri>/servers/<server_id>.json``::
 
     {"address": "10.0.3.7:6000", "fingerprint": "<pipeline fingerprint>", "server_id": "...",
-     "started_at": 1795000000.0, "proof": "<hex HMAC-SHA256(job token, 'server_id|address|fingerprint')>"}
+     "started_at": 1795000000.0, "proof": "<hex HMAC-SHA256(job token, 'server_id|address|fingerprint')>",
+     "refreshed_at": 1795000030.0, "ttl_s": 15.0}
 
-and deletes it when it leaves. Consumers list the folder and use the servers whose proof matches
+and deletes it when it leaves. A server with a heartbeat (``Heartbeat``, ``data_service.joining``)
+rewrites its entry every third of ``ttl_s``; an entry not refreshed for ``ttl_s`` seconds
+(``expired``: the server was killed, or its host is gone) is refused by every reader, so a
+server killed with -9 drops out of the job within the TTL and one poll. An entry without
+``ttl_s`` (or 0) never expires. Expiry compares ``refreshed_at`` with the reader's clock: hosts
+keep their clocks in sync (NTP, as EC2 does), within a small share of the TTL. Consumers list the folder and use the servers whose proof matches
 the job token and whose fingerprint is the job's pipeline (``verify``); anything else is refused.
 The proof is checked before a consumer connects, so a consumer never sends the token to a server
 that could not prove it knows the token. Entries are read as JSON only (nothing is unpickled).
@@ -35,6 +41,7 @@ SERVERS = "servers"  # the folder (key prefix) of the entries under the registry
 MAX_ENTRY_BYTES = 64 << 10  # an entry larger than this is corrupt, not read
 _SERVER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _FIELDS = ("address", "fingerprint", "server_id", "started_at", "proof")
+DEFAULT_TTL_S = 15.0  # a joined server's entry expires this long after its last refresh
 
 
 class RegistryError(DataServiceError):
@@ -50,9 +57,22 @@ class Entry:
     server_id: str
     started_at: float
     proof: str
+    refreshed_at: float = 0.0  # Unix time of the last heartbeat (0: never refreshed)
+    ttl_s: float = 0.0         # the entry expires ttl_s after refreshed_at (0: never)
+
+    def age_s(self, now: float | None = None) -> float:
+        """Seconds since the entry was last refreshed (since the server started, never refreshed)."""
+        return (time.time() if now is None else now) - (self.refreshed_at or self.started_at)
+
+    def expired(self, now: float | None = None) -> bool:
+        """True when the entry has a TTL and was not refreshed within it."""
+        return self.ttl_s > 0 and self.age_s(now) > self.ttl_s
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        obj = asdict(self)
+        if not self.ttl_s:  # an entry that never expires is written as one without a heartbeat
+            del obj["refreshed_at"], obj["ttl_s"]
+        return json.dumps(obj, sort_keys=True).encode()
 
 
 def check_uri(uri: str, what: str = "registry") -> str:
@@ -71,20 +91,25 @@ def make_proof(token: str, server_id: str, address: str, fingerprint: str) -> st
 
 
 def make_entry(token: str, server_id: str, address: str, fingerprint: str,
-               started_at: float | None = None) -> Entry:
-    """An entry for one server, with its proof of ``token``.
+               started_at: float | None = None, ttl_s: float = 0.0) -> Entry:
+    """An entry for one server, with its proof of ``token``, refreshed now, expiring ``ttl_s``
+    seconds after its last refresh (0: never).
 
     Raises:
-        ConfigError: no token, a server id unfit for a file name, or an address not ``host:port``.
+        ConfigError: no token, a server id unfit for a file name, an address not ``host:port``,
+        or a negative TTL.
     """
+    if not (isinstance(ttl_s, (int, float)) and 0 <= ttl_s < float("inf")):
+        raise ConfigError(f"ttl_s={ttl_s!r} must be >= 0 seconds (0: the entry never expires)")
     if not token:
         raise ConfigError("token='' : registering a data server needs the job token")
     if not _SERVER_ID.match(server_id or ""):
         raise ConfigError(f"server_id={server_id!r} must be 1-200 letters, digits, '.', '_' or '-' "
                           "(it names the registry entry's file)")
     split_address(address, "registry entry address (the address consumers dial)")
-    return Entry(address, fingerprint, server_id, float(time.time() if started_at is None else started_at),
-                 make_proof(token, server_id, address, fingerprint))
+    now = time.time()
+    return Entry(address, fingerprint, server_id, float(now if started_at is None else started_at),
+                 make_proof(token, server_id, address, fingerprint), now if ttl_s else 0.0, float(ttl_s))
 
 
 def verify(entry: Entry, token: str, fingerprint: str | None) -> str | None:
@@ -114,18 +139,26 @@ def parse_entry(data: bytes, name: str) -> Entry:
     strings = [f for f in ("address", "fingerprint", "server_id", "proof") if not isinstance(obj[f], str)]
     if strings or not isinstance(obj["started_at"], (int, float)) or isinstance(obj["started_at"], bool):
         raise ValueError(f"{name}: fields of the wrong type ({strings or ['started_at']})")
-    return Entry(obj["address"], obj["fingerprint"], obj["server_id"], float(obj["started_at"]), obj["proof"])
+    times = {}
+    for f in ("refreshed_at", "ttl_s"):  # optional: entries of servers without a heartbeat lack them
+        v = obj.get(f, 0.0)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+            raise ValueError(f"{name}: {f}={v!r} is not a number of seconds >= 0")
+        times[f] = float(v)
+    return Entry(obj["address"], obj["fingerprint"], obj["server_id"], float(obj["started_at"]), obj["proof"],
+                 **times)
 
 
 def register(uri: str, token: str, server_id: str, address: str, fingerprint: str, *,
-             timeout_s: float = 10.0, started_at: float | None = None) -> Entry:
-    """Write this server's entry (atomically); returns it. ``started_at``: when the server was
-    made (Unix time; default now).
+             timeout_s: float = 10.0, started_at: float | None = None, ttl_s: float = 0.0) -> Entry:
+    """Write this server's entry (atomically), refreshed now; returns it. ``started_at``: when the
+    server was made (Unix time; default now). ``ttl_s``: the entry expires that long after its last
+    write (0: never); writing it again (the same arguments) is the heartbeat.
 
     Raises:
         ConfigError: bad arguments (see ``make_entry``). RegistryError: the write failed.
     """
-    entry = make_entry(token, server_id, address, fingerprint, started_at)
+    entry = make_entry(token, server_id, address, fingerprint, started_at, ttl_s)
     store = _store(check_uri(uri), timeout_s, create=True)
     key = f"{SERVERS}/{server_id}.json"
     try:
@@ -186,9 +219,11 @@ def read_entries(uri: str, *, timeout_s: float = 5.0, cache: dict | None = None)
 
 
 def verified_entries(uri: str, token: str, fingerprint: str | None = None, *, timeout_s: float = 5.0,
-                     cache: dict | None = None) -> tuple[list[Entry], list[tuple[Entry | None, str]]]:
-    """The entries of ``uri`` that prove ``token`` (and serve ``fingerprint``; None: any), oldest
-    first, and what was refused: ``(entry, why)``, the entry None for one that cannot be parsed.
+                     cache: dict | None = None, now: float | None = None
+                     ) -> tuple[list[Entry], list[tuple[Entry | None, str]]]:
+    """The entries of ``uri`` that prove ``token`` (and serve ``fingerprint``; None: any) and have
+    not expired (``now``: Unix time, default the clock's), oldest first, and what was refused:
+    ``(entry, why)``, the entry None for one that cannot be parsed.
 
     Raises:
         RegistryError: the registry cannot be listed.
@@ -196,8 +231,12 @@ def verified_entries(uri: str, token: str, fingerprint: str | None = None, *, ti
     entries, problems = read_entries(uri, timeout_s=timeout_s, cache=cache)
     refused: list[tuple[Entry | None, str]] = [(None, p) for p in problems]
     good = []
+    now = time.time() if now is None else now
     for e in sorted(entries, key=lambda e: (e.started_at, e.server_id)):
         why = verify(e, token, fingerprint)
+        if why is None and e.expired(now):
+            why = (f"its entry expired: last refreshed {e.age_s(now):.1f} s ago, its TTL is {e.ttl_s:g} s "
+                   "(the server stopped without leaving, or cannot reach the registry)")
         if why is None:
             good.append(e)
         else:

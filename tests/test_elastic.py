@@ -264,3 +264,37 @@ def test_a_fixed_server_also_registered_under_another_address_is_used_once(serve
     assert sum(delivered.values()) == 96, delivered
     in_use = [s.address for s in ds.fetcher.servers if not s.refused]
     assert in_use == [a.address], in_use  # the registered name was taken for what it is: the same server
+
+
+@pytest.mark.slow  # a server process killed -9 and a TTL to wait out: the slow tier
+def test_a_server_killed_9_leaves_every_consumers_view_within_its_ttl_and_one_poll(servers, tmp_path):
+    from dnn_worker.registry_watch import registered_servers, watcher_for
+
+    reg = str(tmp_path / "registry")
+    a = servers()
+    joining.join(a, reg, a.address)
+    ttl, poll = 1.0, 0.5
+    doomed = ServerProc(OPTIONS, log_path=tmp_path / "serve.log")
+    doomed.cmd += ["--join", reg, "--advertise-host", "127.0.0.1", "--ttl", str(ttl)]
+    doomed.start()
+    try:
+        ranks = Ranks(reg, tmp_path / "audit.jsonl", world=2, step_s=0.03, registry_poll_s=poll).start()
+        ranks.watch(doomed.address)
+        watcher = watcher_for(reg, TOKEN, poll)
+        ranks.wait_batches(4)
+        assert doomed.address in watcher.snapshot()[1]
+        time.sleep(1.5 * ttl)  # beats keep a live server's entry fresh past its TTL
+        assert doomed.address in watcher.snapshot()[1]
+        doomed.kill()
+        killed = time.monotonic()
+        while doomed.address in watcher.snapshot()[1] and time.monotonic() - killed < 30:
+            time.sleep(0.02)
+        gone_after = time.monotonic() - killed
+        # its entry is still in the folder: only its age drops it
+        assert doomed.address in [e.address for e in registry.read_entries(reg)[0]]
+        assert gone_after <= ttl + poll + 1.0, gone_after  # 1 s: a beat lands up to a third of the TTL late
+        assert registered_servers(reg, TOKEN) == [a.address]  # the end-of-job shutdown asks only the live one
+        ranks.join()
+    finally:
+        doomed.stop()
+    exactly_once(tmp_path / "audit.jsonl", 2)

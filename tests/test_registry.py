@@ -143,3 +143,68 @@ def test_a_hung_registry_read_is_reported_once_and_waits_for_nothing(tmp_path, m
     assert w.wait_read(w.reads + 1, timeout=5.0)
     assert caplog.text.count("a read has taken") == 1 and caplog.text.count("can be read again") == 1
     assert w.error is None
+
+
+def test_an_entry_not_refreshed_within_its_ttl_is_refused_by_every_reader(tmp_path):
+    from dnn_worker.registry_watch import registered_servers
+
+    uri = str(tmp_path)
+    fresh = register(uri, TOKEN, "fresh", "10.0.0.7:6000", FP, ttl_s=10.0)
+    stale = register(uri, TOKEN, "stale", "10.0.0.8:6000", FP, ttl_s=10.0)
+    forever = register(uri, TOKEN, "forever", "10.0.0.9:6000", FP)  # no TTL: never expires
+    assert json.loads((tmp_path / "servers" / "stale.json").read_text())["ttl_s"] == 10.0
+    now = stale.refreshed_at + 10.5
+    good, refused = registry.verified_entries(uri, TOKEN, FP, now=now - 1.0)
+    assert {e.server_id for e in good} == {"fresh", "stale", "forever"} and refused == []
+    # the heartbeat rewrites "fresh": refreshed_at moves on, started_at stays
+    again = register(uri, TOKEN, "fresh", fresh.address, FP, ttl_s=10.0, started_at=fresh.started_at)
+    raw = json.loads((tmp_path / "servers" / "fresh.json").read_text())
+    raw["refreshed_at"] = now - 2.0
+    (tmp_path / "servers" / "fresh.json").write_text(json.dumps(raw))
+    good, refused = registry.verified_entries(uri, TOKEN, FP, now=now)
+    assert {e.server_id for e in good} == {"fresh", "forever"} and again.started_at == fresh.started_at
+    assert [(e.server_id, "expired" in why and "TTL is 10 s" in why) for e, why in refused] == [("stale", True)]
+    assert forever.expired(now + 1e6) is False
+    raw = json.loads((tmp_path / "servers" / "stale.json").read_text())
+    (tmp_path / "servers" / "stale.json").write_text(json.dumps(dict(raw, refreshed_at=raw["refreshed_at"] - 60)))
+    assert "10.0.0.8:6000" not in registered_servers(uri, TOKEN)  # the end-of-job shutdown list too
+    assert "10.0.0.9:6000" in registered_servers(uri, TOKEN)
+
+
+@pytest.mark.parametrize("ttl", [-1.0, float("inf"), float("nan")])
+def test_a_bad_ttl_names_the_value(tmp_path, ttl):
+    with pytest.raises(ConfigError, match="ttl_s="):
+        register(str(tmp_path), TOKEN, "a", "10.0.0.7:6000", FP, ttl_s=ttl)
+
+
+def test_a_bad_ttl_field_is_a_problem_not_an_error(tmp_path):
+    register(str(tmp_path), TOKEN, "a", "10.0.0.7:6000", FP, ttl_s=5.0)
+    raw = json.loads((tmp_path / "servers" / "a.json").read_text())
+    (tmp_path / "servers" / "a.json").write_text(json.dumps(dict(raw, ttl_s="soon")))
+    entries, problems = read_entries(str(tmp_path))
+    assert entries == [] and len(problems) == 1 and "ttl_s='soon'" in problems[0]
+
+
+def test_a_heartbeat_keeps_the_entry_fresh_and_stops_before_it_is_removed(tmp_path):
+    import time
+
+    from data_service.joining import Heartbeat
+
+    uri = str(tmp_path)
+    entry = register(uri, TOKEN, "beating", "10.0.0.7:6000", FP, ttl_s=0.3)
+    beat = Heartbeat(uri, TOKEN, entry, timeout_s=1.0).start()
+    try:
+        deadline = time.monotonic() + 10
+        while beat.beats < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert beat.beats >= 3
+        (got,), _ = read_entries(uri)
+        assert got.refreshed_at > entry.refreshed_at and got.started_at == entry.started_at
+        assert registry.verified_entries(uri, TOKEN, FP)[0] == [got]
+    finally:
+        beat.stop()
+    unregister(uri, "beating")
+    time.sleep(0.3)
+    assert read_entries(uri) == ([], [])  # no beat after stop() brings it back
+    with pytest.raises(ConfigError, match="TTL > 0"):
+        Heartbeat(uri, TOKEN, register(uri, TOKEN, "x", "10.0.0.7:6000", FP))

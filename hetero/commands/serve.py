@@ -40,6 +40,10 @@ def register(sub) -> None:
                    help="with --join: the gRPC port consumers dial when it is not --port (a port mapping)")
     p.add_argument("--leave-delay", type=float, default=2.0,
                    help="with --join: seconds to keep serving after unregistering, before refusing new requests")
+    p.add_argument("--ttl", type=float, default=None, metavar="SECONDS",
+                   help="with --join: consumers drop this server's entry SECONDS after its last refresh (it is "
+                        "refreshed every third of that; a server killed with -9 leaves within it); 0: no heartbeat "
+                        "(default 15)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="on SIGTERM: seconds to finish the requests already taken before stopping")
     p.set_defaults(func=run)
@@ -60,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
             from data_service.registry import check_uri
 
             check_uri(args.join, "--join")
+            if args.ttl is not None and not 0 <= args.ttl < float("inf"):
+                raise ConfigError(f"--ttl {args.ttl} must be >= 0 seconds (0: no heartbeat)")
         spec = PipelineSpec(args.pipeline, parse_kv(args.option))
         options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
                                 slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
@@ -78,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
 
         address = f"{args.advertise_host or default_advertise_host(args.host)}:{args.advertise_port or server.port}"
         try:
-            join(server, args.join, address, leave_delay_s=args.leave_delay)
+            from data_service.registry import DEFAULT_TTL_S
+
+            join(server, args.join, address, leave_delay_s=args.leave_delay,
+                 ttl_s=DEFAULT_TTL_S if args.ttl is None else args.ttl)
         except (ConfigError, RegistryError) as exc:
             server.shutdown(grace_s=1.0, reason="could not join")
             print(f"hetero serve: --join {args.join}: {exc}")

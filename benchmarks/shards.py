@@ -130,12 +130,13 @@ def _epoch(addresses: list[str], epoch: int) -> tuple[int, float]:
 
 def _traffic(srv, shards: Path, nodes: int, workers: int, work: Path, batch: int) -> dict:
     """Requests and bytes of the whole cluster: start-up, epoch 0 (cold caches), epoch 1 (warm)."""
-    from data_service.shards.format import INDEX_NAME, ShardIndex
     import inspect
 
     from data_service.shards.dataset import ShardDataset
 
-    index = ShardIndex.from_json((shards / INDEX_NAME).read_bytes(), str(shards))
+    from data_service.shards.indexfile import read_index
+
+    index = read_index(str(shards))
     range_bytes = inspect.signature(ShardDataset).parameters["range_bytes"].default
     minimum = sum(-(-s.size // range_bytes) for s in index.shards)
     cache = work / "cache" / f"traffic-{nodes}"

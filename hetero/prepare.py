@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from data_service.errors import ConfigError
-from data_service.shards.format import INDEX_NAME, SHARD_PATTERN, ShardIndex, ShardInfo, padded
+from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME, SHARD_PATTERN, ShardIndex, ShardInfo, padded
+from data_service.shards.indexfile import write_index
 from data_service.storage import open_store
 
 log = logging.getLogger(__name__)
@@ -261,7 +262,7 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
         raise ConfigError(f"workers={workers} must be >= 1")
     options = dict(options or {})
     store = open_store(dest, what="dest", create=True)
-    existing = [name for name, _ in store.list() if name == INDEX_NAME or name.endswith(".tar")]
+    existing = [name for name, _ in store.list() if name in (INDEX_NAME, JSON_INDEX_NAME) or name.endswith(".tar")]
     if existing and not overwrite:
         raise ConfigError(f"{dest} already holds shards ({', '.join(existing[:3])}{' ...' if len(existing) > 3 else ''}); "
                           "pass --overwrite to replace them, or choose another destination")
@@ -272,7 +273,9 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
         np.random.Generator(np.random.PCG64(shuffle_seed)).permutation(len(items))
     summary = Summary()
     if existing:  # the old index goes first, so the destination is never taken for complete meanwhile
-        store.delete(INDEX_NAME)
+        for name in (INDEX_NAME, JSON_INDEX_NAME):
+            if name in existing:
+                store.delete(name)
     jobs = [(pos, items[i][0], items[i][1], max_side, verify) for pos, i in enumerate(order)]
     with store.staging() as staging:
         uploads = _Uploads(store)
@@ -291,7 +294,7 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
         raise ConfigError(f"none of the {len(items)} files of {src} decodes; nothing written")
     index = ShardIndex(classes, writer.shards, np.array(writer.offsets), np.array(writer.lengths),
                        np.array(writer.labels))
-    store.write_bytes(INDEX_NAME, index.to_json())
+    write_index(store, index)
     keep = {s.name for s in writer.shards} | {INDEX_NAME}
     for name in existing:  # old shards the new ones did not replace
         if name not in keep:

@@ -87,11 +87,9 @@ def _some(names: list[str], n: int = 3) -> str:
 def count_classes(data_dir: str | None = None, shards: str = "") -> int:
     """Classes of ``shards`` (from its index), else class folders under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
     if shards:
-        from ..shards.format import INDEX_NAME, ShardIndex
-        from ..storage import open_store
+        from ..shards.indexfile import read_index
 
-        store = open_store(shards)
-        return len(ShardIndex.from_json(store.read(INDEX_NAME), f"{shards}/{INDEX_NAME}").classes)
+        return len(read_index(shards).classes)
     return len(scan(data_root(data_dir))[0])
 
 

@@ -16,6 +16,7 @@ once per block a consumer hints at or asks for, so blocks arrive before the work
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import logging
 import os
@@ -25,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from .cache import BlockCache, default_dir
-from .format import INDEX_NAME, ShardIndex
+from .indexfile import read_index
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +64,20 @@ class ShardDataset:
         self.range_bytes = range_bytes
         self.readers = readers
         self.store = open_store(location, what="shards", request_timeout_s=request_timeout_s)
-        where = f"{self.store.url.rstrip('/')}/{INDEX_NAME}"
-        self.store.check(INDEX_NAME)
-        raw = self.store.read(INDEX_NAME)
-        self.index = ShardIndex.from_json(raw, where)
-        self._check_shards()
-        self.classes = self.index.classes
+        self.index = read_index(self.store, cache_dir=cache_dir)
         self.local = isinstance(self.store, LocalStore)
+        digest = hashlib.sha256(location.encode() + b"\0" + self.index.id.encode()).hexdigest()[:16]
+        checked = "" if self.local else os.path.join(cache_dir or default_dir(), f"shards-{digest}.checked")
+        if not checked or not os.path.exists(checked):  # from S3: once per node and index
+            self._check_shards()
+            if checked:
+                with contextlib.suppress(OSError):
+                    open(checked, "a").close()
+        self.classes = self.index.classes
         self.cache: BlockCache | None = None
         if not self.local:
-            digest = hashlib.sha256(location.encode() + b"\0" + raw).hexdigest()[:16]
             self.cache = BlockCache(os.path.join(cache_dir or default_dir(), f"shards-{digest}"), cache_bytes)
-            largest = max(self.block_bytes(b) for b in range(-(-len(self.index) // block_samples)))
+            largest = self._largest_block()
             if largest > self.cache.max_bytes:
                 raise ConfigError(f"a shuffle block of {block_samples} samples takes up to {largest} bytes, more than "
                                   f"cache_bytes={self.cache.max_bytes} ({self.cache.dir}); raise cache_bytes, free "
@@ -88,15 +91,33 @@ class ShardDataset:
         self._lock = threading.Lock()
 
     def _check_shards(self) -> None:
-        have = dict(self.store.list(".tar"))
-        missing = [s.name for s in self.index.shards if s.name not in have]
-        wrong = [f"{s.name} ({have[s.name]} bytes, index says {s.size})" for s in self.index.shards
-                 if s.name in have and have[s.name] != s.size]
+        """Every shard is there with the size the index gives: one LIST per folder of shards."""
+        table = self.index.shards
+        listed: dict[str, dict[str, int]] = {}
+        missing, wrong = [], []
+        for k in range(len(table)):
+            name = table.name(k)
+            folder, _, base = name.rpartition("/")
+            have = listed.get(folder)
+            if have is None:
+                have = listed[folder] = dict(self.store.list(under=folder))
+            size = have.get(base)
+            if size is None:
+                missing.append(name)
+            elif size != int(table.sizes[k]):
+                wrong.append(f"{name} ({size} bytes, index says {int(table.sizes[k])})")
         if missing or wrong:
             what = (f"{len(missing)} shard(s) missing ({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})"
                     if missing else f"shard(s) of the wrong size: {', '.join(wrong[:3])}")
             raise ConfigError(f"{self.store.url}: {what}; the prefix is incomplete or was overwritten: write it "
                               "again with `hetero prepare`")
+
+    def _largest_block(self) -> int:
+        """Bytes of the largest shuffle block, or a bound on them (from the index's largest sample stride)."""
+        blocks = -(-len(self.index) // self.block_samples)
+        if self.index.max_stride and self.block_samples * self.index.max_stride <= self.cache.max_bytes:
+            return self.block_samples * self.index.max_stride
+        return max(self.block_bytes(b) for b in range(blocks))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -104,9 +125,7 @@ class ShardDataset:
     def __getitem__(self, i: int) -> tuple[bytes, int]:
         if not 0 <= i < len(self.index):
             raise IndexError(f"sample {i} is outside 0..{len(self.index) - 1}")
-        label = int(self.index.labels[i])
-        start, length = int(self.index.offsets[i]), int(self.index.lengths[i])
-        shard = int(self.index.shard_of[i])
+        shard, start, length, label = self.index.sample(i)
         if self.local:
             return self.store.read(self.index.shards[shard].name, start, start + length), label
         fd, where = self._block(i // self.block_samples)

@@ -4,41 +4,255 @@ A prefix (a local folder or ``s3://bucket/prefix``) holds::
 
     shard-000000.tar   <key>.jpg (or .png, the bytes as they were) + <key>.cls (the label, ASCII)
     shard-000001.tar   ...
-    index.json         classes, shards, and per sample: shard, byte offset of its data, length, label
+    index.bin          classes, shards, and per sample: byte offset of its data, length, label
 
 The tar files are plain ustar archives, so the ``webdataset`` library (and ``tar tf``) reads them
 unchanged. Samples are numbered in the order they were written, shard after shard, so a run of
 consecutive sample indices is one contiguous stretch of bytes in each shard it touches: a shuffle
 block (``data_service.sampler``) is a handful of large ranged reads.
 
-The index's per-sample columns are little-endian integer arrays in base64 (compact, and parsed
-without pickle); ``hetero prepare`` writes it last, so a prefix with an index is complete.
+``index.bin`` (:mod:`.indexfile`) holds the columns as binary arrays that every process of a node
+maps from one file: a process's memory and its time to open the index do not grow with the
+number of samples. ``index.json`` (version 1: the columns in base64 in one JSON document, parsed
+into each process) is still read; ``hetero index --from-json`` writes its ``index.bin``.
+
+Shard names are paths relative to the prefix: ``a/b.tar`` is allowed, ``..``, an absolute path,
+an empty part or a backslash is not.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
 
-INDEX_NAME = "index.json"
+INDEX_NAME = "index.bin"  # what ``hetero prepare`` writes and a reader looks for first
+JSON_INDEX_NAME = "index.json"  # version 1, still read
 FORMAT = "hetero-shards"
-VERSION = 1
+VERSION = 1  # of index.json
 SHARD_PATTERN = "shard-{:06d}.tar"
 TAR_BLOCK = 512
+FIX = "write the prefix again with `hetero prepare` (or `hetero index` for tars written elsewhere)"
 
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One tar file: its name under the prefix, size in bytes, and the samples it holds."""
+    """One shard file: its name under the prefix, size in bytes, and the samples it holds."""
 
     name: str
     size: int
     first: int
     count: int
+
+
+def check_name(name: str, where: str = "") -> str:
+    """``name`` when it is a safe relative key (``a/b.tar`` yes; ``..``, ``/abs``, ``a//b``, ``a\\b`` no)."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"{where + ': ' if where else ''}shard name {name!r} is not a relative path below the "
+                          "prefix (no '..', no leading '/', no empty part); name the shards by their place under it")
+    return name
+
+
+class ShardTable(Sequence):
+    """The shards as columns: ``first`` (``count + 1`` cumulative sample numbers), ``sizes`` and names.
+
+    Indexing gives a :class:`ShardInfo`; nothing per shard is held as a Python object, so a table
+    of a million shards costs its arrays (which may be mapped from the index file).
+    """
+
+    def __init__(self, first: np.ndarray, sizes: np.ndarray, name_ends: np.ndarray, names: bytes | np.ndarray,
+                 where: str = "") -> None:
+        self.first, self.sizes, self.name_ends, self._names, self.where = first, sizes, name_ends, names, where
+
+    @classmethod
+    def of(cls, shards: Sequence[ShardInfo]) -> "ShardTable":
+        """A table of ``ShardInfo`` rows (which must follow one another: ``first`` of each = the sum before it)."""
+        if isinstance(shards, ShardTable):
+            return shards
+        first = np.zeros(len(shards) + 1, dtype=np.int64)
+        expected = 0
+        for k, s in enumerate(shards):
+            check_name(s.name)
+            if s.first != expected or s.count < 0 or s.size < 0:
+                raise ConfigError(f"shard entry {s} does not follow the one before it (first={expected} expected)")
+            expected += s.count
+            first[k + 1] = expected
+        names = [s.name.encode() for s in shards]
+        ends = np.cumsum([len(n) for n in names], dtype=np.int64) if names else np.zeros(0, dtype=np.int64)
+        return cls(first, np.array([s.size for s in shards], dtype=np.int64), ends, b"".join(names))
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def name(self, k: int) -> str:
+        start = int(self.name_ends[k - 1]) if k else 0
+        raw = bytes(self._names[start:int(self.name_ends[k])])
+        try:
+            return check_name(raw.decode(), self.where)
+        except UnicodeDecodeError:
+            raise ConfigError(f"{self.where}: shard {k}'s name is not UTF-8; {FIX}") from None
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        k = int(k)
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(f"shard {k} is outside 0..{len(self) - 1}")
+        first = int(self.first[k])
+        return ShardInfo(self.name(k), int(self.sizes[k]), first, int(self.first[k + 1]) - first)
+
+    def __iter__(self) -> Iterator[ShardInfo]:
+        for k in range(len(self)):
+            yield self[k]
+
+
+class _ShardOf:
+    """``shard_of[i]``: the shard holding sample ``i`` (a search in the shards' ``first``, no per-sample array)."""
+
+    def __init__(self, first: np.ndarray) -> None:
+        self.first = first
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def __getitem__(self, i):
+        found = np.searchsorted(self.first, i, side="right") - 1
+        return found if isinstance(found, np.ndarray) else int(found)
+
+
+class ShardIndex:
+    """Where every sample lies: ``offsets[i]``/``lengths[i]`` in shard ``shard_at(i)``, label ``labels[i]``.
+
+    The columns are numpy arrays in compact dtypes (offsets ``<i8``, lengths ``<u4``, labels
+    ``<i4``); an index read from ``index.bin`` maps them from the file (read-only). ``shards`` is
+    a :class:`ShardTable` (indexing it gives :class:`ShardInfo`). ``id`` names the index's
+    contents (caches key on it).
+    """
+
+    def __init__(self, classes: list[str], shards: Sequence[ShardInfo], offsets: np.ndarray, lengths: np.ndarray,
+                 labels: np.ndarray, *, data_bytes: int | None = None, id: str = "") -> None:
+        self.classes = list(classes)
+        self.shards = ShardTable.of(shards)
+        self.offsets = _column(offsets, "<i8")
+        self.lengths = _column(lengths, "<u4")
+        self.labels = _column(labels, "<i4")
+        n = int(self.shards.first[-1])
+        if not len(self.offsets) == len(self.lengths) == len(self.labels) == n:
+            raise ConfigError(f"{self.shards.where or 'index'}: {len(self.offsets)} offsets, {len(self.lengths)} "
+                              f"lengths and {len(self.labels)} labels for shards holding {n} samples; {FIX}")
+        self.shard_of = _ShardOf(self.shards.first)
+        self._data_bytes = data_bytes
+        self.id = id
+        self.max_stride = 0  # bytes from a sample's data to the next one's, at most (0: not known)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def shard_at(self, i: int) -> int:
+        """The shard holding sample ``i``."""
+        return int(np.searchsorted(self.shards.first, i, side="right")) - 1
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of sample data (the shards less their tar headers and padding)."""
+        if self._data_bytes is None:
+            self._data_bytes = int(self.lengths.sum(dtype=np.int64))
+        return self._data_bytes
+
+    def sample(self, i: int) -> tuple[int, int, int, int]:
+        """``(shard, offset, length, label)`` of sample ``i``; ConfigError when it lies past its shard's end."""
+        s = self.shard_at(i)
+        start, length = int(self.offsets[i]), int(self.lengths[i])
+        if start < 0 or start + length > int(self.shards.sizes[s]):
+            raise ConfigError(f"{self.shards.where or 'index'}: sample {i} ({start}+{length}) lies past the end of "
+                              f"shard {self.shards.name(s)} ({int(self.shards.sizes[s])} bytes); the index is "
+                              f"corrupt: {FIX}")
+        return s, start, length, int(self.labels[i])
+
+    def parts(self, first: int, end: int) -> list[tuple[int, int, int]]:
+        """The byte ranges holding samples ``first..end-1``: ``(shard, start, stop)``, one per shard touched."""
+        if not 0 <= first < end <= len(self):
+            raise IndexError(f"samples {first}..{end - 1} are outside 0..{len(self) - 1}")
+        out = []
+        i = first
+        while i < end:
+            s = self.shard_at(i)
+            last = min(end, int(self.shards.first[s + 1])) - 1
+            start = int(self.offsets[i])
+            stop = int(self.offsets[last]) + int(self.lengths[last])
+            if start < 0 or stop < start or stop > int(self.shards.sizes[s]):
+                raise ConfigError(f"{self.shards.where or 'index'}: samples {i}..{last} ({start}..{stop}) lie past "
+                                  f"the end of shard {self.shards.name(s)} ({int(self.shards.sizes[s])} bytes); "
+                                  f"the index is corrupt: {FIX}")
+            out.append((s, start, stop))
+            i = last + 1
+        return out
+
+    def check(self) -> None:
+        """Check every sample against its shard (reads every column: for writers and converters, not readers)."""
+        n = len(self)
+        if not n:
+            return
+        sizes = np.asarray(self.shards.sizes, dtype=np.int64)
+        owner = np.repeat(np.arange(len(sizes)), np.diff(self.shards.first))
+        ends = self.offsets.astype(np.int64) + self.lengths.astype(np.int64)
+        if bool(np.any(self.offsets < 0)) or bool(np.any(ends > sizes[owner])):
+            raise ConfigError(f"{self.shards.where or 'index'}: a sample lies past the end of its shard; {FIX}")
+
+    # -- version 1: index.json
+    def to_json(self) -> bytes:
+        """The index as ``index.json`` (version 1; held whole in each reading process: small data sets only)."""
+        return json.dumps({
+            "format": FORMAT, "version": VERSION, "num_samples": len(self), "classes": self.classes,
+            "shards": [{"name": s.name, "size": s.size, "first": s.first, "count": s.count} for s in self.shards],
+            "offsets": _encode(self.offsets, "<i8"), "lengths": _encode(self.lengths, "<u4"),
+            "labels": _encode(self.labels, "<i4"),
+        }, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> "ShardIndex":
+        """Parse and check an ``index.json``; ConfigError naming ``where`` and the fix when it is not one."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{where} is not a {FORMAT} index ({exc}); {FIX}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ConfigError(f"{where} is not a {FORMAT} index; {FIX}")
+        if doc.get("version") != VERSION:
+            raise ConfigError(f"{where} is {FORMAT} version {doc.get('version')!r}; this release reads version "
+                              f"{VERSION}: write the prefix again with this release's `hetero prepare`")
+        try:
+            n = int(doc["num_samples"])
+            shards = [ShardInfo(str(s["name"]), int(s["size"]), int(s["first"]), int(s["count"]))
+                      for s in doc["shards"]]
+            classes = [str(c) for c in doc.get("classes", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: malformed index ({type(exc).__name__}: {exc}); {FIX}") from None
+        try:
+            table = ShardTable.of(shards)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}; {FIX}") from None
+        table.where = where
+        if int(table.first[-1]) != n:
+            raise ConfigError(f"{where}: shards hold {int(table.first[-1])} samples, the index says {n}")
+        index = cls(classes, table, _decode(doc["offsets"], n, "offsets", where),
+                    _decode(doc["lengths"], n, "lengths", where), _decode(doc["labels"], n, "labels", where),
+                    id="json-" + hashlib.sha256(data).hexdigest()[:24])
+        index.check()
+        return index
+
+
+def _column(array, dtype: str) -> np.ndarray:
+    array = np.asarray(array)
+    return array if array.dtype == np.dtype(dtype) else array.astype(dtype)
 
 
 def _encode(array: np.ndarray, dtype: str) -> dict:
@@ -52,90 +266,10 @@ def _decode(field: dict, n: int, name: str, where: str) -> np.ndarray:
             raise ValueError(f"dtype {dtype} is not an integer type")
         array = np.frombuffer(base64.b64decode(field["b64"], validate=True), dtype=dtype)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: column {name!r} is malformed ({exc}); write the prefix again with "
-                          "`hetero prepare`") from None
+        raise ConfigError(f"{where}: column {name!r} is malformed ({exc}); {FIX}") from None
     if len(array) != n:
-        raise ConfigError(f"{where}: column {name!r} has {len(array)} entries for {n} samples; write the prefix "
-                          "again with `hetero prepare`")
-    return array.astype(np.int64)
-
-
-class ShardIndex:
-    """Where every sample lies: ``offsets[i]``/``lengths[i]`` in shard ``shard_of[i]``, label ``labels[i]``."""
-
-    def __init__(self, classes: list[str], shards: list[ShardInfo], offsets: np.ndarray, lengths: np.ndarray,
-                 labels: np.ndarray) -> None:
-        self.classes = list(classes)
-        self.shards = list(shards)
-        self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.labels = np.asarray(labels, dtype=np.int64)
-        self.shard_of = np.repeat(np.arange(len(shards), dtype=np.int64), [s.count for s in shards])
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    @property
-    def data_bytes(self) -> int:
-        """Bytes of sample data (the shards less their tar headers and padding)."""
-        return int(self.lengths.sum())
-
-    def to_json(self) -> bytes:
-        return json.dumps({
-            "format": FORMAT, "version": VERSION, "num_samples": len(self), "classes": self.classes,
-            "shards": [{"name": s.name, "size": s.size, "first": s.first, "count": s.count} for s in self.shards],
-            "offsets": _encode(self.offsets, "<i8"), "lengths": _encode(self.lengths, "<u4"),
-            "labels": _encode(self.labels, "<i4"),
-        }, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, where: str) -> "ShardIndex":
-        """Parse and check an index; ConfigError naming ``where`` and the fix when it is not one."""
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{where} is not a shard index ({exc}); write the prefix with `hetero prepare`") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ConfigError(f"{where} is not a {FORMAT} index; write the prefix with `hetero prepare`")
-        if doc.get("version") != VERSION:
-            raise ConfigError(f"{where} is {FORMAT} version {doc.get('version')!r}; this release reads version "
-                              f"{VERSION}: write the prefix again with this release's `hetero prepare`")
-        try:
-            n = int(doc["num_samples"])
-            shards = [ShardInfo(str(s["name"]), int(s["size"]), int(s["first"]), int(s["count"]))
-                      for s in doc["shards"]]
-            classes = [str(c) for c in doc.get("classes", [])]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: malformed index ({type(exc).__name__}: {exc}); write the prefix again "
-                              "with `hetero prepare`") from None
-        expected = 0
-        for s in shards:
-            if s.first != expected or s.count < 0 or "/" in s.name or not s.name.endswith(".tar"):
-                raise ConfigError(f"{where}: shard entry {s} does not follow the one before it; write the prefix "
-                                  "again with `hetero prepare`")
-            expected += s.count
-        if expected != n:
-            raise ConfigError(f"{where}: shards hold {expected} samples, the index says {n}")
-        index = cls(classes, shards, _decode(doc["offsets"], n, "offsets", where),
-                    _decode(doc["lengths"], n, "lengths", where), _decode(doc["labels"], n, "labels", where))
-        sizes = np.array([s.size for s in shards], dtype=np.int64)
-        if n and bool(np.any(index.offsets + index.lengths > sizes[index.shard_of])):
-            raise ConfigError(f"{where}: a sample lies past the end of its shard; write the prefix again")
-        return index
-
-    def parts(self, first: int, end: int) -> list[tuple[int, int, int]]:
-        """The byte ranges holding samples ``first..end-1``: ``(shard, start, stop)``, one per shard touched."""
-        if not 0 <= first < end <= len(self):
-            raise IndexError(f"samples {first}..{end - 1} are outside 0..{len(self) - 1}")
-        out = []
-        i = first
-        while i < end:
-            s = int(self.shard_of[i])
-            info = self.shards[s]
-            last = min(end, info.first + info.count) - 1
-            out.append((s, int(self.offsets[i]), int(self.offsets[last] + self.lengths[last])))
-            i = last + 1
-        return out
+        raise ConfigError(f"{where}: column {name!r} has {len(array)} entries for {n} samples; {FIX}")
+    return array
 
 
 def padded(n: int) -> int:

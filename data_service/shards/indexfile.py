@@ -1,0 +1,342 @@
+"""``index.bin``: a shard index as binary columns that every process of a node maps from one file.
+
+Layout (little-endian)::
+
+    0   8  magic  b"\\x89HSIDX\\r\\n"
+    8   4  version (2)             12  4  header length H     16  4  CRC-32 of the header
+    20  H  header: JSON (classes, counts, id, and per column: dtype, byte offset, entries, CRC-32)
+    ...    columns, each at a 64-byte boundary:
+           offsets <i8, lengths <u4, labels <i4          (one entry per sample)
+           shard_first <i8 (shards + 1), shard_size <i8, name_end <i8   (one per shard)
+           names (the shard names' UTF-8 bytes back to back)
+
+Opening one (:func:`read_index`) reads the header and checks the per-shard columns: its cost and
+the memory it takes grow with the number of shards, never with the number of samples, whose
+columns stay in the page cache, shared by every process of the node, and are paged in as samples
+are read. From S3 the file is fetched once per node into the node's cache (ranged GETs in
+parallel, one process fetching while the others wait) and mapped from there.
+
+:class:`IndexWriter` writes one shard at a time (the columns go to temporary files, never all in
+memory), so an index of a billion samples is written in bounded memory; :func:`write_index`
+stores an in-memory :class:`~.format.ShardIndex`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..storage import LocalStore, open_store
+from ..storage.base import StoreError
+from .format import FIX, FORMAT, INDEX_NAME, JSON_INDEX_NAME, ShardIndex, ShardTable, check_name
+
+MAGIC = b"\x89HSIDX\r\n"
+VERSION = 2
+PREFIX = struct.Struct("<8sIII")
+ALIGN = 64
+SAMPLE_COLUMNS = (("offsets", "<i8"), ("lengths", "<u4"), ("labels", "<i4"))
+SHARD_COLUMNS = (("shard_first", "<i8"), ("shard_size", "<i8"), ("name_end", "<i8"), ("names", "|u1"))
+FETCH_RANGE = 64 << 20  # bytes per GET when an index is fetched from S3
+FETCH_READERS = 8
+
+__all__ = ["IndexWriter", "write_index", "read_index", "open_index_file", "INDEX_NAME", "JSON_INDEX_NAME"]
+
+
+class IndexWriter:
+    """Builds ``index.bin`` shard by shard in bounded memory.
+
+    ``add_shard`` appends one shard's per-sample columns to temporary files under ``folder``;
+    ``write_file`` (or ``store``) assembles the index. Use it as a context manager (the temporary
+    files are removed on exit)::
+
+        with IndexWriter(staging) as w:
+            w.add_shard("part-0/shard-000000.tar", size, offsets, lengths, labels)
+            w.store(store, classes)
+    """
+
+    def __init__(self, folder: str = "") -> None:
+        self.dir = tempfile.mkdtemp(prefix=".index-", dir=folder or None)
+        self._files = {name: open(os.path.join(self.dir, name), "wb") for name, _ in SAMPLE_COLUMNS}
+        self._crc = {name: 0 for name, _ in SAMPLE_COLUMNS}
+        self.first = [0]
+        self.sizes: list[int] = []
+        self.names: list[bytes] = []
+        self.data_bytes = 0
+        self.max_stride = 0
+
+    def __enter__(self) -> "IndexWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.first[-1]
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def add_shard(self, name: str, size: int, offsets, lengths, labels) -> None:
+        """Append shard ``name`` (``size`` bytes) holding the samples at ``offsets`` (data start),
+        ``lengths`` and ``labels``, in sample order. ConfigError when a sample lies outside it."""
+        check_name(name)
+        columns = {"offsets": np.ascontiguousarray(offsets, dtype="<i8"),
+                   "lengths": np.ascontiguousarray(lengths, dtype="<u4"),
+                   "labels": np.ascontiguousarray(labels, dtype="<i4")}
+        n = len(columns["offsets"])
+        if not len(columns["lengths"]) == len(columns["labels"]) == n:
+            raise ConfigError(f"shard {name}: {n} offsets, {len(columns['lengths'])} lengths and "
+                              f"{len(columns['labels'])} labels")
+        if np.asarray(lengths).size and int(np.max(lengths)) >= 1 << 32:
+            raise ConfigError(f"shard {name}: a sample of {int(np.max(lengths))} bytes; samples must be under 4 GiB")
+        if n:
+            ends = columns["offsets"] + columns["lengths"].astype(np.int64)
+            if int(columns["offsets"].min()) < 0 or int(ends.max()) > size:
+                raise ConfigError(f"shard {name}: a sample lies outside its {size} bytes")
+            strides = np.diff(np.append(columns["offsets"], ends[-1]))
+            self.max_stride = max(self.max_stride, int(np.max(np.maximum(strides, columns["lengths"]))))
+            self.data_bytes += int(columns["lengths"].sum(dtype=np.int64))
+        for key, array in columns.items():
+            raw = array.tobytes()
+            self._files[key].write(raw)
+            self._crc[key] = zlib.crc32(raw, self._crc[key])
+        self.first.append(self.first[-1] + n)
+        self.sizes.append(int(size))
+        self.names.append(name.encode())
+
+    def add_index(self, index: ShardIndex, prefix: str = "") -> None:
+        """Append every shard of ``index`` (names prefixed with ``prefix``), one shard at a time."""
+        for k in range(len(index.shards)):
+            a, b = int(index.shards.first[k]), int(index.shards.first[k + 1])
+            self.add_shard(prefix + index.shards.name(k), int(index.shards.sizes[k]), index.offsets[a:b],
+                           index.lengths[a:b], index.labels[a:b])
+
+    def write_file(self, path: str, classes: list[str]) -> str:
+        """Write the index to ``path`` (atomically: a temporary file renamed); its ``id``."""
+        for f in self._files.values():
+            f.flush()
+        ends = np.cumsum([len(x) for x in self.names], dtype=np.int64) if self.names else np.zeros(0, np.int64)
+        small = {"shard_first": np.array(self.first, dtype="<i8"), "shard_size": np.array(self.sizes, dtype="<i8"),
+                 "name_end": ends.astype("<i8"), "names": np.frombuffer(b"".join(self.names), dtype="|u1")}
+        n = len(self)
+        columns, at, pieces = {}, 0, []
+        for name, dtype in SAMPLE_COLUMNS + SHARD_COLUMNS:
+            count = n if name in self._files else len(small[name])
+            nbytes = count * np.dtype(dtype).itemsize
+            crc = self._crc[name] if name in self._files else zlib.crc32(small[name].tobytes())
+            columns[name] = {"dtype": dtype, "at": at, "count": count, "crc32": crc}
+            pieces.append((name, nbytes))
+            at = _aligned(at + nbytes)
+        digest = hashlib.sha256(json.dumps([columns, classes]).encode()).hexdigest()[:24]
+        header = {"format": FORMAT, "version": VERSION, "id": digest, "num_samples": n, "num_shards": len(self.sizes),
+                  "data_bytes": self.data_bytes, "max_stride": self.max_stride, "columns_bytes": at,
+                  "classes": list(classes), "columns": columns}
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        base = _aligned(PREFIX.size + len(raw))
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".part", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(PREFIX.pack(MAGIC, VERSION, len(raw), zlib.crc32(raw)) + raw)
+                for name, nbytes in pieces:
+                    out.seek(base + columns[name]["at"])
+                    if name in self._files:
+                        with open(os.path.join(self.dir, name), "rb") as src:
+                            shutil.copyfileobj(src, out, 16 << 20)
+                    else:
+                        out.write(small[name].tobytes())
+                out.truncate(base + at)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return digest
+
+    def store(self, store, classes: list[str], key: str = INDEX_NAME) -> str:
+        """Write the index as ``key`` of ``store`` (a folder or an S3 prefix: written atomically); its ``id``."""
+        path = os.path.join(self.dir, "index.bin")
+        digest = self.write_file(path, classes)
+        store.write_file(key, path)
+        return digest
+
+
+def write_index(store, index: ShardIndex, key: str = INDEX_NAME) -> str:
+    """Store ``index`` as ``index.bin`` (``key``) of ``store`` (a Store, or a folder or S3 location); its id."""
+    if isinstance(store, str):
+        store = open_store(store, what="dest", create=True)
+    with IndexWriter(getattr(store, "root", "") if isinstance(store, LocalStore) else "") as w:
+        w.add_index(index)
+        return w.store(store, index.classes, key)
+
+
+def read_index(location, *, cache_dir: str = "", request_timeout_s: float = 60.0) -> ShardIndex:
+    """The index of ``location`` (a folder, an ``s3://`` prefix or a Store): ``index.bin``, else ``index.json``.
+
+    A folder's ``index.bin`` is mapped in place; an S3 one is fetched once per node into
+    ``cache_dir`` (default ``HETERO_CACHE_DIR`` or the temporary folder) and mapped from there.
+
+    Raises:
+        ConfigError: no index, or one that is truncated or corrupt (naming it and the fix).
+    """
+    store = location if not isinstance(location, str) else \
+        open_store(location, what="shards", request_timeout_s=request_timeout_s)
+    try:
+        return _read(store, cache_dir)
+    except StoreError as exc:  # at start: a set-up problem (access, endpoint, a missing object)
+        raise ConfigError(str(exc)) from exc
+
+
+def _read(store, cache_dir: str) -> ShardIndex:
+    base = store.url.rstrip("/")
+    if isinstance(store, LocalStore):
+        path = store.key_url(INDEX_NAME)
+        if os.path.exists(path):
+            return open_index_file(path, f"{base}/{INDEX_NAME}")
+    elif store.exists(INDEX_NAME):
+        return _fetched(store, cache_dir, f"{base}/{INDEX_NAME}")
+    if store.exists(JSON_INDEX_NAME):
+        return ShardIndex.from_json(store.read(JSON_INDEX_NAME), f"{base}/{JSON_INDEX_NAME}")
+    store.check(INDEX_NAME)  # ConfigError naming the location and the fix
+    raise ConfigError(f"{base}/{INDEX_NAME} cannot be read; {FIX}")
+
+
+def open_index_file(path: str, where: str = "") -> ShardIndex:
+    """Map the ``index.bin`` at ``path``; ConfigError naming ``where`` when it is not a whole, valid index."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _open_fd(fd, where or path)
+    finally:
+        os.close(fd)
+
+
+def _open_fd(fd: int, where: str) -> ShardIndex:
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, PREFIX.size, 0)
+    header = _header(head, lambda n: os.pread(fd, n, PREFIX.size), size, where)
+    return _index(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), header, where)
+
+
+def _header(head: bytes, more, size: int, where: str) -> dict:
+    if len(head) < PREFIX.size or head[:8] != MAGIC:
+        raise ConfigError(f"{where} is not a {FORMAT} index (no index.bin signature); {FIX}")
+    _, version, length, crc = PREFIX.unpack(head)
+    if version != VERSION:
+        raise ConfigError(f"{where} is {FORMAT} index.bin version {version}; this release reads version {VERSION}: "
+                          "write it again with this release's `hetero prepare` or `hetero index`")
+    raw = more(length)
+    if len(raw) != length or zlib.crc32(raw) != crc:
+        raise ConfigError(f"{where}: the index header is truncated or corrupt (checksum mismatch); {FIX}")
+    try:
+        header = json.loads(raw)
+        header["data_start"] = _aligned(PREFIX.size + length)
+        need = header["data_start"] + int(header["columns_bytes"])
+        int(header["num_samples"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{where}: malformed index header ({exc}); {FIX}") from None
+    if size != need:
+        raise ConfigError(f"{where} is {size} bytes, its header says {need}: the file is truncated or was "
+                          f"overwritten while copied; {FIX}")
+    return header
+
+
+def _index(buf, header: dict, where: str) -> ShardIndex:
+    try:
+        base, n, cols = int(header["data_start"]), int(header["num_samples"]), header["columns"]
+        arrays = {}
+        for name, dtype in SAMPLE_COLUMNS + SHARD_COLUMNS:
+            c = cols[name]
+            if c["dtype"] != dtype:
+                raise ValueError(f"column {name} is {c['dtype']}, expected {dtype}")
+            arrays[name] = np.frombuffer(buf, dtype=dtype, count=int(c["count"]), offset=base + int(c["at"]))
+        classes = [str(c) for c in header.get("classes", [])]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: malformed index ({type(exc).__name__}: {exc}); {FIX}") from None
+    first, sizes, ends, names = (arrays[k] for k in ("shard_first", "shard_size", "name_end", "names"))
+    for name in ("shard_first", "shard_size", "name_end", "names"):
+        if zlib.crc32(arrays[name]) != int(cols[name]["crc32"]):
+            raise ConfigError(f"{where}: the shard table ({name}) is corrupt (checksum mismatch); {FIX}")
+    s = len(sizes)
+    if (len(first) != s + 1 or len(ends) != s or int(first[0]) != 0 or int(first[-1]) != n
+            or bool(np.any(np.diff(first) < 0)) or bool(np.any(sizes < 0)) or (s and int(ends[-1]) != len(names))
+            or bool(np.any(np.diff(ends) <= 0)) or (s and int(ends[0]) <= 0)
+            or any(len(arrays[k]) != n for k, _ in SAMPLE_COLUMNS)):
+        raise ConfigError(f"{where}: the shard table does not add up to {n} samples; {FIX}")
+    table = ShardTable(first, sizes, ends, names, where)
+    index = ShardIndex(classes, table, arrays["offsets"], arrays["lengths"], arrays["labels"],
+                       data_bytes=int(header.get("data_bytes", 0)), id=str(header.get("id", "")))
+    index.max_stride = int(header.get("max_stride", 0))
+    return index
+
+
+def verify(index_path: str, where: str = "") -> ShardIndex:
+    """Open ``index_path`` and check every column's checksum and every sample against its shard
+    (reads the whole file: for converters and tests, not readers)."""
+    index = open_index_file(index_path, where)
+    with open(index_path, "rb") as f:
+        head = f.read(PREFIX.size)
+        header = json.loads(f.read(PREFIX.unpack(head)[2]))
+    for name, _ in SAMPLE_COLUMNS:
+        if zlib.crc32(getattr(index, name)) != int(header["columns"][name]["crc32"]):
+            raise ConfigError(f"{where or index_path}: column {name} is corrupt (checksum mismatch); {FIX}")
+    index.check()
+    return index
+
+
+def _fetched(store, cache_dir: str, where: str) -> ShardIndex:
+    """Fetch the S3 ``index.bin`` into the node's cache once (keyed by its header's id) and map it."""
+    from ..filecache import FileCache
+    from .cache import default_dir
+
+    size = store.check(INDEX_NAME)
+    head = store.read(INDEX_NAME, 0, min(size, 1 << 16)) if size else b""
+    extra: list[bytes] = []
+
+    def more(k: int) -> bytes:
+        have = head[PREFIX.size:PREFIX.size + k]
+        if len(have) < k and PREFIX.size + k <= size:
+            extra.append(store.read(INDEX_NAME, len(head), PREFIX.size + k))
+            have += extra[-1]
+        return have
+
+    header = _header(head[:PREFIX.size], more, size, where)
+    name = f"index-{hashlib.sha256((store.url + chr(0) + str(header.get('id'))).encode()).hexdigest()[:24]}.bin"
+    folder = os.path.join(cache_dir or default_dir(), "indexes")
+    try:
+        files = FileCache(folder, max_bytes=4 * size + (64 << 20), evict=True)
+    except OSError as exc:
+        raise ConfigError(f"cache_dir={folder!r} cannot be created ({exc}); pass a writable folder "
+                          "(pipeline.cache_dir or HETERO_CACHE_DIR)") from None
+
+    def fill(out: int) -> None:
+        os.ftruncate(out, size)
+        jobs = [(a, min(size, a + FETCH_RANGE)) for a in range(0, size, FETCH_RANGE)]
+
+        def get(job):
+            a, b = job
+            os.pwrite(out, store.read(INDEX_NAME, a, b), a)
+
+        with ThreadPoolExecutor(FETCH_READERS, thread_name_prefix="index-fetch") as pool:
+            for _ in pool.map(get, jobs):
+                pass
+
+    fd = files.fetch(name, size, fill)
+    try:
+        return _open_fd(fd, where)
+    finally:
+        os.close(fd)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN

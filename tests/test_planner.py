@@ -139,8 +139,9 @@ def test_profile_times_the_finish_stage_too(tmp_path):
 
 def test_cli_plan_prints_and_writes_json(tmp_path, capsys):
     out = tmp_path / "plan.json"
+    # the AWS example's MNIST samples: float32 [1, 28, 28] and an int8 label on the wire
     rc = hetero_main(["plan", "--gpu-step-s", "0.18", "--preprocess-s", "8.33", "--batch-size", "512",
-                      "--epoch-samples", "60000", "--json", str(out)])
+                      "--epoch-samples", "60000", "--bytes-per-sample", "3137", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "(recommended)" in text and "| homogeneous |" in text
     doc = json.loads(out.read_text())

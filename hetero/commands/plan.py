@@ -4,7 +4,11 @@ Give the per-batch preprocessing cost on one core (``--preprocess-s``, or ``--pr
 measure it here), the GPU step time with resident data and the batch size; the planner
 (hetero/planning/planner.py) prices every CPU instance type of the table and recommends the
 cheapest type and count with data wait under ``--target-wait``, beside the homogeneous
-alternative. Exit codes: 0 a recommendation, 1 none meets the target, 2 bad input.
+alternative. The network bounds each layout too: the bytes per sample on the wire (--bytes-per-sample
+as a job's data servers measured them, --profile's built batches, else a uint8 crop of --crop-size)
+against each instance's NIC baseline and the single-flow cap; each layout names what binds, and
+when the network does, the plan prices the compact wire encodings too.
+Exit codes: 0 a recommendation, 1 none meets the target, 2 bad input.
 """
 from __future__ import annotations
 
@@ -38,11 +42,22 @@ def register(sub) -> None:
     p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE",
                    help="with --profile: also profile the pipeline with this option changed and price the data "
                         "group it needs beside (e.g. decode=whole: what the fused crop-and-decode saves)")
+    p.add_argument("--bytes-per-sample", type=float, default=None,
+                   help="bytes one sample takes on the wire, as the data servers measured them (a job's metrics.json: "
+                        "bytes_sent / (batches_sent x batch size)); default: --profile's batches, else a uint8 crop")
+    p.add_argument("--crop-size", type=int, default=224,
+                   help="side of the uint8 crop assumed when no bytes were measured (default 224: 150,528 bytes)")
+    p.add_argument("--wire", default="uint8", help="the job's wire encoding, the one --preprocess-s/--profile and "
+                   "--bytes-per-sample were measured with (uint8, up-zstd, jpeg:90, ...; default uint8)")
+    p.add_argument("--placement-group", action="store_true",
+                   help="the instances share a cluster placement group: one flow carries up to 10 Gbps, not 5")
+    p.add_argument("--goodput", type=float, default=1.0, help="share of a NIC's Gbps that carries samples (default 1)")
+    p.add_argument("--no-network", action="store_true", help="count cores only (the network is not modelled)")
     p.add_argument("--json", type=Path, default=None, help="write the plan here")
     p.set_defaults(func=run)
 
 
-def _profile(args: argparse.Namespace, options: dict, label: str = "") -> tuple[float, int]:
+def _profile(args: argparse.Namespace, options: dict, label: str = "") -> tuple[float, int, float]:
     import os
 
     from hetero.planning.profile import profile_pipeline
@@ -62,8 +77,9 @@ def _profile(args: argparse.Namespace, options: dict, label: str = "") -> tuple[
         if tmp is not None:
             tmp.cleanup()
     print(f"profile{label}: {prof.median_s * 1000:.1f} ms per batch of {prof.batch_size} on CPU {prof.cpu} "
-          f"(median of {args.profile_batches}; {prof.min_s * 1000:.1f}-{prof.max_s * 1000:.1f} ms)")
-    return prof.median_s, prof.batch_size
+          f"(median of {args.profile_batches}; {prof.min_s * 1000:.1f}-{prof.max_s * 1000:.1f} ms), "
+          f"{prof.bytes_per_sample:,.0f} bytes per sample built")
+    return prof.median_s, prof.batch_size, prof.bytes_per_sample
 
 
 def compare_line(kv: str, preprocess_s: float, result, other_s: float, other) -> str:
@@ -82,9 +98,39 @@ def compare_line(kv: str, preprocess_s: float, result, other_s: float, other) ->
     return line
 
 
+def network_inputs(args: argparse.Namespace, profiled_bytes: float | None) -> dict:
+    """Bytes per sample on the wire (and where they come from), the job's wire encoding and the flow cap.
+
+    Raises:
+        hetero.planning.network.NetworkError: an unknown encoding or a bad figure (naming it).
+    """
+    from hetero.planning.network import (PLACEMENT_GROUP_FLOW_GBPS, SINGLE_FLOW_GBPS, NetworkError,
+                                         wire_encoding)
+
+    wire = wire_encoding(args.wire)
+    flow = PLACEMENT_GROUP_FLOW_GBPS if args.placement_group else SINGLE_FLOW_GBPS
+    if args.no_network:
+        return {"bytes": None, "source": "", "wire": wire, "flow_gbps": flow}
+    if args.bytes_per_sample is not None:
+        if not args.bytes_per_sample > 0:
+            raise NetworkError(f"--bytes-per-sample={args.bytes_per_sample} must be a positive number of bytes")
+        return {"bytes": args.bytes_per_sample, "source": "measured, --bytes-per-sample", "wire": wire,
+                "flow_gbps": flow}
+    if profiled_bytes:
+        return {"bytes": profiled_bytes, "source": "the profiled batches' tensors", "wire": wire, "flow_gbps": flow}
+    if args.crop_size < 1:
+        raise NetworkError(f"--crop-size={args.crop_size} must be a positive number of pixels")
+    crop = args.crop_size * args.crop_size * 3
+    return {"bytes": crop * wire.bytes_ratio, "wire": wire, "flow_gbps": flow,
+            "source": f"assumed: a {args.crop_size}x{args.crop_size}x3 uint8 crop"
+                      + (f" x {wire.bytes_ratio:g} for {wire.name}" if wire.name != "uint8" else "")
+                      + "; give --bytes-per-sample as measured, or --profile"}
+
+
 def run(args: argparse.Namespace) -> int:
     from hetero.planning.cost import PriceError, load_prices
-    from hetero.planning.planner import PlanError, format_plan, plan
+    from hetero.planning.network import COMPACT, wire_encoding
+    from hetero.planning.planner import PlanError, format_plan, network_bound, plan, wire_line
     from data_service.errors import ConfigError
     from hetero.cli import setup_logging
     from hetero.options import parse_kv
@@ -100,29 +146,44 @@ def run(args: argparse.Namespace) -> int:
             options = parse_kv(args.option)
             if args.batch_size:
                 options["batch_size"] = args.batch_size
-            preprocess_s, batch_size = _profile(args, options)
+            preprocess_s, batch_size, profiled_bytes = _profile(args, options)
         else:
             if args.preprocess_s is None or args.batch_size is None:
                 raise PlanError("give --preprocess-s and --batch-size (measured figures), or --profile to measure them")
-            preprocess_s, batch_size = args.preprocess_s, args.batch_size
+            preprocess_s, batch_size, profiled_bytes = args.preprocess_s, args.batch_size, None
+        net = network_inputs(args, profiled_bytes)
         if args.compare and not args.profile:
             raise PlanError("--compare needs --profile (it profiles the pipeline with the option changed)")
 
-        def plan_for(preprocess_s: float, batch_size: int):
+        def plan_for(preprocess_s: float, batch_size: int, bytes_per_sample: float | None = None, encode_s: float = 0.0,
+                     wire: str = args.wire):
             return plan(table, args.dnn_instance, preprocess_s, args.gpu_step_s, batch_size, dnn_count=args.dnn_count,
                         data_types=types or None, max_count=args.max_count, target_wait=args.target_wait,
                         reserve_cpus=args.reserve_cpus, efficiency=args.efficiency, local_server=args.local_server,
-                        epoch_samples=args.epoch_samples)
+                        epoch_samples=args.epoch_samples, encode_s=encode_s, goodput=args.goodput, wire=wire,
+                        bytes_per_sample=bytes_per_sample if bytes_per_sample is not None else net["bytes"],
+                        flow_gbps=net["flow_gbps"])
         result = plan_for(preprocess_s, batch_size)
+        result.workload["bytes_source"] = net["source"]
+        wires = []
+        if net["bytes"] is not None and network_bound(result):
+            for alt in (n for n in ("up-zstd", COMPACT) if n != net["wire"].name):
+                enc = wire_encoding(alt)
+                ratio = enc.bytes_ratio / net["wire"].bytes_ratio
+                wires.append((enc, ratio, plan_for(preprocess_s, batch_size, net["bytes"] * ratio,
+                                                   max(0.0, enc.encode_s - net["wire"].encode_s), enc.name)))
         compared = []
         for kv in args.compare:
             changed = {**options, **parse_kv([kv])}
-            other_s, other_batch = _profile(args, changed, f" with {kv}")
+            other_s, other_batch, _ = _profile(args, changed, f" with {kv}")
             compared.append((kv, other_s, plan_for(other_s, other_batch)))
     except (PriceError, PlanError, ConfigError, ValueError) as exc:
         print(f"hetero plan: {exc}")
         return 2
     print(format_plan(result))
+    for enc, ratio, other in wires:
+        print(wire_line(enc.name, enc.bytes_ratio, enc.encode_s, enc.source.split("; ")[-1] if "PSNR" in enc.source
+                        else "lossless", other, result, enc.decode_s))
     for kv, other_s, other in compared:
         print(compare_line(kv, preprocess_s, result, other_s, other))
     if args.json:

@@ -1,8 +1,10 @@
 """Dollar cost of training steps on a SageMaker cluster, from a dated price table.
 
-The table is ``hetero/planning/prices.json`` (us-east-1 on-demand $/instance-hour, each entry
-with its source and date). ``HETERO_PRICES=/path/to/prices.json`` or an explicit ``path``
-names an override file of the same schema whose entries replace (or add to) the defaults.
+The table is ``hetero/planning/prices.json`` (us-east-1 on-demand $/instance-hour, vCPUs, GPUs and
+the network's baseline and burst Gbps, each figure with its source and date).
+``HETERO_PRICES=/path/to/prices.json`` or an explicit ``path`` names an override file of the
+same schema: its entries add types, or replace the given fields of a known type (an entry with
+only ``baseline_gbps`` keeps the type's price).
 
 A *cluster* is a list of ``(instance_type, count)`` pairs, e.g.
 ``[("ml.p3.2xlarge", 1), ("ml.c5.9xlarge", 1)]``. SageMaker bills every instance of a job
@@ -17,8 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -42,6 +45,10 @@ class InstancePrice:
     gpus: int
     source: str
     date: str
+    baseline_gbps: float | None = None   # sustained NIC bandwidth, in and out at once (None: unknown)
+    burst_gbps: float | None = None      # the "up to" figure, minutes on credits
+    network_source: str = ""
+    network_date: str = ""
 
 
 class PriceTable:
@@ -130,20 +137,42 @@ def parse_cluster(text: str) -> list[tuple[str, int]]:
     return list(_check_cluster(out))
 
 
-def _rows(path: Path) -> tuple[dict, dict[str, InstancePrice]]:
+def _read(path: Path) -> dict:
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise PriceError(f"cannot read price file {path}: {exc}") from exc
-    rows = {}
-    for name, row in (doc.get("instances") or {}).items():
-        try:
-            rows[name] = InstancePrice(name, float(row["usd_per_hour"]), int(row.get("vcpus", 0)),
-                                       int(row.get("gpus", 0)), str(row.get("source", path.name)),
-                                       str(row.get("date", doc.get("as_of", ""))))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PriceError(f"price file {path}: entry {name!r} needs a numeric usd_per_hour ({exc})") from exc
-    return doc, rows
+    if not isinstance(doc, dict) or not isinstance(doc.get("instances") or {}, dict):
+        raise PriceError(f"price file {path}: needs an object with an 'instances' object of type -> entry")
+    return doc
+
+
+def _gbps(path: Path, name: str, row: dict, key: str) -> float | None:
+    value = row.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise PriceError(f"price file {path}: entry {name!r} has {key}={value!r}; it must be a positive number "
+                         "of Gbps (or left out when unknown)")
+    return float(value)
+
+
+def _row(path: Path, name: str, row: dict, as_of: str) -> InstancePrice:
+    try:
+        usd = float(row["usd_per_hour"])
+        if not usd >= 0:
+            raise ValueError(f"usd_per_hour={row['usd_per_hour']!r} is negative")
+        price = InstancePrice(name, usd, int(row.get("vcpus", 0)), int(row.get("gpus", 0)),
+                              str(row.get("source", path.name)), str(row.get("date", as_of)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PriceError(f"price file {path}: entry {name!r} needs a numeric usd_per_hour >= 0 ({exc})") from exc
+    base, burst = _gbps(path, name, row, "baseline_gbps"), _gbps(path, name, row, "burst_gbps")
+    if base is not None and burst is not None and burst < base:
+        raise PriceError(f"price file {path}: entry {name!r} has burst_gbps={burst} below baseline_gbps={base}; "
+                         "burst is the 'up to' figure, at least the baseline")
+    return replace(price, baseline_gbps=base, burst_gbps=burst if burst is not None else base,
+                   network_source=str(row.get("network_source", path.name if base is not None else "")),
+                   network_date=str(row.get("network_date", as_of if base is not None else "")))
 
 
 def load_prices(path: str | os.PathLike | None = None) -> PriceTable:
@@ -155,12 +184,24 @@ def load_prices(path: str | os.PathLike | None = None) -> PriceTable:
     Returns:
         The merged PriceTable.
     """
-    doc, rows = _rows(DEFAULT_PATH)
+    doc = _read(DEFAULT_PATH)
+    raw = {name: (dict(row), DEFAULT_PATH, doc.get("as_of", "")) for name, row in doc["instances"].items()}
     override = path or os.environ.get(ENV_VAR)
     if override:
-        over_doc, over_rows = _rows(Path(override))
-        rows.update(over_rows)
+        over_path = Path(override)
+        over_doc = _read(over_path)
+        for name, row in (over_doc.get("instances") or {}).items():
+            if not isinstance(row, dict):
+                raise PriceError(f"price file {over_path}: entry {name!r} must be an object, got {row!r}")
+            base, over_as_of = raw.get(name, ({}, over_path, ""))[0], over_doc.get("as_of", doc.get("as_of", ""))
+            # a replaced figure takes its source from the override file unless the entry names one
+            cited = {**({"source": over_path.name, "date": over_as_of} if "usd_per_hour" in row else {}),
+                     **({"network_source": over_path.name, "network_date": over_as_of}
+                        if {"baseline_gbps", "burst_gbps"} & set(row) else {}),
+                     **({"burst_gbps": None} if "baseline_gbps" in row else {})}  # a new baseline: its own burst
+            raw[name] = ({**base, **cited, **row}, over_path, over_as_of)
         doc = {**doc, **{k: v for k, v in over_doc.items() if k in ("region", "as_of")}}
+    rows = {name: _row(p, name, row, as_of) for name, (row, p, as_of) in raw.items()}
     return PriceTable(rows, region=doc.get("region", ""), as_of=doc.get("as_of", ""))
 
 

@@ -14,6 +14,12 @@ trainer process. Heterogeneous: ``count`` data instances' vCPUs (plus the GPU in
 ones with ``local_server``, as the launcher's ``dnn_local_server=true`` does). One vCPU is
 taken to equal one core of the machine ``preprocess_s`` was measured on; SageMaker bills
 every instance for the whole job, so ``$/step = cluster $/h * step / 3600``.
+
+Given the bytes one sample takes on the wire (``bytes_per_sample``), the network bounds the
+heterogeneous layouts too (:mod:`hetero.planning.network`): each data node delivers the smaller of
+its cores' output and its NIC baseline, each rank's flow to a data node is capped, and the DNN
+nodes' NICs bound what their ranks receive. Each layout names its binding resource: ``gpu`` (the
+accelerators set the step), ``cores``, ``data NIC``, ``DNN NIC`` or ``flow``.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .cost import Cluster, PriceError, PriceTable
+from .network import NETWORK_BINDINGS, SINGLE_FLOW_GBPS, deliverable, images_to_gbps
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,7 @@ class Prediction:
     data_s: float
     data_wait_fraction: float
     bound: str  # "gpu" or "data"
+    binding: str = ""  # "gpu", "cores", "data NIC", "DNN NIC" or "flow"
 
 
 def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers: int = 1,
@@ -76,7 +84,8 @@ def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers
         raise PlanError(f"trainer_s must be >= 0 seconds, got {trainer_s!r}")
     data_s = consumers * (preprocess_s + trainer_s) / (cores * efficiency)
     step_s = max(gpu_step_s, data_s)
-    return Prediction(step_s, data_s, (step_s - gpu_step_s) / step_s, "data" if data_s > gpu_step_s else "gpu")
+    bound = "data" if data_s > gpu_step_s else "gpu"
+    return Prediction(step_s, data_s, (step_s - gpu_step_s) / step_s, bound, "cores" if bound == "data" else "gpu")
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,9 @@ class Option:
     usd_per_1000_steps: float
     usd_per_epoch: float | None
     meets_target: bool
+    binding: str = ""                 # what sets the step: gpu, cores, data NIC, DNN NIC or flow
+    usd_per_1000_images: float = 0.0
+    gbps_per_data_node: float | None = None  # what each data node sends at the predicted step
 
 
 @dataclass
@@ -113,19 +125,56 @@ class Plan:
 
 
 def _option(table: PriceTable, label: str, cluster: Cluster, data_instance: str | None, data_count: int,
-            cores: float, pred: Prediction, target: float, steps_per_epoch: int | None) -> Option:
+            cores: float, pred: Prediction, target: float, steps_per_epoch: int | None, images_per_step: int = 1,
+            gbps_per_node: float | None = None) -> Option:
     hourly = table.cluster_hourly(cluster)
     per_step = table.cost_per_step(cluster, pred.step_s)
     return Option(label, tuple(tuple(c) for c in cluster), data_instance, data_count, cores, pred.step_s,
                   pred.data_wait_fraction, hourly, per_step, 1000 * per_step,
                   steps_per_epoch * per_step if steps_per_epoch else None,
-                  pred.data_wait_fraction <= target + 1e-12)
+                  pred.data_wait_fraction <= target + 1e-12, pred.binding, 1000 * per_step / images_per_step,
+                  gbps_per_node)
+
+
+def predict_network_step(preprocess_s: float, gpu_step_s: float, batch_size: int, consumers: int,
+                         node_cores: float, data_nodes: int, bytes_per_sample: float,
+                         data_nic_gbps: float | None, dnn_nic_gbps: float | None = None, dnn_nodes: int = 1,
+                         flow_gbps: float | None = SINGLE_FLOW_GBPS, encode_s: float = 0.0, efficiency: float = 1.0,
+                         local_cores: float = 0.0, goodput: float = 1.0) -> Prediction:
+    """Step time when ``data_nodes`` data nodes of ``node_cores`` cores feed ``consumers`` ranks over the network.
+
+    Args:
+        preprocess_s: seconds one core needs to build one batch of ``batch_size`` samples.
+        encode_s: seconds one core adds per sample for the wire encoding.
+        bytes_per_sample: bytes one sample takes on the wire.
+        data_nic_gbps, dnn_nic_gbps: the nodes' NIC baselines (None: not limited).
+        flow_gbps: one rank's flow to one data node (None: not limited).
+        local_cores: the DNN nodes' own cores building batches (``local_server``), over no NIC.
+        goodput, efficiency, gpu_step_s, dnn_nodes: see :func:`hetero.planning.network.deliverable`
+            and :func:`predict_step`.
+    """
+    _positive("preprocess_s", preprocess_s)
+    _positive("gpu_step_s", gpu_step_s)
+    if not 0 < efficiency <= 1:
+        raise PlanError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    if not encode_s >= 0:
+        raise PlanError(f"encode_s must be >= 0 seconds per sample, got {encode_s!r}")
+    per_core = batch_size / (preprocess_s + batch_size * encode_s)
+    d = deliverable(node_cores * efficiency, per_core, bytes_per_sample, data_nic_gbps, data_nodes=data_nodes,
+                    consumers=consumers, dnn_nic_gbps=dnn_nic_gbps, dnn_nodes=dnn_nodes, flow_gbps=flow_gbps,
+                    goodput=goodput, local_images_s=local_cores * efficiency * per_core)
+    data_s = consumers * batch_size / d.images_per_s
+    step_s = max(gpu_step_s, data_s)
+    bound = "data" if data_s > gpu_step_s else "gpu"
+    return Prediction(step_s, data_s, (step_s - gpu_step_s) / step_s, bound, d.binding if bound == "data" else "gpu")
 
 
 def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: float, batch_size: int,
          dnn_count: int = 1, data_types: list[str] | None = None, max_count: int = 16,
          target_wait: float = 0.05, reserve_cpus: int = 1, efficiency: float = 1.0,
-         local_server: bool = False, epoch_samples: int = 0) -> Plan:
+         local_server: bool = False, epoch_samples: int = 0, bytes_per_sample: float | None = None,
+         encode_s: float = 0.0, flow_gbps: float | None = SINGLE_FLOW_GBPS, goodput: float = 1.0,
+         wire: str = "") -> Plan:
     """Cheapest data group (type and count) keeping data wait <= ``target_wait``, and the alternatives.
 
     Args:
@@ -140,6 +189,11 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
         efficiency: data-path scaling efficiency (see :func:`predict_step`).
         local_server: the GPU instances' own spare vCPUs also build batches.
         epoch_samples: samples per epoch, for $/epoch (0: not reported).
+        bytes_per_sample: bytes one sample takes on the wire (None: the network is not modelled).
+        encode_s: data-node CPU seconds per sample the wire encoding adds.
+        flow_gbps: one rank's flow to one data node (5 Gbps outside a cluster placement group, 10 inside).
+        goodput: share of a NIC's Gbps that carries payload.
+        wire: the wire encoding's name (reported only).
 
     Raises:
         PriceError: unknown instance type (listing the known ones). PlanError: bad figure.
@@ -160,12 +214,21 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
     if epoch_samples and not steps_per_epoch:
         raise PlanError(f"epoch_samples={epoch_samples} is less than one step ({batch_size * consumers} samples)")
 
+    if bytes_per_sample is not None:
+        _positive("bytes_per_sample", bytes_per_sample)
+
     def predict(cores: float) -> Prediction:
         return predict_step(preprocess_s, gpu_step_s, cores, consumers, efficiency)
 
+    def predict_net(row, n: int) -> Prediction:
+        return predict_network_step(preprocess_s, gpu_step_s, batch_size, consumers, row.vcpus, n, bytes_per_sample,
+                                    row.baseline_gbps, dnn.baseline_gbps, dnn_count, flow_gbps, encode_s, efficiency,
+                                    own_cores if local_server else 0.0, goodput)
+
     dnn_cluster = [(dnn_instance, dnn_count)]
+    images_per_step = batch_size * consumers
     homo = _option(table, "homogeneous", dnn_cluster, None, 0, own_cores, predict(own_cores), target_wait,
-                   steps_per_epoch)
+                   steps_per_epoch, images_per_step)
     types = data_types if data_types else [t for t in table.known() if table.info(t).gpus == 0]
     candidates = []
     for t in types:
@@ -173,10 +236,12 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
         options = []
         for n in range(1, max_count + 1):
             cores = n * row.vcpus + (own_cores if local_server else 0)
-            pred = predict(cores)
+            pred = predict(cores) if bytes_per_sample is None else predict_net(row, n)
+            gbps = (None if bytes_per_sample is None else
+                    images_to_gbps(images_per_step / pred.step_s / n, bytes_per_sample))
             options.append(_option(table, f"{n} x {t}", dnn_cluster + [(t, n)], t, n, cores, pred, target_wait,
-                                   steps_per_epoch))
-            if pred.bound == "gpu":
+                                   steps_per_epoch, images_per_step, gbps))
+            if pred.bound == "gpu" or pred.binding == "DNN NIC":
                 break  # more instances of this type would only add cost
         # While data-bound, $/step = (dnn $/h + n * data $/h) * k / n falls as n grows, so the cheapest
         # layout that meets the target is not always the smallest one: compare them all.
@@ -189,8 +254,24 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
                 "preprocess_s": preprocess_s, "gpu_step_s": gpu_step_s, "batch_size": batch_size,
                 "target_wait": target_wait, "reserve_cpus": reserve_cpus, "efficiency": efficiency,
                 "local_server": local_server, "max_count": max_count, "steps_per_epoch": steps_per_epoch,
-                "prices_region": table.region, "prices_as_of": table.as_of}
+                "prices_region": table.region, "prices_as_of": table.as_of, "bytes_per_sample": bytes_per_sample,
+                "encode_s": encode_s, "flow_gbps": flow_gbps, "goodput": goodput, "wire": wire,
+                "dnn_baseline_gbps": dnn.baseline_gbps, "dnn_burst_gbps": dnn.burst_gbps,
+                "demand_gbps": (None if bytes_per_sample is None else
+                                images_to_gbps(images_per_step / gpu_step_s, bytes_per_sample))}
     return Plan(workload, homo, sorted(candidates, key=lambda c: c.usd_per_step), recommended)
+
+
+def _network_line(w: dict) -> str:
+    if w.get("bytes_per_sample") is None:
+        return "Network: not modelled (no bytes per sample given): the plan counts cores only."
+    flow = "not limited" if w["flow_gbps"] is None else f"{w['flow_gbps']:g} Gbps per flow"
+    dnn = ("unknown" if w["dnn_baseline_gbps"] is None else
+           f"{w['dnn_baseline_gbps']:g} Gbps baseline (burst {w['dnn_burst_gbps']:g}, minutes on credits)")
+    return (f"Network: {w['bytes_per_sample']:,.0f} bytes per sample on the wire ("
+            f"{'wire ' + w['wire'] + '; ' if w.get('wire') else ''}{w.get('bytes_source') or 'given'}); "
+            "a step with no data wait needs "
+            f"{w['demand_gbps']:.2f} Gbps into the DNN node(s); each {w['dnn_instance']}: {dnn}; {flow}.")
 
 
 def format_plan(p: Plan) -> str:
@@ -199,29 +280,81 @@ def format_plan(p: Plan) -> str:
     lines = [f"Workload: {w['consumers']} accelerator(s) on {w['dnn_count']} x {w['dnn_instance']}, "
              f"batch {w['batch_size']}, preprocessing {w['preprocess_s'] * 1000:.1f} ms/batch on one core, "
              f"GPU step {w['gpu_step_s'] * 1000:.1f} ms with resident data; target data wait "
-             f"<= {w['target_wait']:.0%}; prices {w['prices_region']} as of {w['prices_as_of']}.", "",
-             "| layout | data cores | pred. step (s) | data wait | $/h | $/step | $/1000 steps | $/epoch | meets target |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"<= {w['target_wait']:.0%}; prices {w['prices_region']} as of {w['prices_as_of']}.",
+             _network_line(w), "",
+             "| layout | data cores | pred. step (s) | data wait | binds | Gbps per data node | $/h | $/step | "
+             "$/1000 images | $/epoch | meets target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in [p.homogeneous] + p.candidates:
         epoch = "n/a" if o.usd_per_epoch is None else f"{o.usd_per_epoch:.4f}"
+        gbps = "-" if o.gbps_per_data_node is None else f"{o.gbps_per_data_node:.2f}"
         mark = " (recommended)" if o is p.recommended else ""
-        lines.append(f"| {o.label}{mark} | {o.cores:g} | {o.step_s:.4f} | {o.data_wait_fraction:.1%} | "
-                     f"{o.usd_per_hour:.3f} | {o.usd_per_step:.6f} | {o.usd_per_1000_steps:.4f} | {epoch} | "
+        lines.append(f"| {o.label}{mark} | {o.cores:g} | {o.step_s:.4f} | {o.data_wait_fraction:.1%} | {o.binding} | "
+                     f"{gbps} | {o.usd_per_hour:.3f} | {o.usd_per_step:.6f} | {o.usd_per_1000_images:.6f} | {epoch} | "
                      f"{'yes' if o.meets_target else 'no'} |")
     lines.append("")
     if p.recommended is None:
-        lines.append(f"No data group of at most {w['max_count']} instances keeps data wait under "
-                     f"{w['target_wait']:.0%}; raise --max-count, relax --target-wait or make preprocessing cheaper.")
+        head = f"No data group of at most {w['max_count']} instances keeps data wait under {w['target_wait']:.0%}"
+        best = min(p.candidates, key=lambda c: c.step_s, default=None)
+        if best is not None and best.binding in NETWORK_BINDINGS:
+            lines.append(f"{head}: the network binds, {_binding_words(best.binding, w)}. Send fewer bytes per sample "
+                         "(a compact --wire encoding), or choose instances with more bandwidth (network-optimised "
+                         "types such as c5n, a larger DNN instance, a cluster placement group for the flow cap).")
+        else:
+            lines.append(f"{head}; raise --max-count, relax --target-wait or make preprocessing cheaper.")
     else:
         r, h = p.recommended, p.homogeneous
         if h.meets_target and h.usd_per_step <= r.usd_per_step:
             lines.append(f"The GPU instance(s) alone already keep data wait under {w['target_wait']:.0%} and cost "
                          "less per step: a data group does not pay for this workload.")
         lines.append(f"Recommended: {r.data_count} x {r.data_instance} beside {w['dnn_count']} x "
-                     f"{w['dnn_instance']}: predicted {r.step_s:.4f} s/step ({r.data_wait_fraction:.1%} data wait), "
-                     f"${r.usd_per_step:.6f}/step; homogeneous {h.step_s:.4f} s/step, ${h.usd_per_step:.6f}/step "
+                     f"{w['dnn_instance']}: predicted {r.step_s:.4f} s/step ({r.data_wait_fraction:.1%} data wait, "
+                     f"bound by {r.binding}), ${r.usd_per_step:.6f}/step, ${r.usd_per_1000_images:.6f}/1000 images; "
+                     f"homogeneous {h.step_s:.4f} s/step, ${h.usd_per_step:.6f}/step "
                      f"(cost ratio homogeneous/recommended {h.usd_per_step / r.usd_per_step:.2f}).")
     return "\n".join(lines)
 
 
-__all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "format_plan", "plan", "predict_step"]
+def _binding_words(binding: str, w: dict) -> str:
+    if binding == "DNN NIC":
+        return (f"the {w['dnn_instance']} NIC ({w['dnn_baseline_gbps']:g} Gbps baseline) carries less than the "
+                f"{w['demand_gbps']:.2f} Gbps the GPUs take")
+    if binding == "flow":
+        return f"one flow per rank and data node carries at most {w['flow_gbps']:g} Gbps"
+    return "the data nodes' NIC baselines carry less than their cores build"
+
+
+def network_bound(p: Plan) -> bool:
+    """True when the network sets the recommended layout's step, or keeps every layout from the target."""
+    if p.recommended is not None:
+        return p.recommended.binding in NETWORK_BINDINGS
+    return any(c.binding in NETWORK_BINDINGS for c in p.candidates)
+
+
+def wire_line(name: str, ratio: float, encode_s: float, note: str, other: Plan, current: Plan,
+              decode_s: float = 0.0) -> str:
+    """One line: what the plan becomes with the wire encoding ``name`` instead.
+
+    Args:
+        ratio: its bytes over uint8's. encode_s / decode_s: data-node / DNN-node CPU seconds per sample.
+        note: what to say of its quality. other: the plan with it. current: the plan as given.
+    """
+    r, now = other.recommended, current.recommended
+    w = other.workload
+    dnn_cores = decode_s * w["consumers"] * w["batch_size"] / (r.step_s if r else w["gpu_step_s"])
+    head = (f"with --wire {name} ({ratio:.3f} of uint8's bytes, +{encode_s * 1000:.2f} ms data-node CPU per sample"
+            f"{'; ' + note if note else ''}; decoding takes ~{dnn_cores:.1f} DNN-node cores on the CPU, "
+            "little with a GPU decoder): ")
+    if r is None:
+        best = min(other.candidates, key=lambda c: c.step_s, default=None)
+        return head + ("still no data group meets the target" +
+                       (f" (best {best.label}, {best.step_s:.4f} s/step, bound by {best.binding})" if best else ""))
+    line = (head + f"{r.data_count} x {r.data_instance}, predicted {r.step_s:.4f} s/step, bound by {r.binding}, "
+            f"${r.usd_per_1000_images:.6f}/1000 images")
+    if now is not None:
+        line += f" (as given: ${now.usd_per_1000_images:.6f})"
+    return line
+
+
+__all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "format_plan", "network_bound", "plan",
+           "predict_network_step", "predict_step", "wire_line"]

@@ -51,6 +51,7 @@ class ProfileResult:
     times_s: list[float] = field(default_factory=list)
     finish_s: float = 0.0   # median seconds of the finish stage per batch on this core (0: none)
     handoff_s: float = 0.0  # median seconds for a loader worker to hand a batch to its trainer
+    bytes_per_sample: float = 0.0  # tensor bytes per sample of the built batches: what a server sends, as encoded
 
 
 def _time_finish(finish, built: list) -> list[float]:
@@ -76,6 +77,13 @@ def _time_handoff(batch) -> float:
     for _, tensor in flatten(batch)[1]:
         tensor.share_memory_()
     return time.perf_counter() - start
+
+
+def batch_bytes(batch) -> int:
+    """Bytes of a batch's tensors: the payload a data server sends for it (before any codec)."""
+    from data_service.codec import flatten
+
+    return sum(t.numel() * t.element_size() for _, t in flatten(batch)[1])
 
 
 def profile_pipeline(target: str, options: dict | None = None, batches: int = 8, cpu: int | None = None,
@@ -126,9 +134,11 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     if pipe.close is not None:
         pipe.close()  # what the pipeline keeps outside this process (a decoded-image cache's tmpfs folder)
     kept = times[warmup:]
+    # per nominal sample: an encoded batch (a wire encoding's byte blob) need not have one row per sample
+    per_sample = sum(batch_bytes(b) for b in built) / (len(built) * pipe.batch_size)
     result = ProfileResult(target, dict(options or {}), cpu, pipe.batch_size, statistics.median(kept), min(kept),
                            max(kept), warmup, times, statistics.median(finish_times) if finish_times else 0.0,
-                           statistics.median(handoff_times[warmup:]))
+                           statistics.median(handoff_times[warmup:]), per_sample)
     log.info("profile %s: %.1f ms/batch median on CPU %d (%d batches, min %.1f, max %.1f ms); finish stage %.1f ms, "
              "loader hand-off %.1f ms", target, 1000 * result.median_s, cpu, batches, 1000 * result.min_s,
              1000 * result.max_s, 1000 * result.finish_s, 1000 * result.handoff_s)

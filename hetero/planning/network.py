@@ -1,0 +1,189 @@
+"""What the network lets a data group deliver: NIC baselines, the single-flow cap and bytes per image.
+
+The model (images per second, all consumers together):
+
+* a data node builds ``cores x per_core_images_s`` images/s and its NIC carries
+  ``baseline_gbps * goodput / (8 * bytes_per_image)`` of them; it delivers the smaller;
+* each consumer (rank) keeps one connection (one TCP flow) to each data server, and one flow is
+  capped at :data:`SINGLE_FLOW_GBPS` outside a cluster placement group
+  (:data:`PLACEMENT_GROUP_FLOW_GBPS` inside one; EC2 user guide, "Amazon EC2 instance network
+  bandwidth"), so a data node sends at most ``consumers x flow`` however wide its NIC;
+* the DNN nodes' NICs bound what all their ranks receive together
+  (``dnn_nodes x dnn_nic_gbps``); a DNN node's own data server (``local_images_s``) sends over
+  no NIC.
+
+The *binding resource* is the term that sets the rate: ``"cores"``, ``"data NIC"``, ``"DNN NIC"``
+or ``"flow"``. A NIC's *baseline* is what it sustains; the "up to" burst lasts minutes on
+credits, so a job that trains for hours is sized on the baseline.
+
+Bytes per image are what the data servers count on the wire (their ``bytes_sent`` over the
+samples in ``batches_sent``), or, before a job has run, the uint8 crop: ``crop x crop x 3``.
+A wire encoding (``WIRE_ENCODINGS``) scales those bytes and adds CPU per image on the data node.
+
+Example:
+    >>> d = deliverable(cores=4, per_core_images_s=650, bytes_per_image=150_528, data_nic_gbps=1.25)
+    >>> d.binding, round(d.images_per_s)
+    ('data NIC', 1038)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+SINGLE_FLOW_GBPS = 5.0            # one 5-tuple flow between instances outside a cluster placement group
+PLACEMENT_GROUP_FLOW_GBPS = 10.0  # ... and inside one
+UINT8_CROP_BYTES = 224 * 224 * 3  # one 224 x 224 RGB uint8 crop: 150,528 bytes
+BINDINGS = ("cores", "data NIC", "DNN NIC", "flow")
+NETWORK_BINDINGS = BINDINGS[1:]
+
+
+class NetworkError(ValueError):
+    """A network figure the model cannot use (naming the value and what it should be)."""
+
+
+@dataclass(frozen=True)
+class WireEncoding:
+    """How a sample travels: bytes against the uint8 crop, and the CPU it costs per image.
+
+    Args:
+        name: the encoding's name as the job option spells it.
+        bytes_ratio: bytes on the wire over the uint8 crop's bytes.
+        encode_s: data-node CPU seconds added per image (on one core).
+        decode_s: DNN-node seconds per image to turn it back into uint8 (CPU; ~0 on a GPU decoder).
+        source: where the figures come from.
+    """
+
+    name: str
+    bytes_ratio: float
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+    source: str = ""
+
+
+# First-pass figures measured with the wire encodings (data_service/wire_encoding.py) on 128 crops of
+# benchmarks.photos, 224 px, one core, 2026-11-26; docs/benchmarks.md "Wire encodings" has the final ones.
+_MEASURED = "measured 2026-11-26, 128 photo crops of 224 px, one core (first pass)"
+WIRE_ENCODINGS: dict[str, WireEncoding] = {
+    "uint8": WireEncoding("uint8", 1.0, 0.0, 0.0, "the uint8 crop as built"),
+    "up-zstd": WireEncoding("up-zstd", 0.53, 0.00044, 0.00026, _MEASURED),
+    "jpeg:85": WireEncoding("jpeg:85", 0.068, 0.00027, 0.00025, _MEASURED + "; PSNR 38.9 dB"),
+    "jpeg:90": WireEncoding("jpeg:90", 0.085, 0.00027, 0.00025, _MEASURED + "; PSNR 40.4 dB"),
+    "jpeg:95": WireEncoding("jpeg:95", 0.12, 0.00027, 0.00025, _MEASURED + "; PSNR 42.8 dB"),
+}
+ALIASES = {"jpeg": "jpeg:90"}
+COMPACT = "jpeg:90"  # the compact encoding the planner recommends when the network binds
+WIRE_BYTES_RATIO = {name: w.bytes_ratio for name, w in WIRE_ENCODINGS.items()}
+
+
+def wire_encoding(name: str) -> WireEncoding:
+    """The encoding called ``name``; raises NetworkError listing the known ones."""
+    try:
+        return WIRE_ENCODINGS[ALIASES.get(name, name)]
+    except KeyError:
+        raise NetworkError(f"wire encoding {name!r} has no measured bytes ratio; known: {', '.join(WIRE_ENCODINGS)} "
+                           "(or give the bytes per sample measured on the wire)") from None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Images per second a data group delivers to all consumers, and what sets it.
+
+    ``limits`` holds each resource's own ceiling in images/s (unbounded ones left out);
+    ``binding`` names the smallest.
+    """
+
+    images_per_s: float
+    binding: str
+    limits: dict[str, float] = field(default_factory=dict)
+
+
+def gbps_to_images(gbps: float, bytes_per_image: float, goodput: float = 1.0) -> float:
+    """Images/s a link of ``gbps`` (1e9 bit/s) carries at ``bytes_per_image``."""
+    return gbps * 1e9 * goodput / (8.0 * bytes_per_image)
+
+
+def images_to_gbps(images_per_s: float, bytes_per_image: float) -> float:
+    """Gbps ``images_per_s`` images of ``bytes_per_image`` need."""
+    return images_per_s * bytes_per_image * 8.0 / 1e9
+
+
+def _check_gbps(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise NetworkError(f"{name}={value!r} must be a positive number of Gbps (or None: not limited)")
+
+
+def deliverable(cores: float, per_core_images_s: float, bytes_per_image: float, data_nic_gbps: float | None, *,
+                data_nodes: int = 1, consumers: int = 1, dnn_nic_gbps: float | None = None, dnn_nodes: int = 1,
+                flow_gbps: float | None = None, goodput: float = 1.0, local_images_s: float = 0.0) -> Delivery:
+    """Images/s ``data_nodes`` data nodes deliver to ``consumers`` ranks, and the binding resource.
+
+    Args:
+        cores: cores building images on ONE data node.
+        per_core_images_s: images one core builds per second (wire encoding included).
+        bytes_per_image: bytes one image takes on the wire.
+        data_nic_gbps: one data node's NIC baseline (None: not limited).
+        data_nodes: data nodes, all alike.
+        consumers: ranks taking batches; each keeps one flow to each data node.
+        dnn_nic_gbps: one DNN node's NIC baseline (None: not limited); ``dnn_nodes`` of them.
+        flow_gbps: one flow's cap (:data:`SINGLE_FLOW_GBPS`, or :data:`PLACEMENT_GROUP_FLOW_GBPS`
+            in a cluster placement group; None: not limited).
+        goodput: share of a link's Gbps that carries payload (TCP/IP and framing take the rest).
+        local_images_s: images/s the DNN nodes' own data servers add without crossing a NIC.
+
+    Raises:
+        NetworkError: a figure out of range (naming it).
+    """
+    for name, value in (("cores", cores), ("per_core_images_s", per_core_images_s),
+                        ("bytes_per_image", bytes_per_image)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise NetworkError(f"{name}={value!r} must be a positive number")
+    for name, value in (("data_nodes", data_nodes), ("consumers", consumers), ("dnn_nodes", dnn_nodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise NetworkError(f"{name}={value!r} must be an integer >= 1")
+    _check_gbps("data_nic_gbps", data_nic_gbps)
+    _check_gbps("dnn_nic_gbps", dnn_nic_gbps)
+    _check_gbps("flow_gbps", flow_gbps)
+    if not 0 < goodput <= 1:
+        raise NetworkError(f"goodput={goodput!r} must be a share in (0, 1]")
+    if not local_images_s >= 0:
+        raise NetworkError(f"local_images_s={local_images_s!r} must be >= 0")
+    per_node = {"cores": cores * per_core_images_s}
+    if data_nic_gbps is not None:
+        per_node["data NIC"] = gbps_to_images(data_nic_gbps, bytes_per_image, goodput)
+    if flow_gbps is not None:
+        per_node["flow"] = consumers * gbps_to_images(flow_gbps, bytes_per_image, goodput)
+    limits = {k: data_nodes * v for k, v in per_node.items()}
+    if dnn_nic_gbps is not None:
+        limits["DNN NIC"] = dnn_nodes * gbps_to_images(dnn_nic_gbps, bytes_per_image, goodput)
+    # ties go to the earlier name in BINDINGS: cores before the network, the sender's NIC before the receiver's
+    binding = min(limits, key=lambda k: (limits[k], BINDINGS.index(k)))
+    return Delivery(limits[binding] + local_images_s, binding, {k: v + local_images_s for k, v in limits.items()})
+
+
+def step_s(delivery: Delivery, batch_size: int, consumers: int, gpu_step_s: float) -> float:
+    """The steady-state step: ``max(gpu_step_s, consumers x batch_size / images_per_s)``."""
+    return max(gpu_step_s, consumers * batch_size / delivery.images_per_s)
+
+
+def bytes_per_image_from_stats(bytes_sent: int, batches_sent: int, batch_size: int) -> float | None:
+    """Bytes per image a data server measured on the wire (its stats), or None without a batch sent."""
+    if batches_sent <= 0 or batch_size <= 0 or bytes_sent <= 0:
+        return None
+    return bytes_sent / (batches_sent * batch_size)
+
+
+def uint8_bytes(options: dict) -> int:
+    """Bytes of one uint8 crop from a pipeline's options (``crop_size`` / ``image_size``, default 224)."""
+    size = options.get("crop_size") or options.get("image_size") or 224
+    try:
+        side = int(size)
+    except (TypeError, ValueError):
+        raise NetworkError(f"crop size {size!r} in the pipeline options must be an integer number of pixels") from None
+    return side * side * 3
+
+
+__all__ = ["BINDINGS", "NETWORK_BINDINGS", "Delivery", "NetworkError", "PLACEMENT_GROUP_FLOW_GBPS", "SINGLE_FLOW_GBPS",
+           "UINT8_CROP_BYTES", "COMPACT", "WIRE_BYTES_RATIO", "WIRE_ENCODINGS", "WireEncoding", "bytes_per_image_from_stats",
+           "deliverable", "gbps_to_images", "images_to_gbps", "step_s", "uint8_bytes", "wire_encoding"]

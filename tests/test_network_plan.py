@@ -1,0 +1,201 @@
+"""The network in the plan: NIC figures in the instance table, the binding resource, ``hetero plan``'s network."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hetero.cli import main as hetero_main
+from hetero.planning import cost, network
+from hetero.planning.cost import InstancePrice, PriceError, PriceTable, load_prices
+from hetero.planning.network import NetworkError, deliverable, wire_encoding
+from hetero.planning.planner import format_plan, plan
+
+CROP = network.UINT8_CROP_BYTES
+
+
+@pytest.fixture(autouse=True)
+def _no_env_override(monkeypatch):
+    monkeypatch.delenv(cost.ENV_VAR, raising=False)
+
+
+# (case, kwargs, binding, images/s): each figure can be worked out by hand; 1 Gbps of 125,000-byte
+# images is 1,000 images/s.
+CASES = [
+    ("cores", dict(cores=4, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=10), "cores", 400),
+    ("data NIC", dict(cores=16, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=1.25), "data NIC", 1250),
+    ("DNN NIC", dict(cores=16, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=5, data_nodes=4,
+                     dnn_nic_gbps=2.5), "DNN NIC", 2500),
+    ("flow", dict(cores=96, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=25, flow_gbps=5),
+     "flow", 5000),
+    ("flow, two ranks", dict(cores=96, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=25,
+                             consumers=2, flow_gbps=5), "cores", 9600),
+    ("DNN NIC of two nodes", dict(cores=64, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=25,
+                                  data_nodes=2, consumers=2, dnn_nic_gbps=2.5, dnn_nodes=2, flow_gbps=10),
+     "DNN NIC", 5000),
+    ("local server adds", dict(cores=4, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=10,
+                               local_images_s=50), "cores", 450),
+    ("no NIC figure", dict(cores=4, per_core_images_s=100, bytes_per_image=10**9, data_nic_gbps=None), "cores", 400),
+    ("goodput", dict(cores=16, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=1, goodput=0.5),
+     "data NIC", 500),
+]
+
+
+@pytest.mark.parametrize("case, kwargs, binding, rate", CASES, ids=[c[0] for c in CASES])
+def test_binding_resource_table(case, kwargs, binding, rate):
+    d = deliverable(**kwargs)
+    assert d.binding == binding and d.images_per_s == pytest.approx(rate)
+    assert min(d.limits.values()) == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(data_nic_gbps=-1), "data_nic_gbps=-1"), (dict(dnn_nic_gbps=0), "dnn_nic_gbps=0"),
+    (dict(flow_gbps=float("nan")), "flow_gbps"), (dict(bytes_per_image=0), "bytes_per_image=0"),
+    (dict(consumers=0), "consumers=0"), (dict(goodput=1.5), "goodput=1.5")])
+def test_deliverable_rejects_bad_figures_by_name(kwargs, needle):
+    args = {**dict(cores=4, per_core_images_s=100, bytes_per_image=CROP, data_nic_gbps=1.0), **kwargs}
+    with pytest.raises(NetworkError, match=needle.replace("(", r"\(")):
+        deliverable(**args)
+
+
+def test_step_and_units():
+    d = deliverable(cores=4, per_core_images_s=650, bytes_per_image=CROP, data_nic_gbps=1.25)
+    assert network.images_to_gbps(d.images_per_s, CROP) == pytest.approx(1.25)
+    assert network.step_s(d, 256, 1, 0.1) == pytest.approx(256 / d.images_per_s)
+    assert network.step_s(d, 8, 1, 0.1) == 0.1
+    assert network.bytes_per_image_from_stats(150_528 * 64, 2, 32) == 150_528
+    assert network.bytes_per_image_from_stats(0, 0, 32) is None
+    assert network.uint8_bytes({"image_size": 160}) == 160 * 160 * 3 and network.uint8_bytes({}) == CROP
+
+
+def test_wire_encodings_are_named_and_unknown_is_a_clear_error():
+    assert wire_encoding("jpeg").name == "jpeg:90" and wire_encoding("uint8").bytes_ratio == 1.0
+    assert wire_encoding(network.COMPACT).bytes_ratio <= 0.25
+    with pytest.raises(NetworkError, match="'webp'.*known: uint8"):
+        wire_encoding("webp")
+
+
+def _row(name, usd, vcpus, gpus=0, base=None):
+    return InstancePrice(name, usd, vcpus, gpus, "test", "2026-01", base, base, "test" if base else "", "")
+
+
+@pytest.fixture
+def table() -> PriceTable:
+    rows = [_row("gpu", 4.0, 8, 1, base=2.5), _row("fatgpu", 8.0, 8, 1, base=100.0),
+            _row("slim", 0.2, 4, base=1.25), _row("wide", 0.3, 4, base=25.0), _row("big", 1.0, 32, base=25.0)]
+    return PriceTable({r.instance_type: r for r in rows}, region="test", as_of="2026-01")
+
+
+# batch 100 in 0.1 s of GPU: 1,000 images/s; 125,000-byte images: 1 Gbps into the DNN node.
+@pytest.mark.parametrize("dnn, types, preprocess_s, bytes_, flow, binding, count", [
+    ("fatgpu", ["wide"], 1.0, 125_000, 5.0, "gpu", 3),          # 400 images/s a node: cores set the count
+    ("fatgpu", ["slim"], 0.01, 125_000, 5.0, "gpu", 1),         # fast cores, 1.25 Gbps NIC: one node is enough
+    ("fatgpu", ["slim"], 0.01, 500_000, 5.0, "gpu", 4),         # 4 Gbps needed through 1.25 Gbps NICs: 4 nodes
+    ("gpu", ["big"], 0.01, 500_000, 5.0, "DNN NIC", None),      # 4 Gbps needed, the DNN node takes 2.5
+    ("fatgpu", ["big"], 0.01, 1_000_000, 5.0, "flow", None),    # 8 Gbps over one flow of 5 per data node ...
+    ("fatgpu", ["big"], 0.01, 1_000_000, 10.0, "gpu", 1),       # ... and of 10 in a placement group
+])
+def test_plan_names_the_binding_resource(table, dnn, types, preprocess_s, bytes_, flow, binding, count):
+    p = plan(table, dnn, preprocess_s, 0.1, 100, data_types=types, bytes_per_sample=bytes_, flow_gbps=flow,
+             max_count=1 if binding == "flow" else 16)
+    best = p.candidates[0]
+    assert best.binding == binding
+    if count is None:
+        assert p.recommended is None and "the network binds" in format_plan(p)
+    else:
+        assert p.recommended.data_count == count and p.recommended.meets_target
+
+
+def test_plan_flow_bound_layout_adds_nodes(table):
+    p = plan(table, "fatgpu", 0.01, 0.1, 100, data_types=["big"], bytes_per_sample=1_000_000, flow_gbps=5.0)
+    assert p.recommended.data_count == 2 and p.recommended.binding == "gpu"   # two flows of 5 Gbps carry 8
+
+
+def test_plan_without_bytes_counts_cores_only(table):
+    p = plan(table, "gpu", 0.01, 0.1, 100, data_types=["slim"])
+    assert p.recommended.data_count == 1 and p.workload["bytes_per_sample"] is None
+    assert "not modelled" in format_plan(p)
+
+
+def test_plan_costs_per_1000_images(table):
+    p = plan(table, "fatgpu", 1.0, 0.1, 100, data_types=["wide"], bytes_per_sample=125_000)
+    r = p.recommended
+    assert r.usd_per_1000_images == pytest.approx(r.usd_per_step / 100 * 1000)
+    assert r.data_count == 3 and r.gbps_per_data_node == pytest.approx(1 / 3)  # 1,000 images/s of 125 kB, 3 nodes
+
+
+def test_table_has_network_for_every_type_with_source_and_date():
+    table = load_prices()
+    for name in table.known():
+        row = table.info(name)
+        assert row.baseline_gbps and row.burst_gbps >= row.baseline_gbps, name
+        assert row.network_source and row.network_date and row.source and row.date and row.vcpus > 0, name
+    for name in ("ml.c5.2xlarge", "ml.c5n.xlarge", "ml.c6i.xlarge", "ml.m6i.xlarge", "ml.r5.xlarge",
+                 "ml.p3dn.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge",
+                 "ml.g6e.xlarge"):
+        assert name in table.entries
+    c5 = {s: table.info(f"ml.c5.{s}").baseline_gbps for s in ("xlarge", "2xlarge", "4xlarge", "9xlarge", "18xlarge")}
+    assert c5 == {"xlarge": 1.25, "2xlarge": 2.5, "4xlarge": 5.0, "9xlarge": 12.0, "18xlarge": 25.0}
+    assert table.info("ml.c5.xlarge").burst_gbps == 10 and table.info("ml.g5.xlarge").baseline_gbps == 2.5
+    assert table.info("ml.p5.48xlarge").gpus == 8 and table.info("ml.g6e.12xlarge").gpus == 4
+
+
+def test_override_replaces_single_fields(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"instances": {"ml.c5.xlarge": {"baseline_gbps": 2.0, "network_date": "2031-01"},
+                                              "ml.new.large": {"usd_per_hour": 0.1, "vcpus": 2, "baseline_gbps": 1}}}))
+    table = load_prices(path)
+    row = table.info("ml.c5.xlarge")
+    assert (row.usd_per_hour, row.vcpus, row.baseline_gbps, row.burst_gbps) == (0.204, 4, 2.0, 2.0)
+    assert row.network_source == "p.json" and row.network_date == "2031-01" and row.source != "p.json"
+    assert table.info("ml.new.large").baseline_gbps == 1.0
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ({"ml.c5.xlarge": {"baseline_gbps": -1}}, r"'ml.c5.xlarge' has baseline_gbps=-1; it must be a positive"),
+    ({"ml.c5.xlarge": {"burst_gbps": "fast"}}, r"burst_gbps='fast'"),
+    ({"ml.c5.xlarge": {"baseline_gbps": 5, "burst_gbps": 1}}, r"burst_gbps=1.0 below baseline_gbps=5.0"),
+    ({"ml.c5.xlarge": {"usd_per_hour": -2}}, r"usd_per_hour >= 0"),
+    ({"ml.c5.xlarge": 3}, r"must be an object"),
+])
+def test_bad_network_figures_in_an_override_file_are_clear_errors(tmp_path, monkeypatch, capsys, entry, needle):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"instances": entry}))
+    with pytest.raises(PriceError, match=needle):
+        load_prices(path)
+    monkeypatch.setenv(cost.ENV_VAR, str(path))
+    assert hetero_main(["plan", "--gpu-step-s", "0.1", "--preprocess-s", "1", "--batch-size", "8"]) == 2
+    assert "p.json" in capsys.readouterr().out
+
+
+MUST_SHOW = ["plan", "--dnn-instance", "ml.g5.xlarge", "--gpu-step-s", "0.1", "--preprocess-s", "0.394",
+             "--batch-size", "256", "--data-types", "ml.c5.xlarge,ml.c5.4xlarge"]
+
+
+def test_cli_plan_names_the_network_for_the_g5_job(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc = hetero_main(MUST_SHOW + ["--json", str(out)])
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    # 256 images / 0.1 s of 150,528-byte crops is 3.08 Gbps; the g5.xlarge takes 2.5, a c5.xlarge sends 1.25
+    assert rc == 1 and doc["recommended"] is None
+    assert "3.08 Gbps" in text and "ml.g5.xlarge NIC (2.5 Gbps baseline)" in text and "the network binds" in text
+    assert {c["binding"] for c in doc["candidates"]} == {"DNN NIC"}
+    assert all(c["step_s"] > 0.12 for c in doc["candidates"])
+    jpeg = next(x for x in text.splitlines() if x.startswith("with --wire jpeg:90"))
+    assert "x ml.c5" in jpeg and "bound by gpu" in jpeg
+    # cores only, as the plan counted before the network was modelled: one c5.xlarge looked enough
+    assert hetero_main(MUST_SHOW + ["--no-network"]) == 0
+    assert "Recommended: 1 x ml.c5.xlarge" in capsys.readouterr().out
+
+
+def test_cli_plan_measured_bytes_placement_group_and_bad_input(capsys):
+    assert hetero_main(MUST_SHOW + ["--bytes-per-sample", "12800"]) == 0   # ~0.26 Gbps: cores decide
+    text = capsys.readouterr().out
+    assert "12,800 bytes per sample" in text and "measured" in text and "with --wire" not in text
+    assert hetero_main(MUST_SHOW + ["--wire", "webp"]) == 2
+    assert "'webp'" in capsys.readouterr().out
+    assert hetero_main(MUST_SHOW + ["--bytes-per-sample", "-5"]) == 2
+    assert "--bytes-per-sample=-5" in capsys.readouterr().out
+    assert hetero_main(MUST_SHOW + ["--placement-group", "--json", "/dev/null"]) == 1
+    assert "10 Gbps per flow" in capsys.readouterr().out

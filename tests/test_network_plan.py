@@ -199,3 +199,29 @@ def test_cli_plan_measured_bytes_placement_group_and_bad_input(capsys):
     assert "--bytes-per-sample=-5" in capsys.readouterr().out
     assert hetero_main(MUST_SHOW + ["--placement-group", "--json", "/dev/null"]) == 1
     assert "10 Gbps per flow" in capsys.readouterr().out
+
+
+def test_bench_report_takes_bytes_from_the_data_servers_and_names_the_binding(tmp_path):
+    from hetero.bench import report as bench_report
+    from hetero.bench.records import BenchConfig, RunResult
+    from hetero.bench.summary import add_network, summarize
+
+    def run(mode, rnd, step, nodes):
+        metrics = {"avg_step_time_s": step, "data_wait_fraction": 0.1, "samples_per_s": 256 / step, "steps": 50,
+                   "warmup_steps_discarded": 5, "step_kind": "emulated", "nodes": nodes}
+        return RunResult(mode, rnd, True, 10.0, metrics, [], {}, [step], 0.0)
+
+    sent = [{"host": "algo-2", "role": "data", "bytes_sent": 150_528 * 256 * 10, "batches_sent": 10}]
+    runs = [run("homogeneous", 0, 0.2, []), run("heterogeneous", 0, 0.1, sent)]
+    cfg = BenchConfig([0], [1], batch_size=256, output=tmp_path, emulate_step_s=0.1,
+                      dnn_instance="ml.g5.xlarge", data_instance="ml.c5.xlarge")
+    s = summarize(cfg, runs)
+    add_network(cfg, s, load_prices(), runs, preprocess_s=0.394, profiled_bytes=99.0)
+    net = s["network"]
+    assert net["bytes_per_sample"] == 150_528 and net["bytes_source"].startswith("measured")
+    assert net["heterogeneous_gbps_here"] == pytest.approx(3.08, abs=0.01)
+    assert net["aws"]["binding"] == "data NIC"       # one c5.xlarge: 1.25 Gbps of the 3.08 the GPU takes
+    line = bench_report.network_line(net)
+    assert "150,528 bytes per sample" in line and "bound by data NIC" in line
+    add_network(cfg, s, load_prices(), [runs[0]], preprocess_s=0.394, profiled_bytes=4_000.0)
+    assert s["network"]["bytes_source"] == "the profiled batches' tensors" and s["network"]["aws"]["binding"] == "gpu"

@@ -138,7 +138,28 @@ def markdown(summary: dict) -> str:
                      + (f" The trainer's own CPU per batch counted: {', '.join(own)}." if own else ""))
     elif pred:
         lines.append(f"Planner: no prediction ({pred.get('note')}).")
+    net = network_line(summary.get("network"))
+    if net:
+        lines.append(net)
     return "\n".join(lines)
+
+
+def network_line(net: dict | None) -> str:
+    """Bytes per sample on the wire, the Gbps moved here and the network's verdict on the priced instances."""
+    if not net or not net.get("bytes_per_sample"):
+        return ""
+    line = f"Network: {net['bytes_per_sample']:,.0f} bytes per sample ({net['bytes_source']})"
+    if net.get("heterogeneous_gbps_here"):
+        line += f"; the heterogeneous runs moved {net['heterogeneous_gbps_here']:.2f} Gbps here"
+    aws = net.get("aws") or {}
+    if "binding" in aws:
+        line += (f". On AWS at the emulated step this job needs {aws['demand_gbps']:.2f} Gbps per GPU; "
+                 f"{aws['data_nodes']} x {aws['data_instance']} ({aws['data_baseline_gbps']:g} Gbps baseline) "
+                 f"feeding {aws['dnn_instance']} ({aws['dnn_baseline_gbps']:g} Gbps): predicted "
+                 f"{aws['step_s']:.4f} s/step, bound by {aws['binding']}")
+    elif aws.get("note"):
+        line += f"; no AWS projection ({aws['note']})"
+    return line + "."
 
 
 def write_json(path: Path, summary: dict) -> None:

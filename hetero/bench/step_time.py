@@ -39,7 +39,7 @@ from hetero.planning.profile import profile_pipeline
 from . import report
 from .cpu_monitor import NodeCpuMonitor, cpu_list_text, foreign_share, parse_cpu_list, wait_for_quiet
 from .records import MODES, STEP_SHARE, BenchConfig, RunResult, derived_step
-from .summary import add_costs, add_prediction, summarize
+from .summary import add_costs, add_network, add_prediction, summarize
 
 log = logging.getLogger(__name__)
 _WINDOW = re.compile(r"step (\d+): avg step time ([\d.]+) s over the last (\d+) steps")
@@ -229,6 +229,7 @@ def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -
     import torch
 
     add_prediction(cfg, summary, prof.median_s, 0.0 if torch.cuda.is_available() else prof.finish_s, prof.handoff_s)
+    add_network(cfg, summary, table, runs, prof.median_s, prof.bytes_per_sample)
     if cfg.consumer_cpu:
         from .consumer_cpu import measure
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
-from hetero.planning.planner import predict_step
+from hetero.planning.network import SINGLE_FLOW_GBPS, NetworkError, bytes_per_image_from_stats, images_to_gbps
+from hetero.planning.planner import predict_network_step, predict_step
 
 from .cpu_monitor import cpu_list_text
 from .records import MODES, BenchConfig, RunResult
@@ -155,3 +156,48 @@ def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, 
                       "measured_step_s": measured,
                       "measured_over_predicted": measured / p.step_s if measured else None}
     summary["prediction"] = pred
+
+
+def measured_bytes_per_sample(runs: list[RunResult], batch_size: int) -> float | None:
+    """Median over the heterogeneous runs of the data servers' bytes on the wire per sample sent
+    (``bytes_sent / (batches_sent x batch_size)`` from metrics.json's ``nodes``); None without figures."""
+    per_run = []
+    for r in runs:
+        nodes = [n for n in (r.metrics or {}).get("nodes", []) if "bytes_sent" in n]
+        value = bytes_per_image_from_stats(sum(n["bytes_sent"] for n in nodes),
+                                           sum(n.get("batches_sent", 0) for n in nodes), batch_size)
+        if r.ok and value is not None:
+            per_run.append(value)
+    return statistics.median(per_run) if per_run else None
+
+
+def add_network(cfg: BenchConfig, summary: dict, table, runs: list[RunResult], preprocess_s: float | None,
+                profiled_bytes: float = 0.0) -> None:
+    """Bytes per sample on the wire (measured by the data servers, else the profile's batches), the Gbps
+    the heterogeneous runs moved here, and what the network would bind on the priced AWS instances.
+
+    The projection runs the planner's network model with the profile's per-core cost on
+    ``cfg.data_nodes`` x ``cfg.data_instance`` (its vCPUs) feeding one ``cfg.dnn_instance`` at the
+    emulated step, each flow capped at the single-flow limit.
+    """
+    measured = measured_bytes_per_sample(runs, cfg.batch_size)
+    per_sample = measured or profiled_bytes or None
+    out: dict = {"bytes_per_sample": per_sample,
+                 "bytes_source": "measured: data servers' bytes_sent per sample sent" if measured else
+                 ("the profiled batches' tensors" if per_sample else None)}
+    het = summary["modes"]["heterogeneous"]["samples_per_s"]["median"]
+    out["heterogeneous_gbps_here"] = images_to_gbps(het, per_sample) if het and per_sample else None
+    if per_sample and preprocess_s and cfg.emulate_step_s and cfg.emulate_step_s > 0:
+        data, dnn = table.info(cfg.data_instance), table.info(cfg.dnn_instance)
+        try:
+            p = predict_network_step(preprocess_s, cfg.emulate_step_s, cfg.batch_size, 1, data.vcpus, cfg.data_nodes,
+                                     per_sample, data.baseline_gbps, dnn.baseline_gbps, 1, SINGLE_FLOW_GBPS)
+        except (NetworkError, ValueError) as exc:
+            out["aws"] = {"note": str(exc)}
+        else:
+            out["aws"] = {"data_instance": cfg.data_instance, "data_nodes": cfg.data_nodes,
+                          "data_baseline_gbps": data.baseline_gbps, "dnn_instance": cfg.dnn_instance,
+                          "dnn_baseline_gbps": dnn.baseline_gbps, "step_s": p.step_s, "binding": p.binding,
+                          "data_wait_fraction": p.data_wait_fraction,
+                          "demand_gbps": images_to_gbps(cfg.batch_size / cfg.emulate_step_s, per_sample)}
+    summary["network"] = out

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from . import wire_encoding
 from .errors import ConfigError
 from .sampler import PlanConfig, batch_indices, derive_seed
 
@@ -54,6 +55,10 @@ class Pipeline:
             size, say) that the data server adds to its stats (``hetero stats``).
         close: optional ``close()``: the data server calls it once when it shuts down (to free
             what the pipeline holds outside its processes, such as files on a tmpfs).
+        wire_encoding: how image tensors travel (:mod:`data_service.wire_encoding`): ``"uint8"``
+            as built, ``"up-zstd"`` (lossless) or ``"jpeg:Q"`` (lossy). The workers encode every
+            uint8 ``[B, C, H, W]`` tensor of the collated batch; consumers decode it before
+            ``finish``.
 
     A data server's main process never builds the pipeline: it calls the ``stats`` and ``close``
     of the builder's ``server_side`` (:class:`ServerSide`). Those set here serve where the pipeline
@@ -73,6 +78,7 @@ class Pipeline:
     interleave: int = 8
     stats: Callable[[], Mapping[str, float]] | None = None
     close: Callable[[], None] | None = None
+    wire_encoding: str = "uint8"
     # Samples this process dropped (SkipSample) since the pipeline was built; data workers report
     # the per-batch difference, which the server's samples_skipped stat adds up.
     samples_skipped: int = field(default=0, init=False, compare=False)
@@ -157,12 +163,16 @@ class PipelineInfo:
     finish: str                      # the finish stage's import path ("" : none)
     finish_dtypes: Mapping[str, str]
     hooks: tuple[str, ...] = ()      # which of Pipeline's stats and close the builder set
+    wire_encoding: str = "uint8"     # the canonical name (data_service.wire_encoding)
 
     @classmethod
     def of(cls, pipe: Pipeline) -> "PipelineInfo":
-        """Checks the pipeline's plan and finish stage (ConfigError naming the value and the fix)."""
+        """Checks the pipeline's plan, finish stage and wire encoding (ConfigError naming the value and
+        the fix; an encoder this node lacks is one too)."""
+        wire = wire_encoding.parse(pipe.wire_encoding)
+        wire_encoding.check_encoder(wire)
         return cls(pipe.plan_config(), pipe.finish_target(), dict(pipe.finish_dtypes or {}),
-                   tuple(name for name in ("stats", "close") if getattr(pipe, name) is not None))
+                   tuple(name for name in ("stats", "close") if getattr(pipe, name) is not None), wire.name)
 
 
 @dataclass(frozen=True)
@@ -308,7 +318,10 @@ def build_batch(pipe: Pipeline, cfg: PlanConfig, seed: int, epoch: int, index: i
             raise SampleError(-1, ValueError(f"every one of the {len(indices)} samples of this batch was skipped "
                                              "(see the skipped-sample warnings in the data node's log)"))
         try:
-            return (pipe.collate_fn or default_collate)(samples)
+            batch = (pipe.collate_fn or default_collate)(samples)
+            # encoded here, in the one function every mode uses: homogeneous and heterogeneous
+            # jobs carry and decode the same bytes
+            return wire_encoding.encode_batch(batch, wire_encoding.parse(pipe.wire_encoding))
         except Exception as exc:
             raise SampleError(-1, exc) from exc
     finally:

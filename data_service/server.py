@@ -176,7 +176,8 @@ class DataServer:
                 drop_last=self.plan.drop_last, shuffle=self.plan.shuffle, pipeline=self.spec.target,
                 fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes,
                 finish=info.finish, finish_dtypes=dict(info.finish_dtypes), codec=self.options.compression,
-                block_samples=self.plan.block_samples, interleave=self.plan.interleave)
+                block_samples=self.plan.block_samples, interleave=self.plan.interleave,
+                wire_encoding=info.wire_encoding)
             if side.prefetcher is not None:
                 self._prefetch = PrefetchOnce(side.prefetcher, self.plan)
             if self.options.probe:

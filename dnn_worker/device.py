@@ -21,10 +21,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
+from data_service import wire_encoding
 from data_service.codec import DTYPES, flatten
 from data_service.errors import ConfigError, DataServiceError
 from data_service.pipeline import PipelineSpec
 from data_service.wire import pb
+from data_service.wire_encoding import WireEncoding
 
 from .audit import AuditLog, take_audit
 from .audit import digest as audit_digest
@@ -37,21 +39,39 @@ class FinishError(DataServiceError):
 
 @dataclass(frozen=True)
 class FinishStage:
-    """A pipeline's device-side last stage and the dtype changes it may make."""
+    """A pipeline's device-side last stage, the dtype changes it may make, and the wire encoding
+    it undoes first (:mod:`data_service.wire_encoding`)."""
 
     fn: Callable[[Any], Any] | None = None
     dtypes: Mapping[str, str] = field(default_factory=dict)
     target: str = ""
+    wire: WireEncoding | None = None   # None: whatever each batch says it carries
 
     @classmethod
-    def load(cls, target: str, dtypes: Mapping[str, str] | None = None) -> "FinishStage":
+    def load(cls, target: str, dtypes: Mapping[str, str] | None = None, wire: str | None = None) -> "FinishStage":
+        """The stage from its import path; ``wire`` is the encoding the servers announced (checked
+        against every batch; None: decode whatever a batch carries).
+
+        Raises:
+            ConfigError: unknown dtypes, an unknown encoding, or one this node cannot decode.
+        """
         dtypes = dict(dtypes or {})
         bad = {k: v for k, v in dtypes.items() if v not in DTYPES}
         if bad:
             raise ConfigError(f"finish_dtypes {bad} name unknown dtypes; use one of {sorted(DTYPES)}")
-        return cls(PipelineSpec(target).resolve() if target else None, dtypes, target)
+        encoding = None
+        if wire is not None:
+            encoding = wire_encoding.parse(wire)
+            wire_encoding.check_decoder(encoding)  # now, at start, not at the first batch
+        return cls(PipelineSpec(target).resolve() if target else None, dtypes, target, encoding)
+
+    def unwire(self, batch: Any, device: torch.device | str | None = None) -> Any:
+        """Decode the batch's wire encoding, for ``device`` (JPEGs on the GPU when it is CUDA)."""
+        return wire_encoding.decode_batch(batch, device, self.wire)
 
     def __call__(self, batch: Any) -> Any:
+        if wire_encoding.is_encoded(batch):  # ``DeviceFeeder``'s ops decode it before the copy
+            batch = self.unwire(batch)
         if self.fn is None:
             return batch
         out = self.fn(batch)
@@ -80,7 +100,7 @@ class FinishStage:
 
 
 def finish_from_info(info: pb.DatasetInfo) -> FinishStage:
-    return FinishStage.load(info.finish, dict(info.finish_dtypes))
+    return FinishStage.load(info.finish, dict(info.finish_dtypes), info.wire_encoding)
 
 
 class DeviceFeeder:
@@ -108,6 +128,8 @@ class DeviceFeeder:
         if ops is None and self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device={device!r} but CUDA is not available; use device='cpu'")
         self.finish = finish or FinishStage()
+        if ops is None and self.device.type == "cuda" and self.finish.wire is not None:
+            wire_encoding.check_decoder(self.finish.wire, self.device)  # the GPU's JPEG decoder, at start
         self.depth = depth
         self.pin_memory = pin_memory
         self._ops = ops

@@ -30,6 +30,13 @@ def map_tensors(batch: Any, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> 
     return tuple(out) if isinstance(batch, tuple) else out
 
 
+def unwire(finish: Callable[[Any], Any], batch: Any, device: torch.device) -> Any:
+    """The batch with its wire encoding undone for ``device`` by the finish stage (``FinishStage.unwire``)
+    when it has one: JPEGs bound for CUDA are decoded there, from the host bytes."""
+    decode = getattr(finish, "unwire", None)
+    return decode(batch, device) if decode is not None else batch
+
+
 class CudaBackend:
     """The CUDA calls ``StreamOps`` makes, one method each (the real ones)."""
 
@@ -67,7 +74,7 @@ class HostOps:
         self.device = device
 
     def begin(self, batch: Any, finish: Callable[[Any], Any]) -> tuple[Any, Any]:
-        return finish(map_tensors(batch, lambda n, t: t.to(self.device))), None
+        return finish(map_tensors(unwire(finish, batch, self.device), lambda n, t: t.to(self.device))), None
 
     def ready(self, out: Any, token: Any) -> Any:
         return out
@@ -91,8 +98,10 @@ class StreamOps:
 
     def begin(self, batch: Any, finish: Callable[[Any], Any]) -> tuple[Any, Any]:
         with self.cuda.use_stream(self.stream):
-            moved = map_tensors(batch, lambda n, t: (self._pinned(n, t) if self.pin_memory else t)
-                                .to(self.device, non_blocking=True))
+            # tensors a GPU decoder already put on the device stay as they are
+            moved = map_tensors(unwire(finish, batch, self.device),
+                                lambda n, t: t if t.is_cuda else
+                                (self._pinned(n, t) if self.pin_memory else t).to(self.device, non_blocking=True))
             out = finish(moved)
         # The host batch rides along with the event: its memory (a pooled receive buffer) must
         # not be reused before the copy has read it.

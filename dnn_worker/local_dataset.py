@@ -35,7 +35,7 @@ class LocalDataset(ShardedBatches):
         from .device import FinishStage
 
         pipe = self.pipeline()
-        return FinishStage.load(pipe.finish_target(), pipe.finish_dtypes)
+        return FinishStage.load(pipe.finish_target(), pipe.finish_dtypes, pipe.wire_encoding)
 
     def num_batches_per_epoch(self) -> int:
         if self._num_batches is None:

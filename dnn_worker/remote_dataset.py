@@ -21,6 +21,7 @@ import os
 import socket
 from typing import Any, Iterator, Sequence
 
+from data_service import wire_encoding
 from data_service.addresses import split_address
 from data_service.errors import ConfigError
 from data_service.registry import check_uri
@@ -119,6 +120,8 @@ class RemoteDataset(ShardedBatches):
                 raise ConfigError(f"data server {info.server_id} runs pipeline {info.dataset.pipeline!r} with "
                                   f"fingerprint {info.dataset.fingerprint}, not fingerprint={self.fingerprint}: start "
                                   "the data servers with the job's pipeline and options")
+            # a consumer that cannot decode the servers' wire encoding stops here, before any batch
+            wire_encoding.check_decoder(wire_encoding.parse(info.dataset.wire_encoding))
             self._info = info
         return self._info
 

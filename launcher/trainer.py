@@ -291,7 +291,8 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
         summaries = [None] * job.world_size
         dist.all_gather_object(summaries, summary)
     if rank == 0:
-        _finish(job, plain, device, summaries, loss, started, step_fn is None, status, resumed, ckpt_path)
+        _finish(job, plain, device, summaries, loss, started, step_fn is None, status, resumed, ckpt_path,
+                finish.wire.name if finish.wire is not None else "uint8")
     if writer is not None:
         writer.close()
     if job.world_size > 1:
@@ -359,7 +360,7 @@ def _checkpoint(job: TrainJob, rank: int, model, optimizer, data, steps: int, st
 
 
 def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emulated: bool, status: str,
-            resumed: dict | None, ckpt_path: str | None) -> None:
+            resumed: dict | None, ckpt_path: str | None, wire: str = "uint8") -> None:
     cfg = job.cfg
     stopped = status == "stopped"
     accuracy = None
@@ -373,7 +374,7 @@ def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emula
         "emulate_step_s": cfg.emulate_step_s if emulated else None, "test_accuracy": accuracy,
         "final_loss": loss, "world_size": job.world_size,
         "ddp_backend": dist.get_backend() if dist.is_initialized() else None, "epochs": cfg.epochs, "seed": cfg.seed,
-        "pipeline": cfg.pipeline, "pipeline_options": cfg.pipeline_options, "model": cfg.model,
+        "pipeline": cfg.pipeline, "pipeline_options": cfg.pipeline_options, "wire_encoding": wire, "model": cfg.model,
         "dnn_hosts": list(job.dnn_hosts), "data_servers": list(job.servers),
         "wall_time_s": time.time() - started, "nodes": data_nodes, "status": status,
         "resumed_from_steps": resumed["steps"] if resumed else None, "checkpoint": ckpt_path, **job.extra})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from .. import wire_encoding
 from ..errors import ConfigError
 
 # Shard reading: a shuffle block of this many batches, and this many blocks alternating
@@ -51,6 +52,7 @@ class ImageOptions:
     decoded_cache_bytes: int | str = 0
     decoded_cache_dir: str = "/dev/shm"
     decoded_side: int = 0
+    wire_encoding: str = "uint8"
     fused: bool = field(init=False, repr=False)
     decoded_budget: int = field(init=False, repr=False)
     shard_cache_budget: int = field(init=False, repr=False)
@@ -90,6 +92,10 @@ class ImageOptions:
         _integer("interleave", self.interleave, 1, hint=" (blocks whose batches alternate)")
         _text("cache_dir", self.cache_dir, "a writable folder (empty = HETERO_CACHE_DIR or the temporary folder)")
         _number("request_timeout_s", self.request_timeout_s, "a number of seconds > 0", lambda x: x > 0)
+        wire = wire_encoding.parse(self.wire_encoding)  # ConfigError naming an unknown name or quality
+        if wire.kind != wire_encoding.UINT8 and self.finish_on == "server":
+            raise ConfigError(f"wire_encoding={self.wire_encoding!r} encodes uint8 images, but finish_on='server' sends "
+                              "normalised float32; use finish_on='device' (the default) or wire_encoding='uint8'")
         derived = {
             "fused": self.decode == "fused",
             "decoded_budget": parse_size(self.decoded_cache_bytes, "decoded_cache_bytes"),

@@ -49,7 +49,7 @@ class HelloRequest(_message.Message):
     def __init__(self, client_version: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("num_samples", "batch_size", "drop_last", "shuffle", "pipeline", "fingerprint", "max_batch_bytes", "finish", "finish_dtypes", "codec", "block_samples", "interleave")
+    __slots__ = ("num_samples", "batch_size", "drop_last", "shuffle", "pipeline", "fingerprint", "max_batch_bytes", "finish", "finish_dtypes", "codec", "block_samples", "interleave", "wire_encoding")
     class FinishDtypesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class DatasetInfo(_message.Message):
     CODEC_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     INTERLEAVE_FIELD_NUMBER: _ClassVar[int]
+    WIRE_ENCODING_FIELD_NUMBER: _ClassVar[int]
     num_samples: int
     batch_size: int
     drop_last: bool
@@ -81,7 +82,8 @@ class DatasetInfo(_message.Message):
     codec: str
     block_samples: int
     interleave: int
-    def __init__(self, num_samples: _Optional[int] = ..., batch_size: _Optional[int] = ..., drop_last: bool = ..., shuffle: bool = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., finish: _Optional[str] = ..., finish_dtypes: _Optional[_Mapping[str, str]] = ..., codec: _Optional[str] = ..., block_samples: _Optional[int] = ..., interleave: _Optional[int] = ...) -> None: ...
+    wire_encoding: str
+    def __init__(self, num_samples: _Optional[int] = ..., batch_size: _Optional[int] = ..., drop_last: bool = ..., shuffle: bool = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., finish: _Optional[str] = ..., finish_dtypes: _Optional[_Mapping[str, str]] = ..., codec: _Optional[str] = ..., block_samples: _Optional[int] = ..., interleave: _Optional[int] = ..., wire_encoding: _Optional[str] = ...) -> None: ...
 
 class HelloResponse(_message.Message):
     __slots__ = ("server_version", "bulk_port", "dataset", "server_id", "shutting_down", "bulk_tls", "workers")

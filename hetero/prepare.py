@@ -15,47 +15,25 @@ are skipped and listed with the reason.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing as mp
 import os
 import tarfile
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from data_service.errors import ConfigError
-from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME, SHARD_PATTERN, ShardIndex, ShardInfo, padded
-from data_service.shards.indexfile import write_index
+from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME, SHARD_PATTERN, padded
 from data_service.storage import open_store
 
+from .prepare_plan import (PLAN, WORK, Plan, Summary, finished, items_digest, manifest, manifest_key, merge,
+                           parse_part, per_shard, read_plan)
 log = logging.getLogger(__name__)
 
 MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"), (b"RIFF", "webp"))
-
-
-@dataclass
-class Summary:
-    samples: int = 0
-    shards: int = 0
-    bytes: int = 0
-    data_bytes: int = 0
-    reencoded: int = 0
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def lines(self, dest: str) -> list[str]:
-        out = [f"wrote {self.samples} samples in {self.shards} shard(s), {self.bytes / 1e6:.1f} MB "
-               f"({self.data_bytes / 1e6:.1f} MB of sample data) to {dest} in {self.seconds:.1f}s"]
-        if self.reencoded:
-            out.append(f"re-encoded {self.reencoded} image(s) larger than max_side")
-        if self.skipped:
-            out.append(f"skipped {len(self.skipped)} file(s) that do not decode:")
-            out += [f"  {name}: {why}" for name, why in self.skipped[:50]]
-            if len(self.skipped) > 50:
-                out.append(f"  ... and {len(self.skipped) - 50} more")
-        return out
 
 
 # -- the per-file work, in worker processes
@@ -118,52 +96,36 @@ def _convert(job: tuple[int, str, int, int, bool]) -> tuple[int, str, bytes, int
 
 
 # -- writing
-class _ShardWriter:
-    """Writes members into numbered tar files of about ``shard_size`` bytes; records where each sample lies."""
+class _Shard:
+    """One tar file being written (shard ``k``); records where each sample's data lies in it."""
 
-    def __init__(self, folder: str, shard_size: int, on_shard) -> None:
-        self.folder, self.shard_size, self.on_shard = folder, shard_size, on_shard
-        self.shards: list[ShardInfo] = []
+    def __init__(self, folder: str, k: int) -> None:
+        self.k, self.name = k, SHARD_PATTERN.format(k)
+        self.path = os.path.join(folder, self.name)
+        self.tar = tarfile.open(self.path, "w", format=tarfile.USTAR_FORMAT)
         self.offsets, self.lengths, self.labels = [], [], []
-        self._tar: tarfile.TarFile | None = None
-        self._name = ""
-        self._first = 0
+        self.skipped: list[tuple[str, str]] = []
+        self.reencoded = 0
 
     def add(self, key: str, ext: str, data: bytes, label: int) -> None:
-        cls = str(label).encode()
-        need = 2 * 512 + padded(len(data)) + padded(len(cls))
-        if self._tar is not None and self._tar.offset + need > self.shard_size and self._count():
-            self._close()
-        if self._tar is None:
-            self._name = SHARD_PATTERN.format(len(self.shards))
-            self._tar = tarfile.open(os.path.join(self.folder, self._name), "w", format=tarfile.USTAR_FORMAT)
-            self._first = len(self.offsets)
         self._member(f"{key}.{ext}", data)
-        self.offsets.append(self._tar.offset - padded(len(data)))
+        self.offsets.append(self.tar.offset - padded(len(data)))
         self.lengths.append(len(data))
         self.labels.append(label)
-        self._member(f"{key}.cls", cls)
+        self._member(f"{key}.cls", str(label).encode())
 
     def _member(self, name: str, data: bytes) -> None:
         import io
 
         info = tarfile.TarInfo(name)
         info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o444, "", ""
-        self._tar.addfile(info, io.BytesIO(data))
+        self.tar.addfile(info, io.BytesIO(data))
 
-    def _count(self) -> int:
-        return len(self.offsets) - self._first
-
-    def _close(self) -> None:
-        self._tar.close()
-        path = os.path.join(self.folder, self._name)
-        self.shards.append(ShardInfo(self._name, os.path.getsize(path), self._first, self._count()))
-        self._tar = None
-        self.on_shard(path, self._name)
-
-    def finish(self) -> None:
-        if self._tar is not None:
-            self._close()
+    def close(self) -> bytes:
+        """Close the tar; the shard's manifest (``hetero.prepare_plan.manifest``)."""
+        self.tar.close()
+        return manifest(self.name, os.path.getsize(self.path), self.offsets, self.lengths, self.labels,
+                        self.skipped, self.reencoded)
 
 
 def _sources(src: str, options: dict) -> tuple[list[str], list[tuple[str, int]], str]:
@@ -179,20 +141,22 @@ def _sources(src: str, options: dict) -> tuple[list[str], list[tuple[str, int]],
 
 
 class _Uploads:
-    """Stores each finished shard under its name (a folder renames it into place, S3 uploads it),
-    at most four at once so local staging stays bounded."""
+    """Stores each finished shard under its name (a folder renames it into place, S3 uploads it)
+    and then its manifest, at most four at once so local staging stays bounded."""
 
     def __init__(self, store) -> None:
         self.store = store
         self.threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
 
-    def add(self, path: str, name: str) -> None:
+    def add(self, path: str, name: str, after: tuple[str, bytes]) -> None:
+        """Store ``path`` as ``name``, then write ``after`` (key, bytes): the shard's manifest comes second."""
         def upload():
             try:
                 self.store.write_file(name, path)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+                self.store.write_bytes(*after)
             except BaseException as exc:  # reported after the last shard
                 self.errors.append(exc)
         while len([t for t in self.threads if t.is_alive()]) >= 4:
@@ -211,6 +175,8 @@ class _Uploads:
 
 def _converted(jobs: list, target: str, options: dict, workers: int, progress: bool):
     """``_convert``'s results for ``jobs``, in order, from ``workers`` processes (one: this one)."""
+    if not jobs:  # every shard of this part is finished
+        return
     bar = None
     if progress:
         from tqdm import tqdm
@@ -235,21 +201,27 @@ def _converted(jobs: list, target: str, options: dict, workers: int, progress: b
 
 def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: int = 0, workers: int = 0,
             shuffle_seed: int | None = 0, overwrite: bool = False, verify: bool = True, progress: bool = True,
-            options: dict | None = None) -> Summary:
+            options: dict | None = None, part: tuple[int, int] | str | None = None) -> Summary:
     """Write ``src`` (an image folder, or ``pkg.mod:fn`` returning a map-style data set) as shards in ``dest``.
 
+    Shard ``k`` holds the same samples whichever machine writes it (``hetero.prepare_plan``); a run
+    that stopped keeps the shards it finished when started again with the same options.
+
     Args:
-        shard_size: bytes per tar file, about (a file larger than this gets a shard of its own).
+        shard_size: bytes per tar file, about (the samples per shard are chosen from the source's sizes).
         max_side: re-encode images whose long side exceeds this many pixels (0: keep every file as is).
         workers: processes that read and check files (0: every core).
         shuffle_seed: the order samples are written in is a permutation seeded by this (None: in
             the source's order, classes one after another).
-        overwrite: replace shards already at ``dest`` (without it, existing shards are an error).
+        overwrite: replace shards (or an unfinished run with other options) already at ``dest``.
         verify: decode every image once and skip those that do not decode.
         options: keyword options of an import-path source.
+        part: ``(i, N)`` or ``"i/N"``: write only part ``i`` of ``N`` disjoint parts of the shards
+            and no index (:func:`merge_parts` writes it once every part is done). None: all, and the index.
 
     Raises:
-        ConfigError: bad options, an empty source, or ``dest`` already holding shards.
+        ConfigError: bad options, an empty source, or ``dest`` already holding shards (or a run
+            with other options).
     """
     start = time.monotonic()
     if shard_size < 1_000_000:
@@ -260,46 +232,104 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ConfigError(f"workers={workers} must be >= 1")
+    if isinstance(part, str):
+        part = parse_part(part)
     options = dict(options or {})
     store = open_store(dest, what="dest", create=True)
-    existing = [name for name, _ in store.list() if name in (INDEX_NAME, JSON_INDEX_NAME) or name.endswith(".tar")]
-    if existing and not overwrite:
-        raise ConfigError(f"{dest} already holds shards ({', '.join(existing[:3])}{' ...' if len(existing) > 3 else ''}); "
-                          "pass --overwrite to replace them, or choose another destination")
     classes, items, target = _sources(src, options)
     if not items:
         raise ConfigError(f"{src} holds no samples")
     order = np.arange(len(items)) if shuffle_seed is None else \
         np.random.Generator(np.random.PCG64(shuffle_seed)).permutation(len(items))
-    summary = Summary()
-    if existing:  # the old index goes first, so the destination is never taken for complete meanwhile
-        for name in (INDEX_NAME, JSON_INDEX_NAME):
-            if name in existing:
-                store.delete(name)
-    jobs = [(pos, items[i][0], items[i][1], max_side, verify) for pos, i in enumerate(order)]
+    plan = Plan(len(items), per_shard(shard_size, _sizes(items, order, target, options)), shuffle_seed, max_side,
+                verify, tuple(classes), items_digest(items, "" if target else src) if not target
+                else f"{target}:{len(items)}:{json.dumps(options, sort_keys=True)}")
+    _claim(store, dest, plan, overwrite)
+    done = finished(store)
+    todo = [k for k in plan.part_shards(part) if k not in done]
+    summary = Summary(part=f"{part[0]}/{part[1]}" if part else "", kept=len(plan.part_shards(part)) - len(todo))
+    jobs = [(pos, items[order[pos]][0], items[order[pos]][1], max_side, verify)
+            for k in todo for pos in range(k * plan.per_shard, min(plan.samples, (k + 1) * plan.per_shard))]
     with store.staging() as staging:
         uploads = _Uploads(store)
-        writer = _ShardWriter(staging, shard_size, uploads.add)
-        with contextlib.closing(_converted(jobs, target, options, workers, progress)) as results:
-            for pos, ext, data, label, why, reencoded in results:
-                if why:
-                    summary.skipped.append((items[order[pos]][0] if not target else f"item {items[order[pos]][0]}",
-                                            why))
-                    continue
-                writer.add(f"{len(writer.offsets):09d}", ext, data, label)
-                summary.reencoded += reencoded
-        writer.finish()
-        uploads.join()
-    if not writer.offsets:
+        shard: _Shard | None = None
+        try:
+            with contextlib.closing(_converted(jobs, target, options, workers, progress)) as results:
+                for pos, ext, data, label, why, reencoded in results:
+                    k = pos // plan.per_shard
+                    if shard is None or shard.k != k:
+                        if shard is not None:
+                            uploads.add(shard.path, shard.name, (manifest_key(shard.k), shard.close()))
+                        shard = _Shard(staging, k)
+                        summary.shards += 1
+                    if why:
+                        item = items[order[pos]][0]
+                        shard.skipped.append((item if not target else f"item {item}", why))
+                        continue
+                    shard.add(f"{pos:09d}", ext, data, label)
+                    shard.reencoded += reencoded
+                    summary.samples += 1
+                    summary.data_bytes += len(data)
+            if shard is not None:
+                uploads.add(shard.path, shard.name, (manifest_key(shard.k), shard.close()))
+        finally:
+            uploads.join()  # a run that fails keeps (and records) every shard it finished
+    if part is not None:
+        summary.seconds = time.monotonic() - start
+        return summary
+    merged = merge_parts(store)
+    if not merged.samples:
         raise ConfigError(f"none of the {len(items)} files of {src} decodes; nothing written")
-    index = ShardIndex(classes, writer.shards, np.array(writer.offsets), np.array(writer.lengths),
-                       np.array(writer.labels))
-    write_index(store, index)
-    keep = {s.name for s in writer.shards} | {INDEX_NAME}
-    for name in existing:  # old shards the new ones did not replace
-        if name not in keep:
-            store.delete(name)
-    summary.samples, summary.shards = len(index), len(writer.shards)
-    summary.bytes, summary.data_bytes = sum(s.size for s in writer.shards), index.data_bytes
+    merged.kept = summary.kept
+    merged.seconds = time.monotonic() - start
+    return merged
+
+
+def merge_parts(dest) -> Summary:
+    """Write the index of a run whose parts (``prepare(..., part=...)``) are all done: ``hetero prepare --merge``."""
+    start = time.monotonic()
+    store = open_store(dest, what="dest") if isinstance(dest, str) else dest
+    summary = merge(store)
     summary.seconds = time.monotonic() - start
     return summary
+
+
+def _claim(store, dest: str, plan: Plan, overwrite: bool) -> None:
+    """Write ``plan`` to ``dest``, or check that the run already there has the same one."""
+    names = [name for name, _ in store.list()]
+    index = [name for name in names if name in (INDEX_NAME, JSON_INDEX_NAME)]
+    shards = [name for name in names if name.endswith(".tar")]
+    old = read_plan(store)
+    if old == plan and not index:
+        return  # another part of this run, or this part started again: keep what is finished
+    if (old is not None or index or shards) and not overwrite:
+        if old is not None and not index:
+            raise ConfigError(f"{dest} holds an unfinished prepare run with other options or another source "
+                              f"(its {PLAN}); pass the same SRC and options to go on with it, or --overwrite to "
+                              "start again")
+        found = index + shards
+        raise ConfigError(f"{dest} already holds shards ({', '.join(found[:3])}{' ...' if len(found) > 3 else ''}); "
+                          "pass --overwrite to replace them, or choose another destination")
+    for name in index:  # the old index goes first, so the destination is never taken for complete meanwhile
+        store.delete(name)
+    for name in names:
+        if name.startswith(WORK + "/"):
+            store.delete(name)
+    store.write_bytes(PLAN, plan.to_json())
+
+
+def _sizes(items: list[tuple[str, int]], order: np.ndarray, target: str, options: dict) -> list[int]:
+    """Bytes of up to 256 samples spread over the shuffled order (the same on every machine)."""
+    picks = [int(order[p]) for p in np.linspace(0, len(items) - 1, min(256, len(items))).astype(int)]
+    if not target:
+        out = []
+        for i in picks:
+            with contextlib.suppress(OSError):
+                out.append(os.path.getsize(items[i][0]))
+        return out
+    dataset = _load_dataset(target, options)
+    out = []
+    for i in picks[:32]:
+        item = dataset[int(items[i][0])][0]
+        out.append(int(item.numel()) // 2 if hasattr(item, "numel") else len(item))
+    return out

@@ -15,9 +15,17 @@ def register(sub) -> None:
                                    "map-style data set of (image bytes or uint8 [C,H,W] tensor, label)), checks "
                                    "that every image decodes, shuffles the samples once (a fixed seed) and writes "
                                    "tar shards (<key>.jpg + <key>.cls members, readable by the webdataset library) "
-                                   "and index.json to DEST. Files that do not decode are skipped and listed.")
-    p.add_argument("src", help="image folder, or pkg.mod:fn (options with -o key=value)")
-    p.add_argument("dest", help="local folder or s3://bucket/prefix (AWS_ENDPOINT_URL for S3-compatible stores)")
+                                   "and index.bin to DEST. Files that do not decode are skipped and listed. "
+                                   "Several machines share the work with --part I/N, then --merge DEST; a run "
+                                   "started again keeps the shards it finished.")
+    p.add_argument("src", nargs="?", help="image folder, or pkg.mod:fn (options with -o key=value)")
+    p.add_argument("dest", nargs="?",
+                   help="local folder or s3://bucket/prefix (AWS_ENDPOINT_URL for S3-compatible stores)")
+    p.add_argument("--part", metavar="I/N",
+                   help="write only part I of N disjoint parts of the shards (one per machine, same SRC, DEST "
+                        "and options on each), no index; then `hetero prepare --merge DEST`. Started again after "
+                        "a crash, a part keeps the shards it finished")
+    p.add_argument("--merge", metavar="DEST", help="write the index of DEST once every part is done")
     p.add_argument("--shard-size", default="256MB", help="bytes per shard, e.g. 64MB, 256MB, 1GB (default 256MB)")
     p.add_argument("--max-side", type=int, default=0, metavar="N",
                    help="re-encode images whose long side exceeds N px (JPEG q95, antialiased; default 0: keep all)")
@@ -38,18 +46,34 @@ def run(args: argparse.Namespace) -> int:
     from data_service.errors import DataServiceError
     from data_service.storage import parse_size
     from hetero.options import parse_kv
-    from hetero.prepare import prepare
+    from hetero.prepare import merge_parts, prepare
 
+    if args.merge:
+        if args.src or args.dest or args.part:
+            print("hetero prepare: --merge DEST takes no SRC, DEST or --part")
+            return 2
+        dest = args.merge
+    elif not (args.src and args.dest):
+        print("hetero prepare: give SRC and DEST (or --merge DEST)")
+        return 2
+    else:
+        dest = args.dest
     try:
-        options = parse_kv(args.option)
-        summary = prepare(args.src, args.dest, shard_size=parse_size(args.shard_size, "--shard-size"),
-                          max_side=args.max_side, workers=args.workers,
-                          shuffle_seed=None if args.no_shuffle else args.shuffle_seed, overwrite=args.overwrite,
-                          verify=not args.no_verify, progress=not args.quiet, options=options)
+        if args.merge:
+            summary = merge_parts(dest)
+        else:
+            options = parse_kv(args.option)
+            summary = prepare(args.src, dest, shard_size=parse_size(args.shard_size, "--shard-size"),
+                              max_side=args.max_side, workers=args.workers,
+                              shuffle_seed=None if args.no_shuffle else args.shuffle_seed, overwrite=args.overwrite,
+                              verify=not args.no_verify, progress=not args.quiet, options=options, part=args.part)
     except DataServiceError as exc:
         print(f"hetero prepare: {exc}")
         return 2
-    for line in summary.lines(args.dest):
+    for line in summary.lines(dest):
         print(line)
-    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={args.dest}")
+    if summary.part:
+        print(f"when every part is done: hetero prepare --merge {dest}")
+        return 0
+    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={dest}")
     return 0

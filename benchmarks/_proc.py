@@ -27,3 +27,23 @@ def usage(pids: list[int]) -> tuple[float, int, int]:
             except OSError:
                 pass  # the thread ended
     return cpu, vol, invol
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children, their children, ...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out

@@ -5,6 +5,7 @@ unrealistically fast. These images are random crops of the photographs scikit-im
 download), resized to ImageNet's size mix (long side 500 px for most, 250-500 for the rest; 4:3,
 3:2, 1:1 and 3:4 frames), lightly jittered so no two files are the same, and saved as JPEG
 quality 90: about 170 k pixels and 40-60 KiB a file. One class per source photograph.
+Without scikit-image, 9 of the 10 photographs come from ``benchmarks/photo_sources`` (see its README).
 
     python -m benchmarks.photos DIR --images 10000
 """
@@ -22,18 +23,37 @@ SOURCES = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "imm
 FRAMES = ((4 / 3, 0.5), (3 / 2, 0.2), (1.0, 0.1), (3 / 4, 0.2))  # width / height, share
 
 
-def _sources() -> list[np.ndarray]:
+BUNDLED = Path(__file__).resolve().parent / "photo_sources"  # 9 of SOURCES, for machines without scikit-image
+
+
+def photo_sources() -> str:
+    """Where the source photographs come from here: ``"scikit-image"``, else ``"bundled"``
+    (``benchmarks/photo_sources``: 9 of the 10, without ``stereo_motorcycle``)."""
     try:
-        import skimage.data as data
+        import skimage.data  # noqa: F401
+        return "scikit-image"
     except ImportError:
-        raise SystemExit("benchmarks.photos needs scikit-image: pip install 'hetero-data-service[bench]'") from None
+        return "bundled"
+
+
+def _sources() -> list[tuple[str, np.ndarray]]:
+    """(name, RGB uint8 image) of every source photograph."""
     out = []
+    if photo_sources() == "bundled":
+        from PIL import Image
+
+        for name in SOURCES:
+            if (BUNDLED / f"{name}.jpg").exists():
+                out.append((name, np.asarray(Image.open(BUNDLED / f"{name}.jpg").convert("RGB"))))
+        return out
+    import skimage.data as data
+
     for name in SOURCES:
         image = getattr(data, name)()
         image = image[0] if isinstance(image, tuple) else image
         if image.ndim == 2:
             image = np.stack([image] * 3, -1)
-        out.append(np.ascontiguousarray(image[..., :3]))
+        out.append((name, np.ascontiguousarray(image[..., :3])))
     return out
 
 
@@ -50,11 +70,10 @@ def write_photo_folder(root: str | os.PathLike, count: int, seed: int = 0) -> in
     shares = np.array([s for _, s in FRAMES])
     written = 0
     for n in range(count):
-        label = n % len(SOURCES)
-        path = root / SOURCES[label] / f"{n:07d}.jpg"
+        name, src = sources[n % len(sources)]
+        path = root / name / f"{n:07d}.jpg"
         if path.exists():
             continue
-        src = sources[label]
         h, w = src.shape[:2]
         area = rng.uniform(0.3, 1.0) * h * w
         ratio = FRAMES[rng.choice(len(FRAMES), p=shares / shares.sum())][0]
@@ -85,8 +104,8 @@ def main() -> None:
     n = write_photo_folder(args.root, args.images, args.seed)
     files = list(Path(args.root).glob("*/*.jpg"))
     size = sum(f.stat().st_size for f in files)
-    print(f"{n} written, {len(files)} JPEGs in {args.root}, {size / len(files) / 1024:.1f} KiB each on average, "
-          f"{time.monotonic() - t:.1f}s")
+    print(f"{n} written ({photo_sources()} source photographs), {len(files)} JPEGs in {args.root}, "
+          f"{size / len(files) / 1024:.1f} KiB each on average, {time.monotonic() - t:.1f}s")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,13 @@ a price map (instance type -> $/h): the change in $/h, the changed nodes' cost o
 the predicted step time, and the whole job's $/epoch before and after when the DNN instance's
 price is known too. Nothing here measures or talks to a server: ``launcher/advisor.py`` gathers
 the figures.
+
+The network (the planner's ``hetero/planning/network.py`` model, with the bytes per batch the
+servers sent in the window): a data node delivers at most its NIC baseline and, to each rank, one
+flow's cap; the DNN nodes' NICs bound what all data nodes together deliver. The advice names the
+binding resource (``cores``, ``data NIC``, ``DNN NIC`` or ``flow``) and, when the network binds,
+says what helps: more data nodes only while their NICs bind, otherwise a compact wire encoding or
+instances with more bandwidth.
 """
 from __future__ import annotations
 
@@ -32,6 +39,8 @@ HEADROOM = 0.10           # spare capacity the advice keeps over the ranks' dema
 MIN_BUSY = 0.05           # below this busy share a server's headroom is not extrapolated further
 MIN_COMPUTE_SHARE = 0.01  # a step that is (almost) all data wait: take compute as this share of it
 MAX_CHANGE = 256          # the most nodes one piece of advice adds
+SINGLE_FLOW_GBPS = 5.0    # one TCP flow between EC2 instances outside a cluster placement group
+COMPACT_WIRE = "jpeg:90"  # the wire encoding the advice names when the network binds
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class ServerFigures:
     data_node: bool = True
     built_per_s: float | None = None
     new: bool = False
+    bytes_per_batch: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,11 @@ class LiveFigures:
         dnn_instance: the DNN nodes' instance type; ``dnn_count`` of them.
         fetch_cpu_s: mean CPU time per step the rank's own thread spent inside the wait (receiving
             and unpacking the batch).
+        bytes_per_batch: bytes the data servers sent per batch over the window (None: unknown, the
+            network is left out).
+        data_nic_gbps, dnn_nic_gbps: the instance types' NIC baselines (None: unknown).
+        flow_gbps: one flow's cap (None: not limited).
+        batch_size: samples per batch (for bytes per sample in the advice).
     """
 
     step_s: float
@@ -84,6 +99,11 @@ class LiveFigures:
     dnn_instance: str = ""
     dnn_count: int = 1
     fetch_cpu_s: float = 0.0
+    bytes_per_batch: float | None = None
+    data_nic_gbps: float | None = None
+    dnn_nic_gbps: float | None = None
+    flow_gbps: float | None = None
+    batch_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,9 @@ class Advice:
     predicted_job_usd_per_epoch: float | None
     steps_per_epoch: int | None
     note: str = ""
+    binding: str = ""                      # cores, data NIC, DNN NIC or flow ("" : not data-bound by anything known)
+    bytes_per_sample: float | None = None  # on the wire, over the window
+    network_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,26 +147,48 @@ def server_capacity(server: ServerFigures) -> float:
     return max(delivered, built / min(1.0, max(MIN_BUSY, server.busy_fraction)))
 
 
-def total_capacity(servers: Sequence[ServerFigures]) -> tuple[float, float | None]:
+def total_capacity(servers: Sequence[ServerFigures], node_limit: float | None = None) -> tuple[float, float | None]:
     """(batches/s all servers could deliver, the mean capacity of one data node; None: unknown).
 
     The node unit is the mean over the data nodes whose capacity was measured (busy share known),
     else over those present the whole window (as delivered). A data node not measured yet counts
     at that unit when some were measured (it is taken to be like them), one that joined during the
     window always does (what it delivered since its start is no rate); other servers count at
-    their own figures.
+    their own figures. ``node_limit``: batches/s one data node's network carries (None: not limited).
     """
-    measured = [server_capacity(s) for s in servers if s.data_node and not s.new and s.busy_fraction is not None]
-    present = [server_capacity(s) for s in servers if s.data_node and not s.new]
+    def cap(s: ServerFigures) -> float:
+        own = server_capacity(s)
+        return min(own, node_limit) if s.data_node and node_limit is not None else own
+
+    measured = [cap(s) for s in servers if s.data_node and not s.new and s.busy_fraction is not None]
+    present = [cap(s) for s in servers if s.data_node and not s.new]
     pool = [c for c in (measured or present) if c > 0]
     unit = sum(pool) / len(pool) if pool else None
     total = 0.0
     for s in servers:
-        own = server_capacity(s)
+        own = cap(s)
         if s.data_node and unit is not None and (s.new or (measured and s.busy_fraction is None)):
             own = unit
         total += own
     return total, unit
+
+
+def network_limits(figures: LiveFigures) -> tuple[dict[str, float], float | None]:
+    """({"data NIC" / "flow": batches/s one data node's network carries}, batches/s the DNN NICs take
+    from all data nodes together, or None): empty / None where a figure is unknown."""
+    if not figures.bytes_per_batch or figures.bytes_per_batch <= 0:
+        return {}, None
+
+    def batches(gbps: float) -> float:
+        return gbps * 1e9 / 8.0 / figures.bytes_per_batch
+
+    node: dict[str, float] = {}
+    if figures.data_nic_gbps:
+        node["data NIC"] = batches(figures.data_nic_gbps)
+    if figures.flow_gbps:
+        node["flow"] = figures.ranks * batches(figures.flow_gbps)
+    dnn = figures.dnn_count * batches(figures.dnn_nic_gbps) if figures.dnn_nic_gbps else None
+    return node, dnn
 
 
 def predicted_step(compute_s: float, ranks: int, capacity_per_s: float) -> float:
@@ -186,17 +231,29 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
     own = step - figures.data_wait_s + min(max(0.0, figures.fetch_cpu_s), figures.data_wait_s)
     compute = max(own, MIN_COMPUTE_SHARE * step)
     note = "the step is almost all data wait: compute time taken as 1% of it" if own < MIN_COMPUTE_SHARE * step else ""
-    capacity, node_cap = total_capacity(figures.servers)
+    node_net, dnn_net = network_limits(figures)
+    node_limit = min(node_net.values()) if node_net else None
+    capacity, node_cap = total_capacity(figures.servers, node_limit)
+    local = sum(server_capacity(s) for s in figures.servers if not s.data_node)
+
+    def delivered(remote: float) -> float:  # what the ranks receive from ``remote`` batches/s of data nodes
+        return local + (remote if dnn_net is None else min(remote, dnn_net))
+
+    remote = capacity - local
+    capacity = delivered(remote)
     nodes = sum(1 for s in figures.servers if s.data_node)
     needed = ranks * (1 + headroom) / compute   # batches/s the ranks take, plus the headroom
     change: int | None = None
     if node_cap is None:
         note = note or "no data node delivered a batch in this window: nothing to size a node by"
     elif capacity < needed:
-        change = min(MAX_CHANGE, math.ceil((needed - capacity) / node_cap - 1e-9))
+        reach = needed if dnn_net is None else min(needed, local + dnn_net)  # the DNN NIC caps what more nodes add
+        change = max(0, min(MAX_CHANGE, math.ceil((reach - local - remote) / node_cap - 1e-9)))
     else:
-        change = -min(max(0, nodes - 1), math.floor((capacity - needed) / node_cap + 1e-9))
-    new_capacity = capacity + (change or 0) * (node_cap or 0.0)
+        # what the data nodes send beyond the DNN NIC's share is spare as well: local + remote - needed either way
+        change = -min(max(0, nodes - 1), math.floor(max(0.0, local + remote - needed) / node_cap + 1e-9))
+    new_capacity = delivered(remote + (change or 0) * (node_cap or 0.0))
+    binding, network_note = _binding(figures, node_net, dnn_net, remote, node_cap, change)
     pred = predicted_step(compute, ranks, new_capacity)
     price, dnn_price = prices.get(figures.data_instance), prices.get(figures.dnn_instance)
     steps = figures.steps_per_epoch
@@ -215,7 +272,35 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
                   delivered_per_s=sum(s.batches_per_s for s in figures.servers), capacity_per_s=capacity,
                   node_capacity_per_s=node_cap, node_usd_per_hour=price, change_usd_per_hour=change_h,
                   change_usd_per_epoch=change_epoch, job_usd_per_epoch=job_now,
-                  predicted_job_usd_per_epoch=job_after, steps_per_epoch=steps, note=note)
+                  predicted_job_usd_per_epoch=job_after, steps_per_epoch=steps, note=note, binding=binding,
+                  bytes_per_sample=(figures.bytes_per_batch / figures.batch_size
+                                    if figures.bytes_per_batch and figures.batch_size > 0 else None),
+                  network_note=network_note)
+
+
+def _binding(figures: LiveFigures, node_net: dict[str, float], dnn_net: float | None, remote: float,
+             node_cap: float | None, change: int | None) -> tuple[str, str]:
+    """The resource that bounds what the data nodes deliver, and what helps when it is the network."""
+    if node_cap is None:
+        return "", ""
+    after = remote + (change or 0) * node_cap
+    if dnn_net is not None and after >= dnn_net * (1 - 1e-9):
+        gbps = figures.dnn_nic_gbps
+        return "DNN NIC", (f"the DNN NIC binds: {figures.dnn_count} x {figures.dnn_instance or 'DNN node'} at {gbps:g} "
+                           f"Gbps takes {dnn_net:.1f} batches/s; more data nodes cannot raise that: a compact wire "
+                           f"encoding (wire_encoding={COMPACT_WIRE}) or a DNN instance with more bandwidth")
+    plain = [server_capacity(s) for s in figures.servers if s.data_node and not s.new and s.batches_per_s > 0]
+    if node_net and plain and max(plain) > min(node_net.values()) * (1 - 1e-9):
+        which = min(node_net, key=node_net.get)
+        kind = figures.data_instance or "data node"
+        if which == "flow":
+            return "flow", (f"one flow per rank carries {figures.flow_gbps:g} Gbps ({node_net['flow']:.1f} batches/s "
+                            f"from each {kind}): more data nodes, a cluster placement group (10 Gbps per flow) or "
+                            f"a compact wire encoding (wire_encoding={COMPACT_WIRE})")
+        return "data NIC", (f"each {kind}'s NIC binds ({figures.data_nic_gbps:g} Gbps baseline, "
+                            f"{node_net['data NIC']:.1f} batches/s): a network-optimised type (c5n) or a compact "
+                            f"wire encoding (wire_encoding={COMPACT_WIRE}) needs fewer nodes")
+    return "cores", ""
 
 
 def steps_per_epoch(num_samples: int, batch_size: int, drop_last: bool, ranks: int) -> int | None:

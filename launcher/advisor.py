@@ -41,6 +41,7 @@ class Snapshot:
     batches_sent: int
     busy_fraction: float
     batches_built: int = 0
+    bytes_sent: int = 0
 
 
 def window_figures(address: str, before: Snapshot | None, after: Snapshot, data_node: bool,
@@ -68,6 +69,21 @@ def window_figures(address: str, before: Snapshot | None, after: Snapshot, data_
     busy = (after.busy_fraction * after.uptime_s - before.busy_fraction * before.uptime_s) / uptime
     return ServerFigures(address, sent, min(1.0, max(0.0, busy)), data_node,
                          built_per_s=(after.batches_built - before.batches_built) / uptime)
+
+
+def window_bytes_per_batch(before: Mapping[str, Snapshot], after: Mapping[str, Snapshot],
+                           kinds: Mapping[str, bool]) -> float | None:
+    """Bytes the data nodes sent per batch between two snapshots (what crosses their NICs); None
+    without a batch sent by a data node present in both."""
+    sent_bytes = sent_batches = 0
+    for address, now in after.items():
+        then = before.get(address)
+        if not kinds.get(address, True) or then is None or now.batches_sent <= then.batches_sent:
+            continue
+        if now.bytes_sent > then.bytes_sent:
+            sent_bytes += now.bytes_sent - then.bytes_sent
+            sent_batches += now.batches_sent - then.batches_sent
+    return sent_bytes / sent_batches if sent_batches else None
 
 
 def scaled_to_consumption(servers: list[ServerFigures], consumed_per_s: float) -> tuple[ServerFigures, ...]:
@@ -100,19 +116,26 @@ class LiveAdvisor:
         registry: the job's registry URI ("" : none): servers registered there with the job token's
             proof and the job's pipeline also count, as data nodes (a server the fixed list already
             names, by its server id, counts once).
+        network: instance type -> NIC baseline Gbps (the ``advice_network`` hyperparameter): with the
+            bytes per batch the servers send, the advice counts the NICs and names what binds.
+        flow_gbps: one flow's cap (None: not limited).
         client: ``ControlClient``-like factory ``(address, token, client_id)`` (tests pass a fake).
     """
 
     def __init__(self, servers: ServerList, token: str, ranks: int, every: int, warmup: int = 0,
                  data_instance: str = "", dnn_instance: str = "", dnn_count: int = 1,
                  prices: Mapping[str, float] | None = None, stats_timeout_s: float = 2.0,
-                 registry: str = "", client: Callable[..., Any] | None = None) -> None:
+                 registry: str = "", client: Callable[..., Any] | None = None,
+                 network: Mapping[str, float] | None = None, flow_gbps: float | None = None) -> None:
         if client is None:
             from dnn_worker import ControlClient as client
         self._servers, self._token, self._client = servers, token, client
         self.ranks, self.every, self.warmup = ranks, every, warmup
         self.data_instance, self.dnn_instance, self.dnn_count = data_instance, dnn_instance, dnn_count
         self.prices = dict(prices or {})
+        self.network = dict(network or {})
+        self.flow_gbps = flow_gbps
+        self._batch_size = 0
         self.timeout_s = stats_timeout_s
         self._steps_per_epoch: int | None = None
         self._base: dict[str, Snapshot] | None = None
@@ -176,7 +199,11 @@ class LiveAdvisor:
         fetch_cpu_s = sum(w[2] for w in window) / len(window)
         try:
             advice = advise(LiveFigures(step_s, wait_s, self.ranks, servers, self._steps_per_epoch,
-                                        self.data_instance, self.dnn_instance, self.dnn_count, fetch_cpu_s),
+                                        self.data_instance, self.dnn_instance, self.dnn_count, fetch_cpu_s,
+                                        bytes_per_batch=window_bytes_per_batch(base, now, kinds),
+                                        data_nic_gbps=self.network.get(self.data_instance),
+                                        dnn_nic_gbps=self.network.get(self.dnn_instance),
+                                        flow_gbps=self.flow_gbps, batch_size=self._batch_size),
                             self.prices)
         except ValueError as exc:
             log.warning("no advice at step %d: %s", steps, exc)
@@ -237,12 +264,13 @@ class LiveAdvisor:
                 self._ids[address] = hello.server_id
                 info = hello.dataset
                 if self._steps_per_epoch is None:
+                    self._batch_size = int(info.batch_size)
                     self._fingerprint = info.fingerprint or None
                     self._steps_per_epoch = steps_per_epoch(info.num_samples, info.batch_size, info.drop_last,
                                                             self.ranks)
             s = ctl.stats(timeout=self.timeout_s)
             return Snapshot(float(s.uptime_s), int(s.batches_sent), float(s.worker_busy_fraction),
-                            int(s.batches_built))
+                            int(s.batches_built), int(getattr(s, "bytes_sent", 0)))
         except Exception as exc:  # advice is informative: training goes on without this server's figures
             dropped = self._clients.pop(address, None)
             if dropped is not None:
@@ -273,4 +301,6 @@ def live_advisor(job, rank: int) -> LiveAdvisor | None:
                        data_instance=job.extra.get("data_instance_type", ""),
                        dnn_instance=job.extra.get("dnn_instance_type", ""), dnn_count=len(job.dnn_hosts),
                        prices=dict(getattr(cfg, "advice_prices", {}) or {}),
-                       registry=str(getattr(cfg, "registry", "") or ""))
+                       registry=str(getattr(cfg, "registry", "") or ""),
+                       network=dict(getattr(cfg, "advice_network", {}) or {}),
+                       flow_gbps=float(getattr(cfg, "advice_flow_gbps", 0.0) or 0.0) or None)

@@ -78,6 +78,8 @@ class LaunchConfig:
     # live advice (rank 0, heterogeneous): data nodes to add or drop, every N steps and at the end
     advice_every: int = 200                 # 0: no advice
     advice_prices: dict = field(default_factory=dict, hash=False)  # instance type -> $/h, for the costs
+    advice_network: dict = field(default_factory=dict, hash=False)  # instance type -> NIC baseline Gbps
+    advice_flow_gbps: float = 5.0           # one flow's cap: 5 Gbps, 10 in a cluster placement group; 0: none
     # checkpoints (SIGTERM, periodic, end of training) and resume
     checkpoint: bool = True                 # false: never write or read checkpoints
     checkpoint_dir: str = ""                # "": the node's (HETERO_CHECKPOINT_DIR, else /opt/ml/checkpoints)
@@ -193,6 +195,13 @@ class LaunchConfig:
         if self.ddp_backend not in DDP_BACKENDS:  # what this machine can run is checked at start (preflight)
             raise ConfigError(f"ddp_backend={self.ddp_backend!r} must be one of {', '.join(DDP_BACKENDS)} "
                               "(auto: nccl with CUDA, else gloo)")
+        bad = {k: v for k, v in self.advice_network.items()
+               if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0}
+        if bad:
+            raise ConfigError(f"advice_network={self.advice_network!r}: {bad} must be NIC baselines in Gbps > 0, "
+                              "e.g. '{\"ml.c5.9xlarge\": 12}'")
+        if not math.isfinite(self.advice_flow_gbps) or self.advice_flow_gbps < 0:
+            raise ConfigError(f"advice_flow_gbps={self.advice_flow_gbps} must be >= 0 Gbps (0: no per-flow cap)")
         if not self.bind_host:
             raise ConfigError("bind_host='' must be an address to listen on, e.g. 0.0.0.0")
         if self.registry and self.join:

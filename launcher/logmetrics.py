@@ -100,7 +100,16 @@ def advice_line(step: int, advice: Mapping[str, Any], final: bool = False) -> st
     job_now, job_after = advice.get("job_usd_per_epoch"), advice.get("predicted_job_usd_per_epoch")
     job = f"; job {job_now:.4f} -> {job_after:.4f} USD per epoch" if job_now is not None and job_after is not None \
         else ""
-    return f"{when}: data node change {change:+d} ({now}): {timing}; {cost}{job}"
+    return f"{when}: data node change {change:+d} ({now}): {timing}; {cost}{job}{network_words(advice)}"
+
+
+def network_words(advice: Mapping[str, Any]) -> str:
+    """The advice's binding resource and bytes per sample, and what helps when the network binds ("" : none)."""
+    binding, per_sample = advice.get("binding"), advice.get("bytes_per_sample")
+    if not binding or per_sample is None:
+        return ""
+    note = advice.get("network_note")
+    return f"; data side bound by {binding} at {per_sample:,.0f} bytes per sample" + (f": {note}" if note else "")
 
 
 def rate_line(batches_sent: int, batches_per_s: float | None, seconds: float, final: bool) -> str:

@@ -225,3 +225,67 @@ def test_bench_report_takes_bytes_from_the_data_servers_and_names_the_binding(tm
     assert "150,528 bytes per sample" in line and "bound by data NIC" in line
     add_network(cfg, s, load_prices(), [runs[0]], preprocess_s=0.394, profiled_bytes=4_000.0)
     assert s["network"]["bytes_source"] == "the profiled batches' tensors" and s["network"]["aws"]["binding"] == "gpu"
+
+
+# -- the live advice (launcher/advice.py): the same model with the window's figures --------------------------
+def _live(servers, bytes_per_batch, data_nic=None, dnn_nic=None, flow=None, ranks=1, step=0.2, wait=0.1):
+    from launcher.advice import LiveFigures
+
+    return LiveFigures(step, wait, ranks, tuple(servers), 1000, "ml.c5.xlarge", "ml.g5.xlarge", 1,
+                       bytes_per_batch=bytes_per_batch, data_nic_gbps=data_nic, dnn_nic_gbps=dnn_nic,
+                       flow_gbps=flow, batch_size=100)
+
+
+# One batch of 100 x 125,000 bytes is 0.1 Gb: 1 Gbps carries 10 batches/s. Compute 0.1 s: the rank takes 10/s,
+# 11 with the advice's 10 % headroom. Each data node's cores could make 20 batches/s (2 built at 10 % busy).
+@pytest.mark.parametrize("case, nic, dnn, flow, change, binding", [
+    ("cores", None, None, None, 0, "cores"),              # 20/s a node: one covers 11/s
+    ("data NIC", 0.25, None, None, 4, "data NIC"),          # 2.5/s a node: 5 nodes for 11/s
+    ("flow", None, None, 0.5, 2, "flow"),                   # one rank's flow 5/s a node: 3 nodes
+    ("DNN NIC", 0.25, 0.5, None, 1, "DNN NIC"),             # the DNN takes 5/s: 2 nodes reach it, more do not help
+])
+def test_live_advice_names_the_binding_resource(case, nic, dnn, flow, change, binding):
+    from launcher.advice import ServerFigures, advise
+    from launcher.logmetrics import advice_line
+
+    a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], 12_500_000, nic, dnn, flow))
+    assert (a.change, a.binding) == (change, binding), case
+    assert a.bytes_per_sample == 125_000
+    line = advice_line(40, a.to_dict())
+    assert f"bound by {binding} at 125,000 bytes per sample" in line
+    if binding == "DNN NIC":
+        assert "cannot raise" in line and "jpeg:90" in line and a.predicted_step_s == pytest.approx(0.2)
+    if binding == "data NIC":
+        assert "c5n" in line
+
+
+def test_live_advice_without_network_figures_is_unchanged():
+    from launcher.advice import ServerFigures, advise
+
+    a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], None, 0.25, 0.5, 0.5))
+    assert a.change == 0 and a.bytes_per_sample is None
+
+
+def test_advisor_measures_bytes_per_batch_between_snapshots_of_data_nodes_only():
+    from launcher.advisor import Snapshot, window_bytes_per_batch
+
+    before = {"a": Snapshot(100, 10, 0.5, 10, 1000), "own": Snapshot(100, 10, 0.5, 10, 1000)}
+    after = {"a": Snapshot(110, 30, 0.5, 30, 5000), "own": Snapshot(110, 40, 0.5, 40, 9_000_000),
+             "new": Snapshot(5, 5, 0.5, 5, 500)}
+    assert window_bytes_per_batch(before, after, {"a": True, "own": False, "new": True}) == 200
+    assert window_bytes_per_batch({}, after, {}) is None
+
+
+def test_advice_network_hyperparameter_and_its_check():
+    from data_service.errors import ConfigError
+    from hetero.commands.submit import advice_network
+    from launcher.config import LaunchConfig
+
+    hp = advice_network(["ml.c5.xlarge", "ml.g5.xlarge", "ml.unknown"])
+    assert json.loads(hp["advice_network"]) == {"ml.c5.xlarge": 1.25, "ml.g5.xlarge": 2.5}
+    with pytest.raises(ConfigError, match="advice_network=.*must be NIC baselines in Gbps"):
+        LaunchConfig.from_hyperparameters({"advice_network": '{"ml.c5.xlarge": -1}'})
+    with pytest.raises(ConfigError, match="advice_flow_gbps=-1"):
+        LaunchConfig(advice_flow_gbps=-1).check()
+    cfg = LaunchConfig.from_hyperparameters({"advice_network": hp["advice_network"], "advice_flow_gbps": "10"})
+    assert cfg.advice_network["ml.g5.xlarge"] == 2.5 and cfg.advice_flow_gbps == 10

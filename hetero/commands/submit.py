@@ -118,6 +118,20 @@ def advice_prices(types: list[str], prices: str | None = None) -> dict[str, str]
     return {"advice_prices": json.dumps(known, sort_keys=True)} if known else {}
 
 
+def advice_network(types: list[str], prices: str | None = None) -> dict[str, str]:
+    """The ``advice_network`` hyperparameter (instance type -> NIC baseline Gbps) for the live advice's
+    network model, from the instance table; empty when no type has a figure."""
+    from hetero.planning.cost import PriceError, load_prices
+
+    try:
+        table = load_prices(prices)
+    except PriceError:
+        return {}  # advice_prices already said why
+    known = {t: table.info(t).baseline_gbps for t in dict.fromkeys(types)
+             if t in table.entries and table.info(t).baseline_gbps}
+    return {"advice_network": json.dumps(known, sort_keys=True)} if known else {}
+
+
 def join_specs(args: argparse.Namespace, clients) -> list:
     """The data-only JobSpec that joins the running job ``args.join`` (reads it from AWS)."""
     from hetero.sagemaker.join import default_join_name, describe, join_spec
@@ -205,6 +219,8 @@ def specs_from_args(args: argparse.Namespace) -> list:
                            else check_s3_uri(args.registry, "--registry"))
     if groups and "advice_prices" not in hps:
         hps.update(advice_prices([g.instance_type for g in groups], args.prices))
+    if groups and "advice_network" not in hps:
+        hps.update(advice_network([g.instance_type for g in groups], args.prices))
     if args.volume_size < 1:
         raise SubmitError(f"--volume-size {args.volume_size}: give at least 1 (GB)")
     spec = JobSpec(

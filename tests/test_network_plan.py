@@ -289,3 +289,32 @@ def test_advice_network_hyperparameter_and_its_check():
         LaunchConfig(advice_flow_gbps=-1).check()
     cfg = LaunchConfig.from_hyperparameters({"advice_network": hp["advice_network"], "advice_flow_gbps": "10"})
     assert cfg.advice_network["ml.g5.xlarge"] == 2.5 and cfg.advice_flow_gbps == 10
+
+
+# -- the sizing table (hetero/planning/sizing.py, hetero plan --sizing) ----------------------------------------
+def test_sizing_table_rows_and_the_network_they_name():
+    from hetero.planning.sizing import IMAGENET_TRAIN_IMAGES, sizing
+
+    table = load_prices()
+    rows = {(r.model.split()[0], r.dnn_instance, r.wire): r for r in sizing(table)}
+    r50 = rows[("ResNet-50", "ml.p3.2xlarge", "uint8")]
+    assert r50.demand_images_s == 1200 and r50.meets_target and r50.binding == "gpu"
+    assert r50.usd_per_epoch == pytest.approx(r50.usd_per_hour * IMAGENET_TRAIN_IMAGES / 1200 / 3600)
+    assert rows[("ResNet-50", "ml.p4d.24xlarge", "uint8")].demand_images_s == pytest.approx(8 * 2470)
+    # a light model on one V100 takes 4,800 images/s: 5.8 Gbps of uint8 through a 2.5 Gbps NIC; jpeg:90 fits
+    light = rows[("light", "ml.p3.2xlarge", "uint8")]
+    assert light.binding == "DNN NIC" and not light.meets_target
+    assert light.images_per_s == pytest.approx(network.gbps_to_images(2.5, CROP))
+    assert rows[("light", "ml.p3.2xlarge", "jpeg:90")].meets_target
+    assert not any(k[1].startswith("ml.g5") for k in rows)   # no published rate for the A10G: left out
+
+
+def test_cli_plan_sizing(capsys, tmp_path):
+    assert hetero_main(["plan", "--sizing", "--per-core-rate", "735", "--json", str(tmp_path / "s.json")]) == 0
+    text = capsys.readouterr().out
+    assert "735 images/s per vCPU (given with --per-core-rate)" in text and "| ml.p4d.24xlarge | 8 | jpeg:90 |" in text
+    assert len(json.loads((tmp_path / "s.json").read_text())) == 24
+    assert hetero_main(["plan", "--sizing", "--per-core-rate", "0"]) == 2
+    assert "--per-core-rate=0" in capsys.readouterr().out
+    assert hetero_main(["plan", "--preprocess-s", "1", "--batch-size", "8"]) == 2
+    assert "--gpu-step-s" in capsys.readouterr().out

@@ -23,7 +23,7 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("--dnn-instance", default="ml.p3.2xlarge", help="GPU instance type (default ml.p3.2xlarge)")
     p.add_argument("--dnn-count", type=int, default=1, help="GPU instances (default 1)")
-    p.add_argument("--gpu-step-s", type=float, required=True, help="GPU step time with the batch already resident")
+    p.add_argument("--gpu-step-s", type=float, default=None, help="GPU step time with the batch already resident")
     p.add_argument("--preprocess-s", type=float, default=None, help="seconds to build one batch on one CPU core")
     p.add_argument("--batch-size", type=int, default=None, help="samples per batch (per GPU)")
     p.add_argument("--profile", action="store_true", help="measure --preprocess-s here: build a few batches on one core")
@@ -53,6 +53,11 @@ def register(sub) -> None:
                    help="the instances share a cluster placement group: one flow carries up to 10 Gbps, not 5")
     p.add_argument("--goodput", type=float, default=1.0, help="share of a NIC's Gbps that carries samples (default 1)")
     p.add_argument("--no-network", action="store_true", help="count cores only (the network is not modelled)")
+    p.add_argument("--sizing", action="store_true", help="print the ResNet-50-class sizing table instead: for each "
+                   "V100/A100 instance, the cheapest data group with uint8 and with jpeg:90 on the wire, and $ per "
+                   "ImageNet epoch (hetero/planning/sizing.py)")
+    p.add_argument("--per-core-rate", type=float, default=None,
+                   help="with --sizing: images one vCPU crops and decodes per second (default: the rate measured here)")
     p.add_argument("--json", type=Path, default=None, help="write the plan here")
     p.set_defaults(func=run)
 
@@ -127,6 +132,35 @@ def network_inputs(args: argparse.Namespace, profiled_bytes: float | None) -> di
                       + "; give --bytes-per-sample as measured, or --profile"}
 
 
+def run_sizing(args: argparse.Namespace) -> int:
+    """``hetero plan --sizing``: the sizing table (Markdown; ``--json``: its rows too)."""
+    from dataclasses import asdict
+
+    from hetero.planning.cost import PriceError, load_prices
+    from hetero.planning.network import PLACEMENT_GROUP_FLOW_GBPS, SINGLE_FLOW_GBPS, NetworkError
+    from hetero.planning.planner import PlanError
+    from hetero.planning.sizing import PER_CORE_IMAGES_S, PER_CORE_SOURCE, format_sizing, sizing
+
+    rate = args.per_core_rate if args.per_core_rate is not None else PER_CORE_IMAGES_S
+    source = PER_CORE_SOURCE if args.per_core_rate is None else "given with --per-core-rate"
+    flow = PLACEMENT_GROUP_FLOW_GBPS if args.placement_group else SINGLE_FLOW_GBPS
+    try:
+        if not rate > 0:
+            raise PlanError(f"--per-core-rate={rate} must be a positive number of images per second")
+        table = load_prices(args.prices)
+        types = [t.strip() for t in args.data_types.split(",") if t.strip()] or None
+        rows = sizing(table, data_types=types, per_core_images_s=rate, target_wait=args.target_wait,
+                      max_count=max(args.max_count, 32), flow_gbps=flow)
+    except (PriceError, PlanError, NetworkError) as exc:
+        print(f"hetero plan: {exc}")
+        return 2
+    print(format_sizing(rows, table, rate, args.target_wait, flow, source))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from hetero.planning.cost import PriceError, load_prices
     from hetero.planning.network import COMPACT, wire_encoding
@@ -136,7 +170,11 @@ def run(args: argparse.Namespace) -> int:
     from hetero.options import parse_kv
 
     setup_logging("plan", args.log_level)
+    if args.sizing:
+        return run_sizing(args)
     try:
+        if args.gpu_step_s is None:
+            raise PlanError("give --gpu-step-s (the GPU step with the batch already resident), or --sizing")
         table = load_prices(args.prices)
         table.info(args.dnn_instance)
         types = [t.strip() for t in args.data_types.split(",") if t.strip()]

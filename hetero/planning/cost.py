@@ -49,6 +49,7 @@ class InstancePrice:
     burst_gbps: float | None = None      # the "up to" figure, minutes on credits
     network_source: str = ""
     network_date: str = ""
+    gpu: str = ""                        # the accelerator's name (V100, A100, ...)
 
 
 class PriceTable:
@@ -172,7 +173,8 @@ def _row(path: Path, name: str, row: dict, as_of: str) -> InstancePrice:
                          "burst is the 'up to' figure, at least the baseline")
     return replace(price, baseline_gbps=base, burst_gbps=burst if burst is not None else base,
                    network_source=str(row.get("network_source", path.name if base is not None else "")),
-                   network_date=str(row.get("network_date", as_of if base is not None else "")))
+                   network_date=str(row.get("network_date", as_of if base is not None else "")),
+                   gpu=str(row.get("gpu") or ""))
 
 
 def load_prices(path: str | os.PathLike | None = None) -> PriceTable:

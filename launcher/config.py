@@ -73,6 +73,7 @@ class LaunchConfig:
     optimizer: str = "adadelta"
     lr: float = 1.0
     emulate_step_s: float = 0.0             # >0: sleep instead of a real step (reported as emulated)
+    emulate_step_schedule: str = ""         # "STEP:SECONDS,...": from step STEP on, the emulated step lasts SECONDS
     tensorboard: bool = False
     audit_path: str = ""
     # live advice (rank 0, heterogeneous): data nodes to add or drop, every N steps and at the end
@@ -80,6 +81,8 @@ class LaunchConfig:
     advice_prices: dict = field(default_factory=dict, hash=False)  # instance type -> $/h, for the costs
     advice_network: dict = field(default_factory=dict, hash=False)  # instance type -> NIC baseline Gbps
     advice_flow_gbps: float = 5.0           # one flow's cap: 5 Gbps, 10 in a cluster placement group; 0: none
+    # the autoscaler acting on the advice (launcher/autoscale/settings.py): autoscale.mode=act, ...
+    autoscale_options: dict = field(default_factory=dict, hash=False)
     # checkpoints (SIGTERM, periodic, end of training) and resume
     checkpoint: bool = True                 # false: never write or read checkpoints
     checkpoint_dir: str = ""                # "": the node's (HETERO_CHECKPOINT_DIR, else /opt/ml/checkpoints)
@@ -125,12 +128,12 @@ class LaunchConfig:
         """
         fields = {f.name: f for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
-        extra: dict[str, dict] = {"pipeline_options": {}, "model_options": {}}
+        extra: dict[str, dict] = {"pipeline_options": {}, "model_options": {}, "autoscale_options": {}}
         for key, value in hps.items():
             if key.startswith("sagemaker_") or key.startswith("_"):
                 continue
             prefix, dot, sub = key.partition(".")
-            if dot and prefix in ("pipeline", "model") and sub:
+            if dot and prefix in ("pipeline", "model", "autoscale") and sub:
                 extra[f"{prefix}_options"][sub] = _maybe_json(value)
                 continue
             if key not in fields:
@@ -212,6 +215,36 @@ class LaunchConfig:
         for name in ("registry", "join"):
             if getattr(self, name):
                 check_uri(getattr(self, name), name)
+        self.step_schedule()
+        from .autoscale.settings import Settings
+
+        Settings.from_options(self.autoscale_options, registry=self.registry)
+
+    def step_schedule(self) -> list[tuple[int, float]]:
+        """``emulate_step_schedule`` as (first step, seconds) pairs by step. Raises ConfigError."""
+        out = []
+        for part in filter(None, (p.strip() for p in self.emulate_step_schedule.split(","))):
+            step, _, seconds = part.partition(":")
+            try:
+                pair = (int(step), float(seconds))
+            except ValueError:
+                pair = (-1, -1.0)
+            if pair[0] < 0 or not (math.isfinite(pair[1]) and pair[1] > 0):
+                raise ConfigError(f"emulate_step_schedule={self.emulate_step_schedule!r}: {part!r} must be "
+                                  "STEP:SECONDS with STEP >= 0 and SECONDS > 0, e.g. '0:0.05,2000:0.01'")
+            out.append(pair)
+        if out and self.emulate_step_s <= 0:
+            raise ConfigError("emulate_step_schedule needs emulate_step_s > 0 (the step before the first entry)")
+        return sorted(out)
+
+    def emulated_step_s(self, step: int) -> float:
+        """The emulated step's length at ``step`` (steps done so far): ``emulate_step_s`` until the
+        schedule's first entry, then each entry's from its step on."""
+        seconds = self.emulate_step_s
+        for first, value in self.step_schedule() if self.emulate_step_schedule else ():
+            if step >= first:
+                seconds = value
+        return seconds
 
     def group_list(self, which: str) -> list[str]:
         """``data_group`` / ``dnn_group`` as a list of names."""

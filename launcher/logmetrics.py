@@ -23,6 +23,9 @@ advice:data_node_change    rank 0, every ``advice_every`` steps, then at the end
 advice:predicted_step_s    same lines                                             advice.predicted_step_s
 advice:change_usd_per_hour same lines (with a price for the data instance type)   advice.change_usd_per_hour
 advice:change_usd_per_epoch same lines (with a price and the epoch's size)        advice.change_usd_per_epoch
+autoscale:target_nodes     rank 0, one ``autoscale`` line per periodic advice      advice.autoscale.decisions[-1].target
+autoscale:node_change      same lines (+n out, -n in, 0 hold)                     the decision's count, signed
+autoscale:usd_per_hour     same lines (with a price): the target's data node $/h  ...decisions[-1].usd_per_hour
 =========================  ====================================================  ===============
 
 The advice lines (``launcher/advisor.py``) name no figure the other metrics read ("batches per
@@ -49,6 +52,9 @@ METRIC_DEFINITIONS: tuple[dict[str, str], ...] = (
     {"Name": "advice:predicted_step_s", "Regex": r"predicted step " + _NUMBER + r" s"},
     {"Name": "advice:change_usd_per_hour", "Regex": r"cost change " + _NUMBER + r" USD/h"},
     {"Name": "advice:change_usd_per_epoch", "Regex": r"USD/h, " + _NUMBER + r" USD/epoch"},
+    {"Name": "autoscale:target_nodes", "Regex": r"autoscale at step [0-9]+ .*?data nodes [0-9]+ -> " + _NUMBER},
+    {"Name": "autoscale:node_change", "Regex": r"autoscale at step [0-9]+ .*?: node change \+?" + _NUMBER},
+    {"Name": "autoscale:usd_per_hour", "Regex": r"autoscale at step [0-9]+ .*?data group at " + _NUMBER + r" USD per h"},
 )
 
 RATE_EVERY_S = 60.0  # a data node's batches/s line: often enough for a console chart, not chatty
@@ -110,6 +116,22 @@ def network_words(advice: Mapping[str, Any]) -> str:
         return ""
     note = advice.get("network_note")
     return f"; data side bound by {binding} at {per_sample:,.0f} bytes per sample" + (f": {note}" if note else "")
+
+
+def autoscale_line(d: Mapping[str, Any]) -> str:
+    """Rank 0's autoscaler decision (``launcher.autoscale.policy.Decision.figures()`` and its mode):
+    the action, the node change, the data nodes before and after, and every figure it used."""
+    signed = {"out": d["count"], "in": -d["count"]}.get(d["action"], 0)
+    verb = {"out": "add", "in": "drain"}.get(d["action"], "hold")
+    mode = "" if d.get("mode", "act") == "act" else f" ({d['mode']}: not acted on)"
+    rate, price = d.get("node_rate"), d.get("node_usd_per_hour")
+    usd = d.get("usd_per_hour")
+    advised = d.get("advised_nodes")
+    return (f"autoscale at step {d.get('step', 0)} ({d['binding']} bound){mode}: node change {signed:+d} "
+            f"({verb}; data nodes {d['nodes']} -> {d['target']}, advised {'n/a' if advised is None else advised}, "
+            f"waits {100 * d['data_wait_share']:.0f}% on data, {_fmt(rate, '.2f')} batches per s per node, "
+            f"{_fmt(price, '.4f')} USD per h per node, cap {_fmt(d.get('cap_nodes'), 'd')} nodes; "
+            f"data group at {_fmt(usd, '.4f')} USD per h): {d['reason']}")
 
 
 def rate_line(batches_sent: int, batches_per_s: float | None, seconds: float, final: bool) -> str:

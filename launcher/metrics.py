@@ -39,13 +39,17 @@ class StepStats:
         label: prefix of the window lines.
         advisor: rank 0's ``launcher.advisor.LiveAdvisor`` (None elsewhere): told every step, asked
             for the end-of-training advice by :meth:`summary`.
+        autoscaler: rank 0's ``launcher.autoscale.Autoscaler`` (None: none): given every periodic
+            advice the advisor makes; its summary goes into the end-of-training advice.
     """
 
-    def __init__(self, warmup: int, log_every: int, label: str = "", advisor=None) -> None:
+    def __init__(self, warmup: int, log_every: int, label: str = "", advisor=None, autoscaler=None) -> None:
         self.warmup = warmup
         self.log_every = log_every
         self.label = label
         self.advisor = advisor
+        self.autoscaler = autoscaler
+        self._advised = None  # the advisor's last advice already given to the autoscaler
         self.steps = 0
         self.samples = 0
         self.total_s = 0.0           # after warm-up
@@ -73,6 +77,10 @@ class StepStats:
             return 0.0
         started = time.perf_counter()
         self.advisor.on_step(self.steps, wait_s, step_s, fetch_cpu_s)
+        advice = self.advisor.last
+        if self.autoscaler is not None and advice is not None and advice is not self._advised:
+            self._advised = advice
+            advice["autoscale"] = self.autoscaler.on_advice(advice)
         return time.perf_counter() - started
 
     def summary(self) -> dict[str, Any]:
@@ -84,6 +92,11 @@ class StepStats:
         if self.advisor is not None:
             out["advice"] = self.advisor.final(self.steps)
             self.advisor = None  # asked once: the servers' channels are closed
+        if self.autoscaler is not None:  # the end of training changes no node: the decisions so far
+            self.autoscaler.close()
+            if out.get("advice") is not None:
+                out["advice"] = dict(out["advice"], autoscale=self.autoscaler.summary())
+            self.autoscaler = None
         return out
 
 

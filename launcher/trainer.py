@@ -37,7 +37,7 @@ from data_service.errors import ConfigError
 from data_service.pipeline import PipelineSpec
 
 from . import checkpoint, logs
-from .advisor import live_advisor
+from .autoscale import advice_and_autoscaler
 from .config import LaunchConfig, load_object
 from .logmetrics import summary_line
 from .metrics import StepStats, StepTimer, batch_size_of, job_metrics, write_json
@@ -212,7 +212,8 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
         model = torch.nn.parallel.DistributedDataParallel(plain, device_ids=[local_rank] if cuda else None)
     step_fn = None if cfg.emulate_step_s > 0 else load_object(cfg.step, "step")
     writer = _tensorboard(job) if cfg.tensorboard and rank == 0 else None
-    stats = StepStats(cfg.warmup_steps, cfg.log_every, advisor=live_advisor(job, rank))
+    advisor, autoscaler = advice_and_autoscaler(job, rank)
+    stats = StepStats(cfg.warmup_steps, cfg.log_every, advisor=advisor, autoscaler=autoscaler)
     timer = StepTimer(stats)
     done_before = resumed["steps"] if resumed else 0
     loss = None
@@ -256,7 +257,7 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
                             break
                         raise
                     if step_fn is None:
-                        time.sleep(cfg.emulate_step_s)
+                        time.sleep(cfg.emulated_step_s(steps_done()))
                     else:
                         loss = step_fn(model, batch, optimizer, device)
                     timer.done(batch_size_of(batch))

@@ -1,0 +1,161 @@
+"""The autoscaler end to end without a job: advice in, decisions logged, hooks run, servers drained,
+state kept beside the registry; settings checked at start. Real servers, real registry folders."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+import pytest
+
+from conftest import TOKEN
+from data_service import joining, registry
+from data_service.errors import ConfigError
+from data_service.pipeline import PipelineSpec
+from data_service.server import DataServer, ServerOptions
+from launcher.autoscale import Autoscaler, CommandActuator, Settings
+from launcher.autoscale.state import StateStore
+from launcher.config import LaunchConfig
+from launcher.logmetrics import METRIC_DEFINITIONS
+
+PIPELINE = "examples.synthetic:build_pipeline"
+
+
+def advice(step, nodes, change, wait, price=0.5):
+    return {"step": step, "data_nodes": nodes, "change": change, "data_wait_fraction": wait,
+            "node_capacity_per_s": 20.0, "node_usd_per_hour": price}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def hook_settings(tmp_path, **more) -> Settings:
+    out = tmp_path / "hook.log"
+    cmd = f"{sys.executable} -c \"import os,sys; open(sys.argv[1],'a').write(' '.join(os.environ[k] for k in " \
+          f"('HETERO_SCALE_ACTION','HETERO_SCALE_COUNT','HETERO_SCALE_TARGET','HETERO_REGISTRY'))+' '+sys.argv[2]+'\\n')\""
+    return Settings.from_options({"mode": "act", "actuator": "command", "min": 1, "max": 5, "cooldown_s": 30,
+                                  "scale_out_cmd": f"{cmd} {out} {{count}}", "scale_in_cmd": f"{cmd} {out} {{servers}}",
+                                  **more}, registry=str(tmp_path / "reg"))
+
+
+def test_decisions_run_the_hook_are_logged_and_survive_a_restart(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    reg = str(tmp_path / "reg")
+    settings, clock = hook_settings(tmp_path), Clock()
+    scaler = Autoscaler(settings, CommandActuator(settings.scale_out_cmd, settings.scale_in_cmd), reg, TOKEN,
+                        clock=clock)
+    d = scaler.on_advice(advice(100, 1, 3, 0.6))
+    assert (d["action"], d["count"], d["target"], d["usd_per_hour"]) == ("out", 3, 4, 2.0)
+    scaler.close()
+    assert (tmp_path / "hook.log").read_text().split() == ["out", "3", "4", reg, "3"]
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("autoscale at step 100"))
+    import re
+    got = {m["Name"]: float(re.search(m["Regex"], line).group(1)) for m in METRIC_DEFINITIONS
+           if m["Name"].startswith("autoscale:")}
+    assert got == {"autoscale:target_nodes": 4, "autoscale:node_change": 3, "autoscale:usd_per_hour": 2.0}
+    saved = json.loads((tmp_path / "reg" / "autoscale" / "state.json").read_text())
+    assert saved["policy"]["promised"] == 4 and saved["history"][-1]["action"] == "out"
+
+    # rank 0 restarts 10 s later: the saved state keeps the promise and the cooldown
+    clock.t += 10
+    again = Autoscaler(settings, CommandActuator(settings.scale_out_cmd), reg, TOKEN, clock=clock)
+    assert again.resumed and again.state.promised == 4
+    d = again.on_advice(advice(200, 2, 2, 0.5))  # two joined so far, the advice still says 4
+    assert d["action"] == "hold" and "waiting for 2" in d["reason"]
+    clock.t += 700  # the promise timed out (join_timeout_s) and the cooldown passed
+    d = again.on_advice(advice(300, 2, 1, 0.4))
+    assert (d["action"], d["count"]) == ("out", 1)
+    again.close()
+    assert again.summary()["actions"] == 2 and len(again.summary()["decisions"]) == 3
+
+
+@pytest.fixture
+def joined_servers(tmp_path):
+    reg = str(tmp_path / "reg")
+    started = []
+
+    def make(n):
+        for _ in range(n):
+            s = DataServer(PipelineSpec(PIPELINE, {"size": 64, "batch_size": 4}), TOKEN,
+                           ServerOptions(num_workers=1, probe=False)).start()
+            joining.join(s, reg, s.address, leave_delay_s=0.1)
+            started.append(s)
+            time.sleep(0.01)  # distinct started_at: the newest is drained first
+        return started
+
+    yield reg, make
+    for s in started:
+        s.leave_delay_s = 0.0
+        s.shutdown(grace_s=1.0, block=False)
+    for s in started:
+        s.wait(10.0)
+
+
+@pytest.mark.slow  # two real servers start and drain: about 5 s on 2 busy cores
+def test_scale_in_drains_the_newest_joined_servers_never_the_jobs_own(tmp_path, joined_servers):
+    reg, make = joined_servers
+    fp = PipelineSpec(PIPELINE, {"size": 64, "batch_size": 4}).fingerprint()
+    own = registry.register(reg, TOKEN, "own-node", "127.0.0.1:9", fp)  # the job's own data node
+    older, newest = make(2)
+    settings, clock = hook_settings(tmp_path, in_after=1), Clock()
+    scaler = Autoscaler(settings, CommandActuator(settings.scale_out_cmd, settings.scale_in_cmd), reg, TOKEN,
+                        fixed=[own.address], clock=clock)
+    d = scaler.on_advice(advice(100, 3, -2, 0.0))
+    assert (d["action"], d["count"], d["target"]) == ("in", 2, 1)
+    scaler.close(timeout=30)
+    assert newest.wait(10) and older.wait(10)
+    assert [e.server_id for e in registry.read_entries(reg)[0]] == [own.server_id]
+    assert scaler.drained == [newest.server_id, older.server_id]
+    released = (tmp_path / "hook.log").read_text().split()
+    assert released[:2] == ["in", "2"] and released[-1] == f"{newest.address},{older.address}"
+    # the next advice below min drains nothing: the job's own node stays
+    d = scaler.on_advice(advice(200, 1, 0, 0.0))
+    assert d["action"] == "hold"
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"min": 4, "max": 2}, "autoscale.max=2 must be >= autoscale.min=4"),
+    ({"mode": "act", "actuator": "ec2"}, "autoscale.actuator='ec2' is unknown"),
+    ({"mode": "act"}, "needs autoscale.actuator"),
+    ({"mode": "act", "actuator": "command"}, "needs autoscale.scale_out_cmd"),
+    ({"mode": "sometimes"}, "autoscale.mode='sometimes'"),
+    ({"mx": 3}, "unknown autoscale option 'mx'"),
+    ({"max": "many"}, "autoscale.max='many' must be a int"),
+    ({"usd_per_hour": -2}, "autoscale.usd_per_hour=-2"),
+])
+def test_bad_settings_are_clear_errors_at_start(options, match):
+    hps = {"registry": "/tmp/reg", **{f"autoscale.{k}": v for k, v in options.items()}}
+    with pytest.raises(ConfigError, match=match):
+        LaunchConfig.from_hyperparameters(hps)
+
+
+def test_act_needs_a_registry_and_a_cap_below_the_group_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="needs the job's registry"):
+        LaunchConfig.from_hyperparameters({"autoscale.mode": "act", "autoscale.actuator": "local"})
+    settings = Settings.from_options({"mode": "act", "actuator": "local", "usd_per_hour": 1.0},
+                                     registry=str(tmp_path))
+    scaler = Autoscaler(settings, None, str(tmp_path), TOKEN)
+    with pytest.raises(ConfigError, match=r"pays for 2 data node\(s\) at 0.5 \$/h, the job starts with 3"):
+        scaler.check_start(3, 0.5)
+    scaler.check_start(2, 0.5)
+
+
+def test_advise_mode_logs_decisions_without_acting(tmp_path):
+    settings = Settings.from_options({"mode": "advise"}, registry=str(tmp_path))
+    scaler = Autoscaler(settings, CommandActuator("exit 1"), str(tmp_path), TOKEN, clock=Clock())
+    d = scaler.on_advice(advice(100, 1, 2, 0.5))
+    scaler.close()
+    assert d["action"] == "out" and d["mode"] == "advise" and scaler.actuator.runs == []
+
+
+def test_a_state_file_that_is_not_json_starts_afresh(tmp_path, caplog):
+    (tmp_path / "autoscale").mkdir()
+    (tmp_path / "autoscale" / "state.json").write_text("{nope")
+    assert StateStore(str(tmp_path)).load() == {}
+    assert "not JSON" in caplog.text

@@ -45,6 +45,9 @@ class ShardDataset:
         range_bytes: the most one GET asks for; a block is read in ranges of this size, in parallel.
         readers: parallel GETs per process.
         request_timeout_s: deadline of one S3 request (retries come on top, bounded).
+        index: where the index lives when it is not beside the shards (a folder or ``s3://`` prefix
+            holding ``index.bin``, e.g. ``hetero index SRC --to DEST``'s DEST for a read-only SRC);
+            "" = ``location``.
 
     Raises:
         ConfigError: no index, a malformed one, shards missing or of the wrong size, an S3 bucket
@@ -52,7 +55,8 @@ class ShardDataset:
     """
 
     def __init__(self, location: str, *, block_samples: int = 1024, cache_dir: str = "", cache_bytes: int = 0,
-                 range_bytes: int = 16 << 20, readers: int = 8, request_timeout_s: float = 60.0) -> None:
+                 range_bytes: int = 16 << 20, readers: int = 8, request_timeout_s: float = 60.0,
+                 index: str = "") -> None:
         if isinstance(block_samples, bool) or not isinstance(block_samples, int) or block_samples < 1:
             raise ConfigError(f"block_samples={block_samples!r} must be an integer >= 1")
         if range_bytes < 1 << 16:
@@ -64,7 +68,7 @@ class ShardDataset:
         self.range_bytes = range_bytes
         self.readers = readers
         self.store = open_store(location, what="shards", request_timeout_s=request_timeout_s)
-        self.index = read_index(self.store, cache_dir=cache_dir)
+        self.index = read_index(index or self.store, cache_dir=cache_dir, request_timeout_s=request_timeout_s)
         self.local = isinstance(self.store, LocalStore)
         digest = hashlib.sha256(location.encode() + b"\0" + self.index.id.encode()).hexdigest()[:16]
         checked = "" if self.local else os.path.join(cache_dir or default_dir(), f"shards-{digest}.checked")
@@ -110,7 +114,8 @@ class ShardDataset:
             what = (f"{len(missing)} shard(s) missing ({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})"
                     if missing else f"shard(s) of the wrong size: {', '.join(wrong[:3])}")
             raise ConfigError(f"{self.store.url}: {what}; the prefix is incomplete or was overwritten: write it "
-                              "again with `hetero prepare`")
+                              "again with `hetero prepare` (tars written elsewhere: index them again with "
+                              "`hetero index`)")
 
     def _largest_block(self) -> int:
         """Bytes of the largest shuffle block, or a bound on them (from the index's largest sample stride)."""

@@ -1,0 +1,339 @@
+"""An index for WebDataset tar shards written by any tool, so they are read in place (``hetero index``).
+
+A sample is the run of consecutive members sharing a key, the WebDataset convention: the key is
+a member's path up to the first dot of its last component (``a/b/0001.seg.jpg`` has key
+``a/b/0001`` and extension ``seg.jpg``). Of each sample the index records the image member
+(``.jpg``, ``.jpeg``, ``.png`` or ``.webp``; the first of ``image_exts`` present) by where its data
+lies in the shard, and a label read by a :class:`LabelRule`:
+
+* ``cls`` (the default): a member ``<key>.cls`` holding an integer (any extension names a text member);
+* ``json:FIELD``: the field ``FIELD`` (dotted for nested ones) of ``<key>.json``;
+* ``txt``: the text of ``<key>.txt``.
+
+An integer is a class index; a text is a class name, numbered in the order ``classes`` gives (or,
+without it, in the order the names are first met). Each shard is read once, front to back
+(:mod:`.tarwalk`); no data is written to the source: the index goes to ``dest`` (default the
+source itself). The data server then reads the tars where they are, through
+:class:`~.dataset.ShardDataset` (``index=`` names an index kept apart from the tars).
+
+A sample without its label member, or with an image of another type (``.gif``, ``.tiff``, ...),
+or a tar that is corrupt or truncated, stops the indexing naming it and the fix; with
+``on_corrupt="skip"`` it is left out of the index and counted (a damaged shard keeps the samples
+before the damage).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..storage import LocalStore, open_store
+from .format import INDEX_NAME, JSON_INDEX_NAME, check_name
+from .indexfile import IndexWriter
+from .tarwalk import ForwardReader, TarError, members
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+OTHER_IMAGES = ("gif", "bmp", "tif", "tiff", "ppm", "pgm", "heic", "avif", "jxl", "jp2")
+KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+@dataclass
+class IndexSummary:
+    """What ``index_tars`` wrote: counts, skipped samples by reason, and where the index went."""
+
+    index: str = ""
+    shards: int = 0
+    samples: int = 0
+    data_bytes: int = 0
+    bytes_read: int = 0
+    classes: list[str] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)  # the first skipped samples or shards, named
+
+    def lines(self) -> list[str]:
+        out = [f"indexed {self.samples} samples in {self.shards} shard(s) ({self.data_bytes / 1e6:.1f} MB of images, "
+               f"{len(self.classes)} classes; read {self.bytes_read / 1e6:.1f} MB once): {self.index}"]
+        if self.skipped:
+            out.append("skipped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) +
+                       (f" (e.g. {'; '.join(self.examples[:3])})" if self.examples else ""))
+        return out
+
+
+class SampleError(ConfigError):
+    """A sample the index cannot hold (no label member, no image of a supported type, a bad label)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class LabelRule:
+    """How a sample's label is read: ``cls`` / any text extension, ``txt``, or ``json:FIELD``.
+
+    ``classes`` (names, in label order) maps class names to indices; without it, names are numbered
+    as first met and integers are indices as they are.
+    """
+
+    def __init__(self, rule: str = "cls", classes: list[str] | None = None) -> None:
+        kind, _, field_name = rule.partition(":")
+        if not isinstance(rule, str) or not kind or (kind == "json") != bool(field_name) or "/" in kind:
+            raise ConfigError(f"label={rule!r} must be a member extension holding the label (cls, txt, ...) or "
+                              "json:FIELD (a field of the .json member, dotted for nested fields)")
+        self.rule, self.ext, self.path = rule, kind, field_name.split(".") if field_name else []
+        self.fixed = classes is not None
+        self.classes = list(classes or [])
+        self._ids = {name: k for k, name in enumerate(self.classes)}
+        self.max_int = -1
+
+    def label(self, raw: bytes, where: str) -> int:
+        """The label of a sample whose label member holds ``raw``; SampleError when it holds none."""
+        try:
+            value = json.loads(raw) if self.path else raw.decode("utf-8").strip()
+            for part in self.path:
+                value = value[part]
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise SampleError(f"{where}: its .{self.ext} member has no label by the rule {self.rule!r}",
+                              f"without a label by {self.rule}") from None
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", value):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+            raise SampleError(f"{where}: label {value!r} (by the rule {self.rule!r}) is neither a class index nor "
+                              "a class name", "with a bad label")
+        if isinstance(value, int):
+            if value < 0 or (self.fixed and value >= len(self.classes)):
+                raise SampleError(f"{where}: class index {value} is outside 0..{len(self.classes) - 1 if self.fixed else 'N'}"
+                                  f"{' (the classes given)' if self.fixed else ''}", "with a bad label")
+            if self._ids and not self.fixed:
+                raise ConfigError(f"{where}: class index {value} among class names; pass --classes to say how "
+                                  "names and indices correspond")
+            self.max_int = max(self.max_int, value)
+            return value
+        k = self._ids.get(value)
+        if k is None:
+            if self.fixed:
+                raise SampleError(f"{where}: class {value!r} is not among the classes given", "of unknown classes")
+            if self.max_int >= 0:
+                raise ConfigError(f"{where}: class name {value!r} among class indices; pass --classes to say how "
+                                  "names and indices correspond")
+            k = self._ids[value] = len(self.classes)
+            self.classes.append(value)
+        return k
+
+    def final_classes(self) -> list[str]:
+        if self.fixed or self.classes:
+            return self.classes
+        return [str(k) for k in range(self.max_int + 1)]
+
+
+def list_shards(store, pattern: str = "") -> list[tuple[str, int]]:
+    """``(name, size)`` of the shards: those ``pattern`` names (``{000..099}`` ranges expand), else
+    every ``.tar`` under the prefix, subfolders included, in name order."""
+    if pattern:
+        names = expand(pattern)
+        return [(check_name(n, store.url), store.check(n)) for n in names]
+    return list_objects(store, ".tar")
+
+
+def list_objects(store, suffix: str) -> list[tuple[str, int]]:
+    """``(name, size)`` of every object under the store whose name ends with ``suffix``, subfolders
+    included (hidden ones not), in name order; ConfigError when there is none."""
+    if isinstance(store, LocalStore):
+        found = []
+        for folder, dirs, files in os.walk(store.root, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            rel = os.path.relpath(folder, store.root)
+            for f in files:
+                if f.endswith(suffix) and not f.startswith("."):
+                    found.append(((f if rel == "." else f"{rel}/{f}").replace(os.sep, "/"),
+                                  os.path.getsize(os.path.join(folder, f))))
+        found.sort()
+    else:
+        found = [(n, s) for n, s in store.list(suffix) if not n.rsplit("/", 1)[-1].startswith(".")]
+    if not found:
+        raise ConfigError(f"{store.url}: no {suffix} files there" + (
+            "; name the shards with a pattern such as shard-{000000..000099}.tar, or check the location"
+            if suffix == ".tar" else "; check the location"))
+    return found
+
+
+def expand(pattern: str) -> list[str]:
+    """``shard-{000..002}.tar`` -> ``shard-000.tar``, ``shard-001.tar``, ``shard-002.tar`` (zero padding kept)."""
+    m = BRACES.search(pattern)
+    if not m:
+        if "{" in pattern or "}" in pattern:
+            raise ConfigError(f"shard pattern {pattern!r}: braces must hold a range such as {{000000..000099}}")
+        return [pattern]
+    a, b = m.group(1), m.group(2)
+    if int(b) < int(a):
+        raise ConfigError(f"shard pattern {pattern!r}: the range {a}..{b} runs backwards")
+    width = len(a) if a.startswith("0") else 0
+    return [x for k in range(int(a), int(b) + 1)
+            for x in expand(pattern[:m.start()] + str(k).zfill(width) + pattern[m.end():])]
+
+
+def split_source(src: str) -> tuple[str, str]:
+    """``(prefix, pattern)`` of a source given as ``s3://b/p/shard-{000..009}.tar`` (pattern "" without braces)."""
+    if "{" not in src:
+        return src, ""
+    head, _, _ = src.partition("{")
+    prefix = head.rsplit("/", 1)[0] if "/" in head else "."
+    return prefix, src[len(prefix) + 1:] if prefix != "." else src
+
+
+class _Shard:
+    """One tar's samples, walked once: columns for the index, skips counted."""
+
+    def __init__(self, name: str, size: int, rule: LabelRule, image_exts: tuple[str, ...], on_corrupt: str,
+                 where: str) -> None:
+        self.name, self.size, self.rule, self.image_exts, self.on_corrupt = name, size, rule, image_exts, on_corrupt
+        self.where = where
+        self.samples: list[tuple[int, int, bytes | None, str]] = []  # offset, length, label bytes, key
+        self.skipped: Counter = Counter()
+        self.examples: list[str] = []
+
+    def walk(self, store) -> "_Shard":
+        reader = ForwardReader(store, self.name, self.size)
+        key, parts = None, {}
+        try:
+            for m in members(reader, self._wanted, self.where):
+                k, ext = _key(m.name)
+                if k != key:
+                    self._sample(key, parts)
+                    key, parts = k, {}
+                parts[ext.lower()] = m
+            self._sample(key, parts)
+        except TarError as exc:
+            if self.on_corrupt != "skip":
+                raise ConfigError(f"{exc}; replace the shard, leave it out with a pattern, or pass --on-corrupt "
+                                  "skip to index the samples before the damage") from None
+            self._skip("damaged shard(s)", str(exc))  # the sample in progress is dropped with the rest
+        return self
+
+    def _wanted(self, name: str) -> bool:
+        return _key(name)[1].lower() == ("json" if self.rule.path else self.rule.ext)
+
+    def _sample(self, key: str | None, parts: dict) -> None:
+        if key is None:
+            return
+        where = f"{self.where} sample {key!r}"
+        image = next((parts[e] for e in self.image_exts if e in parts), None)
+        label = parts.get("json" if self.rule.path else self.rule.ext)
+        try:
+            if image is None:
+                others = sorted(e for e in parts if e.rsplit(".", 1)[-1] in OTHER_IMAGES)
+                if others:
+                    raise SampleError(f"{where}: image type .{others[0]} is not read; accepted: "
+                                      f"{', '.join('.' + e for e in self.image_exts)}", "of unsupported image types")
+                raise SampleError(f"{where} has no image member ({', '.join('.' + e for e in self.image_exts)}; "
+                                  f"it has {', '.join('.' + e for e in sorted(parts))})", "without an image")
+            if label is None:
+                raise SampleError(f"{where} has no .{'json' if self.rule.path else self.rule.ext} member to read "
+                                  f"its label from (rule {self.rule.rule!r})", "without a label member")
+        except SampleError as exc:
+            if self.on_corrupt != "skip":
+                raise ConfigError(f"{exc}; fix the shard, or pass --on-corrupt skip to leave such samples out "
+                                  "(counted)") from None
+            self._skip(exc.reason, str(exc))
+            return
+        self.samples.append((image.offset, image.size, label.data, where))
+
+    def _skip(self, reason: str, example: str) -> None:
+        self.skipped[reason] += 1
+        if len(self.examples) < 3:
+            self.examples.append(example)
+
+
+def _key(name: str) -> tuple[str, str]:
+    m = KEY.match(name)
+    return (m.group(1), m.group(2)) if m else (name, "")
+
+
+def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", classes: list[str] | None = None,
+               image_exts: tuple[str, ...] = IMAGE_EXTS, on_corrupt: str = "fail", workers: int = 8,
+               overwrite: bool = False, request_timeout_s: float = 60.0) -> IndexSummary:
+    """Write ``index.bin`` for the WebDataset tars at ``src`` (a folder, an ``s3://`` prefix or a Store) to
+    ``dest`` (default ``src``), reading each shard once and writing nothing else.
+
+    Args:
+        pattern: the shards' names under ``src`` (``shard-{000000..000099}.tar``); "" lists every ``.tar``.
+        label: the :class:`LabelRule` (``cls``, ``txt``, ``json:FIELD``). classes: class names in label order.
+        image_exts: the image extensions taken, in order of preference.
+        on_corrupt: ``"fail"`` stops at the first bad sample or shard, naming it; ``"skip"`` leaves it
+            out and counts it in the summary.
+        workers: shards read at once. overwrite: replace an index already at ``dest``.
+
+    Raises:
+        ConfigError: no shards, a bad option, a bad sample or shard (``on_corrupt="fail"``), an index
+            already at ``dest`` (without ``overwrite``), a location that cannot be read or written.
+    """
+    if on_corrupt not in ("fail", "skip"):
+        raise ConfigError(f"on_corrupt={on_corrupt!r} must be 'fail' or 'skip'")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers={workers!r} must be an integer >= 1")
+    bad = [e for e in image_exts if e.lower() not in IMAGE_EXTS]
+    if bad or not image_exts:
+        raise ConfigError(f"image extensions {', '.join(bad) or '(none)'}: choose among {', '.join(IMAGE_EXTS)}")
+    image_exts = tuple(e.lower() for e in image_exts)
+    rule = LabelRule(label, classes)
+    store = open_store(src, what="source", request_timeout_s=request_timeout_s) if isinstance(src, str) else src
+    out = open_store(dest, what="dest", create=True, request_timeout_s=request_timeout_s) if dest else store
+    if not overwrite and (out.exists(INDEX_NAME) or out.exists(JSON_INDEX_NAME)):
+        raise ConfigError(f"{out.url} already holds an index; pass --overwrite to replace it, or --to another place")
+    shards = list_shards(store, pattern)
+    summary = IndexSummary(shards=len(shards))
+    before = store.bytes_read
+    base = store.url.rstrip("/")
+    with IndexWriter(out.root if isinstance(out, LocalStore) else "") as writer:
+        for shard in _walked(store, shards, rule, image_exts, on_corrupt, base, workers):
+            kept, labels = _labelled(rule, shard, on_corrupt)
+            writer.add_shard(shard.name, shard.size, [s[0] for s in kept], [s[1] for s in kept], labels)
+            summary.skipped.update(shard.skipped)
+            summary.examples += shard.examples[:3 - len(summary.examples)]
+        summary.samples, summary.data_bytes = len(writer), writer.data_bytes
+        if not summary.samples:
+            raise ConfigError(f"{base}: no samples with an image ({', '.join(image_exts)}) and a label by "
+                              f"{label!r} in {len(shards)} shard(s)" +
+                              (f"; skipped {dict(summary.skipped)}" if summary.skipped else ""))
+        summary.classes = rule.final_classes()
+        writer.store(out, summary.classes)
+    summary.bytes_read = store.bytes_read - before
+    summary.index = f"{out.url.rstrip('/')}/{INDEX_NAME}"
+    return summary
+
+
+def _walked(store, shards, rule, image_exts, on_corrupt, base, workers):
+    """The shards walked ``workers`` at a time, in order; at most ``2 * workers`` held at once."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="tar-index") as pool:
+        pending = collections.deque()
+        for name, size in shards:
+            shard = _Shard(name, size, rule, image_exts, on_corrupt, f"{base}/{name}")
+            pending.append(pool.submit(shard.walk, store))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _labelled(rule: LabelRule, shard: _Shard, on_corrupt: str) -> tuple[list, list[int]]:
+    """The shard's samples that have a label, and their labels (in shard order: names are numbered as met)."""
+    kept, labels = [], []
+    for sample in shard.samples:
+        try:
+            labels.append(rule.label(sample[2] or b"", sample[3]))
+        except SampleError as exc:
+            if on_corrupt != "skip":
+                raise ConfigError(f"{exc}; fix the label, or pass --on-corrupt skip to leave such samples out "
+                                  "(counted)") from None
+            shard._skip(exc.reason, str(exc))
+            continue
+        kept.append(sample)
+    return kept, labels

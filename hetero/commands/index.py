@@ -1,0 +1,76 @@
+"""``hetero index SRC [--to DEST]``: an index for WebDataset tar shards written elsewhere, read in place.
+
+SRC is a folder or ``s3://bucket/prefix`` of ``.tar`` shards (every one under it, subfolders
+included), or a brace pattern such as ``s3://b/laion/{00000..00099}.tar``. Each shard is read
+once; nothing is written but ``index.bin``, to DEST (a read-only source's index goes elsewhere) or
+else beside the shards. Train on them with ``--hp pipeline.shards=SRC`` (and
+``--hp pipeline.index=DEST``). The logic is :mod:`data_service.shards.wds_index`.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("index", help="index WebDataset tar shards written by other tools, to read them in place",
+                       description="Reads each .tar shard under SRC once, front to back, and writes index.bin "
+                                   "(where each sample's image lies, and its label) to DEST or beside the shards. "
+                                   "A sample is the members sharing a key (the path up to the first dot of its "
+                                   "name); its image is the .jpg/.jpeg/.png/.webp member, its label read by --label. "
+                                   "The shards are never rewritten.")
+    p.add_argument("src", help="folder or s3://bucket/prefix of .tar shards, or a pattern: "
+                               "s3://b/p/shard-{000000..000099}.tar")
+    p.add_argument("--to", dest="dest", default="", metavar="DEST",
+                   help="where to write index.bin (a folder or s3:// prefix; default: SRC itself)")
+    p.add_argument("--label", default="cls",
+                   help="where each sample's label is: cls (default; the <key>.cls member), txt, any other "
+                        "extension, or json:FIELD (a field of <key>.json, dotted for nested fields)")
+    p.add_argument("--classes", default="",
+                   help="class names in label order, comma-separated or @FILE (one per line): maps names "
+                        "to indices and names indices (default: integers as they are; names numbered as met)")
+    p.add_argument("--image", default="jpg,jpeg,png,webp",
+                   help="image extensions taken, in order of preference (default jpg,jpeg,png,webp)")
+    p.add_argument("--on-corrupt", choices=("fail", "skip"), default="fail",
+                   help="a sample without its label or with another image type, or a damaged shard: stop "
+                        "naming it (fail, default) or leave it out and count it (skip)")
+    p.add_argument("--workers", type=int, default=8, help="shards read at once (default 8)")
+    p.add_argument("--overwrite", action="store_true", help="replace an index already at DEST")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from data_service.errors import DataServiceError
+    from data_service.shards.wds_index import index_tars, split_source
+
+    try:
+        src, pattern = split_source(args.src)
+        summary = index_tars(src, args.dest, pattern=pattern, label=args.label, classes=_classes(args.classes),
+                             image_exts=tuple(e.strip().lstrip(".") for e in args.image.split(",") if e.strip()),
+                             on_corrupt=args.on_corrupt, workers=args.workers, overwrite=args.overwrite)
+    except DataServiceError as exc:
+        print(f"hetero index: {exc}")
+        return 2
+    for line in summary.lines():
+        print(line)
+    hint = f" --hp pipeline.index={args.dest}" if args.dest else ""
+    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={src}"
+          f"{hint}")
+    return 0
+
+
+def _classes(spec: str) -> list[str] | None:
+    from data_service.errors import ConfigError
+
+    if not spec:
+        return None
+    if spec.startswith("@"):
+        try:
+            with open(spec[1:], encoding="utf-8") as f:
+                names = [line.strip() for line in f if line.strip()]
+        except OSError as exc:
+            raise ConfigError(f"--classes {spec}: cannot read the file ({exc})") from None
+    else:
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(f"--classes {spec!r} must name each class once (comma-separated, or @FILE one per line)")
+    return names

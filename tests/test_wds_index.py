@@ -1,0 +1,213 @@
+"""``hetero index``: WebDataset tars written by other tools indexed in one read, read in place by ShardDataset.
+
+Tars come from the ``webdataset`` library's own writer and from ``tarfile`` in GNU and pax formats
+(long names, subfolders); every sample's bytes read through the index equal what was written, the
+source files stay untouched, each shard is read once, and every kind of damage is a clear error
+or a counted skip.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_service.errors import ConfigError
+from data_service.shards import ShardDataset
+from data_service.shards.format import INDEX_NAME
+from data_service.shards.indexfile import read_index
+from data_service.shards.wds_index import LabelRule, expand, index_tars, split_source
+from data_service.storage import LocalStore
+from hetero.cli import main
+
+
+def _wds(path: Path, samples: list[dict]) -> None:
+    import webdataset as wds
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wds.TarWriter(str(path)) as w:
+        for s in samples:
+            w.write(s)
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]], fmt=tarfile.GNU_FORMAT) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=fmt) as t:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+
+
+def _blob(k: int) -> bytes:
+    return hashlib.sha256(str(k).encode()).digest() * (3 + k % 7)
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_webdataset_writer_tars_with_json_labels_read_in_place_exactly_once(tmp_path):
+    """The library's writer, its key scheme (dots in keys' folders, keys with dashes), .json labels
+    by class name, shards in subfolders; the index elsewhere; every sample once, sources untouched."""
+    src, dest = tmp_path / "laion", tmp_path / "idx"
+    written = []
+    for s in range(3):
+        samples = []
+        for i in range(4 + s):
+            key = f"part.v1/{s:05d}-{i:04d}"
+            cls = ["cat", "dog", "emu"][(s + i) % 3]
+            samples.append({"__key__": key, "jpg": _blob(10 * s + i), "txt": "a caption",
+                            "json": {"meta": {"label": cls}, "url": "http://x"}})
+            written.append((_blob(10 * s + i), cls))
+        _wds(src / f"g{s % 2}" / f"{s:06d}.tar", samples)
+    before = _digest(src)
+    summary = index_tars(str(src), str(dest), label="json:meta.label", classes=["emu", "dog", "cat"])
+    assert _digest(src) == before and not (src / INDEX_NAME).exists()
+    assert summary.samples == len(written) and summary.shards == 3 and not summary.skipped
+    assert summary.bytes_read <= sum(p.stat().st_size for p in src.rglob("*.tar"))
+    ds = ShardDataset(str(src), index=str(dest), block_samples=4)
+    assert ds.classes == ["emu", "dog", "cat"]
+    names = [ds.index.shards.name(k) for k in range(3)]
+    assert names == ["g0/000000.tar", "g0/000002.tar", "g1/000001.tar"]  # sorted paths, subfolders kept
+    got = sorted((ds[i][0], ds.classes[ds[i][1]]) for i in range(len(ds)))
+    assert got == sorted(written)
+
+
+def test_each_shard_is_read_once_front_to_back(tmp_path):
+    src = tmp_path / "src"
+    for s in range(2):
+        _tar(src / f"s{s}.tar", [(f"{k:03d}.{ext}", _blob(k) if ext == "png" else b"%d" % (k % 5))
+                                 for k in range(40) for ext in ("cls", "png")])
+    store = LocalStore(str(src))
+    index_tars(store, str(tmp_path / "idx"))
+    sizes = sum(p.stat().st_size for p in src.glob("*.tar"))
+    assert store.bytes_read <= sizes and store.requests == 2  # one ranged read per (small) shard
+
+
+def test_long_names_pax_records_and_a_brace_pattern(tmp_path):
+    src = tmp_path / "src"
+    deep = "d" * 120 + "/ü-key"  # over 100 bytes, and not ASCII: GNU 'L' / pax 'path' records
+    _tar(src / "shard-000.tar", [(f"{deep}.jpg", b"A" * 700), (f"{deep}.cls", b"2")], fmt=tarfile.GNU_FORMAT)
+    _tar(src / "shard-001.tar", [(f"{deep}.webp", b"B" * 10), (f"{deep}.cls", b"1")], fmt=tarfile.PAX_FORMAT)
+    _tar(src / "shard-002.tar", [("x.jpg", b"C"), ("x.cls", b"0")])
+    assert expand("shard-{000..001}.tar") == ["shard-000.tar", "shard-001.tar"]
+    assert split_source(f"{src}/shard-{{000..001}}.tar") == (str(src), "shard-{000..001}.tar")
+    assert main(["index", f"{src}/shard-{{000..001}}.tar"]) == 0
+    ds = ShardDataset(str(src), block_samples=2)
+    assert [ds[i] for i in range(len(ds))] == [(b"A" * 700, 2), (b"B" * 10, 1)]
+    assert ds.classes == ["0", "1", "2"]
+
+
+def test_label_rules_and_classes():
+    rule = LabelRule("txt")
+    assert [rule.label(x, "s") for x in (b"dog\n", b"cat", b"dog")] == [0, 1, 0]
+    assert rule.final_classes() == ["dog", "cat"]
+    with pytest.raises(ConfigError, match="class index 3 among class names"):
+        rule.label(b"3", "s")
+    rule = LabelRule("json:y", classes=["a", "b"])
+    assert rule.label(b'{"y": "b"}', "s") == 1 and rule.label(b'{"y": 0}', "s") == 0
+    with pytest.raises(ConfigError, match="'z' is not among the classes"):
+        rule.label(b'{"y": "z"}', "s")
+    with pytest.raises(ConfigError, match="no label by the rule 'json:y'"):
+        rule.label(b'{"x": 1}', "s")
+    with pytest.raises(ConfigError, match="label='json' must be"):
+        LabelRule("json")
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("no_label", "without a label member"), ("gif", "of unsupported image types"),
+    ("truncated", "damaged shard(s)"), ("bad_header", "damaged shard(s)"),
+])
+def test_damage_is_a_clear_error_or_a_counted_skip(tmp_path, damage, reason):
+    src = tmp_path / "src"
+    good = [(f"{k:03d}.{e}", _blob(k) if e == "jpg" else b"1") for k in range(6) for e in ("jpg", "cls")]
+    members = list(good)
+    if damage == "no_label":
+        members.insert(4, ("002b.jpg", b"x"))
+    if damage == "gif":
+        members.insert(4, ("002b.gif", b"GIF89a"))
+        members.insert(5, ("002b.cls", b"0"))
+    _tar(src / "a.tar", members)
+    path = src / "a.tar"
+    raw = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(raw[:512 * 9 + 100])  # inside the 5th member's data
+    if damage == "bad_header":
+        path.write_bytes(raw[:512 * 8] + b"garbage!" + raw[512 * 8 + 8:])
+    with pytest.raises(ConfigError) as err:
+        index_tars(str(src), str(tmp_path / "i1"))
+    text = str(err.value)
+    assert "a.tar" in text and "--on-corrupt skip" in text
+    summary = index_tars(str(src), str(tmp_path / "i2"), on_corrupt="skip")
+    assert reason in summary.skipped and summary.examples
+    ds = ShardDataset(str(src), index=str(tmp_path / "i2"))
+    assert all(ds[i][0] == _blob(int(k)) for i, k in enumerate(
+        [k for k in range(6) if damage not in ("truncated", "bad_header") or k < 1]))  # the sample in progress is dropped
+
+
+def test_compressed_tar_and_an_empty_source_are_refused_with_the_fix(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with pytest.raises(ConfigError, match="no .tar files there"):
+        index_tars(str(src))
+    with tarfile.open(src / "a.tar", "w:gz") as t:
+        info = tarfile.TarInfo("x.jpg")
+        t.addfile(info, io.BytesIO(b""))
+    with pytest.raises(ConfigError, match="gzip-compressed: ranged reads need a plain .tar"):
+        index_tars(str(src))
+
+
+def test_an_existing_index_is_kept_unless_overwrite(tmp_path, capsys):
+    src = tmp_path / "src"
+    _tar(src / "a.tar", [("k.jpg", b"1"), ("k.cls", b"0")])
+    assert main(["index", str(src), "--to", str(tmp_path / "idx")]) == 0
+    assert f"pipeline.shards={src} --hp pipeline.index={tmp_path / 'idx'}" in capsys.readouterr().out
+    assert main(["index", str(src), "--to", str(tmp_path / "idx")]) == 2
+    assert "already holds an index; pass --overwrite" in capsys.readouterr().out
+    assert main(["index", str(src), "--to", str(tmp_path / "idx"), "--overwrite", "--classes", "only"]) == 0
+    assert read_index(str(tmp_path / "idx")).classes == ["only"]
+
+
+def test_the_index_of_prepared_shards_equals_prepare_s_own(tmp_path):
+    """``hetero index`` over ``hetero prepare``'s tars gives the same columns, so the same bytes."""
+    from hetero.prepare import prepare
+
+
+    root = tmp_path
+    os.makedirs(root / "src/a")
+    os.makedirs(root / "src/b")
+    for k in range(16):
+        (root / "src" / "ab"[k % 2] / f"{k}.jpg").write_bytes(_jpeg(k))
+    prepare(str(root / "src"), str(root / "shards"), shard_size=1_000_000, workers=1, progress=False,
+            verify=False)
+    index_tars(str(root / "shards"), str(root / "idx"), classes=["a", "b"])
+    mine, theirs = read_index(str(root / "idx")), read_index(str(root / "shards"))
+    assert len(mine.shards) == len(theirs.shards) > 1
+    for col in ("offsets", "lengths", "labels"):
+        assert np.array_equal(getattr(mine, col), getattr(theirs, col)), col
+    assert mine.classes == theirs.classes == ["a", "b"]
+
+
+def _jpeg(k: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    noise = np.random.default_rng(k).integers(0, 255, (256, 240 + k, 3), dtype=np.uint8)  # ~150 KB: 3 shards
+    Image.fromarray(noise).save(buf, "JPEG", quality=95)
+    return buf.getvalue()
+
+
+def test_a_tar_changed_after_indexing_is_refused_at_start(tmp_path):
+    src = tmp_path / "src"
+    _tar(src / "a.tar", [("k.jpg", b"1"), ("k.cls", b"0")])
+    index_tars(str(src), str(tmp_path / "idx"))
+    _tar(src / "a.tar", [("k.jpg", b"1"), ("k.cls", b"0"), ("l.jpg", bytes(20000)), ("l.cls", b"0")])
+    with pytest.raises(ConfigError, match="wrong size.*index them again with `hetero index`"):
+        ShardDataset(str(src), index=str(tmp_path / "idx"))

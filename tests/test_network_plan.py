@@ -318,3 +318,17 @@ def test_cli_plan_sizing(capsys, tmp_path):
     assert "--per-core-rate=0" in capsys.readouterr().out
     assert hetero_main(["plan", "--preprocess-s", "1", "--batch-size", "8"]) == 2
     assert "--gpu-step-s" in capsys.readouterr().out
+
+
+def test_a_network_bound_data_group_beside_a_self_sufficient_gpu_node_says_so(table):
+    p = plan(table, "gpu", 0.01, 0.1, 100, data_types=["big"], bytes_per_sample=500_000)
+    assert p.recommended is None and p.homogeneous.meets_target
+    assert "no data group is needed" in format_plan(p)
+
+
+def test_cli_plan_profile_takes_the_bytes_of_the_batches_it_built(capsys):
+    rc = hetero_main(["plan", "--gpu-step-s", "0.05", "--profile", "--pipeline", "examples.synthetic:build_pipeline",
+                      "-o", "size=64", "-o", "work_ms=1", "--batch-size", "4", "--profile-batches", "2"])
+    text = capsys.readouterr().out
+    assert rc in (0, 1) and "72 bytes per sample built" in text
+    assert "72 bytes per sample on the wire (wire uint8; the profiled batches' tensors)" in text

@@ -302,6 +302,10 @@ def format_plan(p: Plan) -> str:
                          "types such as c5n, a larger DNN instance, a cluster placement group for the flow cap).")
         else:
             lines.append(f"{head}; raise --max-count, relax --target-wait or make preprocessing cheaper.")
+        if p.homogeneous.meets_target:
+            lines.append(f"The GPU instance(s) alone keep data wait under {w['target_wait']:.0%} "
+                         f"({p.homogeneous.step_s:.4f} s/step, ${p.homogeneous.usd_per_step:.6f}/step): their own vCPUs "
+                         "build the batches and nothing crosses a NIC, so no data group is needed.")
     else:
         r, h = p.recommended, p.homogeneous
         if h.meets_target and h.usd_per_step <= r.usd_per_step:

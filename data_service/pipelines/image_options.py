@@ -53,6 +53,10 @@ class ImageOptions:
     decoded_cache_dir: str = "/dev/shm"
     decoded_side: int = 0
     wire_encoding: str = "uint8"
+    index: str = ""
+    parquet: str = ""
+    image_column: str = "image"
+    label_column: str = "label"
     fused: bool = field(init=False, repr=False)
     decoded_budget: int = field(init=False, repr=False)
     shard_cache_budget: int = field(init=False, repr=False)
@@ -87,6 +91,15 @@ class ImageOptions:
         _integer("decoded_side", self.decoded_side, 0, hint=" (pixels; 0 = 1.15 x image_size)")
         _text("decoded_cache_dir", self.decoded_cache_dir, "a folder on a tmpfs such as /dev/shm")
         _text("shards", self.shards, "a folder of shards or an s3://bucket/prefix")
+        _text("index", self.index, "the folder or s3:// prefix holding the shards' index.bin (hetero index --to)")
+        _text("parquet", self.parquet, "a Parquet file, or a folder or s3:// prefix of .parquet files")
+        _text("image_column", self.image_column, "the Parquet column of image bytes (binary, or a struct with bytes)")
+        _text("label_column", self.label_column, "the Parquet column of integer labels")
+        if self.index and not self.shards:
+            raise ConfigError(f"index={self.index!r} names where the shards' index lives: pass shards= too "
+                              "(the folder or s3:// prefix holding the tars)")
+        if self.shards and self.parquet:
+            raise ConfigError(f"shards={self.shards!r} and parquet={self.parquet!r}: read one source; pass only one")
         _integer("shuffle_block", self.shuffle_block, 0,
                  hint=f" (samples per shuffle block; 0 = {DEFAULT_BLOCK_BATCHES} batches)")
         _integer("interleave", self.interleave, 1, hint=" (blocks whose batches alternate)")
@@ -102,7 +115,7 @@ class ImageOptions:
             "shard_cache_budget": parse_size(self.cache_bytes, "cache_bytes"),
             "side": self.decoded_side or round(1.15 * self.image_size),
             "block": -(-(self.shuffle_block or DEFAULT_BLOCK_BATCHES * self.batch_size) // self.batch_size)
-            * self.batch_size if self.shards else 0,
+            * self.batch_size if self.shards or self.parquet else 0,
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)  # frozen: set once, here

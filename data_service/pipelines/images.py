@@ -98,6 +98,13 @@ def build_pipeline(**options) -> Pipeline:
             short side ``decoded_side``, so batches differ from the uncached pipeline's.
         decoded_cache_dir: the tmpfs the cache lives in (a folder per pipeline is made there).
         decoded_side: short side of the images kept (0 = 1.15 x ``image_size``).
+        index: with ``shards``, where their ``index.bin`` lives when not beside them (``hetero index
+            SRC --to DEST`` for tars in a read-only place: ``shards=SRC``, ``index=DEST``).
+        parquet: read a Parquet data set in place instead (a file, or a folder or ``s3://`` prefix of
+            ``.parquet`` files; :mod:`data_service.shards.parquet`), a shuffle block per run of rows.
+        image_column: its column of image bytes (binary, or a struct with a ``bytes`` field as
+            Hugging Face ``datasets`` writes); ``"image"``.
+        label_column: its column of integer labels; ``"label"``.
         wire_encoding: how the crops travel to the DNN nodes (:mod:`data_service.wire_encoding`):
             ``"uint8"`` as built; ``"up-zstd"``, lossless, about half the bytes on photographs;
             ``"jpeg:Q"``, each crop re-encoded as JPEG quality ``Q`` (``"jpeg"`` = ``"jpeg:90"``, about
@@ -128,8 +135,9 @@ def server_side(**options) -> ServerSide:
     """What a data server's main process keeps of this pipeline (without building it): the shard
     source as its block prefetcher, and the decoded-image cache's stats and clean-up."""
     opts = ImageOptions.from_kwargs(**options)
-    prefetcher = _shards(opts) if opts.shards else None
-    cache = _decoded_cache(opts, opts.shards or data_root(opts.data_dir)) if opts.decoded_budget else None
+    prefetcher = _shards(opts) if opts.shards or opts.parquet else None
+    cache = _decoded_cache(opts, opts.shards or opts.parquet or data_root(opts.data_dir)) if opts.decoded_budget \
+        else None
     return ServerSide(prefetcher=prefetcher, stats=cache.stats if cache else None,
                       close=cache.close if cache else None)
 
@@ -146,21 +154,29 @@ build_pipeline.input_modes = ("File", "FastFile")
 
 
 def _source(opts: ImageOptions):
-    """The shards (``opts.shards``) or the folder, as map-style samples the augmentation takes."""
-    if not opts.shards:
+    """The shards (``opts.shards``), the Parquet files or the folder, as map-style samples the augmentation takes."""
+    if not opts.shards and not opts.parquet:
         return ImageFolder(data_root(opts.data_dir), opts.on_corrupt, opts.limit, decoded=not opts.fused)
     return ShardImages(_shards(opts), opts.on_corrupt, opts.limit, decoded=not opts.fused)
 
 
 def _shards(opts: ImageOptions):
+    """The sample source behind ``shards`` (tar shards) or ``parquet``: (bytes, label) by index, read in blocks."""
+    common = {"block_samples": opts.block, "cache_dir": opts.cache_dir, "cache_bytes": opts.shard_cache_budget,
+              "request_timeout_s": float(opts.request_timeout_s)}
+    if opts.parquet:
+        from ..shards.parquet import ParquetDataset
+
+        return ParquetDataset(opts.parquet, image_column=opts.image_column, label_column=opts.label_column,
+                              on_corrupt=opts.on_corrupt, **common)
     from ..shards import ShardDataset
 
-    return ShardDataset(opts.shards, block_samples=opts.block, cache_dir=opts.cache_dir,
-                        cache_bytes=opts.shard_cache_budget, request_timeout_s=float(opts.request_timeout_s))
+    return ShardDataset(opts.shards, index=opts.index, **common)
 
 
 def _decoded_cache(opts: ImageOptions, root: str) -> DecodedCache:
     # one folder per pipeline (its data and image options) and host, shared by its servers' processes
-    tag = hashlib.blake2b(json.dumps([opts.shards or os.path.abspath(str(root)), opts.limit, opts.image_size,
-                                      opts.side], sort_keys=True).encode(), digest_size=8).hexdigest()
+    keys = [opts.shards or opts.parquet or os.path.abspath(str(root)), opts.limit, opts.image_size, opts.side]
+    keys += [opts.index] if opts.index else []  # another index numbers the samples differently
+    tag = hashlib.blake2b(json.dumps(keys, sort_keys=True).encode(), digest_size=8).hexdigest()
     return DecodedCache(os.path.join(opts.decoded_cache_dir, f"hetero-decoded-{tag}"), opts.decoded_budget)

@@ -211,3 +211,17 @@ def test_a_tar_changed_after_indexing_is_refused_at_start(tmp_path):
     _tar(src / "a.tar", [("k.jpg", b"1"), ("k.cls", b"0"), ("l.jpg", bytes(20000)), ("l.cls", b"0")])
     with pytest.raises(ConfigError, match="wrong size.*index them again with `hetero index`"):
         ShardDataset(str(src), index=str(tmp_path / "idx"))
+
+
+def test_from_json_converts_an_index_json_to_index_bin(tmp_path, capsys):
+    from data_service.shards.format import JSON_INDEX_NAME
+
+    src = tmp_path / "src"
+    _tar(src / "a.tar", [("k.jpg", b"12"), ("k.cls", b"1"), ("l.png", b"345"), ("l.cls", b"0")])
+    index_tars(str(src), str(tmp_path / "bin"))
+    (src / JSON_INDEX_NAME).write_bytes(read_index(str(tmp_path / "bin")).to_json())
+    assert main(["index", "--from-json", str(src)]) == 0
+    assert "index.bin" in capsys.readouterr().out and (src / INDEX_NAME).exists()
+    assert [ShardDataset(str(src))[i] for i in range(2)] == [(b"12", 1), (b"345", 0)]
+    assert main(["index", "--from-json", str(tmp_path / "bin")]) == 2
+    assert "no index.json" in capsys.readouterr().out

@@ -5,6 +5,9 @@ included), or a brace pattern such as ``s3://b/laion/{00000..00099}.tar``. Each 
 once; nothing is written but ``index.bin``, to DEST (a read-only source's index goes elsewhere) or
 else beside the shards. Train on them with ``--hp pipeline.shards=SRC`` (and
 ``--hp pipeline.index=DEST``). The logic is :mod:`data_service.shards.wds_index`.
+
+``hetero index --from-json SRC [--to DEST]`` converts the ``index.json`` of shards an earlier
+``hetero prepare`` wrote to ``index.bin``.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ def register(sub) -> None:
                         "naming it (fail, default) or leave it out and count it (skip)")
     p.add_argument("--workers", type=int, default=8, help="shards read at once (default 8)")
     p.add_argument("--overwrite", action="store_true", help="replace an index already at DEST")
+    p.add_argument("--from-json", action="store_true",
+                   help="convert SRC's index.json (hetero prepare's earlier index) to index.bin, at DEST or beside it")
     p.set_defaults(func=run)
 
 
@@ -42,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from data_service.errors import DataServiceError
     from data_service.shards.wds_index import index_tars, split_source
 
+    if args.from_json:
+        return _from_json(args)
     try:
         src, pattern = split_source(args.src)
         summary = index_tars(src, args.dest, pattern=pattern, label=args.label, classes=_classes(args.classes),
@@ -74,3 +81,29 @@ def _classes(spec: str) -> list[str] | None:
     if not names or len(set(names)) != len(names):
         raise ConfigError(f"--classes {spec!r} must name each class once (comma-separated, or @FILE one per line)")
     return names
+
+
+def _from_json(args: argparse.Namespace) -> int:
+    from data_service.errors import DataServiceError
+    from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME, ShardIndex
+    from data_service.shards.indexfile import write_index
+    from data_service.storage import open_store
+
+    try:
+        store = open_store(args.src, what="source")
+        out = open_store(args.dest, what="dest", create=True) if args.dest else store
+        if not store.exists(JSON_INDEX_NAME):
+            print(f"hetero index: {store.url.rstrip('/')} has no index.json to convert")
+            return 2
+        if out.exists(INDEX_NAME) and not args.overwrite:
+            print(f"hetero index: {out.url} already holds {INDEX_NAME}; pass --overwrite to replace it")
+            return 2
+        where = f"{store.url.rstrip('/')}/{JSON_INDEX_NAME}"
+        index = ShardIndex.from_json(store.read(JSON_INDEX_NAME), where)
+        write_index(out, index)
+    except DataServiceError as exc:
+        print(f"hetero index: {exc}")
+        return 2
+    print(f"wrote {out.url.rstrip('/')}/{INDEX_NAME}: {len(index)} samples in {len(index.shards)} shard(s), "
+          f"{len(index.classes)} classes (from {where})")
+    return 0

@@ -23,11 +23,12 @@ from .planner import plan
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 BATCH_PER_GPU = 256
-# One core of the development VM, fused crop-and-decode of ImageNet-sized photographs to 224 px uint8 crops
-# (640 JPEGs cut from scikit-image photographs, batch 32, 3 interleaved rounds; docs/images.md, 2026-11-26).
-PER_CORE_IMAGES_S = 1695.0
-PER_CORE_SOURCE = ("fused crop-and-decode of ImageNet-sized photographs, one pinned core of the 2-core development "
-                   "VM, 2026-11-26 (shared/notes/benchmarking.md); a vCPU of a fully loaded instance does less")
+# One pinned core of the 2-core development VM, fused crop-and-decode of 1,500 photo-like JPEGs to batches of 32
+# uint8 crops of 224 px (docs/benchmarks.md: python -m benchmarks.decode ... --only fused,..., 2026-11-26).
+PER_CORE_IMAGES_S = 1144.0
+PER_CORE_SOURCE = ("fused crop-and-decode of photo-like JPEGs to 224 px uint8 crops, one pinned core of the 2-core "
+                   "development VM, `python -m benchmarks.decode`, 2026-11-26 (docs/benchmarks.md); one vCPU is "
+                   "taken to do as much, which a fully loaded instance's hyperthreads may not")
 
 
 @dataclass(frozen=True)

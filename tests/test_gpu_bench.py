@@ -61,3 +61,33 @@ def test_cpu_mode_runs_every_feed(tmp_path, capsys):
     assert runs["gpu-decode"]["data_cpu_ms_per_image"] > 0  # the decode thread's own CPU clock
     assert "skipped" in runs["dali"] or runs["dali"]["images_per_s"] > 0
     assert set(res["smallest_k"]) == {"servers", "local", "gpu-decode", "dali"}
+
+
+BLOCK_PSUTIL = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "psutil":
+            raise ModuleNotFoundError("No module named 'psutil'", name="psutil")
+sys.meta_path.insert(0, Block())
+from hetero.cli import main
+try:
+    main(["serve", "--help"])
+except SystemExit as exc:
+    print("serve --help exit", exc.code)
+print("bench exit", main(["bench"]))
+"""
+
+
+def test_hetero_serve_runs_without_psutil():
+    """``psutil`` is the bench extra's: a machine without it (the reference GPU machine) still
+    serves, and ``hetero bench`` says what it needs."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-c", BLOCK_PSUTIL], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--workers" in out.stdout and "serve --help exit 0" in out.stdout, out.stdout[-2000:]
+    assert "needs the Python package 'psutil'" in out.stdout and "bench exit 2" in out.stdout, out.stdout[-2000:]

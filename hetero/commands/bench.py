@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 
+# At import: where psutil (the bench extra) is absent, hetero.cli lists the command with what to
+# install, and every other command (serve, local, ...) still runs.
+from hetero.bench.step_time import add_arguments
+
 
 def register(sub) -> None:
-    from hetero.bench.step_time import add_arguments
-
     p = sub.add_parser("bench", help="benchmark: homogeneous vs heterogeneous step time and cost",
                        description="Run the MNIST job homogeneous (trainer CPUs only) and heterogeneous (plus data "
                                    "CPUs), pinned, alternating over rounds; print step time, data wait, CPU busy "

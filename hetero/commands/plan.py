@@ -184,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
             options = parse_kv(args.option)
             if args.batch_size:
                 options["batch_size"] = args.batch_size
+            if "wire_encoding" in options and args.wire == "uint8":
+                args.wire = str(options["wire_encoding"])  # the profiled batches are built with it
             preprocess_s, batch_size, profiled_bytes = _profile(args, options)
         else:
             if args.preprocess_s is None or args.batch_size is None:
@@ -205,8 +207,8 @@ def run(args: argparse.Namespace) -> int:
         result.workload["bytes_source"] = net["source"]
         wires = []
         if net["bytes"] is not None and network_bound(result):
-            for alt in (n for n in ("up-zstd", COMPACT) if n != net["wire"].name):
-                enc = wire_encoding(alt)
+            for enc in (e for e in map(wire_encoding, ("up-zstd", COMPACT))
+                        if e.bytes_ratio < net["wire"].bytes_ratio):
                 ratio = enc.bytes_ratio / net["wire"].bytes_ratio
                 wires.append((enc, ratio, plan_for(preprocess_s, batch_size, net["bytes"] * ratio,
                                                    max(0.0, enc.encode_s - net["wire"].encode_s), enc.name)))

@@ -233,6 +233,8 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
     candidates = []
     for t in types:
         row = table.info(t)  # raises PriceError listing known types
+        if bytes_per_sample is not None and row.baseline_gbps is None:
+            log.warning("%s has no baseline_gbps in the instance table: its NIC is left out of the plan", t)
         options = []
         for n in range(1, max_count + 1):
             cores = n * row.vcpus + (own_cores if local_server else 0)

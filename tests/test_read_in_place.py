@@ -136,3 +136,59 @@ def test_a_stopped_epoch_resumes_exactly(data, tmp_path, monkeypatch, source):
         server.shutdown(grace_s=1)
     assert seen == reference(options, seed=1, epoch=2)
     assert fingerprint(data["sources"]) == before
+
+
+def _epoch(options: dict) -> tuple[int, int]:
+    """(samples served, samples skipped) of one in-process epoch."""
+    ds = LocalDataset(PipelineSpec(PIPELINE, options), seed=0)
+    served = sum(len(b["label"]) for b in ds)
+    return served, ds.pipeline().samples_skipped
+
+
+@pytest.mark.parametrize("on_corrupt", ["skip", "fail"])
+def test_a_parquet_row_group_that_does_not_decode_is_skipped_and_counted_or_named(data, tmp_path, on_corrupt):
+    import pyarrow.parquet as pq
+
+    src = Path(data["parquet"]["parquet"]) / "train-00000.parquet"
+    table = pq.read_table(src)
+    bad = tmp_path / "hf" / "train.parquet"
+    bad.parent.mkdir()
+    pq.write_table(table, bad, row_group_size=4, use_dictionary=False)
+    raw = bytearray(bad.read_bytes())
+    at = pq.read_metadata(bad).row_group(1).column(0).data_page_offset + 3
+    raw[at:at + 24] = b"\xff" * 24  # row group 1's image page header
+    bad.write_bytes(bytes(raw))
+    options = {**BASE, "parquet": str(bad), "on_corrupt": on_corrupt, "cache_dir": str(tmp_path / "cache")}
+    if on_corrupt == "skip":
+        assert _epoch(options) == (len(table) - 4, 4)  # rows 4..7: the second row group
+    else:
+        with pytest.raises(Exception, match=r"train.parquet row group 1 \(samples 4..7\).*on_corrupt=skip"):
+            _epoch(options)
+
+
+@pytest.mark.parametrize("on_corrupt", ["skip", "fail"])
+def test_tar_images_of_every_accepted_type_decode_and_a_corrupt_one_is_skipped_or_named(tmp_path, on_corrupt):
+    import io
+
+    import numpy as np
+    import webdataset as wds
+    from PIL import Image
+
+    from data_service.shards.wds_index import index_tars
+
+    def image(fmt: str, k: int) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(np.random.default_rng(k).integers(0, 255, (40, 36, 3), dtype=np.uint8)).save(buf, fmt)
+        return buf.getvalue()
+
+    with wds.TarWriter(str(tmp_path / "a.tar")) as w:
+        w.write({"__key__": "s000", "jpg": b"\xff\xd8 not a jpeg", "cls": "1"})  # first: its batch keeps others
+        for k, (ext, fmt) in enumerate([("jpg", "JPEG"), ("jpeg", "JPEG"), ("png", "PNG"), ("webp", "WEBP")] * 4):
+            w.write({"__key__": f"s{k + 1:03d}", ext: image(fmt, k), "cls": str(k % 2)})
+    index_tars(str(tmp_path))
+    options = {**BASE, "shards": str(tmp_path), "on_corrupt": on_corrupt, "shuffle_block": 8}
+    if on_corrupt == "skip":
+        assert _epoch(options) == (16, 1)
+    else:
+        with pytest.raises(Exception, match=r"sample 0 of .*does not decode.*on_corrupt=skip"):
+            _epoch(options)

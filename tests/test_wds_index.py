@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import tarfile
 from pathlib import Path
@@ -21,7 +20,8 @@ from data_service.errors import ConfigError
 from data_service.shards import ShardDataset
 from data_service.shards.format import INDEX_NAME
 from data_service.shards.indexfile import read_index
-from data_service.shards.wds_index import LabelRule, expand, index_tars, split_source
+from data_service.shards.labels import LabelRule
+from data_service.shards.wds_index import expand, index_tars, split_source
 from data_service.storage import LocalStore
 from hetero.cli import main
 
@@ -225,3 +225,11 @@ def test_from_json_converts_an_index_json_to_index_bin(tmp_path, capsys):
     assert [ShardDataset(str(src))[i] for i in range(2)] == [(b"12", 1), (b"345", 0)]
     assert main(["index", "--from-json", str(tmp_path / "bin")]) == 2
     assert "no index.json" in capsys.readouterr().out
+
+
+def test_members_without_an_extension_and_hidden_ones_are_not_samples(tmp_path):
+    src = tmp_path / "src"
+    _tar(src / "a.tar", [("README", b"about"), ("._k.jpg", b"mac"), ("k.jpg", b"1"), ("k.cls", b"0"),
+                         ("d/._l.jpg", b"mac"), ("d/l.jpg", b"22"), ("d/l.cls", b"1")])
+    assert index_tars(str(src)).samples == 2
+    assert [ShardDataset(str(src))[i] for i in range(2)] == [(b"1", 0), (b"22", 1)]

@@ -24,21 +24,20 @@ before the damage).
 from __future__ import annotations
 
 import collections
-import json
-import logging
 import os
 import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from .format import INDEX_NAME, JSON_INDEX_NAME, check_name
 from .indexfile import IndexWriter
+from .labels import LabelRule, SampleError
 from .tarwalk import ForwardReader, TarError, members
 
-log = logging.getLogger(__name__)
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 OTHER_IMAGES = ("gif", "bmp", "tif", "tiff", "ppm", "pgm", "heic", "avif", "jxl", "jp2")
@@ -66,72 +65,6 @@ class IndexSummary:
             out.append("skipped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) +
                        (f" (e.g. {'; '.join(self.examples[:3])})" if self.examples else ""))
         return out
-
-
-class SampleError(ConfigError):
-    """A sample the index cannot hold (no label member, no image of a supported type, a bad label)."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class LabelRule:
-    """How a sample's label is read: ``cls`` / any text extension, ``txt``, or ``json:FIELD``.
-
-    ``classes`` (names, in label order) maps class names to indices; without it, names are numbered
-    as first met and integers are indices as they are.
-    """
-
-    def __init__(self, rule: str = "cls", classes: list[str] | None = None) -> None:
-        kind, _, field_name = rule.partition(":")
-        if not isinstance(rule, str) or not kind or (kind == "json") != bool(field_name) or "/" in kind:
-            raise ConfigError(f"label={rule!r} must be a member extension holding the label (cls, txt, ...) or "
-                              "json:FIELD (a field of the .json member, dotted for nested fields)")
-        self.rule, self.ext, self.path = rule, kind, field_name.split(".") if field_name else []
-        self.fixed = classes is not None
-        self.classes = list(classes or [])
-        self._ids = {name: k for k, name in enumerate(self.classes)}
-        self.max_int = -1
-
-    def label(self, raw: bytes, where: str) -> int:
-        """The label of a sample whose label member holds ``raw``; SampleError when it holds none."""
-        try:
-            value = json.loads(raw) if self.path else raw.decode("utf-8").strip()
-            for part in self.path:
-                value = value[part]
-        except (ValueError, KeyError, TypeError, IndexError):
-            raise SampleError(f"{where}: its .{self.ext} member has no label by the rule {self.rule!r}",
-                              f"without a label by {self.rule}") from None
-        if isinstance(value, str) and re.fullmatch(r"-?\d+", value):
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
-            raise SampleError(f"{where}: label {value!r} (by the rule {self.rule!r}) is neither a class index nor "
-                              "a class name", "with a bad label")
-        if isinstance(value, int):
-            if value < 0 or (self.fixed and value >= len(self.classes)):
-                raise SampleError(f"{where}: class index {value} is outside 0..{len(self.classes) - 1 if self.fixed else 'N'}"
-                                  f"{' (the classes given)' if self.fixed else ''}", "with a bad label")
-            if self._ids and not self.fixed:
-                raise ConfigError(f"{where}: class index {value} among class names; pass --classes to say how "
-                                  "names and indices correspond")
-            self.max_int = max(self.max_int, value)
-            return value
-        k = self._ids.get(value)
-        if k is None:
-            if self.fixed:
-                raise SampleError(f"{where}: class {value!r} is not among the classes given", "of unknown classes")
-            if self.max_int >= 0:
-                raise ConfigError(f"{where}: class name {value!r} among class indices; pass --classes to say how "
-                                  "names and indices correspond")
-            k = self._ids[value] = len(self.classes)
-            self.classes.append(value)
-        return k
-
-    def final_classes(self) -> list[str]:
-        if self.fixed or self.classes:
-            return self.classes
-        return [str(k) for k in range(self.max_int + 1)]
 
 
 def list_shards(store, pattern: str = "") -> list[tuple[str, int]]:
@@ -206,6 +139,8 @@ class _Shard:
         try:
             for m in members(reader, self._wanted, self.where):
                 k, ext = _key(m.name)
+                if not ext or k.rpartition("/")[2].startswith("."):
+                    continue  # no extension (a README) or hidden (macOS's ._ files): not part of a sample
                 if k != key:
                     self._sample(key, parts)
                     key, parts = k, {}
@@ -259,7 +194,8 @@ def _key(name: str) -> tuple[str, str]:
 
 def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", classes: list[str] | None = None,
                image_exts: tuple[str, ...] = IMAGE_EXTS, on_corrupt: str = "fail", workers: int = 8,
-               overwrite: bool = False, request_timeout_s: float = 60.0) -> IndexSummary:
+               overwrite: bool = False, request_timeout_s: float = 60.0,
+               progress: Callable[[int, int], None] | None = None) -> IndexSummary:
     """Write ``index.bin`` for the WebDataset tars at ``src`` (a folder, an ``s3://`` prefix or a Store) to
     ``dest`` (default ``src``), reading each shard once and writing nothing else.
 
@@ -270,6 +206,7 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
         on_corrupt: ``"fail"`` stops at the first bad sample or shard, naming it; ``"skip"`` leaves it
             out and counts it in the summary.
         workers: shards read at once. overwrite: replace an index already at ``dest``.
+        progress: called with (1, the shard's bytes) after each shard is indexed.
 
     Raises:
         ConfigError: no shards, a bad option, a bad sample or shard (``on_corrupt="fail"``), an index
@@ -298,6 +235,8 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
             writer.add_shard(shard.name, shard.size, [s[0] for s in kept], [s[1] for s in kept], labels)
             summary.skipped.update(shard.skipped)
             summary.examples += shard.examples[:3 - len(summary.examples)]
+            if progress is not None:
+                progress(1, shard.size)
         summary.samples, summary.data_bytes = len(writer), writer.data_bytes
         if not summary.samples:
             raise ConfigError(f"{base}: no samples with an image ({', '.join(image_exts)}) and a label by "

@@ -38,6 +38,7 @@ def register(sub) -> None:
                         "naming it (fail, default) or leave it out and count it (skip)")
     p.add_argument("--workers", type=int, default=8, help="shards read at once (default 8)")
     p.add_argument("--overwrite", action="store_true", help="replace an index already at DEST")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--from-json", action="store_true",
                    help="convert SRC's index.json (hetero prepare's earlier index) to index.bin, at DEST or beside it")
     p.set_defaults(func=run)
@@ -49,14 +50,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_json:
         return _from_json(args)
+    from tqdm import tqdm
+
+    bar = tqdm(unit="B", unit_scale=True, desc="indexing shards", disable=args.quiet)
     try:
         src, pattern = split_source(args.src)
         summary = index_tars(src, args.dest, pattern=pattern, label=args.label, classes=_classes(args.classes),
                              image_exts=tuple(e.strip().lstrip(".") for e in args.image.split(",") if e.strip()),
-                             on_corrupt=args.on_corrupt, workers=args.workers, overwrite=args.overwrite)
+                             on_corrupt=args.on_corrupt, workers=args.workers, overwrite=args.overwrite,
+                             progress=lambda shards, size: bar.update(size))
     except DataServiceError as exc:
+        bar.close()
         print(f"hetero index: {exc}")
         return 2
+    bar.close()
     for line in summary.lines():
         print(line)
     hint = f" --hp pipeline.index={args.dest}" if args.dest else ""

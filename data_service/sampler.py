@@ -134,24 +134,59 @@ def block_range(cfg: PlanConfig, block: int) -> range:
     return range(block * size, min((block + 1) * size, cfg.num_samples))
 
 
+class _BlockOrder:
+    """(block, batch within the block) of every batch of one epoch, computed per batch.
+
+    The epoch's blocks are a permutation; groups of ``interleave`` consecutive ones take turns
+    (the k-th batch of every block of the group, then the (k+1)-th). Every group holds
+    ``per_block`` batches of each block but the one holding the last block, which may be short:
+    so where a batch lies is arithmetic, and nothing is held per batch (an epoch of 100 M samples
+    has millions of batches; its order costs 8 bytes a block).
+    """
+
+    def __init__(self, cfg: PlanConfig, seed: int, epoch: int) -> None:
+        rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, 0xB10C)))
+        self.blocks = rng.permutation(cfg.num_blocks)
+        self.group = cfg.interleave
+        self.last = cfg.num_blocks - 1
+        self.per_block = cfg.block_samples // cfg.batch_size
+        self.last_full = (cfg.num_samples - self.last * cfg.block_samples) // cfg.batch_size
+        self.groups = -(-cfg.num_blocks // self.group)
+        self.special = int(np.flatnonzero(self.blocks == self.last)[0]) // self.group  # the last block's group
+        self.rows = self._before(self.groups)
+        self.num_batches = cfg.num_batches
+
+    def _before(self, g: int) -> int:
+        """Batches in groups 0..g-1."""
+        rows = self.per_block * min(g * self.group, len(self.blocks))
+        return rows + (self.last_full - self.per_block if g > self.special else 0)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        if index >= self.rows:  # the partial batch, kept: last in the epoch
+            return self.last, self.last_full
+        lo, hi = 0, self.groups - 1  # the group g with _before(g) <= index < _before(g + 1)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._before(mid) <= index:
+                lo = mid
+            else:
+                hi = mid - 1
+        members = self.blocks[lo * self.group:(lo + 1) * self.group]
+        r = index - self._before(lo)
+        if lo != self.special:
+            return int(members[r % len(members)]), r // len(members)
+        counts = [self.last_full if b == self.last else self.per_block for b in members]
+        for k in range(max(counts)):
+            turn = [int(b) for b, n in zip(members, counts) if k < n]
+            if r < len(turn):
+                return turn[r], k
+            r -= len(turn)
+        raise IndexError(index)
+
+
 @lru_cache(maxsize=8)
-def _block_order(cfg: PlanConfig, seed: int, epoch: int) -> np.ndarray:
-    """``[num_batches, 2]``: (block, batch within the block) of every batch of the epoch."""
-    rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, 0xB10C)))
-    blocks = rng.permutation(cfg.num_blocks)
-    last = cfg.num_blocks - 1
-    per_block = cfg.block_samples // cfg.batch_size
-    last_full = (cfg.num_samples - last * cfg.block_samples) // cfg.batch_size
-    rows = []
-    for g in range(0, len(blocks), cfg.interleave):
-        group = blocks[g:g + cfg.interleave]
-        counts = np.array([last_full if b == last else per_block for b in group])
-        # round robin: the k-th batch of every block of the group, then the (k+1)-th
-        for k in range(int(counts.max(initial=0))):
-            rows.extend((int(b), k) for b, n in zip(group, counts) if k < n)
-    if cfg.num_batches > len(rows):  # the partial batch, kept: last in the epoch
-        rows.append((last, last_full))
-    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+def _block_order(cfg: PlanConfig, seed: int, epoch: int) -> _BlockOrder:
+    return _BlockOrder(cfg, seed, epoch)
 
 
 @lru_cache(maxsize=64)

@@ -35,6 +35,11 @@ def register(sub) -> None:
     p.add_argument("--registry", type=Path, default=None, metavar="DIR",
                    help="the job's registry folder: data servers started elsewhere with `hetero serve ... --join DIR` "
                         "(and HETERO_JOB_TOKEN: this environment's, else OUTPUT/job_token) join the running job")
+    p.add_argument("--autoscale", nargs="*", metavar="KEY=VALUE", default=None,
+                   help="the job sizes its own data group: rank 0 starts `hetero serve --join` processes on this "
+                        "machine when the advice says the job waits on data and drains them when it has more than "
+                        "it needs; KEY=VALUE sets autoscale.KEY (min, max, usd_per_hour, cooldown_s, in_after, "
+                        "workers, ...; see docs/autoscale.md). Needs --registry (default OUTPUT/registry)")
     p.add_argument("--quiet", action="store_true", help="do not echo node logs (they are in OUTPUT/logs)")
     p.set_defaults(func=run)
 
@@ -46,6 +51,15 @@ def run(args: argparse.Namespace) -> int:
     from hetero.options import parse_kv
 
     setup_logging("local", args.log_level)
+    hps = parse_kv(args.hp)
+    if args.autoscale is not None:
+        try:
+            hps.update(autoscale_hps(args.autoscale))
+        except ConfigError as exc:
+            print(f"hetero local: {exc}")
+            return 2
+        if args.registry is None:
+            args.registry = args.output / "registry"
 
     def on_term(signum, frame):
         raise KeyboardInterrupt  # the runner's cleanup stops every node's process group
@@ -54,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         job = LocalJob(data_nodes=args.data_nodes, dnn_nodes=args.dnn_nodes, homogeneous=args.homogeneous,
                        data=args.data, epochs=args.epochs, seed=args.seed, output=args.output, audit=args.audit,
-                       hyperparameters=parse_kv(args.hp), timeout_s=args.timeout, synth_train=args.synth_train,
+                       hyperparameters=hps, timeout_s=args.timeout, synth_train=args.synth_train,
                        synth_test=args.synth_test, data_cpus=args.data_cpus, dnn_cpus=args.dnn_cpus,
                        keep_tree=args.keep_tree, echo=not args.quiet, checkpoint_dir=args.checkpoint_dir,
                        sigterm_on=args.sigterm_on, registry=args.registry)
@@ -65,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("hetero local: interrupted; every node was stopped")
         return 130
+    finally:
+        if args.autoscale is not None and args.registry is not None:
+            stop_joined(args.registry, args.output)
     codes = ", ".join(f"{h}={c}" for h, c in result.exit_codes.items())
     m = result.metrics
     if result.failure:
@@ -79,6 +96,43 @@ def run(args: argparse.Namespace) -> int:
         print(f"stopped by SIGTERM: checkpoint in {where}; rerun with the same --checkpoint-dir to resume")
         return EXIT_STOPPED
     return 0 if result.ok else 1
+
+
+def autoscale_hps(pairs: list[str]) -> dict:
+    """``--autoscale KEY=VALUE ...`` as ``autoscale.KEY`` hyperparameters, acting with local processes."""
+    from data_service.errors import ConfigError
+
+    hps = {"autoscale.mode": "act", "autoscale.actuator": "local"}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--autoscale {pair!r} must be KEY=VALUE, e.g. max=6")
+        hps[f"autoscale.{key}"] = value
+    return hps
+
+
+def stop_joined(registry, output) -> None:
+    """Ask every server still registered in ``registry`` to leave (servers the autoscaler started
+    outlive a job that failed; a job that ends well has already stopped them)."""
+    import os
+
+    from data_service.registry import RegistryError, read_entries
+    from dnn_worker.control import ControlClient
+
+    try:
+        entries, _ = read_entries(str(registry))
+    except RegistryError:
+        return
+    token = os.environ.get("HETERO_JOB_TOKEN", "")
+    if not token and os.path.exists(os.path.join(output, "job_token")):
+        with open(os.path.join(output, "job_token")) as f:
+            token = f.read().strip()
+    for e in entries:
+        try:
+            with ControlClient(e.address, token, "hetero-local") as ctl:
+                ctl.shutdown(grace_s=5.0, reason="hetero local: the job ended", timeout=5.0)
+        except Exception:  # noqa: BLE001 - gone already, or another job's: nothing to stop
+            pass
 
 
 def summary_line(m: dict) -> str:

@@ -24,7 +24,7 @@ def make_actuator(settings: Settings, *, pipeline: str, pipeline_options: dict, 
         return CommandActuator(settings.scale_out_cmd, settings.scale_in_cmd, settings.hook_timeout_s)
     from .sagemaker import SageMakerActuator
 
-    return SageMakerActuator.from_registry(registry, spot=settings.spot, keep_alive_s=settings.keep_alive_s)
+    return SageMakerActuator.from_registry(registry)
 
 
 def advice_and_autoscaler(job, rank: int):

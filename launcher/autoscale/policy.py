@@ -70,7 +70,7 @@ class Limits:
     usd_per_hour: float = 0.0      # cap on the data nodes' $/h together (0: none)
     cooldown_s: float = 60.0
     in_after: int = 2              # advice windows in a row that say "fewer" before a drain
-    out_wait_share: float = 0.05   # scale out only when the step waits on data at least this share
+    out_wait_share: float = 0.10   # scale out only when the step waits on data at least this share
     in_wait_share: float = 0.05    # drain only when it waits at most this share
     join_timeout_s: float = 600.0  # a scale-out not joined by then is no longer counted as promised
 

@@ -7,7 +7,8 @@
 logged, nothing acts on it) or ``act`` (the autoscaler adds and drains data nodes). ``actuator``
 (``act`` only): ``local`` (``hetero serve --join`` processes on this machine), ``command``
 (``scale_out_cmd`` / ``scale_in_cmd`` for any fleet) or ``sagemaker`` (data-only jobs that join
-this one). The policy's limits are ``launcher.autoscale.policy.Limits``.
+this one, from the template ``hetero autoscale JOB`` writes: Managed Spot and warm pools are set
+there). The policy's limits are ``launcher.autoscale.policy.Limits``.
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ _LIMITS = {"min": "min_nodes", "max": "max_nodes", "usd_per_hour": "usd_per_hour
            "in_after": "in_after", "out_wait_share": "out_wait_share", "in_wait_share": "in_wait_share",
            "join_timeout_s": "join_timeout_s"}
 _OWN = {"mode": str, "actuator": str, "scale_out_cmd": str, "scale_in_cmd": str, "hook_timeout_s": float,
-        "workers": int, "ttl_s": float, "drain_grace_s": float, "spot": bool, "keep_alive_s": int,
-        "instance_type": str}
+        "workers": int, "ttl_s": float, "drain_grace_s": float}
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,6 @@ class Settings:
     workers: int = 1                # local actuator: worker processes per started server
     ttl_s: float = 15.0             # local actuator: the started servers' registry TTL
     drain_grace_s: float = 30.0     # a drained server finishes what it owes within this
-    spot: bool = True               # sagemaker actuator: Managed Spot for the data-only jobs
-    keep_alive_s: int = 0           # sagemaker actuator: warm pool (KeepAlivePeriodInSeconds)
-    instance_type: str = ""         # sagemaker actuator: data node type (default: the job's data group's)
 
     @property
     def acting(self) -> bool:
@@ -94,9 +91,6 @@ class Settings:
                 raise ConfigError(f"autoscale.{name}={getattr(s, name)} must be > 0 seconds")
         if s.workers < 1:
             raise ConfigError(f"autoscale.workers={s.workers} must be >= 1")
-        if not 0 <= s.keep_alive_s <= 3600:
-            raise ConfigError(f"autoscale.keep_alive_s={s.keep_alive_s} must be 0..3600 seconds (SageMaker's "
-                              "KeepAlivePeriodInSeconds; 0: no warm pool)")
         return s
 
     def describe(self) -> dict[str, Any]:

@@ -14,7 +14,8 @@ import sys
 
 # Subcommand modules, in --help order. A module that fails to import (an optional
 # extra missing) only disables its own command.
-COMMANDS = ("serve", "local", "launch", "synth", "prepare", "index", "bench", "plan", "submit", "autoscale", "stats", "shutdown")
+COMMANDS = ("serve", "local", "launch", "synth", "prepare", "index", "bench", "plan", "submit", "autoscale", "stats",
+            "shutdown")
 
 
 def setup_logging(role: str, level: str = "INFO") -> None:

@@ -159,3 +159,23 @@ def test_a_state_file_that_is_not_json_starts_afresh(tmp_path, caplog):
     (tmp_path / "autoscale" / "state.json").write_text("{nope")
     assert StateStore(str(tmp_path)).load() == {}
     assert "not JSON" in caplog.text
+
+
+def test_hetero_stats_local_shows_the_latest_decision_with_its_figures(tmp_path, capsys):
+    from hetero.cli import main
+    from launcher.logmetrics import autoscale_line
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    settings = Settings.from_options({"mode": "act", "actuator": "local"}, registry=str(tmp_path))
+    d = Autoscaler(settings, None, str(tmp_path), TOKEN, clock=Clock()).on_advice(advice(300, 1, 3, 0.6))
+    (logs / "algo-1.log").write_text(
+        "2026-11-26 10:00:01,000 trainer@algo-1 rank 0 INFO launcher.advisor: advice at step 300: data node change "
+        "+3 (now 1 x ml.local, 10.0 batches per s delivered, 10.0 per node possible): predicted step 0.0100 s\n"
+        f"2026-11-26 10:00:01,001 trainer@algo-1 rank 0 INFO launcher.autoscale.controller: {autoscale_line(d)}\n")
+    assert main(["stats", "--local", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "node change +3 (add; data nodes 1 -> 4" in out
+    figures = json.loads(out[out.index("{"):])
+    assert (figures["autoscale:target_nodes"], figures["autoscale:node_change"], figures["autoscale:usd_per_hour"]) \
+        == (4, 3, 2.0)

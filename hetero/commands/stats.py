@@ -2,9 +2,10 @@
 
 ``hetero stats HOST:PORT`` asks one data server for its counters (the authenticated GetStats
 call). ``hetero stats --local OUTPUT`` reads the node logs ``hetero local`` writes to
-``OUTPUT/logs`` while the job runs and prints rank 0's latest step line and advice line (data
-nodes to add or that could go, the step time that gives, the cost), with the advice's figures as
-JSON, read by the same regular expressions as the job's ``MetricDefinitions``.
+``OUTPUT/logs`` while the job runs and prints rank 0's latest step line, advice line (data
+nodes to add or that could go, the step time that gives, the cost) and autoscaler decision (the
+node change, the data nodes before and after, the figures it used), with their figures as JSON,
+read by the same regular expressions as the job's ``MetricDefinitions``.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 _ADVICE = "launcher.advisor: advice at step"
+_AUTOSCALE = "launcher.autoscale.controller: autoscale at step"
 _WINDOW = re.compile(r"launcher\.metrics: step \d+: avg step time")
 
 
@@ -34,25 +36,32 @@ def latest_advice(logs: Path) -> dict | None:
     """The newest advice line and step line in the ``*.log`` files of ``logs`` (None: no advice yet).
 
     Returns:
-        ``{"log": file, "advice": line, "step": line or None, "figures": {metric: value}}``.
+        ``{"log": file, "advice": line, "step": line or None, "autoscale": line or None,
+        "figures": {metric: value}}`` (the autoscaler's figures too when it decided).
     """
     from launcher.logmetrics import METRIC_DEFINITIONS
 
     found = None
     for path in sorted(logs.glob("*.log")):
-        advice = step = None
+        advice = step = scaled = None
         for line in path.read_text(errors="replace").splitlines():
             if _ADVICE in line:
                 advice = line
+            elif _AUTOSCALE in line:
+                scaled = line
             elif _WINDOW.search(line):
                 step = line
         if advice is not None and (found is None or advice[:23] > found["advice"][:23]):  # newest timestamp
-            found = {"log": str(path), "advice": advice, "step": step}
+            found = {"log": str(path), "advice": advice, "step": step, "autoscale": scaled}
     if found is None:
         return None
     text = found["advice"][found["advice"].index("advice at step"):]
     found["figures"] = {d["Name"]: float(m.group(1)) for d in METRIC_DEFINITIONS
                         if d["Name"].startswith("advice:") and (m := re.search(d["Regex"], text))}
+    if found["autoscale"]:
+        text = found["autoscale"][found["autoscale"].index("autoscale at step"):]
+        found["figures"].update({d["Name"]: float(m.group(1)) for d in METRIC_DEFINITIONS
+                                 if d["Name"].startswith("autoscale:") and (m := re.search(d["Regex"], text))})
     return found
 
 
@@ -72,6 +81,8 @@ def run_local(output: Path) -> int:
     if found["step"]:
         print("  " + found["step"])
     print("  " + found["advice"])
+    if found.get("autoscale"):
+        print("  " + found["autoscale"])
     print(json.dumps(found["figures"], indent=2, sort_keys=True))
     return 0
 

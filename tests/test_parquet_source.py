@@ -115,3 +115,13 @@ def test_a_row_group_that_does_not_decode_fails_or_is_skipped_and_is_read_once(t
             with pytest.raises(ParquetReadError, match="row group 1 .* pass pipeline.on_corrupt=skip"):
                 ds[i]
     assert ds.store.requests - before == 1  # the broken row group was read once, its failure kept
+
+
+@pytest.mark.parametrize("on_corrupt", ["fail", "skip"])
+def test_a_row_without_a_label_fails_or_is_skipped(tmp_path, on_corrupt):
+    pq.write_table(pa.table({"image": pa.array([b"a", b"b", b"c"], pa.binary()),
+                             "label": pa.array([0, None, 1], pa.int64())}), tmp_path / "d.parquet")
+    ds = ParquetDataset(str(tmp_path / "d.parquet"), on_corrupt=on_corrupt, cache_dir=str(tmp_path / "c"))
+    assert ds[0] == (b"a", 0) and ds[2] == (b"c", 1)
+    with pytest.raises(SkipSample if on_corrupt == "skip" else ParquetReadError, match="row 1 has no label"):
+        ds[1]

@@ -12,12 +12,13 @@ file open keeps reading it (POSIX unlink semantics), so eviction never breaks a 
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from typing import Callable
 
 from ..errors import ConfigError
-from ..filecache import CacheError, FileCache
+from ..filecache import CacheError, FileCache, flock
 
 __all__ = ["BlockCache", "CacheError", "default_dir"]
 
@@ -70,3 +71,31 @@ class BlockCache:
             raise ConfigError(f"a shuffle block of {size} bytes does not fit cache_bytes={self.max_bytes}; raise "
                               "cache_bytes or lower shuffle_block")
         return self.files.fetch(name, size, fill)
+
+    def made(self, name: str, make: Callable[[], list[bytes]], what: str = "a block") -> int:
+        """A read-only descriptor of entry ``name``, made by ``make()`` (its bytes, in pieces) if absent:
+        for entries whose size is known only once made. ``make`` runs in one process of the node at a
+        time, and never for an entry already here.
+
+        Raises:
+            ConfigError: the entry is larger than the whole cache.
+            CacheError: another process held the entry's lock past the wait.
+        """
+        fd = self.files.open(name)
+        if fd is not None:
+            return fd
+        lock = os.open(self.files.path(name) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            flock(lock, fcntl.LOCK_EX, self.files.wait_s,
+                  lambda: f"{name}: another process of this host has been making it for over "
+                          f"{self.files.wait_s:.0f}s (cache {self.dir})")
+            fd = self.files.open(name)
+            if fd is None:
+                chunks = make()
+                size = sum(len(c) for c in chunks)
+                if size > self.max_bytes or not self.files.put(name, chunks) or (fd := self.files.open(name)) is None:
+                    raise ConfigError(f"{what} of {size} bytes does not fit cache_bytes={self.max_bytes} "
+                                      f"({self.dir}); raise cache_bytes or free disk space there")
+            return fd
+        finally:
+            os.close(lock)

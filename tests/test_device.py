@@ -224,3 +224,52 @@ def test_cuda_feeder_state_is_exact_with_prefetch():
     assert len(rest) == 3
     for a, b in zip(rest, cpu[2:]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+class PinCheckingCuda:
+    """The real CUDA calls (``CudaBackend``), noting whether each copy's source was page-locked."""
+
+    def __init__(self) -> None:
+        from dnn_worker.device_ops import CudaBackend
+
+        self.real = CudaBackend()
+        self.pinned: list[tuple[bool, bool]] = []  # (as received, as copied)
+        self.side = None
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def new_stream(self, device):
+        self.side = self.real.new_stream(device)
+        return self.side
+
+    def pin(self, tensor):
+        out = self.real.pin(tensor)
+        self.pinned.append((tensor.is_pinned(), out.is_pinned()))
+        return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("receive_pinned", [False, True])
+def test_cuda_copies_come_from_pinned_memory_and_equal_the_host_batches(server_factory, receive_pinned):
+    """Copies on the side stream from page-locked memory (the receive buffers themselves with
+    ``pin_memory=True``), ``depth`` batches ahead of a slow step: every batch on the GPU is the
+    one the server sent, byte for byte, though the pooled receive buffers are reused meanwhile."""
+    from dnn_worker.device_ops import StreamOps
+
+    server = server_factory({**OPTS, "size": 200}, num_workers=1)  # 25 batches
+    host = [{k: v.clone() for k, v in b.items()} for b in RemoteDataset([server.address], TOKEN, seed=3)]
+    ds = RemoteDataset([server.address], TOKEN, seed=3, pin_memory=receive_pinned, shared_memory=False)
+    backend = PinCheckingCuda()
+    feeder = DeviceFeeder(ds, "cuda", depth=3, ops=StreamOps(torch.device("cuda"), pin_memory=True, backend=backend))
+    got = []
+    for batch in feeder:
+        assert batch["image"].is_cuda and torch.cuda.current_stream() != backend.side
+        torch.cuda._sleep(5_000_000)  # a slow step on the compute stream: the next copies overlap it
+        got.append({k: v.cpu() for k, v in batch.items()})
+    assert len(got) == len(host) == 25
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(got, host) for k in ("image", "label"))
+    assert backend.pinned and all(copied for _, copied in backend.pinned), "every copy from page-locked memory"
+    if receive_pinned:
+        assert all(received for received, _ in backend.pinned), "pinned receive buffers need no extra copy"

@@ -256,3 +256,25 @@ def test_a_pipeline_with_an_unknown_encoding_fails_the_server_at_start(folder):
         PipelineInfo.of(pipe)
     with pytest.raises(ConfigError, match="unknown wire_encoding='gif'"):
         DataServer(PipelineSpec(TARGET, options(folder, "gif")), TOKEN, ServerOptions(num_workers=1)).start()
+
+
+def test_a_launched_job_decodes_and_names_its_encoding_in_metrics_json(folder, tmp_path):
+    """``--hp pipeline.wire_encoding=jpeg:90``: one trainer rank (batches built in-process) takes the
+    encoded batches through its finish stage and writes the encoding into metrics.json."""
+    import json
+
+    from hetero.ports import free_port
+    from launcher import trainer
+    from launcher.config import LaunchConfig
+
+    cfg = LaunchConfig.from_hyperparameters({
+        "pipeline": TARGET, "pipeline.data_dir": str(folder), "pipeline.batch_size": 4, "pipeline.image_size": 32,
+        "pipeline.wire_encoding": "jpeg:90", "homogeneous": True, "homogeneous_loader": "dataloader",
+        "loader_workers": 0, "evaluate": "", "max_steps": 2, "warmup_steps": 0, "checkpoint": False,
+        "emulate_step_s": 0.001, "master_port": free_port()})
+    job = trainer.TrainJob(cfg=cfg, mode="homogeneous", host="algo-1", dnn_hosts=("algo-1",), node_rank=0, nprocs=1,
+                           master_addr="127.0.0.1", model_dir=str(tmp_path / "model"), output_dir=str(tmp_path / "out"))
+    assert trainer.train(0, job)["status"] == "completed"
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["wire_encoding"] == "jpeg:90" and metrics["pipeline_options"]["wire_encoding"] == "jpeg:90"
+    assert metrics["steps"] == 2

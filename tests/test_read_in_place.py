@@ -192,3 +192,10 @@ def test_tar_images_of_every_accepted_type_decode_and_a_corrupt_one_is_skipped_o
     else:
         with pytest.raises(Exception, match=r"sample 0 of .*does not decode.*on_corrupt=skip"):
             _epoch(options)
+
+
+def test_count_classes_of_tars_indexed_elsewhere_and_of_parquet(data):
+    from data_service.pipelines.sources import count_classes
+
+    assert count_classes(shards=data["wds"]["shards"], index=data["wds"]["index"]) == 4
+    assert count_classes(parquet=data["parquet"]["parquet"]) == 4

@@ -1,4 +1,5 @@
-"""Where the image pipeline's samples come from: an image folder, or ``hetero prepare``'s shards.
+"""Where the image pipeline's samples come from: an image folder, or shards (``hetero prepare``'s, or
+WebDataset tars indexed in place by ``hetero index``), or a Parquet data set read in place.
 
 The folder is torchvision's ``ImageFolder`` layout (and what a SageMaker channel delivers in File
 or FastFile mode)::
@@ -84,12 +85,18 @@ def _some(names: list[str], n: int = 3) -> str:
     return shown + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def count_classes(data_dir: str | None = None, shards: str = "") -> int:
-    """Classes of ``shards`` (from its index), else class folders under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
-    if shards:
+def count_classes(data_dir: str | None = None, shards: str = "", *, index: str = "", parquet: str = "",
+                  image_column: str = "image", label_column: str = "label") -> int:
+    """Classes of ``shards`` (from its index, or from ``index`` when it lives elsewhere), of the
+    ``parquet`` data set, else class folders under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
+    if shards or index:
         from ..shards.indexfile import read_index
 
-        return len(read_index(shards).classes)
+        return len(read_index(index or shards).classes)
+    if parquet:
+        from ..shards.parquet import ParquetDataset
+
+        return len(ParquetDataset(parquet, image_column=image_column, label_column=label_column).classes)
     return len(scan(data_root(data_dir))[0])
 
 
@@ -162,10 +169,12 @@ class ImageFolder:
 
 
 class ShardImages:
-    """Map-style over image shards (``hetero prepare``'s output, a folder or ``s3://``): (uint8 image, label).
+    """Map-style over image shards (a folder or ``s3://``) or Parquet files: (uint8 image, label).
 
     Args:
-        shards: a :class:`data_service.shards.ShardDataset`. on_corrupt, limit, decoded: as :class:`ImageFolder`.
+        shards: a :class:`data_service.shards.ShardDataset` or :class:`data_service.shards.parquet.ParquetDataset`
+            (``(bytes, label)`` by index, ``location``, ``classes``). on_corrupt, limit, decoded: as
+            :class:`ImageFolder`.
     """
 
     def __init__(self, shards, on_corrupt: str = "fail", limit: int = 0, decoded: bool = True) -> None:

@@ -73,3 +73,22 @@ def test_no_template_starts_nothing(tmp_path, caplog):
     actuator = SageMakerActuator(str(tmp_path), client=object())
     assert actuator.scale_out(1, ScaleContext(str(tmp_path), 1, 2)) == []
     assert "run `hetero autoscale JOB`" in caplog.text
+
+
+def test_moto_takes_the_data_only_jobs_rank_0_starts(sagemaker, capsys, tmp_path, monkeypatch):  # noqa: F811
+    from moto import mock_aws
+
+    template = template_of(sagemaker, capsys, "--keep-alive", "300")
+    (tmp_path / "autoscale").mkdir()
+    (tmp_path / TEMPLATE_KEY).write_text(json.dumps(template))
+    monkeypatch.setenv("HETERO_JOB_SECRET", SECRET)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    with mock_aws():
+        client = boto3.client("sagemaker", region_name="us-east-1")
+        names = SageMakerActuator(str(tmp_path), client).scale_out(2, ScaleContext(str(tmp_path), 1, 3))
+        listed = {j["TrainingJobName"] for j in client.list_training_jobs()["TrainingJobSummaries"]}
+        desc = client.describe_training_job(TrainingJobName=names[0])
+    assert set(names) <= listed
+    assert desc["HyperParameters"]["join"] == f"s3://bkt/out/{RUNNING}/registry"
+    assert desc["ResourceConfig"]["InstanceGroups"][0]["InstanceCount"] == 1

@@ -70,6 +70,9 @@ def test_tars_in_s3_indexed_with_each_byte_read_once_then_read_in_place(s3, tmp_
     ds = ShardDataset(f"s3://{BUCKET}/laion", index=f"s3://{BUCKET}/laion-index", block_samples=16,
                       cache_dir=str(tmp_path))
     assert [ds[i] for i in range(len(ds))] == written
+    s3.proxy.reset_counters()  # a pattern: one LIST of its folder, no request per shard beyond its read
+    assert index_tars(f"s3://{BUCKET}/laion", str(tmp_path / "idx"), pattern="a/{000..001}.tar").samples == 60
+    assert s3.proxy.counters()["ranged_gets"] == 2 and s3.proxy.counters()["requests"].get("HEAD", 0) == 0
 
 
 def test_a_parquet_export_in_s3_each_row_group_fetched_once_per_node(s3, tmp_path):

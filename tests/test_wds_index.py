@@ -233,3 +233,14 @@ def test_members_without_an_extension_and_hidden_ones_are_not_samples(tmp_path):
                          ("d/._l.jpg", b"mac"), ("d/l.jpg", b"22"), ("d/l.cls", b"1")])
     assert index_tars(str(src)).samples == 2
     assert [ShardDataset(str(src))[i] for i in range(2)] == [(b"1", 0), (b"22", 1)]
+
+
+def test_a_pattern_is_checked_against_one_listing(tmp_path):
+    src = tmp_path / "src"
+    for k in (0, 1, 3):
+        _tar(src / "p" / f"s-{k}.tar", [("k.jpg", b"%d" % k), ("k.cls", b"0")])
+    store = LocalStore(str(src))
+    with pytest.raises(ConfigError, match=r"1 of the 4 shard\(s\) the pattern 'p/s-\{0..3\}.tar' names are not "
+                                          r"there \(p/s-2.tar\)"):
+        index_tars(store, str(tmp_path / "idx"), pattern="p/s-{0..3}.tar")
+    assert index_tars(store, str(tmp_path / "idx"), pattern="p/s-{0..1}.tar").shards == 2

@@ -69,29 +69,42 @@ class IndexSummary:
 
 def list_shards(store, pattern: str = "") -> list[tuple[str, int]]:
     """``(name, size)`` of the shards: those ``pattern`` names (``{000..099}`` ranges expand), else
-    every ``.tar`` under the prefix, subfolders included, in name order."""
-    if pattern:
-        names = expand(pattern)
-        return [(check_name(n, store.url), store.check(n)) for n in names]
-    return list_objects(store, ".tar")
+    every ``.tar`` under the prefix, subfolders included, in name order. One LIST either way (never
+    a request per shard); ConfigError naming the first shards a pattern names that are not there."""
+    if not pattern:
+        return list_objects(store, ".tar")
+    names = [check_name(n, store.url) for n in expand(pattern)]
+    folders = {n.rpartition("/")[0] for n in names}
+    sizes = {}
+    for folder in sorted(folders):  # the pattern's folders only, not the whole prefix
+        listed = list_objects(store, "", under=folder, empty_ok=True)
+        sizes.update({f"{folder}/{n}" if folder else n: size for n, size in listed})
+    missing = [n for n in names if n not in sizes]
+    if missing:
+        raise ConfigError(f"{store.url}: {len(missing)} of the {len(names)} shard(s) the pattern {pattern!r} names "
+                          f"are not there ({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); check "
+                          "the pattern's range")
+    return [(n, sizes[n]) for n in names]
 
 
-def list_objects(store, suffix: str) -> list[tuple[str, int]]:
-    """``(name, size)`` of every object under the store whose name ends with ``suffix``, subfolders
-    included (hidden ones not), in name order; ConfigError when there is none."""
+def list_objects(store, suffix: str, under: str = "", empty_ok: bool = False) -> list[tuple[str, int]]:
+    """``(name, size)`` of every object under the store (or its folder ``under``) whose name ends with
+    ``suffix``, subfolders included (hidden ones not), names relative to ``under``, in name order;
+    ConfigError when there is none (unless ``empty_ok``)."""
     if isinstance(store, LocalStore):
         found = []
-        for folder, dirs, files in os.walk(store.root, followlinks=True):
+        top = os.path.join(store.root, under) if under else store.root
+        for folder, dirs, files in os.walk(top, followlinks=True):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            rel = os.path.relpath(folder, store.root)
+            rel = os.path.relpath(folder, top)
             for f in files:
                 if f.endswith(suffix) and not f.startswith("."):
                     found.append(((f if rel == "." else f"{rel}/{f}").replace(os.sep, "/"),
                                   os.path.getsize(os.path.join(folder, f))))
         found.sort()
     else:
-        found = [(n, s) for n, s in store.list(suffix) if not n.rsplit("/", 1)[-1].startswith(".")]
-    if not found:
+        found = [(n, s) for n, s in store.list(suffix, under=under) if not n.rsplit("/", 1)[-1].startswith(".")]
+    if not found and not empty_ok:
         raise ConfigError(f"{store.url}: no {suffix} files there" + (
             "; name the shards with a pattern such as shard-{000000..000099}.tar, or check the location"
             if suffix == ".tar" else "; check the location"))

@@ -11,8 +11,10 @@ Sample ``i`` is ``(bytes, label)`` as from :class:`~.dataset.ShardDataset`, and 
 group: the byte ranges of its two column chunks (nothing else of the file), read once per node,
 decoded by pyarrow and kept in the node's cache (:class:`~.cache.BlockCache`, one file per row
 group: offsets, labels, then the images back to back) where every worker process of the node
-reads single samples. Opening reads each file's footer once per node (also kept in the cache):
-what a process holds grows with the number of row groups, never with the number of rows.
+reads single samples. Opening reads each file's footer once per node (also kept in the cache)
+and makes the table of row groups once per node; every other process of the node LISTs the
+location and loads that table: what it holds grows with the number of row groups, never with the
+number of rows.
 
 A shuffle block (``block_samples`` rows) touches the row groups holding its rows: pick
 ``shuffle_block`` as a multiple of the row group size so that blocks and row groups line up and
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import logging
 import os
@@ -101,11 +104,21 @@ class ParquetDataset:
         self._open: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self._prefetcher: ThreadPoolExecutor | None = None
         self._prefetched: set[int] = set()
-        with ThreadPoolExecutor(readers, thread_name_prefix="parquet-footer") as pool:
-            self._table(list(pool.map(self._metadata, range(len(self.files)))))
+        self._meta: collections.OrderedDict[int, object] = collections.OrderedDict()
+        fd = self.cache.made("row-groups.npz", lambda: [self._table(readers)], "the row group table")
+        try:
+            table = np.load(io.BytesIO(os.pread(fd, os.fstat(fd).st_size, 0)))
+        finally:
+            os.close(fd)
+        self.first, self.group_file, self.group_index, self.spans = (
+            table[k] for k in ("first", "group_file", "group_index", "spans"))
+        self.classes = [str(c) for c in json.loads(bytes(table["classes"]))]
 
-    def _table(self, metas: list) -> None:
-        """The row groups of every file as columns: first row, file, index in the file, byte span."""
+    def _table(self, readers: int) -> bytes:
+        """The row groups of every file as columns (first row, file, index in the file, byte span) and
+        the classes: made once per node from the footers, then loaded by every process."""
+        with ThreadPoolExecutor(readers, thread_name_prefix="parquet-footer") as pool:
+            metas = list(pool.map(self._metadata, range(len(self.files))))
         firsts, files, groups, spans, label_max, names = [0], [], [], [], -1, None
         for k, meta in enumerate(metas):
             schema = meta.schema.to_arrow_schema()
@@ -119,21 +132,30 @@ class ParquetDataset:
             names = names or pm.class_names(schema, self.label_column)
         if firsts[-1] == 0:
             raise ConfigError(f"{self.location}: the Parquet files hold no rows")
-        self.first = np.array(firsts, dtype=np.int64)
-        self.group_file = np.array(files, dtype=np.int32)
-        self.group_index = np.array(groups, dtype=np.int32)
-        self.spans = np.array(spans, dtype=np.int64).reshape(-1, 2)
-        self.classes = names or [str(c) for c in range(label_max + 1)]
+        out = io.BytesIO()
+        np.savez(out, first=np.array(firsts, dtype=np.int64), group_file=np.array(files, dtype=np.int32),
+                 group_index=np.array(groups, dtype=np.int32), spans=np.array(spans, dtype=np.int64).reshape(-1, 2),
+                 classes=np.frombuffer(json.dumps(names or [str(c) for c in range(label_max + 1)]).encode(),
+                                       dtype=np.uint8))
+        return out.getvalue()
 
     def _metadata(self, k: int):
-        """File ``k``'s footer, read once per node into the cache, parsed."""
+        """File ``k``'s footer, read once per node into the cache, parsed (the last few kept per process)."""
+        meta = self._meta.get(k)
+        if meta is not None:
+            return meta
         name, size = self.files[k]
         fd = self.cache.made(f"footer-{k:06d}", lambda: [pm.read_footer(self.store, name, size, self._url(k))],
                              "a Parquet footer")
         try:
-            return pm.parse_footer(os.pread(fd, os.fstat(fd).st_size, 0), self._url(k))
+            meta = pm.parse_footer(os.pread(fd, os.fstat(fd).st_size, 0), self._url(k))
         finally:
             os.close(fd)
+        with self._lock:
+            self._meta[k] = meta
+            while len(self._meta) > 4:
+                self._meta.popitem(last=False)
+        return meta
 
     # -- samples
     def __len__(self) -> int:

@@ -99,6 +99,8 @@ def test_long_names_pax_records_and_a_brace_pattern(tmp_path):
     _tar(src / "shard-002.tar", [("x.jpg", b"C"), ("x.cls", b"0")])
     assert expand("shard-{000..001}.tar") == ["shard-000.tar", "shard-001.tar"]
     assert split_source(f"{src}/shard-{{000..001}}.tar") == (str(src), "shard-{000..001}.tar")
+    assert split_source("s3://b/p/one.tar") == ("s3://b/p", "one.tar") and split_source("x.tar") == (".", "x.tar")
+    assert split_source("s3://b/p") == ("s3://b/p", "")
     assert main(["index", f"{src}/shard-{{000..001}}.tar"]) == 0
     ds = ShardDataset(str(src), block_samples=2)
     assert [ds[i] for i in range(len(ds))] == [(b"A" * 700, 2), (b"B" * 10, 1)]

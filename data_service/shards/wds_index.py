@@ -127,10 +127,11 @@ def expand(pattern: str) -> list[str]:
 
 
 def split_source(src: str) -> tuple[str, str]:
-    """``(prefix, pattern)`` of a source given as ``s3://b/p/shard-{000..009}.tar`` (pattern "" without braces)."""
-    if "{" not in src:
+    """``(prefix, pattern)`` of a source given as ``s3://b/p/shard-{000..009}.tar`` or one ``.tar`` (pattern
+    "" for a folder or prefix)."""
+    if "{" not in src and not src.endswith(".tar"):
         return src, ""
-    head, _, _ = src.partition("{")
+    head = src.partition("{")[0] if "{" in src else src
     prefix = head.rsplit("/", 1)[0] if "/" in head else "."
     return prefix, src[len(prefix) + 1:] if prefix != "." else src
 

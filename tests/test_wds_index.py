@@ -150,8 +150,8 @@ def test_damage_is_a_clear_error_or_a_counted_skip(tmp_path, damage, reason):
     summary = index_tars(str(src), str(tmp_path / "i2"), on_corrupt="skip")
     assert reason in summary.skipped and summary.examples
     ds = ShardDataset(str(src), index=str(tmp_path / "i2"))
-    assert all(ds[i][0] == _blob(int(k)) for i, k in enumerate(
-        [k for k in range(6) if damage not in ("truncated", "bad_header") or k < 1]))  # the sample in progress is dropped
+    kept = [k for k in range(6) if damage not in ("truncated", "bad_header") or k < 1]  # in progress: dropped
+    assert len(ds) == len(kept) and all(ds[i][0] == _blob(k) for i, k in enumerate(kept))
 
 
 def test_compressed_tar_and_an_empty_source_are_refused_with_the_fix(tmp_path):
@@ -246,3 +246,11 @@ def test_a_pattern_is_checked_against_one_listing(tmp_path):
                                           r"there \(p/s-2.tar\)"):
         index_tars(store, str(tmp_path / "idx"), pattern="p/s-{0..3}.tar")
     assert index_tars(store, str(tmp_path / "idx"), pattern="p/s-{0..1}.tar").shards == 2
+
+
+def test_a_class_index_outside_the_classes_given_is_a_bad_label():
+    rule = LabelRule("cls", classes=["a", "b"])
+    with pytest.raises(ConfigError, match=r"class index 2 is outside 0..1 \(the classes given\)"):
+        rule.label(b"2", "s")
+    with pytest.raises(ConfigError, match="class index -1 is outside 0 and up"):
+        LabelRule("cls").label(b"-1", "s")

@@ -1,4 +1,4 @@
-"""The image pipeline: JPEG decode, RandomResizedCrop, flip; from an image folder or image shards.
+"""The image pipeline: JPEG decode, RandomResizedCrop, flip; from an image folder, image shards or Parquet files.
 
 Plug-in points used by the launcher (``--hp pipeline=data_service.pipelines.images:build_pipeline``):
 

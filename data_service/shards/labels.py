@@ -57,8 +57,8 @@ class LabelRule:
                               "a class name", "with a bad label")
         if isinstance(value, int):
             if value < 0 or (self.fixed and value >= len(self.classes)):
-                raise SampleError(f"{where}: class index {value} is outside 0..{len(self.classes) - 1 if self.fixed else 'N'}"
-                                  f"{' (the classes given)' if self.fixed else ''}", "with a bad label")
+                span = f"0..{len(self.classes) - 1} (the classes given)" if self.fixed else "0 and up"
+                raise SampleError(f"{where}: class index {value} is outside {span}", "with a bad label")
             if self._ids and not self.fixed:
                 raise ConfigError(f"{where}: class index {value} among class names; pass --classes to say how "
                                   "names and indices correspond")

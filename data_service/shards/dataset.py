@@ -1,4 +1,7 @@
-"""``ShardDataset``: a map-style dataset over ``hetero prepare``'s shards, local or in S3.
+"""``ShardDataset``: a map-style dataset over tar shards, local or in S3.
+
+The shards are ``hetero prepare``'s, or WebDataset tars written elsewhere and indexed in place by
+``hetero index`` (their index may live apart from them: ``index=``).
 
 Sample ``i`` is ``(bytes, label)``: the file's bytes as they were written, and its class index. Any
 pipeline can decode them (the image pipeline's ``shards`` option does).

@@ -179,3 +179,16 @@ def test_hetero_stats_local_shows_the_latest_decision_with_its_figures(tmp_path,
     figures = json.loads(out[out.index("{"):])
     assert (figures["autoscale:target_nodes"], figures["autoscale:node_change"], figures["autoscale:usd_per_hour"]) \
         == (4, 3, 2.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["min=3", "max=2"], "autoscale.max=2 must be >= autoscale.min=3"),
+    (["actuator=ec2"], "autoscale.actuator='ec2' is unknown"),
+    (["max"], "--autoscale 'max' must be KEY=VALUE"),
+])
+def test_hetero_local_autoscale_refuses_bad_settings_before_any_node_starts(tmp_path, capsys, argv, message):
+    from hetero.cli import main
+
+    assert main(["local", "--output", str(tmp_path / "out"), "--quiet", "--autoscale", *argv]) == 2
+    assert message in capsys.readouterr().out
+    assert not (tmp_path / "out" / "logs").exists()

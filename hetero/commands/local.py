@@ -102,13 +102,16 @@ def autoscale_hps(pairs: list[str]) -> dict:
     """``--autoscale KEY=VALUE ...`` as ``autoscale.KEY`` hyperparameters, acting with local processes."""
     from data_service.errors import ConfigError
 
-    hps = {"autoscale.mode": "act", "autoscale.actuator": "local"}
+    from launcher.autoscale.settings import Settings
+
+    options = {"mode": "act", "actuator": "local"}
     for pair in pairs:
         key, eq, value = pair.partition("=")
         if not eq or not key:
             raise ConfigError(f"--autoscale {pair!r} must be KEY=VALUE, e.g. max=6")
-        hps[f"autoscale.{key}"] = value
-    return hps
+        options[key] = value
+    Settings.from_options(options, registry="--registry")  # bad settings fail here, before any node starts
+    return {f"autoscale.{k}": v for k, v in options.items()}
 
 
 def stop_joined(registry, output) -> None:

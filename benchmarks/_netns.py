@@ -174,6 +174,12 @@ class EmulatedLink:
         """Prefix a command with this to run it inside the namespace."""
         return ["ip", "netns", "exec", self.ns]
 
+    def counters(self) -> dict:
+        """The data direction's queueing counters: bytes and packets sent, packets dropped, times
+        the bucket held a packet back (``tc -s qdisc`` on the namespace's end)."""
+        out = _run(in_netns(self.ns, ["tc", "-s", "qdisc", "show", "dev", self.ns_if])).stdout
+        return parse_tbf_counters(out)
+
     def set_rate(self, rate_bps: float) -> None:
         """Shape both ends to ``rate_bps`` from now on."""
         _run(tbf_command(self.ns_if, rate_bps, self.ns, self.latency_ms))
@@ -217,6 +223,13 @@ class EmulatedLink:
 
     def __exit__(self, *exc) -> None:
         self.remove()
+
+
+def parse_tbf_counters(text: str) -> dict:
+    """``sent``, ``packets``, ``dropped``, ``overlimits`` of ``tc -s qdisc show`` output (zeros when absent)."""
+    m = re.search(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)", text)
+    keys = ("sent", "packets", "dropped", "overlimits")
+    return dict(zip(keys, map(int, m.groups()))) if m else dict.fromkeys(keys, 0)
 
 
 def cleanup_commands(owner: int) -> list[list[str]]:

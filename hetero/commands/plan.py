@@ -222,8 +222,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(format_plan(result))
     for enc, ratio, other in wires:
-        print(wire_line(enc.name, enc.bytes_ratio, enc.encode_s, enc.source.split("; ")[-1] if "PSNR" in enc.source
-                        else "lossless", other, result, enc.decode_s))
+        print(wire_line(enc.name, enc.bytes_ratio, enc.encode_s, enc.source.split("; ")[-1], other, result,
+                        enc.decode_s))
     for kv, other_s, other in compared:
         print(compare_line(kv, preprocess_s, result, other_s, other))
     if args.json:

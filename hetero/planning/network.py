@@ -60,15 +60,18 @@ class WireEncoding:
     source: str = ""
 
 
-# First-pass figures measured with the wire encodings (data_service/wire_encoding.py) on 128 crops of
-# benchmarks.photos, 224 px, one core, 2026-11-26; docs/benchmarks.md "Wire encodings" has the final ones.
-_MEASURED = "measured 2026-11-26, 128 photo crops of 224 px, one core (first pass)"
+# Measured with the wire encodings (data_service/wire_encoding.py) by benchmarks/wire.py on 640 crops of 224 px from
+# photo-like JPEGs, one core, 2026-11-26 (docs/benchmarks.md, "Wire encodings"): bytes over uint8's (headers
+# included), data-node CPU added per image, DNN-side CPU decode per image (libjpeg-turbo; a GPU decoder takes little).
+_MEASURED = "benchmarks/wire.py, 640 photo crops of 224 px, one core, 2026-11-26"
+_JPEG_CPU = "; encode/decode CPU as jpeg:90's"
 WIRE_ENCODINGS: dict[str, WireEncoding] = {
     "uint8": WireEncoding("uint8", 1.0, 0.0, 0.0, "the uint8 crop as built"),
-    "up-zstd": WireEncoding("up-zstd", 0.53, 0.00044, 0.00026, _MEASURED),
-    "jpeg:85": WireEncoding("jpeg:85", 0.068, 0.00027, 0.00025, _MEASURED + "; PSNR 38.9 dB"),
-    "jpeg:90": WireEncoding("jpeg:90", 0.085, 0.00027, 0.00025, _MEASURED + "; PSNR 40.4 dB"),
-    "jpeg:95": WireEncoding("jpeg:95", 0.12, 0.00027, 0.00025, _MEASURED + "; PSNR 42.8 dB"),
+    "up-zstd": WireEncoding("up-zstd", 0.536, 0.00041, 0.00025, _MEASURED + "; lossless"),
+    "jpeg:75": WireEncoding("jpeg:75", 0.054, 0.00024, 0.00027, _MEASURED + _JPEG_CPU + "; PSNR 36.7 dB"),
+    "jpeg:85": WireEncoding("jpeg:85", 0.071, 0.00024, 0.00027, _MEASURED + _JPEG_CPU + "; PSNR 38.5 dB"),
+    "jpeg:90": WireEncoding("jpeg:90", 0.088, 0.00024, 0.00027, _MEASURED + "; PSNR 40.05 dB"),
+    "jpeg:95": WireEncoding("jpeg:95", 0.124, 0.00024, 0.00027, _MEASURED + _JPEG_CPU + "; PSNR 42.5 dB"),
 }
 ALIASES = {"jpeg": "jpeg:90"}
 COMPACT = "jpeg:90"  # the compact encoding the planner recommends when the network binds

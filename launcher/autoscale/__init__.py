@@ -2,62 +2,16 @@
 
 ``policy`` (pure: figures in, a decision out), ``settings`` (the ``autoscale.*`` options),
 ``actuators`` (local processes, command hooks), ``sagemaker`` (data-only jobs joining this one),
-``state`` (kept beside the registry), ``controller`` (the advice in, decisions logged and acted on).
+``state`` (kept beside the registry), ``controller`` (the advice in, decisions logged and acted on),
+``for_job`` (rank 0's advisor and autoscaler for a job).
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
 from .actuators import Actuator, CommandActuator, LocalActuator, ScaleContext
 from .controller import Autoscaler
+from .for_job import advice_and_autoscaler, autoscaler_for, make_actuator
 from .policy import Decision, Demand, Limits, State, decide
 from .settings import Settings
-
-
-def make_actuator(settings: Settings, *, pipeline: str, pipeline_options: dict, token: str,
-                  registry: str) -> Actuator:
-    """The actuator ``settings.actuator`` names, for a job of ``pipeline`` with ``registry``."""
-    if settings.actuator == "local":
-        return LocalActuator(pipeline, pipeline_options, token, registry, workers=settings.workers,
-                             ttl_s=settings.ttl_s)
-    if settings.actuator == "command":
-        return CommandActuator(settings.scale_out_cmd, settings.scale_in_cmd, settings.hook_timeout_s)
-    from .sagemaker import SageMakerActuator
-
-    return SageMakerActuator.from_registry(registry)
-
-
-def advice_and_autoscaler(job, rank: int):
-    """Rank 0's ``(LiveAdvisor or None, Autoscaler or None)`` for a ``launcher.trainer.TrainJob``:
-    no advice in ``autoscale.mode=off``, an autoscaler only in ``act`` (and only with advice).
-
-    Raises:
-        ConfigError: see :func:`autoscaler_for`.
-    """
-    from ..advisor import live_advisor
-
-    mode = str((getattr(job.cfg, "autoscale_options", {}) or {}).get("mode", "advise"))
-    advisor = None if mode == "off" else live_advisor(job, rank)
-    if advisor is None or mode != "act":
-        return advisor, None
-    own = {a for h, a in zip(job.server_hosts, job.servers) if h in job.dnn_hosts}
-    return advisor, autoscaler_for(job, [a for a in job.servers if a not in own], advisor.prices)
-
-
-def autoscaler_for(job, fixed_data_nodes: Sequence[str], prices: Mapping[str, float]) -> Autoscaler:
-    """Rank 0's autoscaler for a ``launcher.trainer.TrainJob`` in mode ``act``.
-
-    Raises:
-        ConfigError: bad settings, or the starting data group costs more than the $/h cap.
-    """
-    cfg = job.cfg
-    settings = Settings.from_options(cfg.autoscale_options, registry=cfg.registry)
-    actuator = make_actuator(settings, pipeline=cfg.pipeline, pipeline_options=cfg.pipeline_options,
-                             token=job.token, registry=cfg.registry)
-    scaler = Autoscaler(settings, actuator, cfg.registry, job.token, fixed=fixed_data_nodes)
-    scaler.check_start(len(fixed_data_nodes), prices.get(job.extra.get("data_instance_type", "")))
-    return scaler
-
 
 __all__ = ["Actuator", "Autoscaler", "CommandActuator", "Decision", "Demand", "Limits", "LocalActuator",
            "ScaleContext", "Settings", "State", "advice_and_autoscaler", "autoscaler_for", "decide", "make_actuator"]

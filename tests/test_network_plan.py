@@ -342,3 +342,18 @@ def test_cli_plan_prices_only_encodings_more_compact_than_the_jobs(capsys):
     assert "0.088 of uint8's bytes" in text
     assert hetero_main(MUST_SHOW + ["--wire", "jpeg:85", "--bytes-per-sample", "300000"]) == 1
     assert "with --wire" not in capsys.readouterr().out
+
+
+def test_cli_plan_reads_the_bytes_a_finished_job_measured(tmp_path, capsys):
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps({"wire_encoding": "jpeg:90", "pipeline_options": {"batch_size": 256}, "nodes": [
+        {"role": "dnn", "host": "algo-1"},
+        {"role": "data", "host": "algo-2", "bytes_sent": 13_000 * 256 * 40, "batches_sent": 40}]}))
+    assert hetero_main(MUST_SHOW + ["--metrics", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "13,000 bytes per sample on the wire (wire jpeg:90; measured by the data servers of metrics.json)" in text
+    path.write_text(json.dumps({"nodes": [{"role": "dnn"}]}))
+    assert hetero_main(MUST_SHOW + ["--metrics", str(path)]) == 2
+    assert "no data node with bytes_sent" in capsys.readouterr().out
+    assert hetero_main(MUST_SHOW + ["-o", "image_size=112", "--json", "/dev/null"]) == 0  # 37,632 bytes: 0.77 Gbps
+    assert "37,632 bytes per sample" in capsys.readouterr().out

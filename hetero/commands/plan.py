@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--bytes-per-sample", type=float, default=None,
                    help="bytes one sample takes on the wire, as the data servers measured them (a job's metrics.json: "
                         "bytes_sent / (batches_sent x batch size)); default: --profile's batches, else a uint8 crop")
+    p.add_argument("--metrics", type=Path, default=None,
+                   help="a finished job's metrics.json: bytes per sample from its data nodes' bytes_sent / batches_sent "
+                        "(and its wire encoding)")
     p.add_argument("--crop-size", type=int, default=224,
                    help="side of the uint8 crop assumed when no bytes were measured (default 224: 150,528 bytes)")
     p.add_argument("--wire", default="uint8", help="the job's wire encoding, the one --preprocess-s/--profile and "
@@ -103,17 +106,47 @@ def compare_line(kv: str, preprocess_s: float, result, other_s: float, other) ->
     return line
 
 
+def metrics_bytes(path: Path, batch_size: int | None) -> tuple[float, str]:
+    """(bytes per sample, wire encoding) a finished job's data nodes measured: their ``bytes_sent`` over
+    ``batches_sent`` x the batch size (``batch_size``, else the job's ``pipeline_options``).
+
+    Raises:
+        hetero.planning.network.NetworkError: unreadable file, or no data node that sent a batch.
+    """
+    from hetero.planning.network import NetworkError, bytes_per_image_from_stats
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise NetworkError(f"--metrics {path}: cannot read it ({exc})") from None
+    nodes = [n for n in doc.get("nodes", []) if isinstance(n, dict) and "bytes_sent" in n]
+    batch = batch_size or (doc.get("pipeline_options") or {}).get("batch_size")
+    per_sample = bytes_per_image_from_stats(sum(n["bytes_sent"] for n in nodes),
+                                            sum(n.get("batches_sent", 0) for n in nodes), int(batch or 0))
+    if per_sample is None:
+        raise NetworkError(f"--metrics {path}: no data node with bytes_sent and batches_sent (a heterogeneous job's "
+                           "metrics.json has them under 'nodes'), or no batch size: give --batch-size")
+    return per_sample, str(doc.get("wire_encoding") or "uint8")
+
+
 def network_inputs(args: argparse.Namespace, profiled_bytes: float | None) -> dict:
     """Bytes per sample on the wire (and where they come from), the job's wire encoding and the flow cap.
 
     Raises:
         hetero.planning.network.NetworkError: an unknown encoding or a bad figure (naming it).
     """
+    from hetero.options import parse_kv
     from hetero.planning.network import (PLACEMENT_GROUP_FLOW_GBPS, SINGLE_FLOW_GBPS, NetworkError,
                                          wire_encoding)
 
-    wire = wire_encoding(args.wire)
     flow = PLACEMENT_GROUP_FLOW_GBPS if args.placement_group else SINGLE_FLOW_GBPS
+    if args.metrics is not None and not args.no_network:
+        per_sample, wire_name = metrics_bytes(args.metrics, args.batch_size)
+        if args.wire == "uint8":
+            args.wire = wire_name
+        return {"bytes": per_sample, "wire": wire_encoding(args.wire), "flow_gbps": flow,
+                "source": f"measured by the data servers of {args.metrics.name}"}
+    wire = wire_encoding(args.wire)
     if args.no_network:
         return {"bytes": None, "source": "", "wire": wire, "flow_gbps": flow}
     if args.bytes_per_sample is not None:
@@ -123,11 +156,12 @@ def network_inputs(args: argparse.Namespace, profiled_bytes: float | None) -> di
                 "flow_gbps": flow}
     if profiled_bytes:
         return {"bytes": profiled_bytes, "source": "the profiled batches' tensors", "wire": wire, "flow_gbps": flow}
-    if args.crop_size < 1:
-        raise NetworkError(f"--crop-size={args.crop_size} must be a positive number of pixels")
-    crop = args.crop_size * args.crop_size * 3
+    side = parse_kv(args.option).get("image_size") or args.crop_size  # the image pipeline's crop option
+    if not isinstance(side, int) or side < 1:
+        raise NetworkError(f"crop size {side!r} (--crop-size or -o image_size) must be a positive number of pixels")
+    crop = side * side * 3
     return {"bytes": crop * wire.bytes_ratio, "wire": wire, "flow_gbps": flow,
-            "source": f"assumed: a {args.crop_size}x{args.crop_size}x3 uint8 crop"
+            "source": f"assumed: a {side}x{side}x3 uint8 crop"
                       + (f" x {wire.bytes_ratio:g} for {wire.name}" if wire.name != "uint8" else "")
                       + "; give --bytes-per-sample as measured, or --profile"}
 

@@ -9,7 +9,8 @@ from hetero.cli import main as hetero_main
 from hetero.planning import cost, network
 from hetero.planning.cost import InstancePrice, PriceError, PriceTable, load_prices
 from hetero.planning.network import NetworkError, deliverable, wire_encoding
-from hetero.planning.planner import format_plan, plan
+from hetero.planning.plan_text import format_plan
+from hetero.planning.planner import plan
 
 CROP = network.UINT8_CROP_BYTES
 

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from hetero.planning.cost import InstancePrice, PriceError, PriceTable, load_prices
-from hetero.planning.planner import PlanError, format_plan, plan, predict_step
+from hetero.planning.plan_text import format_plan
+from hetero.planning.planner import PlanError, plan, predict_step
 from hetero.planning.profile import profile_pipeline
 from hetero.cli import main as hetero_main
 

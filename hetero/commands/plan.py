@@ -198,7 +198,8 @@ def run_sizing(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from hetero.planning.cost import PriceError, load_prices
     from hetero.planning.network import COMPACT, wire_encoding
-    from hetero.planning.planner import PlanError, format_plan, network_bound, plan, wire_line
+    from hetero.planning.plan_text import format_plan, network_bound, wire_line
+    from hetero.planning.planner import PlanError, plan
     from data_service.errors import ConfigError
     from hetero.cli import setup_logging
     from hetero.options import parse_kv

@@ -28,7 +28,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .cost import Cluster, PriceError, PriceTable
-from .network import NETWORK_BINDINGS, SINGLE_FLOW_GBPS, deliverable, images_to_gbps
+from .network import SINGLE_FLOW_GBPS, deliverable, images_to_gbps
 
 log = logging.getLogger(__name__)
 
@@ -264,103 +264,4 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
     return Plan(workload, homo, sorted(candidates, key=lambda c: c.usd_per_step), recommended)
 
 
-def _network_line(w: dict) -> str:
-    if w.get("bytes_per_sample") is None:
-        return "Network: not modelled (no bytes per sample given): the plan counts cores only."
-    flow = "not limited" if w["flow_gbps"] is None else f"{w['flow_gbps']:g} Gbps per flow"
-    dnn = ("unknown" if w["dnn_baseline_gbps"] is None else
-           f"{w['dnn_baseline_gbps']:g} Gbps baseline (burst {w['dnn_burst_gbps']:g}, minutes on credits)")
-    return (f"Network: {w['bytes_per_sample']:,.0f} bytes per sample on the wire ("
-            f"{'wire ' + w['wire'] + '; ' if w.get('wire') else ''}{w.get('bytes_source') or 'given'}); "
-            "a step with no data wait needs "
-            f"{w['demand_gbps']:.2f} Gbps into the DNN node(s); each {w['dnn_instance']}: {dnn}; {flow}.")
-
-
-def format_plan(p: Plan) -> str:
-    """The plan as Markdown: inputs, one row per option, the recommendation."""
-    w = p.workload
-    lines = [f"Workload: {w['consumers']} accelerator(s) on {w['dnn_count']} x {w['dnn_instance']}, "
-             f"batch {w['batch_size']}, preprocessing {w['preprocess_s'] * 1000:.1f} ms/batch on one core, "
-             f"GPU step {w['gpu_step_s'] * 1000:.1f} ms with resident data; target data wait "
-             f"<= {w['target_wait']:.0%}; prices {w['prices_region']} as of {w['prices_as_of']}.",
-             _network_line(w), "",
-             "| layout | data cores | pred. step (s) | data wait | binds | Gbps per data node | $/h | $/step | "
-             "$/1000 images | $/epoch | meets target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for o in [p.homogeneous] + p.candidates:
-        epoch = "n/a" if o.usd_per_epoch is None else f"{o.usd_per_epoch:.4f}"
-        gbps = "-" if o.gbps_per_data_node is None else f"{o.gbps_per_data_node:.2f}"
-        mark = " (recommended)" if o is p.recommended else ""
-        lines.append(f"| {o.label}{mark} | {o.cores:g} | {o.step_s:.4f} | {o.data_wait_fraction:.1%} | {o.binding} | "
-                     f"{gbps} | {o.usd_per_hour:.3f} | {o.usd_per_step:.6f} | {o.usd_per_1000_images:.6f} | {epoch} | "
-                     f"{'yes' if o.meets_target else 'no'} |")
-    lines.append("")
-    if p.recommended is None:
-        head = f"No data group of at most {w['max_count']} instances keeps data wait under {w['target_wait']:.0%}"
-        best = min(p.candidates, key=lambda c: c.step_s, default=None)
-        if best is not None and best.binding in NETWORK_BINDINGS:
-            lines.append(f"{head}: the network binds, {_binding_words(best.binding, w)}. Send fewer bytes per sample "
-                         "(a compact --wire encoding), or choose instances with more bandwidth (network-optimised "
-                         "types such as c5n, a larger DNN instance, a cluster placement group for the flow cap).")
-        else:
-            lines.append(f"{head}; raise --max-count, relax --target-wait or make preprocessing cheaper.")
-        if p.homogeneous.meets_target:
-            lines.append(f"The GPU instance(s) alone keep data wait under {w['target_wait']:.0%} "
-                         f"({p.homogeneous.step_s:.4f} s/step, ${p.homogeneous.usd_per_step:.6f}/step): their own vCPUs "
-                         "build the batches and nothing crosses a NIC, so no data group is needed.")
-    else:
-        r, h = p.recommended, p.homogeneous
-        if h.meets_target and h.usd_per_step <= r.usd_per_step:
-            lines.append(f"The GPU instance(s) alone already keep data wait under {w['target_wait']:.0%} and cost "
-                         "less per step: a data group does not pay for this workload.")
-        lines.append(f"Recommended: {r.data_count} x {r.data_instance} beside {w['dnn_count']} x "
-                     f"{w['dnn_instance']}: predicted {r.step_s:.4f} s/step ({r.data_wait_fraction:.1%} data wait, "
-                     f"bound by {r.binding}), ${r.usd_per_step:.6f}/step, ${r.usd_per_1000_images:.6f}/1000 images; "
-                     f"homogeneous {h.step_s:.4f} s/step, ${h.usd_per_step:.6f}/step "
-                     f"(cost ratio homogeneous/recommended {h.usd_per_step / r.usd_per_step:.2f}).")
-    return "\n".join(lines)
-
-
-def _binding_words(binding: str, w: dict) -> str:
-    if binding == "DNN NIC":
-        return (f"the {w['dnn_instance']} NIC ({w['dnn_baseline_gbps']:g} Gbps baseline) carries less than the "
-                f"{w['demand_gbps']:.2f} Gbps the GPUs take")
-    if binding == "flow":
-        return f"one flow per rank and data node carries at most {w['flow_gbps']:g} Gbps"
-    return "the data nodes' NIC baselines carry less than their cores build"
-
-
-def network_bound(p: Plan) -> bool:
-    """True when the network sets the recommended layout's step, or keeps every layout from the target."""
-    if p.recommended is not None:
-        return p.recommended.binding in NETWORK_BINDINGS
-    return any(c.binding in NETWORK_BINDINGS for c in p.candidates)
-
-
-def wire_line(name: str, ratio: float, encode_s: float, note: str, other: Plan, current: Plan,
-              decode_s: float = 0.0) -> str:
-    """One line: what the plan becomes with the wire encoding ``name`` instead.
-
-    Args:
-        ratio: its bytes over uint8's. encode_s / decode_s: data-node / DNN-node CPU seconds per sample.
-        note: what to say of its quality. other: the plan with it. current: the plan as given.
-    """
-    r, now = other.recommended, current.recommended
-    w = other.workload
-    dnn_cores = decode_s * w["consumers"] * w["batch_size"] / (r.step_s if r else w["gpu_step_s"])
-    head = (f"with --wire {name} ({ratio:.3f} of uint8's bytes, +{encode_s * 1000:.2f} ms data-node CPU per sample"
-            f"{'; ' + note if note else ''}; decoding takes ~{dnn_cores:.1f} DNN-node cores on the CPU, "
-            "little with a GPU decoder): ")
-    if r is None:
-        best = min(other.candidates, key=lambda c: c.step_s, default=None)
-        return head + ("still no data group meets the target" +
-                       (f" (best {best.label}, {best.step_s:.4f} s/step, bound by {best.binding})" if best else ""))
-    line = (head + f"{r.data_count} x {r.data_instance}, predicted {r.step_s:.4f} s/step, bound by {r.binding}, "
-            f"${r.usd_per_1000_images:.6f}/1000 images")
-    if now is not None:
-        line += f" (as given: ${now.usd_per_1000_images:.6f})"
-    return line
-
-
-__all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "format_plan", "network_bound", "plan",
-           "predict_network_step", "predict_step", "wire_line"]
+__all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "plan", "predict_network_step", "predict_step"]

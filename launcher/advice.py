@@ -280,8 +280,9 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
 
 def _binding(figures: LiveFigures, node_net: dict[str, float], dnn_net: float | None, remote: float,
              node_cap: float | None, change: int | None) -> tuple[str, str]:
-    """The resource that bounds what the data nodes deliver, and what helps when it is the network."""
-    if node_cap is None:
+    """The resource that bounds what the data nodes deliver, and what helps when it is the network ("" : no
+    network figure given, so what binds cannot be told: a throttled NIC looks like idle cores)."""
+    if node_cap is None or (not node_net and dnn_net is None):
         return "", ""
     after = remote + (change or 0) * node_cap
     if dnn_net is not None and after >= dnn_net * (1 - 1e-9):

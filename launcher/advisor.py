@@ -297,10 +297,12 @@ def live_advisor(job, rank: int) -> LiveAdvisor | None:
     def servers() -> list[tuple[str, bool]]:
         return fixed
 
+    network = dict(getattr(cfg, "advice_network", {}) or {})
+    # the flow cap is an EC2 figure: a job given no NIC figures (hetero local, loopback) is not held to it
+    flow = float(getattr(cfg, "advice_flow_gbps", 0.0) or 0.0) if network else 0.0
     return LiveAdvisor(servers, job.token, job.world_size, every, cfg.warmup_steps,
                        data_instance=job.extra.get("data_instance_type", ""),
                        dnn_instance=job.extra.get("dnn_instance_type", ""), dnn_count=len(job.dnn_hosts),
                        prices=dict(getattr(cfg, "advice_prices", {}) or {}),
                        registry=str(getattr(cfg, "registry", "") or ""),
-                       network=dict(getattr(cfg, "advice_network", {}) or {}),
-                       flow_gbps=float(getattr(cfg, "advice_flow_gbps", 0.0) or 0.0) or None)
+                       network=network, flow_gbps=flow or None)

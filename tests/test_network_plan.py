@@ -240,7 +240,7 @@ def _live(servers, bytes_per_batch, data_nic=None, dnn_nic=None, flow=None, rank
 # One batch of 100 x 125,000 bytes is 0.1 Gb: 1 Gbps carries 10 batches/s. Compute 0.1 s: the rank takes 10/s,
 # 11 with the advice's 10 % headroom. Each data node's cores could make 20 batches/s (2 built at 10 % busy).
 @pytest.mark.parametrize("case, nic, dnn, flow, change, binding", [
-    ("cores", None, None, None, 0, "cores"),              # 20/s a node: one covers 11/s
+    ("cores", 10.0, None, None, 0, "cores"),              # 20/s a node (100/s through its NIC): one covers 11/s
     ("data NIC", 0.25, None, None, 4, "data NIC"),          # 2.5/s a node: 5 nodes for 11/s
     ("flow", None, None, 0.5, 2, "flow"),                   # one rank's flow 5/s a node: 3 nodes
     ("DNN NIC", 0.25, 0.5, None, 1, "DNN NIC"),             # the DNN takes 5/s: 2 nodes reach it, more do not help
@@ -262,9 +262,12 @@ def test_live_advice_names_the_binding_resource(case, nic, dnn, flow, change, bi
 
 def test_live_advice_without_network_figures_is_unchanged():
     from launcher.advice import ServerFigures, advise
+    from launcher.logmetrics import advice_line
 
     a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], None, 0.25, 0.5, 0.5))
-    assert a.change == 0 and a.bytes_per_sample is None
+    assert a.change == 0 and a.bytes_per_sample is None and a.binding == ""
+    a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], 12_500_000))  # bytes, no NIC figure
+    assert a.change == 0 and a.binding == "" and "bound by" not in advice_line(40, a.to_dict())
 
 
 def test_advisor_measures_bytes_per_batch_between_snapshots_of_data_nodes_only():

@@ -252,11 +252,8 @@ def _decode(name: str, payload: torch.Tensor, header: torch.Tensor, device, expe
         images = jpeg_decode_cpu(parts)
     if any(tuple(im.shape) != (c, h, w) for im in images):
         raise ProtocolError(f"tensor {name!r}: JPEGs decoded to shapes other than {[c, h, w]}")
-    pixels = [im.permute(1, 2, 0) for im in images]
-    if all(p.is_contiguous() for p in pixels):
-        # libjpeg writes pixels interleaved: stack them as they are and hand on a channels-last
-        # [B, C, H, W] view; re-laying them out on the CPU would cost a third of the decode
-        return torch.stack(pixels).permute(0, 3, 1, 2)
+    # contiguous [B, C, H, W] as the uint8 batch would be (libjpeg's pixels are interleaved: the
+    # stack re-lays them out), so a model that flattens or views the batch sees no difference
     return torch.stack(images)
 
 

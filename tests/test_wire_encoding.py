@@ -99,6 +99,7 @@ def test_jpeg_round_trips_within_its_psnr_at_a_quarter_of_the_bytes(channels):
     assert wire_bytes(enc) <= wire_bytes(batch) / (4 if channels == 3 else 3)  # JPEG headers weigh on small ones
     back = we.decode_batch(enc, None, we.parse("jpeg:90"))
     assert back["image"].shape == images.shape and back["image"].dtype == torch.uint8
+    assert back["image"].is_contiguous()  # laid out as the uint8 batch: a model may view or flatten it
     assert psnr(back["image"], images) >= 38.0
     lower = we.decode_batch(we.encode_batch(batch, we.parse("jpeg:30")), None)["image"]
     assert psnr(lower, images) < psnr(back["image"], images)  # the quality is applied

@@ -6,7 +6,7 @@
 It trains torchvision's ResNet-50 (random initialisation: nothing is downloaded; channels_last,
 bf16 autocast on CUDA, SGD) for ``--steps`` measured steps after ``--warmup`` steps, on the same
 folder of photo-like JPEGs (:mod:`benchmarks.photos`: ImageNet's size mix; 224 px random crops,
-flipped at random), from each feed (:mod:`benchmarks._gpu_feeds`):
+flipped at random), from each feed (:mod:`benchmarks._gpu_feeds`, :mod:`benchmarks._gpu_decode`):
 
 1. ``resident``: synthetic batches already on the GPU: the limit;
 2. ``servers``: our data server on ``k`` of the machine's cores (one worker each), the trainer
@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from . import _gpu_decode as peers
 from . import _gpu_feeds as feeds
 
 WITHIN = 0.05  # "reaches the limit": images/s within 5 % of the resident feed's
@@ -231,16 +232,16 @@ def main(argv: list[str] | None = None) -> int:
         with feeds.pinned(trainer_cores):  # threads the trainer starts now stay off the data cores
             if not on_gpu:
                 torch.set_num_threads(len(trainer_cores))
-            if name == "dali" and (why := feeds.dali_available()):
+            if name == "dali" and (why := peers.dali_available()):
                 return {"feed": name, "k": k, "skipped": why}
             make = {"resident": lambda: feeds.resident(dev, batch, args.image_size),
                     "servers": lambda: feeds.servers(dev, args.images_dir, count, batch, args.image_size, data_cores,
                                                      epochs, args.shared_memory),
                     "local": lambda: feeds.local(dev, args.images_dir, count, batch, args.image_size, data_cores,
                                                  epochs),
-                    "gpu-decode": lambda: feeds.gpu_decode(dev, args.images_dir, count, batch, args.image_size,
+                    "gpu-decode": lambda: peers.gpu_decode(dev, args.images_dir, count, batch, args.image_size,
                                                            data_cores),
-                    "dali": lambda: feeds.dali(dev, args.images_dir, count, batch, args.image_size, data_cores)}
+                    "dali": lambda: peers.dali(dev, args.images_dir, count, batch, args.image_size, data_cores)}
             t0 = time.monotonic()
             feed = make[name]()
             try:

@@ -111,7 +111,8 @@ def test_one_rank_trains_over_the_chosen_backend(tmp_path, monkeypatch, backend,
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(synth_data(tmp_path / "data", 64, 0)))
     wrapped = []
     real_ddp = torch.nn.parallel.DistributedDataParallel
-    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda *a, **k: wrapped.append(1) or real_ddp(*a, **k))
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel",
+                        lambda *a, **k: wrapped.append(1) or real_ddp(*a, **k))
     summary = trainer.train(0, one_rank_job(tmp_path, backend))
     assert summary["status"] == "completed" and summary["steps"] == 3
     assert read_json(tmp_path / "out" / "metrics.json")["ddp_backend"] == expected

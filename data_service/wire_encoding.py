@@ -246,10 +246,10 @@ def _decode(name: str, payload: torch.Tensor, header: torch.Tensor, device, expe
         dims = jpeg_dims(part)
         if dims != (h, w, c):
             raise ProtocolError(f"tensor {name!r}: JPEG {i} is {dims} (height, width, channels), header says {(h, w, c)}")
-    if device is not None and device.type == "cuda":
-        images = cuda_decode(parts, device)
-    else:
-        images = jpeg_decode_cpu(parts)
+    try:
+        images = cuda_decode(parts, device) if device is not None and device.type == "cuda" else jpeg_decode_cpu(parts)
+    except RuntimeError as exc:  # corrupt entropy-coded data behind a valid header
+        raise ProtocolError(f"tensor {name!r}: its JPEGs do not decode: {exc}") from None
     if any(tuple(im.shape) != (c, h, w) for im in images):
         raise ProtocolError(f"tensor {name!r}: JPEGs decoded to shapes other than {[c, h, w]}")
     # contiguous [B, C, H, W] as the uint8 batch would be (libjpeg's pixels are interleaved: the
@@ -259,7 +259,8 @@ def _decode(name: str, payload: torch.Tensor, header: torch.Tensor, device, expe
 
 def _read_header(name: str, payload: torch.Tensor, header: torch.Tensor):
     if (header.dtype != torch.int64 or header.dim() != 1 or header.numel() < _HEADER
-            or payload.dtype != torch.uint8 or payload.dim() != 1):
+            or header.numel() > _HEADER + max(1, payload.numel()) or payload.dtype != torch.uint8
+            or payload.dim() != 1):
         raise ProtocolError(f"tensor {name!r}: malformed wire header {list(header.shape)} {header.dtype} or payload "
                             f"{list(payload.shape)} {payload.dtype}")
     values = header.tolist()

@@ -3,6 +3,7 @@ the same bits, bad names and hostile headers are clear errors, a missing decoder
 import math
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,6 +137,20 @@ def tampered(encoding: str, **changes):
 def test_hostile_headers_are_protocol_errors(encoding, changes, message):
     with pytest.raises(ProtocolError, match=message):
         we.decode_batch(tampered(encoding, **changes), "cpu")
+
+
+def test_corrupt_jpeg_bytes_behind_a_valid_header_are_protocol_errors():
+    enc = we.encode_batch({"image": smooth_images(2, 3, 16, 16)}, we.parse("jpeg:90"))
+    size = enc["image.wire"].tolist()[7]
+    broken = enc["image"].clone()
+    first = broken[:size].numpy()
+    at = np.flatnonzero((first[:-1] == 0xFF) & (first[1:] == 0xDA))[0]
+    first[at + 1] = 0xFE  # the start of scan becomes a comment: a header, then no image
+    with pytest.raises(ProtocolError, match="tensor 'image': its JPEGs do not decode"):
+        we.decode_batch({"image": broken, "image.wire": enc["image.wire"]}, "cpu")
+    too_long = torch.cat([enc["image.wire"], torch.zeros(1000, dtype=torch.int64)])
+    with pytest.raises(ProtocolError, match="malformed wire header"):
+        we.decode_batch({"image": enc["image"][:10], "image.wire": too_long}, "cpu")
 
 
 def test_an_encoding_other_than_announced_is_refused():

@@ -75,7 +75,12 @@ class GpuDecode:
                             return
         except BaseException as exc:  # shown to the trainer at its next batch
             self.error = exc
-            self.queue.put(None)
+            while not self.stop.is_set():
+                try:
+                    self.queue.put(None, timeout=0.1)
+                    return
+                except queue.Full:
+                    pass
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
@@ -138,6 +143,5 @@ def dali(dev: Device, folder: str, images: int, batch: int, size: int, data_core
         while True:
             for out in it:
                 yield channels_last(out[0]["image"]), out[0]["label"].view(-1).long()
-    return Feed("dali", batches(), lambda: 0.0, in_trainer=True,
-                notes={"decoder": "DALI decoders.image_random_crop(device='mixed')",
-                       "data_cpu": "in the trainer process (DALI threads): see trainer CPU"})
+    return Feed("dali", batches(), None, in_trainer=True,  # DALI's threads: counted in the trainer's CPU
+                notes={"decoder": "DALI decoders.image_random_crop(device='mixed')"})

@@ -71,7 +71,11 @@ class Device:
         """One call decodes the batch: batched nvJPEG on CUDA, torchvision's CPU decoder on CPU."""
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        return decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device if self.cuda else "cpu")
+        device = self.device if self.cuda else "cpu"
+        try:
+            return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
+        except TypeError:  # torchvision before 0.19 decodes one image per call
+            return [decode_jpeg(d, mode=ImageReadMode.RGB, device=device) for d in datas]
 
     def hand_over(self, tensors: list[torch.Tensor]) -> Any:
         """Mark tensors made on a side stream as ready; returns what ``take`` waits on."""
@@ -96,7 +100,7 @@ class Feed:
 
     name: str
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
-    data_cpu: Callable[[], float]
+    data_cpu: Callable[[], float] | None   # None: not measurable apart from the trainer's
     in_trainer: bool = False              # the data side runs in the trainer process (a thread)
     close: Callable[[], None] = lambda: None
     notes: dict = field(default_factory=dict)

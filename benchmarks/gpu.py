@@ -85,7 +85,8 @@ def measure(feed: feeds.Feed, trainer: Trainer, dev: feeds.Device, steps: int, w
     for _ in range(warmup):
         trainer.step(*next(it))
     dev.synchronize()
-    data0, proc0 = feed.data_cpu(), time.process_time()  # process_time: every thread of the trainer process
+    data_clock = feed.data_cpu or (lambda: 0.0)
+    data0, proc0 = data_clock(), time.process_time()  # process_time: every thread of the trainer process
     pairs, util, wait = [], [], 0.0
     start = time.perf_counter()
     for i in range(steps):
@@ -100,7 +101,7 @@ def measure(feed: feeds.Feed, trainer: Trainer, dev: feeds.Device, steps: int, w
             util.append(u)
     dev.synchronize()
     wall = time.perf_counter() - start
-    data_cpu, proc_cpu = feed.data_cpu() - data0, time.process_time() - proc0
+    data_cpu, proc_cpu = data_clock() - data0, time.process_time() - proc0
     n = steps * batch
     busy = dev.busy_s(pairs)
     loss = trainer.loss.float().item() if trainer.loss is not None else float("nan")
@@ -108,7 +109,7 @@ def measure(feed: feeds.Feed, trainer: Trainer, dev: feeds.Device, steps: int, w
             "data_wait_ms": wait / steps * 1000, "data_wait_share": wait / wall,
             "gpu_busy_share": busy / wall if busy is not None else None,
             "nvml_utilization": statistics.mean(util) if util else None,
-            "data_cpu_ms_per_image": data_cpu / n * 1000,
+            "data_cpu_ms_per_image": data_cpu / n * 1000 if feed.data_cpu else None,
             "trainer_cpu_ms_per_image": (proc_cpu - (data_cpu if feed.in_trainer else 0.0)) / n * 1000,
             "loss": loss, "steps": steps, "wall_s": wall, **feed.notes}
 
@@ -162,7 +163,7 @@ def print_table(results: list[dict], limit: float) -> None:
             continue
         print(f"| {r['feed']} | {r.get('k') or '-'} | {r['images_per_s']:.0f} | {r['images_per_s'] / limit:.2f} | "
               f"{r['step_ms']:.1f} | {r['data_wait_ms']:.1f} | {_fmt(r['gpu_busy_share'], '.0%')} | "
-              f"{_fmt(r['nvml_utilization'], '.0f')} | {r['data_cpu_ms_per_image']:.2f} | "
+              f"{_fmt(r['nvml_utilization'], '.0f')} | {_fmt(r['data_cpu_ms_per_image'], '.2f')} | "
               f"{r['trainer_cpu_ms_per_image']:.2f} |")
 
 

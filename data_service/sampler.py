@@ -152,27 +152,20 @@ class _BlockOrder:
         self.per_block = cfg.block_samples // cfg.batch_size
         self.last_full = (cfg.num_samples - self.last * cfg.block_samples) // cfg.batch_size
         self.groups = -(-cfg.num_blocks // self.group)
-        self.special = int(np.flatnonzero(self.blocks == self.last)[0]) // self.group  # the last block's group
-        self.rows = self._before(self.groups)
-        self.num_batches = cfg.num_batches
-
-    def _before(self, g: int) -> int:
-        """Batches in groups 0..g-1."""
-        rows = self.per_block * min(g * self.group, len(self.blocks))
-        return rows + (self.last_full - self.per_block if g > self.special else 0)
+        special = int(np.flatnonzero(self.blocks == self.last)[0]) // self.group  # the last block's group
+        g = np.arange(self.groups + 1, dtype=np.int64)
+        # batches before group g: per_block for each block, less what the last block lacks
+        self.starts = self.per_block * np.minimum(g * self.group, len(self.blocks)) + \
+            np.where(g > special, self.last_full - self.per_block, 0)
+        self.special = special
+        self.rows = int(self.starts[-1])
 
     def __getitem__(self, index: int) -> tuple[int, int]:
         if index >= self.rows:  # the partial batch, kept: last in the epoch
             return self.last, self.last_full
-        lo, hi = 0, self.groups - 1  # the group g with _before(g) <= index < _before(g + 1)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._before(mid) <= index:
-                lo = mid
-            else:
-                hi = mid - 1
+        lo = int(np.searchsorted(self.starts, index, side="right")) - 1
         members = self.blocks[lo * self.group:(lo + 1) * self.group]
-        r = index - self._before(lo)
+        r = index - int(self.starts[lo])
         if lo != self.special:
             return int(members[r % len(members)]), r // len(members)
         counts = [self.last_full if b == self.last else self.per_block for b in members]

@@ -79,7 +79,9 @@ class Scheduler:
         self.failovers = 0
         self._hedged: set[Key] = set()  # asked of two servers, neither copy here yet
         self._spare: set[Key] = set()   # came from one server, a copy still owed by another
-        self._openers = self._find_openers() if affinity is not None else []
+        self._openers: list[int] = []  # found as the hints move on (_find_openers), not all at start
+        self._scanned = 0
+        self._seen_blocks: set[tuple[int, int]] = set()
         self._next_opener = 0
 
     # -- servers
@@ -248,21 +250,23 @@ class Scheduler:
         self.todo.extendleft(reversed(rest))
         return idle
 
-    def _find_openers(self) -> list[int]:
-        """Positions of the first batch of each block in the list (what ``_hint`` announces)."""
-        seen: set[tuple[int, int]] = set()
-        openers = []
-        for i, ref in enumerate(self.refs):
+    def _find_openers(self, end: int) -> None:
+        """Positions of the first batch of each block in the list (what ``_hint`` announces), up to
+        position ``end``: an epoch of millions of batches is scanned as the consumer reaches it."""
+        end = min(end, len(self.refs))
+        while self._scanned < end:
+            ref = self.refs[self._scanned]
             block = (ref.epoch, self.affinity.block(ref))
-            if block not in seen:
-                seen.add(block)
-                openers.append(i)
-        return openers
+            if block not in self._seen_blocks:
+                self._seen_blocks.add(block)
+                self._openers.append(self._scanned)
+            self._scanned += 1
 
     def _hint(self, orders: Orders, limit: int, owners: tuple[str, ...], weights: tuple[float, ...]) -> None:
         """Tell each owner of its blocks that start within ``hint_ahead`` places beyond the bound,
         so its data arrives before the block's first batch is asked for."""
         horizon = limit + self.affinity.hint_ahead
+        self._find_openers(horizon)
         while self._next_opener < len(self._openers) and self._openers[self._next_opener] < horizon:
             i = self._openers[self._next_opener]
             self._next_opener += 1

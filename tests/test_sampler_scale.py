@@ -54,3 +54,18 @@ def test_a_batch_of_a_100_million_sample_plan_costs_no_table_of_batches():
     assert len(last) == 100_000_000 % 32 or len(last) == 32
     assert 0 <= some < cfg.num_blocks
     assert peak < 4 * cfg.num_blocks * 8 + (1 << 20), peak  # the block order (8 bytes a block), not 3 M batches
+
+
+def test_a_consumer_s_scheduler_finds_block_openers_as_it_goes_not_for_the_whole_epoch_at_start():
+    from data_service.wire import pb
+    from dnn_worker.affinity import Affinity
+    from dnn_worker.scheduler import Scheduler
+
+    aff = Affinity(pb.DatasetInfo(num_samples=1 << 20, batch_size=8, drop_last=True, shuffle=True,
+                                  block_samples=64, interleave=2, fingerprint="fp"))
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range((1 << 20) // 8)]
+    sched = Scheduler(refs, affinity=aff)
+    assert len(aff._blocks) == 0  # no block looked up for any of the epoch's 131072 batches yet
+    sched.lane("a:1", 4)
+    orders = sched.plan(0, ["a:1"], ("a:1",), 0.0)
+    assert orders.fetch["a:1"] and len(aff._blocks) < 1000

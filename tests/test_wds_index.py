@@ -254,3 +254,35 @@ def test_a_class_index_outside_the_classes_given_is_a_bad_label():
         rule.label(b"2", "s")
     with pytest.raises(ConfigError, match="class index -1 is outside 0 and up"):
         LabelRule("cls").label(b"-1", "s")
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "posix", "ustar"])
+def test_tars_written_by_gnu_tar_in_each_format(tmp_path, fmt):
+    import shutil
+    import subprocess
+
+    if not shutil.which("tar"):
+        pytest.skip("no tar command")
+    files = tmp_path / "files"
+    (files / "dir").mkdir(parents=True)
+    for k in range(3):
+        (files / "dir" / f"{k:04d}.png").write_bytes(_blob(k))
+        (files / "dir" / f"{k:04d}.cls").write_text(str(k))
+    (tmp_path / "src").mkdir()
+    subprocess.run(["tar", f"--format={fmt}", "-cf", str(tmp_path / "src" / "a.tar"), "-C", str(files), "dir"],
+                   check=True)
+    index_tars(str(tmp_path / "src"))
+    ds = ShardDataset(str(tmp_path / "src"))
+    assert sorted(ds[i] for i in range(len(ds))) == [(_blob(k), k) for k in range(3)]
+
+
+def test_members_of_a_sample_apart_and_a_key_repeated(tmp_path):
+    src = tmp_path / "src"
+    _tar(src / "a.tar", [("b.cls", b"1"), ("a.jpg", b"A"), ("c.jpg", b"C"), ("b.jpg", b"B"), ("a.cls", b"0"),
+                         ("c.cls", b"2"), ("d.jpg", b"D1"), ("d.cls", b"0"), ("d.jpg", b"D2")])
+    with pytest.raises(ConfigError, match="sample 'd' has more than one .jpg member"):
+        index_tars(str(src), str(tmp_path / "i1"))
+    summary = index_tars(str(src), str(tmp_path / "i2"), on_corrupt="skip")
+    assert summary.skipped == {"with repeated members": 1}
+    ds = ShardDataset(str(src), index=str(tmp_path / "i2"))
+    assert [ds[i] for i in range(len(ds))] == [(b"A", 0), (b"C", 2), (b"B", 1)]  # in the images' order

@@ -1,8 +1,10 @@
 """An index for WebDataset tar shards written by any tool, so they are read in place (``hetero index``).
 
-A sample is the run of consecutive members sharing a key, the WebDataset convention: the key is
-a member's path up to the first dot of its last component (``a/b/0001.seg.jpg`` has key
-``a/b/0001`` and extension ``seg.jpg``). Of each sample the index records the image member
+A sample is the members sharing a key, the WebDataset convention (adjacent there; here they need
+not be, as in a ``tar cf`` without ``--sort=name``): the key is a member's path up to the first
+dot of its last component (``a/b/0001.seg.jpg`` has key ``a/b/0001`` and extension ``seg.jpg``).
+Samples are numbered shard after shard, in the order of their images in each. Of each sample the
+index records the image member
 (``.jpg``, ``.jpeg``, ``.png`` or ``.webp``; the first of ``image_exts`` present) by where its data
 lies in the shard, and a label read by a :class:`LabelRule`:
 
@@ -148,35 +150,43 @@ class _Shard:
         self.examples: list[str] = []
 
     def walk(self, store) -> "_Shard":
+        """Read the shard once; its samples in the order of their images in it."""
         reader = ForwardReader(store, self.name, self.size)
-        key, parts = None, {}
+        keys: dict[str, dict] = {}  # a sample's members need not be adjacent (``tar cf`` without --sort)
+        repeated: dict[str, str] = {}  # key -> an extension met twice
+        last = None
         try:
             for m in members(reader, self._wanted, self.where):
                 k, ext = _key(m.name)
                 if not ext or k.rpartition("/")[2].startswith("."):
                     continue  # no extension (a README) or hidden (macOS's ._ files): not part of a sample
-                if k != key:
-                    self._sample(key, parts)
-                    key, parts = k, {}
-                parts[ext.lower()] = m
-            self._sample(key, parts)
+                parts, ext = keys.setdefault(k, {}), ext.lower()
+                if ext in parts:
+                    repeated[k] = ext
+                parts[ext] = m
+                last = k
         except TarError as exc:
             if self.on_corrupt != "skip":
                 raise ConfigError(f"{exc}; replace the shard, leave it out with a pattern, or pass --on-corrupt "
                                   "skip to index the samples before the damage") from None
-            self._skip("damaged shard(s)", str(exc))  # the sample in progress is dropped with the rest
+            self._skip("damaged shard(s)", str(exc))
+            keys.pop(last, None)  # the sample the damage cut may lack members
+        for k, parts in keys.items():
+            self._sample(k, parts, repeated.get(k, ""))
+        self.samples.sort(key=lambda sample: sample[0])  # offsets rise within a shard: blocks are byte ranges
         return self
 
     def _wanted(self, name: str) -> bool:
         return _key(name)[1].lower() == ("json" if self.rule.path else self.rule.ext)
 
-    def _sample(self, key: str | None, parts: dict) -> None:
-        if key is None:
-            return
+    def _sample(self, key: str, parts: dict, repeated: str) -> None:
         where = f"{self.where} sample {key!r}"
         image = next((parts[e] for e in self.image_exts if e in parts), None)
         label = parts.get("json" if self.rule.path else self.rule.ext)
         try:
+            if repeated:
+                raise SampleError(f"{where} has more than one .{repeated} member (two samples with one key?)",
+                                  "with repeated members")
             if image is None:
                 others = sorted(e for e in parts if e.rsplit(".", 1)[-1] in OTHER_IMAGES)
                 if others:

@@ -125,3 +125,15 @@ def test_a_row_without_a_label_fails_or_is_skipped(tmp_path, on_corrupt):
     assert ds[0] == (b"a", 0) and ds[2] == (b"c", 1)
     with pytest.raises(SkipSample if on_corrupt == "skip" else ParquetReadError, match="row 1 has no label"):
         ds[1]
+
+
+def test_a_large_row_group_is_read_in_ranges_each_byte_once(tmp_path):
+    rows = [(hashlib.sha256(b"%d" % i).digest() * 1000, i % 2) for i in range(10)]  # 32 KB each
+    pq.write_table(pa.table({"image": pa.array([b for b, _ in rows], pa.binary()),
+                             "label": pa.array([y for _, y in rows], pa.int64())}), tmp_path / "d.parquet",
+                   row_group_size=10, compression="none", use_dictionary=False)
+    ds = ParquetDataset(str(tmp_path / "d.parquet"), range_bytes=64 << 10, cache_dir=str(tmp_path / "c"))
+    before = ds.store.requests, ds.store.bytes_read
+    assert [ds[i] for i in range(10)] == rows
+    span = int(ds.spans[0][1] - ds.spans[0][0])
+    assert ds.store.requests - before[0] == -(-span // (64 << 10)) and ds.store.bytes_read - before[1] == span

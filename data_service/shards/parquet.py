@@ -68,7 +68,8 @@ class ParquetDataset:
         image_column, label_column: the columns read.
         on_corrupt: ``"fail"`` or ``"skip"`` for a row group that does not decode, or a row without a label.
         cache_dir, cache_bytes, request_timeout_s: as :class:`~.dataset.ShardDataset`.
-        readers: footers read at once when opening.
+        readers: parallel ranged reads: footers when opening, ranges of a large row group.
+        range_bytes: the most one read asks for; a larger row group is read in ranges of this size.
 
     Raises:
         ConfigError: no Parquet files, a missing or mistyped column, a file that is not Parquet.
@@ -76,7 +77,7 @@ class ParquetDataset:
 
     def __init__(self, location: str, *, block_samples: int = 1024, image_column: str = "image",
                  label_column: str = "label", on_corrupt: str = "fail", cache_dir: str = "", cache_bytes: int = 0,
-                 request_timeout_s: float = 60.0, readers: int = 8) -> None:
+                 request_timeout_s: float = 60.0, readers: int = 8, range_bytes: int = 16 << 20) -> None:
         if isinstance(block_samples, bool) or not isinstance(block_samples, int) or block_samples < 1:
             raise ConfigError(f"block_samples={block_samples!r} must be an integer >= 1")
         if on_corrupt not in ("fail", "skip"):
@@ -86,7 +87,14 @@ class ParquetDataset:
         except ImportError:
             raise ConfigError("pipeline.parquet needs pyarrow on the data nodes: pip install "
                               "'hetero-data-service[parquet]'") from None
+        if isinstance(readers, bool) or not isinstance(readers, int) or readers < 1:
+            raise ConfigError(f"readers={readers!r} must be an integer >= 1")
+        if range_bytes < 1 << 16:
+            raise ConfigError(f"range_bytes={range_bytes} must be at least 64 KiB")
         self.location, self.block_samples, self.on_corrupt = location, block_samples, on_corrupt
+        self.readers, self.range_bytes = readers, range_bytes
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
         self.image_column, self.label_column = image_column, label_column
         single = location.endswith(".parquet")
         prefix, _, base = location.rstrip("/").rpartition("/") if single else (location, "", "")
@@ -214,7 +222,7 @@ class ParquetDataset:
         k, index = int(self.group_file[g]), int(self.group_index[g])
         name, size = self.files[k]
         start, stop = (int(x) for x in self.spans[g])
-        raw = self.store.read(name, start, stop)  # a store error propagates: retried later, never cached
+        raw = self._read(name, start, stop)  # a store error propagates: retried later, never cached
         try:
             meta = self._metadata(k)
             paths = pm.columns(meta.schema.to_arrow_schema(), self.image_column, self.label_column, self._url(k))
@@ -236,6 +244,16 @@ class ParquetDataset:
             labels = np.where(np.isnan(labels), -1, labels)
         return [HEAD.pack(BLOCK, len(values)), offsets.tobytes(), labels.astype("<i8").tobytes(),
                 b"".join(v or b"" for v in values)]
+
+    def _read(self, name: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``name``: one read, or ranges of ``range_bytes`` read in parallel."""
+        if stop - start <= self.range_bytes:
+            return self.store.read(name, start, stop)
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():  # a pool made before a fork has no threads
+                self._pool, self._pid = ThreadPoolExecutor(self.readers, thread_name_prefix="parquet-read"), os.getpid()
+        ranges = [(a, min(stop, a + self.range_bytes)) for a in range(start, stop, self.range_bytes)]
+        return b"".join(self._pool.map(lambda r: self.store.read(name, *r), ranges))
 
     # -- blocks
     def block_groups(self, block: int) -> range:

@@ -137,3 +137,16 @@ def test_a_large_row_group_is_read_in_ranges_each_byte_once(tmp_path):
     assert [ds[i] for i in range(10)] == rows
     span = int(ds.spans[0][1] - ds.spans[0][0])
     assert ds.store.requests - before[0] == -(-span // (64 << 10)) and ds.store.bytes_read - before[1] == span
+
+
+def test_a_file_written_again_is_read_again(tmp_path):
+    def write(fill: bytes) -> int:
+        (tmp_path / "d").mkdir(exist_ok=True)
+        pq.write_table(pa.table({"image": pa.array([fill * 64] * 3, pa.binary()), "label": pa.array([0, 1, 2])}),
+                       tmp_path / "d/a.parquet", compression="none", use_dictionary=False, write_statistics=False)
+        return (tmp_path / "d/a.parquet").stat().st_size
+
+    size = write(b"x")
+    assert ParquetDataset(str(tmp_path / "d"), cache_dir=str(tmp_path / "c"))[0] == (b"x" * 64, 0)
+    assert write(b"y") == size  # the same size, other bytes
+    assert ParquetDataset(str(tmp_path / "d"), cache_dir=str(tmp_path / "c"))[0] == (b"y" * 64, 0)

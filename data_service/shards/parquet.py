@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import ConfigError, DataServiceError
-from ..storage import open_store
+from ..storage import LocalStore, open_store
 from . import parquet_meta as pm
 from .cache import BlockCache, default_dir
 
@@ -100,12 +100,14 @@ class ParquetDataset:
         prefix, _, base = location.rstrip("/").rpartition("/") if single else (location, "", "")
         self.store = open_store(prefix or ".", what="parquet", request_timeout_s=request_timeout_s)
         if single:
-            self.files = [(base, self.store.check(base))]
+            listed = [(base, self.store.check(base), _version(self.store, base))]
         else:
             from .wds_index import list_objects
 
-            self.files = list_objects(self.store, ".parquet")
-        listing = json.dumps([location, self.files, image_column, label_column]).encode()
+            listed = list_objects(self.store, ".parquet", versions=True)
+        self.files = [(name, size) for name, size, _ in listed]
+        # the cache is keyed by what was listed: a file written again is read again
+        listing = json.dumps([location, listed, image_column, label_column]).encode()
         self.cache = BlockCache(os.path.join(cache_dir or default_dir(),
                                              f"parquet-{hashlib.sha256(listing).hexdigest()[:16]}"), cache_bytes)
         self._lock = threading.Lock()
@@ -289,3 +291,11 @@ class ParquetDataset:
     def _where(self, g: int) -> str:
         return (f"{self._url(int(self.group_file[g]))} row group {int(self.group_index[g])} "
                 f"(samples {int(self.first[g])}..{int(self.first[g + 1]) - 1})")
+
+
+def _version(store, key: str) -> str:
+    """What changes when the file ``key`` is written again (a folder's file: inode and mtime; S3: "")."""
+    if isinstance(store, LocalStore):
+        st = os.stat(store.key_url(key))
+        return f"{st.st_ino}-{st.st_mtime_ns}"
+    return ""

@@ -89,10 +89,12 @@ def list_shards(store, pattern: str = "") -> list[tuple[str, int]]:
     return [(n, sizes[n]) for n in names]
 
 
-def list_objects(store, suffix: str, under: str = "", empty_ok: bool = False) -> list[tuple[str, int]]:
+def list_objects(store, suffix: str, under: str = "", empty_ok: bool = False,
+                 versions: bool = False) -> list[tuple]:
     """``(name, size)`` of every object under the store (or its folder ``under``) whose name ends with
     ``suffix``, subfolders included (hidden ones not), names relative to ``under``, in name order;
-    ConfigError when there is none (unless ``empty_ok``)."""
+    ``versions``: ``(name, size, version)``, the version changing whenever the object is written
+    again. ConfigError when there is none (unless ``empty_ok``)."""
     if isinstance(store, LocalStore):
         found = []
         top = os.path.join(store.root, under) if under else store.root
@@ -101,11 +103,14 @@ def list_objects(store, suffix: str, under: str = "", empty_ok: bool = False) ->
             rel = os.path.relpath(folder, top)
             for f in files:
                 if f.endswith(suffix) and not f.startswith("."):
-                    found.append(((f if rel == "." else f"{rel}/{f}").replace(os.sep, "/"),
-                                  os.path.getsize(os.path.join(folder, f))))
+                    st = os.stat(os.path.join(folder, f))
+                    name = (f if rel == "." else f"{rel}/{f}").replace(os.sep, "/")
+                    found.append((name, st.st_size, f"{st.st_ino}-{st.st_mtime_ns}") if versions else
+                                 (name, st.st_size))
         found.sort()
     else:
-        found = [(n, s) for n, s in store.list(suffix, under=under) if not n.rsplit("/", 1)[-1].startswith(".")]
+        found = [x for x in store.list(suffix, under=under, versions=versions)
+                 if not x[0].rsplit("/", 1)[-1].startswith(".")]
     if not found and not empty_ok:
         raise ConfigError(f"{store.url}: no {suffix} files there" + (
             "; name the shards with a pattern such as shard-{000000..000099}.tar, or check the location"

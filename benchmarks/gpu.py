@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: " + (f"k={r['k']}" if r["k"] is not None else
                                f"not reached (best {r['best_share']:.2f} of the limit at k={r['best_k']})"
                                if r["best_share"] is not None else "no run"))
+    if not info["fused_decoder"]:
+        print("FALLBACK DECODER: servers and local ran whole-image decode (the fused decoder is not built here)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "gpu", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **info,

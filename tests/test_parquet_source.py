@@ -150,3 +150,14 @@ def test_a_file_written_again_is_read_again(tmp_path):
     assert ParquetDataset(str(tmp_path / "d"), cache_dir=str(tmp_path / "c"))[0] == (b"x" * 64, 0)
     assert write(b"y") == size  # the same size, other bytes
     assert ParquetDataset(str(tmp_path / "d"), cache_dir=str(tmp_path / "c"))[0] == (b"y" * 64, 0)
+
+
+def test_null_images_large_binary_and_a_sliced_struct(tmp_path):
+    images = pa.array([{"bytes": b"aa", "path": "x"}, None, {"bytes": None, "path": "y"}, {"bytes": b"d", "path": ""}])
+    pq.write_table(pa.table({"image": images, "label": pa.array([0, 1, 2, 3])}), tmp_path / "s.parquet")
+    pq.write_table(pa.table({"image": pa.array([b"x" * 5, None, b"yz"], pa.large_binary()),
+                             "label": pa.array([1, 0, 1])}), tmp_path / "t.parquet")
+    s = ParquetDataset(str(tmp_path / "s.parquet"), cache_dir=str(tmp_path / "c"))
+    t = ParquetDataset(str(tmp_path / "t.parquet"), cache_dir=str(tmp_path / "c"))
+    assert [s[i] for i in range(4)] == [(b"aa", 0), (b"", 1), (b"", 2), (b"d", 3)]  # empty: the pipeline's on_corrupt
+    assert [t[i] for i in range(3)] == [(b"xxxxx", 1), (b"", 0), (b"yz", 1)]

@@ -230,22 +230,19 @@ class ParquetDataset:
             paths = pm.columns(meta.schema.to_arrow_schema(), self.image_column, self.label_column, self._url(k))
             table = pq.ParquetFile(pm.Window(size, start, raw), metadata=meta).read_row_group(
                 index, columns=list(paths), use_threads=False)
-            images = table.column(0)
-            if images.type.num_fields:  # the struct: its bytes field
-                images = images.combine_chunks().field("bytes")
-            values = images.to_pylist()
+            images = table.column(0).combine_chunks()
+            if images.type.num_fields:  # the struct: its bytes field (flatten: a null struct is a null image)
+                images = images.flatten()[images.type.get_field_index("bytes")]
+            offsets, data = _binary(images)
             labels = table.column(1).to_numpy(zero_copy_only=False)
         except Exception as exc:  # pyarrow's errors for bytes that do not decode
             reason = " ".join(str(exc).split()) or type(exc).__name__
             message = f"{self._where(g)}: column {self.image_column!r} or {self.label_column!r} cannot be read " \
                       f"({reason})"
             return [HEAD.pack(FAILED, len(message.encode())), message.encode()]
-        offsets = np.zeros(len(values) + 1, dtype="<i8")
-        np.cumsum([len(v) if v is not None else 0 for v in values], out=offsets[1:])
         if labels.dtype.kind == "f":  # nulls came out as NaN: -1 marks a row without a label
             labels = np.where(np.isnan(labels), -1, labels)
-        return [HEAD.pack(BLOCK, len(values)), offsets.tobytes(), labels.astype("<i8").tobytes(),
-                b"".join(v or b"" for v in values)]
+        return [HEAD.pack(BLOCK, len(labels)), offsets.tobytes(), labels.astype("<i8").tobytes(), data]
 
     def _read(self, name: str, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of ``name``: one read, or ranges of ``range_bytes`` read in parallel."""
@@ -299,3 +296,17 @@ def _version(store, key: str) -> str:
         st = os.stat(store.key_url(key))
         return f"{st.st_ino}-{st.st_mtime_ns}"
     return ""
+
+
+def _binary(array) -> tuple[np.ndarray, memoryview]:
+    """A binary Arrow array as ``(offsets, data)``: ``n + 1`` offsets from 0 and the values back to
+    back, from the array's own buffers (no copy per value); a null is an empty value."""
+    import pyarrow as pa
+
+    if array.null_count:  # a null's slot may hold bytes: rebuild without them
+        array = pa.array([v if v is not None else b"" for v in array.to_pylist()], type=array.type)
+    width = 8 if pa.types.is_large_binary(array.type) else 4
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, dtype=f"<i{width}")[array.offset:array.offset + len(array) + 1].astype("<i8")
+    view = memoryview(data)[int(offsets[0]):int(offsets[-1])] if data is not None else memoryview(b"")
+    return offsets - offsets[0], view

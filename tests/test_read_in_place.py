@@ -93,7 +93,8 @@ def test_every_sample_once_from_3_data_nodes(data, tmp_path, monkeypatch, source
     servers = []
     for i in range(nservers):  # each node its own cache, as separate machines have
         monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path / f"node{i}"))
-        servers.append(DataServer(PipelineSpec(PIPELINE, options), TOKEN, ServerOptions(num_workers=1, probe=False)).start())
+        servers.append(DataServer(PipelineSpec(PIPELINE, options), TOKEN,
+                                  ServerOptions(num_workers=1, probe=False)).start())
     try:
         audit = tmp_path / "audit.jsonl"
         for rank in range(world):

@@ -145,3 +145,29 @@ def test_a_corrupt_sample_column_is_caught_by_verify_and_by_reading_that_sample(
         damaged.sample(1)
     with pytest.raises(ConfigError, match="past the end of shard shard-000000.tar"):
         damaged.parts(0, 2)
+
+
+def _mapped_kb(path) -> int:
+    """Resident KB of this process's mappings of ``path`` (Linux smaps)."""
+    total, current = 0, ""
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                current = head[-1] if len(head) >= 6 else ""
+            elif line.startswith("Rss:") and current == str(path):
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux smaps")
+def test_reading_samples_maps_no_column_pages_into_the_process(tmp_path):
+    path = tmp_path / "big.bin"
+    _write_big(path, 1_000_000)
+    index = open_index_file(str(path))
+    before = _mapped_kb(path)
+    rng = np.random.default_rng(1)
+    for i in rng.integers(0, len(index), 2000):
+        index.sample(int(i))
+        index.parts(int(i), min(len(index), int(i) + 64))
+    assert _mapped_kb(path) == before  # entries come by pread: the columns stay in the page cache only

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -152,6 +153,13 @@ class ShardIndex:
         self._data_bytes = data_bytes
         self.id = id
         self.max_stride = 0  # bytes from a sample's data to the next one's, at most (0: not known)
+        self.reader: "ColumnReader | None" = None  # set for an index.bin: per-sample reads without the mapping
+
+    def _at(self, column: str, i: int) -> int:
+        """Entry ``i`` of ``column`` ("offsets", "lengths", "labels")."""
+        if self.reader is not None:
+            return self.reader.value(column, i)
+        return int(getattr(self, column)[i])
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -170,12 +178,12 @@ class ShardIndex:
     def sample(self, i: int) -> tuple[int, int, int, int]:
         """``(shard, offset, length, label)`` of sample ``i``; ConfigError when it lies past its shard's end."""
         s = self.shard_at(i)
-        start, length = int(self.offsets[i]), int(self.lengths[i])
+        start, length = self._at("offsets", i), self._at("lengths", i)
         if start < 0 or start + length > int(self.shards.sizes[s]):
             raise ConfigError(f"{self.shards.where or 'index'}: sample {i} ({start}+{length}) lies past the end of "
                               f"shard {self.shards.name(s)} ({int(self.shards.sizes[s])} bytes); the index is "
                               f"corrupt: {FIX}")
-        return s, start, length, int(self.labels[i])
+        return s, start, length, self._at("labels", i)
 
     def parts(self, first: int, end: int) -> list[tuple[int, int, int]]:
         """The byte ranges holding samples ``first..end-1``: ``(shard, start, stop)``, one per shard touched."""
@@ -186,8 +194,8 @@ class ShardIndex:
         while i < end:
             s = self.shard_at(i)
             last = min(end, int(self.shards.first[s + 1])) - 1
-            start = int(self.offsets[i])
-            stop = int(self.offsets[last]) + int(self.lengths[last])
+            start = self._at("offsets", i)
+            stop = self._at("offsets", last) + self._at("lengths", last)
             if start < 0 or stop < start or stop > int(self.shards.sizes[s]):
                 raise ConfigError(f"{self.shards.where or 'index'}: samples {i}..{last} ({start}..{stop}) lie past "
                                   f"the end of shard {self.shards.name(s)} ({int(self.shards.sizes[s])} bytes); "
@@ -248,6 +256,32 @@ class ShardIndex:
                     id="json-" + hashlib.sha256(data).hexdigest()[:24])
         index.check()
         return index
+
+
+class ColumnReader:
+    """Single entries of an index file's per-sample columns, read with ``pread``.
+
+    A worker reads a few entries per sample, scattered over gigabytes of columns: reading them
+    into the page cache (shared by the node) rather than mapping them keeps the process's
+    resident memory flat however many samples it reads (a page the kernel maps on a fault can
+    bring a whole large folio, megabytes, into the process's RSS).
+    """
+
+    def __init__(self, fd: int, columns: dict[str, tuple[int, str]]) -> None:
+        import struct
+        import weakref
+
+        self.fd = fd
+        codes = {"<i8": "<q", "<u4": "<I", "<i4": "<i"}
+        self.columns = {name: (at, struct.Struct(codes[dtype])) for name, (at, dtype) in columns.items()}
+        weakref.finalize(self, os.close, fd)
+
+    def value(self, column: str, i: int) -> int:
+        at, st = self.columns[column]
+        raw = os.pread(self.fd, st.size, at + i * st.size)
+        if len(raw) != st.size:
+            raise ConfigError(f"index file ends before entry {i} of column {column}; the index is truncated: {FIX}")
+        return st.unpack(raw)[0]
 
 
 def _column(array, dtype: str) -> np.ndarray:

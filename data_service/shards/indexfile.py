@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from ..storage.base import StoreError
-from .format import FIX, FORMAT, INDEX_NAME, JSON_INDEX_NAME, ShardIndex, ShardTable, check_name
+from .format import FIX, FORMAT, INDEX_NAME, JSON_INDEX_NAME, ColumnReader, ShardIndex, ShardTable, check_name
 
 MAGIC = b"\x89HSIDX\r\n"
 VERSION = 2
@@ -225,7 +225,11 @@ def _open_fd(fd: int, where: str) -> ShardIndex:
     size = os.fstat(fd).st_size
     head = os.pread(fd, PREFIX.size, 0)
     header = _header(head, lambda n: os.pread(fd, n, PREFIX.size), size, where)
-    return _index(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), header, where)
+    index = _index(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), header, where)
+    base, cols = header["data_start"], header["columns"]
+    index.reader = ColumnReader(os.dup(fd), {name: (base + int(cols[name]["at"]), dtype)
+                                             for name, dtype in SAMPLE_COLUMNS})
+    return index
 
 
 def _header(head: bytes, more, size: int, where: str) -> dict:
@@ -273,7 +277,8 @@ def _index(buf, header: dict, where: str) -> ShardIndex:
             or bool(np.any(np.diff(ends) <= 0)) or (s and int(ends[0]) <= 0)
             or any(len(arrays[k]) != n for k, _ in SAMPLE_COLUMNS)):
         raise ConfigError(f"{where}: the shard table does not add up to {n} samples; {FIX}")
-    table = ShardTable(first, sizes, ends, names, where)
+    # the shard table is searched for every sample: a copy (bytes per shard, not per sample)
+    table = ShardTable(first.copy(), sizes.copy(), ends, names, where)
     index = ShardIndex(classes, table, arrays["offsets"], arrays["lengths"], arrays["labels"],
                        data_bytes=int(header.get("data_bytes", 0)), id=str(header.get("id", "")))
     index.max_stride = int(header.get("max_stride", 0))

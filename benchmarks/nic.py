@@ -300,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"link: namespace {link.ns} at {link.ns_ip}, consumer at {link.host_ip}; {stamp}", flush=True)
         for enc in encodings:  # started first: they are up `settle` seconds before their jobs
             log_path = str(Path(args.log_dir) / f"nic-server-{enc.replace(':', '-')}.log") if args.log_dir else None
-            servers[enc] = ns_server(link, {**options, **encoding_options(enc)}, server_cpu, log_path).start()
+            servers[enc] = ns_server(link, {**options, **encoding_options(enc)}, server_cpu, log_path).start(wait=False)
         started = time.monotonic()
+        for server in servers.values():
+            server.wait_ready(timeout=120.0)
         jobs = {}
         for enc in encodings:
             prof = profile(enc, options, server_cpu, args.profile_batches)

@@ -7,12 +7,16 @@ network namespace, or skips with the reason where this host cannot make one.
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
 import pytest
 
 from benchmarks import _netns
 from benchmarks._netns import (EmulatedLink, LinkUnavailable, choose_subnet, cleanup_commands, leftover_owners,
-                               names, parse_used_networks, scaled_rate_bps, tbf_command, tcp_goodput)
+                               names, parse_used_networks, parse_tbf_counters, scaled_rate_bps, tbf_command,
+                               tcp_goodput)
+
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_rate_is_the_asked_fraction_of_what_the_cores_build():
@@ -100,6 +104,13 @@ def test_only_the_links_of_gone_processes_are_leftovers():
     assert leftover_owners(netns, links, alive) == [100, 300]
 
 
+def test_tc_counters_are_read_from_tc_s_qdisc():
+    text = ("qdisc tbf 8001: root refcnt 3 rate 400Mbit burst 500000b lat 100ms\n"
+            " Sent 907515297 bytes 599489 pkt (dropped 2, overlimits 40668 requeues 0)\n backlog 0b 0p requeues 0\n")
+    assert parse_tbf_counters(text) == {"sent": 907515297, "packets": 599489, "dropped": 2, "overlimits": 40668}
+    assert parse_tbf_counters("") == {"sent": 0, "packets": 0, "dropped": 0, "overlimits": 0}
+
+
 def test_an_unprivileged_host_is_told_why(monkeypatch):
     monkeypatch.setattr(_netns.os, "geteuid", lambda: 1000)
     assert "root" in _netns.unavailable()
@@ -108,3 +119,64 @@ def test_an_unprivileged_host_is_told_why(monkeypatch):
     assert "`tc` not found" in _netns.unavailable()
     with pytest.raises(LinkUnavailable, match="tc"):
         EmulatedLink.create(1e8)
+
+
+def test_prediction_names_what_binds_and_the_step_follows_it():
+    from benchmarks.nic import local_prediction, predict
+
+    # 1,000 images/s per core of 150,528 bytes behind 400 Mbit/s: the NIC carries ~318 images/s
+    args = dict(preprocess_s=0.032, gpu_step_s=0.02, batch_size=32, bytes_per_sample=150_528, goodput=1.0)
+    for model in (lambda **k: local_prediction(node_cores=1, data_nic_gbps=0.4, **k),
+                  lambda **k: predict(nic_bps=4e8, **k)):
+        nic = model(**args)
+        assert nic.binding == "data NIC" and nic.step_s == pytest.approx(32 * 150_528 * 8 / 4e8)
+        cores = model(**{**args, "bytes_per_sample": 10_000})
+        assert cores.binding == "cores" and cores.step_s == pytest.approx(0.032)
+        step = model(**{**args, "bytes_per_sample": 10_000, "gpu_step_s": 0.05})
+        assert step.binding == "gpu" and step.step_s == pytest.approx(0.05)
+
+
+def test_encodings_are_chosen_by_the_image_pipelines_option():
+    from benchmarks.nic import available_encodings, encoding_options
+
+    assert encoding_options("uint8") == {}
+    assert encoding_options("jpeg:90") == {"wire_encoding": "jpeg:90"}
+    ok, left_out = available_encodings(["uint8", "jpeg:90", "nope"])
+    assert ok == ["uint8", "jpeg:90"] and "nope" in left_out["nope"]
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_the_smallest_emulated_nic_run(tmp_path):
+    """Two short jobs behind a shaped veth: uint8 bound by the NIC, jpeg:90 with at most a quarter
+    of its bytes and not; the live advice names the NIC; nothing the run made is left behind."""
+    import json
+    import subprocess
+    import sys
+
+    reason = _netns.unavailable()
+    if reason:
+        pytest.skip(f"no emulated NIC here: {reason}")
+    out = tmp_path / "nic.json"
+    cmd = [sys.executable, "-m", "benchmarks.nic", "--images-dir", str(tmp_path / "photos"), "--images", "96",
+           "--steps", "24", "--warmup", "8", "--profile-batches", "2", "--settle-s", "0", "--advice-every", "8",
+           "--json", str(out)]
+    proc = subprocess.Popen(cmd, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        text, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, text[-3000:]
+    result = json.loads(out.read_text())
+    if "skipped" in result:
+        pytest.skip(f"no emulated NIC here: {result['skipped']}")
+    ns, host_if, _ = names(proc.pid)
+    assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert host_if not in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    jobs = {j["encoding"]: j for j in result["jobs"]}
+    u8, jpeg = jobs["uint8"], jobs["jpeg:90"]
+    assert u8["predicted"]["binding"] == "data NIC", text[-3000:]
+    assert jpeg["predicted"]["binding"] != "data NIC", text[-3000:]
+    assert jpeg["bytes_per_image"] <= u8["bytes_per_image"] / 4
+    assert u8["link"]["sent"] > 0 and u8["step_s"] > jpeg["step_s"]
+    assert u8["advice"] and any("NIC" in line for line in u8["advice"]), u8["advice"]

@@ -185,10 +185,12 @@ def test_hetero_stats_local_shows_the_latest_decision_with_its_figures(tmp_path,
     (["min=3", "max=2"], "autoscale.max=2 must be >= autoscale.min=3"),
     (["actuator=ec2"], "autoscale.actuator='ec2' is unknown"),
     (["max"], "--autoscale 'max' must be KEY=VALUE"),
+    (["usd_per_hour=0.8", "--data-nodes", "2"], r"pays for 1 data node(s) at 0.5 $/h, the job starts with 2"),
 ])
 def test_hetero_local_autoscale_refuses_bad_settings_before_any_node_starts(tmp_path, capsys, argv, message):
     from hetero.cli import main
 
-    assert main(["local", "--output", str(tmp_path / "out"), "--quiet", "--autoscale", *argv]) == 2
+    assert main(["local", "--output", str(tmp_path / "out"), "--quiet", "--hp", 'advice_prices={"ml.local": 0.5}',
+                 "--autoscale", *argv]) == 2
     assert message in capsys.readouterr().out
     assert not (tmp_path / "out" / "logs").exists()

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     hps = parse_kv(args.hp)
     if args.autoscale is not None:
         try:
-            hps.update(autoscale_hps(args.autoscale))
+            hps.update(autoscale_hps(args.autoscale, hps.get("advice_prices"), args.data_nodes))
         except ConfigError as exc:
             print(f"hetero local: {exc}")
             return 2
@@ -98,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def autoscale_hps(pairs: list[str]) -> dict:
-    """``--autoscale KEY=VALUE ...`` as ``autoscale.KEY`` hyperparameters, acting with local processes."""
+def autoscale_hps(pairs: list[str], prices=None, data_nodes: int = 1) -> dict:
+    """``--autoscale KEY=VALUE ...`` as ``autoscale.KEY`` hyperparameters, acting with local processes;
+    checked, and the $/h cap against the ``data_nodes`` the job starts with at ``prices`` (``advice_prices``)."""
     from data_service.errors import ConfigError
 
     from launcher.autoscale.settings import Settings
@@ -110,8 +111,24 @@ def autoscale_hps(pairs: list[str]) -> dict:
         if not eq or not key:
             raise ConfigError(f"--autoscale {pair!r} must be KEY=VALUE, e.g. max=6")
         options[key] = value
-    Settings.from_options(options, registry="--registry")  # bad settings fail here, before any node starts
+    settings = Settings.from_options(options, registry="--registry")  # bad settings fail before any node starts
+    price = _json_prices(prices).get("ml.local")  # the emulated nodes' instance type
+    try:
+        settings.limits.check_group(data_nodes, price)
+    except ValueError as exc:
+        raise ConfigError(f"--autoscale: {exc}") from None
     return {f"autoscale.{k}": v for k, v in options.items()}
+
+
+def _json_prices(prices) -> dict:
+    import json
+
+    if isinstance(prices, str):
+        try:
+            prices = json.loads(prices)
+        except json.JSONDecodeError:
+            return {}
+    return prices if isinstance(prices, dict) else {}
 
 
 def stop_joined(registry, output) -> None:

@@ -194,3 +194,10 @@ def test_hetero_local_autoscale_refuses_bad_settings_before_any_node_starts(tmp_
                  "--autoscale", *argv]) == 2
     assert message in capsys.readouterr().out
     assert not (tmp_path / "out" / "logs").exists()
+
+
+def test_an_advice_it_cannot_read_is_logged_and_training_goes_on(tmp_path, caplog):
+    settings = Settings.from_options({"mode": "act", "actuator": "local"}, registry=str(tmp_path))
+    scaler = Autoscaler(settings, None, str(tmp_path), TOKEN, clock=Clock())
+    assert scaler.on_advice({"step": 7, "data_nodes": "many", "change": 1}) is None
+    assert "no decision on the advice at step 7" in caplog.text

@@ -87,9 +87,17 @@ class Autoscaler:
         except ValueError as exc:
             raise ConfigError(f"autoscale: {exc}") from None
 
-    def on_advice(self, advice: Mapping[str, Any]) -> dict[str, Any]:
+    def on_advice(self, advice: Mapping[str, Any]) -> dict[str, Any] | None:
         """Decide on one periodic advice (``Advice.to_dict()`` with ``step``), log it, act in mode
-        ``act``; returns the decision's figures."""
+        ``act``; returns the decision's figures (None when the advice could not be read: logged,
+        training goes on)."""
+        try:
+            return self._on_advice(advice)
+        except Exception:  # noqa: BLE001 - the autoscaler never stops the training it sizes
+            log.exception("autoscale: no decision on the advice at step %s", advice.get("step"))
+            return None
+
+    def _on_advice(self, advice: Mapping[str, Any]) -> dict[str, Any]:
         demand = Demand.from_advice(advice)
         now = self.clock()
         with self._lock:

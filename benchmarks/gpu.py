@@ -87,12 +87,12 @@ def measure(feed: feeds.Feed, trainer: Trainer, dev: feeds.Device, steps: int, w
     dev.synchronize()
     data_clock = feed.data_cpu or (lambda: 0.0)
     data0, proc0 = data_clock(), time.process_time()  # process_time: every thread of the trainer process
-    pairs, util, wait = [], [], 0.0
+    pairs, util, waits = [], [], []
     start = time.perf_counter()
     for i in range(steps):
         t = time.perf_counter()
         images, labels = next(it)
-        wait += time.perf_counter() - t
+        waits.append(time.perf_counter() - t)
         begin = dev.event()
         trainer.step(images, labels)
         if begin is not None:
@@ -106,7 +106,8 @@ def measure(feed: feeds.Feed, trainer: Trainer, dev: feeds.Device, steps: int, w
     busy = dev.busy_s(pairs)
     loss = trainer.loss.float().item() if trainer.loss is not None else float("nan")
     return {"feed": feed.name, "images_per_s": n / wall, "step_ms": wall / steps * 1000,
-            "data_wait_ms": wait / steps * 1000, "data_wait_share": wait / wall,
+            "data_wait_ms": sum(waits) / steps * 1000, "data_wait_share": sum(waits) / wall,
+            "data_wait_p99_ms": sorted(waits)[min(steps - 1, int(steps * 0.99))] * 1000,
             "gpu_busy_share": busy / wall if busy is not None else None,
             "nvml_utilization": statistics.mean(util) if util else None,
             "data_cpu_ms_per_image": data_cpu / n * 1000 if feed.data_cpu else None,

@@ -6,7 +6,8 @@
 #
 #   bash benchmarks/gpu_check.sh                       # K=4,8,12 STEPS=100 WARMUP=20
 #   K=2,4,8 STEPS=60 bash benchmarks/gpu_check.sh
-#   SKIP_TESTS=1 bash benchmarks/gpu_check.sh          # the benchmark only
+#   SKIP_BENCH=1 bash benchmarks/gpu_check.sh          # packages, build and the gpu tests only
+#   SKIP_TESTS=1 bash benchmarks/gpu_check.sh          # packages, build and the benchmark only
 #   K=1 STEPS=2 WARMUP=1 BENCH_ARGS="--device cpu --image-size 32 --images 16 --batch-size 4" \
 #       bash benchmarks/gpu_check.sh                   # the whole script on a machine without a GPU
 #   bash benchmarks/gpu_check.sh --prepare             # where a registry is: fill .whl/gpu-box (below)
@@ -101,7 +102,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
         | tee -a "$OUT/gpu-tests.txt"
 fi
 
-step "benchmarks.gpu K=$K STEPS=$STEPS WARMUP=$WARMUP" | tee "$OUT/gpu-bench.txt"
-timeout 1800 "$PY" -m benchmarks.gpu --k "$K" --steps "$STEPS" --warmup "$WARMUP" --json "$OUT/gpu.json" ${BENCH_ARGS:-} 2>&1 \
-    | tee -a "$OUT/gpu-bench.txt"
+if [ -z "${SKIP_BENCH:-}" ]; then
+    step "benchmarks.gpu K=$K STEPS=$STEPS WARMUP=$WARMUP" | tee "$OUT/gpu-bench.txt"
+    timeout 1800 "$PY" -m benchmarks.gpu --k "$K" --steps "$STEPS" --warmup "$WARMUP" --json "$OUT/gpu.json" \
+        ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/gpu-bench.txt"
+fi
 step "done: $OUT"

@@ -47,7 +47,8 @@ def test_every_job_carries_the_metric_definitions(capsys):
     names = [d["Name"] for d in METRIC_DEFINITIONS]
     assert {"train:step_time_s", "train:data_wait_percent", "train:samples_per_s", "train:loss", "test:accuracy",
             "data:batches_per_s", "advice:data_node_change", "advice:predicted_step_s", "advice:change_usd_per_hour",
-            "advice:change_usd_per_epoch"} == set(names)
+            "advice:change_usd_per_epoch", "autoscale:target_nodes", "autoscale:node_change",
+            "autoscale:usd_per_hour"} == set(names)
 
 
 def test_input_modes_per_channel(capsys):

@@ -105,8 +105,10 @@ def gpu_decode(dev: Device, folder: str, images: int, batch: int, size: int, dat
                 notes={"decoder": f"torchvision.io.decode_jpeg(device={'cuda' if dev.cuda else 'cpu'!r})"})
 
 
-def dali_available() -> str | None:
-    """None where DALI can run here, else why not."""
+def dali_available(dev: Device) -> str | None:
+    """None where DALI's GPU decoder can run here, else why not."""
+    if not dev.cuda:
+        return "DALI's GPU decoder needs a CUDA device"
     try:
         import nvidia.dali  # noqa: F401
         import nvidia.dali.plugin.pytorch  # noqa: F401

@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         with feeds.pinned(trainer_cores):  # threads the trainer starts now stay off the data cores
             if not on_gpu:
                 torch.set_num_threads(len(trainer_cores))
-            if name == "dali" and (why := peers.dali_available()):
+            if name == "dali" and (why := peers.dali_available(dev)):
                 return {"feed": name, "k": k, "skipped": why}
             make = {"resident": lambda: feeds.resident(dev, batch, args.image_size),
                     "servers": lambda: feeds.servers(dev, args.images_dir, count, batch, args.image_size, data_cores,

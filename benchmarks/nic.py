@@ -4,9 +4,11 @@ per wire encoding, and the live advice the job prints.
     flock /work/notes/bench.lock python -m benchmarks.nic --json out/nic.json     # as root
 
 One data server (``hetero serve``, the image pipeline over photo-like JPEGs, :mod:`benchmarks.photos`)
-runs inside a network namespace made for the run (:mod:`benchmarks._netns`), pinned to one core;
-the consumer (``RemoteDataset`` with an emulated accelerator step: the pipeline's finish stage,
-then a sleep) runs here, in the root namespace, on another core. The veth pair between them is
+runs inside a network namespace made for the run (:mod:`benchmarks._netns`), its one worker alone
+on one core (as a data node runs a worker on every core but one, its own process on that one);
+the consumer (``RemoteDataset`` through one loader worker, as the launcher's trainer reads it, and
+an emulated accelerator step: the pipeline's finish stage, wire decoding included, then a sleep)
+runs here, in the root namespace, on the other core. The veth pair between them is
 shaped with tc's token bucket to ``--fraction`` of the bytes the server's core builds per second
 (a quick profile in the same run), so the NIC, not the core, binds with uint8 crops.
 
@@ -148,7 +150,8 @@ def advisor(address: str, token: str, every: int, warmup: int, nic_bps: float):
 
 
 def ns_server(link: EmulatedLink, options: dict, cpu: int, log_path: str | None):
-    """``hetero serve`` (one worker) inside the link's namespace at ``link.ns_ip``, pinned to ``cpu``."""
+    """``hetero serve`` (one worker) inside the link's namespace at ``link.ns_ip``, pinned to ``cpu``
+    (its worker inherits that; the caller may move the server's own threads elsewhere)."""
     from hetero.testing.processes import ServerProc
 
     server = ServerProc(options, workers=1, slots=4, pipeline=PIPELINE, log_path=log_path, probe=True)
@@ -157,6 +160,18 @@ def ns_server(link: EmulatedLink, options: dict, cpu: int, log_path: str | None)
     server.cmd = [*link.exec_prefix(), "taskset", "-c", str(cpu), *server.cmd]
     server.address = f"{link.ns_ip}:{server.port}"
     return server
+
+
+def pin_threads(pid: int, cpu: int) -> int:
+    """Move every thread of process ``pid`` (not its child processes) to ``cpu``; returns how many."""
+    moved = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+            moved += 1
+        except OSError:
+            pass  # the thread ended
+    return moved
 
 
 def consume(address: str, token: str, steps: int, warmup: int, gpu_step_s: float, on_step, at_warmup) -> dict:
@@ -304,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         for server in servers.values():
             server.wait_ready(timeout=120.0)
+            # A data node runs one worker per core but one (the default: cpu_count - 1) and its own
+            # process on the core left: so here, the worker keeps the server's core to itself.
+            pin_threads(server.proc.pid, consumer_cpu)
         jobs = {}
         for enc in encodings:
             prof = profile(enc, options, server_cpu, args.profile_batches)
@@ -331,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)  # the consumer has one core: more threads only take turns on it
         print(f"emulated NIC {rate / 1e6:.0f} Mbit/s ({args.fraction:.2f} of what one core builds as uint8), TCP "
-              f"goodput {goodput:.3f}; emulated step {sleep_s * 1000:.1f} ms + the finish stage; server on CPU "
-              f"{server_cpu}, consumer on CPU {consumer_cpu}", flush=True)
+              f"goodput {goodput:.3f}; emulated step {sleep_s * 1000:.1f} ms + the finish stage; the server's worker "
+              f"on CPU {server_cpu}, its own threads and the consumer on CPU {consumer_cpu}", flush=True)
         time.sleep(max(0.0, settle - (time.monotonic() - started)))
         for enc, job in jobs.items():
             got = run_job(link, servers[enc], args.steps, args.warmup, sleep_s, args.advice_every)

@@ -114,7 +114,8 @@ def phase_report(census: Census, acts: list[dict], start: float, end: float, adv
     peak = max((n for _, n in samples), default=0)
     return {"advised": advised, "converge_s": None if converged is None else round(converged - start, 1),
             "reach_s": None if reached is None else round(reached - start, 1),
-            "overshoot": max(0, peak - max(advised, samples[0][1] if samples else 0)), "peak": peak, "final": samples[-1][1] if samples else None,
+            "overshoot": max(0, peak - max(advised, samples[0][1] if samples else 0)),
+            "peak": peak, "final": samples[-1][1] if samples else None,
             "actions": moves, "flaps": flaps}
 
 
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in hps.items():
         cmd += ["--hp", f"{k}={v}"]
     env = {**os.environ, "HETERO_JOB_TOKEN": TOKEN}
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one data node of {1000 / (args.sample_ms * args.batch_size):.0f} "
+    per_node = 1000 / (args.sample_ms * args.batch_size)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one data node of {per_node:.0f} "
           f"batches/s; emulated step {' -> '.join(f'{s * 1000:.0f} ms' for s in steps)} at steps {firsts}; "
           f"{total} batches; max {args.max}, cap {args.usd_per_hour} $/h at {PRICE} $/h per node; output {work}",
           flush=True)
@@ -203,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"never above max {args.max} / cap {cap_nodes} nodes: peak {peak}")
     print(f"$ paid {paid:.5f} (node-seconds at {PRICE} $/h) vs {fixed_usd:.5f} for {fixed} fixed node(s) over the "
           f"ideal {ideal_s:.0f} s: ratio {paid / fixed_usd:.2f} (node capacity {node_cap:.1f} batches/s)")
-    print(f"job exit {rc} after {ended - started:.0f} s; audit: {counts_audit['delivered']} batches trained of {total}, "
+    print(f"job exit {rc} after {ended - started:.0f} s; audit: {counts_audit['delivered']} batches trained of "
+          f"{total}, "
           f"lost {counts_audit['lost']}, duplicated {counts_audit['duplicated']}, corrupt {counts_audit['corrupt']}")
     summary = {"phases": phases, "peak": peak, "max": args.max, "cap_nodes": cap_nodes, "paid_usd": paid,
                "fixed_nodes": fixed, "fixed_usd": fixed_usd, "ratio": paid / fixed_usd, "audit": counts_audit,

@@ -12,9 +12,10 @@ rewrites its entry every third of ``ttl_s``; an entry not refreshed for ``ttl_s`
 (``expired``: the server was killed, or its host is gone) is refused by every reader, so a
 server killed with -9 drops out of the job within the TTL and one poll. An entry without
 ``ttl_s`` (or 0) never expires. Expiry compares ``refreshed_at`` with the reader's clock: hosts
-keep their clocks in sync (NTP, as EC2 does), within a small share of the TTL. Consumers list the folder and use the servers whose proof matches
-the job token and whose fingerprint is the job's pipeline (``verify``); anything else is refused.
-The proof is checked before a consumer connects, so a consumer never sends the token to a server
+keep their clocks in sync (NTP, as EC2 does), within a small share of the TTL.
+
+Consumers list the folder and use the servers whose proof matches the job token and whose
+fingerprint is the job's pipeline (``verify``); anything else is refused. The proof is checked before a consumer connects, so a consumer never sends the token to a server
 that could not prove it knows the token. Entries are read as JSON only (nothing is unpickled).
 
 Entries go through ``data_service.storage``: writes are atomic (a temporary file renamed into

@@ -54,7 +54,8 @@ METRIC_DEFINITIONS: tuple[dict[str, str], ...] = (
     {"Name": "advice:change_usd_per_epoch", "Regex": r"USD/h, " + _NUMBER + r" USD/epoch"},
     {"Name": "autoscale:target_nodes", "Regex": r"autoscale at step [0-9]+ .*?data nodes [0-9]+ -> " + _NUMBER},
     {"Name": "autoscale:node_change", "Regex": r"autoscale at step [0-9]+ .*?: node change \+?" + _NUMBER},
-    {"Name": "autoscale:usd_per_hour", "Regex": r"autoscale at step [0-9]+ .*?data group at " + _NUMBER + r" USD per h"},
+    {"Name": "autoscale:usd_per_hour",
+     "Regex": r"autoscale at step [0-9]+ .*?data group at " + _NUMBER + r" USD per h"},
 )
 
 RATE_EVERY_S = 60.0  # a data node's batches/s line: often enough for a console chart, not chatty

@@ -37,8 +37,9 @@ class Clock:
 
 def hook_settings(tmp_path, **more) -> Settings:
     out = tmp_path / "hook.log"
+    keys = "('HETERO_SCALE_ACTION','HETERO_SCALE_COUNT','HETERO_SCALE_TARGET','HETERO_REGISTRY')"
     cmd = f"{sys.executable} -c \"import os,sys; open(sys.argv[1],'a').write(' '.join(os.environ[k] for k in " \
-          f"('HETERO_SCALE_ACTION','HETERO_SCALE_COUNT','HETERO_SCALE_TARGET','HETERO_REGISTRY'))+' '+sys.argv[2]+'\\n')\""
+          f"{keys})+' '+sys.argv[2]+'\\n')\""
     return Settings.from_options({"mode": "act", "actuator": "command", "min": 1, "max": 5, "cooldown_s": 30,
                                   "scale_out_cmd": f"{cmd} {out} {{count}}", "scale_in_cmd": f"{cmd} {out} {{servers}}",
                                   **more}, registry=str(tmp_path / "reg"))

@@ -94,7 +94,8 @@ def test_bad_limits_name_the_setting(limits, match):
 
 
 def test_a_cap_below_the_starting_group_is_an_error():
-    with pytest.raises(ValueError, match=r"usd_per_hour=1 pays for 2 data node\(s\) at 0.5 \$/h, the job starts with 3"):
+    with pytest.raises(ValueError,
+                       match=r"usd_per_hour=1 pays for 2 data node\(s\) at 0.5 \$/h, the job starts with 3"):
         Limits(usd_per_hour=1.0).check_group(3, 0.5)
     Limits(usd_per_hour=1.5).check_group(3, 0.5)
     Limits(usd_per_hour=1.0).check_group(3, None)  # no price: the cap cannot apply

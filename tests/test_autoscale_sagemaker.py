@@ -60,7 +60,8 @@ def test_rank_0_starts_one_data_only_job_per_node_with_its_own_secret(sagemaker,
     with Stubber(client) as stub:
         for i in range(2):
             name = f"{RUNNING}-as-"
-            stub.add_response("create_training_job", {"TrainingJobArn": f"arn:aws:sagemaker:us-east-1:1:training-job/j{i}"})
+            arn = f"arn:aws:sagemaker:us-east-1:1:training-job/j{i}"
+            stub.add_response("create_training_job", {"TrainingJobArn": arn})
         names = actuator.scale_out(2, ScaleContext(str(tmp_path), 1, 3))
         stub.assert_no_pending_responses()
     assert len(names) == 2 and len(set(names)) == 2 and all(n.startswith(name) and len(n) <= 63 for n in names)

@@ -188,7 +188,8 @@ def decide(demand: Demand, limits: Limits, state: State, now: float) -> tuple[De
     if target > have:
         if demand.data_wait_share < limits.out_wait_share:
             return hold(f"advice {demand.advised_nodes} nodes but the step waits only "
-                        f"{100 * demand.data_wait_share:.0f}% on data (out_wait_share={limits.out_wait_share:g})", target)
+                        f"{100 * demand.data_wait_share:.0f}% on data (out_wait_share={limits.out_wait_share:g})",
+                        target)
         if since < limits.cooldown_s:
             return hold(f"cooling down ({since:.0f} of {limits.cooldown_s:g} s since the last action)", target)
         return out(target, f"waits {100 * demand.data_wait_share:.0f}% on data; advice {demand.advised_nodes} nodes")

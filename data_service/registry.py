@@ -15,8 +15,9 @@ server killed with -9 drops out of the job within the TTL and one poll. An entry
 keep their clocks in sync (NTP, as EC2 does), within a small share of the TTL.
 
 Consumers list the folder and use the servers whose proof matches the job token and whose
-fingerprint is the job's pipeline (``verify``); anything else is refused. The proof is checked before a consumer connects, so a consumer never sends the token to a server
-that could not prove it knows the token. Entries are read as JSON only (nothing is unpickled).
+fingerprint is the job's pipeline (``verify``); anything else is refused. The proof is checked
+before a consumer connects, so a consumer never sends the token to a server that could not prove
+it knows the token. Entries are read as JSON only (nothing is unpickled).
 
 Entries go through ``data_service.storage``: writes are atomic (a temporary file renamed into
 place in a folder, one PUT on S3); S3 requests have a short deadline (``timeout_s``) and honour

@@ -202,3 +202,28 @@ def test_an_advice_it_cannot_read_is_logged_and_training_goes_on(tmp_path, caplo
     scaler = Autoscaler(settings, None, str(tmp_path), TOKEN, clock=Clock())
     assert scaler.on_advice({"step": 7, "data_nodes": "many", "change": 1}) is None
     assert "no decision on the advice at step 7" in caplog.text
+
+
+def test_step_stats_hands_each_periodic_advice_to_the_autoscaler_once(tmp_path):
+    from launcher.metrics import StepStats
+
+    class Advisor:  # LiveAdvisor's two calls: a periodic advice every 2 steps, the final one at the end
+        last = None
+
+        def on_step(self, steps, wait_s, step_s, fetch_cpu_s=0.0):
+            if steps % 2 == 0:
+                self.last = dict(advice(steps, 1, 2, 0.5))
+
+        def final(self, steps):
+            return {"change": 0, "step": steps, "final": True}
+
+    settings = Settings.from_options({"mode": "act", "actuator": "local", "cooldown_s": 0}, registry=str(tmp_path))
+    scaler = Autoscaler(settings, None, str(tmp_path), TOKEN, clock=Clock())
+    stats = StepStats(0, 100, advisor=Advisor(), autoscaler=scaler)
+    for _ in range(5):
+        stats.record(0.01, 0.02, 8)
+    summary = stats.summary()
+    decisions = summary["advice"]["autoscale"]["decisions"]
+    assert [d["step"] for d in decisions] == [2, 4]  # one decision per advice, none for the final one
+    assert decisions[0]["action"] == "out" and decisions[1]["action"] == "hold"  # promised, not yet joined
+    assert summary["advice"]["final"] is True and summary["advice"]["autoscale"]["settings"]["mode"] == "act"

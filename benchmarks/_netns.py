@@ -21,6 +21,7 @@ import ipaddress
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -214,9 +215,9 @@ class EmulatedLink:
         return link
 
     def remove(self) -> None:
-        """Remove the veth pair and the namespace (quietly: parts already gone are fine)."""
-        for cmd in self.cleanup_commands():
-            subprocess.run(cmd, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+        """Stop what still runs in the namespace, remove the veth pair and the namespace (quietly:
+        parts already gone are fine)."""
+        _remove(self.owner)
 
     def __enter__(self) -> "EmulatedLink":
         return self
@@ -236,6 +237,24 @@ def cleanup_commands(owner: int) -> list[list[str]]:
     """Commands removing what process ``owner`` made: its veth pair, then its namespace."""
     ns, host_if, _ = names(owner)
     return [["ip", "link", "del", host_if], ["ip", "netns", "del", ns]]
+
+
+def namespace_pids_command(owner: int) -> list[str]:
+    """The command listing the processes inside the namespace of ``owner``'s link."""
+    return ["ip", "netns", "pids", names(owner)[0]]
+
+
+def _remove(owner: int) -> None:
+    # A process left in the namespace (a server of a killed run) would keep it alive after
+    # ``ip netns del``: only this run's processes can be in it, so they go first.
+    out = subprocess.run(namespace_pids_command(owner), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    for pid in (int(p) for p in out.stdout.split() if p.isdigit()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for cmd in cleanup_commands(owner):
+        subprocess.run(cmd, capture_output=True, timeout=COMMAND_TIMEOUT_S)
 
 
 def leftover_owners(netns_list: str, link_list: str, alive=None) -> list[int]:
@@ -261,8 +280,7 @@ def leftover_cleanup() -> list[int]:
                            timeout=COMMAND_TIMEOUT_S).stdout
     owners = leftover_owners(netns, links)
     for owner in owners:
-        for cmd in cleanup_commands(owner):
-            subprocess.run(cmd, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+        _remove(owner)
     return owners
 
 

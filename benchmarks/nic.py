@@ -31,6 +31,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import statistics
 import sys
 import time
@@ -310,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmarks.nic skipped: {exc}")
         _write(args.json, {"benchmark": "nic", "skipped": str(exc), "date": stamp, "command": command})
         return 0
+    # SIGTERM (a timeout, `kill`) unwinds like Ctrl-C, so the link and the servers go with the run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     servers = {}
     try:
         print(f"link: namespace {link.ns} at {link.ns_ip}, consumer at {link.host_ip}; {stamp}", flush=True)

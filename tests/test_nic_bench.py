@@ -85,6 +85,7 @@ def test_commands_make_then_remove_exactly_the_owners_link():
     assert link.cleanup_commands() == cleanup_commands(77) == [["ip", "link", "del", "hnic77h"],
                                                                ["ip", "netns", "del", "hnic-77"]]
     assert link.exec_prefix() == ["ip", "netns", "exec", "hnic-77"]
+    assert _netns.namespace_pids_command(77) == ["ip", "netns", "pids", "hnic-77"]
 
 
 def test_token_bucket_holds_at_least_10_ms_of_the_rate():

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         fill_first_batches(folder, options, batches=8 * args.workers + args.batches + 64, seed=0)
         runs = [measure(folder, options, args.workers, args.batches, work / "logs" / f"{fmt}-{n}.log")
                 for _ in range(args.repeat)]
-        row = {"case": label, **facts, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}
+        row = {"case": label, **facts, **{k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}}
         if base is None:
             base = row
         row["worker_rss_growth_mb"] = round(row["worker_rss_mb"] - base["worker_rss_mb"], 1)

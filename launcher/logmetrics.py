@@ -35,6 +35,7 @@ No ``n/a`` value matches: a metric without a value (an emulated step has no loss
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 # A number as Python's %f/%g write it (no sign: every metric here is >= 0 except a loss,
@@ -108,6 +109,27 @@ def advice_line(step: int, advice: Mapping[str, Any], final: bool = False) -> st
     job = f"; job {job_now:.4f} -> {job_after:.4f} USD per epoch" if job_now is not None and job_after is not None \
         else ""
     return f"{when}: data node change {change:+d} ({now}): {timing}; {cost}{job}{network_words(advice)}"
+
+
+_ADVICE_LINE = re.compile(
+    r"advice at step (?P<step>[0-9]+)(?P<final> \(end of training\))?: data node change (?P<change>[+-]?[0-9]+) "
+    r"\(now (?P<nodes>[0-9]+) x (?P<kind>\S+), [0-9.]+ batches per s delivered, (?P<cap>[0-9.]+|n/a) per node "
+    r"possible\): .*?waits on data (?P<wait>[0-9]+)% of it\); (?:cost change (?P<usd>-?[0-9.]+) USD/h)?"
+    r"(?:.*?data side bound by (?P<binding>[^;:]+?) at)?")
+
+
+def parse_advice_line(text: str) -> dict[str, Any] | None:
+    """The figures of one :func:`advice_line` (from a job's log, e.g. CloudWatch) as the advice's
+    keys the autoscaler reads; None for a line that is not one with a data node change."""
+    m = _ADVICE_LINE.search(text)
+    if m is None:
+        return None
+    change, usd = int(m["change"]), None if m["usd"] is None else float(m["usd"])
+    return {"step": int(m["step"]), "final": bool(m["final"]), "change": change, "data_nodes": int(m["nodes"]),
+            "data_instance": m["kind"], "node_capacity_per_s": None if m["cap"] == "n/a" else float(m["cap"]),
+            "data_wait_fraction": int(m["wait"]) / 100, "change_usd_per_hour": usd,
+            "node_usd_per_hour": abs(usd / change) if usd is not None and change else None,
+            "binding": (m["binding"] or "").strip()}
 
 
 def network_words(advice: Mapping[str, Any]) -> str:

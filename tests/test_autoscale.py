@@ -227,3 +227,17 @@ def test_step_stats_hands_each_periodic_advice_to_the_autoscaler_once(tmp_path):
     assert [d["step"] for d in decisions] == [2, 4]  # one decision per advice, none for the final one
     assert decisions[0]["action"] == "out" and decisions[1]["action"] == "hold"  # promised, not yet joined
     assert summary["advice"]["final"] is True and summary["advice"]["autoscale"]["settings"]["mode"] == "act"
+
+
+def test_an_advice_line_reads_back_as_the_figures_the_policy_takes():
+    from launcher.advice import LiveFigures, ServerFigures, advise
+    from launcher.logmetrics import advice_line, parse_advice_line
+
+    a = advise(LiveFigures(0.04, 0.03, 1, (ServerFigures("d1:6000", 25.0, 1.0),), 100, "ml.c5.9xlarge"),
+               {"ml.c5.9xlarge": 1.836}).to_dict()
+    got = parse_advice_line("2026-11-26 10:00:00,000 trainer@algo-1 rank 0 INFO launcher.advisor: "
+                            + advice_line(300, a))
+    assert (got["step"], got["change"], got["data_nodes"], got["final"]) == (300, a["change"], 1, False)
+    assert got["node_usd_per_hour"] == pytest.approx(1.836) and got["data_wait_fraction"] == 0.75
+    assert parse_advice_line(advice_line(9, a, final=True))["final"] is True
+    assert parse_advice_line(advice_line(9, dict(a, change=None))) is None  # no change to advise

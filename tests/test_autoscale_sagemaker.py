@@ -93,3 +93,59 @@ def test_moto_takes_the_data_only_jobs_rank_0_starts(sagemaker, capsys, tmp_path
     assert set(names) <= listed
     assert desc["HyperParameters"]["join"] == f"s3://bkt/out/{RUNNING}/registry"
     assert desc["ResourceConfig"]["InstanceGroups"][0]["InstanceCount"] == 1
+
+
+def test_hetero_autoscale_act_adds_and_stops_data_only_jobs_from_the_jobs_advice_lines(monkeypatch):
+    """The autoscaler outside the job: CloudWatch advice lines in (only the newest on its first read),
+    data-only jobs started and the newest stopped to drain, state beside the S3 registry."""
+    import argparse
+
+    from moto import mock_aws
+
+    from hetero.commands.autoscale import act
+    from hetero.sagemaker.autoscale import join_template
+    from launcher.advice import LiveFigures, ServerFigures, advise
+    from launcher.logmetrics import advice_line
+
+    def line(step, wait, servers, prices={"ml.c5.9xlarge": 2.0}):
+        figures = LiveFigures(0.04, wait, 1, tuple(servers), 1000, "ml.c5.9xlarge")
+        return {"timestamp": 1, "message": "2026-11-26 10:00:00,000 trainer@algo-1 rank 0 INFO launcher.advisor: "
+                + advice_line(step, advise(figures, prices).to_dict())}
+
+    starved = [ServerFigures("d1:6000", 25.0, 1.0)]                        # +4 nodes
+    idle = [ServerFigures(f"d{i}:6000", 25.0, 0.1) for i in range(5)]     # all four joined: 4 could go
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.setenv("HETERO_JOB_SECRET", SECRET)
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bkt")
+        sm = boto3.client("sagemaker", region_name="us-east-1")
+        logs = boto3.client("logs", region_name="us-east-1")
+        clients = argparse.Namespace(sagemaker=sm, logs=logs)
+        job = running_job()
+        template = join_template(job, region="us-east-1")
+        stream = {"logStreams": [{"logStreamName": f"{RUNNING}/algo-1-1795000000"}]}
+        with Stubber(sm) as sms, Stubber(logs) as lgs:
+            lgs.add_response("describe_log_streams", stream)
+            lgs.add_response("get_log_events", {"events": [line(100, 0.035, starved), line(200, 0.03, starved)],
+                                                "nextForwardToken": "f/1"})
+            lgs.add_response("get_log_events", {"events": [], "nextForwardToken": "f/1"})
+            for i in range(4):
+                sms.add_response("create_training_job", {"TrainingJobArn": f"arn:aws:sagemaker:us-east-1:1:tj/{i}"})
+            sms.add_response("describe_training_job", job, expected_params={"TrainingJobName": RUNNING})
+            lgs.add_response("describe_log_streams", stream)
+            lgs.add_response("get_log_events", {"events": [line(300, 0.0, idle)], "nextForwardToken": "f/2"})
+            lgs.add_response("get_log_events", {"events": [], "nextForwardToken": "f/2"})
+            for _ in range(4):
+                sms.add_response("stop_training_job", {})
+            sms.add_response("describe_training_job", dict(job, TrainingJobStatus="Completed"),
+                             expected_params={"TrainingJobName": RUNNING})
+            args = argparse.Namespace(job=RUNNING, min=1, max=8, usd_per_hour=0.0, cooldown_s=0.0, in_after=1,
+                                      poll_s=1.0)
+            assert act(args, clients, job, template, sleep=lambda s: None) == 0
+            sms.assert_no_pending_responses()
+            lgs.assert_no_pending_responses()
+        state = json.loads(boto3.client("s3", region_name="us-east-1").get_object(
+            Bucket="bkt", Key=f"out/{RUNNING}/registry/autoscale/state.json")["Body"].read())
+    assert [(h["step"], h["action"], h["count"]) for h in state["history"]] == [(200, "out", 4), (300, "in", 4)]
+    assert len(state["started"]) == 4 and state["drained"] == state["started"][::-1]  # the newest first

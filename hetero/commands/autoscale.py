@@ -5,7 +5,13 @@ The job runs with ``autoscale.mode=act autoscale.actuator=sagemaker`` (and its l
 credentials, writes the data-only job its rank 0 starts for each node it adds (``hetero
 submit --join``'s job of one data node: Managed Spot unless ``--on-demand``, a warm pool of
 ``--keep-alive`` seconds) beside the job's registry. ``--dry-run`` prints it and writes nothing.
-See docs/autoscale.md for the IAM the job's role needs.
+
+``--act`` (for a job left in ``autoscale.mode=advise``): this command is the autoscaler. It reads
+the job's advice lines from CloudWatch Logs every ``--poll-s``, decides with the same policy and
+limits (``--min``, ``--max``, ``--usd-per-hour``, ``--cooldown-s``, ``--in-after``), starts
+data-only jobs to add nodes and stops the newest of them to drain (SageMaker's SIGTERM makes a
+server leave the registry first), until the job ends. Its state lives beside the registry, so
+it can be stopped and started again. See docs/autoscale.md for the IAM both need.
 """
 from __future__ import annotations
 
@@ -26,6 +32,13 @@ def register(sub) -> None:
                         "replacement starts in seconds")
     p.add_argument("--max-run", type=int, default=86400, help="each data-only job's MaxRuntimeInSeconds")
     p.add_argument("--dry-run", action="store_true", help="print the template; no write")
+    p.add_argument("--act", action="store_true", help="act on the job's advice from here until it ends")
+    p.add_argument("--min", type=int, default=1, help="with --act: data nodes kept at least")
+    p.add_argument("--max", type=int, default=8, help="with --act: data nodes at most")
+    p.add_argument("--usd-per-hour", type=float, default=0.0, help="with --act: cap on the data nodes' $/h (0: none)")
+    p.add_argument("--cooldown-s", type=float, default=300.0, help="with --act: seconds between actions")
+    p.add_argument("--in-after", type=int, default=2, help="with --act: advice windows saying fewer before a drain")
+    p.add_argument("--poll-s", type=float, default=60.0, help="with --act: seconds between reads of the job's logs")
     p.set_defaults(func=run)
 
 
@@ -53,8 +66,58 @@ def run(args: argparse.Namespace) -> int:
         print(f"hetero autoscale: AWS refused: {exc}", file=sys.stderr)
         return 1
     kind = template["ResourceConfig"]["InstanceGroups"][0]["InstanceType"]
-    print(f"wrote {where}: {args.job}'s rank 0 adds data nodes of {kind} as data-only jobs "
-          f"({'on-demand' if args.on_demand else 'Managed Spot'}"
-          f"{f', warm pool {args.keep_alive} s' if args.keep_alive else ''}) when it runs with "
-          "autoscale.mode=act autoscale.actuator=sagemaker")
-    return 0
+    how = f"{'on-demand' if args.on_demand else 'Managed Spot'}" + (f", warm pool {args.keep_alive} s"
+                                                                    if args.keep_alive else "")
+    if not args.act:
+        print(f"wrote {where}: {args.job}'s rank 0 adds data nodes of {kind} as data-only jobs ({how}) when it "
+              "runs with autoscale.mode=act autoscale.actuator=sagemaker")
+        return 0
+    print(f"wrote {where}; acting on {args.job}'s advice: data nodes of {kind} ({how}) between {args.min} and "
+          f"{args.max}", flush=True)
+    try:
+        return act(args, Clients(region), job, template)
+    except ConfigError as exc:
+        print(f"hetero autoscale: {exc}", file=sys.stderr)
+        return 2
+    except (ClientError, BotoCoreError) as exc:
+        print(f"hetero autoscale: AWS refused: {exc}", file=sys.stderr)
+        return 1
+
+
+def act(args: argparse.Namespace, clients, job: dict, template: dict, sleep=None) -> int:
+    """The autoscaler outside the job: its advice lines from CloudWatch in, data-only jobs out."""
+    import time
+
+    from hetero.sagemaker.follow import TERMINAL, LogTail
+    from hetero.sagemaker.join import describe, registry_of
+    from launcher.autoscale import Autoscaler, Settings
+    from launcher.autoscale.sagemaker import SageMakerActuator
+    from launcher.logmetrics import parse_advice_line
+
+    sleep = sleep or time.sleep
+    registry = registry_of(job)
+    settings = Settings.from_options({"mode": "act", "actuator": "sagemaker", "min": args.min, "max": args.max,
+                                      "usd_per_hour": args.usd_per_hour, "cooldown_s": args.cooldown_s,
+                                      "in_after": args.in_after}, registry=registry)
+    actuator = SageMakerActuator(registry, clients.sagemaker, template=template)
+    scaler = Autoscaler(settings, actuator, registry, "", drain_by_actuator=True)
+    actuator.jobs = [j for j in scaler.started if j not in scaler.drained]  # a restarted controller's jobs
+    done = max((h.get("step", 0) for h in scaler.history), default=None)
+    tail = LogTail(clients.logs, args.job)
+    try:
+        while True:
+            advice = [a for a in map(parse_advice_line, tail.poll()) if a is not None and not a["final"]]
+            if done is None:  # the first read: act on the newest advice only, not the job's past
+                advice = advice[-1:]
+            for a in advice:
+                if done is None or a["step"] > done:
+                    scaler.on_advice(a)
+                    done = a["step"]
+            scaler.wait(600.0)  # one decision's calls at a time
+            status = describe(clients, args.job)["TrainingJobStatus"]
+            if status in TERMINAL:
+                print(f"{args.job} is {status}: {scaler.summary()['actions']} action(s) taken", flush=True)
+                return 0
+            sleep(args.poll_s)
+    finally:
+        scaler.close()

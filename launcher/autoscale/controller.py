@@ -58,14 +58,19 @@ class Autoscaler:
         store: where the state is saved (default: beside the registry).
         clock: wall-clock seconds (tests pass a fake).
         drainer: asks one server to leave (tests may pass another).
+        drain_by_actuator: scale in through the actuator's ``drain(count, ctx)`` (ids it stopped)
+            instead of draining registered servers here: a controller outside the job's network
+            (``hetero autoscale JOB --act``) stops the data-only jobs it started, whose servers
+            leave the registry first as on any SIGTERM.
     """
 
     def __init__(self, settings: Settings, actuator: Actuator | None, registry: str, token: str, *,
                  fixed: Sequence[str] = (), store: StateStore | None = None,
-                 clock: Callable[[], float] = time.time, drainer: Drainer = drain_server) -> None:
+                 clock: Callable[[], float] = time.time, drainer: Drainer = drain_server,
+                 drain_by_actuator: bool = False) -> None:
         self.settings, self.actuator, self.registry, self.token = settings, actuator, registry, token
         self.fixed = set(fixed)
-        self.clock, self.drainer = clock, drainer
+        self.clock, self.drainer, self.drain_by_actuator = clock, drainer, drain_by_actuator
         self.store = store if store is not None else (StateStore(registry) if registry else None)
         saved = self.store.load() if self.store is not None else {}
         self.state = State.from_dict(saved.get("policy", {}))
@@ -122,14 +127,19 @@ class Autoscaler:
                     "actions": len(actions), "started": list(self.started), "drained": list(self.drained),
                     "state": self.state.to_dict(), "resumed": self.resumed}
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Wait (up to ``timeout``) for an action under way, then stop."""
+    def wait(self, timeout: float = 60.0) -> None:
+        """Wait (up to ``timeout``) for the actions under way."""
         end = time.monotonic() + timeout
         for f in self._pending:
             try:
                 f.result(timeout=max(0.0, end - time.monotonic()))
             except Exception as exc:  # noqa: BLE001 - logged: the job's end is not an autoscaler error
                 log.warning("autoscale: an action did not finish: %s", exc)
+        self._pending = [f for f in self._pending if not f.done()]
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Wait (up to ``timeout``) for an action under way, then stop."""
+        self.wait(timeout)
         self._pool.shutdown(wait=False)
         if self.actuator is not None:
             self.actuator.close()
@@ -143,6 +153,13 @@ class Autoscaler:
                     self.started += ids
                     self._save()
                 log.info("autoscale: started %d data node(s) (%s) joining %s", len(ids), ", ".join(ids), self.registry)
+            elif action == IN and self.drain_by_actuator:
+                stopped = self.actuator.drain(count, ctx)
+                with self._lock:
+                    self.drained += stopped
+                    self._save()
+                log.info("autoscale: stopped %d data node(s) (%s); each leaves the registry first", len(stopped),
+                         ", ".join(stopped))
             elif action == IN:
                 drained = self._drain(count)
                 if drained:

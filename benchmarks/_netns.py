@@ -208,7 +208,8 @@ class EmulatedLink:
             for cmd in link.setup_commands():
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
                 if out.returncode != 0:
-                    raise LinkUnavailable(f"`{' '.join(cmd)}` failed: {(out.stderr or out.stdout).strip()}")
+                    hint = " (a kernel without sch_tbf?)" if "tbf" in cmd else ""
+                    raise LinkUnavailable(f"`{' '.join(cmd)}` failed{hint}: {(out.stderr or out.stdout).strip()}")
         except BaseException:
             link.remove()
             raise

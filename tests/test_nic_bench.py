@@ -181,3 +181,29 @@ def test_the_smallest_emulated_nic_run(tmp_path):
     assert jpeg["bytes_per_image"] <= u8["bytes_per_image"] / 4
     assert u8["link"]["sent"] > 0 and u8["step_s"] > jpeg["step_s"]
     assert u8["advice"] and any("NIC" in line for line in u8["advice"]), u8["advice"]
+
+
+def test_the_benchmark_skips_with_the_reason_where_it_cannot_make_a_link(tmp_path, monkeypatch, capsys):
+    import json
+
+    from benchmarks import nic
+
+    monkeypatch.setattr(nic, "unavailable", lambda: "needs root (network namespaces, veth and tc)")
+    assert nic.main(["--json", str(tmp_path / "nic.json")]) == 0
+    result = json.loads((tmp_path / "nic.json").read_text())
+    assert result["skipped"] == "needs root (network namespaces, veth and tc)"
+    assert "benchmarks.nic skipped: needs root" in capsys.readouterr().out
+
+
+def test_a_step_that_fails_leaves_nothing_behind():
+    import os
+    import subprocess
+
+    if _netns.unavailable():
+        pytest.skip(f"no emulated NIC here: {_netns.unavailable()}")
+    owner = os.getpid()
+    with pytest.raises(LinkUnavailable, match="ip link add"):
+        EmulatedLink.create(1e8, owner=owner, mtu=1 << 20)  # no veth takes a 1 MiB MTU: the second step fails
+    ns, host_if, _ = names(owner)
+    assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert host_if not in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout

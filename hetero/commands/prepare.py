@@ -26,6 +26,18 @@ def register(sub) -> None:
                         "and options on each), no index; then `hetero prepare --merge DEST`. Started again after "
                         "a crash, a part keeps the shards it finished")
     p.add_argument("--merge", metavar="DEST", help="write the index of DEST once every part is done")
+    sm = p.add_argument_group("as a SageMaker job (SRC and DEST in S3; one part per instance, the first merges)")
+    sm.add_argument("--sagemaker", type=int, metavar="N", help="run on N instances of --instance-type")
+    sm.add_argument("--instance-type", help="e.g. the data group's type, ml.c5.9xlarge")
+    sm.add_argument("--role", help="execution role ARN (S3 read on SRC, read/write on DEST)")
+    sm.add_argument("--output", help="s3:// prefix for the job's source archive and output")
+    sm.add_argument("--region", help="AWS region (default: boto3's)")
+    sm.add_argument("--image", help="training image URI (default: the AWS PyTorch image of --framework-version)")
+    sm.add_argument("--framework-version", default="2.5", help="AWS PyTorch training image version (default 2.5)")
+    sm.add_argument("--volume-gb", type=int, default=100, help="EBS volume per instance (staging shards)")
+    sm.add_argument("--max-run", type=int, default=24 * 3600, metavar="S", help="the job's run time bound, s")
+    sm.add_argument("--job-name", help="default hetero-prepare-<time>")
+    sm.add_argument("--dry-run", action="store_true", help="print the checked request; send nothing")
     p.add_argument("--shard-size", default="256MB", help="bytes per shard, e.g. 64MB, 256MB, 1GB (default 256MB)")
     p.add_argument("--max-side", type=int, default=0, metavar="N",
                    help="re-encode images whose long side exceeds N px (JPEG q95, antialiased; default 0: keep all)")
@@ -48,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from hetero.options import parse_kv
     from hetero.prepare import merge_parts, prepare
 
+    if args.sagemaker is not None:
+        return _sagemaker(args)
     if args.merge:
         if args.src or args.dest or args.part:
             print("hetero prepare: --merge DEST takes no SRC, DEST or --part")
@@ -76,4 +90,46 @@ def run(args: argparse.Namespace) -> int:
         print(f"when every part is done: hetero prepare --merge {dest}")
         return 0
     print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={dest}")
+    return 0
+
+
+def _sagemaker(args: argparse.Namespace) -> int:
+    import json
+
+    from data_service.errors import DataServiceError
+    from data_service.storage import parse_size
+    from hetero.sagemaker.client import resolve_region
+    from hetero.sagemaker.images import training_image
+    from hetero.sagemaker.prepare_job import prepare_spec, submit
+    from hetero.sagemaker.request import default_job_name
+    from hetero.sagemaker.source import source_uri
+    from hetero.sagemaker.spec import SubmitError, check_s3_uri
+
+    try:
+        if not (args.src and args.dest) or args.part or args.merge:
+            raise SubmitError("--sagemaker N takes SRC and DEST (s3://), no --part or --merge (each instance "
+                              "writes one part, the first merges)")
+        missing = [o for o, v in (("--instance-type", args.instance_type), ("--role", args.role),
+                                  ("--output", args.output)) if not v]
+        if missing:
+            raise SubmitError(f"--sagemaker needs {', '.join(missing)}")
+        region = resolve_region(args.region)
+        image = args.image or training_image(args.framework_version, region, [args.instance_type])[0]
+        name = args.job_name or default_job_name("prepare")
+        output = check_s3_uri(args.output, "--output")
+        spec = prepare_spec(args.src, args.dest, instance_type=args.instance_type, count=args.sagemaker,
+                            role=args.role, image=image, output=output, region=region, job_name=name,
+                            source_s3=source_uri(output, name),
+                            shard_size=parse_size(args.shard_size, "--shard-size"), max_side=args.max_side,
+                            shuffle_seed=None if args.no_shuffle else args.shuffle_seed, volume_gb=args.volume_gb,
+                            max_run_s=args.max_run)
+        request, arn = submit(spec, region, dry_run=args.dry_run)
+    except DataServiceError as exc:
+        print(f"hetero prepare: {exc}")
+        return 2
+    if args.dry_run:
+        print(json.dumps(request, indent=1, sort_keys=True))
+        return 0
+    print(f"created {arn}: {args.sagemaker} x {args.instance_type}, one part each; the first writes "
+          f"{args.dest}/index.bin when all are done (a part started again keeps its finished shards)")
     return 0

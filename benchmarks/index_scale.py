@@ -151,7 +151,8 @@ def measure(folder: Path, options: dict, workers: int, batches: int, log: Path) 
         srv.stop()
     return {"ready_s": round(ready, 2), "first_batch_s": round(first, 2),
             "consumer_epoch_start_s": round(consumer_epoch, 2), "workers": len(rss),
-            "worker_rss_mb": round(statistics.mean(rss) / 1e6, 1), "worker_uss_mb": round(statistics.mean(uss) / 1e6, 1),
+            "worker_rss_mb": round(statistics.mean(rss) / 1e6, 1),
+            "worker_uss_mb": round(statistics.mean(uss) / 1e6, 1),
             "main_rss_mb": round(main / 1e6, 1)}
 
 

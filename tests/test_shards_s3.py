@@ -233,3 +233,45 @@ def test_a_whole_local_job_trains_on_s3_shards_and_shuts_down_cleanly(world, tmp
     assert len(sent) == 2 and sum(sent) >= 24 and min(sent) > 0, sent  # more: hedged copies, dropped
     rows = read_audit(audit)
     assert sorted((x["epoch"], x["batch"]) for x in rows) == [(e, b) for e in range(2) for b in range(12)]
+
+
+def _index_fetch(cache: str) -> None:
+    from data_service.shards.indexfile import read_index
+
+    index = read_index(URL, cache_dir=cache)
+    assert len(index) == 200 and index.sample(len(index) - 1)
+
+
+def test_the_index_is_fetched_from_s3_once_per_node_and_read_from_the_node_s_cache(world, tmp_path):
+    import multiprocessing as mp
+
+    local, srv = world
+    size = (local / INDEX_NAME).stat().st_size
+    key = f"/{BUCKET}/train/{INDEX_NAME}"
+    srv.proxy.reset_counters()
+    procs = [mp.get_context("fork").Process(target=_index_fetch, args=(str(tmp_path),)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    first = srv.proxy.counters()["path_bytes"][key]
+    assert size <= first <= size + 3 * 2048  # the whole file once; each process reads its header
+    assert list((tmp_path / "indexes").glob("index-*.bin"))
+    srv.proxy.reset_counters()
+    _index_fetch(str(tmp_path))  # cached on this node: the header, not the columns
+    assert srv.proxy.counters()["path_bytes"][key] <= 2048 < size
+
+
+def test_an_s3_index_with_a_header_longer_than_its_first_read_is_read_whole(world, tmp_path):
+    import numpy as np
+
+    from data_service.shards.format import ShardIndex, ShardInfo
+    from data_service.shards.indexfile import read_index, write_index
+
+    classes = [f"n{c:08d}-a-long-class-name" for c in range(1000)]  # a header of ~40 KB
+    index = ShardIndex(classes, [ShardInfo("a/x.tar", 10_000, 0, 3)], np.array([512, 2048, 4096]),
+                       np.array([100, 200, 300]), np.array([0, 999, 5]))
+    write_index(S3Store(f"s3://{BUCKET}/many-classes"), index)
+    back = read_index(f"s3://{BUCKET}/many-classes", cache_dir=str(tmp_path))
+    assert back.classes == classes and back.sample(1) == (0, 2048, 200, 999)

@@ -47,6 +47,7 @@ SAMPLE_COLUMNS = (("offsets", "<i8"), ("lengths", "<u4"), ("labels", "<i4"))
 SHARD_COLUMNS = (("shard_first", "<i8"), ("shard_size", "<i8"), ("name_end", "<i8"), ("names", "|u1"))
 FETCH_RANGE = 64 << 20  # bytes per GET when an index is fetched from S3
 FETCH_READERS = 8
+HEAD_READ = 2048  # the first GET of an S3 index: its header (a longer one takes a second GET)
 
 __all__ = ["IndexWriter", "write_index", "read_index", "open_index_file", "INDEX_NAME", "JSON_INDEX_NAME"]
 
@@ -305,7 +306,7 @@ def _fetched(store, cache_dir: str, where: str) -> ShardIndex:
     from .cache import default_dir
 
     size = store.check(INDEX_NAME)
-    head = store.read(INDEX_NAME, 0, min(size, 1 << 16)) if size else b""
+    head = store.read(INDEX_NAME, 0, min(size, HEAD_READ)) if size else b""
     extra: list[bytes] = []
 
     def more(k: int) -> bytes:

@@ -31,6 +31,7 @@ from data_service.storage.base import StoreError
 
 WORK = "_prepare"
 PLAN = f"{WORK}/plan.json"
+MERGE_READERS = 16
 TAR_OVERHEAD = 2 * 512 + 512 + 256  # per sample: two member headers, a .cls block, padding on average
 
 
@@ -157,7 +158,15 @@ def read_plan(store) -> Plan | None:
         raise ConfigError(str(exc)) from exc
 
 
-def merge(store, *, progress: bool = False) -> Summary:
+def _manifests(store, shards: int, pool: ThreadPoolExecutor):
+    """``(k, manifest bytes)`` in shard order, read ``MERGE_READERS`` at a time (an S3 prefix: a GET
+    each), a bounded window ahead so memory stays flat."""
+    for start in range(0, shards, 4 * MERGE_READERS):
+        ks = range(start, min(shards, start + 4 * MERGE_READERS))
+        yield from zip(ks, pool.map(lambda k: store.read(manifest_key(k)), ks))
+
+
+def merge(store) -> Summary:
     """Join the shard manifests of the run in ``store`` into ``index.bin``; remove the manifests and
     shards of earlier runs. ConfigError naming the missing shards (and their parts) when some are not done."""
     plan = read_plan(store)
@@ -171,10 +180,11 @@ def merge(store, *, progress: bool = False) -> Summary:
                           f"(first: {SHARD_PATTERN.format(missing[0])}); finish every part (a part started again "
                           "keeps what it finished), then merge")
     summary = Summary()
-    with IndexWriter(store.root if isinstance(store, LocalStore) else "") as writer:
-        for k in range(plan.shards):
+    with IndexWriter(store.root if isinstance(store, LocalStore) else "") as writer, \
+            ThreadPoolExecutor(MERGE_READERS) as pool:
+        for k, raw in _manifests(store, plan.shards, pool):
             try:
-                doc = json.loads(store.read(manifest_key(k)))
+                doc = json.loads(raw)
                 writer.add_shard(doc["name"], int(doc["size"]), np.array(doc["offsets"], dtype=np.int64),
                                  doc["lengths"], doc["labels"])
             except (ValueError, KeyError, TypeError) as exc:

@@ -201,6 +201,12 @@ def rank_share(num_batches: int, rank: int, world_size: int, remainder: str = "d
             batches; ``"pad"`` gives every rank ``ceil(num_batches / world_size)``
             batches by wrapping round to the first batches of the epoch.
     """
+    per_rank = rank_share_size(num_batches, rank, world_size, remainder)
+    return [(k * world_size + rank) % num_batches for k in range(per_rank)]
+
+
+def rank_share_size(num_batches: int, rank: int, world_size: int, remainder: str = "drop") -> int:
+    """How many batches ``rank_share`` gives each rank (its errors for bad arguments)."""
     if world_size < 1:
         raise ConfigError(f"world_size={world_size} must be >= 1")
     if not 0 <= rank < world_size:
@@ -216,4 +222,4 @@ def rank_share(num_batches: int, rank: int, world_size: int, remainder: str = "d
             f"an epoch of {num_batches} batches is too short for world_size={world_size} with "
             "remainder='drop'; use remainder='pad' or a smaller batch size"
         )
-    return [(k * world_size + rank) % num_batches for k in range(per_rank)]
+    return per_rank

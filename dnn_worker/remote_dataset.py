@@ -30,6 +30,7 @@ from data_service.version import PROTOCOL_VERSION
 from data_service.wire import pb
 
 from .affinity import Affinity
+from .batch_list import BatchList, BatchRefs
 from .control import ControlClient
 from .fetch_options import FetchOptions
 from .fetcher import Fetcher
@@ -161,13 +162,14 @@ class RemoteDataset(ShardedBatches):
         full, rest = divmod(d.num_samples, d.batch_size)
         return full + (1 if rest and not d.drop_last else 0)
 
-    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
+    def _batches(self, items: BatchList | list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         info = self.hello()
         # Connections stay open for the next epoch when this ends with its first batches fetched
         # ahead (a next iteration of this object will come); otherwise they close with the epoch.
         keep = bool(items) and items[-1][0] != self.epoch
         previous, self._fetcher = self._fetcher, None
-        refs = [pb.BatchRef(seed=self.seed, epoch=e, index=i) for e, i in items]
+        # computed per batch as the scheduler reaches it: nothing is built per batch of the epoch
+        refs = BatchRefs(self.seed, BatchList.of(items))
         options = FetchOptions(self.token, window=self.window, small_window=0 if self.window else SMALL_WINDOW,
                                connect_timeout=self.connect_timeout, batch_timeout=self.batch_timeout,
                                client_id=client_id(self.dp_rank), fingerprint=info.dataset.fingerprint,

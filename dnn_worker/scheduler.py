@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from data_service.errors import ConfigError
 from data_service.wire import pb
 
 from .affinity import Affinity
+from .batch_list import Positions, Todo, as_refs
 from .lane import Key, Lane, key
 
 SMALL_BATCH_BYTES = 1 << 20  # batches up to this size get the wider window (``small_window``)
@@ -60,17 +62,20 @@ class Scheduler:
     """Which server builds each of ``refs`` (module docstring).
 
     Args:
-        refs: the batches, in the order the consumer needs them (unique).
+        refs: the batches, in the order the consumer needs them (unique): a list, or a
+            ``batch_list.BatchRefs`` (an epoch of millions of batches, nothing stored per batch).
         small_window: a server's window while batches are small (0: its window always).
         affinity: the plan's blocks and owners (None: any server is as good as another).
     """
 
-    def __init__(self, refs: list[pb.BatchRef], small_window: int = 0, affinity: Affinity | None = None) -> None:
-        self.refs = list(refs)
-        self.pos = {key(r): i for i, r in enumerate(self.refs)}
-        if len(self.pos) != len(self.refs):
+    def __init__(self, refs: Sequence[pb.BatchRef], small_window: int = 0, affinity: Affinity | None = None) -> None:
+        # A ``BatchRefs`` is kept as it is (arithmetic: nothing held per batch of the epoch);
+        # a plain list gets a dict of positions.
+        self.refs = as_refs(refs)
+        if not self.refs.unique():
             raise ConfigError("refs must be unique (seed, epoch, index) triples")
-        self.todo: collections.deque[pb.BatchRef] = collections.deque(self.refs)
+        self.pos = Positions(self.refs)
+        self.todo = Todo(self.refs)  # sorted by position: requeued refs go back at its head
         self.lanes: dict[str, Lane] = {}
         self.small_window = small_window
         self.small = False  # batches seen so far are at most SMALL_BATCH_BYTES
@@ -201,7 +206,7 @@ class Scheduler:
             queued = {ln.address: len(ln.outstanding) for ln in lanes}
             gap = self._default_gap()
             waiting: list[pb.BatchRef] = []
-            while self.todo and self.pos[key(self.todo[0])] < limit and any(room.values()):
+            while self.todo and self.todo.first_position() < limit and any(room.values()):
                 best = min(lanes, key=lambda ln: (ln.done_at(queued[ln.address] + 1, now, gap), queued[ln.address]))
                 ref = self.todo.popleft()
                 queued[best.address] += 1
@@ -223,7 +228,7 @@ class Scheduler:
         """Each server takes the batches of the blocks it owns; one with room and nothing of its
         own takes batches of blocks it built lately. Returns whether a server stays idle."""
         head = []
-        while self.todo and self.pos[key(self.todo[0])] < limit:
+        while self.todo and self.todo.first_position() < limit:
             head.append(self.todo.popleft())
         owner = {key(r): self.affinity.owner(r, owners, weights) for r in head}
         mine: dict[str, list[pb.BatchRef]] = collections.defaultdict(list)
@@ -311,6 +316,6 @@ class Scheduler:
             return
         last = max(self.pos[key(r)] for r in refs)
         head = []  # ``todo`` is sorted: only its head, up to the last requeued position, needs merging
-        while self.todo and self.pos[key(self.todo[0])] < last:
+        while self.todo and self.todo.first_position() < last:
             head.append(self.todo.popleft())
         self.todo.extendleft(sorted([*head, *refs], key=lambda r: self.pos[key(r)], reverse=True))

@@ -8,9 +8,8 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from data_service.errors import ConfigError
-from data_service.sampler import rank_share
-
 from .audit import AuditLog, digest
+from .batch_list import BatchList, Stride, rank_stride
 
 
 def default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -79,7 +78,7 @@ class ShardedBatches(IterableDataset):
         self.start = 0  # batches of this rank's share before the next iteration's first one
         self._yielded = 0  # batches this object's own iteration yielded since ``start``
         self.last_yielded: tuple[int, int] | None = None  # (epoch, batch index) of the last one
-        self._share: tuple[int, list[int]] | None = None
+        self._share: tuple[int, Stride] | None = None
         # [epoch, start] in shared memory, read by DataLoader workers at each iteration: a
         # persistent worker keeps its copy of this object, so plain attributes would not reach it.
         self._plan = None
@@ -143,17 +142,17 @@ class ShardedBatches(IterableDataset):
     def num_batches_per_epoch(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _rank_share(self) -> list[int]:
+    def _rank_share(self) -> Stride:
         n = self.num_batches_per_epoch()
         if self._share is None or self._share[0] != n:
-            self._share = (n, rank_share(n, self.dp_rank, self.dp_size, self.remainder))
+            self._share = (n, rank_stride(n, self.dp_rank, self.dp_size, self.remainder))
         return self._share[1]
 
-    def rank_indices(self) -> list[int]:
+    def rank_indices(self) -> Stride:
         """This rank's batch indices for the current epoch, after the resume point."""
         return self._rank_share()[self.start:]
 
-    def my_indices(self) -> list[int]:
+    def my_indices(self) -> Stride:
         """This process's part: DataLoader worker ``w`` of ``N`` takes every N-th batch from w,
         so the loader's round-robin yields them in order."""
         indices = self.rank_indices()
@@ -166,22 +165,23 @@ class ShardedBatches(IterableDataset):
         return len(self.rank_indices())
 
     # -- iteration
-    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:  # pragma: no cover
-        """Yield ``(epoch, index, batch)`` for ``items`` (``(epoch, index)`` pairs), in order."""
+    def _batches(self, items: BatchList) -> Iterator[tuple[int, int, Any]]:  # pragma: no cover
+        """Yield ``(epoch, index, batch)`` for ``items`` (``(epoch, index)`` pairs, computed per item:
+        an epoch may hold millions), in order."""
         raise NotImplementedError
 
-    def _next_epoch_items(self, epoch: int) -> list[tuple[int, int]]:
+    def _next_epoch_items(self, epoch: int) -> BatchList:
         """This process's first ``lookahead`` batches of ``epoch + 1`` from its start (the usual next
         iteration), or none when no later iteration of this object can use them."""
         info = get_worker_info()
         if self.lookahead < 1 or self.epochs is None or epoch + 1 >= self.epochs:
-            return []
+            return BatchList()
         if info is not None and not self._workers_persist:
-            return []  # a non-persistent loader worker ends with this epoch
+            return BatchList()  # a non-persistent loader worker ends with this epoch
         share = self._rank_share()
         if info is not None and info.num_workers > 1:
             share = share[info.id::info.num_workers]
-        return [(epoch + 1, i) for i in share[:self.lookahead]]
+        return BatchList([(epoch + 1, share[:self.lookahead])])
 
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
@@ -192,7 +192,7 @@ class ShardedBatches(IterableDataset):
             state = self.state_dict()
             self._seek(state["epoch"], state["position"])
         epoch = self.epoch
-        items = [(epoch, i) for i in self.my_indices()]
+        items = BatchList([(epoch, self.my_indices())])
         # Batches of this epoch fetched ahead at the end of the last one (its first, usually).
         carry, self._carry = self._carry, {}
         ready = 0

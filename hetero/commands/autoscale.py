@@ -46,25 +46,30 @@ def run(args: argparse.Namespace) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
     from data_service.errors import ConfigError
-    from hetero.sagemaker.autoscale import join_template, write_template
-    from hetero.sagemaker.client import Clients, resolve_region
-    from hetero.sagemaker.join import describe
 
     try:
-        region = resolve_region(args.region)
-        job = describe(Clients(region), args.job)
-        template = join_template(job, region=region, instance_type=args.instance_type, spot=not args.on_demand,
-                                 keep_alive_s=args.keep_alive, max_run_s=args.max_run)
-        if args.dry_run:
-            print(json.dumps(template, indent=1, sort_keys=True))
-            return 0
-        where = write_template(job, template)
+        return _run(args)
     except ConfigError as exc:
         print(f"hetero autoscale: {exc}", file=sys.stderr)
         return 2
     except (ClientError, BotoCoreError) as exc:
         print(f"hetero autoscale: AWS refused: {exc}", file=sys.stderr)
         return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hetero.sagemaker.autoscale import join_template, write_template
+    from hetero.sagemaker.client import Clients, resolve_region
+    from hetero.sagemaker.join import describe
+
+    region = resolve_region(args.region)
+    job = describe(Clients(region), args.job)
+    template = join_template(job, region=region, instance_type=args.instance_type, spot=not args.on_demand,
+                             keep_alive_s=args.keep_alive, max_run_s=args.max_run)
+    if args.dry_run:
+        print(json.dumps(template, indent=1, sort_keys=True))
+        return 0
+    where = write_template(job, template)
     kind = template["ResourceConfig"]["InstanceGroups"][0]["InstanceType"]
     how = f"{'on-demand' if args.on_demand else 'Managed Spot'}" + (f", warm pool {args.keep_alive} s"
                                                                     if args.keep_alive else "")
@@ -74,14 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {where}; acting on {args.job}'s advice: data nodes of {kind} ({how}) between {args.min} and "
           f"{args.max}", flush=True)
-    try:
-        return act(args, Clients(region), job, template)
-    except ConfigError as exc:
-        print(f"hetero autoscale: {exc}", file=sys.stderr)
-        return 2
-    except (ClientError, BotoCoreError) as exc:
-        print(f"hetero autoscale: AWS refused: {exc}", file=sys.stderr)
-        return 1
+    return act(args, Clients(region), job, template)
 
 
 def act(args: argparse.Namespace, clients, job: dict, template: dict, sleep=None) -> int:

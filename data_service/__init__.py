@@ -15,8 +15,19 @@ from .errors import (
     ServerUnavailableError,
     VersionMismatchError,
 )
-from .pipeline import Pipeline, PipelineSpec, SkipSample
 from .version import PROTOCOL_VERSION
+
+_PIPELINE_NAMES = ("Pipeline", "PipelineSpec", "SkipSample")
+
+
+def __getattr__(name: str):
+    # The pipeline module imports torch (a second of a data server's start): loaded when first
+    # named, so a server's main process starts its workers before it pays for torch.
+    if name in _PIPELINE_NAMES:
+        from . import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'data_service' has no attribute {name!r}")
 
 __all__ = [
     "BatchBuildError",

@@ -15,10 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
-import torch
-from torch.utils.data import default_collate
 
-from . import wire_encoding
 from .errors import ConfigError
 from .sampler import PlanConfig, batch_indices, derive_seed
 
@@ -169,6 +166,8 @@ class PipelineInfo:
     def of(cls, pipe: Pipeline) -> "PipelineInfo":
         """Checks the pipeline's plan, finish stage and wire encoding (ConfigError naming the value and
         the fix; an encoder this node lacks is one too)."""
+        from . import wire_encoding
+
         wire = wire_encoding.parse(pipe.wire_encoding)
         wire_encoding.check_encoder(wire)
         return cls(pipe.plan_config(), pipe.finish_target(), dict(pipe.finish_dtypes or {}),
@@ -277,6 +276,8 @@ class SampleError(Exception):
 
 def seed_everything(seed: int) -> None:
     """Seed torch (CPU), numpy and random so augmentation depends only on ``seed``."""
+    import torch
+
     # Not torch.manual_seed: it also queues lazy seeding of every accelerator
     # backend, recording a stack trace each time (about 1 ms per batch).
     torch.default_generator.manual_seed(seed)
@@ -295,6 +296,13 @@ def build_batch(pipe: Pipeline, cfg: PlanConfig, seed: int, epoch: int, index: i
         IndexError: (epoch, index) is outside the plan.
         SampleError: user code raised; carries the sample index.
     """
+    # torch is imported where batches are built (workers, in-process loaders), not by a data
+    # server's main process, which starts its workers first
+    import torch
+    from torch.utils.data import default_collate
+
+    from . import wire_encoding
+
     indices = batch_indices(cfg, seed, epoch, index)
     threads = torch.get_num_threads()
     if threads != 1:

@@ -159,7 +159,14 @@ class DataServer:
         Raises:
             ConfigError: bad import path, options, batch structure or size; busy port.
         """
-        declared = self.spec.server_side()  # fails here, at start-up, with the import path in the message
+        # The workers start first: they import torch and load the pipeline while this process
+        # imports the builder's module (a second or more each, side by side).
+        self.pool.spawn()
+        try:
+            declared = self.spec.server_side()  # fails here, at start-up, with the import path in the message
+        except BaseException:
+            self.pool.stop(0)
+            raise
         side = declared or ServerSide()
         self.stats.pipeline_stats = side.stats
         self._pipeline_close = side.close

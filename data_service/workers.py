@@ -73,6 +73,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._pending: collections.deque[Task] = collections.deque()
         self._workers: list[WorkerHandle] = []
+        self._spawned_at = 0.0  # when spawn() started them
         self._gone: list[WorkerHandle] = []  # replaced workers whose pipes a poller may still watch
         self._next_id = 1
         self.info = None  # the PipelineInfo the workers reported (start())
@@ -97,6 +98,14 @@ class WorkerPool:
         self._detached: set[ServerSlot] = set()  # slots detached from their worker, not yet released
 
     # -- lifecycle
+    def spawn(self) -> None:
+        """Start the worker processes, all at once, without waiting for them (``start`` waits): they
+        load the pipeline while the caller goes on (a data server's main process imports the
+        builder's module meanwhile). Once only."""
+        if not self._workers:
+            self._workers = [worker_lifecycle.spawn(self._ctx, w, self._cfg) for w in range(self._num_workers)]
+            self._spawned_at = time.monotonic()
+
     def start(self, own_thread: bool = True) -> None:
         """Start the workers; wait until each has loaded the pipeline; ``info`` is then what they
         reported (the plan and finish stage).
@@ -108,8 +117,8 @@ class WorkerPool:
         Raises:
             ConfigError: a worker could not load the pipeline (with its traceback).
         """
-        self._workers = [worker_lifecycle.spawn(self._ctx, w, self._cfg) for w in range(self._num_workers)]
-        deadline = time.monotonic() + self._cfg.start_timeout  # they load side by side
+        self.spawn()
+        deadline = self._spawned_at + self._cfg.start_timeout  # they load side by side
         try:
             for k in range(len(self._workers)):
                 worker_lifecycle.start_with_retry(self._ctx, self._workers, k, deadline, self._cfg,

@@ -13,6 +13,7 @@ from data_service.version import PROTOCOL_VERSION, mismatch_message
 from data_service.wire import pb, pb_grpc
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+RECONNECT_MS = 200  # a channel that could not connect tries again this often (while it is used)
 
 
 class ControlClient:
@@ -32,7 +33,10 @@ class ControlClient:
         self.client_id = client_id
         self.client_version = client_version
         self._metadata = (bearer(token), (VERSION_KEY, client_version))
-        options = [("grpc.enable_retries", 0)]
+        # Reconnect at most RECONNECT_MS apart: with gRPC's default backoff (1 s, then x1.6 up to
+        # 120 s) a client waiting for a server that is still starting saw it up to seconds late.
+        options = [("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", RECONNECT_MS),
+                   ("grpc.min_reconnect_backoff_ms", RECONNECT_MS), ("grpc.max_reconnect_backoff_ms", RECONNECT_MS)]
         if tls_ca:
             from data_service.tls import _read
 

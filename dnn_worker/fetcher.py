@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from data_service.errors import BatchBuildError, DataServiceError
 from data_service.wire import pb
@@ -47,7 +47,8 @@ class Fetcher:
 
     Args:
         servers: ``host:port`` gRPC addresses of the data servers (may be empty with a registry).
-        refs: the batches to fetch, in the order to yield them (unique).
+        refs: the batches to fetch, in the order to yield them (unique): a list, or a
+            ``batch_list.BatchRefs`` (computed per batch: an epoch of millions costs nothing to list).
         options: the job token, windows, deadlines, TLS (``FetchOptions``).
         affinity: ask each batch of the server owning its shuffle block (``scheduler``).
         registry: a ``RegistryWatcher``: servers that join and leave while the list is fetched.
@@ -57,7 +58,7 @@ class Fetcher:
             epoch of a persistent loader worker).
     """
 
-    def __init__(self, servers: list[str], refs: list[pb.BatchRef], options: FetchOptions, *,
+    def __init__(self, servers: list[str], refs: Sequence[pb.BatchRef], options: FetchOptions, *,
                  affinity: Affinity | None = None, registry: RegistryWatcher | None = None,
                  keep_open: bool = False, reuse: "Fetcher | None" = None) -> None:
         self.options = options

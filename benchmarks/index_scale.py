@@ -10,7 +10,7 @@ pipeline starts on the prefix, a consumer asks for epoch 0, and the benchmark re
 * ``first_batch_s``: process start to the consumer holding its first batch (the consumer asks for
   the first ``--batches`` batches of epoch 0);
 * ``consumer_epoch_start_s``: with the server up, a ``RemoteDataset`` (one rank) from ``iter()`` to
-  its first batch: the consumer lists every batch of its epoch first (millions at 100 M samples);
+  its first batch (its epoch's millions of batches at 100 M samples are computed as it reaches them);
 * RSS of each worker process after ``--batches`` batches (and USS: the pages it alone holds),
   against the same on a tiny data set (one block): the growth is what the index costs a worker.
 

@@ -18,7 +18,7 @@ Sizes: ``--samples 1280000,100000000`` with ``index.bin``, and ``--json 1280000`
 version-1 ``index.json`` for comparison. No LIST of the samples happens anywhere: the server
 opens one index file and lists each shard folder once.
 
-    flock /work/notes/bench.lock python -m benchmarks.index_scale --work /tmp/index-scale
+    python -m benchmarks.index_scale --work /tmp/index-scale
 """
 from __future__ import annotations
 

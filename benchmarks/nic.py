@@ -1,7 +1,7 @@
 """A NIC-bound job under an emulated NIC: the planner's predicted step against the measured one,
 per wire encoding, and the live advice the job prints.
 
-    flock /work/notes/bench.lock python -m benchmarks.nic --json out/nic.json     # as root
+    python -m benchmarks.nic --json out/nic.json     # as root
 
 One data server (``hetero serve``, the image pipeline over photo-like JPEGs, :mod:`benchmarks.photos`)
 runs inside a network namespace made for the run (:mod:`benchmarks._netns`), its one worker alone

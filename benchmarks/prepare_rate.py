@@ -4,7 +4,7 @@ Each run writes the folder as shards into a fresh local DEST with ``--workers W`
 decoded once to check it, and written into a tar); the figure is images/s and images/s per worker.
 ``--max-side`` adds the re-encode of the images larger than it.
 
-    flock /work/notes/bench.lock python -m benchmarks.prepare_rate --work /tmp/prep-rate --images 2000
+    python -m benchmarks.prepare_rate --work /tmp/prep-rate --images 2000
 """
 from __future__ import annotations
 

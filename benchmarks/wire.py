@@ -16,7 +16,7 @@ lossless candidates the choice of ``up-zstd`` rests on (today's per-batch lz4 an
 ``data_service.compression``, the left, up and Paeth differences before zstd, PNG). ``--build``
 also times ``build_batch`` with each encoding on, the whole data-worker cost per image.
 
-    flock /work/notes/bench.lock python -m benchmarks.wire --images-dir /tmp/photos --images 640
+    python -m benchmarks.wire --images-dir /tmp/photos --images 640
 """
 from __future__ import annotations
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
+from _epoch_audit import read_epoch_and_check
 from conftest import TOKEN
 from data_service.codec import batch_digest
 from data_service.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import LocalDataset, RemoteDataset, ResumableLoader
-from hetero.testing import read_audit
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
 BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 16, "interleave": 2, "drop_last": False}
@@ -96,17 +96,8 @@ def test_every_sample_once_from_3_data_nodes(data, tmp_path, monkeypatch, source
         servers.append(DataServer(PipelineSpec(PIPELINE, options), TOKEN,
                                   ServerOptions(num_workers=1, probe=False)).start())
     try:
-        audit = tmp_path / "audit.jsonl"
-        for rank in range(world):
-            ds = RemoteDataset([s.address for s in servers], TOKEN, seed=5, rank=rank, world_size=world,
-                               audit_path=audit)
-            ds.set_epoch(1)
-            list(ds)
-        rows = read_audit(audit)
-        assert len(rows) == len(ref) // world * world and len({x["batch"] for x in rows}) == len(rows)
-        assert all(x["sha256"] == ref[x["batch"]] for x in rows)
+        built = read_epoch_and_check(servers, ref, tmp_path / "audit.jsonl", world)
         if nservers > 1:
-            built = [s.stats.snapshot().batches_built for s in servers]
             assert sum(1 for b in built if b > 0) >= 2, built  # affinity spreads blocks over servers
     finally:
         for s in servers:

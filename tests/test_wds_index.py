@@ -286,3 +286,46 @@ def test_members_of_a_sample_apart_and_a_key_repeated(tmp_path):
     assert summary.skipped == {"with repeated members": 1}
     ds = ShardDataset(str(src), index=str(tmp_path / "i2"))
     assert [ds[i] for i in range(len(ds))] == [(b"A", 0), (b"C", 2), (b"B", 1)]  # in the images' order
+
+
+@pytest.mark.parametrize("kind", [b"0", b"5"])
+@pytest.mark.parametrize("size_field", [b"\xff" * 12, b"\xff" + b"\xff" * 9 + b"\xfc\x00"])
+def test_a_negative_member_size_is_a_tar_error(size_field, kind):
+    from data_service.shards.tarwalk import ForwardReader, TarError, members
+
+    header = bytearray(512)
+    header[0:5] = b"a.jpg"
+    header[124:136] = size_field
+    header[156:157] = kind
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    raw = bytes(header) + bytes(1024)
+
+    class Bytes:
+        def read(self, key, a, b):
+            return raw[a:b]
+
+    walk = members(ForwardReader(Bytes(), "x.tar", len(raw)), lambda name: True)
+    with pytest.raises(TarError, match="size"):
+        for _ in zip(range(10), walk):
+            pass
+
+
+def test_a_pax_size_that_is_not_a_number_is_a_tar_error():
+    from data_service.shards.tarwalk import ForwardReader, TarError, members
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a.jpg")
+        info.size = 3
+        info.pax_headers = {"comment": "x"}
+        tar.addfile(info, io.BytesIO(b"abc"))
+    raw = buf.getvalue().replace(b"comment=x", b"size=zz ", 1)
+    assert b"size=zz" in raw
+
+    class Bytes:
+        def read(self, key, a, b):
+            return raw[a:b]
+
+    with pytest.raises(TarError, match="size"):
+        list(members(ForwardReader(Bytes(), "x.tar", len(raw)), lambda name: True))

@@ -93,8 +93,14 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
         if _checksum(header) != _number(header[148:156], where, at):
             raise TarError(where, at, "a tar header's checksum does not match (not a tar file, or corrupt)")
         kind = header[156:157]
-        size = int(pax.get("size", _number(header[124:136], where, at))) if kind in REGULAR else \
-            _number(header[124:136], where, at)
+        size = _number(header[124:136], where, at)
+        if kind in REGULAR and "size" in pax:
+            text = pax["size"].strip()
+            if not text.isdigit():
+                raise TarError(where, at, f"a pax size record holds {pax['size']!r}, not a number (corrupt)")
+            size = int(text)
+        if size < 0:  # base-256 can say so; a negative skip would walk back over headers already read
+            raise TarError(where, at, f"a tar header gives a member size of {size} bytes (corrupt)")
         data_at = at + BLOCK
         padded = -(-size // BLOCK) * BLOCK
         if data_at + size > reader.size:

@@ -171,3 +171,18 @@ def test_reading_samples_maps_no_column_pages_into_the_process(tmp_path):
         index.sample(int(i))
         index.parts(int(i), min(len(index), int(i) + 64))
     assert _mapped_kb(path) == before  # entries come by pread: the columns stay in the page cache only
+
+
+def test_a_header_length_past_the_file_is_refused_before_it_is_read(tmp_path):
+    write_index(str(tmp_path), _index())
+    path = tmp_path / INDEX_NAME
+    raw = path.read_bytes()
+    path.write_bytes(raw[:12] + (0xFFFF_FFF0).to_bytes(4, "little") + raw[16:])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="truncated or corrupt"):
+            read_index(str(tmp_path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak  # not the 4 GiB the damaged length announces

@@ -240,6 +240,9 @@ def _header(head: bytes, more, size: int, where: str) -> dict:
     if version != VERSION:
         raise ConfigError(f"{where} is {FORMAT} index.bin version {version}; this release reads version {VERSION}: "
                           "write it again with this release's `hetero prepare` or `hetero index`")
+    if length > size - PREFIX.size:  # read nothing a damaged length announces past the file's end
+        raise ConfigError(f"{where}: the index header is truncated or corrupt (its length {length} runs past the "
+                          f"{size}-byte file); {FIX}")
     raw = more(length)
     if len(raw) != length or zlib.crc32(raw) != crc:
         raise ConfigError(f"{where}: the index header is truncated or corrupt (checksum mismatch); {FIX}")

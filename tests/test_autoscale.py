@@ -241,3 +241,29 @@ def test_an_advice_line_reads_back_as_the_figures_the_policy_takes():
     assert got["node_usd_per_hour"] == pytest.approx(1.836) and got["data_wait_fraction"] == 0.75
     assert parse_advice_line(advice_line(9, a, final=True))["final"] is True
     assert parse_advice_line(advice_line(9, dict(a, change=None))) is None  # no change to advise
+
+
+def test_a_registry_read_that_fails_while_draining_is_not_taken_for_the_servers_leaving(tmp_path, monkeypatch):
+    import launcher.autoscale.controller as controller
+
+    reg = str(tmp_path / "reg")
+    entry = registry.register(reg, TOKEN, "drained-node", "127.0.0.1:9", "fp")
+    settings = hook_settings(tmp_path, drain_grace_s=0.1)
+    scaler = Autoscaler(settings, CommandActuator(settings.scale_out_cmd, settings.scale_in_cmd), reg, TOKEN)
+    calls = []
+
+    def flaky(uri, token, *args, **kwargs):
+        calls.append(uri)
+        if len(calls) == 1:
+            raise registry.RegistryError("listing timed out")
+        if len(calls) == 2:
+            registry.unregister(reg, entry.server_id)
+        return registry.verified_entries(uri, token, *args, **kwargs)
+
+    monkeypatch.setattr(controller, "verified_entries", flaky)
+    try:
+        scaler._wait_left([entry])
+    finally:
+        scaler.close(timeout=5)
+    assert len(calls) >= 2  # it read the registry again instead of ending its wait at the failure
+    assert registry.read_entries(reg)[0] == []

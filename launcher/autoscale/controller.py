@@ -204,8 +204,9 @@ class Autoscaler:
         while ids and time.monotonic() < deadline:
             try:
                 entries, _ = verified_entries(self.registry, self.token)
-            except (RegistryError, OSError):
-                entries = []
+            except (RegistryError, OSError):  # an unreadable registry says nothing about who left
+                time.sleep(0.5)
+                continue
             ids &= {e.server_id for e in entries}
             if ids:
                 time.sleep(0.5)

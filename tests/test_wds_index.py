@@ -329,3 +329,22 @@ def test_a_pax_size_that_is_not_a_number_is_a_tar_error():
 
     with pytest.raises(TarError, match="size"):
         list(members(ForwardReader(Bytes(), "x.tar", len(raw)), lambda name: True))
+
+
+def test_a_long_name_or_pax_record_past_its_limit_is_a_tar_error():
+    from data_service.shards import tarwalk
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a.jpg")
+        info.size = 3
+        info.pax_headers = {"comment": "x" * (tarwalk.MAX_RECORD + 1)}
+        tar.addfile(info, io.BytesIO(b"abc"))
+    raw = buf.getvalue()
+
+    class Bytes:
+        def read(self, key, a, b):
+            return raw[a:b]
+
+    with pytest.raises(tarwalk.TarError, match="record of"):
+        list(tarwalk.members(tarwalk.ForwardReader(Bytes(), "x.tar", len(raw)), lambda name: True))

@@ -22,6 +22,7 @@ BLOCK = 512
 CHUNK = 8 << 20  # bytes per ranged read
 COMPRESSED = {b"\x1f\x8b": "gzip", b"BZ": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 REGULAR = (b"0", b"\0", b"7")
+MAX_RECORD = 1 << 20  # the most a GNU long name or pax record may hold: it is read into memory
 
 
 class TarError(DataServiceError):
@@ -106,6 +107,9 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
         if data_at + size > reader.size:
             raise TarError(where, at, f"truncated: a member of {size} bytes runs past the end of the file "
                                       f"({reader.size} bytes)")
+        if kind in (b"L", b"x", b"g") and size > MAX_RECORD:
+            raise TarError(where, at, f"a {kind.decode()!r} header record of {size} bytes (more than {MAX_RECORD}; "
+                                      "corrupt)")
         if kind == b"L":
             long_name = reader.read(padded)[:size].split(b"\0", 1)[0].decode("utf-8", "replace")
             continue

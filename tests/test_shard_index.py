@@ -74,6 +74,13 @@ def test_a_sample_outside_its_shard_is_refused_when_written(tmp_path):
         w.add_shard("s.tar", 1000, [512, 900], [10, 200], [0, 0])
 
 
+def test_samples_out_of_byte_order_are_refused_when_written(tmp_path):
+    # a shuffle block is cached as one byte range per shard: a sample before its predecessor
+    # would fall outside that range and read other bytes
+    with IndexWriter(str(tmp_path)) as w, pytest.raises(ConfigError, match="in the order of their bytes"):
+        w.add_shard("s.tar", 4096, [1536, 512], [100, 100], [0, 1])
+
+
 def _write_big(path, n: int, shards: int = 4) -> None:
     per = n // shards
     with IndexWriter(os.path.dirname(path)) as w:

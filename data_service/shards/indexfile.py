@@ -106,6 +106,9 @@ class IndexWriter:
             if int(columns["offsets"].min()) < 0 or int(ends.max()) > size:
                 raise ConfigError(f"shard {name}: a sample lies outside its {size} bytes")
             strides = np.diff(np.append(columns["offsets"], ends[-1]))
+            if n > 1 and int(strides[:-1].min()) < 0:  # a block caches one byte range per shard: first to last
+                raise ConfigError(f"shard {name}: samples must be given in the order of their bytes in the shard "
+                                  "(offsets rising); sort them by offset")
             self.max_stride = max(self.max_stride, int(np.max(np.maximum(strides, columns["lengths"]))))
             self.data_bytes += int(columns["lengths"].sum(dtype=np.int64))
         for key, array in columns.items():

@@ -7,7 +7,6 @@ byte fetched once per node.
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 
 import pytest
@@ -19,24 +18,15 @@ from data_service.shards import ShardDataset  # noqa: E402
 from data_service.shards.parquet import ParquetDataset  # noqa: E402
 from data_service.shards.wds_index import index_tars  # noqa: E402
 from data_service.storage import S3Store  # noqa: E402
-from hetero.testing.s3proxy import s3_server  # noqa: E402
+from _s3_env import s3_with_bucket  # noqa: E402
 
 BUCKET = "in-place-tests"
 
 
 @pytest.fixture(scope="module")
 def s3():
-    saved = dict(os.environ)
-    with s3_server() as srv:
-        os.environ.update(srv.env)
-        for var in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-            os.environ.pop(var, None)
-        srv.client(direct=True).create_bucket(Bucket=BUCKET)
-        try:
-            yield srv
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with s3_with_bucket(BUCKET) as srv:
+        yield srv
 
 
 def _tar_bytes(shard: int) -> tuple[bytes, list[tuple[bytes, int]]]:

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
+from _s3_env import s3_with_bucket  # noqa: E402
 from conftest import TOKEN  # noqa: E402
 from data_service.codec import batch_digest  # noqa: E402
 from data_service.errors import BatchBuildError, ConfigError  # noqa: E402
@@ -28,7 +29,6 @@ from data_service.storage import S3Store  # noqa: E402
 from dnn_worker import LocalDataset, RemoteDataset  # noqa: E402
 from hetero.prepare import prepare  # noqa: E402
 from hetero.testing import read_audit  # noqa: E402
-from hetero.testing.s3proxy import s3_server  # noqa: E402
 from test_shards_service import kill_one_mid_epoch  # noqa: E402
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
@@ -46,22 +46,13 @@ def world(tmp_path_factory):
     write_image_folder(root / "src", per_class=50, classes=4, seed=1)
     local = root / "shards"
     prepare(str(root / "src"), str(local), shard_size=1_000_000, workers=1, progress=False)
-    saved = dict(os.environ)
-    with s3_server() as srv:
-        os.environ.update(srv.env)
-        for var in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-            os.environ.pop(var, None)
-        srv.client(direct=True).create_bucket(Bucket=BUCKET)
+    with s3_with_bucket(BUCKET) as srv:
         store = S3Store(URL)
         for p in sorted(local.iterdir()):
             if p.name != INDEX_NAME:
                 store.write_file(p.name, str(p))
         store.write_file(INDEX_NAME, str(local / INDEX_NAME))
-        try:
-            yield local, srv
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        yield local, srv
 
 
 def reference(local: Path, seed: int = 5, epoch: int = 0) -> list[str]:

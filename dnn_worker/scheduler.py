@@ -27,6 +27,7 @@ unit-tested with fake servers and a fake clock (tests/test_scheduler.py).
   storage by one node. A server with nothing of its own takes batches of blocks it built
   lately; a hedge of another's block waits ``HEDGE_AFFINITY_S`` (the owner may be fetching the
   block; another server would read it all again) unless the helper built that block lately.
+  Owners are told of their blocks ahead of the blocks' first batches (``block_hints.py``).
 * **Requeues.** What a failed or draining server owed goes back in order to the others.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ from data_service.wire import pb
 
 from .affinity import Affinity
 from .batch_list import Positions, Todo, as_refs
+from .block_hints import BlockHints
 from .lane import Key, Lane, key
 
 SMALL_BATCH_BYTES = 1 << 20  # batches up to this size get the wider window (``small_window``)
@@ -84,10 +86,7 @@ class Scheduler:
         self.failovers = 0
         self._hedged: set[Key] = set()  # asked of two servers, neither copy here yet
         self._spare: set[Key] = set()   # came from one server, a copy still owed by another
-        self._openers: list[int] = []  # found as the hints move on (_find_openers), not all at start
-        self._scanned = 0
-        self._seen_blocks: set[tuple[int, int]] = set()
-        self._next_opener = 0
+        self._hints = BlockHints(self.refs, affinity) if affinity is not None else None
 
     # -- servers
     def lane(self, address: str, window: int = 4, weight: float = 1.0) -> Lane:
@@ -179,7 +178,7 @@ class Scheduler:
             weights = tuple(self.lanes[a].weight if a in self.lanes else 1.0 for a in owners)
             idle = self._plan_owned(orders, lanes, owners, weights, limit)
             if hint_ready:
-                self._hint(orders, limit, owners, weights)
+                self._hints.announce(orders.hint, limit, owners, weights)
         else:
             idle = self._plan_fastest(orders, lanes, limit, now)
         for address, refs in orders.fetch.items():
@@ -254,29 +253,6 @@ class Scheduler:
         rest = sorted((r for refs in mine.values() for r in refs), key=lambda r: self.pos[key(r)])
         self.todo.extendleft(reversed(rest))
         return idle
-
-    def _find_openers(self, end: int) -> None:
-        """Positions of the first batch of each block in the list (what ``_hint`` announces), up to
-        position ``end``: an epoch of millions of batches is scanned as the consumer reaches it."""
-        end = min(end, len(self.refs))
-        while self._scanned < end:
-            ref = self.refs[self._scanned]
-            block = (ref.epoch, self.affinity.block(ref))
-            if block not in self._seen_blocks:
-                self._seen_blocks.add(block)
-                self._openers.append(self._scanned)
-            self._scanned += 1
-
-    def _hint(self, orders: Orders, limit: int, owners: tuple[str, ...], weights: tuple[float, ...]) -> None:
-        """Tell each owner of its blocks that start within ``hint_ahead`` places beyond the bound,
-        so its data arrives before the block's first batch is asked for."""
-        horizon = limit + self.affinity.hint_ahead
-        self._find_openers(horizon)
-        while self._next_opener < len(self._openers) and self._openers[self._next_opener] < horizon:
-            i = self._openers[self._next_opener]
-            self._next_opener += 1
-            if i >= limit and owners:  # nearer ones are asked for already, which starts their fetch too
-                orders.hint[self.affinity.owner(self.refs[i], owners, weights)].append(self.refs[i])
 
     def _hedge(self, orders: Orders, lanes: list[Lane], nxt: int, now: float, tail: bool) -> None:
         """Ask another server for the batch the consumer waits for too, once (module docstring)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from _epoch_audit import read_epoch_and_check
+from _epoch_audit import data_nodes, read_epoch_and_check
 from conftest import TOKEN
 from data_service.codec import batch_digest
 from data_service.pipeline import PipelineSpec
@@ -90,18 +90,9 @@ def test_every_sample_once_from_3_data_nodes(data, tmp_path, monkeypatch, source
     options = {**data[source], "batch_size": 4, "shuffle_block": 4}  # 12 blocks: all on one node by chance, 1e-5
     before = fingerprint(data["sources"])
     ref = reference(options, epoch=1)
-    servers = []
-    for i in range(nservers):  # each node its own cache, as separate machines have
-        monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path / f"node{i}"))
-        servers.append(DataServer(PipelineSpec(PIPELINE, options), TOKEN,
-                                  ServerOptions(num_workers=1, probe=False)).start())
-    try:
+    with data_nodes(PIPELINE, options, nservers, cache_root=tmp_path, probe=False) as servers:
         built = read_epoch_and_check(servers, ref, tmp_path / "audit.jsonl", world)
-        if nservers > 1:
-            assert sum(1 for b in built if b > 0) >= 2, built  # affinity spreads blocks over servers
-    finally:
-        for s in servers:
-            s.shutdown(grace_s=1)
+    assert sum(1 for b in built if b > 0) >= min(nservers, 2), built  # affinity spreads blocks over servers
     assert fingerprint(data["sources"]) == before
 
 

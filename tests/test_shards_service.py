@@ -5,12 +5,11 @@ servers are real ``hetero serve`` processes or in-process servers with real work
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from _epoch_audit import read_epoch_and_check
+from _epoch_audit import data_nodes, read_epoch_and_check
 from conftest import TOKEN
 from data_service.codec import batch_digest
 from data_service.pipeline import PipelineSpec
@@ -39,27 +38,13 @@ def reference(options: dict, seed: int = 5, epoch: int = 0) -> list[str]:
     return [batch_digest(b) for b in ds]
 
 
-def serve(options: dict, n: int, cache_root: Path | None = None) -> list[DataServer]:
-    servers = []
-    for i in range(n):
-        if cache_root is not None:  # each "node" its own cache, as separate machines have
-            os.environ["HETERO_CACHE_DIR"] = str(cache_root / f"node{i}")
-        servers.append(DataServer(PipelineSpec(PIPELINE, options), TOKEN, ServerOptions(num_workers=1)).start())
-    return servers
-
-
 @pytest.mark.parametrize("nservers, world", [(1, 1), pytest.param(3, 2, marks=pytest.mark.slow)])
 def test_every_cluster_shape_gives_the_in_process_batches(shard_dir, tmp_path, nservers, world):
     options = {**BASE, "shards": str(shard_dir)}
     ref = reference(options, epoch=1)
-    servers = serve(options, nservers)
-    try:
+    with data_nodes(PIPELINE, options, nservers) as servers:
         built = read_epoch_and_check(servers, ref, tmp_path / "audit.jsonl", world)
-        if nservers > 1:
-            assert sum(1 for b in built if b > 1) >= 2, built  # affinity spreads blocks over servers
-    finally:
-        for s in servers:
-            s.shutdown(grace_s=1)
+    assert sum(1 for b in built if b > 1) >= min(nservers, 2), built  # affinity spreads blocks over servers
 
 
 def test_each_block_is_built_by_its_owner_only(shard_dir):
@@ -67,8 +52,7 @@ def test_each_block_is_built_by_its_owner_only(shard_dir):
     from dnn_worker.affinity import Affinity
 
     options = {**BASE, "shards": str(shard_dir)}
-    servers = serve(options, 2)
-    try:
+    with data_nodes(PIPELINE, options, 2) as servers:
         addresses = [s.address for s in servers]
         owners: dict[int, set[str]] = {}
         for rank in range(2):
@@ -93,9 +77,6 @@ def test_each_block_is_built_by_its_owner_only(shard_dir):
                 owners.setdefault(block, set()).add(address)
         assert all(len(v) == 1 for v in owners.values()), owners
         assert len({next(iter(v)) for v in owners.values()}) == 2
-    finally:
-        for s in servers:
-            s.shutdown(grace_s=1)
 
 
 @pytest.mark.slow  # a kill -9 of a server reading a plain folder runs by default in test_multinode.py
@@ -152,9 +133,6 @@ def test_the_image_pipeline_prefetches_each_shard_block_once_through_its_server_
     options = {**BASE, "shards": str(shard_dir)}
     side = PipelineSpec(PIPELINE, options).server_side()
     assert isinstance(side.prefetcher, ShardDataset) and side.prefetcher.block_samples == 32
-    [server] = serve(options, 1)
-    try:
+    with data_nodes(PIPELINE, options, 1) as [server]:
         assert [batch_digest(b) for b in RemoteDataset([server.address], TOKEN, seed=5, window=2)] == reference(options)
-    finally:
-        server.shutdown(grace_s=1)
     assert sorted(calls) == list(range(7)), calls  # 200 samples in blocks of 32

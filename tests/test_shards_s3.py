@@ -266,3 +266,48 @@ def test_an_s3_index_with_a_header_longer_than_its_first_read_is_read_whole(worl
     write_index(S3Store(f"s3://{BUCKET}/many-classes"), index)
     back = read_index(f"s3://{BUCKET}/many-classes", cache_dir=str(tmp_path))
     assert back.classes == classes and back.sample(1) == (0, 2048, 200, 999)
+
+
+def _index_with_a_long_sample(local: Path, dest: Path, block_samples: int) -> int:
+    """Copy ``local``'s index.bin to ``dest`` with sample 0's length running 512 bytes past the range
+    block 0 reads from its shard, yet inside the shard (columns past the header are not checksummed
+    when an index is opened): that sample."""
+    import json
+    import shutil
+    import struct
+
+    from data_service.shards.indexfile import PREFIX, _aligned, open_index_file
+
+    index = open_index_file(str(local / INDEX_NAME))
+    shard, start, stop = ShardDataset(str(local), block_samples=block_samples).block_parts(0)[0]
+    assert index.shard_at(1) == shard and stop + 512 <= int(index.shards.sizes[shard])
+    dest.mkdir()
+    shutil.copy(local / INDEX_NAME, dest / INDEX_NAME)
+    raw = (dest / INDEX_NAME).read_bytes()
+    length = PREFIX.unpack(raw[:PREFIX.size])[2]
+    header = json.loads(raw[PREFIX.size:PREFIX.size + length])
+    at = _aligned(PREFIX.size + length) + int(header["columns"]["lengths"]["at"])
+    with open(dest / INDEX_NAME, "r+b") as f:
+        f.seek(at)
+        f.write(struct.pack("<I", stop - start + 512))
+    return 0
+
+
+def test_a_sample_outside_its_cached_block_part_is_refused_naming_it_and_the_fix(world, tmp_path):
+    """A damaged index entry pointing past the byte range a block cached from its shard never returns
+    another sample's bytes: the read fails naming the sample, the shard, both ranges and the fix,
+    and reaches the consumer as a BatchBuildError."""
+    local, _ = world
+    bad = _index_with_a_long_sample(local, tmp_path / "index", 32)
+    ds = ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path / "cache"), index=str(tmp_path / "index"))
+    assert ds[1] == ShardDataset(str(local), block_samples=32)[1]  # its neighbours read as ever
+    with pytest.raises(ConfigError, match=rf"sample {bad} .*shard-.*outside.*block 0.*hetero index.*verify"):
+        ds[bad]
+    os.environ["HETERO_CACHE_DIR"] = str(tmp_path / "cache")
+    try:
+        consumer = LocalDataset(PipelineSpec(PIPELINE, {**BASE, "shards": URL, "index": str(tmp_path / "index")}),
+                                seed=5)
+        with pytest.raises(BatchBuildError, match=rf"sample {bad} .*outside"):
+            list(consumer)
+    finally:
+        os.environ.pop("HETERO_CACHE_DIR", None)

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from .cache import BlockCache, default_dir
+from .format import FIX
 from .indexfile import read_index
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class ShardDataset:
                 raise ConfigError(f"a shuffle block of {block_samples} samples takes up to {largest} bytes, more than "
                                   f"cache_bytes={self.cache.max_bytes} ({self.cache.dir}); raise cache_bytes, free "
                                   "disk space there (or point cache_dir elsewhere), or lower shuffle_block")
-        self._blocks: collections.OrderedDict[int, tuple[int, dict[int, tuple[int, int]]]] = \
+        self._blocks: collections.OrderedDict[int, tuple[int, dict[int, tuple[int, int, int]]]] = \
             collections.OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         self._prefetcher: ThreadPoolExecutor | None = None
@@ -136,8 +137,14 @@ class ShardDataset:
         shard, start, length, label = self.index.sample(i)
         if self.local:
             return self.store.read(self.index.shards[shard].name, start, start + length), label
-        fd, where = self._block(i // self.block_samples)
-        part_start, pos = where[shard]
+        block = i // self.block_samples
+        fd, where = self._block(block)
+        part_start, part_stop, pos = where[shard]
+        if start < part_start or start + length > part_stop:  # past the part: another shard's or sample's bytes
+            raise ConfigError(f"{self.index.shards.where or 'index'}: sample {i} ({start}..{start + length}) of shard "
+                              f"{self.index.shards.name(shard)} lies outside the range block {block} caches from "
+                              f"that shard ({part_start}..{part_stop}); the index is corrupt: {FIX} "
+                              "(data_service.shards.indexfile.verify checks every entry of an index.bin)")
         data = os.pread(fd, length, pos + start - part_start)
         if len(data) != length:
             raise OSError(f"cached block of sample {i} is short ({len(data)} of {length} bytes)")
@@ -155,8 +162,8 @@ class ShardDataset:
     def _name(self, block: int) -> str:
         return f"b{self.block_samples}-{block:07d}.blk"
 
-    def _block(self, block: int) -> tuple[int, dict[int, tuple[int, int]]]:
-        """An open descriptor of the cached block and, per shard, (its range's start, its place in the file)."""
+    def _block(self, block: int) -> tuple[int, dict[int, tuple[int, int, int]]]:
+        """An open descriptor of the cached block and, per shard, (its range's start and stop, its place in it)."""
         hit = self._blocks.get(block)
         if hit is not None:
             self._blocks.move_to_end(block)
@@ -164,7 +171,7 @@ class ShardDataset:
         parts = self.block_parts(block)
         where, pos = {}, 0
         for shard, start, stop in parts:
-            where[shard] = (start, pos)
+            where[shard] = (start, stop, pos)
             pos += stop - start
         fd = self.cache.open(self._name(block), pos, lambda out: self._fetch(parts, out))
         self._blocks[block] = (fd, where)

@@ -348,3 +348,32 @@ def test_a_long_name_or_pax_record_past_its_limit_is_a_tar_error():
 
     with pytest.raises(tarwalk.TarError, match="record of"):
         list(tarwalk.members(tarwalk.ForwardReader(Bytes(), "x.tar", len(raw)), lambda name: True))
+
+
+def test_a_label_member_over_its_cap_is_refused_unread_or_skipped(tmp_path, monkeypatch):
+    """A label member is read into memory: one over ``MAX_LABEL_BYTES`` is never read; the error names
+    the shard, the member, its size and the cap (or with --on-corrupt skip its sample is left out)."""
+    from data_service.shards import tarwalk, wds_index
+
+    monkeypatch.setattr(wds_index, "MAX_LABEL_BYTES", 64)
+    src = tmp_path / "src"
+    big = b'{"label": 1, "pad": "' + b"x" * 200 + b'"}'
+    _tar(src / "a.tar", [("000.jpg", _blob(0)), ("000.json", b'{"label": 0}'),
+                         ("001.jpg", _blob(1)), ("001.json", big),
+                         ("002.jpg", _blob(2)), ("002.json", b'{"label": 1}')])
+    with pytest.raises(ConfigError, match=rf"a.tar.*001.json.* {len(big)} bytes.*64.*--on-corrupt skip"):
+        index_tars(str(src), str(tmp_path / "i1"), label="json:label")
+    summary = index_tars(str(src), str(tmp_path / "i2"), label="json:label", on_corrupt="skip")
+    assert summary.skipped == {"with an oversized label member": 1}
+    ds = ShardDataset(str(src), index=str(tmp_path / "i2"))
+    assert [ds[i] for i in range(len(ds))] == [(_blob(0), 0), (_blob(2), 1)]
+    raw = (src / "a.tar").read_bytes()
+
+    class Bytes:
+        def read(self, key, a, b):
+            return raw[a:b]
+
+    walked = {m.name: m for m in tarwalk.members(tarwalk.ForwardReader(Bytes(), "a.tar", len(raw)),
+                                                 lambda name: name.endswith(".json"), max_data=64)}
+    assert walked["001.json"].data is None and walked["001.json"].size == len(big)
+    assert walked["002.json"].data == b'{"label": 1}'

@@ -38,7 +38,8 @@ class TarError(DataServiceError):
 
 @dataclass(frozen=True)
 class Member:
-    """A regular file in the tar: its ``name``, where its data starts, its size, and (when asked for) its bytes."""
+    """A regular file in the tar: its ``name``, where its data starts, its size, and its bytes when asked for
+    and no larger than the walk's ``max_data`` (else ``None``)."""
 
     name: str
     offset: int
@@ -70,8 +71,10 @@ class ForwardReader:
         self.pos += n
 
 
-def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "") -> Iterator[Member]:
-    """The regular members of the tar on ``reader``, in order; ``data`` read for those ``wanted(name)``.
+def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "",
+            max_data: int | None = None) -> Iterator[Member]:
+    """The regular members of the tar on ``reader``, in order; ``data`` read for those ``wanted(name)``
+    of at most ``max_data`` bytes (None: any size); a larger one is skipped unread, its ``data`` None.
 
     Raises:
         TarError: a compressed file, a corrupt header, or data past the end of the object.
@@ -125,7 +128,7 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
         name = pax.get("path") or long_name or _name(header)
         long_name, pax = None, {}
         data = None
-        if wanted(name):
+        if wanted(name) and (max_data is None or size <= max_data):
             data = reader.read(size)
             reader.skip(padded - size)
         else:

@@ -18,10 +18,10 @@ without it, in the order the names are first met). Each shard is read once, fron
 source itself). The data server then reads the tars where they are, through
 :class:`~.dataset.ShardDataset` (``index=`` names an index kept apart from the tars).
 
-A sample without its label member, or with an image of another type (``.gif``, ``.tiff``, ...),
-or a tar that is corrupt or truncated, stops the indexing naming it and the fix; with
-``on_corrupt="skip"`` it is left out of the index and counted (a damaged shard keeps the samples
-before the damage).
+A sample without its label member, with one over ``MAX_LABEL_BYTES`` (1 MiB: it is never read),
+or with an image of another type (``.gif``, ``.tiff``, ...), or a tar that is corrupt or
+truncated, stops the indexing naming it and the fix; with ``on_corrupt="skip"`` it is left out of
+the index and counted (a damaged shard keeps the samples before the damage).
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ from .tarwalk import ForwardReader, TarError, members
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 OTHER_IMAGES = ("gif", "bmp", "tif", "tiff", "ppm", "pgm", "heic", "avif", "jxl", "jp2")
+MAX_LABEL_BYTES = 1 << 20  # the most a label member may hold: it is read into memory
 KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
@@ -161,7 +162,7 @@ class _Shard:
         repeated: dict[str, str] = {}  # key -> an extension met twice
         last = None
         try:
-            for m in members(reader, self._wanted, self.where):
+            for m in members(reader, self._wanted, self.where, MAX_LABEL_BYTES):
                 k, ext = _key(m.name)
                 if not ext or k.rpartition("/")[2].startswith("."):
                     continue  # no extension (a README) or hidden (macOS's ._ files): not part of a sample
@@ -202,6 +203,10 @@ class _Shard:
             if label is None:
                 raise SampleError(f"{where} has no .{'json' if self.rule.path else self.rule.ext} member to read "
                                   f"its label from (rule {self.rule.rule!r})", "without a label member")
+            if label.data is None:  # the walk leaves a label member over the cap unread
+                raise SampleError(f"{where}: its label member {label.name!r} holds {label.size} bytes, more than "
+                                  f"the {MAX_LABEL_BYTES}-byte cap on a label member (labels are read into memory)",
+                                  "with an oversized label member")
         except SampleError as exc:
             if self.on_corrupt != "skip":
                 raise ConfigError(f"{exc}; fix the shard, or pass --on-corrupt skip to leave such samples out "

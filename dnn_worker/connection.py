@@ -15,8 +15,9 @@ the socket is busy at that moment, leaves it for the next ``flush()``). Without 
 when the batch must land in pinned memory, or in a DataLoader worker's shared memory anyway)
 the batch is copied out and released at once.
 
-Its parts: ``handshake.py`` (version check, token proof), ``recv_buffer.py`` (bytes read and not
-parsed yet), ``slot_maps.py`` (the slots it mapped, the low-water mark).
+Its parts: ``handshake.py`` (version check, token proof), ``outbox.py`` (frames the socket did
+not take yet, deferred releases), ``recv_buffer.py`` (bytes read and not parsed yet),
+``slot_maps.py`` (the slots it mapped, the low-water mark).
 """
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ import collections
 import logging
 import selectors
 import socket
-import ssl
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +38,7 @@ from data_service.wire import pb
 
 from .buffers import BufferPool
 from .handshake import handshake
+from .outbox import WOULD_BLOCK, Outbox, frame_bytes
 from .recv_buffer import RecvBuffer
 from .slot_maps import LowWater, SlotMaps
 
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 LOWAT_MIN = 1 << 18  # payload rests at least this large are read in one wake-up (SO_RCVLOWAT)
 LOWAT_CHECK_S = 0.5  # a socket waiting for its low-water mark is read anyway after this long
 MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, other servers) again
-_WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 @dataclass(slots=True)
@@ -72,6 +71,22 @@ class _Payload:
         self.packed = packed  # compressed bytes land here first
         self.view = memoryview(packed) if packed is not None else memoryview(buf.numpy())
         self.got = 0
+
+
+def _check_header(address: str, header: pb.BatchHeader, max_bytes: int, agreed_codec: str) -> None:
+    """Refuse a batch header whose sizes or codec break what the connection agreed on.
+
+    Raises:
+        ProtocolError: over ``max_bytes``, another codec than ``agreed_codec``, or a TCP payload
+        whose size differs from the batch's without a codec.
+    """
+    if header.payload_bytes > max_bytes or header.raw_bytes > max_bytes:
+        raise ProtocolError(f"{address} sent a {header.payload_bytes}-byte batch; max_batch_bytes={max_bytes}")
+    if header.codec and header.codec != agreed_codec:
+        raise ProtocolError(f"{address} sent a {header.codec!r} batch after agreeing on {agreed_codec!r}")
+    if not header.shm_path and not header.codec and header.payload_bytes != header.raw_bytes and header.payload_bytes:
+        raise ProtocolError(f"{address}: payload_bytes={header.payload_bytes} != "
+                            f"raw_bytes={header.raw_bytes} without a codec")
 
 
 class BulkConnection:
@@ -99,9 +114,7 @@ class BulkConnection:
         self._maps = SlotMaps(address)
         self._rbuf = RecvBuffer(address)
         self._payload: _Payload | None = None
-        self._out = bytearray()            # frames not yet written (the socket was full)
-        self._send_lock = threading.Lock()
-        self._releases: collections.deque = collections.deque()  # refs whose Release waits for flush()
+        self._outbox = Outbox()  # frames the socket did not take yet, releases waiting for a send
         self._events: collections.deque[Event] = collections.deque()  # read, not yet taken by next_event()
         self._lowat = LowWater()
         self.backlog = False  # read_events() stopped early: call it again without waiting for the socket
@@ -124,7 +137,7 @@ class BulkConnection:
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
+        self._sock = self._outbox.sock = sock
 
     def fileno(self) -> int:
         """The socket's descriptor (for a selector); -1 once closed."""
@@ -135,7 +148,7 @@ class BulkConnection:
         if self.closed:
             return
         self.closed = True
-        self._releases.clear()
+        self._outbox.drop_releases()
         if self._sock is not None:
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
@@ -150,57 +163,33 @@ class BulkConnection:
         """Ask for batches; raises OSError if the connection is gone."""
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._send(_frame(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
+        self._outbox.send(frame_bytes(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
 
     def hint(self, refs: list[pb.BatchRef]) -> None:
         """Tell the server which batches will be asked for later (it may fetch their data ahead)."""
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._send(_frame(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
+        self._outbox.send(frame_bytes(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
 
     @property
     def wants_write(self) -> bool:
         """Frames wait for the socket to take them (watch it for writability, then ``flush()``)."""
-        return bool(self._out) or bool(self._releases)
+        return self._outbox.pending
 
     def flush(self) -> None:
         """Write deferred releases and whatever the socket did not take before; raises OSError
         when the connection is gone."""
-        if self.closed or not (self._out or self._releases):
+        if self.closed or not self._outbox.pending:
             return
-        self._send(b"", wait=True)
-
-    def _send(self, data: bytes, wait: bool) -> bool:
-        """Append ``data`` and write what the socket takes now; with ``wait=False`` only if no
-        other send is under way (returns whether it got the lock)."""
-        if not self._send_lock.acquire(blocking=wait):
-            return False
-        try:
-            while self._releases:
-                self._out += _frame(pb.BulkFrame(release=pb.Release(ref=self._releases.popleft())))
-            self._out += data
-            while self._out:
-                try:
-                    n = self._sock.send(self._out)
-                except _WOULD_BLOCK:
-                    break
-                del self._out[:n]
-        finally:
-            self._send_lock.release()
-        return True
+        self._outbox.send(b"", wait=True)
 
     def _dropped(self, ref: pb.BatchRef) -> None:
         """Finalizer of a zero-copy batch: send its ``Release`` now if the socket is free, else at the
-        next ``flush()``.
-
-        Runs wherever the last tensor died, possibly inside a send on this thread, so it never
-        waits for the send lock (not re-entrant); ``deque.append`` is safe in finalizers.
-        """
+        next ``flush()``. Runs wherever the last tensor died (``Outbox.release`` never waits)."""
         if self.closed:
             return  # the server retired the slot when the connection ended
         try:
-            if not self._send(_frame(pb.BulkFrame(release=pb.Release(ref=ref))), wait=False):
-                self._releases.append(ref)
+            self._outbox.release(ref, wait=False)
         except OSError:
             pass  # the connection is gone; the server retires the slot
 
@@ -261,7 +250,7 @@ class BulkConnection:
                 if need:
                     try:
                         k = sock.recv_into(p.view[p.got:], need)
-                    except _WOULD_BLOCK:
+                    except WOULD_BLOCK:
                         if plain and (need >= LOWAT_MIN or self._lowat.active):
                             self._lowat.set(sock, need)  # never above what is still to come
                         return
@@ -289,7 +278,7 @@ class BulkConnection:
                 return
             try:
                 k, room = self._rbuf.fill(sock)
-            except _WOULD_BLOCK:
+            except WOULD_BLOCK:
                 return
             drained = plain and k < room
 
@@ -311,17 +300,10 @@ class BulkConnection:
         if kind != "batch":
             raise ProtocolError(f"{self.address}: unexpected {kind!r} frame")
         header = frame.batch
-        if header.payload_bytes > self._max or header.raw_bytes > self._max:
-            raise ProtocolError(f"{self.address} sent a {header.payload_bytes}-byte batch; "
-                                f"max_batch_bytes={self._max}")
-        if header.codec and header.codec != self.codec:
-            raise ProtocolError(f"{self.address} sent a {header.codec!r} batch after agreeing on {self.codec!r}")
+        _check_header(self.address, header, self._max, self.codec)
         if header.shm_path:
             events.append(self._batch_event(header, self._from_shm(header)))
             return
-        if not header.codec and header.payload_bytes != header.raw_bytes and header.payload_bytes:
-            raise ProtocolError(f"{self.address}: payload_bytes={header.payload_bytes} != "
-                                f"raw_bytes={header.raw_bytes} without a codec")
         buf = self._pool.get(header.raw_bytes)
         if not header.payload_bytes:
             events.append(self._batch_event(header, buf))
@@ -340,9 +322,4 @@ class BulkConnection:
         return self._maps.batch(header, self._pool, self._dropped, self._release)
 
     def _release(self, ref: pb.BatchRef) -> None:
-        self._send(_frame(pb.BulkFrame(release=pb.Release(ref=ref))), wait=True)
-
-
-def _frame(frame: pb.BulkFrame) -> bytes:
-    head = frame.SerializeToString()
-    return framing._LEN.pack(len(head)) + head
+        self._outbox.release(ref, wait=True)

@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from hetero.planning.profile import pinned  # noqa: F401  (the feeds' and gpu.py's)
+
 from ._proc import descendants, usage
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
@@ -104,17 +106,6 @@ class Feed:
     in_trainer: bool = False              # the data side runs in the trainer process (a thread)
     close: Callable[[], None] = lambda: None
     notes: dict = field(default_factory=dict)
-
-
-@contextlib.contextmanager
-def pinned(cores: list[int]) -> Iterator[None]:
-    """This thread (and the processes and threads it starts meanwhile) on ``cores``."""
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, set(cores))
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def channels_last(images: torch.Tensor) -> torch.Tensor:

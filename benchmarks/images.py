@@ -49,7 +49,7 @@ def cpu_seconds_per_batch(images: str, batch_size: int, batches: int) -> float:
 
     from data_service.pipeline import PipelineSpec, build_batch
 
-    from ._cpu_monitor import pinned
+    from hetero.planning.profile import pinned
 
     pipe = PipelineSpec(PIPELINE, {"data_dir": images, "batch_size": batch_size}).load()
     cfg = pipe.plan_config()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def register(sub) -> None:
@@ -43,18 +42,10 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from data_service.errors import ConfigError
+    from hetero.sagemaker.client import exit_status
 
-    try:
-        return _run(args)
-    except ConfigError as exc:
-        print(f"hetero autoscale: {exc}", file=sys.stderr)
-        return 2
-    except (ClientError, BotoCoreError) as exc:
-        print(f"hetero autoscale: AWS refused: {exc}", file=sys.stderr)
-        return 1
+    return exit_status("hetero autoscale", lambda: _run(args), (ConfigError,))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -102,7 +102,7 @@ def autoscale_hps(pairs: list[str], prices=None, data_nodes: int = 1) -> dict:
     """``--autoscale KEY=VALUE ...`` as ``autoscale.KEY`` hyperparameters, acting with local processes;
     checked, and the $/h cap against the ``data_nodes`` the job starts with at ``prices`` (``advice_prices``)."""
     from data_service.errors import ConfigError
-
+    from hetero.local import json_dict
     from launcher.autoscale.settings import Settings
 
     options = {"mode": "act", "actuator": "local"}
@@ -112,23 +112,12 @@ def autoscale_hps(pairs: list[str], prices=None, data_nodes: int = 1) -> dict:
             raise ConfigError(f"--autoscale {pair!r} must be KEY=VALUE, e.g. max=6")
         options[key] = value
     settings = Settings.from_options(options, registry="--registry")  # bad settings fail before any node starts
-    price = _json_prices(prices).get("ml.local")  # the emulated nodes' instance type
+    price = json_dict(prices).get("ml.local")  # the emulated nodes' instance type
     try:
         settings.limits.check_group(data_nodes, price)
     except ValueError as exc:
         raise ConfigError(f"--autoscale: {exc}") from None
     return {f"autoscale.{k}": v for k, v in options.items()}
-
-
-def _json_prices(prices) -> dict:
-    import json
-
-    if isinstance(prices, str):
-        try:
-            prices = json.loads(prices)
-        except json.JSONDecodeError:
-            return {}
-    return prices if isinstance(prices, dict) else {}
 
 
 def stop_joined(registry, output) -> None:

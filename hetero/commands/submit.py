@@ -251,7 +251,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
 
 def run(args: argparse.Namespace) -> int:
     """Check, then print (--dry-run) or submit the job(s); with --wait follow them and report."""
-    from hetero.sagemaker.client import Clients, prepare, submit
+    from hetero.sagemaker.client import Clients, exit_status, prepare
     from hetero.sagemaker.request import masked, secret_notice
     from hetero.sagemaker.spec import SubmitError
 
@@ -282,26 +282,22 @@ def run(args: argparse.Namespace) -> int:
         for spec in specs:
             print(f"hetero submit: {spec.job_name}: {secret_notice(spec)}", file=sys.stderr)
         return 0
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from hetero.cli import setup_logging
 
     setup_logging("submit", args.log_level)
     clients = clients or Clients(specs[0].region, args.endpoint_url)
-    try:
-        arns = submit(specs, clients, args.source_dir)
-        for spec, arn in zip(specs, arns):
-            print(f"submitted {spec.job_name}: {arn}", flush=True)
-            print(f"hetero submit: {spec.job_name}: {secret_notice(spec)}", file=sys.stderr)
-        if not args.wait:
-            return 0
-        return _follow(args, specs, clients)
-    except SubmitError as exc:
-        print(f"hetero submit: {exc}", file=sys.stderr)
-        return 2
-    except (BotoCoreError, ClientError) as exc:
-        print(f"hetero submit: AWS call failed: {exc}", file=sys.stderr)
-        return 1
+    return exit_status("hetero submit", lambda: _send(args, specs, clients), (SubmitError,))
+
+
+def _send(args: argparse.Namespace, specs: list, clients) -> int:
+    from hetero.sagemaker.client import submit
+    from hetero.sagemaker.request import secret_notice
+
+    arns = submit(specs, clients, args.source_dir)
+    for spec, arn in zip(specs, arns):
+        print(f"submitted {spec.job_name}: {arn}", flush=True)
+        print(f"hetero submit: {spec.job_name}: {secret_notice(spec)}", file=sys.stderr)
+    return _follow(args, specs, clients) if args.wait else 0
 
 
 def _follow(args: argparse.Namespace, specs: list, clients) -> int:

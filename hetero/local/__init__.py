@@ -113,7 +113,8 @@ def run_local(job: LocalJob) -> LocalResult:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _json_dict(value: Any) -> dict:
+def json_dict(value: Any) -> dict:
+    """``value`` as a dict: a JSON object given as text is parsed; anything else that is not a dict is ``{}``."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -147,7 +148,7 @@ def open_registry(job: LocalJob, hps: dict[str, Any], output: Path) -> dict[str,
             f.write(token + "\n")
         where = f"$(cat {path})"
     pipeline = hps.get("pipeline", "examples.mnist:build_pipeline")
-    options = {**_json_dict(hps.get("pipeline_options", {})),
+    options = {**json_dict(hps.get("pipeline_options", {})),
                **{k.split(".", 1)[1]: v for k, v in hps.items() if k.startswith("pipeline.")}}
     opts = " ".join(f"-o {k}={json.dumps(v)!r}" if not isinstance(v, str) else f"-o {k}={v}"
                     for k, v in options.items())

@@ -43,6 +43,16 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
+def _share(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise PlanError(f"{name} must be in (0, 1], got {value!r}")
+
+
+def _seconds(name: str, value: float, per: str = "") -> None:
+    if not value >= 0:
+        raise PlanError(f"{name} must be >= 0 seconds{per}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Prediction:
     """Predicted steady-state step of one cluster layout."""
@@ -76,12 +86,10 @@ def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers
     _positive("preprocess_s", preprocess_s)
     _positive("gpu_step_s", gpu_step_s)
     _positive("cores", cores)
-    if not 0 < efficiency <= 1:
-        raise PlanError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    _share("efficiency", efficiency)
     if not isinstance(consumers, int) or consumers < 1:
         raise PlanError(f"consumers must be an integer >= 1, got {consumers!r}")
-    if not trainer_s >= 0:
-        raise PlanError(f"trainer_s must be >= 0 seconds, got {trainer_s!r}")
+    _seconds("trainer_s", trainer_s)
     data_s = consumers * (preprocess_s + trainer_s) / (cores * efficiency)
     step_s = max(gpu_step_s, data_s)
     bound = "data" if data_s > gpu_step_s else "gpu"
@@ -155,10 +163,8 @@ def predict_network_step(preprocess_s: float, gpu_step_s: float, batch_size: int
     """
     _positive("preprocess_s", preprocess_s)
     _positive("gpu_step_s", gpu_step_s)
-    if not 0 < efficiency <= 1:
-        raise PlanError(f"efficiency must be in (0, 1], got {efficiency!r}")
-    if not encode_s >= 0:
-        raise PlanError(f"encode_s must be >= 0 seconds per sample, got {encode_s!r}")
+    _share("efficiency", efficiency)
+    _seconds("encode_s", encode_s, per=" per sample")
     per_core = batch_size / (preprocess_s + batch_size * encode_s)
     d = deliverable(node_cores * efficiency, per_core, bytes_per_sample, data_nic_gbps, data_nodes=data_nodes,
                     consumers=consumers, dnn_nic_gbps=dnn_nic_gbps, dnn_nodes=dnn_nodes, flow_gbps=flow_gbps,

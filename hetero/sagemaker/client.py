@@ -6,8 +6,10 @@ and the source archive has been built, so bad input fails fast and leaves nothin
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from hetero.sagemaker.input_modes import check_input_modes
 from hetero.sagemaker.request import build_request
@@ -16,6 +18,21 @@ from hetero.sagemaker.spec import JobSpec, SubmitError
 from hetero.sagemaker.validate import check_request
 
 log = logging.getLogger(__name__)
+
+
+def exit_status(tool: str, call: Callable[[], int], user_errors: tuple[type[Exception], ...]) -> int:
+    """A command's exit status: ``call()``'s, or 2 for one of ``user_errors`` (bad input) and 1 for a call
+    AWS refused or botocore could not make; either is printed to stderr after ``tool``'s name."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return call()
+    except user_errors as exc:
+        print(f"{tool}: {exc}", file=sys.stderr)
+        return 2
+    except (BotoCoreError, ClientError) as exc:
+        print(f"{tool}: AWS refused a call: {exc}", file=sys.stderr)
+        return 1
 
 
 def resolve_region(region: str | None) -> str:

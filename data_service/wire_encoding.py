@@ -19,7 +19,8 @@ otherwise, so the model sees the same ``uint8 [B, C, H, W]`` tensor it would see
 Every uint8 ``[B, C, H, W]`` tensor of a dict batch is encoded (``C`` 1 or 3 for JPEG). Its entry
 ``name`` then holds the encoded bytes (uint8, 1-D) and ``name + ".wire"`` an int64 header:
 ``[kind, quality, B, C, H, W, k, size_1 .. size_k]`` (``k`` = B JPEG sizes, or 1 zstd frame). The
-batch says what it carries, and the decoder checks every field before it allocates anything.
+batch says what it carries, and the decoder checks every field before it allocates anything: the
+decoded batch may hold at most the ``max_batch_bytes`` its data servers announced.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ _KIND_IDS = {UP_ZSTD: 1, JPEG: 2}
 _KIND_NAMES = {v: k for k, v in _KIND_IDS.items()}
 _HEADER = 7
 _ZSTD_LEVEL = 1
-# A decoded batch larger than this is refused before it is allocated (a hostile or corrupt header).
+# A decoded batch larger than this is refused before it is allocated (a hostile or corrupt header),
+# where no server announced its max_batch_bytes (a batch decoded in the process that built it).
 MAX_DECODED_BYTES = 1 << 34
 HELP = ("'uint8' (as built), 'up-zstd' (lossless) or 'jpeg:Q' (lossy, quality Q in 1..100; "
         f"'jpeg' = 'jpeg:{DEFAULT_JPEG_QUALITY}')")
@@ -206,16 +208,18 @@ def is_encoded(batch: Any) -> bool:
 
 
 def decode_batch(batch: Any, device: torch.device | str | None = None, expect: WireEncoding | None = None,
-                 cuda_decode: Callable | None = None) -> Any:
+                 cuda_decode: Callable | None = None, max_bytes: int = 0) -> Any:
     """Undo :func:`encode_batch`: each encoded entry back to its uint8 ``[B, C, H, W]`` tensor.
 
     JPEGs for a CUDA ``device`` are decoded there in one batch (``cuda_decode``, default
     :func:`jpeg_decode_cuda`); everything else is decoded on the CPU. A batch without encoded
-    entries comes back as it is.
+    entries comes back as it is. ``max_bytes`` is the ``max_batch_bytes`` the data servers
+    announced: the most the decoded batch may hold (0: none announced, :data:`MAX_DECODED_BYTES`).
 
     Raises:
         ProtocolError: a header that does not match its bytes, an encoding other than ``expect``
-            (what the servers announced), or bytes that do not decode to the announced shape.
+            (what the servers announced), a batch that would decode past ``max_bytes`` (refused
+            before anything is decoded), or bytes that do not decode to the announced shape.
     """
     if not is_encoded(batch):
         if expect is not None and expect.kind != UINT8 and isinstance(batch, dict):
@@ -223,20 +227,37 @@ def decode_batch(batch: Any, device: torch.device | str | None = None, expect: W
                                 "job must run the same pipeline options")
         return batch
     device = torch.device(device) if device is not None else None
-    out: dict[str, Any] = {}
-    for name, t in batch.items():
-        if name.endswith(SUFFIX):
-            continue
-        header = batch.get(name + SUFFIX)
-        out[name] = t if header is None else _decode(name, t, header, device, expect, cuda_decode or jpeg_decode_cuda)
     orphans = [k for k in batch if k.endswith(SUFFIX) and k[:-len(SUFFIX)] not in batch]
     if orphans:
         raise ProtocolError(f"wire headers {orphans} without their tensors")
-    return out
+    headers, total = {}, 0
+    for name, t in batch.items():  # every header first: the whole batch's size is known before decoding
+        if name.endswith(SUFFIX):
+            continue
+        header = batch.get(name + SUFFIX)
+        if header is None:
+            total += t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+        else:
+            headers[name] = _read_header(name, t, header, max_bytes)
+            b, c, h, w = headers[name][1]
+            total += b * c * h * w
+    _check_size("the batch", total, max_bytes)
+    return {name: t if name not in headers else
+            _decode(name, t, headers[name], device, expect, cuda_decode or jpeg_decode_cuda)
+            for name, t in batch.items() if not name.endswith(SUFFIX)}
 
 
-def _decode(name: str, payload: torch.Tensor, header: torch.Tensor, device, expect, cuda_decode) -> torch.Tensor:
-    enc, (b, c, h, w), sizes = _read_header(name, payload, header)
+def _check_size(what: str, n: int, max_bytes: int) -> None:
+    if max_bytes and n > max_bytes:
+        raise ProtocolError(f"{what} decodes to {n} bytes, more than the max_batch_bytes={max_bytes} the data servers "
+                            "announced (a corrupt batch, or servers started with a larger --max-batch-bytes than "
+                            "they announce: start them all with one that holds the decoded batch)")
+    if not max_bytes and n > MAX_DECODED_BYTES:
+        raise ProtocolError(f"{what} decodes past {MAX_DECODED_BYTES} bytes ({n}: a corrupt batch)")
+
+
+def _decode(name: str, payload: torch.Tensor, parsed, device, expect, cuda_decode) -> torch.Tensor:
+    enc, (b, c, h, w), sizes = parsed
     if expect is not None and enc != expect:
         raise ProtocolError(f"tensor {name!r} arrived as {enc.name!r}, but the servers announced {expect.name!r}")
     if enc.kind == UP_ZSTD:
@@ -257,7 +278,7 @@ def _decode(name: str, payload: torch.Tensor, header: torch.Tensor, device, expe
     return torch.stack(images)
 
 
-def _read_header(name: str, payload: torch.Tensor, header: torch.Tensor):
+def _read_header(name: str, payload: torch.Tensor, header: torch.Tensor, max_bytes: int = 0):
     if (header.dtype != torch.int64 or header.dim() != 1 or header.numel() < _HEADER
             or header.numel() > _HEADER + max(1, payload.numel()) or payload.dtype != torch.uint8
             or payload.dim() != 1):
@@ -271,8 +292,9 @@ def _read_header(name: str, payload: torch.Tensor, header: torch.Tensor):
         raise ProtocolError(f"tensor {name!r}: unknown wire encoding id {kind_id}")
     if kind == JPEG and not 1 <= quality <= 100:
         raise ProtocolError(f"tensor {name!r}: JPEG quality {quality} outside 1..100")
-    if min(b, c, h, w) < 1 or b * c * h * w > MAX_DECODED_BYTES:
-        raise ProtocolError(f"tensor {name!r}: shape {[b, c, h, w]} is empty or decodes past {MAX_DECODED_BYTES} bytes")
+    if min(b, c, h, w) < 1:
+        raise ProtocolError(f"tensor {name!r}: shape {[b, c, h, w]} is empty")
+    _check_size(f"tensor {name!r}: shape {[b, c, h, w]}", b * c * h * w, max_bytes)
     if k != len(sizes) or k != (b if kind == JPEG else 1) or min(sizes) < 0 or sum(sizes) != payload.numel():
         raise ProtocolError(f"tensor {name!r}: {k} part sizes {sizes[:8]} do not cover the {payload.numel()}-byte "
                             f"payload of {b} images")

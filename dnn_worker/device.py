@@ -46,11 +46,15 @@ class FinishStage:
     dtypes: Mapping[str, str] = field(default_factory=dict)
     target: str = ""
     wire: WireEncoding | None = None   # None: whatever each batch says it carries
+    max_batch_bytes: int = 0  # the most a decoded batch may hold, as the servers announced (0: none)
 
     @classmethod
-    def load(cls, target: str, dtypes: Mapping[str, str] | None = None, wire: str | None = None) -> "FinishStage":
+    def load(cls, target: str, dtypes: Mapping[str, str] | None = None, wire: str | None = None,
+             max_batch_bytes: int = 0) -> "FinishStage":
         """The stage from its import path; ``wire`` is the encoding the servers announced (checked
-        against every batch; None: decode whatever a batch carries).
+        against every batch; None: decode whatever a batch carries), ``max_batch_bytes`` the
+        largest batch they announced: a batch that would decode past it is refused before it is
+        decoded (0: nothing announced; ``wire_encoding.MAX_DECODED_BYTES`` bounds it).
 
         Raises:
             ConfigError: unknown dtypes, an unknown encoding, or one this node cannot decode.
@@ -63,11 +67,11 @@ class FinishStage:
         if wire is not None:
             encoding = wire_encoding.parse(wire)
             wire_encoding.check_decoder(encoding)  # now, at start, not at the first batch
-        return cls(PipelineSpec(target).resolve() if target else None, dtypes, target, encoding)
+        return cls(PipelineSpec(target).resolve() if target else None, dtypes, target, encoding, max_batch_bytes)
 
     def unwire(self, batch: Any, device: torch.device | str | None = None) -> Any:
         """Decode the batch's wire encoding, for ``device`` (JPEGs on the GPU when it is CUDA)."""
-        return wire_encoding.decode_batch(batch, device, self.wire)
+        return wire_encoding.decode_batch(batch, device, self.wire, max_bytes=self.max_batch_bytes)
 
     def __call__(self, batch: Any) -> Any:
         if wire_encoding.is_encoded(batch):  # ``DeviceFeeder``'s ops decode it before the copy
@@ -100,7 +104,7 @@ class FinishStage:
 
 
 def finish_from_info(info: pb.DatasetInfo) -> FinishStage:
-    return FinishStage.load(info.finish, dict(info.finish_dtypes), info.wire_encoding)
+    return FinishStage.load(info.finish, dict(info.finish_dtypes), info.wire_encoding, info.max_batch_bytes)
 
 
 class DeviceFeeder:

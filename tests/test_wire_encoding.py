@@ -12,7 +12,7 @@ from data_service.errors import ConfigError, ProtocolError
 from data_service.pipeline import PipelineSpec, build_batch
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import DeviceFeeder, LocalDataset, RemoteDataset, ResumableLoader
-from dnn_worker.device import FinishStage
+from dnn_worker.device import FinishStage, finish_from_info
 from hetero.synthetic_images import write_image_folder
 
 TARGET = "data_service.pipelines.images:build_pipeline"
@@ -159,6 +159,33 @@ def test_an_encoding_other_than_announced_is_refused():
         we.decode_batch(enc, "cpu", we.parse("jpeg:90"))
     with pytest.raises(ProtocolError, match="arrived without its 'up-zstd' wire encoding"):
         we.decode_batch({"image": smooth_images(1, 3, 4, 4)}, "cpu", we.parse("up-zstd"))
+
+
+def test_a_batch_decoding_past_the_servers_announced_max_batch_bytes_is_refused_unallocated(monkeypatch):
+    """The announced max_batch_bytes, not the 16 GiB fallback, bounds a decoded batch: a header
+    claiming more is refused naming both figures before anything is decompressed."""
+    from data_service.wire import pb
+
+    enc = we.encode_batch({"image": smooth_images(8, 3, 32, 32), "label": torch.arange(8)}, we.parse("up-zstd"))
+    decoded = 8 * 3 * 32 * 32 + 8 * 8
+    assert torch.equal(we.decode_batch(enc, "cpu", max_bytes=decoded)["image"], smooth_images(8, 3, 32, 32))
+    with pytest.raises(ProtocolError, match=rf"decodes to {decoded} bytes, more than the "
+                                            rf"max_batch_bytes={decoded - 1} the data servers announced"):
+        we.decode_batch(enc, "cpu", max_bytes=decoded - 1)
+    header = enc["image.wire"].clone()
+    header[2] = 1 << 16  # 9.6 GB of 224-px images claimed, under the 16 GiB fallback
+    header[4] = header[5] = 224
+    import zstandard
+
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", None)  # refused before any decompression
+    finish = FinishStage.load("", {}, "up-zstd", max_batch_bytes=1 << 20)
+    assert finish.max_batch_bytes == 1 << 20
+    for stage in (finish, finish_from_info(pb.DatasetInfo(wire_encoding="up-zstd", max_batch_bytes=1 << 20))):
+        with pytest.raises(ProtocolError, match=rf"tensor 'image': shape \[65536, 3, 224, 224\] decodes to "
+                                                rf"{(1 << 16) * 3 * 224 * 224} bytes, more than the "
+                                                rf"max_batch_bytes={1 << 20} the data servers announced"):
+            stage.unwire({**enc, "image.wire": header}, "cpu")
+    assert finish_from_info(pb.DatasetInfo(wire_encoding="up-zstd")).max_batch_bytes == 0  # none: the fallback
 
 
 def test_jpegs_bound_for_cuda_are_decoded_there_in_one_batch():

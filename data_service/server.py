@@ -27,7 +27,7 @@ from multiprocessing.connection import wait as mp_wait
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import compression, tls
+from . import codec, compression, tls, wire_encoding
 from .auth import TokenInterceptor
 from .errors import ConfigError
 from .dataplane import DataPlane
@@ -56,7 +56,7 @@ class ServerOptions:
     num_workers: int = 2
     slots_per_worker: int = 4     # built batches each worker may hold: the memory bound (>= 3 lets
                                   # same-host consumers keep batches zero-copy while the worker builds ahead)
-    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES  # a batch's bytes, as sent and as decoded (wire_encoding)
     start_timeout_s: float = 120.0
     probe: bool = True            # build batch 0 at start-up to catch errors early
     advertise_bulk_port: int = 0  # port clients should dial for the data plane (NAT, port mapping, proxies); 0 = bulk_port
@@ -219,6 +219,13 @@ class DataServer:
                 raise ConfigError(
                     f"a batch of {size} bytes exceeds max_batch_bytes={self.options.max_batch_bytes}; "
                     "raise --max-batch-bytes or lower the batch size")
+            if self.dataset_info.wire_encoding not in ("", wire_encoding.UINT8):  # consumers decode it under the cap
+                decoded = wire_encoding.decoded_bytes(codec.decode(result.header, result.payload))
+                if decoded > self.options.max_batch_bytes:
+                    raise ConfigError(
+                        f"a batch decodes to {decoded} bytes on the DNN nodes ({size} bytes on the wire as "
+                        f"{self.dataset_info.wire_encoding}), more than max_batch_bytes={self.options.max_batch_bytes}"
+                        "; raise --max-batch-bytes or lower the batch size")
         finally:
             result.release()
 

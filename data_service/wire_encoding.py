@@ -230,8 +230,29 @@ def decode_batch(batch: Any, device: torch.device | str | None = None, expect: W
     orphans = [k for k in batch if k.endswith(SUFFIX) and k[:-len(SUFFIX)] not in batch]
     if orphans:
         raise ProtocolError(f"wire headers {orphans} without their tensors")
+    headers, total = _headers(batch, max_bytes)  # the whole batch's size is known before decoding
+    _check_size("the batch", total, max_bytes)
+    return {name: t if name not in headers else
+            _decode(name, t, headers[name], device, expect, cuda_decode or jpeg_decode_cuda)
+            for name, t in batch.items() if not name.endswith(SUFFIX)}
+
+
+def decoded_bytes(batch: Any) -> int:
+    """Bytes a batch :func:`encode_batch` made holds once decoded (a plain batch: its tensors' bytes).
+
+    Raises:
+        ProtocolError: a wire header that does not match its bytes.
+    """
+    if not is_encoded(batch):
+        return sum(t.numel() * t.element_size() for t in (batch.values() if isinstance(batch, dict) else [])
+                   if isinstance(t, torch.Tensor))
+    return _headers(batch, 0)[1]
+
+
+def _headers(batch: dict, max_bytes: int) -> tuple[dict[str, tuple], int]:
+    """The parsed wire header of each encoded entry, and the bytes the batch decodes to."""
     headers, total = {}, 0
-    for name, t in batch.items():  # every header first: the whole batch's size is known before decoding
+    for name, t in batch.items():
         if name.endswith(SUFFIX):
             continue
         header = batch.get(name + SUFFIX)
@@ -241,10 +262,7 @@ def decode_batch(batch: Any, device: torch.device | str | None = None, expect: W
             headers[name] = _read_header(name, t, header, max_bytes)
             b, c, h, w = headers[name][1]
             total += b * c * h * w
-    _check_size("the batch", total, max_bytes)
-    return {name: t if name not in headers else
-            _decode(name, t, headers[name], device, expect, cuda_decode or jpeg_decode_cuda)
-            for name, t in batch.items() if not name.endswith(SUFFIX)}
+    return headers, total
 
 
 def _check_size(what: str, n: int, max_bytes: int) -> None:

@@ -301,6 +301,17 @@ def test_a_pipeline_with_an_unknown_encoding_fails_the_server_at_start(folder):
         DataServer(PipelineSpec(TARGET, options(folder, "gif")), TOKEN, ServerOptions(num_workers=1)).start()
 
 
+@pytest.mark.slow  # a data server's start and probe batch (about 2.5 s)
+def test_a_batch_that_decodes_past_max_batch_bytes_fails_the_server_at_start(folder):
+    """max_batch_bytes bounds the batch a DNN node decodes, not only what travels: a JPEG batch whose
+    wire bytes fit but whose images do not stops the data server at start, naming both figures."""
+    decoded = 4 * 3 * 32 * 32 + 4 * 8  # four 32-px crops and their int64 labels
+    with pytest.raises(ConfigError, match=rf"decodes to {decoded} bytes on the DNN nodes \(\d+ bytes on the wire "
+                                          rf"as jpeg:90\), more than max_batch_bytes={decoded - 1}"):
+        DataServer(PipelineSpec(TARGET, options(folder, "jpeg:90")), TOKEN,
+                   ServerOptions(num_workers=1, max_batch_bytes=decoded - 1)).start()
+
+
 def test_a_launched_job_decodes_and_names_its_encoding_in_metrics_json(folder, tmp_path):
     """``--hp pipeline.wire_encoding=jpeg:90``: one trainer rank (batches built in-process) takes the
     encoded batches through its finish stage and writes the encoding into metrics.json."""

@@ -74,6 +74,11 @@ class Fetcher:
                 self._scheduler.lane(address, lane.base_window, lane.weight).gap = lane.gap
 
     @property
+    def scheduler(self) -> Scheduler:
+        """What this Fetcher asks of whom (its lanes, its queue); for inspection, not for driving."""
+        return self._scheduler
+
+    @property
     def hedges(self) -> int:
         """Batches also asked of a second server."""
         return self._scheduler.hedges

@@ -115,7 +115,7 @@ def test_a_consumer_starts_an_epoch_of_ten_million_batches_holding_nothing_per_b
 
     class Unstarted(remote_dataset_module.Fetcher):
         def __iter__(self):  # the scheduler is built; no server is asked
-            made.append(self._scheduler)
+            made.append(self.scheduler)
             return iter(())
 
     monkeypatch.setattr(remote_dataset_module, "Fetcher", Unstarted)

@@ -209,3 +209,35 @@ def test_a_heartbeat_keeps_the_entry_fresh_and_stops_before_it_is_removed(tmp_pa
     assert read_entries(uri) == ([], [])  # no beat after stop() brings it back
     with pytest.raises(ConfigError, match="TTL > 0"):
         Heartbeat(uri, TOKEN, register(uri, TOKEN, "x", "10.0.0.7:6000", FP))
+
+
+def test_leaving_while_a_heartbeat_write_is_in_flight_ends_with_the_entry_removed(tmp_path, monkeypatch):
+    """A beat's write that outlasts leave's wait for it lands after the delete: the heartbeat then
+    deletes the entry again, so the delete is the last write and the server does not reappear."""
+    import threading
+    from types import SimpleNamespace
+
+    from data_service import joining
+
+    uri = str(tmp_path)
+    entered, gate = threading.Event(), threading.Event()
+    real = joining.register
+
+    def slow(*args, **kwargs):  # the heartbeat's writes: held until the test lets them through
+        entered.set()
+        assert gate.wait(10)
+        return real(*args, **kwargs)
+
+    left = []
+    server = SimpleNamespace(token=TOKEN, server_id="leaving", dataset_info=SimpleNamespace(fingerprint=FP),
+                             created_at=None, on_leave=left.append)
+    joining.join(server, uri, "10.0.0.7:6000", timeout_s=0.2, ttl_s=0.3)  # registers before the patch
+    monkeypatch.setattr(joining, "register", slow)
+    assert entered.wait(10), "a beat started its write"
+    beating = [t for t in threading.enumerate() if t.name == "heartbeat leaving"]
+    left[0]()  # the server leaves: its wait for the held write ends at its deadline (0.2 s)
+    assert read_entries(uri) == ([], [])
+    gate.set()  # the held write lands now, after the delete
+    beating[0].join(10)
+    assert not beating[0].is_alive()
+    assert read_entries(uri) == ([], [])  # deleted again: the server stays gone

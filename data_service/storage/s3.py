@@ -8,19 +8,10 @@ Endpoint. boto3 itself honours ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` 
 points away from AWS, path-style addressing is used, which S3-compatible servers need
 (``s3_client``).
 
-Retries. botocore's own retries are off for reads: every GET is retried here, together with the
-read of its body, because botocore never retries a body that breaks off (a reset, a stall, fewer
-bytes than Content-Length). What is retried is ``s3_errors.retryable``'s call. Back-off is
-exponential with full jitter (``uniform(0, min(backoff_max_s, backoff_base_s * 2**n))``).
-``retries`` counts every retry. Writes (converters only) keep botocore's standard retries too, so
-one failed part of a multipart upload is sent again alone; the store then retries the whole call.
-
-Deadlines. Each request has botocore connect and read timeouts of ``request_timeout_s`` (the read
-timeout bounds any silence, so a body that stalls after its headers fails after that long), and
-each call has an overall deadline ``deadline_s`` (default ``request_timeout_s * attempts``)
-across its attempts and back-off sleeps: no attempt starts or sleeps past it, and a body still
-trickling in is abandoned at it (checked every 256 KB), so a call returns or raises within about
-``deadline_s + request_timeout_s``.
+Retries and deadlines (``s3_retry``). Every call is retried with exponential back-off and full
+jitter, a GET together with the read of its body, within an overall deadline ``deadline_s``
+(default ``request_timeout_s * attempts``); each request has botocore connect and read timeouts of
+``request_timeout_s``, so a call returns or raises within about ``deadline_s + request_timeout_s``.
 
 Errors. ``check()`` (called when a data server starts) raises ``ConfigError`` naming the bucket,
 the key and the likely fix (``s3_errors``); so does ``list()``. Reads that fail for good raise
@@ -35,27 +26,18 @@ included), ``retries``.
 from __future__ import annotations
 
 import os
-import random
 import tempfile
 import threading
-import time
 from typing import Any
 
 from ..errors import ConfigError
-from . import s3_errors
+from . import s3_errors, s3_retry
 from .base import StoreError, StoreReadError, StoreWriteError, removed_after
 from .parsing import join_key, parse_s3_url
 from .s3_client import boto, endpoint_source, make_client
-from .s3_errors import DeadlineExceeded, OutOfRange, ShortRead
-
-_CHUNK = 256 << 10  # body bytes read per call, between deadline checks
 
 _STATE_LOCK = threading.Lock()  # guards making a process's lock and clients; fresh in a forked child
 os.register_at_fork(after_in_child=lambda: globals().__setitem__("_STATE_LOCK", threading.Lock()))
-
-
-class _Missing(Exception):
-    """exists(): the object is not there."""
 
 
 class S3Store:
@@ -170,7 +152,7 @@ class S3Store:
         """Whether ``key`` exists (HEAD, retried; False on 404, also when the bucket is missing)."""
         try:
             self._head(key, missing_ok=True)
-        except _Missing:
+        except s3_retry.Missing:
             return False
         return True
 
@@ -310,72 +292,15 @@ class S3Store:
 
         def get(deadline: float) -> None:
             self._count(requests=1)
-            resp = client.get_object(**kw)
-            body = resp["Body"]
-            done = False
-            try:
-                length = int(resp["ContentLength"])
-                want = end - start if end is not None else length
-                if length != want:
-                    total = s3_errors.range_total(resp.get("ContentRange"))
-                    if total is not None and end is not None and end > total:
-                        raise OutOfRange(total)
-                    raise ShortRead(f"the server announced {length} bytes for a range of {want}")
-                out = alloc(want)
-                pos = 0
-                while pos < want:
-                    if time.monotonic() > deadline:
-                        raise DeadlineExceeded(f"{pos} of {want} bytes had arrived")
-                    n = body.readinto(out[pos:min(want, pos + _CHUNK)])
-                    if not n:
-                        raise ShortRead(f"the body ended after {pos} of {want} bytes")
-                    pos += n
-                    self._count(bytes_read=n)
-                # at the end: botocore checks the length and, for a whole object, its checksum
-                if body.readinto(bytearray(1)):
-                    raise ShortRead(f"the body is longer than the {want} bytes announced")
-                done = True
-            finally:
-                if not done:
-                    body.close()  # drop the connection: it may still carry part of this body
+            s3_retry.read_body(client.get_object(**kw), start, end, alloc, deadline, self._count)
 
         rng = f"bytes [{start}, {'end' if end is None else end})"
         self._call(get, key, f"reading {rng} of", StoreReadError, rng=(start, end))
 
     def _call(self, fn, key: str, doing: str, error: type[StoreError], *, missing_ok: bool = False,
               rng: tuple[int, int | None] | None = None):
-        """Run ``fn(deadline)`` with retries, back-off and the overall deadline; turn failures into
-        ``error`` with a message naming the bucket, key and fix."""
-        t0 = time.monotonic()
-        deadline = t0 + self.deadline_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return fn(deadline)
-            except OutOfRange as e:
-                raise error(f"byte range [{rng[0]}, {rng[1]}) is past the end of {self.key_url(key)} "
-                            f"(size {e.total})", bucket=self.bucket, key=key, code="InvalidRange") from None
-            except DeadlineExceeded as e:
-                raise error(f"{doing} {self.key_url(key)} failed: no complete answer within the deadline of "
-                            f"{self.deadline_s:g} s ({e}) after {attempt} attempt(s)", bucket=self.bucket,
-                            key=key, code="Deadline", retryable=True) from None
-            except Exception as e:
-                verdict = s3_errors.retryable(e)
-                if verdict is None:
-                    raise
-                if missing_ok and not verdict and s3_errors.is_missing(e):
-                    raise _Missing from None
-                if not verdict:
-                    raise s3_errors.permanent(self, e, key, doing, error, rng) from e
-                now = time.monotonic()
-                if attempt >= self.attempts or now >= deadline:
-                    raise s3_errors.exhausted(self, e, key, doing, error, attempt, now - t0) from e
-                pause = random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)))
-                if now + pause >= deadline:
-                    raise s3_errors.exhausted(self, e, key, doing, error, attempt, now - t0) from e
-                self._count(retries=1)
-                time.sleep(pause)
+        """``s3_retry.call`` for this store, its retries counted."""
+        return s3_retry.call(self, fn, key, doing, error, self._count, missing_ok=missing_ok, rng=rng)
 
     def endpoint_and_source(self) -> tuple[str, str]:
         """(the endpoint this process's client talks to, where it came from), for messages."""

@@ -178,7 +178,7 @@ def test_threads_share_one_client_and_the_counters_add_up(s3):
     # the halves of the truncated bodies count too: bytes_read is what came over the wire
     shard_bytes = sum(n for path, n in c["path_bytes"].items() if path.endswith(".tar"))
     assert st.bytes_read == shard_bytes == len(jobs) * part + 3 * part // 2
-    assert len(st._proc()[1]) == 1  # one reader client for every thread
+    assert len(st._clients.mine()[1]) == 1  # one reader client for every thread
 
 
 # -- endpoints ---------------------------------------------------------------------------------------

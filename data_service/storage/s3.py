@@ -18,26 +18,21 @@ the key and the likely fix (``s3_errors``); so does ``list()``. Reads that fail 
 ``StoreReadError``, writes ``StoreWriteError``, with the same messages.
 
 Processes and threads. One boto3 client per process, made on first use and shared by the
-process's threads (boto3 clients are thread-safe); a forked or spawned child makes its own. A
-store pickles without its client. Counters, kept under a lock: ``requests`` (every request sent,
-retries included), ``bytes_read`` (GET body bytes received, those of attempts that broke off
-included), ``retries``.
+process's threads (boto3 clients are thread-safe); a forked or spawned child makes its own
+(``s3_client.ProcessClients``). A store pickles without its client. Counters, kept under a
+lock: ``requests`` (every request sent, retries included), ``bytes_read`` (GET body bytes received,
+those of attempts that broke off included), ``retries``.
 """
 from __future__ import annotations
 
-import os
 import tempfile
-import threading
 from typing import Any
 
 from ..errors import ConfigError
 from . import s3_errors, s3_retry
 from .base import StoreError, StoreReadError, StoreWriteError, removed_after
 from .parsing import join_key, parse_s3_url
-from .s3_client import boto, endpoint_source, make_client
-
-_STATE_LOCK = threading.Lock()  # guards making a process's lock and clients; fresh in a forked child
-os.register_at_fork(after_in_child=lambda: globals().__setitem__("_STATE_LOCK", threading.Lock()))
+from .s3_client import ProcessClients, boto, endpoint_source, make_client
 
 
 class S3Store:
@@ -76,50 +71,23 @@ class S3Store:
         self.requests = 0
         self.bytes_read = 0
         self.retries = 0
-        self._given = (os.getpid(), client) if client is not None else None
-        self._local: tuple[int, threading.Lock, dict] | None = None
+        self._clients = ProcessClients(client)
 
     # -- per-process state ---------------------------------------------------------------------
-    def _proc(self) -> tuple[threading.Lock, dict]:
-        """This process's lock and clients (a child after fork gets fresh ones, never the parent's)."""
-        local = self._local
-        pid = os.getpid()
-        if local is None or local[0] != pid:
-            with _STATE_LOCK:
-                local = self._local
-                if local is None or local[0] != pid:
-                    local = (pid, threading.Lock(), {})
-                    self._local = local
-        return local[1], local[2]
-
     def _count(self, requests: int = 0, bytes_read: int = 0, retries: int = 0) -> None:
-        lock, _ = self._proc()
+        lock, _ = self._clients.mine()
         with lock:
             self.requests += requests
             self.bytes_read += bytes_read
             self.retries += retries
 
     def _client(self, writer: bool = False):
-        lock, clients = self._proc()
-        name = "writer" if writer else "reader"
-        c = clients.get(name)
-        if c is not None:
-            return c
-        with lock:  # one client per process: threads wait for the first one to make it
-            c = clients.get(name)
-            if c is None:
-                if self._given is not None and self._given[0] == os.getpid():
-                    c = self._given[1]
-                else:
-                    c = make_client(self.endpoint_url, self.request_timeout_s, self.max_pool, self.attempts,
-                                    writer)
-                clients[name] = c
-            return c
+        return self._clients.get("writer" if writer else "reader", lambda: make_client(
+            self.endpoint_url, self.request_timeout_s, self.max_pool, self.attempts, writer))
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_local"] = None
-        state["_given"] = None
+        state["_clients"] = ProcessClients()
         return state
 
     def __repr__(self) -> str:
@@ -261,15 +229,7 @@ class S3Store:
 
     def close(self) -> None:
         """Close this process's clients (their connection pools); the next call makes new ones."""
-        lock, clients = self._proc()
-        with lock:
-            made = [c for c in clients.values() if self._given is None or c is not self._given[1]]
-            clients.clear()
-        for c in {id(c): c for c in made}.values():
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
+        self._clients.close()
 
     # -- internals --------------------------------------------------------------------------------
     def _head(self, key: str, missing_ok: bool = False) -> int:

@@ -3,15 +3,24 @@
 boto3 honours ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` (and ``endpoint_url`` in the AWS
 config file) itself; any endpoint away from AWS gets path-style addressing, which S3-compatible
 servers need. boto3 is imported only when a client is made (``pip install 'hetero-data-service[s3]'``).
+
+``ProcessClients`` keeps a store's clients: one of each kind per process, made on first use and
+shared by the process's threads (boto3 clients are thread-safe); a forked or spawned child makes
+its own.
 """
 from __future__ import annotations
 
 import os
+import threading
+from typing import Any, Callable
 
 from ..errors import ConfigError
 from .s3_errors import is_aws_host
 
 INSTALL_HINT = "pip install 'hetero-data-service[s3]'"
+
+_STATE_LOCK = threading.Lock()  # guards making a process's lock and clients; fresh in a forked child
+os.register_at_fork(after_in_child=lambda: globals().__setitem__("_STATE_LOCK", threading.Lock()))
 
 
 def boto():
@@ -65,3 +74,57 @@ def endpoint_source(endpoint_url: str | None, client_url: str | None) -> tuple[s
     if not is_aws_host(url):
         return url, "endpoint_url in the AWS config file"
     return url, "boto3's default for the region"
+
+
+class ProcessClients:
+    """A store's clients by name ("reader", "writer"), one each per process, and a lock per process.
+
+    A child after fork gets a fresh lock and makes its own clients, never using the parent's. A
+    ``given`` client serves only the process that handed it in. The store that holds one pickles it
+    as a new, empty ``ProcessClients()``.
+    """
+
+    def __init__(self, given: Any = None) -> None:
+        self._given = (os.getpid(), given) if given is not None else None
+        self._local: tuple[int, threading.Lock, dict] | None = None
+
+    def mine(self) -> tuple[threading.Lock, dict]:
+        """This process's lock and clients (a child after fork gets fresh ones, never the parent's)."""
+        local = self._local
+        pid = os.getpid()
+        if local is None or local[0] != pid:
+            with _STATE_LOCK:
+                local = self._local
+                if local is None or local[0] != pid:
+                    local = (pid, threading.Lock(), {})
+                    self._local = local
+        return local[1], local[2]
+
+    def get(self, name: str, make: Callable[[], Any]) -> Any:
+        """This process's client ``name``: the given one in the process that handed it in, else
+        ``make()``'s, made once."""
+        lock, clients = self.mine()
+        c = clients.get(name)
+        if c is not None:
+            return c
+        with lock:  # one client per process: threads wait for the first one to make it
+            c = clients.get(name)
+            if c is None:
+                if self._given is not None and self._given[0] == os.getpid():
+                    c = self._given[1]
+                else:
+                    c = make()
+                clients[name] = c
+            return c
+
+    def close(self) -> None:
+        """Close the clients this process made (their connection pools); the next ``get`` makes new ones."""
+        lock, clients = self.mine()
+        with lock:
+            made = [c for c in clients.values() if self._given is None or c is not self._given[1]]
+            clients.clear()
+        for c in {id(c): c for c in made}.values():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass

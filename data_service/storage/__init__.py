@@ -5,8 +5,9 @@ atomic put, put from a file, delete); the shard source, the registry of data ser
 ``hetero prepare`` all use it and never ask which kind they have.
 
 ``base`` (the interface and its errors), ``local`` (a folder), ``s3`` (S3 with retries and
-deadlines), ``s3_client`` (making boto3 clients: endpoint, addressing), ``s3_errors`` (what an S3
-failure means and the fix to name), ``parsing`` (locations and sizes as users give them).
+deadlines), ``s3_retry`` (the retry loop, the deadlines and the ranged GET body read),
+``s3_client`` (making boto3 clients: endpoint, addressing; one per process), ``s3_errors`` (what
+an S3 failure means and the fix to name), ``parsing`` (locations and sizes as users give them).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ written back from the worker's slot (header frame, then the slot's bytes, no cop
 writes resume where they stopped) in completion order, and its slot is freed once written.
 The header goes out as the worker serialized it (the server never parses it). Frames are
 written at the end of the loop's turn that queued them, and every frame waiting then leaves
-in one ``sendmsg``: batches finished together cost the consumer one wake-up.
+in one ``sendmsg``: batches finished together cost the consumer one wake-up (send_queue.py).
 When the consumer goes away its queued tasks are cancelled and held slots freed, so nothing
 leaks and nothing it did not receive is lost: it asks again. A consumer that takes no bytes
 for ``send_timeout_s`` while batches wait for it is dropped (its slots go back).
@@ -22,7 +22,6 @@ call from another thread: it hands the result to the loop.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import socket
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Callable
 
 from . import framing
 from .errors import ProtocolError
+from .send_queue import SendQueue
 from .version import PROTOCOL_VERSION, compatible, mismatch_message
 from .wire import pb
 from .tasks import Result, Task
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_OUTSTANDING = 4096  # batches one connection may have requested and not received
 READ_CHUNK = 1 << 16
-COALESCE_BUFFERS = 64  # buffers (two per TCP batch) handed to one sendmsg when several frames wait
 
 
 @dataclass
@@ -73,30 +72,6 @@ class SessionContext:
     prefetch: Callable[[int, int, int], None] | None = None
 
 
-class _Out:
-    """One frame waiting to be written: header bytes, then (TCP batches) the slot's bytes."""
-
-    __slots__ = ("head", "payload", "result", "figures", "done", "size", "started")
-
-    def __init__(self, head: bytes, payload: memoryview | None = None, result: Result | None = None,
-                 figures: tuple[int, int, float] | None = None) -> None:
-        self.head = head
-        self.payload = payload
-        self.result = result        # released once written (TCP batches)
-        self.figures = figures      # batches: (raw_bytes, payload_bytes, compress_s), counted once written
-        self.done = 0
-        self.size = len(head) + (len(payload) if payload is not None else 0)
-        self.started = time.perf_counter()
-
-    def unsent(self) -> list:
-        """The buffers still to write."""
-        hl = len(self.head)
-        if self.done >= hl:
-            return [self.payload[self.done - hl:]]
-        head = memoryview(self.head)[self.done:] if self.done else self.head
-        return [head] if self.payload is None else [head, self.payload]
-
-
 def _frame(frame: pb.BulkFrame) -> bytes:
     head = frame.SerializeToString()
     return framing._LEN.pack(len(head)) + head
@@ -118,11 +93,8 @@ class Session:
         self._tls_done = not self._tls
         self._nonce = os.urandom(32)
         self._rbuf = bytearray()
-        self._out: collections.deque[_Out] = collections.deque()
-        self._writing = False      # registered for writability
-        self._flush_due = False    # the loop will flush at the end of its turn
+        self._out = SendQueue(sock, ctx.stats, lambda: ctx.flush_later(self), lambda on: ctx.want_write(self, on))
         self._close_when_sent = False
-        self._progress_at = time.monotonic()
         self._tasks: dict[int, Task] = {}
         self._held: dict[tuple[int, int, int], list[Result]] = {}  # shared-memory mode: sent, not yet released
 
@@ -144,8 +116,7 @@ class Session:
         self._tasks.clear()
         held = [r for rs in self._held.values() for r in rs]
         self._held.clear()
-        unsent = [o.result for o in self._out if o.result is not None]
-        self._out.clear()
+        unsent = self._out.close()
         self.ctx.pool.cancel(tasks)
         for r in held:
             r.retire()  # the consumer may still map these (zero copy): never reuse them
@@ -167,7 +138,7 @@ class Session:
         if not self.authenticated and now > self.deadline:
             log.warning("data plane: dropping %s: no handshake within %.0fs", self.peer, HANDSHAKE_TIMEOUT_S)
             self.close()
-        elif self._out and now - self._progress_at > self.ctx.send_timeout_s:
+        elif self._out and now - self._out.progress_at > self.ctx.send_timeout_s:
             log.warning("data plane: dropping %s (%s): took no data for %.0fs", self.peer, self.client_id,
                         self.ctx.send_timeout_s)
             self.close()
@@ -197,15 +168,15 @@ class Session:
         try:
             self.sock.do_handshake()
         except ssl.SSLWantReadError:
-            self._want_write(False)
+            self._out.want_write(False)
             return
         except ssl.SSLWantWriteError:
-            self._want_write(True)
+            self._out.want_write(True)
             return
         except (ssl.SSLError, OSError) as exc:
             raise ProtocolError(f"TLS handshake failed: {exc}") from None
         self._tls_done = True
-        self._want_write(False)
+        self._out.want_write(False)
         self._queue(_frame(pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION, nonce=self._nonce))))
 
     def _read(self) -> None:
@@ -340,68 +311,19 @@ class Session:
         else:
             self._queue(framing.batch_frame(result.header_bytes), result.payload, result, figures)
 
-    # -- writing
+    # -- writing (send_queue.py)
     def _queue(self, head: bytes, payload: memoryview | None = None, result: Result | None = None,
                figures: tuple[int, int, float] | None = None) -> None:
-        if not self._out:
-            self._progress_at = time.monotonic()
-        self._out.append(_Out(head, payload if payload is not None and len(payload) else None, result, figures))
-        if not self._writing and not self._flush_due:
-            # Written at the end of the loop's turn, with whatever else this turn queued: the
-            # batches of one worker message reach the consumer in one sendmsg and one wake-up.
-            self._flush_due = True
-            self.ctx.flush_later(self)
+        self._out.put(head, payload, result, figures)
 
     def flush(self) -> None:
         """Write what waits (the loop calls this at the end of the turn that queued it)."""
-        self._flush_due = False
-        if not self._writing and not self.closed:
+        self._out.flush_due = False
+        if not self._out.writing and not self.closed:
             self._flush()
 
     def _flush(self) -> None:
-        sock, out = self.sock, self._out
-        try:
-            while out and not self.closed:
-                if self._tls:
-                    n = sock.send(out[0].unsent()[0])  # an SSL socket has no sendmsg
-                else:
-                    # Every frame that waits, in one call: header and slot bytes, no copy.
-                    bufs = []
-                    for item in out:
-                        bufs += item.unsent()
-                        if len(bufs) >= COALESCE_BUFFERS:
-                            break
-                    n = sock.sendmsg(bufs)
-                if n > 0:
-                    self._progress_at = time.monotonic()
-                while out:
-                    item = out[0]
-                    left = item.size - item.done
-                    if n < left:
-                        item.done += n
-                        break
-                    n -= left
-                    out.popleft()
-                    self._sent(item)
-        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-            self._want_write(True)
-            return
-        except OSError:
+        if not self._out.write():  # the socket failed
             self.close()
-            return
-        self._want_write(False)
-        if self._close_when_sent and not out:
+        elif self._close_when_sent and not self._out:
             self.close()
-
-    def _sent(self, item: _Out) -> None:
-        if item.figures is not None:
-            raw, payload, compress_s = item.figures
-            self.ctx.stats.record_sent(item.size, raw, time.perf_counter() - item.started, payload, compress_s)
-        if item.result is not None:
-            item.payload = None
-            item.result.release()
-
-    def _want_write(self, on: bool) -> None:
-        if on != self._writing and not self.closed:
-            self._writing = on
-            self.ctx.want_write(self, on)

@@ -144,7 +144,7 @@ def test_waiting_frames_go_out_in_one_sendmsg_and_partial_writes_resume_across_t
                          count_auth_failure=lambda: None, call_soon=lambda fn, *args: fn(*args),
                          closed=lambda s: None, want_write=lambda s, on: None, flush_later=lambda s: None)
     session = Session(ctx, sock, "test")
-    session._writing = True  # as if the socket were full: frames wait in order
+    session._out.writing = True  # as if the socket were full: frames wait in order
     released: list[tuple[int, int]] = []  # (batch, bytes the socket had taken then)
     expected = bytearray()
     ends = []

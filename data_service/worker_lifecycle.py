@@ -3,19 +3,22 @@
 A worker that dies while the server starts (killed, out of memory) is started again a few
 times (``STARTUP_RETRY_S``); one whose pipeline raised is not (it would raise again). A worker
 that dies while serving is replaced off the dispatcher's thread with back-off
-(``RESPAWN_BACKOFF_S``). Dispatching tasks to workers is workers.py; the process itself is
-worker_process.py.
+(``RESPAWN_BACKOFF_S``). ``WorkerSet`` holds one pool's processes and does both. Dispatching
+tasks to workers, and what becomes of a dead worker's tasks, is workers.py; the process itself
+is worker_process.py.
 """
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .errors import ConfigError
-from .pool_messages import FatalMsg, ReadyMsg, message_connection
+from .pool_messages import FatalMsg, ReadyMsg, StopMsg, message_connection
 from .slots import SlotTable
 from .worker_process import worker_main
 
@@ -146,3 +149,133 @@ def spawn_replacement(ctx, wid: int, cfg: WorkerConfig, stopping: Callable[[], b
                         RESPAWN_BACKOFF_S[attempt])
             time.sleep(RESPAWN_BACKOFF_S[attempt])
     return None
+
+
+class WorkerSet:
+    """One pool's worker processes: started together, each replaced when it dies while serving.
+
+    It shares its pool's lock: ``handles``, ``stopping`` and the counters change under it, and
+    the pool reads them under it. Replacing a dead worker takes seconds, so it runs on a thread
+    of its own; ``on_gave_up`` is told when a replacement failed for good.
+    """
+
+    def __init__(self, cfg: WorkerConfig, num_workers: int, lock: threading.Lock,
+                 wake: Callable[[], None]) -> None:
+        self.cfg = cfg
+        self._num_workers = num_workers
+        self._ctx = mp.get_context("spawn")
+        self._lock = lock
+        self._wake = wake  # wakes the poller: what to poll changed
+        self.handles: list[WorkerHandle] = []
+        self._spawned_at = 0.0  # when spawn() started them
+        self._gone: list[WorkerHandle] = []  # replaced workers whose pipes a poller may still watch
+        self.stopping = False
+        self.replacing = 0   # replacement threads running
+        self.generation = 0  # changes whenever poll_objects() would change
+        self.restarts = 0
+        self.failed_replacements = 0
+        self.on_gave_up: Callable[[str], None] = lambda last_error: None
+
+    def spawn(self) -> None:
+        """Start the worker processes, all at once, without waiting for them. Once only."""
+        if not self.handles:
+            self.handles = [spawn(self._ctx, w, self.cfg) for w in range(self._num_workers)]
+            self._spawned_at = time.monotonic()
+
+    def start(self) -> object:
+        """Spawn the workers if not yet done and wait until each has loaded the pipeline.
+
+        Returns the PipelineInfo they all reported.
+
+        Raises:
+            ConfigError: a worker could not load the pipeline, or two built different ones.
+        """
+        self.spawn()
+        deadline = self._spawned_at + self.cfg.start_timeout  # they load side by side
+        for k in range(len(self.handles)):
+            start_with_retry(self._ctx, self.handles, k, deadline, self.cfg, self._count_restart)
+        infos = [w.info for w in self.handles]
+        if any(i != infos[0] for i in infos):
+            raise ConfigError(f"the data workers built different pipelines from one spec ({infos}); the builder "
+                              "must depend on its options only (not on the process, the time or a changing folder)")
+        self.generation += 1
+        return infos[0]
+
+    def _count_restart(self) -> None:
+        self.restarts += 1
+
+    def stop(self, timeout: float) -> None:
+        """Stop every worker process (politely, then SIGKILL after ``timeout``); set ``stopping`` first."""
+        for w in self.handles:
+            try:
+                w.conn.send(StopMsg())
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + timeout
+        for w in self.handles:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(2.0)
+
+    def poll_objects(self) -> list:
+        """Each live worker's pipe, then each one's process sentinel.
+
+        Also forgets replaced workers: a poller calls this after dropping what it watched before.
+        """
+        with self._lock:
+            self._gone.clear()
+            live = [w for w in self.handles if w.alive]
+        return [w.conn for w in live] + [w.process.sentinel for w in live]
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.handles if w.alive]
+
+    def died(self, w: WorkerHandle) -> tuple[list, bool] | None:
+        """Worker ``w`` died: returns the tasks it had (in the order sent) and whether it is to be
+        replaced (``replace_later``); None if its death was already handled."""
+        with self._lock:
+            if not w.alive:
+                return None
+            w.alive = False
+            self.generation += 1
+            tasks = [t for t, _ in w.tasks.values()]
+            w.tasks.clear()
+            w.table.orphan_all()  # slots holding built batches close when those are released
+            stopping = self.stopping
+            self.replacing += not stopping  # counted with the death, so no one sees a gap
+        return tasks, not stopping
+
+    def replace_later(self, dead: WorkerHandle) -> None:
+        """Replace ``dead`` off the polling thread: a spawn takes seconds."""
+        threading.Thread(target=self._replace, args=(dead,), name="worker-replace", daemon=True).start()
+
+    def none_left(self) -> bool:
+        """No worker is alive and no other one is being replaced (call under the lock, from a
+        replacement thread that gave up)."""
+        # > 1: the replacement thread calling this still counts itself
+        return not (self.stopping or any(w.alive for w in self.handles) or self.replacing > 1)
+
+    def _replace(self, dead: WorkerHandle) -> None:
+        try:
+            try:
+                replacement = spawn_replacement(self._ctx, dead.wid, self.cfg, lambda: self.stopping)
+            except ConfigError as exc:
+                self.failed_replacements += 1
+                self.on_gave_up(str(exc))
+                return
+            if replacement is None:
+                return
+            with self._lock:
+                if self.stopping:
+                    replacement.conn.send(StopMsg())
+                    self.handles.append(replacement)  # stop() joins it
+                    return
+                self.handles[self.handles.index(dead)] = replacement
+                self._gone.append(dead)  # its pipe closes once pollers stopped watching it
+                self.generation += 1
+                self.restarts += 1
+            self._wake()
+        finally:
+            with self._lock:
+                self.replacing -= 1

@@ -13,46 +13,32 @@ which then polls ``wait_objects()`` and calls ``handle_ready``). A worker that d
 mid-batch is replaced (worker_lifecycle.py) and its batch rebuilt by another; user-code
 exceptions travel back with their traceback and sample index.
 
-Stuck batches: a consumer that stops taking its batches but stays connected (a training loop
-paused for evaluation, an iterator broken off and not closed) would keep every slot it was
-built into, and no other consumer would get a batch until its send timeout. So when a worker
-has no free slot, another consumer is waiting, and a slot's batch has waited ``STUCK_S``, the
-slot is detached (slots.py): the batch stays where it is for its consumer, the worker builds
-into a fresh region, and the consumers whose batches are not stuck go first. At most
-``detach_per_owner`` batches per consumer connection are detached at once: a consumer's default
-window, so every batch a consumer asked for can be moved aside, which bounds the memory a
-stalled consumer can pin to what it asked for. There is no cap over all connections together:
-DDP ranks in lock step that got ahead hold their windows while they wait for the rank behind,
-and that rank must still get the worker, or the whole job waits forever.
-
-``Task`` and ``Result`` are tasks.py; the slot bookkeeping is slots.py; the pipe messages are
-pool_messages.py.
+Which waiting task a worker gets next, and moving stuck batches out of a worker's way when
+another consumer waits, is task_queue.py; the processes themselves (start, stop, replacement)
+are worker_lifecycle.py. ``Task`` and ``Result`` are tasks.py; the slot bookkeeping is
+slots.py; the pipe messages are pool_messages.py.
 """
 from __future__ import annotations
 
-import collections
 import logging
-import multiprocessing as mp
 import os
 import threading
 import time
 from multiprocessing.connection import wait as mp_wait
 from typing import Callable
 
-from . import worker_lifecycle
 from .errors import ConfigError
-from .pool_messages import DoneMsg, ErrorMsg, StopMsg, TaskMsg
+from .pool_messages import DoneMsg, ErrorMsg, TaskMsg
 from .slots import ServerSlot
+from .task_queue import TaskQueue
 from .tasks import Result, Task
-from .worker_lifecycle import WorkerConfig, WorkerHandle
+from .worker_lifecycle import WorkerConfig, WorkerHandle, WorkerSet
 from .wire import pb
 
 log = logging.getLogger(__name__)
 
 TASKS_AHEAD = 2  # tasks a worker holds at once: it starts the next without a round trip to us
 MAX_ATTEMPTS = 3  # a batch that kills this many workers is reported, not retried forever
-STUCK_S = 0.25    # a built batch nobody took for this long may be moved out of its worker's way
-DETACH_PER_OWNER = 8  # detached batches one consumer connection may hold at once, at least (see detach_per_owner)
 
 
 class WorkerPool:
@@ -64,47 +50,43 @@ class WorkerPool:
             raise ConfigError(f"num_workers={num_workers} must be >= 1")
         if slots_per_worker < 1:
             raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
-        self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, codec, nice)
         self._num_workers = num_workers
-        # A consumer's default window is max(4, 2 x workers), 8 while batches are small
-        # (dnn_worker/remote_dataset.py): that many of its batches may be moved aside.
-        self.detach_per_owner = max(DETACH_PER_OWNER, 2 * num_workers)
-        self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()
-        self._pending: collections.deque[Task] = collections.deque()
-        self._workers: list[WorkerHandle] = []
-        self._spawned_at = 0.0  # when spawn() started them
-        self._gone: list[WorkerHandle] = []  # replaced workers whose pipes a poller may still watch
-        self._next_id = 1
-        self.info = None  # the PipelineInfo the workers reported (start())
-        self._stopping = False
-        self._replacing = 0   # replacement threads running
-        self.no_workers = ""  # why no worker is left (every replacement failed); submits fail at once
-        self.on_no_workers: Callable[[str], None] | None = None  # the server turns unhealthy
-        self.generation = 0   # changes whenever wait_objects() would change
+        self._pending = TaskQueue(num_workers)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        self._workers = WorkerSet(WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, codec, nice),
+                                  num_workers, self._lock, self._wake)
+        self._workers.on_gave_up = self._check_workers_left
+        self._next_id = 1
+        self.info = None  # the PipelineInfo the workers reported (start())
+        self.no_workers = ""  # why no worker is left (every replacement failed); submits fail at once
+        self.on_no_workers: Callable[[str], None] | None = None  # the server turns unhealthy
         self._thread: threading.Thread | None = None
         self.started_at = time.monotonic()
         self.batches_built = 0
         self.batch_errors = 0
         self.samples_skipped = 0
         self.build_seconds = 0.0
-        self.restarts = 0
-        self.failed_replacements = 0
         self.leases = 0
         self.retired = 0
-        self.detached = 0  # batches ever detached
-        self._detached: set[ServerSlot] = set()  # slots detached from their worker, not yet released
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever ``wait_objects()`` would change."""
+        return self._workers.generation
+
+    @property
+    def restarts(self) -> int:
+        """Workers started again: at start-up after dying while loading, or replaced while serving."""
+        return self._workers.restarts
 
     # -- lifecycle
     def spawn(self) -> None:
         """Start the worker processes, all at once, without waiting for them (``start`` waits): they
         load the pipeline while the caller goes on (a data server's main process imports the
         builder's module meanwhile). Once only."""
-        if not self._workers:
-            self._workers = [worker_lifecycle.spawn(self._ctx, w, self._cfg) for w in range(self._num_workers)]
-            self._spawned_at = time.monotonic()
+        self._workers.spawn()
 
     def start(self, own_thread: bool = True) -> None:
         """Start the workers; wait until each has loaded the pipeline; ``info`` is then what they
@@ -117,57 +99,32 @@ class WorkerPool:
         Raises:
             ConfigError: a worker could not load the pipeline (with its traceback).
         """
-        self.spawn()
-        deadline = self._spawned_at + self._cfg.start_timeout  # they load side by side
         try:
-            for k in range(len(self._workers)):
-                worker_lifecycle.start_with_retry(self._ctx, self._workers, k, deadline, self._cfg,
-                                                  self._count_restart)
+            self.info = self._workers.start()
         except ConfigError:
             self.stop(0)
             raise
-        infos = [w.info for w in self._workers]
-        if any(i != infos[0] for i in infos):
-            self.stop(0)
-            raise ConfigError(f"the data workers built different pipelines from one spec ({infos}); the builder "
-                              "must depend on its options only (not on the process, the time or a changing folder)")
-        self.info = infos[0]
         self.started_at = time.monotonic()
-        self.generation += 1
         if own_thread:
             self._thread = threading.Thread(target=self._loop, name="worker-pool", daemon=True)
             self._thread.start()
 
-    def _count_restart(self) -> None:
-        self.restarts += 1
-
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every worker (politely, then SIGKILL after ``timeout``)."""
         with self._lock:
-            self._stopping = True
-            pending = list(self._pending)
-            self._pending.clear()
+            self._workers.stopping = True
+            pending = self._pending.drain()
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(timeout, 1.0))
-        for w in self._workers:
-            try:
-                w.conn.send(StopMsg())
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + timeout
-        for w in self._workers:
-            w.process.join(max(0.0, deadline - time.monotonic()))
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join(2.0)
+        self._workers.stop(timeout)
         for task in pending:
             self._fail(task, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
 
     # -- public API
     def submit(self, task: Task) -> Task:
         with self._lock:
-            refusal = ("data server is shutting down; ask another server" if self._stopping
+            refusal = ("data server is shutting down; ask another server" if self._workers.stopping
                        else self.no_workers)
             if not refusal:
                 task.id = self._next_id
@@ -187,11 +144,11 @@ class WorkerPool:
     @property
     def queue_depth(self) -> int:
         with self._lock:
-            return len(self._pending) + sum(len(w.tasks) for w in self._workers)
+            return len(self._pending) + sum(len(w.tasks) for w in self._workers.handles)
 
     def slots_in_use(self) -> tuple[int, int]:
         with self._lock:
-            used = [s for w in self._workers for s in w.table.in_use()] + list(self._detached)
+            used = [s for w in self._workers.handles for s in w.table.in_use()] + self._pending.detached_slots()
             return len(used), sum(s.used_bytes for s in used)
 
     def busy_fraction(self) -> float:
@@ -199,7 +156,7 @@ class WorkerPool:
         return min(1.0, self.build_seconds / (elapsed * self._num_workers))
 
     def worker_pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers if w.alive]
+        return self._workers.pids()
 
     # -- polling (the dispatcher thread, or the server's event loop)
     def wait_objects(self) -> list:
@@ -207,15 +164,12 @@ class WorkerPool:
 
         Also forgets replaced workers: a poller calls this after dropping what it watched before.
         """
-        with self._lock:
-            self._gone.clear()
-            live = [w for w in self._workers if w.alive]
-        return [self._wake_r] + [w.conn for w in live] + [w.process.sentinel for w in live]
+        return [self._wake_r] + self._workers.poll_objects()
 
     def handle_ready(self, ready) -> None:
         """Handle objects from ``wait_objects`` that are ready to read."""
         with self._lock:
-            workers = list(self._workers)
+            workers = list(self._workers.handles)
         for obj in ready:
             if obj == self._wake_r:
                 try:
@@ -243,7 +197,7 @@ class WorkerPool:
         while True:
             try:
                 with self._lock:
-                    if self._stopping:
+                    if self._workers.stopping:
                         return
                 self._assign()
                 self.handle_ready(mp_wait(self.wait_objects(), timeout=0.5))
@@ -263,22 +217,13 @@ class WorkerPool:
 
     def _assign(self) -> None:
         with self._lock:
-            for w in self._workers:
+            for w in self._workers.handles:
                 frames = b""  # this worker's new tasks, in one write: one wake-up of the worker
                 while self._pending and w.alive and w.ready and len(w.tasks) < TASKS_AHEAD:
-                    while self._pending and self._pending[0].cancelled:
-                        self._pending.popleft()
-                    if not self._pending:
+                    made = self._pending.next_for(w.table)
+                    if made is None:
                         break
-                    free = w.table.reserve()
-                    if free is not None:
-                        task = self._take()
-                    else:
-                        made = self._make_room(w)
-                        if made is None:
-                            break
-                        task, free = made
-                    k, renew = free
+                    task, (k, renew) = made
                     w.tasks[task.id] = (task, k)
                     frames += w.conn.frame(TaskMsg(task.id, task.seed, task.epoch, task.index, k, renew))
                 if frames:
@@ -286,38 +231,6 @@ class WorkerPool:
                         w.conn.send_frames(frames)
                     except (OSError, ValueError):
                         pass  # the sentinel reports the death
-
-    def _take(self) -> Task:
-        """The next task (the head is not cancelled): the oldest one, except that consumers with
-        stuck batches wait behind those without."""
-        if self._detached:
-            stuck = {s.owner for s in self._detached}
-            for i, t in enumerate(self._pending):
-                if not t.cancelled and t.owner not in stuck:
-                    del self._pending[i]
-                    return t
-        return self._pending.popleft()
-
-    def _make_room(self, w: WorkerHandle) -> tuple[Task, tuple[int, bool]] | None:
-        """Worker ``w`` has no free slot: detach its oldest stuck batch for which a task of another
-        consumer is waiting; returns that task and the freed slot (module docstring)."""
-        cap = self.detach_per_owner
-        for slot in w.table.stuck(time.monotonic() - STUCK_S):
-            if sum(s.owner is slot.owner for s in self._detached) >= cap:
-                continue
-            for i, t in enumerate(self._pending):
-                if not t.cancelled and t.owner is not slot.owner:
-                    w.table.detach(slot)
-                    self._detached.add(slot)
-                    self.detached += 1
-                    free = w.table.reserve()
-                    if free is None:  # cannot happen: detaching frees a slot
-                        return None
-                    del self._pending[i]
-                    return t, free
-            # Every waiting task is this slot's consumer's own (it holds a batch that came early
-            # while it waits for an earlier one): a younger slot of another consumer may free it.
-        return None
 
     def _on_message(self, w: WorkerHandle) -> None:
         try:
@@ -407,29 +320,27 @@ class WorkerPool:
 
     def _release(self, slot: ServerSlot) -> None:
         with self._lock:
-            self._detached.discard(slot)
+            self._pending.forget(slot)
             slot.table.release(slot)
         self._assign()
 
     def _retire(self, slot: ServerSlot) -> None:
         with self._lock:
-            self._detached.discard(slot)
+            self._pending.forget(slot)
             slot.table.retire(slot)
             self.retired += 1
         self._assign()
 
-    # -- deaths and replacements
+    # -- deaths (the replacements are worker_lifecycle.py's)
     def _check_workers_left(self, last_error: str) -> None:
         """After a replacement failed for good: with no worker alive and none being replaced, fail
         what is queued and every later request (consumers ask other servers) and tell the server."""
         with self._lock:
-            # > 1: the replacement thread calling this still counts itself
-            if self._stopping or any(w.alive for w in self._workers) or self._replacing > 1:
+            if not self._workers.none_left():
                 return
             self.no_workers = (f"data server has no data worker left (replacing them failed: {last_error}); "
                                "ask another server")
-            pending = list(self._pending)
-            self._pending.clear()
+            pending = self._pending.drain()
         for task in pending:
             if not task.cancelled:
                 self._fail(task, pb.SHUTTING_DOWN, self.no_workers)
@@ -437,16 +348,10 @@ class WorkerPool:
             self.on_no_workers(self.no_workers)
 
     def _on_death(self, w: WorkerHandle) -> None:
-        with self._lock:
-            if not w.alive:
-                return
-            w.alive = False
-            self.generation += 1
-            tasks = [t for t, _ in w.tasks.values()]
-            w.tasks.clear()
-            w.table.orphan_all()  # slots holding built batches close when those are released
-            stopping = self._stopping
-            self._replacing += not stopping  # counted with the death, so no one sees a gap
+        died = self._workers.died(w)
+        if died is None:
+            return
+        tasks, replace = died
         task = tasks[0] if tasks else None  # the one it was building; the rest were queued behind it
         code = w.process.exitcode
         log.warning("data worker %d (pid %s) died with exit code %s%s", w.wid, w.process.pid, code,
@@ -460,31 +365,5 @@ class WorkerPool:
                 tasks = tasks[1:]
         with self._lock:
             self._pending.extendleft(t for t in reversed(tasks) if not t.cancelled)
-        if not stopping:
-            # Replace it off the polling thread: a spawn takes seconds.
-            threading.Thread(target=self._replace, args=(w,), name="worker-replace", daemon=True).start()
-
-    def _replace(self, dead: WorkerHandle) -> None:
-        try:
-            try:
-                replacement = worker_lifecycle.spawn_replacement(self._ctx, dead.wid, self._cfg,
-                                                                 lambda: self._stopping)
-            except ConfigError as exc:
-                self.failed_replacements += 1
-                self._check_workers_left(str(exc))
-                return
-            if replacement is None:
-                return
-            with self._lock:
-                if self._stopping:
-                    replacement.conn.send(StopMsg())
-                    self._workers.append(replacement)  # stop() joins it
-                    return
-                self._workers[self._workers.index(dead)] = replacement
-                self._gone.append(dead)  # its pipe closes once pollers stopped watching it
-                self.generation += 1
-                self.restarts += 1
-            self._wake()
-        finally:
-            with self._lock:
-                self._replacing -= 1
+        if replace:
+            self._workers.replace_later(w)

@@ -12,7 +12,7 @@ class Task:
     """One batch to build; ``on_result`` is called once, from the pool's thread.
 
     ``owner`` (the consumer connection that asked) lets the pool keep one consumer that stopped
-    taking its batches from holding every worker's slots (workers.py, "stuck batches").
+    taking its batches from holding every worker's slots (task_queue.py, "stuck batches").
     """
 
     seed: int

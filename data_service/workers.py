@@ -15,7 +15,8 @@ exceptions travel back with their traceback and sample index.
 
 Which waiting task a worker gets next, and moving stuck batches out of a worker's way when
 another consumer waits, is task_queue.py; the processes themselves (start, stop, replacement)
-are worker_lifecycle.py. ``Task`` and ``Result`` are tasks.py; the slot bookkeeping is
+are worker_lifecycle.py; what the workers report (batches, errors) and giving a batch's slot
+back is worker_results.py. ``Task`` and ``Result`` are tasks.py; the slot bookkeeping is
 slots.py; the pipe messages are pool_messages.py.
 """
 from __future__ import annotations
@@ -28,11 +29,11 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Callable
 
 from .errors import ConfigError
-from .pool_messages import DoneMsg, ErrorMsg, TaskMsg
-from .slots import ServerSlot
+from .pool_messages import TaskMsg
 from .task_queue import TaskQueue
 from .tasks import Result, Task
 from .worker_lifecycle import WorkerConfig, WorkerHandle, WorkerSet
+from .worker_results import WorkerResults
 from .wire import pb
 
 log = logging.getLogger(__name__)
@@ -58,18 +59,21 @@ class WorkerPool:
         self._workers = WorkerSet(WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, codec, nice),
                                   num_workers, self._lock, self._wake)
         self._workers.on_gave_up = self._check_workers_left
+        self._results = WorkerResults(self._lock, self._pending, self._fail, self._on_death, self._assign)
         self._next_id = 1
         self.info = None  # the PipelineInfo the workers reported (start())
         self.no_workers = ""  # why no worker is left (every replacement failed); submits fail at once
         self.on_no_workers: Callable[[str], None] | None = None  # the server turns unhealthy
         self._thread: threading.Thread | None = None
         self.started_at = time.monotonic()
-        self.batches_built = 0
-        self.batch_errors = 0
-        self.samples_skipped = 0
-        self.build_seconds = 0.0
-        self.leases = 0
-        self.retired = 0
+
+    # What the workers reported (worker_results.py), for the server's stats.
+    batches_built = property(lambda self: self._results.batches_built)
+    batch_errors = property(lambda self: self._results.batch_errors)
+    samples_skipped = property(lambda self: self._results.samples_skipped)
+    build_seconds = property(lambda self: self._results.build_seconds)
+    leases = property(lambda self: self._results.leases)  # slots a consumer kept zero-copy
+    retired = property(lambda self: self._results.retired)  # slots never written again
 
     @property
     def generation(self) -> int:
@@ -180,7 +184,7 @@ class WorkerPool:
             for w in workers:
                 if obj is w.conn:
                     while w.alive:  # also the messages the last read took off the pipe with it
-                        self._on_message(w)
+                        self._results.on_message(w)
                         if not w.conn.pending():
                             break
                 elif obj == w.process.sentinel and w.alive and not w.conn.poll():
@@ -231,105 +235,6 @@ class WorkerPool:
                         w.conn.send_frames(frames)
                     except (OSError, ValueError):
                         pass  # the sentinel reports the death
-
-    def _on_message(self, w: WorkerHandle) -> None:
-        try:
-            msg = w.conn.recv()
-        except (EOFError, OSError):
-            self._on_death(w)
-            return
-        if isinstance(msg, ErrorMsg):
-            with self._lock:
-                entry = w.tasks.pop(msg.task_id, None)
-                if entry is None:
-                    return  # stale
-                task, k = entry
-                w.table.unreserve(k)
-                self.batch_errors += 1
-            if not task.cancelled:
-                self._fail(task, msg.kind, msg.message, msg.traceback, msg.sample_index)
-            return
-        if not isinstance(msg, DoneMsg):
-            log.error("data worker %d sent an unexpected %s", w.wid, type(msg).__name__)
-            return
-        opened = None
-        if msg.new_region is not None:
-            # Opened before taking the task off the worker: until then no other task can be
-            # given this slot, so the worker cannot replace the region under us.
-            try:
-                opened = ServerSlot(*msg.new_region, table=w.table)
-            except OSError as exc:
-                self._on_unmappable(w, msg.task_id, exc)
-                return
-        # One locked step from "the task is done" to "its slot is in use": other threads assign
-        # tasks too (submit, release), and must never see the slot free while it holds this batch.
-        with self._lock:
-            entry = w.tasks.pop(msg.task_id, None)
-            if entry is None:
-                if opened is not None:
-                    opened.close()
-                return  # stale
-            task, k = entry
-            slot = w.table.fill(k, opened, msg.payload_bytes, task.owner)
-            if slot is None:  # cannot happen unless slot bookkeeping is wrong: drop the batch, ask again
-                log.error("data worker %d built into slot %d, which the server no longer has", w.wid, k)
-                if not task.cancelled:
-                    self._pending.appendleft(task)
-                return
-            self.batches_built += 1
-            self.samples_skipped += msg.samples_skipped
-            self.build_seconds += msg.build_s
-        if task.cancelled:
-            self._release(slot)
-            return
-        view = memoryview(slot.map)[:msg.payload_bytes]
-        task.on_result(Result(task, msg.header, view, shm_path=slot.path, shm_size=slot.capacity,
-                              shm_inode=slot.inode, payload_bytes=msg.payload_bytes, raw_bytes=msg.raw_bytes,
-                              compress_s=msg.compress_s, _release=lambda: self._release(slot),
-                              _retire=lambda: self._retire(slot), _lease=lambda: self._lease(slot)))
-
-    def _on_unmappable(self, w: WorkerHandle, task_id: int, exc: OSError) -> None:
-        """The server could not open the new region a batch was built into. Usually the worker
-        died right after reporting it (the /proc path went with it): build the batch again
-        elsewhere. A live worker means the server itself is short of something (descriptors)."""
-        w.process.join(0.5)
-        dead = w.process.exitcode is not None
-        with self._lock:
-            entry = w.tasks.pop(task_id, None)
-            if entry is None:
-                return  # stale
-            task, k = entry
-            w.table.unreserve(k, renew=True)  # the worker must report a fresh region for this slot
-            if dead and not task.cancelled:
-                self._pending.appendleft(task)
-        if dead:
-            log.warning("data worker %d died before its epoch %d batch %d could be mapped; building it again",
-                        w.wid, task.epoch, task.index)
-        elif not task.cancelled:
-            self._fail(task, pb.INTERNAL,
-                       f"data server could not map the batch data worker {w.wid} built ({exc}); "
-                       "if it is out of file descriptors, raise the limit (ulimit -n)")
-
-    # -- slots (through Result)
-    def _lease(self, slot: ServerSlot) -> bool:
-        with self._lock:
-            granted = slot.table.lease(slot)
-            if granted:
-                self.leases += 1
-            return granted is not False
-
-    def _release(self, slot: ServerSlot) -> None:
-        with self._lock:
-            self._pending.forget(slot)
-            slot.table.release(slot)
-        self._assign()
-
-    def _retire(self, slot: ServerSlot) -> None:
-        with self._lock:
-            self._pending.forget(slot)
-            slot.table.retire(slot)
-            self.retired += 1
-        self._assign()
 
     # -- deaths (the replacements are worker_lifecycle.py's)
     def _check_workers_left(self, last_error: str) -> None:

@@ -27,7 +27,7 @@ from multiprocessing.connection import wait as mp_wait
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import codec, compression, tls, wire_encoding
+from . import compression, tls
 from .auth import TokenInterceptor
 from .errors import ConfigError
 from .dataplane import DataPlane
@@ -219,7 +219,9 @@ class DataServer:
                 raise ConfigError(
                     f"a batch of {size} bytes exceeds max_batch_bytes={self.options.max_batch_bytes}; "
                     "raise --max-batch-bytes or lower the batch size")
-            if self.dataset_info.wire_encoding not in ("", wire_encoding.UINT8):  # consumers decode it under the cap
+            if self.dataset_info.wire_encoding not in ("", "uint8"):  # consumers decode it under the cap
+                from . import codec, wire_encoding  # torch: in this process only once the workers were spawned
+
                 decoded = wire_encoding.decoded_bytes(codec.decode(result.header, result.payload))
                 if decoded > self.options.max_batch_bytes:
                     raise ConfigError(

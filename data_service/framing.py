@@ -42,11 +42,17 @@ def batch_frame(header: bytes, extra: bytes = b"") -> bytes:
     return b"".join((_LEN.pack(len(key) + body), key, header, extra))
 
 
+def frame_bytes(frame: pb.BulkFrame) -> bytes:
+    """``frame`` as it goes on the wire: its length, then its bytes."""
+    head = frame.SerializeToString()
+    return _LEN.pack(len(head)) + head
+
+
 def send_frame(sock: socket.socket, frame: pb.BulkFrame, payload=None) -> int:
     """Send one frame and its payload; returns bytes written."""
-    head = frame.SerializeToString()
-    sock.sendall(_LEN.pack(len(head)) + head)
-    sent = _LEN.size + len(head)
+    head = frame_bytes(frame)
+    sock.sendall(head)
+    sent = len(head)
     if payload is not None and len(payload):
         sock.sendall(payload)
         sent += len(payload)

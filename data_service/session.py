@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from . import framing
+from .framing import frame_bytes
 from .errors import ProtocolError
 from .send_queue import SendQueue
 from .version import PROTOCOL_VERSION, compatible, mismatch_message
@@ -72,11 +73,6 @@ class SessionContext:
     prefetch: Callable[[int, int, int], None] | None = None
 
 
-def _frame(frame: pb.BulkFrame) -> bytes:
-    head = frame.SerializeToString()
-    return framing._LEN.pack(len(head)) + head
-
-
 class Session:
     """One data-plane connection; see the module docstring."""
 
@@ -102,7 +98,7 @@ class Session:
     def start(self) -> None:
         """Begin the handshake (the loop has registered the socket for reading)."""
         if self._tls_done:
-            self._queue(_frame(pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION,
+            self._queue(frame_bytes(pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION,
                                                                    nonce=self._nonce))))
         else:
             self._tls_step()
@@ -177,7 +173,8 @@ class Session:
             raise ProtocolError(f"TLS handshake failed: {exc}") from None
         self._tls_done = True
         self._out.want_write(False)
-        self._queue(_frame(pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION, nonce=self._nonce))))
+        challenge = pb.Challenge(server_version=PROTOCOL_VERSION, nonce=self._nonce)
+        self._queue(frame_bytes(pb.BulkFrame(challenge=challenge)))
 
     def _read(self) -> None:
         while not self.closed:
@@ -279,15 +276,17 @@ class Session:
         framing.set_send_timeout(self.sock, self.ctx.send_timeout_s)
         self.authenticated = True
         self.ctx.stats.consumer_connected()
-        self._queue(_frame(pb.BulkFrame(welcome=pb.Welcome(server_id=self.ctx.server_id, codec=codec, shm=self.shm))))
+        welcome = pb.Welcome(server_id=self.ctx.server_id, codec=codec, shm=self.shm)
+        self._queue(frame_bytes(pb.BulkFrame(welcome=welcome)))
 
     def _refuse(self, kind: int, message: str) -> None:
         self._close_when_sent = True
-        self._queue(_frame(pb.BulkFrame(error=pb.BatchError(kind=kind, message=message, sample_index=-1))))
+        self._queue(frame_bytes(pb.BulkFrame(error=pb.BatchError(kind=kind, message=message, sample_index=-1))))
 
     # -- results
     def _queue_error(self, ref: pb.BatchRef, kind: int, message: str) -> None:
-        self._queue(_frame(pb.BulkFrame(error=pb.BatchError(ref=ref, kind=kind, message=message, sample_index=-1))))
+        error = pb.BatchError(ref=ref, kind=kind, message=message, sample_index=-1)
+        self._queue(frame_bytes(pb.BulkFrame(error=error)))
 
     def _on_result(self, result: Result) -> None:
         """Called by the worker pool, on the loop's thread or another one."""
@@ -299,7 +298,7 @@ class Session:
             result.release()
             return
         if result.error is not None:
-            self._queue(_frame(pb.BulkFrame(error=result.error)))
+            self._queue(frame_bytes(pb.BulkFrame(error=result.error)))
             return
         figures = (result.raw_bytes, result.payload_bytes, result.compress_s)
         if self.shm:

@@ -13,16 +13,10 @@ import socket
 import ssl
 import threading
 
-from data_service import framing
+from data_service.framing import frame_bytes
 from data_service.wire import pb
 
 WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
-
-
-def frame_bytes(frame: pb.BulkFrame) -> bytes:
-    """``frame`` as it goes on the wire: its length, then its bytes."""
-    head = frame.SerializeToString()
-    return framing._LEN.pack(len(head)) + head
 
 
 class Outbox:

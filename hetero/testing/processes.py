@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class _ProcessGroup:
     proc: subprocess.Popen | None = None
     cmd: list[str]
     log_path: Path | None = None
+    _scratch = None  # the output without a log_path (a temporary file)
     starts = 0
     started_at = 0.0
     env: dict[str, str] | None = None  # added to this process's environment
@@ -42,9 +44,15 @@ class _ProcessGroup:
         return self.proc.pid if self.proc else None
 
     def _spawn(self) -> None:
-        """Start ``cmd`` from the repository root, output appended to ``log_path`` (or dropped)."""
+        """Start ``cmd`` from the repository root, output appended to ``log_path`` (or, without one, to
+        an unnamed temporary file that goes with this object, so an early exit can still say why)."""
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(self.env or {}))
-        out = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL
+        if self.log_path:
+            out = open(self.log_path, "a")
+        else:
+            if self._scratch is None:
+                self._scratch = tempfile.TemporaryFile()
+            out = self._scratch
         try:
             self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -78,10 +86,16 @@ class _ProcessGroup:
         self.kill()
 
     def _log_tail(self, chars: int = 2000) -> str:
+        """The last ``chars`` of the output, after a line break ("" when there is none)."""
         try:
-            return "\n" + self.log_path.read_text(errors="replace")[-chars:] if self.log_path else ""
+            if self.log_path:
+                return "\n" + self.log_path.read_text(errors="replace")[-chars:]
+            if self._scratch is not None:
+                size = os.fstat(self._scratch.fileno()).st_size
+                return "\n" + os.pread(self._scratch.fileno(), chars, max(0, size - chars)).decode(errors="replace")
         except OSError:
-            return ""
+            pass
+        return ""
 
 
 def _wait_bindable(ports: tuple[int, ...], timeout: float) -> None:
@@ -111,7 +125,7 @@ class ServerProc(_ProcessGroup):
         workers: worker processes; ``slots``: built batches each worker may hold.
         probe: build batch 0 at start-up (``hetero serve``'s default); off, the server is ready sooner.
         send_timeout_s: ``hetero serve --send-timeout`` (the server's default when None).
-        log_path: the server's output is appended here (dropped when None).
+        log_path: the server's output is appended here (kept in a temporary file when None).
         env: variables added to its environment (``HETERO_CACHE_DIR``, ``AWS_ENDPOINT_URL``, ...).
     """
 
@@ -163,8 +177,8 @@ class ServerProc(_ProcessGroup):
         with ControlClient(self.address, self.token) as ctl:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"data server {self.address} exited with {self.proc.returncode}"
-                                       + (f"; log {self.log_path}:{self._log_tail()}" if self.log_path else ""))
+                    raise RuntimeError(f"data server {self.address} exited with {self.proc.returncode}; "
+                                       f"{f'log {self.log_path}' if self.log_path else 'its output'}:{self._log_tail()}")
                 if ctl.healthy(timeout=1.0):
                     return
                 time.sleep(0.2)

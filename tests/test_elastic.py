@@ -177,6 +177,7 @@ def test_entries_without_the_token_or_of_another_pipeline_are_refused(servers, t
     assert text.count("torn.json: not JSON") == 1
 
 
+@pytest.mark.slow  # the watcher's side of a registry that hangs or fails runs by default in test_registry.py
 def test_an_unreadable_registry_leaves_the_job_on_its_servers(servers, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     reg = tmp_path / "registry"

@@ -52,7 +52,8 @@ def consume(ds, epoch: int, on_batch=None) -> int:
 
 # ------------------------------------------------------------------ data server kill -9, rejoin
 
-@pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # a server killed mid-epoch runs by default in test_multinode.py
+@pytest.mark.parametrize("slow", [False, True])
 def test_server_kill9_mid_epoch_then_the_restarted_server_rejoins(tmp_path, slow):
     rnd = random.Random(7)
     a, b = ServerProc(SLOW_OPTS, token=TOKEN), ServerProc(SLOW_OPTS, token=TOKEN)

@@ -169,6 +169,7 @@ def test_data_node_whose_consumer_never_comes_exits_nonzero(tmp_path):
     assert report["exit_code"] == EXIT_NO_CONSUMER and "no consumer connected" in report["reason"]
 
 
+@pytest.mark.slow  # the data node's watchdog runs by default in test_data_node_whose_consumer_never_comes_exits_nonzero
 def test_data_node_whose_consumers_left_exits_nonzero(tmp_path):
     cluster, data = run_data_node_only(tmp_path, watchdog_idle_s=2)
     try:

@@ -118,6 +118,7 @@ def test_ddp_across_two_dnn_nodes_and_two_local_ranks(tmp_path):
     assert [n["batches_sent"] for n in m["nodes"] if n["role"] == "data"] == [200]
 
 
+@pytest.mark.slow  # every node stopping at the end runs by default in test_trainer_crash_still_shuts_the_data_nodes_down
 def test_ctrl_c_stops_every_node_process(tmp_path):
     psutil = pytest.importorskip("psutil")
     import signal

@@ -243,10 +243,7 @@ def decoded_bytes(batch: Any) -> int:
     Raises:
         ProtocolError: a wire header that does not match its bytes.
     """
-    if not is_encoded(batch):
-        return sum(t.numel() * t.element_size() for t in (batch.values() if isinstance(batch, dict) else [])
-                   if isinstance(t, torch.Tensor))
-    return _headers(batch, 0)[1]
+    return _headers(batch, 0)[1] if isinstance(batch, dict) else 0
 
 
 def _headers(batch: dict, max_bytes: int) -> tuple[dict[str, tuple], int]:

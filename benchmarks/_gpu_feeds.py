@@ -174,7 +174,7 @@ def local(dev: Device, folder: str, images: int, batch: int, size: int, data_cor
     """The homogeneous path: ``LocalDataset`` in one DataLoader worker per data core, pinned there."""
     from torch.utils.data import DataLoader
 
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
     from dnn_worker import DeviceFeeder, LocalDataset, ResumableLoader
 
     ds = LocalDataset(PipelineSpec(PIPELINE, _options(folder, images, batch, size)), seed=0, epochs=epochs)

@@ -73,7 +73,7 @@ class Census:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        from data_service.registry import RegistryError, verified_entries
+        from data_service.membership.registry import RegistryError, verified_entries
 
         while not self._stop.wait(self.every_s):
             try:

@@ -40,7 +40,7 @@ def _tree_cpu(p: psutil.Process) -> float:
 def in_process(options: dict, n: int) -> tuple[float, float]:
     import torch
 
-    from data_service.pipeline import PipelineSpec, build_batch
+    from data_service.contract.pipeline import PipelineSpec, build_batch
 
     pipe = PipelineSpec(PIPELINE, options).load()
     cfg = pipe.plan_config()
@@ -56,7 +56,7 @@ def in_process(options: dict, n: int) -> tuple[float, float]:
 def dataloader(options: dict, n: int) -> tuple[float, float]:
     from torch.utils.data import DataLoader
 
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
     from dnn_worker import LocalDataset
 
     loader = DataLoader(LocalDataset(PipelineSpec(PIPELINE, options), seed=1), batch_size=None, num_workers=1,

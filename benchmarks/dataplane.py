@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base = Path(args.baseline_root).resolve()
     if not (base / "data_service" / "server.py").is_file():
-        print(f"--baseline-root {str(base)!r} is not a checkout of this repository (no data_service/server.py)",
+        print(f"--baseline-root {str(base)!r} is not a checkout of this repository (no data_service/server/data_server.py)",
               file=sys.stderr)
         return 2
     roots = {"baseline": base, "this": ROOT}

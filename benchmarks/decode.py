@@ -49,7 +49,7 @@ def _ours(files: list[str], kind: str):
     """A function building every batch once (our pipeline through build_batch, as a data worker does)."""
     import torch
 
-    from data_service.pipeline import build_batch
+    from data_service.contract.pipeline import build_batch
     from data_service.pipelines import images
 
     torch.set_num_threads(1)
@@ -177,7 +177,7 @@ def stages(files: list[str], cpu: int) -> dict[str, dict[str, float]]:
     from torchvision.transforms import v2
     from torchvision.transforms.v2 import functional as F
 
-    from data_service.pipeline import seed_everything
+    from data_service.contract.pipeline import seed_everything
     from data_service.pipelines import crop_decode
     from data_service.pipelines.images import collate, decode_bytes
 

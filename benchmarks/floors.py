@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from data_service import framing
+from data_service.protocol import framing
 
 from ._proc import usage
 

@@ -26,7 +26,7 @@ PIPELINE = "data_service.pipelines.images:build_pipeline"
 
 def served_bytes_per_image(images: str, batch_size: int, batches: int, finish_on: str) -> float:
     """``bytes_sent`` of a real data server per image, over ``batches`` batches."""
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
     from data_service.server import DataServer, ServerOptions
     from dnn_worker import RemoteDataset
 
@@ -47,7 +47,7 @@ def cpu_seconds_per_batch(images: str, batch_size: int, batches: int) -> float:
     import statistics
     import time
 
-    from data_service.pipeline import PipelineSpec, build_batch
+    from data_service.contract.pipeline import PipelineSpec, build_batch
 
     from hetero.planning.profile import pinned
 

@@ -88,8 +88,8 @@ def build(folder: Path, n: int, stride: int, shard_size: int, fmt: str) -> dict:
 
 def fill_first_batches(folder: Path, options: dict, batches: int, seed: int) -> int:
     """Write the JPEG at every sample the first ``batches`` batches of epoch 0 read; how many."""
-    from data_service.pipeline import PipelineSpec
-    from data_service.sampler import batch_indices
+    from data_service.contract.pipeline import PipelineSpec
+    from data_service.contract.sampler import batch_indices
     from data_service.shards.indexfile import read_index
 
     pipe = PipelineSpec(PIPELINE, {**options, "shards": str(folder)}).load()

@@ -80,7 +80,7 @@ def firsts(out: Path, ranks: int) -> list[dict[str, float]]:
 
 
 def one_run(registry: str, out: Path, ranks: int, workers: int, env: dict) -> dict[str, float]:
-    from data_service.registry import read_entries
+    from data_service.membership.registry import read_entries
     from hetero.commands.shutdown import wait_gone
     from hetero.ports import free_port
     from dnn_worker.control import ControlClient

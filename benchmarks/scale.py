@@ -72,7 +72,7 @@ def wait_ready(address: str) -> None:
 # ------------------------------------------------------------------ one consumer process
 
 def _iterate(servers: list[str], seed: int, until: float, out: dict, count: int) -> None:
-    from data_service.wire import pb
+    from data_service.protocol.generated import pb
     from dnn_worker.fetch_options import FetchOptions
     from dnn_worker.fetcher import Fetcher
     from dnn_worker.remote_dataset import SMALL_WINDOW

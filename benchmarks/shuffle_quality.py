@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from data_service.sampler import PlanConfig, batch_indices
+from data_service.contract.sampler import PlanConfig, batch_indices
 
 
 def _order(cfg: PlanConfig, epoch: int) -> list[list[int]]:

@@ -78,7 +78,7 @@ class RssTrack:
 def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0, fault_gap: tuple[float, float] = (2.0, 5.0),
              kinds: tuple[str, ...] = FAULT_KINDS, workdir: Path | None = None, options: dict | None = None,
              verify: bool = True, log=print) -> dict[str, Any]:
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
 
     rnd = random.Random(seed)
     work = Path(workdir or tempfile.mkdtemp(prefix="hetero-soak-"))

@@ -10,10 +10,10 @@ pinned to one core, one torch thread. For each encoding it prints:
   per image with nvJPEG where CUDA is present; none here);
 * PSNR against the uint8 crop (pooled over every image; and the worst image's).
 
-Two tables: the product's encodings (``data_service.wire_encoding``: ``uint8``, ``up-zstd``,
+Two tables: the product's encodings (``data_service.contract.wire_encoding``: ``uint8``, ``up-zstd``,
 ``jpeg:Q``; JPEGs decoded by torchvision's libjpeg-turbo, and by PIL for comparison), and the
 lossless candidates the choice of ``up-zstd`` rests on (today's per-batch lz4 and zstd of
-``data_service.compression``, the left, up and Paeth differences before zstd, PNG). ``--build``
+``data_service.contract.compression``, the left, up and Paeth differences before zstd, PNG). ``--build``
 also times ``build_batch`` with each encoding on, the whole data-worker cost per image.
 
     python -m benchmarks.wire --images-dir /tmp/photos --images 640
@@ -39,7 +39,7 @@ COMPACT = "jpeg:90"  # the compact encoding the docs state: at most 1/4 of uint8
 
 def crops(images_dir: str, count: int, seed: int = 0) -> list[dict]:
     """``count // BATCH`` batches of the image pipeline's uint8 crops (as a data worker builds them)."""
-    from data_service.pipeline import build_batch
+    from data_service.contract.pipeline import build_batch
     from data_service.pipelines import images
 
     pipe = images.build_pipeline(batch_size=BATCH, image_size=SIZE, data_dir=images_dir, limit=count)
@@ -76,8 +76,8 @@ def wire_bytes(batch) -> int:
 
 
 def product(batches: list[dict], repeats: int) -> list[dict]:
-    """The product's encodings, encoded and decoded by ``data_service.wire_encoding``."""
-    from data_service import wire_encoding as we
+    """The product's encodings, encoded and decoded by ``data_service.contract.wire_encoding``."""
+    from data_service.contract import wire_encoding as we
 
     n = len(batches) * BATCH
     rows = []
@@ -99,7 +99,7 @@ def product(batches: list[dict], repeats: int) -> list[dict]:
 def _pil_decode(encoded: dict) -> torch.Tensor:
     from PIL import Image
 
-    from data_service.wire_encoding import SUFFIX
+    from data_service.contract.wire_encoding import SUFFIX
 
     sizes = encoded["image" + SUFFIX].tolist()[7:]
     out = []
@@ -113,7 +113,7 @@ def _gpu_decode_ms(encoded: list[dict], repeats: int) -> float | None:
     """GPU milliseconds per image for nvJPEG batch decodes (wall time, synchronised); None without CUDA."""
     if not torch.cuda.is_available():
         return None
-    from data_service import wire_encoding as we
+    from data_service.contract import wire_encoding as we
 
     device = torch.device("cuda")
     we.decode_batch(encoded[0], device)
@@ -169,7 +169,7 @@ def lossless(batches: list[dict], repeats: int) -> list[dict]:
     """Bytes and CPU per image of each lossless candidate, each checked to round-trip exactly."""
     import zstandard
 
-    from data_service import compression
+    from data_service.contract import compression
 
     n = len(batches) * BATCH
     arrays = [np.ascontiguousarray(b["image"].numpy()) for b in batches]
@@ -185,15 +185,15 @@ def lossless(batches: list[dict], repeats: int) -> list[dict]:
             return [unfilt(np.frombuffer(d.decompress(p), np.uint8).reshape(s)) for p, s in packed]
         return enc, dec
 
-    def today(codec):
+    def today(name):
         def enc():
-            return [(compression.compress(codec, a.data), a.shape) for a in arrays]
+            return [(compression.compress(name, a.data), a.shape) for a in arrays]
 
         def dec(packed):
             outs = []
             for p, s in packed:
                 buf = bytearray(int(np.prod(s)))
-                compression.decompress_into(codec, p, memoryview(buf))
+                compression.decompress_into(name, p, memoryview(buf))
                 outs.append(np.frombuffer(buf, np.uint8).reshape(s))
             return outs
         return enc, dec
@@ -230,7 +230,7 @@ def lossless(batches: list[dict], repeats: int) -> list[dict]:
 
 def build_cost(images_dir: str, count: int, repeats: int) -> list[dict]:
     """CPU ms per image of ``build_batch`` (decode, crop, flip, collate, encode) with each encoding."""
-    from data_service.pipeline import build_batch
+    from data_service.contract.pipeline import build_batch
     from data_service.pipelines import images
 
     rows = []

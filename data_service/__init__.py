@@ -1,10 +1,18 @@
 """CPU-side data service: runs a user's pipeline in worker processes and serves batches.
 
-A batch travels: ``sampler.EpochPlan`` picks its sample indices ->
-``pipeline.build_batch`` runs dataset + transforms + collate in a worker
-(``workers``) -> ``codec`` lays its tensors out as raw bytes in a shared
-memory slot -> ``server`` sends header + bytes on the data plane ->
-``dnn_worker.connection`` receives them and ``codec.decode`` rebuilds tensors.
+Its rooms, by job (docs/architecture.md):
+
+* ``contract/``: what both sides share: the pipeline, the epoch plan (sampler), the tensor
+  layout of a batch, compression and the image wire encodings;
+* ``protocol/``: the generated gRPC/protobuf code, framing, the token proof, TLS, addresses,
+  the protocol version;
+* ``server/``: the data server (control plane, event-loop data plane, sessions, stats);
+* ``pool/``: the data worker processes and the one class that owns their state;
+* ``membership/``: the registry of servers and joining it;
+* ``storage/``, ``shards/``, ``pipelines/``: where bytes come from and the ready-made pipelines.
+
+A consumer (``dnn_worker``) imports the contract, the protocol, membership, storage and the
+errors; never the server or the pool (tests/test_layering.py).
 """
 from .errors import (
     BatchBuildError,
@@ -15,29 +23,32 @@ from .errors import (
     ServerUnavailableError,
     VersionMismatchError,
 )
-from .version import PROTOCOL_VERSION
+from .protocol.version import PROTOCOL_VERSION
 
-_PIPELINE_NAMES = ("Pipeline", "PipelineSpec", "SkipSample")
+_LAZY = {"Pipeline": "contract.pipeline", "PipelineSpec": "contract.pipeline", "SkipSample": "contract.pipeline",
+         "DataServer": "server", "ServerOptions": "server"}
 
 
 def __getattr__(name: str):
-    # The pipeline module imports torch (a second of a data server's start): loaded when first
-    # named, so a server's main process starts its workers before it pays for torch.
-    if name in _PIPELINE_NAMES:
-        from . import pipeline
+    # The pipeline module imports torch (a second of a data server's start), the server grpc:
+    # loaded when first named, so a server's main process starts its workers before it pays.
+    if name in _LAZY:
+        import importlib
 
-        return getattr(pipeline, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'data_service' has no attribute {name!r}")
 
 __all__ = [
     "BatchBuildError",
     "ConfigError",
+    "DataServer",
     "DataServiceError",
     "PermissionDeniedError",
     "Pipeline",
     "PipelineSpec",
     "PROTOCOL_VERSION",
     "ProtocolError",
+    "ServerOptions",
     "ServerUnavailableError",
     "SkipSample",
     "VersionMismatchError",

@@ -1,6 +1,6 @@
 """Which data server should build a batch: the one that owns the batch's shuffle block.
 
-With a block shuffle (``data_service.sampler``) every batch draws from one block of consecutive
+With a block shuffle (``data_service.contract.sampler``) every batch draws from one block of consecutive
 samples, which a data node reading shards fetches whole into its cache. Asking for all of a
 block's batches from one server means each block is read from storage by one node per epoch, and
 by the same node every epoch (its cache then serves the later ones).
@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import math
 
-from data_service.sampler import PlanConfig, batch_block
-from data_service.wire import pb
+from data_service.contract.sampler import PlanConfig, batch_block
+from data_service.protocol.generated import pb
 
 
 def _weight(salt: bytes, server: str, block: int) -> int:

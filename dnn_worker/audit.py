@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from data_service.codec import batch_digest
+from data_service.contract.tensor_layout import batch_digest
 
 
 class AuditLog:

@@ -1,6 +1,6 @@
 """A consumer's list of batches, held as arithmetic: nothing is stored per batch.
 
-A rank's share of an epoch is every R-th batch from its rank (``data_service.sampler.rank_share``),
+A rank's share of an epoch is every R-th batch from its rank (``data_service.contract.sampler.rank_share``),
 a loader worker's part every N-th of those, from the resume point on: batch ``j`` of it is
 ``(first + j * step) % num_batches`` (``Stride``). ``BatchList`` is a list of ``(epoch, index)``
 pairs made of such pieces (this epoch's part, then maybe the next epoch's first few batches);
@@ -16,8 +16,8 @@ import itertools
 import math
 from typing import Iterable, Iterator, Sequence
 
-from data_service.sampler import rank_share_size
-from data_service.wire import pb
+from data_service.contract.sampler import rank_share_size
+from data_service.protocol.generated import pb
 
 Key = tuple[int, int, int]
 

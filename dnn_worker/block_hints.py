@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 
 from .affinity import Affinity
 

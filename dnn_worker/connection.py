@@ -31,10 +31,11 @@ from typing import Any
 
 import torch
 
-from data_service import codec, compression, framing
+from data_service.contract import tensor_layout, compression
+from data_service.protocol import framing
 from data_service.errors import ProtocolError
-from data_service.version import PROTOCOL_VERSION
-from data_service.wire import pb
+from data_service.protocol.version import PROTOCOL_VERSION
+from data_service.protocol.generated import pb
 
 from .buffers import BufferPool
 from .handshake import handshake
@@ -73,20 +74,20 @@ class _Payload:
         self.got = 0
 
 
-def _check_header(address: str, header: pb.BatchHeader, max_bytes: int, agreed_codec: str) -> None:
-    """Refuse a batch header whose sizes or codec break what the connection agreed on.
+def _check_header(address: str, header: pb.BatchHeader, max_bytes: int, agreed_compression: str) -> None:
+    """Refuse a batch header whose sizes or compression break what the connection agreed on.
 
     Raises:
-        ProtocolError: over ``max_bytes``, another codec than ``agreed_codec``, or a TCP payload
-        whose size differs from the batch's without a codec.
+        ProtocolError: over ``max_bytes``, another compression than ``agreed_compression``, or a TCP payload
+        whose size differs from the batch's without a tensor_layout.
     """
     if header.payload_bytes > max_bytes or header.raw_bytes > max_bytes:
         raise ProtocolError(f"{address} sent a {header.payload_bytes}-byte batch; max_batch_bytes={max_bytes}")
-    if header.codec and header.codec != agreed_codec:
-        raise ProtocolError(f"{address} sent a {header.codec!r} batch after agreeing on {agreed_codec!r}")
-    if not header.shm_path and not header.codec and header.payload_bytes != header.raw_bytes and header.payload_bytes:
+    if header.compression and header.compression != agreed_compression:
+        raise ProtocolError(f"{address} sent a {header.compression!r} batch after agreeing on {agreed_compression!r}")
+    if not header.shm_path and not header.compression and header.payload_bytes != header.raw_bytes and header.payload_bytes:
         raise ProtocolError(f"{address}: payload_bytes={header.payload_bytes} != "
-                            f"raw_bytes={header.raw_bytes} without a codec")
+                            f"raw_bytes={header.raw_bytes} without compression")
 
 
 class BulkConnection:
@@ -110,7 +111,7 @@ class BulkConnection:
         self._tls = tls_context
         self._tls_name = tls_server_name or host
         self.shm = False
-        self.codec = ""
+        self.compression = ""
         self._maps = SlotMaps(address)
         self._rbuf = RecvBuffer(address)
         self._payload: _Payload | None = None
@@ -131,7 +132,7 @@ class BulkConnection:
             framing.tune(sock)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_hostname=self._tls_name)
-            self.shm, self.codec = handshake(sock, self.address, self._token, self._client_id, self._version,
+            self.shm, self.compression = handshake(sock, self.address, self._token, self._client_id, self._version,
                                              self._want_shm)
             sock.setblocking(False)
         except BaseException:
@@ -266,7 +267,7 @@ class BulkConnection:
                 p.view.release()
                 buf = p.buf
                 if p.packed is not None:
-                    compression.decompress_into(p.header.codec, p.packed, memoryview(buf.numpy()))
+                    compression.decompress_into(p.header.compression, p.packed, memoryview(buf.numpy()))
                 events.append(self._batch_event(p.header, buf))
                 del p, buf
                 continue
@@ -300,7 +301,7 @@ class BulkConnection:
         if kind != "batch":
             raise ProtocolError(f"{self.address}: unexpected {kind!r} frame")
         header = frame.batch
-        _check_header(self.address, header, self._max, self.codec)
+        _check_header(self.address, header, self._max, self.compression)
         if header.shm_path:
             events.append(self._batch_event(header, self._from_shm(header)))
             return
@@ -308,11 +309,11 @@ class BulkConnection:
         if not header.payload_bytes:
             events.append(self._batch_event(header, buf))
             return
-        self._payload = _Payload(header, buf, bytearray(header.payload_bytes) if header.codec else None)
+        self._payload = _Payload(header, buf, bytearray(header.payload_bytes) if header.compression else None)
 
     def _batch_event(self, header: pb.BatchHeader, buf: torch.Tensor) -> Event:
         self.bytes_received += header.payload_bytes
-        batch = codec.decode(header, buf, self._max)
+        batch = tensor_layout.decode(header, buf, self._max)
         return Event("batch", self, ref=header.ref, batch=batch, nbytes=header.payload_bytes)
 
     # -- shared memory

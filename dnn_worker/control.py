@@ -6,11 +6,11 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from data_service.auth import VERSION_KEY, bearer
+from data_service.protocol.auth import VERSION_KEY, bearer
 from data_service.errors import (PermissionDeniedError, ServerUnavailableError,
                                  VersionMismatchError)
-from data_service.version import PROTOCOL_VERSION, mismatch_message
-from data_service.wire import pb, pb_grpc
+from data_service.protocol.version import PROTOCOL_VERSION, mismatch_message
+from data_service.protocol.generated import pb, pb_grpc
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 RECONNECT_MS = 200  # a channel that could not connect tries again this often (while it is used)
@@ -38,7 +38,7 @@ class ControlClient:
         options = [("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", RECONNECT_MS),
                    ("grpc.min_reconnect_backoff_ms", RECONNECT_MS), ("grpc.max_reconnect_backoff_ms", RECONNECT_MS)]
         if tls_ca:
-            from data_service.tls import _read
+            from data_service.protocol.tls import _read
 
             if tls_server_name:
                 options.append(("grpc.ssl_target_name_override", tls_server_name))

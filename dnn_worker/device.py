@@ -21,12 +21,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from data_service import wire_encoding
-from data_service.codec import DTYPES, flatten
+from data_service.contract import wire_encoding
+from data_service.contract.tensor_layout import DTYPES, flatten
 from data_service.errors import ConfigError, DataServiceError
-from data_service.pipeline import PipelineSpec
-from data_service.wire import pb
-from data_service.wire_encoding import WireEncoding
+from data_service.contract.pipeline import PipelineSpec
+from data_service.protocol.generated import pb
+from data_service.contract.wire_encoding import WireEncoding
 
 from .audit import AuditLog, take_audit
 from .audit import digest as audit_digest
@@ -40,7 +40,7 @@ class FinishError(DataServiceError):
 @dataclass(frozen=True)
 class FinishStage:
     """A pipeline's device-side last stage, the dtype changes it may make, and the wire encoding
-    it undoes first (:mod:`data_service.wire_encoding`)."""
+    it undoes first (:mod:`data_service.contract.wire_encoding`)."""
 
     fn: Callable[[Any], Any] | None = None
     dtypes: Mapping[str, str] = field(default_factory=dict)

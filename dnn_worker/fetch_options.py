@@ -12,10 +12,10 @@ import ssl
 import threading
 from dataclasses import dataclass, field
 
-from data_service.addresses import split_address
+from data_service.protocol.addresses import split_address
 from data_service.errors import ConfigError
-from data_service.version import PROTOCOL_VERSION
-from data_service.wire import pb
+from data_service.protocol.version import PROTOCOL_VERSION
+from data_service.protocol.generated import pb
 
 from .connection import BulkConnection
 from .control import ControlClient
@@ -39,7 +39,7 @@ class FetchOptions:
             treated as failed.
         fingerprint: pipeline fingerprint every server must report ("" = take the first's).
         shared_memory: read batches from shared memory when a server runs on this host.
-        tls_ca, tls_server_name: verify TLS servers against this CA bundle (data_service.tls).
+        tls_ca, tls_server_name: verify TLS servers against this CA bundle (data_service.protocol.tls).
     """
 
     token: str
@@ -63,7 +63,7 @@ class FetchOptions:
         if self.small_window < 0:
             raise ConfigError(f"small_window={self.small_window} must be >= 0 (0: always the window)")
         if self.tls_ca and self.tls_context is None:
-            from data_service.tls import client_context
+            from data_service.protocol.tls import client_context
 
             object.__setattr__(self, "tls_context", client_context(self.tls_ca))
 

@@ -25,7 +25,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 from data_service.errors import BatchBuildError, DataServiceError
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 
 from .affinity import Affinity
 from .connection import Event

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import socket
 
-from data_service import compression, framing
+from data_service.contract import compression
+from data_service.protocol import framing
 from data_service.errors import PermissionDeniedError, ProtocolError, VersionMismatchError
-from data_service.version import compatible, mismatch_message
-from data_service.wire import pb
+from data_service.protocol.version import compatible, mismatch_message
+from data_service.protocol.generated import pb
 
 
 def handshake(sock: socket.socket, address: str, token: str, client_id: str, version: str,
               want_shm: bool) -> tuple[bool, str]:
-    """Answer the server's challenge on the blocking ``sock``; returns (shared memory, codec) as
+    """Answer the server's challenge on the blocking ``sock``; returns (shared memory, compression) as
     the server agreed to them.
 
     Raises:
@@ -25,7 +26,7 @@ def handshake(sock: socket.socket, address: str, token: str, client_id: str, ver
         raise VersionMismatchError(f"{address}: " + mismatch_message(version, frame.challenge.server_version))
     hello = pb.BulkHello(client_version=version, client_id=client_id,
                          proof=framing.token_proof(token, frame.challenge.nonce),
-                         accept_codecs=compression.available(), accept_shm=want_shm,
+                         accept_compressions=compression.available(), accept_shm=want_shm,
                          host_key=framing.host_key() if want_shm else "")
     framing.send_frame(sock, pb.BulkFrame(hello=hello))
     reply = framing.recv_frame(sock)
@@ -38,4 +39,4 @@ def handshake(sock: socket.socket, address: str, token: str, client_id: str, ver
         raise ProtocolError(f"{address}: {reply.error.message}")
     if kind != "welcome":
         raise ProtocolError(f"{address}: expected welcome, got {kind!r}")
-    return reply.welcome.shm, reply.welcome.codec
+    return reply.welcome.shm, reply.welcome.compression

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 
 Key = tuple[int, int, int]
 SPEED_WEIGHT = 0.25  # weight of the newest time between batches in the moving average

@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the optional extra
                       "'hetero-data-service[lightning]'") from exc
 
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 
 from .audit import AuditLog, digest, take_audit
 from .loader import ResumableLoader

@@ -1,7 +1,7 @@
 """``LocalDataset``: the homogeneous mode. The same pipeline, built in-process.
 
 It yields bit-identical batches to ``RemoteDataset`` for the same seed and
-epoch (both call ``data_service.pipeline.build_batch``), so step time and cost
+epoch (both call ``data_service.contract.pipeline.build_batch``), so step time and cost
 compare like for like. Use it with DataLoader workers for CPU parallelism:
 
     DataLoader(LocalDataset(spec, seed=1), batch_size=None, num_workers=4)
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from data_service.errors import BatchBuildError
-from data_service.pipeline import Pipeline, PipelineSpec, SampleError, build_batch
+from data_service.contract.pipeline import Pipeline, PipelineSpec, SampleError, build_batch
 
 from .sharding import ShardedBatches
 

@@ -13,8 +13,8 @@ import socket
 import ssl
 import threading
 
-from data_service.framing import frame_bytes
-from data_service.wire import pb
+from data_service.protocol.framing import frame_bytes
+from data_service.protocol.generated import pb
 
 WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 

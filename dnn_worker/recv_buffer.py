@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import socket
 
-from data_service import framing
+from data_service.protocol import framing
 from data_service.errors import ProtocolError
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 
 RECV_CHUNK = 1 << 18  # frame headers (and small payloads) are read this many bytes at a time
 

@@ -1,4 +1,4 @@
-"""Watch a job's registry of data servers (``data_service.registry``) from a consumer process.
+"""Watch a job's registry of data servers (``data_service.membership.registry``) from a consumer process.
 
 A ``RegistryWatcher`` reads the registry every ``poll_s`` seconds on a thread of its own
 (each read has a deadline, and a slow read delays no batch) and keeps the servers whose entries
@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-from data_service.registry import Entry, RegistryError, check_uri, verified_entries, verify
+from data_service.membership.registry import Entry, RegistryError, check_uri, verified_entries, verify
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ import os
 import socket
 from typing import Any, Iterator, Sequence
 
-from data_service import wire_encoding
-from data_service.addresses import split_address
+from data_service.contract import wire_encoding
+from data_service.protocol.addresses import split_address
 from data_service.errors import ConfigError
-from data_service.registry import check_uri
+from data_service.membership.registry import check_uri
 from data_service.storage import is_s3_url
-from data_service.version import PROTOCOL_VERSION
-from data_service.wire import pb
+from data_service.protocol.version import PROTOCOL_VERSION
+from data_service.protocol.generated import pb
 
 from .affinity import Affinity
 from .batch_list import BatchList, BatchRefs
@@ -57,7 +57,7 @@ class RemoteDataset(ShardedBatches):
         tls_ca: CA bundle (PEM) for servers started with a TLS certificate; tls_server_name
             overrides the name checked in their certificates.
         registry: a registry of data servers that join and leave (a folder or
-            ``s3://bucket/prefix``, see ``data_service.registry``), polled every ``registry_poll_s``
+            ``s3://bucket/prefix``, see ``data_service.membership.registry``), polled every ``registry_poll_s``
             (default: 0.5 s for a folder, 1 s for S3, where each poll is a LIST request).
         fingerprint: the pipeline fingerprint servers must run (default: the fixed servers', or,
             with none, that of the oldest server in the registry that proves the token).

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from data_service.errors import ConfigError
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 
 from .affinity import Affinity
 from .batch_list import Positions, Todo, as_refs

@@ -19,10 +19,10 @@ from typing import Callable
 
 import grpc
 
-from data_service.addresses import split_address
+from data_service.protocol.addresses import split_address
 from data_service.errors import (ConfigError, DataServiceError, PermissionDeniedError, ServerUnavailableError,
                                  VersionMismatchError)
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 
 from .connection import LOWAT_CHECK_S, BulkConnection, Event
 from .fetch_options import Attempt, FetchOptions

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from data_service import compression
+from data_service.contract import compression
 from data_service.errors import ProtocolError
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 
 from .buffers import BufferPool
 
@@ -56,7 +56,7 @@ class SlotMaps:
         (``dropped(ref)`` runs once no tensor uses it), else a copy, its slot released at once."""
         slot = self.map(header)
         # Pinned buffers and a loader worker's shared storage need their own copy anyway.
-        if (header.shm_lease and not header.codec and header.payload_bytes > 0 and not pool.pin_memory
+        if (header.shm_lease and not header.compression and header.payload_bytes > 0 and not pool.pin_memory
                 and get_worker_info() is None):
             view = memoryview(slot)[:header.payload_bytes]
             buf = torch.frombuffer(view, dtype=torch.uint8)  # keeps ``view`` alive while any tensor uses it
@@ -65,8 +65,8 @@ class SlotMaps:
         buf = pool.get(header.raw_bytes)
         src = memoryview(slot)[:header.payload_bytes]
         try:
-            if header.codec:
-                compression.decompress_into(header.codec, src, memoryview(buf.numpy()))
+            if header.compression:
+                compression.decompress_into(header.compression, src, memoryview(buf.numpy()))
             elif header.payload_bytes:
                 np.copyto(buf.numpy(), np.frombuffer(src, dtype=np.uint8))
         finally:

@@ -241,8 +241,8 @@ def wire_bytes_per_sample(data_dir: str | os.PathLike, batch_size: int = 64, bat
         ``{"server": ..., "device": ..., "ratio": server / device}`` from the payload, and with
         ``serve`` the same keys prefixed ``served_``.
     """
-    from data_service.codec import plan_layout
-    from data_service.pipeline import PipelineSpec, build_batch
+    from data_service.contract.tensor_layout import plan_layout
+    from data_service.contract.pipeline import PipelineSpec, build_batch
 
     out: dict[str, float] = {}
     for finish_on in ("server", "device"):
@@ -268,7 +268,7 @@ def _served_bytes(options: dict, batches: int) -> int:
 
     from torch.utils.data import DataLoader
 
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
     from data_service.server import DataServer, ServerOptions
     from dnn_worker import RemoteDataset
 

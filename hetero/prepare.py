@@ -49,7 +49,7 @@ def _init_worker(target: str, options: dict) -> None:
 
 
 def _load_dataset(target: str, options: dict):
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
 
     dataset = PipelineSpec(target, options).resolve()(**options)
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):

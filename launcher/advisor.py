@@ -221,7 +221,7 @@ class LiveAdvisor:
     def _registered(self, known: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
         """Servers in the registry that prove the job token and serve the job's pipeline, not
         already in ``known``."""
-        from data_service.registry import verified_entries
+        from data_service.membership.registry import verified_entries
 
         try:
             entries, _ = verified_entries(self.registry, self._token, self._fingerprint, timeout_s=self.timeout_s)

@@ -210,7 +210,7 @@ class LaunchConfig:
         if self.registry and self.join:
             raise ConfigError(f"registry={self.registry!r} and join={self.join!r}: registry is this job's own registry, "
                               "join makes a data-only job serve another job's; set one of them")
-        from data_service.registry import check_uri
+        from data_service.membership.registry import check_uri
 
         for name in ("registry", "join"):
             if getattr(self, name):

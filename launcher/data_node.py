@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 
 from .config import LaunchConfig
@@ -144,7 +144,7 @@ def advertised_address(cfg: LaunchConfig, host: str, port: int) -> str:
     """The address this node's registry entry gives: ``advertise_host`` if set; for a node of the
     job itself, the address its own trainers dial (so both name one server); for a node joining
     another job, this machine's IP (the other job cannot resolve this job's host names)."""
-    from data_service.joining import default_advertise_host
+    from data_service.membership.joining import default_advertise_host
 
     from .roles import host_map, resolve
 
@@ -162,7 +162,7 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
              server.address, server.options.num_workers)
     uri = cfg.join or cfg.registry
     if uri:
-        from data_service.joining import join
+        from data_service.membership.joining import join
 
         address = advertised_address(cfg, host, server.port)
         try:
@@ -186,7 +186,7 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
                                                              joined=bool(cfg.join)), meter=meter)
     finally:
         if uri:  # however serving ended, the entry goes (a no-op after a clean leave)
-            from data_service.registry import RegistryError, unregister
+            from data_service.membership.registry import RegistryError, unregister
 
             try:
                 unregister(uri, server.server_id)

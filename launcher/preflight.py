@@ -16,7 +16,7 @@ import logging
 from typing import Any, Callable
 
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 
 from .config import LaunchConfig, load_object
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 
 from . import checkpoint, logs
 from .autoscale import advice_and_autoscaler

@@ -1,13 +1,13 @@
 """Regenerate the Python gRPC modules from proto/ (one command; CI runs --check).
 
 Usage:
-    python scripts/gen_proto.py          # rewrite data_service/wire/*
+    python scripts/gen_proto.py          # rewrite data_service/protocol/generated/*
     python scripts/gen_proto.py --check  # exit 1 if the checked-in files are stale
 
 protoc writes ``from heterodata.v1 import data_service_pb2`` into the _grpc
 module, an absolute import that only works when the output folder is itself on
 sys.path (grpc issue #29390). We rewrite it to a relative import so the module
-works inside the ``data_service.wire`` package.
+works inside the ``data_service.protocol.generated`` package.
 
 The output depends on the grpcio-tools release (its bundled protoc stamps the
 protobuf gencode version; its plugin stamps the minimum grpcio), so both modes
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 PROTO = PROTO_ROOT / "heterodata" / "v1" / "data_service.proto"
-OUT = ROOT / "data_service" / "wire"
+OUT = ROOT / "data_service" / "protocol" / "generated"
 GENERATED = ("data_service_pb2.py", "data_service_pb2.pyi", "data_service_pb2_grpc.py")
 GRPCIO_TOOLS = "1.80.1"  # keep equal to the dev extra's pin in pyproject.toml
 

@@ -17,8 +17,8 @@ import traceback
 import torch
 from torch.utils.data import DataLoader
 
-from data_service.pipeline import PipelineSpec
-from data_service.wire import pb
+from data_service.contract.pipeline import PipelineSpec
+from data_service.protocol.generated import pb
 from dnn_worker import DeviceFeeder, LocalDataset, RemoteDataset, ResumableLoader
 
 PIPELINE = "examples.synthetic:build_finished_pipeline"

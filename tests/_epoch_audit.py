@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from conftest import TOKEN
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import RemoteDataset
 from hetero.testing import read_audit

@@ -15,9 +15,9 @@ import time
 from typing import Callable
 
 from conftest import TOKEN
-from data_service import framing
-from data_service.version import PROTOCOL_VERSION
-from data_service.wire import pb
+from data_service.protocol import framing
+from data_service.protocol.version import PROTOCOL_VERSION
+from data_service.protocol.generated import pb
 
 REPS = int(os.environ.get("HETERO_FAULT_REPS", "1"))
 SLOW_REPS = int(os.environ.get("HETERO_FAULT_SLOW_REPS", "5"))
@@ -194,7 +194,7 @@ def slow_header_parse(monkeypatch, seconds: Callable[[pb.BatchHeader], float]) -
 
     That widens the window between "a worker says done" and "the server takes the batch", where
     races with other threads (assigning tasks, a worker dying) would show."""
-    from data_service import pool_messages
+    from data_service.pool import messages as pool_messages
 
     recv = pool_messages.MessageConnection.recv
 

@@ -7,7 +7,7 @@ import os
 import torch
 
 from data_service import Pipeline
-from data_service.pipeline import ServerSide
+from data_service.contract.pipeline import ServerSide
 
 
 def _write(log: str, line: str) -> None:

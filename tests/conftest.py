@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from hetero.testing import TOKEN, ServerProc
 

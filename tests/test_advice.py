@@ -211,7 +211,7 @@ def test_a_server_that_does_not_answer_is_left_out_and_training_goes_on(caplog):
 
 
 def test_servers_that_joined_through_the_registry_count_once_and_strangers_not_at_all(tmp_path, caplog):
-    from data_service.registry import register
+    from data_service.membership.registry import register
 
     clock = [100.0]
     servers = {a: FakeServer(clock, 25.0, 1.0, sid) for a, sid in

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from conftest import TOKEN
-from data_service import joining, registry
+from data_service.membership import joining, registry
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from launcher.autoscale import Autoscaler, CommandActuator, Settings
 from launcher.autoscale.state import StateStore

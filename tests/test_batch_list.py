@@ -7,8 +7,8 @@ import tracemalloc
 import pytest
 
 from data_service.errors import ConfigError
-from data_service.sampler import rank_share
-from data_service.wire import pb
+from data_service.contract.sampler import rank_share
+from data_service.protocol.generated import pb
 from dnn_worker import RemoteDataset
 from dnn_worker import remote_dataset as remote_dataset_module
 from dnn_worker.affinity import Affinity

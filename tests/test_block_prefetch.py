@@ -8,10 +8,10 @@ import os
 import pytest
 
 from conftest import TOKEN
-from data_service.block_prefetch import PrefetchOnce
+from data_service.server.block_prefetch import PrefetchOnce
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
-from data_service.sampler import PlanConfig
+from data_service.contract.pipeline import PipelineSpec
+from data_service.contract.sampler import PlanConfig
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import RemoteDataset
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, TOKEN
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from dnn_worker import ControlClient, LocalDataset
 
 import _consumer_scenario as scenario
@@ -67,7 +67,7 @@ _reference: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
 def reference(rank: int, world: int) -> list[tuple[int, int, str]]:
     """The uninterrupted run's (epoch, batch, sha256) for this rank (LocalDataset is bit-identical)."""
     if (rank, world) not in _reference:
-        from data_service.codec import batch_digest
+        from data_service.contract.tensor_layout import batch_digest
 
         ds = LocalDataset(PipelineSpec(scenario.PIPELINE, scenario.OPTS), seed=3, rank=rank, world_size=world)
         out = []

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from data_service.pipeline import build_batch, seed_everything
+from data_service.contract.pipeline import build_batch, seed_everything
 from data_service.pipelines import crop_decode, images
 from data_service.pipelines.crop_decode import BoxDraw, CropDecode, dct_scale
 from data_service.pipelines.images import Augment, CorruptImageError, FusedAugment, decode_bytes

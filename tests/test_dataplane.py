@@ -8,9 +8,9 @@ import time
 import pytest
 
 from conftest import TOKEN
-from data_service.codec import batch_digest
+from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import ServerOptions
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset
 from dnn_worker.connection import BulkConnection
@@ -39,10 +39,10 @@ def test_same_host_consumer_gets_shared_memory_automatically(server_factory):
     forced_tcp.close()
 
 
-@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
 @pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
-def test_compressed_batches_are_bit_identical_and_counted(server_factory, codec, shm):
-    server = server_factory(OPTS, num_workers=1, compression=codec)
+def test_compressed_batches_are_bit_identical_and_counted(server_factory, compression, shm):
+    server = server_factory(OPTS, num_workers=1, compression=compression)
     got = [batch_digest(b) for b in RemoteDataset([server.address], TOKEN, shared_memory=shm)]
     assert got == reference()
     stats = server.stats.snapshot()
@@ -50,7 +50,7 @@ def test_compressed_batches_are_bit_identical_and_counted(server_factory, codec,
 
 
 def test_compression_ratio_shows_in_stats(server_factory):
-    from data_service.pipeline import PipelineSpec as Spec
+    from data_service.contract.pipeline import PipelineSpec as Spec
     from data_service.server import DataServer
 
     server = DataServer(Spec("examples.synthetic:build_blob_pipeline", {"size": 8, "batch_bytes": 1 << 20}), TOKEN,
@@ -141,7 +141,7 @@ def test_loader_workers_copy_out_of_leased_slots(server_factory):
 def test_a_slot_is_released_or_retired_once_whichever_comes_first():
     # A send that fails after the batch was recorded as held used to release the slot and then,
     # when the session closed, retire it too: the retire then took the slot from under a new batch.
-    from data_service.workers import Result, Task
+    from data_service.pool.worker_pool import Result, Task
 
     calls = []
     r = Result(Task(0, 0, 0, lambda _: None), _release=lambda: calls.append("release"),
@@ -165,14 +165,15 @@ def test_no_slot_is_handed_out_while_it_still_holds_a_batch(monkeypatch):
     import threading
 
     from _fault_helpers import slow_header_parse
-    from data_service import codec, workers
-    from data_service.pipeline import build_batch
+    from data_service.contract import tensor_layout
+    from data_service.pool import worker_pool as workers
+    from data_service.contract.pipeline import build_batch
 
     slow_header_parse(monkeypatch, lambda header: 0.003)
     spec = PipelineSpec("examples.synthetic:build_pipeline", {"size": 64, "batch_size": 4})
     pipe, n = spec.load(), 16
     cfg = pipe.plan_config()
-    expected = {i: bytes(codec.encode(build_batch(pipe, cfg, 0, 0, i))[2]) for i in range(n)}
+    expected = {i: bytes(tensor_layout.encode(build_batch(pipe, cfg, 0, 0, i))[2]) for i in range(n)}
     pool = workers.WorkerPool(spec.to_json(), 1, slots_per_worker=2)
     pool.start()
     results: queue.Queue = queue.Queue()

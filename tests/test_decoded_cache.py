@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec, build_batch, seed_everything
+from data_service.contract.pipeline import PipelineSpec, build_batch, seed_everything
 from data_service.pipelines.crop_decode import CachedCropDecode
 from data_service.pipelines.decoded_cache import DecodedCache
 from data_service.pipelines.images import decode_bytes

@@ -7,7 +7,7 @@ import torch
 from _fault_helpers import wait_until
 from conftest import TOKEN
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from dnn_worker import DeviceFeeder, FinishStage, LocalDataset, RemoteDataset
 from dnn_worker.device import FinishError
 

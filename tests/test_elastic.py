@@ -15,9 +15,9 @@ import time
 import pytest
 
 from conftest import TOKEN
-from data_service import joining, registry
+from data_service.membership import joining, registry
 from data_service.errors import ServerUnavailableError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import RemoteDataset
 from hetero.testing import ServerProc, check_audit
@@ -215,7 +215,7 @@ def test_a_registry_alone_is_enough(servers, tmp_path):
 def test_with_shards_blocks_follow_a_server_that_joins_then_drains(tmp_path):
     """Affinity: a server that joins takes over the blocks it now owns and, when it drains, hands
     them back; every rank still gets each of its batches once, with the in-process bytes."""
-    from data_service.codec import batch_digest
+    from data_service.contract.tensor_layout import batch_digest
     from dnn_worker import LocalDataset
     from hetero.prepare import prepare
     from hetero.synthetic_images import write_image_folder

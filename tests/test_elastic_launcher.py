@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from data_service import registry
+from data_service.membership import registry
 from data_service.errors import ConfigError
 from dnn_worker import RemoteDataset
 from hetero.local.runner import LocalCluster
@@ -46,7 +46,7 @@ def test_a_joined_node_has_no_first_consumer_deadline_and_ends_cleanly_when_idle
 
 
 def test_trainers_read_the_registry_with_the_jobs_fingerprint(tmp_path):
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
     from launcher.trainer import TrainJob, make_dataset
 
     cfg = LaunchConfig.from_hyperparameters({**SYNTHETIC_HPS, "registry": str(tmp_path)})

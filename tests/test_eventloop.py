@@ -9,10 +9,11 @@ import time
 import torch
 from _fault_helpers import RawBulk, wait_clean, wait_until
 from conftest import TOKEN
-from data_service import codec, framing
-from data_service.pipeline import PipelineSpec, build_batch
+from data_service.contract import tensor_layout
+from data_service.protocol import framing
+from data_service.contract.pipeline import PipelineSpec, build_batch
 from data_service.server import DataServer, ServerOptions
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 from dnn_worker import RemoteDataset
 
 BLOB = {"size": 16, "batch_bytes": 1 << 20}
@@ -20,7 +21,7 @@ BLOB = {"size": 16, "batch_bytes": 1 << 20}
 
 def _expected(index: int) -> bytes:
     pipe = PipelineSpec("examples.synthetic:build_blob_pipeline", BLOB).load()
-    return bytes(codec.encode(build_batch(pipe, pipe.plan_config(), 0, 0, index))[2])
+    return bytes(tensor_layout.encode(build_batch(pipe, pipe.plan_config(), 0, 0, index))[2])
 
 
 def _read_slowly(sock: socket.socket, n: int, chunk: int = 32 << 10, pause: float = 0.002) -> bytes:
@@ -127,10 +128,10 @@ def test_waiting_frames_go_out_in_one_sendmsg_and_partial_writes_resume_across_t
     # sendmsg calls as the socket takes, each write ending anywhere (inside a header, inside a
     # payload, on a frame boundary). The bytes must arrive in order, and each slot must be
     # released once its last byte is written, never before.
-    from data_service.session import Session, SessionContext
-    from data_service.stats import ServerStats
-    from data_service.tasks import Result, Task
-    from data_service.workers import WorkerPool
+    from data_service.server.session import Session, SessionContext
+    from data_service.server.stats import ServerStats
+    from data_service.pool.tasks import Result, Task
+    from data_service.pool.worker_pool import WorkerPool
 
     a, b = socket.socketpair()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 10)
@@ -139,7 +140,7 @@ def test_waiting_frames_go_out_in_one_sendmsg_and_partial_writes_resume_across_t
     sock.setblocking(False)
     b.settimeout(10)
     stats = ServerStats(None)
-    ctx = SessionContext(token=TOKEN, server_id="s", codec="", shared_memory=False, send_timeout_s=10,
+    ctx = SessionContext(token=TOKEN, server_id="s", compression="", shared_memory=False, send_timeout_s=10,
                          num_batches=5, pool=WorkerPool("{}", 1), stats=stats, shutting_down=lambda: False,
                          count_auth_failure=lambda: None, call_soon=lambda fn, *args: fn(*args),
                          closed=lambda s: None, want_write=lambda s, on: None, flush_later=lambda s: None)
@@ -178,10 +179,10 @@ def test_batches_finished_in_one_loop_turn_leave_in_one_sendmsg():
     # A worker message that carries several finished batches (or several workers' messages
     # read in one turn) must reach the consumer in one write, not one per batch: each write
     # to a loopback socket wakes the consumer once more.
-    from data_service.session import Session, SessionContext
-    from data_service.stats import ServerStats
-    from data_service.tasks import Result, Task
-    from data_service.workers import WorkerPool
+    from data_service.server.session import Session, SessionContext
+    from data_service.server.stats import ServerStats
+    from data_service.pool.tasks import Result, Task
+    from data_service.pool.worker_pool import WorkerPool
 
     a, b = socket.socketpair()
     sock = _CountingSocket(fileno=a.detach())
@@ -189,7 +190,7 @@ def test_batches_finished_in_one_loop_turn_leave_in_one_sendmsg():
     sock.setblocking(False)
     b.settimeout(10)
     due: list = []
-    ctx = SessionContext(token=TOKEN, server_id="s", codec="", shared_memory=False, send_timeout_s=10,
+    ctx = SessionContext(token=TOKEN, server_id="s", compression="", shared_memory=False, send_timeout_s=10,
                          num_batches=3, pool=WorkerPool("{}", 1), stats=ServerStats(None), shutting_down=lambda: False,
                          count_auth_failure=lambda: None, call_soon=lambda fn, *args: fn(*args),
                          closed=lambda s: None, want_write=lambda s, on: None, flush_later=due.append)
@@ -225,7 +226,7 @@ def test_batches_split_across_reads_at_any_byte_arrive_whole():
     payloads = []
     for i in range(6):
         payload = bytes((i * 7 + k) % 251 for k in range(3_000 + 1_111 * i))
-        s, metas, raw = codec.encode(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        s, metas, raw = tensor_layout.encode(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
         header = pb.BatchHeader(ref=pb.BatchRef(index=i), structure=s, tensors=metas, payload_bytes=len(raw),
                                 raw_bytes=len(raw))
         stream += framing.batch_frame(header.SerializeToString()) + bytes(raw)
@@ -258,7 +259,7 @@ def test_the_rest_of_a_large_payload_costs_one_wake_up_and_small_frames_after_it
     from dnn_worker.connection import BulkConnection
 
     def frame(index: int, payload: bytes) -> bytes:
-        s, metas, raw = codec.encode(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        s, metas, raw = tensor_layout.encode(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
         header = pb.BatchHeader(ref=pb.BatchRef(index=index), structure=s, tensors=metas, payload_bytes=len(raw),
                                 raw_bytes=len(raw))
         return framing.batch_frame(header.SerializeToString()) + bytes(raw)
@@ -314,7 +315,7 @@ def test_a_server_that_accepts_but_never_answers_delays_no_other_servers_batches
 
     import grpc
 
-    from data_service.wire import pb_grpc
+    from data_service.protocol.generated import pb_grpc
     from dnn_worker import ControlClient
 
     healthy = server_factory({"size": 160, "batch_size": 4}, num_workers=1)

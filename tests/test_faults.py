@@ -19,12 +19,12 @@ import pytest
 from _fault_helpers import (REPS, SLOW_REPS, RawBulk, assert_exactly_once, bulk_port, slow_header_parse, stats,
                             wait_clean, wait_until)
 from conftest import TOKEN
-from data_service import framing
-from data_service.codec import batch_digest
+from data_service.protocol import framing
+from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import BatchBuildError, ServerUnavailableError
-from data_service.pipeline import PipelineSpec
-from data_service.sampler import PlanConfig, batch_indices
-from data_service.wire import pb
+from data_service.contract.pipeline import PipelineSpec
+from data_service.contract.sampler import PlanConfig, batch_indices
+from data_service.protocol.generated import pb
 from dnn_worker import RemoteDataset
 from dnn_worker.fetch_options import FetchOptions
 from dnn_worker.fetcher import Fetcher
@@ -297,7 +297,7 @@ def test_a_worker_killed_before_the_server_opened_its_new_slot_loses_no_batch(mo
     # dies (sample 13); one worker, two slots, so batches 0 and 1 each open a new region.
     import queue
 
-    from data_service import workers
+    from data_service.pool import worker_pool as workers
 
     slow_header_parse(monkeypatch, lambda header: 1.5 if header.ref.index == 1 else 0.0)
     opts = {"size": 36, "batch_size": 6, "shuffle": False, "crash_once_at": 13, "crash_marker": str(tmp_path / "m")}
@@ -725,7 +725,7 @@ def test_a_server_whose_workers_cannot_be_replaced_says_not_serving_and_refuses_
         server_factory, tmp_path, monkeypatch):
     from grpc_health.v1 import health_pb2
 
-    from data_service import worker_lifecycle
+    from data_service.pool import lifecycle as worker_lifecycle
 
     monkeypatch.setattr(worker_lifecycle, "RESPAWN_BACKOFF_S", (0.1,))  # two replacement attempts
     opts, deaths = _dying_loads(tmp_path, 100, armed=False)  # the first worker loads fine

@@ -1,4 +1,4 @@
-"""data_service.filecache: one folder of entries shared by the processes of a host, within a budget."""
+"""data_service.storage.filecache: one folder of entries shared by the processes of a host, within a budget."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from data_service.filecache import COUNTER, FOLDER_LOCK, CacheError, FileCache
+from data_service.storage.filecache import COUNTER, FOLDER_LOCK, CacheError, FileCache
 
 CTX = mp.get_context("fork")  # the children run only os calls and FileCache
 

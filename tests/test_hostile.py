@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from _fault_helpers import FakeBulkServer, RawBulk, bulk_port, frame_bytes, stats, wait_clean, wait_until
 from conftest import TOKEN
-from data_service import codec, framing
+from data_service.contract import tensor_layout
+from data_service.protocol import framing
 from data_service.errors import ProtocolError
-from data_service.wire import pb, pb_grpc
+from data_service.protocol.generated import pb, pb_grpc
 from dnn_worker import RemoteDataset
 from dnn_worker.connection import BulkConnection
 from hetero.testing import ServerProc
@@ -139,7 +140,7 @@ def test_a_frame_header_over_1mib_drops_the_connection_only(shared_server, when)
 
 
 def test_a_fetch_of_more_than_4096_outstanding_batches_is_refused_and_cancelled(server_factory):
-    from data_service.session import MAX_OUTSTANDING
+    from data_service.server.session import MAX_OUTSTANDING
 
     server = server_factory({"size": 100, "batch_size": 8, "work_ms": 5}, num_workers=1)
     raw = RawBulk(bulk_port(server.address))
@@ -187,9 +188,9 @@ def test_out_of_range_requests_are_errors_not_hangs(shared_server, ref):
 
 
 def test_a_huge_seed_is_served_deterministically(shared_server):
-    from data_service.codec import batch_digest
+    from data_service.contract.tensor_layout import batch_digest
     from dnn_worker import LocalDataset
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
 
     seed = 2**63 - 1
     remote = [batch_digest(b) for b in RemoteDataset([shared_server.address], TOKEN, seed=seed)]
@@ -240,7 +241,7 @@ def test_garbage_and_half_open_connections_on_both_ports(server_factory):
 
 
 def test_unauthenticated_sessions_time_out(server_factory, monkeypatch):
-    from data_service import session
+    from data_service.server import session
 
     monkeypatch.setattr(session, "HANDSHAKE_TIMEOUT_S", 2.0)  # the deadline is read per connection
     HANDSHAKE_TIMEOUT_S = session.HANDSHAKE_TIMEOUT_S
@@ -302,7 +303,7 @@ def _run_fake(fake: FakeBulkServer, chunks: list[bytes], max_batch_bytes: int = 
     return ev, requested
 
 
-_DTYPES = sorted(codec.DTYPES)
+_DTYPES = sorted(tensor_layout.DTYPES)
 _u64 = st.integers(0, 2**64 - 1)
 _dim = st.integers(0, 2**63 - 1)  # dims >= 2**63: a known hole, tested on its own below
 _small = st.integers(0, 64)
@@ -381,7 +382,7 @@ def test_a_zero_size_tensor_with_an_overflowing_dim_is_a_protocol_error():
 
 def test_a_server_that_stalls_mid_payload_is_dropped_by_the_batch_timeout():
     # Header says 4096 bytes, 100 arrive, then silence (connection held open).
-    from data_service.pipeline import PipelineSpec  # noqa: F401
+    from data_service.contract.pipeline import PipelineSpec  # noqa: F401
 
     header = pb.BatchHeader(ref=pb.BatchRef(), structure=pb.TENSOR, payload_bytes=4096, raw_bytes=4096,
                             tensors=[pb.TensorMeta(name="", dtype="uint8", shape=[4096], nbytes=4096)])
@@ -401,7 +402,7 @@ def test_the_consumer_never_allocates_more_than_the_servers_advertised_limit(tmp
     # 8 GiB batch. RemoteDataset/Fetcher must refuse it before allocating.
     from concurrent import futures
 
-    from data_service.version import PROTOCOL_VERSION
+    from data_service.protocol.version import PROTOCOL_VERSION
     from dnn_worker import buffers
 
     fake = _FAKE[0]

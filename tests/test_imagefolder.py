@@ -9,7 +9,7 @@ import torch
 
 from data_service import SkipSample
 from data_service.errors import BatchBuildError, ConfigError
-from data_service.pipeline import PipelineSpec, SampleError, build_batch
+from data_service.contract.pipeline import PipelineSpec, SampleError, build_batch
 from data_service.server import DataServer, ServerOptions
 from examples import imagefolder
 from hetero.synthetic_images import write_image_folder

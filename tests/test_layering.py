@@ -1,6 +1,8 @@
 """Dependencies point one way: each product package imports only the packages below it.
 
-data_service <- dnn_worker <- launcher <- hetero (docs/architecture.md). No product module
+data_service <- dnn_worker <- launcher <- hetero (docs/architecture.md). Inside data_service each
+room imports only the rooms its rule names, and the consumer (dnn_worker) only the shared ones:
+the contract, the protocol, membership, storage and the errors, never the server or the pool. No product module
 imports benchmarks, examples or the tests; examples are reached by import path strings, as a
 user's pipeline is. Only hetero.testing (the test and soak toolkit) may import hetero.testing.
 """
@@ -16,6 +18,59 @@ LAYERS = ["data_service", "dnn_worker", "launcher", "hetero"]  # each may import
 OUTSIDE = {"benchmarks", "examples", "tests", "conftest"}
 # A data node builds batches: no model code in it (models are user code, reached by import path).
 MODEL_CODE = {"data_service": ("torchvision.models",)}
+
+
+# Inside data_service: what each room may import besides itself (``errors`` is the top-level
+# errors.py; the top-level __init__ is the public face and may name any room lazily).
+ROOMS = {
+    "protocol": {"errors"},
+    "contract": {"errors", "protocol"},
+    "storage": {"errors"},
+    "membership": {"errors", "protocol", "storage"},
+    "shards": {"errors", "contract", "storage"},
+    "pipelines": {"errors", "contract", "storage", "shards"},
+    "pool": {"errors", "contract", "protocol"},
+    "server": {"errors", "contract", "protocol", "pool", "storage", "membership"},
+}
+# What the consumer may import of data_service: the shared rooms, never the server's own.
+CONSUMER = {"errors", "contract", "protocol", "membership", "storage"}
+# Names the public face (data_service/__init__.py) loads lazily, and the room each lives in.
+PUBLIC_FACE = {"Pipeline": "contract", "PipelineSpec": "contract", "SkipSample": "contract",
+               "DataServer": "server", "ServerOptions": "server", "PROTOCOL_VERSION": "protocol"}
+
+
+def data_service_room(module: str) -> str | None:
+    """The room of data_service that ``module`` (an absolute name, maybe an object) lies in."""
+    parts = module.split(".")
+    if parts[0] != "data_service":
+        return None
+    if len(parts) == 1:
+        return ""
+    if parts[1] in PUBLIC_FACE:
+        return PUBLIC_FACE[parts[1]]
+    if parts[1][0].isupper():  # the top level re-exports the errors besides its public face
+        return "errors"
+    return parts[1]
+
+
+def room_violations(path: Path, root: Path = ROOT) -> list[str]:
+    """Imports of ``path`` (a module of data_service, or of dnn_worker) that its room may not make."""
+    where = path.relative_to(root)
+    parts = where.with_suffix("").parts
+    if parts[0] == "dnn_worker":
+        allowed, who = CONSUMER, "the consumer (dnn_worker)"
+    elif parts[0] == "data_service" and len(parts) > 2 and parts[1] in ROOMS:
+        allowed, who = ROOMS[parts[1]] | {parts[1]}, f"data_service/{parts[1]}"
+    else:
+        return []
+    bad = []
+    for line, module in imported_modules(path, root):
+        room = data_service_room(module)
+        if room is None or room == "" and parts[0] == "data_service":
+            continue
+        if room not in allowed:
+            bad.append(f"{where}:{line} imports {module} ({who} may import only {sorted(allowed)} of data_service)")
+    return bad
 
 
 def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
@@ -63,6 +118,25 @@ def test_product_imports_point_one_way(layer):
     assert files, f"no modules found under {LAYERS[layer]}/"
     bad = [v for f in files for v in violations(f, layer)]
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", ["data_service", "dnn_worker"])
+def test_each_room_imports_only_what_its_rule_names(package):
+    bad = [v for f in sorted((ROOT / package).rglob("*.py")) for v in room_violations(f)]
+    assert not bad, "imports against the rooms' rules:\n" + "\n".join(bad)
+
+
+def test_the_room_check_refuses_the_server_to_the_consumer(tmp_path):
+    (tmp_path / "dnn_worker").mkdir()
+    probe = tmp_path / "dnn_worker" / "probe.py"
+    probe.write_text("from data_service.contract.pipeline import Pipeline\nfrom data_service import DataServer\n"
+                     "def f():\n    from data_service.pool.slots import SlotTable\n    import data_service.server.session\n")
+    (tmp_path / "data_service" / "pool").mkdir(parents=True)
+    inner = tmp_path / "data_service" / "pool" / "probe.py"
+    inner.write_text("from ..contract import sampler\nfrom ..server.stats import ServerStats\n")
+    found = [b.split(" imports ")[1].split(" ")[0] for b in room_violations(probe, tmp_path) + room_violations(inner, tmp_path)]
+    assert found == ["data_service.DataServer", "data_service.pool.slots.SlotTable", "data_service.server.session",
+                     "data_service.server.stats.ServerStats"]
 
 
 def test_the_check_sees_lazy_and_relative_imports(tmp_path):

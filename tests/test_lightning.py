@@ -15,8 +15,8 @@ pytest.importorskip("lightning")
 
 from conftest import ROOT  # noqa: E402
 from hetero.ports import free_port  # noqa: E402
-from data_service.codec import batch_digest  # noqa: E402
-from data_service.pipeline import PipelineSpec  # noqa: E402
+from data_service.contract.tensor_layout import batch_digest  # noqa: E402
+from data_service.contract.pipeline import PipelineSpec  # noqa: E402
 from dnn_worker import LocalDataset  # noqa: E402
 
 import _lightning_job as job  # noqa: E402

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from data_service.codec import batch_digest
+from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from dnn_worker import DeviceFeeder, LocalDataset, ResumableLoader
 
 OPTS = {"size": 48, "batch_size": 4, "shape": [1, 6, 6]}  # 12 batches per epoch

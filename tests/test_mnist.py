@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec, build_batch
+from data_service.contract.pipeline import PipelineSpec, build_batch
 from examples import mnist
 from hetero import synthetic_mnist
 

@@ -10,8 +10,8 @@ import torch.multiprocessing as tmp_mp
 from torch.utils.data import DataLoader
 
 from conftest import TOKEN, start_server
-from data_service.codec import batch_digest
-from data_service.pipeline import PipelineSpec
+from data_service.contract.tensor_layout import batch_digest
+from data_service.contract.pipeline import PipelineSpec
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset, ResumableLoader
 from hetero.testing import FaultProxy, free_port, read_audit
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_service.errors import ConfigError
-from data_service.pipeline import SkipSample
+from data_service.contract.pipeline import SkipSample
 from data_service.shards.parquet import ParquetDataset, ParquetReadError
 
 

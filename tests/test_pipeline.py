@@ -3,7 +3,7 @@ import torch
 
 from data_service import Pipeline, PipelineSpec
 from data_service.errors import ConfigError
-from data_service.pipeline import SampleError, build_batch
+from data_service.contract.pipeline import SampleError, build_batch
 
 
 def not_a_pipeline():

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from data_service import pool_messages as pm
+from data_service.pool import messages as pm
 
 MESSAGES = [
     pm.TaskMsg(1, 2**64 - 1, 3, 4, 5, True),
@@ -73,10 +73,10 @@ def test_an_unknown_tag_is_refused():
 
 def test_tasks_given_to_a_worker_at_once_go_in_one_write(pipe):
     # Every write to the worker's pipe wakes it once: tasks assigned together go in one.
-    from data_service.slots import SlotTable
-    from data_service.tasks import Task
-    from data_service.worker_lifecycle import WorkerHandle
-    from data_service.workers import TASKS_AHEAD, WorkerPool
+    from data_service.pool.slots import SlotTable
+    from data_service.pool.tasks import Task
+    from data_service.pool.lifecycle import WorkerHandle
+    from data_service.pool.worker_pool import TASKS_AHEAD, WorkerPool
 
     a, b = pipe
     writes: list[bytes] = []

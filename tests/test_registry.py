@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from data_service import registry
+from data_service.membership import registry
 from data_service.errors import ConfigError
-from data_service.registry import RegistryError, read_entries, register, unregister, verify
+from data_service.membership.registry import RegistryError, read_entries, register, unregister, verify
 
 TOKEN = "registry-token"
 FP = "0123456789abcdef"
@@ -189,7 +189,7 @@ def test_a_bad_ttl_field_is_a_problem_not_an_error(tmp_path):
 def test_a_heartbeat_keeps_the_entry_fresh_and_stops_before_it_is_removed(tmp_path):
     import time
 
-    from data_service.joining import Heartbeat
+    from data_service.membership.joining import Heartbeat
 
     uri = str(tmp_path)
     entry = register(uri, TOKEN, "beating", "10.0.0.7:6000", FP, ttl_s=0.3)
@@ -217,7 +217,7 @@ def test_leaving_while_a_heartbeat_write_is_in_flight_ends_with_the_entry_remove
     import threading
     from types import SimpleNamespace
 
-    from data_service import joining
+    from data_service.membership import joining
 
     uri = str(tmp_path)
     entered, gate = threading.Event(), threading.Event()

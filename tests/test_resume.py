@@ -73,7 +73,7 @@ def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, m
     # resume: model, optimizer and position come back; the epoch completes with nothing repeated
     from examples.mnist import Net
     from dnn_worker import LocalDataset, ResumableLoader
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
     net = Net()
     opt = trainer_mod.make_optimizer(job.cfg, net.parameters())
     loader = ResumableLoader(torch.utils.data.DataLoader(LocalDataset(PipelineSpec(job.cfg.pipeline,

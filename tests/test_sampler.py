@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from data_service.errors import ConfigError
-from data_service.sampler import PlanConfig, _permutation, batch_indices, derive_seed, rank_share
+from data_service.contract.sampler import PlanConfig, _permutation, batch_indices, derive_seed, rank_share
 
 
 def test_num_batches_drop_or_keep_last():

@@ -6,7 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from data_service.sampler import PlanConfig, batch_block, batch_indices, derive_seed
+from data_service.contract.sampler import PlanConfig, batch_block, batch_indices, derive_seed
 
 
 def _rows(cfg: PlanConfig, seed: int, epoch: int) -> list[tuple[int, int]]:
@@ -57,7 +57,7 @@ def test_a_batch_of_a_100_million_sample_plan_costs_no_table_of_batches():
 
 
 def test_a_consumer_s_scheduler_finds_block_openers_as_it_goes_not_for_the_whole_epoch_at_start():
-    from data_service.wire import pb
+    from data_service.protocol.generated import pb
     from dnn_worker.affinity import Affinity
     from dnn_worker.scheduler import Scheduler
 

@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 from dnn_worker.affinity import Affinity
 from dnn_worker.in_order import InOrderBuffer
 from dnn_worker.lane import key

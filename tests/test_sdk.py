@@ -150,7 +150,7 @@ def test_heterogeneous_job_from_the_sdk(aws):
     code = f"s3://bkt/out/nb/{req['TrainingJobName']}/input/code/"
     assert channels["code"]["DataSource"]["S3DataSource"]["S3Uri"].rstrip("/") + "/" == code
     files = {u[len(code):] for u in fake.uploads() if u.startswith(code)}
-    assert {"launcher/entry.py", "requirements.txt", "data_service/server.py"} <= files
+    assert {"launcher/entry.py", "requirements.txt", "data_service/server/data_server.py"} <= files
     assert not any(".venv" in f or "__pycache__" in f or f.startswith("tests/") for f in files)
 
 

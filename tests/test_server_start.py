@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_hetero_serve_reaches_the_worker_spawn_without_importing_torch():
     code = ("import sys, hetero.cli; hetero.cli.build_parser(); import hetero.commands.serve; "
-            "from data_service.pipeline import PipelineSpec; import data_service.server, data_service.workers; "
+            "from data_service.contract.pipeline import PipelineSpec; import data_service.server.data_server, data_service.pool.worker_pool; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

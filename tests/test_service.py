@@ -10,12 +10,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import TOKEN
-from data_service.codec import batch_digest
+from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import (BatchBuildError, ConfigError, PermissionDeniedError, ServerUnavailableError,
                                  VersionMismatchError)
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset
 from dnn_worker.connection import BulkConnection
 from dnn_worker.fetch_options import FetchOptions

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec, build_batch
+from data_service.contract.pipeline import PipelineSpec, build_batch
 from data_service.pipelines.images import CorruptImageError, decode, decode_bytes
-from data_service.sampler import PlanConfig, batch_block, batch_indices, block_range
+from data_service.contract.sampler import PlanConfig, batch_block, batch_indices, block_range
 from data_service.shards import ShardDataset
 from data_service.shards.cache import BlockCache
 from data_service.shards.format import INDEX_NAME

@@ -19,9 +19,9 @@ pytest.importorskip("moto.server")
 
 from _s3_env import s3_with_bucket  # noqa: E402
 from conftest import TOKEN  # noqa: E402
-from data_service.codec import batch_digest  # noqa: E402
+from data_service.contract.tensor_layout import batch_digest  # noqa: E402
 from data_service.errors import BatchBuildError, ConfigError  # noqa: E402
-from data_service.pipeline import PipelineSpec  # noqa: E402
+from data_service.contract.pipeline import PipelineSpec  # noqa: E402
 from data_service.server import DataServer, ServerOptions  # noqa: E402
 from data_service.shards import ShardDataset  # noqa: E402
 from data_service.shards.format import INDEX_NAME  # noqa: E402

@@ -11,8 +11,8 @@ import pytest
 
 from _epoch_audit import data_nodes, read_epoch_and_check
 from conftest import TOKEN
-from data_service.codec import batch_digest
-from data_service.pipeline import PipelineSpec
+from data_service.contract.tensor_layout import batch_digest
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import LocalDataset, RemoteDataset
 from hetero.prepare import prepare

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from data_service.slots import ServerSlot, SlotTable
+from data_service.pool.slots import ServerSlot, SlotTable
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import ipaddress
 import pytest
 
 from conftest import TOKEN
-from data_service.codec import batch_digest
+from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
-from data_service.pipeline import PipelineSpec
+from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset
 

@@ -1,4 +1,4 @@
-"""data_service.wire_encoding: each encoding round-trips, homogeneous and heterogeneous jobs give
+"""data_service.contract.wire_encoding: each encoding round-trips, homogeneous and heterogeneous jobs give
 the same bits, bad names and hostile headers are clear errors, a missing decoder stops at start."""
 import math
 import sys
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from data_service import wire_encoding as we
+from data_service.contract import wire_encoding as we
 from data_service.errors import ConfigError, ProtocolError
-from data_service.pipeline import PipelineSpec, build_batch
+from data_service.contract.pipeline import PipelineSpec, build_batch
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import DeviceFeeder, LocalDataset, RemoteDataset, ResumableLoader
 from dnn_worker.device import FinishStage, finish_from_info
@@ -164,7 +164,7 @@ def test_an_encoding_other_than_announced_is_refused():
 def test_a_batch_decoding_past_the_servers_announced_max_batch_bytes_is_refused_unallocated(monkeypatch):
     """The announced max_batch_bytes, not the 16 GiB fallback, bounds a decoded batch: a header
     claiming more is refused naming both figures before anything is decompressed."""
-    from data_service.wire import pb
+    from data_service.protocol.generated import pb
 
     enc = we.encode_batch({"image": smooth_images(8, 3, 32, 32), "label": torch.arange(8)}, we.parse("up-zstd"))
     decoded = 8 * 3 * 32 * 32 + 8 * 8
@@ -293,7 +293,7 @@ def test_a_pipeline_with_an_unknown_encoding_fails_the_server_at_start(folder):
     spec = PipelineSpec("examples.synthetic:build_pipeline", {"size": 8, "batch_size": 4})
     pipe = spec.load()
     pipe.wire_encoding = "jpeg:900"
-    from data_service.pipeline import PipelineInfo
+    from data_service.contract.pipeline import PipelineInfo
 
     with pytest.raises(ConfigError, match="wire_encoding='jpeg:900': the JPEG quality"):
         PipelineInfo.of(pipe)

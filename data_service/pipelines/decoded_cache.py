@@ -5,7 +5,7 @@ a quarter of the time per image: docs/benchmarks.md, "Fused crop and decode"). I
 a bounded size, short side ``side`` (by default 1.15 x the crop size), as uint8 HWC, in a tmpfs
 folder (``/dev/shm``) that every worker process of a data server, and every server of the same
 pipeline on the host, shares: each image is decoded once per host (the files, locks and budget are
-:class:`data_service.filecache.FileCache`'s). Entries are named by a hash of the encoded bytes, so a
+:class:`data_service.storage.filecache.FileCache`'s). Entries are named by a hash of the encoded bytes, so a
 changed file is never served stale. Nothing is evicted: once ``budget`` bytes are held, further
 images are decoded every epoch (the first ``budget`` bytes' worth stay). The folder goes with the
 last process that uses it: a server that shuts down or drains leaves it to the servers that stay.
@@ -24,7 +24,7 @@ import struct
 import torch
 
 from ..errors import ConfigError
-from ..filecache import FileCache
+from ..storage.filecache import FileCache
 
 HEADER = struct.Struct("<II")  # rows, cols; then rows x cols x 3 bytes
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from .. import wire_encoding
+from ..contract import wire_encoding
 from ..errors import ConfigError
 
 # Shard reading: a shuffle block of this many batches, and this many blocks alternating

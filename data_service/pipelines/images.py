@@ -26,8 +26,7 @@ from dataclasses import fields
 
 import torch
 
-from .. import Pipeline
-from ..pipeline import ServerSide
+from ..contract.pipeline import Pipeline, ServerSide
 from ..errors import ConfigError
 from .augment import Augment, FusedAugment, collate
 from .decoded_cache import DecodedCache
@@ -105,7 +104,7 @@ def build_pipeline(**options) -> Pipeline:
         image_column: its column of image bytes (binary, or a struct with a ``bytes`` field as
             Hugging Face ``datasets`` writes); ``"image"``.
         label_column: its column of integer labels; ``"label"``.
-        wire_encoding: how the crops travel to the DNN nodes (:mod:`data_service.wire_encoding`):
+        wire_encoding: how the crops travel to the DNN nodes (:mod:`data_service.contract.wire_encoding`):
             ``"uint8"`` as built; ``"up-zstd"``, lossless, about half the bytes on photographs;
             ``"jpeg:Q"``, each crop re-encoded as JPEG quality ``Q`` (``"jpeg"`` = ``"jpeg:90"``, about
             1/12 of the bytes at a PSNR of about 40 dB). Worth it where the network binds.

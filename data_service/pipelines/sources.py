@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .. import SkipSample
+from ..contract.pipeline import SkipSample
 from ..errors import ConfigError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")

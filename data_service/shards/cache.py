@@ -2,7 +2,7 @@
 
 A block's bytes (the stretch of each shard its samples occupy, back to back) are fetched once per
 node into ``<dir>/<name>`` and read from there by every worker process: the first process to want a
-block fetches it while the others wait for it (:class:`data_service.filecache.FileCache` keeps the
+block fetches it while the others wait for it (:class:`data_service.storage.filecache.FileCache` keeps the
 files: locks, temporary file and rename, the bound). The operating system's page cache is the RAM
 tier above the disk: a block read by one worker is in memory for the next.
 
@@ -18,7 +18,7 @@ import shutil
 from typing import Callable
 
 from ..errors import ConfigError
-from ..filecache import CacheError, FileCache, flock
+from ..storage.filecache import CacheError, FileCache, flock
 
 __all__ = ["BlockCache", "CacheError", "default_dir"]
 

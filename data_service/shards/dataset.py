@@ -6,13 +6,13 @@ The shards are ``hetero prepare``'s, or WebDataset tars written elsewhere and in
 Sample ``i`` is ``(bytes, label)``: the file's bytes as they were written, and its class index. Any
 pipeline can decode them (the image pipeline's ``shards`` option does).
 
-Reads follow the shuffle blocks of ``data_service.sampler``: a block is ``block_samples``
+Reads follow the shuffle blocks of ``data_service.contract.sampler``: a block is ``block_samples``
 consecutive samples, so its bytes are one stretch of each shard it touches. From a local folder
 (a File or FastFile channel, a disk) samples are read in place. From S3 the first sample of a
 block a node needs brings the whole block into the node's cache (``cache.BlockCache``) with a few
 large ranged GETs in parallel, never one request per sample; every worker process of the node
 then reads it from there, and a later epoch reads nothing from S3 while the cache holds the data
-set. A ``ShardDataset`` is a :class:`~data_service.pipeline.BlockPrefetcher`: a pipeline's
+set. A ``ShardDataset`` is a :class:`~data_service.contract.pipeline.BlockPrefetcher`: a pipeline's
 ``server_side`` hands one to the data server, whose main process calls :meth:`ShardDataset.prefetch_block`
 once per block a consumer hints at or asks for, so blocks arrive before the workers reach them.
 """
@@ -209,7 +209,7 @@ class ShardDataset:
 
     def prefetch_block(self, block: int) -> None:
         """Start fetching block ``block`` into the node's cache; returns at once (a
-        :class:`~data_service.pipeline.BlockPrefetcher`). A folder's samples are read in place:
+        :class:`~data_service.contract.pipeline.BlockPrefetcher`). A folder's samples are read in place:
         nothing to fetch; a block already cached or being fetched is skipped."""
         if self.local:
             return

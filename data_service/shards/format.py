@@ -9,7 +9,7 @@ A prefix (a local folder or ``s3://bucket/prefix``) holds::
 The tar files are plain ustar archives, so the ``webdataset`` library (and ``tar tf``) reads them
 unchanged. Samples are numbered in the order they were written, shard after shard, so a run of
 consecutive sample indices is one contiguous stretch of bytes in each shard it touches: a shuffle
-block (``data_service.sampler``) is a handful of large ranged reads.
+block (``data_service.contract.sampler``) is a handful of large ranged reads.
 
 ``index.bin`` (:mod:`.indexfile`) holds the columns as binary arrays that every process of a node
 maps from one file: a process's memory and its time to open the index do not grow with the

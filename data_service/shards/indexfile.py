@@ -308,7 +308,7 @@ def verify(index_path: str, where: str = "") -> ShardIndex:
 
 def _fetched(store, cache_dir: str, where: str) -> ShardIndex:
     """Fetch the S3 ``index.bin`` into the node's cache once (keyed by its header's id) and map it."""
-    from ..filecache import FileCache
+    from ..storage.filecache import FileCache
     from .cache import default_dir
 
     size = store.check(INDEX_NAME)

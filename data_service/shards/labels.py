@@ -15,7 +15,7 @@ import re
 from ..errors import ConfigError
 
 
-class SampleError(ConfigError):
+class UnindexableSample(ConfigError):
     """A sample the index cannot hold (no label member, no image of a supported type, a bad label)."""
 
     def __init__(self, message: str, reason: str) -> None:
@@ -42,23 +42,23 @@ class LabelRule:
         self.max_int = -1
 
     def label(self, raw: bytes, where: str) -> int:
-        """The label of a sample whose label member holds ``raw``; SampleError when it holds none."""
+        """The label of a sample whose label member holds ``raw``; UnindexableSample when it holds none."""
         try:
             value = json.loads(raw) if self.path else raw.decode("utf-8").strip()
             for part in self.path:
                 value = value[part]
         except (ValueError, KeyError, TypeError, IndexError):
-            raise SampleError(f"{where}: its .{self.ext} member has no label by the rule {self.rule!r}",
+            raise UnindexableSample(f"{where}: its .{self.ext} member has no label by the rule {self.rule!r}",
                               f"without a label by {self.rule}") from None
         if isinstance(value, str) and re.fullmatch(r"-?\d+", value):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
-            raise SampleError(f"{where}: label {value!r} (by the rule {self.rule!r}) is neither a class index nor "
+            raise UnindexableSample(f"{where}: label {value!r} (by the rule {self.rule!r}) is neither a class index nor "
                               "a class name", "with a bad label")
         if isinstance(value, int):
             if value < 0 or (self.fixed and value >= len(self.classes)):
                 span = f"0..{len(self.classes) - 1} (the classes given)" if self.fixed else "0 and up"
-                raise SampleError(f"{where}: class index {value} is outside {span}", "with a bad label")
+                raise UnindexableSample(f"{where}: class index {value} is outside {span}", "with a bad label")
             if self._ids and not self.fixed:
                 raise ConfigError(f"{where}: class index {value} among class names; pass --classes to say how "
                                   "names and indices correspond")
@@ -67,7 +67,7 @@ class LabelRule:
         k = self._ids.get(value)
         if k is None:
             if self.fixed:
-                raise SampleError(f"{where}: class {value!r} is not among the classes given", "of unknown classes")
+                raise UnindexableSample(f"{where}: class {value!r} is not among the classes given", "of unknown classes")
             if self.max_int >= 0:
                 raise ConfigError(f"{where}: class name {value!r} among class indices; pass --classes to say how "
                                   "names and indices correspond")

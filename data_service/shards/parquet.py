@@ -7,7 +7,7 @@ file's row groups in order. Class names come from the ``datasets`` metadata of t
 (its ``ClassLabel`` names) when it is there, else ``0..max`` from the row groups' statistics.
 
 Sample ``i`` is ``(bytes, label)`` as from :class:`~.dataset.ShardDataset`, and like it a
-``ParquetDataset`` is a :class:`~data_service.pipeline.BlockPrefetcher`. The unit read is a row
+``ParquetDataset`` is a :class:`~data_service.contract.pipeline.BlockPrefetcher`. The unit read is a row
 group: the byte ranges of its two column chunks (nothing else of the file), read once per node,
 decoded by pyarrow and kept in the node's cache (:class:`~.cache.BlockCache`, one file per row
 group: offsets, labels, then the images back to back) where every worker process of the node
@@ -185,7 +185,7 @@ class ParquetDataset:
             failed = f"{self._where(g)}: row {row} has no label"
         if failed:
             if self.on_corrupt == "skip":
-                from ..pipeline import SkipSample
+                from ..contract.pipeline import SkipSample
 
                 raise SkipSample(f"sample {i}: {failed}")
             raise ParquetReadError(f"{failed}; replace the file, or pass pipeline.on_corrupt=skip to drop such rows "
@@ -263,7 +263,7 @@ class ParquetDataset:
 
     def prefetch_block(self, block: int) -> None:
         """Start reading block ``block``'s row groups into the node's cache; returns at once (a
-        :class:`~data_service.pipeline.BlockPrefetcher`)."""
+        :class:`~data_service.contract.pipeline.BlockPrefetcher`)."""
         with self._lock:
             todo = [g for g in self.block_groups(block)
                     if g not in self._prefetched and not self.cache.cached(f"rg-{g:08d}.blk")]

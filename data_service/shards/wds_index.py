@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from .format import INDEX_NAME, JSON_INDEX_NAME, check_name
 from .indexfile import IndexWriter
-from .labels import LabelRule, SampleError
+from .labels import LabelRule, UnindexableSample
 from .tarwalk import ForwardReader, TarError, members
 
 
@@ -191,23 +191,23 @@ class _Shard:
         label = parts.get("json" if self.rule.path else self.rule.ext)
         try:
             if repeated:
-                raise SampleError(f"{where} has more than one .{repeated} member (two samples with one key?)",
+                raise UnindexableSample(f"{where} has more than one .{repeated} member (two samples with one key?)",
                                   "with repeated members")
             if image is None:
                 others = sorted(e for e in parts if e.rsplit(".", 1)[-1] in OTHER_IMAGES)
                 if others:
-                    raise SampleError(f"{where}: image type .{others[0]} is not read; accepted: "
+                    raise UnindexableSample(f"{where}: image type .{others[0]} is not read; accepted: "
                                       f"{', '.join('.' + e for e in self.image_exts)}", "of unsupported image types")
-                raise SampleError(f"{where} has no image member ({', '.join('.' + e for e in self.image_exts)}; "
+                raise UnindexableSample(f"{where} has no image member ({', '.join('.' + e for e in self.image_exts)}; "
                                   f"it has {', '.join('.' + e for e in sorted(parts))})", "without an image")
             if label is None:
-                raise SampleError(f"{where} has no .{'json' if self.rule.path else self.rule.ext} member to read "
+                raise UnindexableSample(f"{where} has no .{'json' if self.rule.path else self.rule.ext} member to read "
                                   f"its label from (rule {self.rule.rule!r})", "without a label member")
             if label.data is None:  # the walk leaves a label member over the cap unread
-                raise SampleError(f"{where}: its label member {label.name!r} holds {label.size} bytes, more than "
+                raise UnindexableSample(f"{where}: its label member {label.name!r} holds {label.size} bytes, more than "
                                   f"the {MAX_LABEL_BYTES}-byte cap on a label member (labels are read into memory)",
                                   "with an oversized label member")
-        except SampleError as exc:
+        except UnindexableSample as exc:
             if self.on_corrupt != "skip":
                 raise ConfigError(f"{exc}; fix the shard, or pass --on-corrupt skip to leave such samples out "
                                   "(counted)") from None
@@ -302,7 +302,7 @@ def _labelled(rule: LabelRule, shard: _Shard, on_corrupt: str) -> tuple[list, li
     for sample in shard.samples:
         try:
             labels.append(rule.label(sample[2] or b"", sample[3]))
-        except SampleError as exc:
+        except UnindexableSample as exc:
             if on_corrupt != "skip":
                 raise ConfigError(f"{exc}; fix the label, or pass --on-corrupt skip to leave such samples out "
                                   "(counted)") from None

@@ -125,7 +125,7 @@ def stop_joined(registry, output) -> None:
     outlive a job that failed; a job that ends well has already stopped them)."""
     import os
 
-    from data_service.registry import RegistryError, read_entries
+    from data_service.membership.registry import RegistryError, read_entries
     from dnn_worker.control import ControlClient
 
     try:

@@ -50,7 +50,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_service.pipeline import PipelineSpec
+    from data_service.contract.pipeline import PipelineSpec
     from data_service.server import DataServer, ServerOptions
     from hetero.cli import setup_logging
     from hetero.options import parse_kv
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         if not token:
             raise ConfigError("no job token: pass --token or set HETERO_JOB_TOKEN")
         if args.join:  # a bad registry fails before the pipeline is loaded
-            from data_service.registry import check_uri
+            from data_service.membership.registry import check_uri
 
             check_uri(args.join, "--join")
             if args.ttl is not None and not 0 <= args.ttl < float("inf"):
@@ -79,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     address = server.address
     if args.join:
-        from data_service.joining import default_advertise_host, join
-        from data_service.registry import RegistryError
+        from data_service.membership.joining import default_advertise_host, join
+        from data_service.membership.registry import RegistryError
 
         address = f"{args.advertise_host or default_advertise_host(args.host)}:{args.advertise_port or server.port}"
         try:
-            from data_service.registry import DEFAULT_TTL_S
+            from data_service.membership.registry import DEFAULT_TTL_S
 
             join(server, args.join, address, leave_delay_s=args.leave_delay,
                  ttl_s=DEFAULT_TTL_S if args.ttl is None else args.ttl)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             pass
     finally:
         if args.join:  # however it ended, its entry goes (a no-op after a clean leave)
-            from data_service.registry import RegistryError, unregister
+            from data_service.membership.registry import RegistryError, unregister
 
             try:
                 unregister(args.join, server.server_id)

@@ -60,7 +60,7 @@ class WireEncoding:
     source: str = ""
 
 
-# Measured with the wire encodings (data_service/wire_encoding.py) by benchmarks/wire.py on 640 crops of 224 px from
+# Measured with the wire encodings (data_service/contract/wire_encoding.py) by benchmarks/wire.py on 640 crops of 224 px from
 # photo-like JPEGs, one core, 2026-11-26 (docs/benchmarks.md, "Wire encodings"): bytes over uint8's (headers
 # included), data-node CPU added per image, DNN-side CPU decode per image (libjpeg-turbo; a GPU decoder takes little).
 _MEASURED = "benchmarks/wire.py, 640 photo crops of 224 px, one core, 2026-11-26"

@@ -1,6 +1,6 @@
 """Per-batch preprocessing cost of a pipeline on one CPU core (the planner's main input).
 
-Builds a few batches with ``data_service.pipeline.build_batch`` (the function data servers
+Builds a few batches with ``data_service.contract.pipeline.build_batch`` (the function data servers
 and DataLoader workers run) in this process, confined to one core, one torch thread.
 The first ``warmup`` batches (imports, caches) are timed but left out of the median. The
 pipeline's finish stage (the trainer's per-batch work, e.g. uint8 -> normalised float32) is
@@ -71,7 +71,7 @@ def _time_finish(finish, built: list) -> list[float]:
 def _time_handoff(batch) -> float:
     """Seconds to move the batch's tensors into shared memory, as torch's DataLoader worker does
     to send a batch to its trainer (the trainer then maps them)."""
-    from data_service.codec import flatten
+    from data_service.contract.tensor_layout import flatten
 
     start = time.perf_counter()
     for _, tensor in flatten(batch)[1]:
@@ -80,8 +80,8 @@ def _time_handoff(batch) -> float:
 
 
 def batch_bytes(batch) -> int:
-    """Bytes of a batch's tensors: the payload a data server sends for it (before any codec)."""
-    from data_service.codec import flatten
+    """Bytes of a batch's tensors: the payload a data server sends for it (before any compression)."""
+    from data_service.contract.tensor_layout import flatten
 
     return sum(t.numel() * t.element_size() for _, t in flatten(batch)[1])
 
@@ -106,7 +106,7 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     """
     import torch
 
-    from data_service.pipeline import PipelineSpec, build_batch
+    from data_service.contract.pipeline import PipelineSpec, build_batch
     from dnn_worker.device import FinishStage
 
     if batches < 1 or warmup < 0:

@@ -56,7 +56,7 @@ class Reference:
     """In-process (homogeneous mode) digests of every batch, by (epoch, index); cached."""
 
     def __init__(self, pipeline: str, options: dict, seed: int) -> None:
-        from data_service.pipeline import PipelineSpec
+        from data_service.contract.pipeline import PipelineSpec
 
         self.spec = PipelineSpec(pipeline, options)
         self.seed = seed
@@ -64,7 +64,7 @@ class Reference:
 
     def digests(self, epoch: int) -> list[str]:
         if epoch not in self._cache:
-            from data_service.codec import batch_digest
+            from data_service.contract.tensor_layout import batch_digest
             from dnn_worker import LocalDataset
 
             ds = LocalDataset(self.spec, seed=self.seed)
@@ -140,8 +140,8 @@ def check_audit(paths: str | os.PathLike | Iterable[str | os.PathLike], options:
     Returns:
         The counts of :func:`account`.
     """
-    from data_service.pipeline import PipelineSpec
-    from data_service.sampler import rank_share
+    from data_service.contract.pipeline import PipelineSpec
+    from data_service.contract.sampler import rank_share
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]

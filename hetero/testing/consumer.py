@@ -18,7 +18,7 @@ from hetero.testing.processes import TOKEN
 
 def consume(args: argparse.Namespace) -> int:
     """One rank: resume from its audit log, then read epochs until told to stop (SIGTERM)."""
-    from data_service.sampler import rank_share
+    from data_service.contract.sampler import rank_share
     from dnn_worker import RemoteDataset
 
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s test-consumer %(levelname)s %(message)s")

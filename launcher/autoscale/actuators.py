@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from data_service.registry import Entry
+from data_service.membership.registry import Entry
 
 log = logging.getLogger(__name__)
 

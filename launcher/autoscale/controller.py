@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
 from data_service.errors import ConfigError
-from data_service.registry import Entry, RegistryError, verified_entries
+from data_service.membership.registry import Entry, RegistryError, verified_entries
 
 from ..logmetrics import autoscale_line
 from .actuators import Actuator, ScaleContext

@@ -24,7 +24,7 @@ import time
 from typing import Any, Sequence
 
 from data_service.errors import ConfigError
-from data_service.registry import Entry
+from data_service.membership.registry import Entry
 from data_service.storage import StoreError, open_store
 
 from .actuators import ScaleContext

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import ConfigError
-from .pool_messages import FatalMsg, ReadyMsg, StopMsg, message_connection
+from ..errors import ConfigError
+from .messages import FatalMsg, ReadyMsg, StopMsg, message_connection
 from .slots import SlotTable
-from .worker_process import worker_main
+from .process import worker_main
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class WorkerConfig:
     num_slots: int
     start_timeout: float
     log_level: int
-    codec: str
+    compression: str
     nice: int = 0  # added to each worker's nice value (os.nice) before it loads the pipeline
 
 
@@ -63,7 +63,7 @@ def spawn(ctx, wid: int, cfg: WorkerConfig) -> WorkerHandle:
     parent, child = ctx.Pipe(duplex=True)
     proc = ctx.Process(
         target=worker_main, name=f"hetero-data-worker-{wid}", daemon=True,
-        args=(child, cfg.spec_json, wid, cfg.num_slots, os.getpid(), cfg.log_level, cfg.codec, cfg.nice))
+        args=(child, cfg.spec_json, wid, cfg.num_slots, os.getpid(), cfg.log_level, cfg.compression, cfg.nice))
     proc.start()
     child.close()
     return WorkerHandle(wid, proc, message_connection(parent), SlotTable(cfg.num_slots))

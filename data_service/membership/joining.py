@@ -3,7 +3,7 @@
     server = DataServer(spec, token, ServerOptions(host="0.0.0.0", port=6000)).start()
     join(server, "s3://bucket/job/registry", f"{default_advertise_host()}:{server.port}")
 
-``join`` registers the started server (``data_service.registry``), refreshes its entry every third
+``join`` registers the started server (``data_service.membership.registry``), refreshes its entry every third
 of ``ttl_s`` (``Heartbeat``: a server killed with -9 expires within the TTL) and makes its shutdown
 stop the heartbeat and remove the entry before it refuses new requests, then keep serving
 ``leave_delay_s`` while consumers notice. The removal is the entry's last write: no beat starts
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .registry import DEFAULT_TTL_S, Entry, RegistryError, check_uri, register, unregister
 
 log = logging.getLogger(__name__)

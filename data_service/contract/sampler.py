@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)

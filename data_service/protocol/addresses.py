@@ -1,7 +1,7 @@
 """``host:port`` addresses, checked once for every part that takes one (registry entries, consumers)."""
 from __future__ import annotations
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def split_address(address: str, what: str = "server address") -> tuple[str, int]:

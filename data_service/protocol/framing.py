@@ -7,8 +7,8 @@ import hashlib
 import socket
 import struct
 
-from .errors import ProtocolError
-from .wire import pb
+from ..errors import ProtocolError
+from .generated import pb
 
 MAX_FRAME = 1 << 20  # a BulkFrame header is small; anything larger is garbage or hostile
 _LEN = struct.Struct("<I")

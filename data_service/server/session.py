@@ -30,17 +30,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from . import framing
-from .framing import frame_bytes
-from .errors import ProtocolError
+from ..protocol import framing
+from ..protocol.framing import frame_bytes
+from ..errors import ProtocolError
 from .send_queue import SendQueue
-from .version import PROTOCOL_VERSION, compatible, mismatch_message
-from .wire import pb
-from .tasks import Result, Task
+from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
+from ..protocol.generated import pb
+from ..pool.tasks import Result, Task
 
 if TYPE_CHECKING:
     from .stats import ServerStats
-    from .workers import WorkerPool
+    from ..pool.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class SessionContext:
 
     token: str
     server_id: str
-    codec: str              # "" or the compression every batch carries
+    compression: str        # "" or the compression every batch carries
     shared_memory: bool     # offer shared memory to consumers on this host
     send_timeout_s: float
     num_batches: int        # batches per epoch of the plan
@@ -266,9 +266,9 @@ class Session:
             log.warning("data plane: wrong job token from %s (%s)", self.peer, self.client_id)
             self._refuse(pb.PERMISSION_DENIED, "missing or wrong job token")
             return
-        codec = self.ctx.codec
-        if codec and codec not in hello.accept_codecs:
-            self._refuse(pb.BAD_REQUEST, f"this server compresses batches with {codec}, the client cannot decode "
+        compression = self.ctx.compression
+        if compression and compression not in hello.accept_compressions:
+            self._refuse(pb.BAD_REQUEST, f"this server compresses batches with {compression}, the client cannot decode "
                                          f"it: pip install 'hetero-data-service[compress]' on the consumer")
             return
         self.shm = bool(self.ctx.shared_memory and hello.accept_shm and hello.host_key
@@ -276,7 +276,7 @@ class Session:
         framing.set_send_timeout(self.sock, self.ctx.send_timeout_s)
         self.authenticated = True
         self.ctx.stats.consumer_connected()
-        welcome = pb.Welcome(server_id=self.ctx.server_id, codec=codec, shm=self.shm)
+        welcome = pb.Welcome(server_id=self.ctx.server_id, compression=compression, shm=self.shm)
         self._queue(frame_bytes(pb.BulkFrame(welcome=welcome)))
 
     def _refuse(self, kind: int, message: str) -> None:

@@ -27,18 +27,19 @@ from multiprocessing.connection import wait as mp_wait
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import compression, tls
-from .auth import TokenInterceptor
-from .errors import ConfigError
+from ..contract import compression
+from ..protocol import tls
+from ..protocol.auth import TokenInterceptor
+from ..errors import ConfigError
 from .dataplane import DataPlane
 from .block_prefetch import PrefetchOnce
-from .pipeline import PipelineSpec, ServerSide
+from ..contract.pipeline import PipelineSpec, ServerSide
 from .session import SessionContext
 from .stats import ServerStats
-from .version import PROTOCOL_VERSION, compatible, mismatch_message
-from .wire import pb, pb_grpc
-from .tasks import Result, Task
-from .workers import WorkerPool
+from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
+from ..protocol.generated import pb, pb_grpc
+from ..pool.tasks import Result, Task
+from ..pool.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class DataServer:
         self.created_at = time.time()  # wall clock, for a registry entry's ``started_at``
         self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
                                self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
-                               codec=self.options.compression, nice=self.options.worker_nice)
+                               compression=self.options.compression, nice=self.options.worker_nice)
         self.pool.on_no_workers = self._no_workers
         self.stats = ServerStats(self.pool)
         self.plan = None
@@ -153,7 +154,7 @@ class DataServer:
     def start(self) -> "DataServer":
         """Start workers (they build the pipeline and report its plan), check a probe batch, open both ports.
 
-        The main process builds only the pipeline's :class:`~data_service.pipeline.ServerSide`
+        The main process builds only the pipeline's :class:`~data_service.contract.pipeline.ServerSide`
         (a block prefetcher, stats, clean-up), never its data set or transforms.
 
         Raises:
@@ -175,14 +176,14 @@ class DataServer:
             info = self.pool.info
             if declared is None and info.hooks:
                 log.warning("pipeline %s sets Pipeline %s, which a data server does not call: declare the "
-                            "builder's server_side (data_service.pipeline.ServerSide) with them",
+                            "builder's server_side (data_service.contract.pipeline.ServerSide) with them",
                             self.spec.target, " and ".join(info.hooks))
             self.plan = info.plan
             self.dataset_info = pb.DatasetInfo(
                 num_samples=self.plan.num_samples, batch_size=self.plan.batch_size,
                 drop_last=self.plan.drop_last, shuffle=self.plan.shuffle, pipeline=self.spec.target,
                 fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes,
-                finish=info.finish, finish_dtypes=dict(info.finish_dtypes), codec=self.options.compression,
+                finish=info.finish, finish_dtypes=dict(info.finish_dtypes), compression=self.options.compression,
                 block_samples=self.plan.block_samples, interleave=self.plan.interleave,
                 wire_encoding=info.wire_encoding)
             if side.prefetcher is not None:
@@ -220,9 +221,9 @@ class DataServer:
                     f"a batch of {size} bytes exceeds max_batch_bytes={self.options.max_batch_bytes}; "
                     "raise --max-batch-bytes or lower the batch size")
             if self.dataset_info.wire_encoding not in ("", "uint8"):  # consumers decode it under the cap
-                from . import codec, wire_encoding  # torch: in this process only once the workers were spawned
+                from ..contract import tensor_layout, wire_encoding  # torch: in this process only once the workers were spawned
 
-                decoded = wire_encoding.decoded_bytes(codec.decode(result.header, result.payload))
+                decoded = wire_encoding.decoded_bytes(tensor_layout.decode(result.header, result.payload))
                 if decoded > self.options.max_batch_bytes:
                     raise ConfigError(
                         f"a batch decodes to {decoded} bytes on the DNN nodes ({size} bytes on the wire as "
@@ -274,7 +275,7 @@ class DataServer:
 
     def _session_context(self, plane: DataPlane) -> SessionContext:
         return SessionContext(
-            token=self.token, server_id=self.server_id, codec=self.options.compression,
+            token=self.token, server_id=self.server_id, compression=self.options.compression,
             shared_memory=self.options.shared_memory, send_timeout_s=self.options.send_timeout_s,
             num_batches=self.plan.num_batches, pool=self.pool, stats=self.stats,
             shutting_down=lambda: self.shutting_down, count_auth_failure=self.count_auth_failure,

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .errors import ConfigError, ProtocolError
-from .wire import pb
+from ..errors import ConfigError, ProtocolError
+from ..protocol.generated import pb
 
 ALIGN = 64
 MAX_DIMS = 16

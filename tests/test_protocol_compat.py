@@ -1,6 +1,6 @@
 """The generated gRPC code stays loadable beside the SageMaker SDK (protobuf 6) and on protobuf 7.
 
-sagemaker-core pins protobuf<7, so the `sagemaker` extra resolves only while data_service/wire/
+sagemaker-core pins protobuf<7, so the `sagemaker` extra resolves only while data_service/protocol/generated/
 carries protobuf 6.x gencode and pyproject accepts protobuf 6: docs/sdk.md ("Installing the SDK").
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _requirement(extra: str | None, name: str) -> Requirement:
 
 
 def _gencode_version() -> tuple[int, int, int]:
-    text = (ROOT / "data_service" / "wire" / "data_service_pb2.py").read_text()
+    text = (ROOT / "data_service" / "protocol" / "generated" / "data_service_pb2.py").read_text()
     match = re.search(r"ValidateProtobufRuntimeVersion\(\s*\S+,\s*(\d+),\s*(\d+),\s*(\d+),", text)
     if match is None:
         raise LookupError("no ValidateProtobufRuntimeVersion call in data_service_pb2.py")
@@ -63,6 +63,6 @@ def test_sagemaker_extra_and_dev_name_the_sdk():
 
 def test_wire_modules_import_without_warnings():
     # A gencode one major older than a 6.x runtime warns; the check must stay silent here.
-    code = "import data_service.wire.data_service_pb2_grpc, google.protobuf as p; print(p.__version__)"
+    code = "import data_service.protocol.generated.data_service_pb2_grpc, google.protobuf as p; print(p.__version__)"
     out = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .sampler import PlanConfig, batch_indices, derive_seed
 
 log = logging.getLogger(__name__)
@@ -45,14 +45,14 @@ class Pipeline:
             (e.g. ``{"image": "float32"}``); any other change is an error.
         shuffle_block: 0 for a full shuffle; else samples per shuffle block (rounded up to a
             multiple of ``batch_size``): each batch draws from one block of consecutive
-            indices, the order data stored as shards wants (``data_service.sampler``).
+            indices, the order data stored as shards wants (``data_service.contract.sampler``).
         interleave: with ``shuffle_block``, blocks whose batches alternate in the epoch.
 
         stats: optional ``stats() -> {name: number}``: figures of the pipeline's own (a cache's
             size, say) that the data server adds to its stats (``hetero stats``).
         close: optional ``close()``: the data server calls it once when it shuts down (to free
             what the pipeline holds outside its processes, such as files on a tmpfs).
-        wire_encoding: how image tensors travel (:mod:`data_service.wire_encoding`): ``"uint8"``
+        wire_encoding: how image tensors travel (:mod:`data_service.contract.wire_encoding`): ``"uint8"``
             as built, ``"up-zstd"`` (lossless) or ``"jpeg:Q"`` (lossy). The workers encode every
             uint8 ``[B, C, H, W]`` tensor of the collated batch; consumers decode it before
             ``finish``.
@@ -160,7 +160,7 @@ class PipelineInfo:
     finish: str                      # the finish stage's import path ("" : none)
     finish_dtypes: Mapping[str, str]
     hooks: tuple[str, ...] = ()      # which of Pipeline's stats and close the builder set
-    wire_encoding: str = "uint8"     # the canonical name (data_service.wire_encoding)
+    wire_encoding: str = "uint8"     # the canonical name (data_service.contract.wire_encoding)
 
     @classmethod
     def of(cls, pipe: Pipeline) -> "PipelineInfo":
@@ -237,7 +237,7 @@ class PipelineSpec:
                               f"{exc}") from exc
         if not isinstance(side, ServerSide):
             raise ConfigError(f"pipeline={self.target!r}: its server_side returned {type(side).__name__}; it must "
-                              "return data_service.pipeline.ServerSide(...)")
+                              "return data_service.contract.pipeline.ServerSide(...)")
         return side
 
     def load(self) -> Pipeline:

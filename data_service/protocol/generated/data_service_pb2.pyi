@@ -49,7 +49,7 @@ class HelloRequest(_message.Message):
     def __init__(self, client_version: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("num_samples", "batch_size", "drop_last", "shuffle", "pipeline", "fingerprint", "max_batch_bytes", "finish", "finish_dtypes", "codec", "block_samples", "interleave", "wire_encoding")
+    __slots__ = ("num_samples", "batch_size", "drop_last", "shuffle", "pipeline", "fingerprint", "max_batch_bytes", "finish", "finish_dtypes", "compression", "block_samples", "interleave", "wire_encoding")
     class FinishDtypesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,7 +66,7 @@ class DatasetInfo(_message.Message):
     MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
     FINISH_DTYPES_FIELD_NUMBER: _ClassVar[int]
-    CODEC_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     INTERLEAVE_FIELD_NUMBER: _ClassVar[int]
     WIRE_ENCODING_FIELD_NUMBER: _ClassVar[int]
@@ -79,11 +79,11 @@ class DatasetInfo(_message.Message):
     max_batch_bytes: int
     finish: str
     finish_dtypes: _containers.ScalarMap[str, str]
-    codec: str
+    compression: str
     block_samples: int
     interleave: int
     wire_encoding: str
-    def __init__(self, num_samples: _Optional[int] = ..., batch_size: _Optional[int] = ..., drop_last: bool = ..., shuffle: bool = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., finish: _Optional[str] = ..., finish_dtypes: _Optional[_Mapping[str, str]] = ..., codec: _Optional[str] = ..., block_samples: _Optional[int] = ..., interleave: _Optional[int] = ..., wire_encoding: _Optional[str] = ...) -> None: ...
+    def __init__(self, num_samples: _Optional[int] = ..., batch_size: _Optional[int] = ..., drop_last: bool = ..., shuffle: bool = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., finish: _Optional[str] = ..., finish_dtypes: _Optional[_Mapping[str, str]] = ..., compression: _Optional[str] = ..., block_samples: _Optional[int] = ..., interleave: _Optional[int] = ..., wire_encoding: _Optional[str] = ...) -> None: ...
 
 class HelloResponse(_message.Message):
     __slots__ = ("server_version", "bulk_port", "dataset", "server_id", "shutting_down", "bulk_tls", "workers")
@@ -195,30 +195,30 @@ class Challenge(_message.Message):
     def __init__(self, server_version: _Optional[str] = ..., nonce: _Optional[bytes] = ...) -> None: ...
 
 class BulkHello(_message.Message):
-    __slots__ = ("client_version", "proof", "client_id", "accept_codecs", "host_key", "accept_shm")
+    __slots__ = ("client_version", "proof", "client_id", "accept_compressions", "host_key", "accept_shm")
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    ACCEPT_CODECS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_COMPRESSIONS_FIELD_NUMBER: _ClassVar[int]
     HOST_KEY_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_SHM_FIELD_NUMBER: _ClassVar[int]
     client_version: str
     proof: bytes
     client_id: str
-    accept_codecs: _containers.RepeatedScalarFieldContainer[str]
+    accept_compressions: _containers.RepeatedScalarFieldContainer[str]
     host_key: str
     accept_shm: bool
-    def __init__(self, client_version: _Optional[str] = ..., proof: _Optional[bytes] = ..., client_id: _Optional[str] = ..., accept_codecs: _Optional[_Iterable[str]] = ..., host_key: _Optional[str] = ..., accept_shm: bool = ...) -> None: ...
+    def __init__(self, client_version: _Optional[str] = ..., proof: _Optional[bytes] = ..., client_id: _Optional[str] = ..., accept_compressions: _Optional[_Iterable[str]] = ..., host_key: _Optional[str] = ..., accept_shm: bool = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("server_id", "codec", "shm")
+    __slots__ = ("server_id", "compression", "shm")
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
-    CODEC_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     SHM_FIELD_NUMBER: _ClassVar[int]
     server_id: str
-    codec: str
+    compression: str
     shm: bool
-    def __init__(self, server_id: _Optional[str] = ..., codec: _Optional[str] = ..., shm: bool = ...) -> None: ...
+    def __init__(self, server_id: _Optional[str] = ..., compression: _Optional[str] = ..., shm: bool = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("ref",)
@@ -249,13 +249,13 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "codec", "build_s", "compress_s", "shm_path", "shm_size", "shm_lease", "shm_inode", "samples_skipped")
+    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "compression", "build_s", "compress_s", "shm_path", "shm_size", "shm_lease", "shm_inode", "samples_skipped")
     REF_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
-    CODEC_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     BUILD_S_FIELD_NUMBER: _ClassVar[int]
     COMPRESS_S_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -268,7 +268,7 @@ class BatchHeader(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     payload_bytes: int
     raw_bytes: int
-    codec: str
+    compression: str
     build_s: float
     compress_s: float
     shm_path: str
@@ -276,7 +276,7 @@ class BatchHeader(_message.Message):
     shm_lease: bool
     shm_inode: int
     samples_skipped: int
-    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., codec: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: bool = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
+    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compression: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: bool = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ...) -> None: ...
 
 class BatchError(_message.Message):
     __slots__ = ("ref", "kind", "message", "traceback", "sample_index")

@@ -17,12 +17,12 @@ import logging
 import threading
 from typing import Callable
 
-from .pool_messages import DoneMsg, ErrorMsg
+from .messages import DoneMsg, ErrorMsg
 from .slots import ServerSlot
 from .task_queue import TaskQueue
 from .tasks import Result
-from .worker_lifecycle import WorkerHandle
-from .wire import pb
+from .lifecycle import WorkerHandle
+from ..protocol.generated import pb
 
 log = logging.getLogger(__name__)
 

@@ -6,12 +6,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .wire import pb
+from ..protocol.generated import pb
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from .workers import WorkerPool
+    from ..pool.worker_pool import WorkerPool
 
 
 class ServerStats:

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .errors import ConfigError, ProtocolError
+from ..errors import ConfigError, ProtocolError
 
 UINT8, UP_ZSTD, JPEG = "uint8", "up-zstd", "jpeg"
 DEFAULT_JPEG_QUALITY = 90

@@ -14,8 +14,8 @@ import signal
 import time
 import traceback
 
-from .pool_messages import DoneMsg, ErrorMsg, FatalMsg, ReadyMsg, StopMsg, TaskMsg, message_connection
-from .wire import pb
+from .messages import DoneMsg, ErrorMsg, FatalMsg, ReadyMsg, StopMsg, TaskMsg, message_connection
+from ..protocol.generated import pb
 
 _PAGE = mmap.PAGESIZE
 
@@ -33,7 +33,7 @@ class _WorkerSlot:
 
 
 def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
-                log_level: int, codec_name: str = "", nice: int = 0) -> None:
+                log_level: int, compression_name: str = "", nice: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     if nice:
         os.nice(nice)
@@ -41,8 +41,8 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
     logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
     import torch
 
-    from . import codec, compression
-    from .pipeline import PipelineInfo, PipelineSpec, SampleError, build_batch
+    from ..contract import tensor_layout, compression
+    from ..contract.pipeline import PipelineInfo, PipelineSpec, SampleError, build_batch
 
     torch.set_num_threads(1)
     try:
@@ -76,7 +76,7 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
         skipped_before = pipe.samples_skipped
         try:
             batch = build_batch(pipe, cfg, seed, epoch, index)
-            structure, metas, tensors, size = codec.plan_layout(batch)
+            structure, metas, tensors, size = tensor_layout.plan_layout(batch)
         except IndexError as exc:
             conn.send(ErrorMsg(task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
             continue
@@ -89,12 +89,12 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
                                 traceback.format_exc(), -1))
             continue
         raw_size, compress_s, packed = size, 0.0, None
-        if codec_name:
+        if compression_name:
             if len(scratch) < size:
                 scratch = bytearray(size)
-            codec.write_payload(metas, tensors, scratch)
+            tensor_layout.write_payload(metas, tensors, scratch)
             t1 = time.perf_counter()
-            packed = compression.compress(codec_name, memoryview(scratch)[:size])
+            packed = compression.compress(compression_name, memoryview(scratch)[:size])
             compress_s = time.perf_counter() - t1
             size = len(packed)
         slot, new = slots[slot_no], None
@@ -105,14 +105,14 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
             slot = slots[slot_no] = _WorkerSlot(-(-grown // _PAGE) * _PAGE)
             new = (f"/proc/{os.getpid()}/fd/{slot.fd}", slot.capacity)
         if packed is None:
-            codec.write_payload(metas, tensors, slot.map)
+            tensor_layout.write_payload(metas, tensors, slot.map)
         else:
             slot.map[:size] = packed
         build_s = time.perf_counter() - t0 - compress_s
         skipped = pipe.samples_skipped - skipped_before
         header = pb.BatchHeader(
             ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure, tensors=metas,
-            payload_bytes=size, raw_bytes=raw_size, codec=codec_name, compress_s=compress_s,
+            payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
             build_s=build_s, samples_skipped=skipped)
         try:
             conn.send(DoneMsg(task_id, slot_no, new, header.SerializeToString(), size, raw_size, build_s,

@@ -2,7 +2,7 @@
 
 A consumer names a batch twice: in a hint (a batch it will ask for soon) and in its request. Both
 come to :meth:`PrefetchOnce.batch` on the data plane's loop thread; the batch's blocks (the
-prefetcher's ``block_samples``) are handed to the pipeline's :class:`~data_service.pipeline.BlockPrefetcher`
+prefetcher's ``block_samples``) are handed to the pipeline's :class:`~data_service.contract.pipeline.BlockPrefetcher`
 the first time any consumer names them in that epoch, and never again in it. The last
 ``EPOCHS_KEPT`` (seed, epoch) pairs are remembered, so ranks a little apart in their epochs share
 the memory, and a later epoch fetches a block again if the node's cache let it go.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import collections
 import logging
 
-from .pipeline import BlockPrefetcher
-from .sampler import PlanConfig, batch_indices
+from ..contract.pipeline import BlockPrefetcher
+from ..contract.sampler import PlanConfig, batch_indices
 
 log = logging.getLogger(__name__)
 

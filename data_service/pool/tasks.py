@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .wire import pb
+from ..protocol.generated import pb
 
 
 @dataclass

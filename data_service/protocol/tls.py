@@ -11,7 +11,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def _read(path: str, what: str) -> bytes:

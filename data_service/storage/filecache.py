@@ -28,7 +28,7 @@ import time
 import weakref
 from typing import Callable, Iterable
 
-from .errors import DataServiceError
+from ..errors import DataServiceError
 
 log = logging.getLogger(__name__)
 

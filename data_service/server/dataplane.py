@@ -19,9 +19,9 @@ import threading
 import time
 from typing import Callable
 
-from . import framing
+from ..protocol import framing
 from .session import Session, SessionContext
-from .workers import WorkerPool
+from ..pool.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 

@@ -6,37 +6,37 @@ seconds spent compressing, so a user can see when it pays.
 """
 from __future__ import annotations
 
-from .errors import ConfigError, ProtocolError
+from ..errors import ConfigError, ProtocolError
 
-CODECS = ("", "lz4", "zstd")
+NAMES = ("", "lz4", "zstd")
 
 
-def check(codec: str) -> None:
-    """Raise ConfigError unless ``codec`` is known and its package is installed."""
-    if codec not in CODECS:
-        raise ConfigError(f"compression={codec!r} must be one of {CODECS[1:]} or '' (off)")
+def check(name: str) -> None:
+    """Raise ConfigError unless ``name`` is known and its package is installed."""
+    if name not in NAMES:
+        raise ConfigError(f"compression={name!r} must be one of {NAMES[1:]} or '' (off)")
     try:
-        if codec == "lz4":
+        if name == "lz4":
             import lz4.frame  # noqa: F401
-        elif codec == "zstd":
+        elif name == "zstd":
             import zstandard  # noqa: F401
     except ImportError as exc:
-        raise ConfigError(f"compression={codec!r} needs {exc.name}: pip install 'hetero-data-service[compress]'") from exc
+        raise ConfigError(f"compression={name!r} needs {exc.name}: pip install 'hetero-data-service[compress]'") from exc
 
 
 def available() -> list[str]:
     out = []
-    for codec in CODECS[1:]:
+    for name in NAMES[1:]:
         try:
-            check(codec)
-            out.append(codec)
+            check(name)
+            out.append(name)
         except ConfigError:
             pass
     return out
 
 
-def compress(codec: str, data) -> bytes:
-    if codec == "lz4":
+def compress(name: str, data) -> bytes:
+    if name == "lz4":
         import lz4.frame
 
         return lz4.frame.compress(data, compression_level=0)
@@ -45,7 +45,7 @@ def compress(codec: str, data) -> bytes:
     return zstandard.ZstdCompressor(level=1).compress(data)
 
 
-def decompress_into(codec: str, src, dst) -> None:
+def decompress_into(name: str, src, dst) -> None:
     """Decompress ``src`` into ``dst`` (a writable buffer of exactly the raw size).
 
     Raises:
@@ -54,22 +54,22 @@ def decompress_into(codec: str, src, dst) -> None:
     """
     n = len(dst)
     try:
-        if codec == "lz4":
+        if name == "lz4":
             import lz4.frame
 
             out = lz4.frame.LZ4FrameDecompressor().decompress(src, max_length=n)
-        elif codec == "zstd":
+        elif name == "zstd":
             import zstandard
 
             out = zstandard.ZstdDecompressor().decompressobj().decompress(src)
             if len(out) > n:
                 raise ProtocolError(f"zstd batch inflates past the announced {n} bytes")
         else:
-            raise ProtocolError(f"unknown codec {codec!r}")
+            raise ProtocolError(f"unknown compression {name!r}")
     except ProtocolError:
         raise
     except Exception as exc:  # corrupt frames raise library-specific errors
-        raise ProtocolError(f"cannot decompress {codec} batch: {exc}") from None
+        raise ProtocolError(f"cannot decompress {name} batch: {exc}") from None
     if len(out) != n:
-        raise ProtocolError(f"{codec} batch decompressed to {len(out)} bytes, header says {n}")
+        raise ProtocolError(f"{name} batch decompressed to {len(out)} bytes, header says {n}")
     dst[:] = out

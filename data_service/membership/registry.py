@@ -7,7 +7,7 @@ joins writes one small JSON object, ``<uri>/servers/<server_id>.json``::
      "started_at": 1795000000.0, "proof": "<hex HMAC-SHA256(job token, 'server_id|address|fingerprint')>",
      "refreshed_at": 1795000030.0, "ttl_s": 15.0}
 
-and deletes it when it leaves. A server with a heartbeat (``Heartbeat``, ``data_service.joining``)
+and deletes it when it leaves. A server with a heartbeat (``Heartbeat``, ``data_service.membership.joining``)
 rewrites its entry every third of ``ttl_s``; an entry not refreshed for ``ttl_s`` seconds
 (``expired``: the server was killed, or its host is gone) is refused by every reader, so a
 server killed with -9 drops out of the job within the TTL and one poll. An entry without
@@ -35,9 +35,9 @@ import re
 import time
 from dataclasses import asdict, dataclass
 
-from .addresses import split_address
-from .errors import ConfigError, DataServiceError
-from .storage import Store, StoreError, check_location, open_store
+from ..protocol.addresses import split_address
+from ..errors import ConfigError, DataServiceError
+from ..storage import Store, StoreError, check_location, open_store
 
 SERVERS = "servers"  # the folder (key prefix) of the entries under the registry URI
 MAX_ENTRY_BYTES = 64 << 10  # an entry larger than this is corrupt, not read

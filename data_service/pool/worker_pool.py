@@ -28,13 +28,13 @@ import time
 from multiprocessing.connection import wait as mp_wait
 from typing import Callable
 
-from .errors import ConfigError
-from .pool_messages import TaskMsg
+from ..errors import ConfigError
+from .messages import TaskMsg
 from .task_queue import TaskQueue
 from .tasks import Result, Task
-from .worker_lifecycle import WorkerConfig, WorkerHandle, WorkerSet
-from .worker_results import WorkerResults
-from .wire import pb
+from .lifecycle import WorkerConfig, WorkerHandle, WorkerSet
+from .results import WorkerResults
+from ..protocol.generated import pb
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class WorkerPool:
     """Runs a pipeline in ``num_workers`` processes; see the module docstring."""
 
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
-                 start_timeout: float = 120.0, log_level: int = logging.INFO, codec: str = "", nice: int = 0) -> None:
+                 start_timeout: float = 120.0, log_level: int = logging.INFO, compression: str = "", nice: int = 0) -> None:
         if num_workers < 1:
             raise ConfigError(f"num_workers={num_workers} must be >= 1")
         if slots_per_worker < 1:
@@ -56,7 +56,7 @@ class WorkerPool:
         self._pending = TaskQueue(num_workers)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self._workers = WorkerSet(WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, codec, nice),
+        self._workers = WorkerSet(WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, compression, nice),
                                   num_workers, self._lock, self._wake)
         self._workers.on_gave_up = self._check_workers_left
         self._results = WorkerResults(self._lock, self._pending, self._fail, self._on_death, self._assign)

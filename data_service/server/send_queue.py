@@ -14,7 +14,7 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Callable
 
-from .tasks import Result
+from ..pool.tasks import Result
 
 if TYPE_CHECKING:
     from .stats import ServerStats

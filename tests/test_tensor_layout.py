@@ -3,18 +3,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data_service import codec
+from data_service.contract import tensor_layout
 from data_service.errors import ConfigError, ProtocolError
-from data_service.wire import pb
+from data_service.protocol.generated import pb
 
 
 def roundtrip(batch):
-    structure, metas, payload = codec.encode(batch)
+    structure, metas, payload = tensor_layout.encode(batch)
     header = pb.BatchHeader(structure=structure, tensors=metas, raw_bytes=len(payload), payload_bytes=len(payload))
-    return codec.decode(header, payload), payload
+    return tensor_layout.decode(header, payload), payload
 
 
-@pytest.mark.parametrize("dtype", list(codec.DTYPES.values()))
+@pytest.mark.parametrize("dtype", list(tensor_layout.DTYPES.values()))
 def test_every_dtype_roundtrips_bit_exact(dtype):
     src = (torch.arange(24) % 7).to(dtype).reshape(2, 3, 4)
     out, _ = roundtrip({"x": src})
@@ -46,11 +46,11 @@ def test_non_contiguous_and_scalar_tensors():
 
 def test_bad_batches_are_config_errors_naming_the_entry():
     with pytest.raises(ConfigError, match="'label'"):
-        codec.encode({"label": 3})
+        tensor_layout.encode({"label": 3})
     with pytest.raises(ConfigError, match="str"):
-        codec.encode({1: torch.ones(1)})
+        tensor_layout.encode({1: torch.ones(1)})
     with pytest.raises(ConfigError, match="tensor"):
-        codec.encode("text")
+        tensor_layout.encode("text")
 
 
 def _header(**kw):
@@ -72,16 +72,16 @@ def _header(**kw):
 ])
 def test_malformed_headers_are_protocol_errors(header, match):
     with pytest.raises(ProtocolError, match=match):
-        codec.decode(header, bytearray(8))
+        tensor_layout.decode(header, bytearray(8))
 
 
 def test_oversized_batch_is_refused():
     with pytest.raises(ProtocolError, match="max_batch_bytes"):
-        codec.decode(_header(), bytearray(8), max_bytes=4)
+        tensor_layout.decode(_header(), bytearray(8), max_bytes=4)
 
 
 @settings(max_examples=300, deadline=None)
-@given(dtype=st.text(max_size=12) | st.sampled_from(sorted(codec.DTYPES)),
+@given(dtype=st.text(max_size=12) | st.sampled_from(sorted(tensor_layout.DTYPES)),
        shape=st.lists(st.integers(0, 1 << 62), max_size=20),
        offset=st.integers(0, 1 << 62), nbytes=st.integers(0, 1 << 62), buffer_len=st.integers(0, 256),
        structure=st.sampled_from([0, 1, 2, 3, 4, 99]), name=st.sampled_from(["", "0", "x"]))
@@ -89,7 +89,7 @@ def test_fuzzed_headers_never_crash_or_allocate(dtype, shape, offset, nbytes, bu
     header = pb.BatchHeader(structure=structure, raw_bytes=buffer_len, tensors=[
         pb.TensorMeta(name=name, dtype=dtype, shape=shape, offset=offset, nbytes=nbytes)])
     try:
-        out = codec.decode(header, bytearray(buffer_len))
+        out = tensor_layout.decode(header, bytearray(buffer_len))
     except ProtocolError:
         return
     tensors = [out] if isinstance(out, torch.Tensor) else list(out.values() if isinstance(out, dict) else out)
@@ -98,8 +98,8 @@ def test_fuzzed_headers_never_crash_or_allocate(dtype, shape, offset, nbytes, bu
 
 def test_digest_depends_on_bytes_names_and_shape():
     a = {"x": torch.arange(4)}
-    assert codec.batch_digest(a) == codec.batch_digest({"x": torch.arange(4)})
-    assert codec.batch_digest(a) != codec.batch_digest({"y": torch.arange(4)})
-    assert codec.batch_digest(a) != codec.batch_digest({"x": torch.arange(4).reshape(2, 2)})
-    assert codec.batch_digest(a) != codec.batch_digest({"x": torch.tensor([0, 1, 2, 4])})
-    assert codec.batch_digest({"b": torch.ones(2, dtype=torch.bfloat16)})
+    assert tensor_layout.batch_digest(a) == tensor_layout.batch_digest({"x": torch.arange(4)})
+    assert tensor_layout.batch_digest(a) != tensor_layout.batch_digest({"y": torch.arange(4)})
+    assert tensor_layout.batch_digest(a) != tensor_layout.batch_digest({"x": torch.arange(4).reshape(2, 2)})
+    assert tensor_layout.batch_digest(a) != tensor_layout.batch_digest({"x": torch.tensor([0, 1, 2, 4])})
+    assert tensor_layout.batch_digest({"b": torch.ones(2, dtype=torch.bfloat16)})

@@ -1,0 +1,8 @@
+"""The data server: gRPC control plane, event-loop data plane, sessions, stats, block prefetch.
+
+``DataServer`` and ``ServerOptions`` (``data_server.py``) are its public face; the rest is the
+server's own and no consumer imports it (tests/test_layering.py).
+"""
+from .data_server import DataServer, ServerOptions
+
+__all__ = ["DataServer", "ServerOptions"]

@@ -63,7 +63,7 @@ def cpu_seconds_per_batch(images: str, batch_size: int, batches: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hetero.synthetic_images import write_image_folder
+    from hetero.synthetic.images import write_image_folder
 
     from hetero.planning.profile import profile_pipeline
 

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2", help="worker counts, comma separated")
     p.add_argument("--max-side", type=int, default=0)
     args = p.parse_args(argv)
-    from hetero.prepare import prepare
+    from data_service.prepare.writer import prepare
 
     work = Path(args.work)
     write_photo_folder(work / "images", args.images)

@@ -42,7 +42,7 @@ BUCKET = "bench"
 def _prepare(work: Path, images: int, shard_size: str) -> Path:
     from data_service.shards.format import INDEX_NAME
     from data_service.storage import parse_size
-    from hetero.prepare import prepare
+    from data_service.prepare.writer import prepare
 
     n = write_photo_folder(work / "images", images)
     if n:

@@ -20,7 +20,7 @@ if [ -n "${HETERO_SYNTH_TRAIN:-}" ]; then
   channel="${SM_CHANNEL_TRAINING:-/opt/ml/input/data/training}"
   if [ ! -e "$channel/train-images-idx3-ubyte" ] && [ ! -e "$channel/train-images-idx3-ubyte.gz" ]; then
     echo "entrypoint: writing synthetic MNIST ($HETERO_SYNTH_TRAIN train, ${HETERO_SYNTH_TEST:-0} test images) to $channel"
-    python -c 'import sys; from hetero.synthetic_mnist import write_synthetic; write_synthetic(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))' \
+    python -c 'import sys; from hetero.synthetic.mnist import write_synthetic; write_synthetic(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))' \
       "$channel" "$HETERO_SYNTH_TRAIN" "${HETERO_SYNTH_TEST:-0}"
   fi
 fi

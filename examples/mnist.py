@@ -14,7 +14,7 @@ the older path, float32 images normalised on the data server (4x the bytes), for
 
 Data comes from ``SM_CHANNEL_TRAINING`` (or ``data_dir``): ``train-images-idx3-ubyte``,
 ``train-labels-idx1-ubyte`` and optionally the ``t10k-*`` pair, raw or ``.gz``.
-``hetero synth`` (:func:`hetero.synthetic_mnist.write_synthetic`) writes MNIST-format files of drawn
+``hetero synth`` (:func:`hetero.synthetic.mnist.write_synthetic`) writes MNIST-format files of drawn
 digits for offline use.
 """
 from __future__ import annotations
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import tempfile
 
-    from hetero.synthetic_mnist import write_synthetic
+    from hetero.synthetic.mnist import write_synthetic
 
     p = argparse.ArgumentParser(prog="python -m examples.mnist", description=main.__doc__)
     p.add_argument("--wire-bytes", action="store_true", required=True,

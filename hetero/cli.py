@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
-import socket
 import sys
 
 # Subcommand modules, in --help order. A module that fails to import (an optional
 # extra missing) only disables its own command.
 COMMANDS = ("serve", "local", "launch", "synth", "prepare", "index", "bench", "plan", "submit", "autoscale", "stats",
             "shutdown")
-
-
-def setup_logging(role: str, level: str = "INFO") -> None:
-    """Log lines say who speaks: role and host (rank is added by the trainer)."""
-    fmt = f"%(asctime)s {role}@{socket.gethostname()} %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), format=fmt, force=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,8 @@ from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 
 from .config import LaunchConfig
-from .logmetrics import RATE_EVERY_S, rate_line
-from .metrics import write_json
+from .metric_lines import RATE_EVERY_S, rate_line
+from .step_stats import write_json
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from data_service.errors import ServerUnavailableError
 from dnn_worker import ControlClient
 
-from . import logs
+from . import log_setup as logs
 from . import trainer as trainer_mod
 from .trainer import EXIT_STOPPED, TrainJob, train
 

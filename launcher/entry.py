@@ -20,7 +20,7 @@ def _main() -> int:
 
     # `kill -USR1 <pid>` prints every thread's stack (a hung node, a stuck loader worker) to the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    from launcher.main import main
+    from launcher.node import main
 
     return main(sys.argv[1:])
 

@@ -36,11 +36,11 @@ from torch.utils.data import DataLoader
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
 
-from . import checkpoint, logs
+from . import checkpoint, log_setup as logs
 from .autoscale import advice_and_autoscaler
 from .config import LaunchConfig, load_object
-from .logmetrics import summary_line
-from .metrics import StepStats, StepTimer, batch_size_of, job_metrics, write_json
+from .metric_lines import summary_line
+from .step_stats import StepStats, StepTimer, batch_size_of, job_metrics, write_json
 
 log = logging.getLogger(__name__)
 

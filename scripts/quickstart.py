@@ -34,7 +34,7 @@ WARMUP = 20
 
 def ensure_images(folder: Path, images: int, classes: int) -> int:
     """Write the image folder unless a complete one is there; returns the image count."""
-    from hetero.synthetic_images import write_image_folder
+    from hetero.synthetic.images import write_image_folder
 
     per_class = -(-images // classes)
     if len(list(folder.glob("*/*.jpg"))) == per_class * classes:

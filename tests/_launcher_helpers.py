@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from hetero.synthetic_mnist import write_synthetic
+from hetero.synthetic.mnist import write_synthetic
 from hetero.local.tree import Node, build_nodes
 from launcher.jobtoken import derive_token
 

@@ -217,8 +217,8 @@ def test_with_shards_blocks_follow_a_server_that_joins_then_drains(tmp_path):
     them back; every rank still gets each of its batches once, with the in-process bytes."""
     from data_service.contract.tensor_layout import batch_digest
     from dnn_worker import LocalDataset
-    from hetero.prepare import prepare
-    from hetero.synthetic_images import write_image_folder
+    from data_service.prepare.writer import prepare
+    from hetero.synthetic.images import write_image_folder
     from hetero.testing import read_audit
 
     write_image_folder(tmp_path / "src", per_class=40, classes=4, seed=1)  # 160 images

@@ -12,7 +12,7 @@ from data_service.errors import BatchBuildError, ConfigError
 from data_service.contract.pipeline import PipelineSpec, SampleError, build_batch
 from data_service.server import DataServer, ServerOptions
 from examples import imagefolder
-from hetero.synthetic_images import write_image_folder
+from hetero.synthetic.images import write_image_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = "data_service.pipelines.images:build_pipeline"

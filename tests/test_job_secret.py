@@ -103,7 +103,7 @@ def test_a_local_job_whose_nodes_read_the_secret_from_secrets_manager(tmp_path, 
 def test_a_node_that_cannot_read_the_secret_stops_with_the_reason(aws, tmp_path):
     import json
 
-    from launcher.main import EXIT_CONFIG, main
+    from launcher.node import EXIT_CONFIG, main
 
     config = tmp_path / "input" / "config"
     config.mkdir(parents=True)

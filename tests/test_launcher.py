@@ -14,7 +14,7 @@ from hetero.local.runner import LocalCluster
 from launcher.config import LaunchConfig
 from launcher.data_node import EXIT_CONSUMERS_GONE, EXIT_NO_CONSUMER, Watchdog
 from launcher.jobtoken import derive_token, job_token
-from launcher.main import parse_cli
+from launcher.node import parse_cli
 from launcher.roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, plan_roles, resolve
 from launcher.sm_env import InstanceGroup, SageMakerEnv
 

@@ -10,7 +10,7 @@ import pytest
 
 from hetero.local import LocalJob, run_local
 from launcher.data_node import RateMeter
-from launcher.logmetrics import METRIC_DEFINITIONS, summary_line, window_line
+from launcher.metric_lines import METRIC_DEFINITIONS, summary_line, window_line
 
 from _launcher_helpers import FAST_HPS, read_json, synth_data
 

@@ -1,4 +1,4 @@
-"""examples.mnist and hetero.synthetic_mnist: IDX files (raw and .gz), synthetic digits, the pipeline, the CNN step, `hetero synth`."""
+"""examples.mnist and hetero.synthetic.mnist: IDX files (raw and .gz), synthetic digits, the pipeline, the CNN step, `hetero synth`."""
 import os
 import subprocess
 import sys
@@ -11,7 +11,7 @@ import torch
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec, build_batch
 from examples import mnist
-from hetero import synthetic_mnist
+from hetero.synthetic import mnist as synthetic_mnist
 
 ROOT = Path(__file__).resolve().parent.parent
 

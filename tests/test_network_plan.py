@@ -228,9 +228,9 @@ def test_bench_report_takes_bytes_from_the_data_servers_and_names_the_binding(tm
     assert s["network"]["bytes_source"] == "the profiled batches' tensors" and s["network"]["aws"]["binding"] == "gpu"
 
 
-# -- the live advice (launcher/advice.py): the same model with the window's figures --------------------------
+# -- the live advice (launcher/advice_model.py): the same model with the window's figures --------------------------
 def _live(servers, bytes_per_batch, data_nic=None, dnn_nic=None, flow=None, ranks=1, step=0.2, wait=0.1):
-    from launcher.advice import LiveFigures
+    from launcher.advice_model import LiveFigures
 
     return LiveFigures(step, wait, ranks, tuple(servers), 1000, "ml.c5.xlarge", "ml.g5.xlarge", 1,
                        bytes_per_batch=bytes_per_batch, data_nic_gbps=data_nic, dnn_nic_gbps=dnn_nic,
@@ -246,8 +246,8 @@ def _live(servers, bytes_per_batch, data_nic=None, dnn_nic=None, flow=None, rank
     ("DNN NIC", 0.25, 0.5, None, 1, "DNN NIC"),             # the DNN takes 5/s: 2 nodes reach it, more do not help
 ])
 def test_live_advice_names_the_binding_resource(case, nic, dnn, flow, change, binding):
-    from launcher.advice import ServerFigures, advise
-    from launcher.logmetrics import advice_line
+    from launcher.advice_model import ServerFigures, advise
+    from launcher.metric_lines import advice_line
 
     a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], 12_500_000, nic, dnn, flow))
     assert (a.change, a.binding) == (change, binding), case
@@ -261,8 +261,8 @@ def test_live_advice_names_the_binding_resource(case, nic, dnn, flow, change, bi
 
 
 def test_live_advice_without_network_figures_is_unchanged():
-    from launcher.advice import ServerFigures, advise
-    from launcher.logmetrics import advice_line
+    from launcher.advice_model import ServerFigures, advise
+    from launcher.metric_lines import advice_line
 
     a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], None, 0.25, 0.5, 0.5))
     assert a.change == 0 and a.bytes_per_sample is None and a.binding == ""
@@ -271,7 +271,7 @@ def test_live_advice_without_network_figures_is_unchanged():
 
 
 def test_advisor_measures_bytes_per_batch_between_snapshots_of_data_nodes_only():
-    from launcher.advisor import Snapshot, window_bytes_per_batch
+    from launcher.live_advisor import Snapshot, window_bytes_per_batch
 
     before = {"a": Snapshot(100, 10, 0.5, 10, 1000), "own": Snapshot(100, 10, 0.5, 10, 1000)}
     after = {"a": Snapshot(110, 30, 0.5, 30, 5000), "own": Snapshot(110, 40, 0.5, 40, 9_000_000),

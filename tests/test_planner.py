@@ -128,7 +128,7 @@ def test_profile_times_batches_on_one_core():
 
 
 def test_profile_times_the_finish_stage_too(tmp_path):
-    from hetero.synthetic_images import write_image_folder
+    from hetero.synthetic.images import write_image_folder
 
     write_image_folder(tmp_path, per_class=4, classes=2, seed=0)
     prof = profile_pipeline("data_service.pipelines.images:build_pipeline",

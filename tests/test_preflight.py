@@ -13,7 +13,7 @@ from data_service.errors import ConfigError
 from hetero.local import LocalJob, run_local
 from hetero.local.tree import build_nodes
 from launcher.config import LaunchConfig
-from launcher.main import main
+from launcher.node import main
 
 from _launcher_helpers import SYNTHETIC_HPS, synth_data
 
@@ -115,7 +115,7 @@ def test_hetero_local_prints_the_failing_nodes_error_line(tmp_path):
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 1
     # the data server's workers build the pipeline (its main process never does): a configuration error
-    assert ("hetero local: failed: algo-2 (data) exited 2: data@algo-2 ERROR launcher.main: launcher: data worker "
+    assert ("hetero local: failed: algo-2 (data) exited 2: data@algo-2 ERROR launcher.node: launcher: data worker "
             "could not load the pipeline: ValueError: __len__() should return >= 0") in run.stdout, \
         run.stdout + run.stderr
     assert time.monotonic() - start < 60

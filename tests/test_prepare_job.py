@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data_service.shards.indexfile import read_index
-from hetero.prepare import prepare
+from data_service.prepare.writer import prepare
 from hetero.sagemaker.prepare_job import ENTRY, prepare_request, prepare_spec, run_part
 from hetero.sagemaker.spec import SubmitError
 from tests._noise_source import make

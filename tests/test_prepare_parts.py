@@ -12,8 +12,8 @@ from data_service.errors import ConfigError
 from data_service.shards import ShardDataset
 from data_service.shards.format import INDEX_NAME
 from data_service.shards.indexfile import read_index, verify
-from hetero.prepare import merge_parts, prepare
-from hetero.prepare_plan import PLAN, WORK, parse_part
+from data_service.prepare.writer import merge_parts, prepare
+from data_service.prepare.plan import PLAN, WORK, parse_part
 
 SOURCE = "tests._noise_source:make"
 OPTIONS = {"n": 60, "side": 256}  # noise JPEGs of about 60 KB: 4 shards of about 1 MB

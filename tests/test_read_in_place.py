@@ -36,8 +36,8 @@ def data(tmp_path_factory) -> dict:
 
     from data_service.pipelines.sources import scan
     from data_service.shards.wds_index import index_tars
-    from hetero.prepare import prepare
-    from hetero.synthetic_images import write_image_folder
+    from data_service.prepare.writer import prepare
+    from hetero.synthetic.images import write_image_folder
 
     root = tmp_path_factory.mktemp("inplace")
     write_image_folder(root / "src", per_class=12, classes=4, seed=3, min_side=40, max_side=64)

@@ -190,7 +190,7 @@ def test_ddp_ranks_stop_at_the_same_step_and_resume_exactly(tmp_path):
     hps = {**SYNTHETIC_HPS, "pipeline.size": 1600, "emulate_step_s": 0.01, "log_every": 20, "procs_per_node": 2,
            "loader_workers": 0}
     first = run_local(local_job(tmp_path, "run1", ckpt, audit, hps, data_nodes=1, dnn_nodes=2,
-                                sigterm_on=r"rank 0 INFO launcher.metrics: step 20:"))
+                                sigterm_on=r"rank 0 INFO launcher.step_stats: step 20:"))
     assert first.stopped and first.exit_codes["algo-1"] == first.exit_codes["algo-2"] == EXIT_STOPPED, logs_of(first)
     saved = checkpoint.load(str(ckpt))
     positions = {s["dp_rank"]: s["position"] for s in saved["data"]}

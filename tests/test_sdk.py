@@ -18,7 +18,7 @@ import pytest
 from hetero.sagemaker import sdk_version
 from hetero.sagemaker.spec import Channel, Group, JobSpec, SubmitError
 from hetero.sagemaker.validate import botocore_errors, check_request
-from launcher.logmetrics import METRIC_DEFINITIONS
+from launcher.metric_lines import METRIC_DEFINITIONS
 
 if sdk_version.sdk_problem() is not None:
     pytest.skip(f"SageMaker SDK tests: {sdk_version.sdk_problem()}", allow_module_level=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hetero.sagemaker import sdk_version
-from launcher.logmetrics import METRIC_DEFINITIONS
+from launcher.metric_lines import METRIC_DEFINITIONS
 
 if sdk_version.sdk_problem() is not None:
     pytest.skip(f"SageMaker SDK driver test: {sdk_version.sdk_problem()}", allow_module_level=True)

@@ -20,7 +20,7 @@ from data_service.shards.cache import BlockCache
 from data_service.shards.format import INDEX_NAME
 from data_service.storage import parse_size
 from dnn_worker.affinity import rendezvous_owner
-from hetero.prepare import prepare
+from data_service.prepare.writer import prepare
 from tests._odd_images import write_odd_folder
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
@@ -38,7 +38,7 @@ def odd(tmp_path_factory) -> tuple[Path, dict[str, Path], Path, object]:
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
     """A drawn-shape folder (4 classes x 40) as shards of about 1 MB."""
-    from hetero.synthetic_images import write_image_folder
+    from hetero.synthetic.images import write_image_folder
 
     root = tmp_path_factory.mktemp("shapes")
     write_image_folder(root / "src", per_class=40, classes=4, seed=0)

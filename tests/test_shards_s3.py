@@ -27,7 +27,7 @@ from data_service.shards import ShardDataset  # noqa: E402
 from data_service.shards.format import INDEX_NAME  # noqa: E402
 from data_service.storage import S3Store  # noqa: E402
 from dnn_worker import LocalDataset, RemoteDataset  # noqa: E402
-from hetero.prepare import prepare  # noqa: E402
+from data_service.prepare.writer import prepare  # noqa: E402
 from hetero.testing import read_audit  # noqa: E402
 from test_shards_service import kill_one_mid_epoch  # noqa: E402
 
@@ -40,7 +40,7 @@ URL = f"s3://{BUCKET}/train"
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """(local shard folder, the S3 server) with the same shards uploaded under ``URL``; AWS env set."""
-    from hetero.synthetic_images import write_image_folder
+    from hetero.synthetic.images import write_image_folder
 
     root = tmp_path_factory.mktemp("s3shards")
     write_image_folder(root / "src", per_class=50, classes=4, seed=1)

@@ -15,7 +15,7 @@ from data_service.contract.tensor_layout import batch_digest
 from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import LocalDataset, RemoteDataset
-from hetero.prepare import prepare
+from data_service.prepare.writer import prepare
 from hetero.testing import read_audit
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
@@ -24,7 +24,7 @@ BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "interleave": 4,
 
 @pytest.fixture(scope="module")
 def shard_dir(tmp_path_factory) -> Path:
-    from hetero.synthetic_images import write_image_folder
+    from hetero.synthetic.images import write_image_folder
 
     root = tmp_path_factory.mktemp("shards")
     write_image_folder(root / "src", per_class=50, classes=4, seed=1)  # 200 images: 25 batches, 7 blocks

@@ -12,7 +12,7 @@ from hetero.sagemaker.request import build_request
 from hetero.sagemaker.sdk_version import sdk_problem
 from hetero.sagemaker.spec import Channel, SubmitError, apply_input_modes
 from hetero.sagemaker.validate import botocore_errors, check_request
-from launcher.logmetrics import METRIC_DEFINITIONS
+from launcher.metric_lines import METRIC_DEFINITIONS
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 BASE = ["submit", "--role", ROLE, "--output", "s3://bkt/out", "--image", "123456789012.dkr.ecr.us-east-1.amazonaws.com/h:1",

@@ -179,7 +179,7 @@ def test_an_existing_index_is_kept_unless_overwrite(tmp_path, capsys):
 
 def test_the_index_of_prepared_shards_equals_prepare_s_own(tmp_path):
     """``hetero index`` over ``hetero prepare``'s tars gives the same columns, so the same bytes."""
-    from hetero.prepare import prepare
+    from data_service.prepare.writer import prepare
 
 
     root = tmp_path

@@ -13,7 +13,7 @@ from data_service.contract.pipeline import PipelineSpec, build_batch
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import DeviceFeeder, LocalDataset, RemoteDataset, ResumableLoader
 from dnn_worker.device import FinishStage, finish_from_info
-from hetero.synthetic_images import write_image_folder
+from hetero.synthetic.images import write_image_folder
 
 TARGET = "data_service.pipelines.images:build_pipeline"
 TOKEN = "tok"

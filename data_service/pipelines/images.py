@@ -14,7 +14,7 @@ evaluation) is user code: ``examples.imagefolder``.
 Errors name the file and the fix: an empty folder, a file that is not an image (by its name), a
 corrupt image (``on_corrupt="fail"`` stops the job naming the file; ``"skip"`` drops the sample,
 logs the file and counts it in the data server's ``samples_skipped`` stat).
-``hetero synth --images DIR`` writes a small folder of drawn shapes (:mod:`hetero.synthetic_images`).
+``hetero synth --images DIR`` writes a small folder of drawn shapes (:mod:`hetero.synthetic.images`).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``format`` (the layout and its index), ``cache`` (the node-local block cache), ``dataset``
 (``ShardDataset``, the map-style view and block prefetcher). Bytes come through
-``data_service.storage``; ``hetero prepare`` writes them (``hetero.prepare``).
+``data_service.storage``; ``hetero prepare`` writes them (``data_service.prepare.writer``).
 
 Data written by other tools is read in place: ``wds_index`` (``hetero index``: an index for
 WebDataset tars, walked once by ``tarwalk``, labelled by ``labels``), and ``parquet``

@@ -32,9 +32,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-from hetero.planning.cost import PriceError, load_prices
-from hetero.planning.planner import PlanError
-from hetero.planning.profile import profile_pipeline
+from ..planning.cost import PriceError, load_prices
+from ..planning.planner import PlanError
+from ..planning.profile import profile_pipeline
 
 from . import report
 from .cpu_monitor import NodeCpuMonitor, cpu_list_text, foreign_share, parse_cpu_list, wait_for_quiet
@@ -136,7 +136,7 @@ def boundary_lines(runs: list[dict]) -> list[str]:
 
 def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunResult:
     """Run the job once in ``mode`` with every node pinned; sample each node's CPU use."""
-    from hetero.local import LocalJob, run_local
+    from ..local import LocalJob, run_local
 
     hps = cfg.hyperparameters()
     homo = mode == "homogeneous"
@@ -190,7 +190,7 @@ def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -
     Raises:
         PriceError: unknown instance type (before anything runs). ValueError: bad configuration.
     """
-    from hetero.synthetic_mnist import write_synthetic
+    from ..synthetic.mnist import write_synthetic
 
     cfg.check()
     table = load_prices(cfg.prices)
@@ -242,7 +242,7 @@ def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -
 
 def _image_folder(folder: Path, images: int, classes: int = 4) -> None:
     """A JPEG folder of drawn shapes with at least ``images`` files (kept for the next run)."""
-    from hetero.synthetic_images import write_image_folder
+    from ..synthetic.images import write_image_folder
 
     per_class = -(-images // classes)
     if len(list(folder.glob("*/*.jpg"))) != per_class * classes:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
-from hetero.planning.network import SINGLE_FLOW_GBPS, NetworkError, bytes_per_image_from_stats, images_to_gbps
-from hetero.planning.planner import predict_network_step, predict_step
+from ..planning.network import SINGLE_FLOW_GBPS, NetworkError, bytes_per_image_from_stats, images_to_gbps
+from ..planning.planner import predict_network_step, predict_step
 
 from .cpu_monitor import cpu_list_text
 from .records import MODES, BenchConfig, RunResult

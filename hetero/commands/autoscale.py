@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hetero.sagemaker.autoscale import join_template, write_template
+    from hetero.sagemaker.data_job_template import join_template, write_template
     from hetero.sagemaker.client import Clients, resolve_region
     from hetero.sagemaker.join import describe
 
@@ -80,8 +80,8 @@ def act(args: argparse.Namespace, clients, job: dict, template: dict, sleep=None
     from hetero.sagemaker.follow import TERMINAL, LogTail
     from hetero.sagemaker.join import describe, registry_of
     from launcher.autoscale import Autoscaler, Settings
-    from launcher.autoscale.sagemaker import SageMakerActuator
-    from launcher.logmetrics import parse_advice_line
+    from launcher.autoscale.sagemaker_actuator import SageMakerActuator
+    from launcher.metric_lines import parse_advice_line
 
     sleep = sleep or time.sleep
     registry = registry_of(job)

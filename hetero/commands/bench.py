@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hetero.bench.step_time import run_from_args
-    from hetero.cli import setup_logging
+    from launcher.log_setup import setup_logging
 
     setup_logging("bench", args.log_level)
     return run_from_args(args)

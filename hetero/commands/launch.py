@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.main import main
+    from launcher.node import main
 
     argv: list[str] = []
     for item in args.hp:

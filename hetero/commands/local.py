@@ -46,7 +46,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from data_service.errors import ConfigError
-    from hetero.cli import setup_logging
+    from launcher.log_setup import setup_logging
     from hetero.local import EXIT_STOPPED, LocalJob, run_local
     from hetero.options import parse_kv
 

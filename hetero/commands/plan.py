@@ -73,7 +73,7 @@ def _profile(args: argparse.Namespace, options: dict, label: str = "") -> tuple[
     tmp = None
     if (args.pipeline == "examples.mnist:build_pipeline" and "data_dir" not in options
             and not os.environ.get("SM_CHANNEL_TRAINING")):
-        from hetero.synthetic_mnist import write_synthetic
+        from hetero.synthetic.mnist import write_synthetic
 
         tmp = tempfile.TemporaryDirectory(prefix="hetero-plan-")
         write_synthetic(tmp.name, 2048, 0)
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     from hetero.planning.plan_text import format_plan, network_bound, wire_line
     from hetero.planning.planner import PlanError, plan
     from data_service.errors import ConfigError
-    from hetero.cli import setup_logging
+    from launcher.log_setup import setup_logging
     from hetero.options import parse_kv
 
     setup_logging("plan", args.log_level)

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from data_service.errors import DataServiceError
     from data_service.storage import parse_size
     from hetero.options import parse_kv
-    from hetero.prepare import merge_parts, prepare
+    from data_service.prepare.writer import merge_parts, prepare
 
     if args.sagemaker is not None:
         return _sagemaker(args)

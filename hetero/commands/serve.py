@@ -52,7 +52,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from data_service.contract.pipeline import PipelineSpec
     from data_service.server import DataServer, ServerOptions
-    from hetero.cli import setup_logging
+    from launcher.log_setup import setup_logging
     from hetero.options import parse_kv
 
     setup_logging("data-server", args.log_level)

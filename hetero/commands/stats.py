@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-_ADVICE = "launcher.advisor: advice at step"
+_ADVICE = "launcher.live_advisor: advice at step"
 _AUTOSCALE = "launcher.autoscale.controller: autoscale at step"
-_WINDOW = re.compile(r"launcher\.metrics: step \d+: avg step time")
+_WINDOW = re.compile(r"launcher\.step_stats: step \d+: avg step time")
 
 
 def register(sub) -> None:
@@ -39,7 +39,7 @@ def latest_advice(logs: Path) -> dict | None:
         ``{"log": file, "advice": line, "step": line or None, "autoscale": line or None,
         "figures": {metric: value}}`` (the autoscaler's figures too when it decided).
     """
-    from launcher.logmetrics import METRIC_DEFINITIONS
+    from launcher.metric_lines import METRIC_DEFINITIONS
 
     found = None
     for path in sorted(logs.glob("*.log")):

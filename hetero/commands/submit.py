@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         for spec in specs:
             print(f"hetero submit: {spec.job_name}: {secret_notice(spec)}", file=sys.stderr)
         return 0
-    from hetero.cli import setup_logging
+    from launcher.log_setup import setup_logging
 
     setup_logging("submit", args.log_level)
     clients = clients or Clients(specs[0].region, args.endpoint_url)

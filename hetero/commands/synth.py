@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.images is not None:
-            from hetero.synthetic_images import write_image_folder
+            from hetero.synthetic.images import write_image_folder
 
             paths = write_image_folder(args.images, per_class=args.per_class, classes=args.classes, seed=args.seed)
             classes = sorted({p.parent.name for p in paths})
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                   " --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step"
                   " --hp evaluate=examples.imagefolder:evaluate")
             return 0
-        from hetero.synthetic_mnist import write_synthetic
+        from hetero.synthetic.mnist import write_synthetic
 
         paths = write_synthetic(args.out, args.train, args.test, args.seed, args.gzip)
     except ConfigError as exc:

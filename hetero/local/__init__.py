@@ -70,7 +70,7 @@ class LocalResult:
 
 def run_local(job: LocalJob) -> LocalResult:
     """Build the trees, run every node, collect model and metrics into ``job.output``."""
-    from hetero.synthetic_mnist import write_synthetic
+    from ..synthetic.mnist import write_synthetic
 
     if job.epochs < 1:
         raise ConfigError(f"--epochs {job.epochs} must be >= 1")

@@ -57,8 +57,8 @@ def prepare_request(spec: JobSpec) -> dict:
 def run_part(root: str = "/opt/ml", environ=None) -> int:
     """In the container: write this host's part, and on the first host merge once every part is done."""
     from data_service.storage import open_store
-    from hetero.prepare import merge_parts, prepare
-    from hetero.prepare_plan import PLAN, finished, read_plan
+    from data_service.prepare.writer import merge_parts, prepare
+    from data_service.prepare.plan import PLAN, finished, read_plan
     from launcher.roles import host_key
     from launcher.sm_env import load_env
 

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from hetero.sagemaker.spec import (DATA, DNN, ENTRY_POINT, SECRET_ARN_ENV, SECRET_ENV, SECRET_HP, Channel, Group,
                                    JobSpec, SubmitError)
-from launcher.logmetrics import metric_definitions
+from launcher.metric_lines import metric_definitions
 
 MASK = "****"
 CHECKPOINT_LOCAL = "/opt/ml/checkpoints"

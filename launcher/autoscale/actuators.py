@@ -10,7 +10,7 @@ they owed, so releasing them loses nothing). The autoscaler never stops a server
 * :class:`CommandActuator`: shell hooks for any fleet (an EC2 Auto Scaling group, ECS, Kubernetes),
   given the count and the registry in the environment (``HETERO_SCALE_COUNT``,
   ``HETERO_REGISTRY``, ...) and as ``{count}`` / ``{registry}`` / ``{target}`` / ``{servers}``.
-* ``sagemaker`` (``launcher.autoscale.sagemaker``): data-only training jobs that join this one.
+* ``sagemaker`` (``launcher.autoscale.sagemaker_actuator``): data-only training jobs that join this one.
 """
 from __future__ import annotations
 

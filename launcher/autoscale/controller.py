@@ -1,8 +1,8 @@
 """The autoscaler: the live advice in, the policy's decision out, acted on and logged.
 
-:class:`Autoscaler` sits beside rank 0's live advisor (``launcher/advisor.py``). Each periodic
+:class:`Autoscaler` sits beside rank 0's live advisor (``launcher/live_advisor.py``). Each periodic
 advice becomes a :class:`~launcher.autoscale.policy.Demand`; the policy's decision is logged at
-once as an ``autoscale`` line with its figures (``launcher.logmetrics.autoscale_line``, read by
+once as an ``autoscale`` line with its figures (``launcher.metric_lines.autoscale_line``, read by
 the job's ``MetricDefinitions`` and ``hetero stats``) and kept for ``metrics.json``; in mode
 ``act`` it is carried out on a thread of its own, so the step never waits on an actuator:
 
@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 from data_service.errors import ConfigError
 from data_service.membership.registry import Entry, RegistryError, verified_entries
 
-from ..logmetrics import autoscale_line
+from ..metric_lines import autoscale_line
 from .actuators import Actuator, ScaleContext
 from .policy import HOLD, IN, OUT, Demand, State, decide
 from .settings import Settings

@@ -21,7 +21,7 @@ def make_actuator(settings: Settings, *, pipeline: str, pipeline_options: dict, 
                              ttl_s=settings.ttl_s)
     if settings.actuator == "command":
         return CommandActuator(settings.scale_out_cmd, settings.scale_in_cmd, settings.hook_timeout_s)
-    from .sagemaker import SageMakerActuator
+    from .sagemaker_actuator import SageMakerActuator
 
     return SageMakerActuator.from_registry(registry)
 
@@ -33,7 +33,7 @@ def advice_and_autoscaler(job, rank: int):
     Raises:
         ConfigError: see :func:`autoscaler_for`.
     """
-    from ..advisor import live_advisor
+    from ..live_advisor import live_advisor
 
     mode = str((getattr(job.cfg, "autoscale_options", {}) or {}).get("mode", "advise"))
     advisor = None if mode == "off" else live_advisor(job, rank)

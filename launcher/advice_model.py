@@ -19,7 +19,7 @@ as batch times and fetches vary); when the servers have more than that, the advi
 data nodes could go (always keeping one) with that headroom kept. Costs come from
 a price map (instance type -> $/h): the change in $/h, the changed nodes' cost over one epoch at
 the predicted step time, and the whole job's $/epoch before and after when the DNN instance's
-price is known too. Nothing here measures or talks to a server: ``launcher/advisor.py`` gathers
+price is known too. Nothing here measures or talks to a server: ``launcher/live_advisor.py`` gathers
 the figures.
 
 The network (the planner's ``hetero/planning/network.py`` model, with the bytes per batch the

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 from data_service.errors import ConfigError, DataServiceError
 
-from . import logs
+from . import log_setup as logs
 from .config import LaunchConfig
 from .jobsecret import with_job_secret
 from .jobtoken import job_token

@@ -25,12 +25,12 @@ import time
 
 import numpy as np
 
-from data_service.errors import ConfigError
-from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME, SHARD_PATTERN, padded
-from data_service.storage import open_store
+from ..errors import ConfigError
+from ..shards.format import INDEX_NAME, JSON_INDEX_NAME, SHARD_PATTERN, padded
+from ..storage import open_store
 
-from .prepare_plan import (PLAN, WORK, Plan, Summary, finished, items_digest, manifest, manifest_key, merge,
-                           parse_part, per_shard, read_plan)
+from .plan import (PLAN, WORK, Plan, Summary, finished, items_digest, manifest, manifest_key, merge,
+                   parse_part, per_shard, read_plan)
 log = logging.getLogger(__name__)
 
 MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"), (b"RIFF", "webp"))
@@ -49,7 +49,7 @@ def _init_worker(target: str, options: dict) -> None:
 
 
 def _load_dataset(target: str, options: dict):
-    from data_service.contract.pipeline import PipelineSpec
+    from ..contract.pipeline import PipelineSpec
 
     dataset = PipelineSpec(target, options).resolve()(**options)
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
@@ -62,7 +62,7 @@ def _convert(job: tuple[int, str, int, int, bool]) -> tuple[int, str, bytes, int
     """(position, member extension, bytes, label, why skipped, re-encoded) for one item."""
     import torch
 
-    from data_service.pipelines.images import CorruptImageError, decode_bytes
+    from ..pipelines.images import CorruptImageError, decode_bytes
 
     pos, path, label, max_side, verify = job
     try:
@@ -122,7 +122,7 @@ class _Shard:
         self.tar.addfile(info, io.BytesIO(data))
 
     def close(self) -> bytes:
-        """Close the tar; the shard's manifest (``hetero.prepare_plan.manifest``)."""
+        """Close the tar; the shard's manifest (``data_service.prepare.plan.manifest``)."""
         self.tar.close()
         return manifest(self.name, os.path.getsize(self.path), self.offsets, self.lengths, self.labels,
                         self.skipped, self.reencoded)
@@ -134,7 +134,7 @@ def _sources(src: str, options: dict) -> tuple[list[str], list[tuple[str, int]],
         dataset = _load_dataset(src, options)
         classes = [str(c) for c in getattr(dataset, "classes", [])]
         return classes, [(str(i), 0) for i in range(len(dataset))], src
-    from data_service.pipelines.images import scan
+    from ..pipelines.images import scan
 
     classes, samples = scan(src)
     return classes, samples, ""
@@ -204,7 +204,7 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
             options: dict | None = None, part: tuple[int, int] | str | None = None) -> Summary:
     """Write ``src`` (an image folder, or ``pkg.mod:fn`` returning a map-style data set) as shards in ``dest``.
 
-    Shard ``k`` holds the same samples whichever machine writes it (``hetero.prepare_plan``); a run
+    Shard ``k`` holds the same samples whichever machine writes it (``data_service.prepare.plan``); a run
     that stopped keeps the shards it finished when started again with the same options.
 
     Args:

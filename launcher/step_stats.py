@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .logmetrics import window_line
+from .metric_lines import window_line
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class StepStats:
         warmup: first steps left out of the averages.
         log_every: steps between window lines.
         label: prefix of the window lines.
-        advisor: rank 0's ``launcher.advisor.LiveAdvisor`` (None elsewhere): told every step, asked
+        advisor: rank 0's ``launcher.live_advisor.LiveAdvisor`` (None elsewhere): told every step, asked
             for the end-of-training advice by :meth:`summary`.
         autoscaler: rank 0's ``launcher.autoscale.Autoscaler`` (None: none): given every periodic
             advice the advisor makes; its summary goes into the end-of-training advice.

@@ -1,11 +1,11 @@
 """Rank 0's live advice: every ``advice_every`` steps and at the end, how many data nodes to add.
 
-:class:`LiveAdvisor` sits in rank 0's :class:`launcher.metrics.StepStats`. After the warm-up it
+:class:`LiveAdvisor` sits in rank 0's :class:`launcher.step_stats.StepStats`. After the warm-up it
 takes a snapshot of every data server's counters (the authenticated ``GetStats`` call the DNN
 node already uses for ``metrics.json``); every ``advice_every`` steps it takes another, turns the
 differences into each server's batches/s and workers' busy share over the window, pairs them with
-the window's mean step time and data wait, and logs :func:`launcher.advice.advise`'s answer as an
-advice line (``launcher.logmetrics.advice_line``, read by the job's ``MetricDefinitions``). The
+the window's mean step time and data wait, and logs :func:`launcher.advice_model.advise`'s answer as an
+advice line (``launcher.metric_lines.advice_line``, read by the job's ``MetricDefinitions``). The
 end-of-training advice goes into ``metrics.json`` under ``advice``, the advice lines before it
 under ``advice.history``.
 
@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from .advice import LiveFigures, ServerFigures, advise, steps_per_epoch
-from .logmetrics import advice_line
+from .advice_model import LiveFigures, ServerFigures, advise, steps_per_epoch
+from .metric_lines import advice_line
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 submit --join`` job of ONE data node from it (Managed Spot unless ``--on-demand``; a warm pool of
 ``--keep-alive`` seconds, SageMaker's ``KeepAlivePeriodInSeconds``, so a replacement starts in
 seconds), checks the request against botocore's service model and the API's rules, and writes it
-without its secret beside the job's registry (``launcher.autoscale.sagemaker.TEMPLATE_KEY``).
+without its secret beside the job's registry (``launcher.autoscale.sagemaker_actuator.TEMPLATE_KEY``).
 The job's rank 0 (``autoscale.actuator=sagemaker``) sends it with a fresh name and its own secret
 for each node it adds.
 """
@@ -17,7 +17,7 @@ from hetero.sagemaker.join import default_join_name, join_spec, registry_of
 from hetero.sagemaker.request import build_request
 from hetero.sagemaker.spec import DATA, Group, SubmitError
 from hetero.sagemaker.validate import check_request
-from launcher.autoscale.sagemaker import SECRET_ARN_ENV, SECRET_ENV, TEMPLATE_KEY
+from launcher.autoscale.sagemaker_actuator import SECRET_ARN_ENV, SECRET_ENV, TEMPLATE_KEY
 
 MAX_KEEP_ALIVE_S = 3600  # SageMaker's bound on KeepAlivePeriodInSeconds
 

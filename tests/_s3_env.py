@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from hetero.testing.s3proxy import s3_server
+from hetero.testing.s3server import s3_server
 
 
 @contextlib.contextmanager

@@ -75,7 +75,7 @@ def test_bad_arguments_name_the_value(tmp_path, uri, sid, address, match):
 
 
 def test_s3_registry_and_unreachable_endpoint(monkeypatch):
-    from hetero.testing.s3proxy import s3_server
+    from hetero.testing.s3server import s3_server
 
     with s3_server() as srv, srv.environ():
         srv.client(direct=True).create_bucket(Bucket="registry-bucket")

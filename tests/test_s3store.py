@@ -25,7 +25,8 @@ pytest.importorskip("moto.server")
 from data_service.errors import ConfigError  # noqa: E402
 from data_service.storage import INSTALL_HINT, S3Store, StoreReadError, is_s3_url, parse_s3_url  # noqa: E402
 from hetero.ports import free_port  # noqa: E402
-from hetero.testing.s3proxy import S3FaultProxy, s3_server  # noqa: E402
+from hetero.testing.s3proxy import S3FaultProxy  # noqa: E402
+from hetero.testing.s3server import s3_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "shards"

@@ -55,7 +55,7 @@ def test_staging_renames_files_into_a_folder_store(tmp_path):
 def test_an_s3_registry_entry_rewritten_at_the_same_size_is_read_again():
     pytest.importorskip("moto.server")
     from data_service.membership.registry import read_entries, register
-    from hetero.testing.s3proxy import s3_server
+    from hetero.testing.s3server import s3_server
 
     with s3_server() as srv, srv.environ():
         srv.client(direct=True).create_bucket(Bucket="reg")

@@ -254,6 +254,21 @@ class ConsumerProc(_ProcessGroup):
         self._terminate(timeout)
         return self.proc.returncode if self.proc else None
 
+    def wait(self, timeout: float) -> int:
+        """Wait until the consumer has read all its epochs and exited; returns its exit code.
+
+        Raises:
+            TimeoutError: still running after ``timeout`` s (it is left running; ``stop()`` it),
+                with the tail of its output.
+        """
+        if self.proc is None:
+            raise RuntimeError("ConsumerProc.wait() before start()")
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"consumer rank {self.rank} still running after {timeout:.0f} s:"
+                               f"{self._log_tail()}") from None
+
     def rss(self) -> int:
         """RSS of the consumer and all its descendants in bytes; 0 when down."""
         import psutil

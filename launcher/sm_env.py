@@ -163,6 +163,86 @@ def _channels(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
     return channels
 
 
+def _resource_config(rc_path: Path, environ: Mapping[str, str]) -> tuple[dict, str]:
+    """(resourceconfig.json's content, {} without the file; where the job's shape comes from)."""
+    if rc_path.is_file():
+        config = _read_json(rc_path, "resourceconfig.json (current_host, hosts, instance_groups)")
+        if not isinstance(config, dict):
+            raise ConfigError(f"{rc_path} holds {type(config).__name__}; expected a JSON object")
+        return config, str(rc_path)
+    if not environ.get("SM_CURRENT_HOST"):
+        raise ConfigError(
+            f"no SageMaker job description: {rc_path} does not exist and SM_CURRENT_HOST is not set "
+            f"(found {len(list(k for k in environ if k.startswith('SM_')))} SM_* variables). Expected a "
+            "SageMaker training container; on a workstation use `hetero local`, or point HETERO_SM_ROOT "
+            "at a tree holding input/config/resourceconfig.json")
+    return {}, "SM_* variables"
+
+
+def _hosts(config: dict, environ: Mapping[str, str], rc_path: Path) -> tuple[str, tuple[str, ...]]:
+    """(this node's host, the job's hosts), checked: the list is not empty and holds this node."""
+    current_host = str(config.get("current_host") or environ.get("SM_CURRENT_HOST") or "")
+    hosts = config.get("hosts") or _env_json(environ, "SM_HOSTS") or []
+    if not current_host:
+        raise ConfigError(f"{rc_path} has no current_host and SM_CURRENT_HOST is unset; expected e.g. 'algo-1'")
+    if not isinstance(hosts, list) or not hosts:
+        raise ConfigError(f"the job's host list is {hosts!r} (hosts in {rc_path} / SM_HOSTS); expected "
+                          "a non-empty list such as ['algo-1', 'algo-2']")
+    hosts = tuple(str(h) for h in hosts)
+    if current_host not in hosts:
+        raise ConfigError(f"current_host={current_host!r} is not among the job's hosts {list(hosts)}")
+    return current_host, hosts
+
+
+def _groups(config: dict, environ: Mapping[str, str], rc_path: Path, current_host: str,
+            hosts: tuple[str, ...]) -> tuple[list[InstanceGroup], str]:
+    """(the job's instance groups, the name of this node's group), checked."""
+    groups = _groups_from_config(config, rc_path) or _groups_from_env(environ)
+    current_group = str(config.get("current_group_name") or environ.get("SM_CURRENT_INSTANCE_GROUP") or "")
+    if not groups:  # an older homogeneous job: one implicit group holding every host
+        groups = [InstanceGroup(current_group or HOMOGENEOUS_GROUP,
+                                str(config.get("current_instance_type", "")), hosts)]
+    if not current_group:
+        current_group = next((g.name for g in groups if current_host in g.hosts), "")
+    _check_current_group(groups, current_group, current_host)
+    return groups, current_group
+
+
+def _check_current_group(groups: list[InstanceGroup], current_group: str, current_host: str) -> None:
+    """Raise ConfigError unless ``current_group`` is one of ``groups`` and holds ``current_host``."""
+    names = [g.name for g in groups]
+    if current_group not in names:
+        raise ConfigError(f"current group {current_group!r} (current_group_name / SM_CURRENT_INSTANCE_GROUP) "
+                          f"is not one of the job's instance groups {names}")
+    mine = next(g for g in groups if g.name == current_group)
+    if not mine.hosts:
+        raise ConfigError(f"instance group {current_group!r} has no hosts; expected at least one "
+                          f"(this node is {current_host!r}; groups: "
+                          f"{ {g.name: list(g.hosts) for g in groups} })")
+    if current_host not in mine.hosts:
+        raise ConfigError(f"current_host={current_host!r} is not in its group {current_group!r} "
+                          f"(hosts {list(mine.hosts)})")
+
+
+def _hyperparameters(hp_path: Path, environ: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
+    """(the decoded hyperparameters, ``hp_path`` when they come from that file; None: from SM_HPS)."""
+    if not hp_path.is_file():
+        return decode_hyperparameters(_env_json(environ, "SM_HPS") or {}), None
+    raw = _read_json(hp_path, "hyperparameters.json (a flat string -> string map)")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{hp_path} holds {type(raw).__name__}; expected a JSON object")
+    return decode_hyperparameters(raw), str(hp_path)
+
+
+def _num_gpus(environ: Mapping[str, str]) -> int | None:
+    """SM_NUM_GPUS as a number (None: unset)."""
+    gpus = environ.get("SM_NUM_GPUS")
+    try:
+        return int(gpus) if gpus not in (None, "") else None
+    except ValueError:
+        raise ConfigError(f"SM_NUM_GPUS={gpus!r} must be an integer") from None
+
+
 def load_env(root: str | os.PathLike = DEFAULT_ROOT, environ: Mapping[str, str] | None = None) -> SageMakerEnv:
     """Read this node's job description.
 
@@ -179,69 +259,11 @@ def load_env(root: str | os.PathLike = DEFAULT_ROOT, environ: Mapping[str, str] 
     root = Path(root)
     config_dir = root / "input" / "config"
     rc_path = config_dir / "resourceconfig.json"
-    sources: list[str] = []
-    config: dict = {}
-    if rc_path.is_file():
-        config = _read_json(rc_path, "resourceconfig.json (current_host, hosts, instance_groups)")
-        if not isinstance(config, dict):
-            raise ConfigError(f"{rc_path} holds {type(config).__name__}; expected a JSON object")
-        sources.append(str(rc_path))
-    elif not environ.get("SM_CURRENT_HOST"):
-        raise ConfigError(
-            f"no SageMaker job description: {rc_path} does not exist and SM_CURRENT_HOST is not set "
-            f"(found {len(list(k for k in environ if k.startswith('SM_')))} SM_* variables). Expected a "
-            "SageMaker training container; on a workstation use `hetero local`, or point HETERO_SM_ROOT "
-            "at a tree holding input/config/resourceconfig.json")
-    else:
-        sources.append("SM_* variables")
-
-    current_host = str(config.get("current_host") or environ.get("SM_CURRENT_HOST") or "")
-    hosts = config.get("hosts") or _env_json(environ, "SM_HOSTS") or []
-    if not current_host:
-        raise ConfigError(f"{rc_path} has no current_host and SM_CURRENT_HOST is unset; expected e.g. 'algo-1'")
-    if not isinstance(hosts, list) or not hosts:
-        raise ConfigError(f"the job's host list is {hosts!r} (hosts in {rc_path} / SM_HOSTS); expected "
-                          "a non-empty list such as ['algo-1', 'algo-2']")
-    hosts = tuple(str(h) for h in hosts)
-    if current_host not in hosts:
-        raise ConfigError(f"current_host={current_host!r} is not among the job's hosts {list(hosts)}")
-
-    groups = _groups_from_config(config, rc_path) or _groups_from_env(environ)
-    current_group = str(config.get("current_group_name") or environ.get("SM_CURRENT_INSTANCE_GROUP") or "")
-    if not groups:  # an older homogeneous job: one implicit group holding every host
-        groups = [InstanceGroup(current_group or HOMOGENEOUS_GROUP,
-                                str(config.get("current_instance_type", "")), hosts)]
-    if not current_group:
-        current_group = next((g.name for g in groups if current_host in g.hosts), "")
-    names = [g.name for g in groups]
-    if current_group not in names:
-        raise ConfigError(f"current group {current_group!r} (current_group_name / SM_CURRENT_INSTANCE_GROUP) "
-                          f"is not one of the job's instance groups {names}")
-    mine = next(g for g in groups if g.name == current_group)
-    if not mine.hosts:
-        raise ConfigError(f"instance group {current_group!r} has no hosts; expected at least one "
-                          f"(this node is {current_host!r}; groups: "
-                          f"{ {g.name: list(g.hosts) for g in groups} })")
-    if current_host not in mine.hosts:
-        raise ConfigError(f"current_host={current_host!r} is not in its group {current_group!r} "
-                          f"(hosts {list(mine.hosts)})")
-
-    hp_path = config_dir / "hyperparameters.json"
-    if hp_path.is_file():
-        raw = _read_json(hp_path, "hyperparameters.json (a flat string -> string map)")
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{hp_path} holds {type(raw).__name__}; expected a JSON object")
-        sources.append(str(hp_path))
-    else:
-        raw = _env_json(environ, "SM_HPS") or {}
-    hps = decode_hyperparameters(raw)
-
-    gpus = environ.get("SM_NUM_GPUS")
-    try:
-        num_gpus = int(gpus) if gpus not in (None, "") else None
-    except ValueError:
-        raise ConfigError(f"SM_NUM_GPUS={gpus!r} must be an integer") from None
-
+    config, shape_source = _resource_config(rc_path, environ)
+    current_host, hosts = _hosts(config, environ, rc_path)
+    groups, current_group = _groups(config, environ, rc_path, current_host, hosts)
+    hps, hp_source = _hyperparameters(config_dir / "hyperparameters.json", environ)
+    num_gpus = _num_gpus(environ)
     return SageMakerEnv(
         root=str(root), current_host=current_host, current_group=current_group, hosts=hosts,
         groups=tuple(groups),
@@ -251,4 +273,5 @@ def load_env(root: str | os.PathLike = DEFAULT_ROOT, environ: Mapping[str, str] 
         model_dir=environ.get("SM_MODEL_DIR") or str(root / "model"),
         output_data_dir=environ.get("SM_OUTPUT_DATA_DIR") or str(root / "output" / "data"),
         checkpoint_dir=environ.get(CHECKPOINT_DIR_VAR) or str(root / "checkpoints"),
-        num_gpus=num_gpus, job_name=_job_name(environ, hps), sources=tuple(sources))
+        num_gpus=num_gpus, job_name=_job_name(environ, hps),
+        sources=(shape_source, hp_source) if hp_source else (shape_source,))

@@ -23,7 +23,6 @@ import datetime
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
@@ -40,7 +38,8 @@ from . import checkpoint, log_setup as logs
 from .autoscale import advice_and_autoscaler
 from .config import LaunchConfig, load_object
 from .metric_lines import summary_line
-from .step_stats import StepStats, StepTimer, batch_size_of, job_metrics, write_json
+from .step_stats import StepStats, StepTimer, job_metrics, write_json
+from .train_loop import STOP, Run, gathered, loader_and_feeder, log_outcome, run_epochs, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +71,6 @@ class TrainJob:
         return self.nprocs * len(self.dnn_hosts)
 
 
-# Set by SIGTERM (or request_stop): finish the current step, checkpoint, stop.
-STOP = threading.Event()
 EXIT_STOPPED = 143  # 128 + SIGTERM: what a process ended by SIGTERM reports; see docs/launcher.md
 
 
@@ -84,12 +81,6 @@ def request_stop() -> None:
 
 def _on_sigterm(signum, frame) -> None:  # only sets a flag: the loop logs and acts
     STOP.set()
-
-
-def _ignore_sigterm(worker_id: int) -> None:
-    """DataLoader workers leave stopping to the trainer (a process-group SIGTERM must not kill
-    them mid-epoch); they end with it."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def make_dataset(job: TrainJob, rank: int):
@@ -187,129 +178,55 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
 
 
 def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> dict[str, Any]:
-    from dnn_worker import DeviceFeeder, ResumableLoader
-
     cfg = job.cfg
     started = time.time()
     torch.manual_seed(cfg.seed)
-    cuda = device.type == "cuda"
     dataset = make_dataset(job, rank)
     finish = dataset.finish_stage()
-    # forkserver, not fork: this process has used gRPC (Hello), and a forked child of a gRPC
-    # process can deadlock on its first call. Persistent workers keep their connections to the
-    # data servers from one epoch to the next.
-    workers = cfg.workers_for(job.mode)
-    loader = ResumableLoader(DataLoader(dataset, batch_size=None, num_workers=workers,
-                                        pin_memory=cuda and workers > 0, persistent_workers=workers > 0,
-                                        worker_init_fn=_ignore_sigterm if workers else None,
-                                        multiprocessing_context="forkserver" if workers else None))
-    feeder = DeviceFeeder(loader, device, finish=finish, depth=2, pin_memory=cuda)
+    loader, feeder = loader_and_feeder(job, dataset, finish, device)
     plain = load_object(cfg.model, "model")(**cfg.model_options).to(device)
     optimizer = make_optimizer(cfg, plain.parameters())
     resumed = _resume(job, rank, plain, optimizer, feeder)
-    model = plain
-    if dist.is_initialized():
-        model = torch.nn.parallel.DistributedDataParallel(plain, device_ids=[local_rank] if cuda else None)
-    step_fn = None if cfg.emulate_step_s > 0 else load_object(cfg.step, "step")
-    writer = _tensorboard(job) if cfg.tensorboard and rank == 0 else None
-    advisor, autoscaler = advice_and_autoscaler(job, rank)
-    stats = StepStats(cfg.warmup_steps, cfg.log_every, advisor=advisor, autoscaler=autoscaler)
-    timer = StepTimer(stats)
-    done_before = resumed["steps"] if resumed else 0
-    loss = None
-    stopped = False
-
-    def steps_done() -> int:
-        return done_before + stats.steps
-
+    run = _run(job, rank, local_rank, device, plain, optimizer, feeder, resumed)
     log.info("%s training: %d rank(s) on %d host(s), %s step, pipeline %s, finish stage %s on %s",
              job.mode, job.world_size, len(job.dnn_hosts),
-             f"emulated {cfg.emulate_step_s}s" if step_fn is None else cfg.step, cfg.pipeline,
+             f"emulated {cfg.emulate_step_s}s" if run.step_fn is None else cfg.step, cfg.pipeline,
              finish.target or "none", device)
-    first_epoch = True
     try:
-        for epoch in range(feeder.epoch, cfg.epochs):
-            if stopped or (cfg.max_steps and steps_done() >= cfg.max_steps):
-                break
-            feeder.set_epoch(epoch)
-            bar = None
-            if rank == 0 and sys.stderr.isatty():
-                from tqdm import tqdm
-                bar = tqdm(total=len(feeder), desc=f"epoch {epoch}", leave=False)
-            batches = iter(feeder)
-            try:
-                if first_epoch:  # later epochs' set-up counts: an epoch boundary is part of the step after it
-                    timer.restart()
-                    first_epoch = False
-                while not (cfg.max_steps and steps_done() >= cfg.max_steps):
-                    if _stop_agreed(job, device):
-                        stopped = True
-                        break
-                    try:
-                        batch = timer.fetch(batches)
-                    except StopIteration:
-                        break
-                    except Exception as exc:
-                        if STOP.is_set() and job.world_size == 1:  # e.g. the data nodes were stopped too
-                            log.warning("fetching a batch failed after SIGTERM (%s: %s); checkpointing what was "
-                                        "trained", type(exc).__name__, exc)
-                            stopped = True
-                            break
-                        raise
-                    if step_fn is None:
-                        time.sleep(cfg.emulated_step_s(steps_done()))
-                    else:
-                        loss = step_fn(model, batch, optimizer, device)
-                    timer.done(batch_size_of(batch))
-                    if bar is not None:
-                        bar.update(1)
-                    if writer is not None and loss is not None:
-                        writer.add_scalar("loss", loss, steps_done())
-                    if cfg.checkpoint_every and steps_done() % cfg.checkpoint_every == 0:
-                        _checkpoint(job, rank, plain, optimizer, feeder, steps_done(), "running")
-            finally:
-                batches.close()  # ends this epoch's iteration (non-persistent workers stop here)
-            if bar is not None:
-                bar.close()
-            log.info("epoch %d %s: %d steps so far%s", epoch, "stopped" if stopped else "done", steps_done(),
-                     f", loss {loss:.4f}" if loss is not None else "")
+        run_epochs(run)
     finally:
         # On every path, errors included: a failing run's traceback would otherwise keep the
         # loader alive, and its workers (which ignore SIGTERM) would hold the exit forever.
         loader.close()
-    status = "stopped" if stopped else "completed"
-    if stopped:
-        log.warning("SIGTERM: stopped after step %d (%d this run); data position %s", steps_done(), stats.steps,
-                    feeder.state_dict())
-    elif resumed and stats.steps == 0:
-        log.warning("the checkpoint in %s had nothing left to train (epochs=%d, max_steps=%d); raise epochs "
-                    "to train more, or use another checkpoint_dir to start afresh", job.checkpoint_dir,
-                    cfg.epochs, cfg.max_steps)
-    ckpt_path = _checkpoint(job, rank, plain, optimizer, feeder, steps_done(), status)
-    summary = dict(stats.summary(), rank=rank, host=job.host, status=status)
-    summaries = [summary]
-    if job.world_size > 1:
-        summaries = [None] * job.world_size
-        dist.all_gather_object(summaries, summary)
+    status = "stopped" if run.stopped else "completed"
+    log_outcome(run, resumed)
+    ckpt_path = save_checkpoint(job, rank, plain, optimizer, feeder, run.steps_done(), status)
+    summary = dict(run.stats.summary(), rank=rank, host=job.host, status=status)
+    summaries = gathered(job, summary)
     if rank == 0:
-        _finish(job, plain, device, summaries, loss, started, step_fn is None, status, resumed, ckpt_path,
+        _finish(job, plain, device, summaries, run.loss, started, run.step_fn is None, status, resumed, ckpt_path,
                 finish.wire.name if finish.wire is not None else "uint8")
-    if writer is not None:
-        writer.close()
+    if run.writer is not None:
+        run.writer.close()
     if job.world_size > 1:
         dist.barrier()
     return summary
 
 
-def _stop_agreed(job: TrainJob, device: torch.device) -> bool:
-    """True when any rank was asked to stop; every rank calls it at the same step, so all stop
-    together (one tiny all-reduce per step when world_size > 1)."""
-    local = STOP.is_set()
-    if job.world_size == 1:
-        return local
-    flag = torch.tensor([1.0 if local else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+def _run(job: TrainJob, rank: int, local_rank: int, device: torch.device, plain, optimizer, feeder,
+         resumed: dict | None) -> Run:
+    """The loop's state before its first step: the model the step trains, the step, the metrics."""
+    cfg = job.cfg
+    model = plain
+    if dist.is_initialized():
+        model = torch.nn.parallel.DistributedDataParallel(
+            plain, device_ids=[local_rank] if device.type == "cuda" else None)
+    step_fn = None if cfg.emulate_step_s > 0 else load_object(cfg.step, "step")
+    writer = _tensorboard(job) if cfg.tensorboard and rank == 0 else None
+    advisor, autoscaler = advice_and_autoscaler(job, rank)
+    stats = StepStats(cfg.warmup_steps, cfg.log_every, advisor=advisor, autoscaler=autoscaler)
+    return Run(job, rank, device, plain, model, optimizer, feeder, step_fn, writer, stats, StepTimer(stats),
+               done_before=resumed["steps"] if resumed else 0)
 
 
 def _resume(job: TrainJob, rank: int, model, optimizer, data) -> dict[str, Any] | None:
@@ -336,28 +253,6 @@ def _resume(job: TrainJob, rank: int, model, optimizer, data) -> dict[str, Any] 
              path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], position["epoch"], position["position"])
     return {"steps": int(ckpt["steps"]), "epoch": position["epoch"], "position": position["position"],
             "status": ckpt.get("status"), "path": path}
-
-
-def _checkpoint(job: TrainJob, rank: int, model, optimizer, data, steps: int, status: str) -> str | None:
-    """Every rank's data position to rank 0, which writes the checkpoint (a collective call)."""
-    cfg = job.cfg
-    if not cfg.checkpoint or not job.checkpoint_dir:
-        return None
-    mine = data.state_dict()
-    states = [mine]
-    if job.world_size > 1:
-        states = [None] * job.world_size
-        dist.all_gather_object(states, mine)
-    if rank != 0:
-        return None
-    path = checkpoint.save(job.checkpoint_dir, {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": states, "steps": steps,
-        "status": status, "world_size": job.world_size, "seed": cfg.seed, "pipeline": cfg.pipeline,
-        "pipeline_options": dict(cfg.pipeline_options), "model_target": cfg.model, "epochs": cfg.epochs,
-        "host": job.host, "job_name": job.extra.get("job_name", "")})
-    log.info("checkpoint (%s) written to %s after %d steps; data position of rank 0: epoch %d, batch %d",
-             status, path, steps, states[0]["epoch"], states[0]["position"])
-    return path
 
 
 def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emulated: bool, status: str,

@@ -19,18 +19,16 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import tarfile
-import threading
 import time
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..shards.format import INDEX_NAME, JSON_INDEX_NAME, SHARD_PATTERN, padded
+from ..shards.format import INDEX_NAME, JSON_INDEX_NAME
 from ..storage import open_store
 
-from .plan import (PLAN, WORK, Plan, Summary, finished, items_digest, manifest, manifest_key, merge,
-                   parse_part, per_shard, read_plan)
+from .plan import PLAN, WORK, Plan, Summary, finished, items_digest, merge, parse_part, per_shard, read_plan
+from .shard_files import write_shards
 log = logging.getLogger(__name__)
 
 MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"), (b"RIFF", "webp"))
@@ -96,38 +94,6 @@ def _convert(job: tuple[int, str, int, int, bool]) -> tuple[int, str, bytes, int
 
 
 # -- writing
-class _Shard:
-    """One tar file being written (shard ``k``); records where each sample's data lies in it."""
-
-    def __init__(self, folder: str, k: int) -> None:
-        self.k, self.name = k, SHARD_PATTERN.format(k)
-        self.path = os.path.join(folder, self.name)
-        self.tar = tarfile.open(self.path, "w", format=tarfile.USTAR_FORMAT)
-        self.offsets, self.lengths, self.labels = [], [], []
-        self.skipped: list[tuple[str, str]] = []
-        self.reencoded = 0
-
-    def add(self, key: str, ext: str, data: bytes, label: int) -> None:
-        self._member(f"{key}.{ext}", data)
-        self.offsets.append(self.tar.offset - padded(len(data)))
-        self.lengths.append(len(data))
-        self.labels.append(label)
-        self._member(f"{key}.cls", str(label).encode())
-
-    def _member(self, name: str, data: bytes) -> None:
-        import io
-
-        info = tarfile.TarInfo(name)
-        info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o444, "", ""
-        self.tar.addfile(info, io.BytesIO(data))
-
-    def close(self) -> bytes:
-        """Close the tar; the shard's manifest (``data_service.prepare.plan.manifest``)."""
-        self.tar.close()
-        return manifest(self.name, os.path.getsize(self.path), self.offsets, self.lengths, self.labels,
-                        self.skipped, self.reencoded)
-
-
 def _sources(src: str, options: dict) -> tuple[list[str], list[tuple[str, int]], str]:
     """(classes, [(path or item number, label)], import target) of SRC."""
     if ":" in src and not os.path.exists(src) and "/" not in src.split(":")[0]:
@@ -138,39 +104,6 @@ def _sources(src: str, options: dict) -> tuple[list[str], list[tuple[str, int]],
 
     classes, samples = scan(src)
     return classes, samples, ""
-
-
-class _Uploads:
-    """Stores each finished shard under its name (a folder renames it into place, S3 uploads it)
-    and then its manifest, at most four at once so local staging stays bounded."""
-
-    def __init__(self, store) -> None:
-        self.store = store
-        self.threads: list[threading.Thread] = []
-        self.errors: list[BaseException] = []
-
-    def add(self, path: str, name: str, after: tuple[str, bytes]) -> None:
-        """Store ``path`` as ``name``, then write ``after`` (key, bytes): the shard's manifest comes second."""
-        def upload():
-            try:
-                self.store.write_file(name, path)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                self.store.write_bytes(*after)
-            except BaseException as exc:  # reported after the last shard
-                self.errors.append(exc)
-        while len([t for t in self.threads if t.is_alive()]) >= 4:
-            time.sleep(0.05)
-        t = threading.Thread(target=upload, name=f"upload {name}", daemon=True)
-        t.start()
-        self.threads.append(t)
-
-    def join(self) -> None:
-        """Wait for every upload; raise the first one's error."""
-        for t in self.threads:
-            t.join()
-        if self.errors:
-            raise self.errors[0]
 
 
 def _converted(jobs: list, target: str, options: dict, workers: int, progress: bool):
@@ -224,14 +157,7 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
             with other options).
     """
     start = time.monotonic()
-    if shard_size < 1_000_000:
-        raise ConfigError(f"shard_size={shard_size} bytes is below 1 MB: shards that small cost one request "
-                          "each; use 64MB to 1GB")
-    if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 0:
-        raise ConfigError(f"max_side={max_side!r} must be an integer >= 0 (0 = keep every image as it is)")
-    workers = workers or os.cpu_count() or 1
-    if workers < 1:
-        raise ConfigError(f"workers={workers} must be >= 1")
+    workers = _check_options(shard_size, max_side, workers)
     if isinstance(part, str):
         part = parse_part(part)
     options = dict(options or {})
@@ -239,41 +165,15 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
     classes, items, target = _sources(src, options)
     if not items:
         raise ConfigError(f"{src} holds no samples")
-    order = np.arange(len(items)) if shuffle_seed is None else \
-        np.random.Generator(np.random.PCG64(shuffle_seed)).permutation(len(items))
-    plan = Plan(len(items), per_shard(shard_size, _sizes(items, order, target, options)), shuffle_seed, max_side,
-                verify, tuple(classes), items_digest(items, "" if target else src) if not target
-                else f"{target}:{len(items)}:{json.dumps(options, sort_keys=True)}")
+    order = _order(len(items), shuffle_seed)
+    plan = _plan(src, classes, items, order, target, options, shard_size, shuffle_seed, max_side, verify)
     _claim(store, dest, plan, overwrite)
     done = finished(store)
     todo = [k for k in plan.part_shards(part) if k not in done]
     summary = Summary(part=f"{part[0]}/{part[1]}" if part else "", kept=len(plan.part_shards(part)) - len(todo))
-    jobs = [(pos, items[order[pos]][0], items[order[pos]][1], max_side, verify)
-            for k in todo for pos in range(k * plan.per_shard, min(plan.samples, (k + 1) * plan.per_shard))]
-    with store.staging() as staging:
-        uploads = _Uploads(store)
-        shard: _Shard | None = None
-        try:
-            with contextlib.closing(_converted(jobs, target, options, workers, progress)) as results:
-                for pos, ext, data, label, why, reencoded in results:
-                    k = pos // plan.per_shard
-                    if shard is None or shard.k != k:
-                        if shard is not None:
-                            uploads.add(shard.path, shard.name, (manifest_key(shard.k), shard.close()))
-                        shard = _Shard(staging, k)
-                        summary.shards += 1
-                    if why:
-                        item = items[order[pos]][0]
-                        shard.skipped.append((item if not target else f"item {item}", why))
-                        continue
-                    shard.add(f"{pos:09d}", ext, data, label)
-                    shard.reencoded += reencoded
-                    summary.samples += 1
-                    summary.data_bytes += len(data)
-            if shard is not None:
-                uploads.add(shard.path, shard.name, (manifest_key(shard.k), shard.close()))
-        finally:
-            uploads.join()  # a run that fails keeps (and records) every shard it finished
+    jobs = _jobs(plan, todo, items, order, max_side, verify)
+    write_shards(store, plan.per_shard, _converted(jobs, target, options, workers, progress), summary,
+                 lambda pos: _item_name(items[order[pos]][0], target))
     if part is not None:
         summary.seconds = time.monotonic() - start
         return summary
@@ -283,6 +183,47 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
     merged.kept = summary.kept
     merged.seconds = time.monotonic() - start
     return merged
+
+
+def _check_options(shard_size: int, max_side: int, workers: int) -> int:
+    """Check ``prepare``'s sizes and worker count; the worker processes to use (0 given: every core)."""
+    if shard_size < 1_000_000:
+        raise ConfigError(f"shard_size={shard_size} bytes is below 1 MB: shards that small cost one request "
+                          "each; use 64MB to 1GB")
+    if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 0:
+        raise ConfigError(f"max_side={max_side!r} must be an integer >= 0 (0 = keep every image as it is)")
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ConfigError(f"workers={workers} must be >= 1")
+    return workers
+
+
+def _order(samples: int, shuffle_seed: int | None) -> np.ndarray:
+    """The order samples are written in: a permutation seeded by ``shuffle_seed`` (None: the source's)."""
+    if shuffle_seed is None:
+        return np.arange(samples)
+    return np.random.Generator(np.random.PCG64(shuffle_seed)).permutation(samples)
+
+
+def _plan(src: str, classes: list[str], items: list[tuple[str, int]], order: np.ndarray, target: str,
+          options: dict, shard_size: int, shuffle_seed: int | None, max_side: int, verify: bool) -> Plan:
+    """The run's plan: samples per shard from the source's sizes, and what identifies the source."""
+    source = (items_digest(items, src) if not target
+              else f"{target}:{len(items)}:{json.dumps(options, sort_keys=True)}")
+    return Plan(len(items), per_shard(shard_size, _sizes(items, order, target, options)), shuffle_seed, max_side,
+                verify, tuple(classes), source)
+
+
+def _jobs(plan: Plan, shards, items: list[tuple[str, int]], order: np.ndarray, max_side: int,
+          verify: bool) -> list[tuple[int, str, int, int, bool]]:
+    """``_convert``'s work for ``shards``: (position, path or item number, label, max_side, verify) per sample."""
+    return [(pos, items[order[pos]][0], items[order[pos]][1], max_side, verify)
+            for k in shards for pos in range(k * plan.per_shard, min(plan.samples, (k + 1) * plan.per_shard))]
+
+
+def _item_name(item: str, target: str) -> str:
+    """How a skipped sample is listed: its file, or its number in an import-path data set."""
+    return item if not target else f"item {item}"
 
 
 def merge_parts(dest) -> Summary:

@@ -35,6 +35,17 @@ from .parsing import join_key, parse_s3_url
 from .s3_client import ProcessClients, boto, endpoint_source, make_client
 
 
+def _listed(page: dict, full_prefix: str, suffix: str, versions: bool) -> list[tuple]:
+    """The entries of one LIST page as ``S3Store.list`` returns them: (key relative to
+    ``full_prefix``, size), with the ETag third when ``versions``, for keys ending with ``suffix``."""
+    found = []
+    for obj in page.get("Contents", []):
+        rel = obj["Key"][len(full_prefix):]
+        if rel.endswith(suffix):
+            found.append((rel, int(obj["Size"]), str(obj.get("ETag", ""))) if versions else (rel, int(obj["Size"])))
+    return found
+
+
 class S3Store:
     """Objects under ``s3://bucket/prefix``: HEAD, ranged GET, LIST and uploads, retried.
 
@@ -179,11 +190,7 @@ class S3Store:
                 resp = self._call(page, under, "listing", StoreReadError)
             except StoreReadError as e:  # listing happens at start: a set-up problem
                 raise ConfigError(str(e)) from e
-            for obj in resp.get("Contents", []):
-                rel = obj["Key"][len(full_prefix):]
-                if rel.endswith(suffix):
-                    found.append((rel, int(obj["Size"]), str(obj.get("ETag", ""))) if versions
-                                 else (rel, int(obj["Size"])))
+            found += _listed(resp, full_prefix, suffix, versions)
             if not resp.get("IsTruncated"):
                 return found
             token = resp.get("NextContinuationToken")

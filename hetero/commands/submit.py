@@ -166,54 +166,33 @@ def join_specs(args: argparse.Namespace, clients) -> list:
 def specs_from_args(args: argparse.Namespace) -> list:
     """The JobSpec(s) the options describe; raises SubmitError before any AWS call."""
     from hetero.sagemaker.client import resolve_region
-    from hetero.sagemaker.images import training_image
-    from hetero.sagemaker.request import default_job_name, make_pair
-    from hetero.sagemaker.source import source_uri
-    from hetero.sagemaker.spec import (DATA, DNN, SECRET_ARN_ENV, SECRET_ENV, SECRET_HP, Group, JobSpec, SubmitError,
-                                       apply_input_modes, check_s3_uri, check_secret_arn, parse_duration, parse_group,
-                                       parse_input, parse_strings, parse_type_count, parse_vpc)
+    from hetero.sagemaker.request import default_job_name
+    from hetero.sagemaker.spec import SubmitError, check_s3_uri, parse_strings
 
-    groups = []
-    if args.data_group:
-        groups.append(Group(args.data_group_name, *parse_type_count(args.data_group, "--data-group"), DATA))
-    if args.dnn_group:
-        groups.append(Group(args.dnn_group_name, *parse_type_count(args.dnn_group, "--dnn-group"), DNN))
-    groups += [parse_group(text) for text in args.group]
-    instance = parse_type_count(args.instance, "--instance") if args.instance else None
-    if not groups and not instance:
-        raise SubmitError("no cluster: give --data-group and --dnn-group (heterogeneous), --instance "
-                          "(homogeneous), or the groups plus --pair for both")
-    if args.pair and not groups:
-        raise SubmitError("--pair needs the heterogeneous groups (--data-group/--dnn-group/--group)")
-    if groups and instance and not args.pair:
-        raise SubmitError("--instance together with instance groups: add --pair to submit both jobs, "
-                          "or drop one of them")
+    from .submit_spec import cluster_of, image_of, job_secrets, job_spec, with_secret
+
+    groups, instance = cluster_of(args)
     if not args.role:
         raise SubmitError(f"missing role: pass --role arn:aws:iam::ACCOUNT:role/NAME (the SageMaker execution "
                           f"role) or set ${ROLE_ENV}")
     output = check_s3_uri(args.output, "--output")
     region = resolve_region(args.region)
-    if args.image and args.framework_version:
-        raise SubmitError("give --image or --framework-version, not both")
-    if not args.image and not args.framework_version:
-        raise SubmitError("no training image: pass --image URI (e.g. our data/dnn image in ECR) or "
-                          "--framework-version 2.5 for the AWS PyTorch training image")
-    image = args.image
-    if not image:
-        types = [g.instance_type for g in groups] + ([instance[0]] if instance else [])
-        image, source = training_image(args.framework_version, region, types)
-        print(f"hetero submit: training image {image} (from the {source})", file=sys.stderr)
+    image = image_of(args, region, groups, instance)
     hps = parse_strings(args.hyperparameters, "--hyperparameters")
     if args.shards:
         hps = direct_shards(hps, check_s3_uri(args.shards, "--shards"))
     env = parse_strings(args.env, "--env")
-    secret = args.job_secret or hps.pop(SECRET_HP, None) or env.pop(SECRET_ENV, None)
-    secret_arn = args.job_secret_arn or env.pop(SECRET_ARN_ENV, None)
-    if secret and secret_arn:
-        raise SubmitError("give --job-secret or --job-secret-arn, not both (the ARN keeps the secret out of "
-                          "the request)")
-    kind = "pair" if args.pair else ("het" if groups else "hom")
-    name = args.job_name or default_job_name(kind)
+    secret, secret_arn = job_secrets(args, hps, env)
+    name = args.job_name or default_job_name("pair" if args.pair else ("het" if groups else "hom"))
+    _add_job_hyperparameters(args, hps, groups, output, name)
+    spec = job_spec(args, name, image, region, output, groups, instance, hps, env)
+    return with_secret(spec, args.pair, instance, secret, secret_arn)
+
+
+def _add_job_hyperparameters(args: argparse.Namespace, hps: dict, groups: list, output: str, name: str) -> None:
+    """Add to ``hps`` the registry the options ask for and, unless set, the live advice's prices and NIC figures."""
+    from hetero.sagemaker.spec import check_s3_uri
+
     if args.registry:
         hps["registry"] = (f"{output}/{name}/registry" if args.registry == "default"
                            else check_s3_uri(args.registry, "--registry"))
@@ -221,32 +200,6 @@ def specs_from_args(args: argparse.Namespace) -> list:
         hps.update(advice_prices([g.instance_type for g in groups], args.prices))
     if groups and "advice_network" not in hps:
         hps.update(advice_network([g.instance_type for g in groups], args.prices))
-    if args.volume_size < 1:
-        raise SubmitError(f"--volume-size {args.volume_size}: give at least 1 (GB)")
-    spec = JobSpec(
-        job_name=name, role=args.role, image=image, region=region, output=output,
-        groups=groups or [Group("homogeneousCluster", *instance)], homogeneous=not groups,
-        channels=apply_input_modes([parse_input(text) for text in args.input], args.input_mode),
-        hyperparameters=hps,
-        max_run_s=parse_duration(args.max_run, "--max-run"), spot=args.spot,
-        max_wait_s=parse_duration(args.max_wait, "--max-wait") if args.max_wait else None,
-        checkpoint_s3=check_s3_uri(args.checkpoint, "--checkpoint") if args.checkpoint else None,
-        volume_gb=args.volume_size,
-        source_s3=None if args.no_source else source_uri(
-            check_s3_uri(args.code_uri, "--code-uri") if args.code_uri else output, name),
-        environment=env,
-        tags={"hetero:mode": "heterogeneous" if groups else "homogeneous", **parse_strings(args.tag, "--tag")},
-        vpc=parse_vpc(args.subnet, args.security_group))
-    if secret:
-        spec.job_secret = secret
-    if secret_arn:
-        spec.job_secret_arn = check_secret_arn(secret_arn)
-    if not args.pair:
-        return [spec]
-    pair = list(make_pair(spec, instance))
-    if secret:
-        pair[1].job_secret = secret
-    return pair
 
 
 def run(args: argparse.Namespace) -> int:

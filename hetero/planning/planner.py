@@ -27,7 +27,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 
-from .cost import Cluster, PriceError, PriceTable
+from .cost import Cluster, InstancePrice, PriceError, PriceTable
 from .network import SINGLE_FLOW_GBPS, deliverable, images_to_gbps
 
 log = logging.getLogger(__name__)
@@ -132,18 +132,6 @@ class Plan:
                 "recommended": asdict(self.recommended) if self.recommended else None}
 
 
-def _option(table: PriceTable, label: str, cluster: Cluster, data_instance: str | None, data_count: int,
-            cores: float, pred: Prediction, target: float, steps_per_epoch: int | None, images_per_step: int = 1,
-            gbps_per_node: float | None = None) -> Option:
-    hourly = table.cluster_hourly(cluster)
-    per_step = table.cost_per_step(cluster, pred.step_s)
-    return Option(label, tuple(tuple(c) for c in cluster), data_instance, data_count, cores, pred.step_s,
-                  pred.data_wait_fraction, hourly, per_step, 1000 * per_step,
-                  steps_per_epoch * per_step if steps_per_epoch else None,
-                  pred.data_wait_fraction <= target + 1e-12, pred.binding, 1000 * per_step / images_per_step,
-                  gbps_per_node)
-
-
 def predict_network_step(preprocess_s: float, gpu_step_s: float, batch_size: int, consumers: int,
                          node_cores: float, data_nodes: int, bytes_per_sample: float,
                          data_nic_gbps: float | None, dnn_nic_gbps: float | None = None, dnn_nodes: int = 1,
@@ -175,6 +163,120 @@ def predict_network_step(preprocess_s: float, gpu_step_s: float, batch_size: int
     return Prediction(step_s, data_s, (step_s - gpu_step_s) / step_s, bound, d.binding if bound == "data" else "gpu")
 
 
+def _check_plan(target_wait: float, batch_size: int, dnn_count: int, max_count: int, reserve_cpus: int) -> None:
+    """Raise PlanError for a figure of :func:`plan` it cannot work with."""
+    if not 0 <= target_wait < 1:
+        raise PlanError(f"target_wait must be a share in [0, 1), e.g. 0.05 for 5%, got {target_wait!r}")
+    for name, value in (("batch_size", batch_size), ("dnn_count", dnn_count), ("max_count", max_count)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{name} must be an integer >= 1, got {value!r}")
+    if reserve_cpus < 0:
+        raise PlanError(f"reserve_cpus must be >= 0, got {reserve_cpus!r}")
+
+
+def _steps_per_epoch(epoch_samples: int, samples_per_step: int) -> int | None:
+    """Steps in an epoch of ``epoch_samples`` samples (None: no epoch given)."""
+    steps = epoch_samples // samples_per_step if epoch_samples else None
+    if epoch_samples and not steps:
+        raise PlanError(f"epoch_samples={epoch_samples} is less than one step ({samples_per_step} samples)")
+    return steps
+
+
+def _cheapest(options: list[Option]) -> Option | None:
+    """The lowest $/step of the options that meet the target (fewer data nodes on a tie); None: none does."""
+    meeting = [o for o in options if o.meets_target]
+    return min(meeting, key=lambda o: (o.usd_per_step, o.data_count)) if meeting else None
+
+
+@dataclass(frozen=True)
+class _Layouts:
+    """The layouts one plan compares, priced: its DNN group alone, or with ``n`` data nodes of one type."""
+
+    table: PriceTable
+    dnn_instance: str
+    dnn_count: int
+    dnn: InstancePrice
+    consumers: int
+    own_cores: int                  # the DNN nodes' vCPUs left for building batches
+    local_server: bool              # those vCPUs build batches beside the data nodes'
+    preprocess_s: float
+    gpu_step_s: float
+    batch_size: int
+    efficiency: float
+    bytes_per_sample: float | None  # None: the network is not modelled
+    encode_s: float
+    flow_gbps: float | None
+    goodput: float
+    target_wait: float
+    steps_per_epoch: int | None
+
+    @property
+    def images_per_step(self) -> int:
+        """Samples one step takes, over every accelerator."""
+        return self.batch_size * self.consumers
+
+    def homogeneous(self) -> Option:
+        """The DNN group building its own batches."""
+        return self._priced("homogeneous", [], None, 0, self.own_cores, self._cores_step(self.own_cores))
+
+    def with_data(self, data_type: str, row: InstancePrice, n: int) -> tuple[Prediction, Option]:
+        """The predicted step of the DNN group fed by ``n`` data nodes of ``data_type`` (``row``), and that layout."""
+        cores = n * row.vcpus + (self.own_cores if self.local_server else 0)
+        gbps = None
+        if self.bytes_per_sample is None:
+            pred = self._cores_step(cores)
+        else:
+            pred = predict_network_step(self.preprocess_s, self.gpu_step_s, self.batch_size, self.consumers,
+                                        row.vcpus, n, self.bytes_per_sample, row.baseline_gbps,
+                                        self.dnn.baseline_gbps, self.dnn_count, self.flow_gbps, self.encode_s,
+                                        self.efficiency, self.own_cores if self.local_server else 0.0, self.goodput)
+            gbps = images_to_gbps(self.images_per_step / pred.step_s / n, self.bytes_per_sample)
+        return pred, self._priced(f"{n} x {data_type}", [(data_type, n)], data_type, n, cores, pred, gbps)
+
+    def workload(self, reserve_cpus: int, max_count: int, wire: str) -> dict:
+        """The figures the plan was made for, as :attr:`Plan.workload` reports them."""
+        return {"dnn_instance": self.dnn_instance, "dnn_count": self.dnn_count, "consumers": self.consumers,
+                "preprocess_s": self.preprocess_s, "gpu_step_s": self.gpu_step_s, "batch_size": self.batch_size,
+                "target_wait": self.target_wait, "reserve_cpus": reserve_cpus, "efficiency": self.efficiency,
+                "local_server": self.local_server, "max_count": max_count, "steps_per_epoch": self.steps_per_epoch,
+                "prices_region": self.table.region, "prices_as_of": self.table.as_of,
+                "bytes_per_sample": self.bytes_per_sample, "encode_s": self.encode_s, "flow_gbps": self.flow_gbps,
+                "goodput": self.goodput, "wire": wire, "dnn_baseline_gbps": self.dnn.baseline_gbps,
+                "dnn_burst_gbps": self.dnn.burst_gbps,
+                "demand_gbps": (None if self.bytes_per_sample is None else
+                                images_to_gbps(self.images_per_step / self.gpu_step_s, self.bytes_per_sample))}
+
+    def _cores_step(self, cores: float) -> Prediction:
+        return predict_step(self.preprocess_s, self.gpu_step_s, cores, self.consumers, self.efficiency)
+
+    def _priced(self, label: str, data: Cluster, data_instance: str | None, data_count: int, cores: float,
+                pred: Prediction, gbps_per_node: float | None = None) -> Option:
+        cluster = [(self.dnn_instance, self.dnn_count)] + data
+        hourly = self.table.cluster_hourly(cluster)
+        per_step = self.table.cost_per_step(cluster, pred.step_s)
+        return Option(label, tuple(tuple(c) for c in cluster), data_instance, data_count, cores, pred.step_s,
+                      pred.data_wait_fraction, hourly, per_step, 1000 * per_step,
+                      self.steps_per_epoch * per_step if self.steps_per_epoch else None,
+                      pred.data_wait_fraction <= self.target_wait + 1e-12, pred.binding,
+                      1000 * per_step / self.images_per_step, gbps_per_node)
+
+
+def _best_of_type(layouts: _Layouts, data_type: str, max_count: int) -> Option:
+    """The cheapest count of ``data_type`` data nodes that meets the target; when none does, the best it can do."""
+    row = layouts.table.info(data_type)  # raises PriceError listing known types
+    if layouts.bytes_per_sample is not None and row.baseline_gbps is None:
+        log.warning("%s has no baseline_gbps in the instance table: its NIC is left out of the plan", data_type)
+    options = []
+    for n in range(1, max_count + 1):
+        pred, option = layouts.with_data(data_type, row, n)
+        options.append(option)
+        if pred.bound == "gpu" or pred.binding == "DNN NIC":
+            break  # more instances of this type would only add cost
+    # While data-bound, $/step = (dnn $/h + n * data $/h) * k / n falls as n grows, so the cheapest
+    # layout that meets the target is not always the smallest one: compare them all.
+    return _cheapest(options) or options[-1]
+
+
 def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: float, batch_size: int,
          dnn_count: int = 1, data_types: list[str] | None = None, max_count: int = 16,
          target_wait: float = 0.05, reserve_cpus: int = 1, efficiency: float = 1.0,
@@ -204,70 +306,23 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
     Raises:
         PriceError: unknown instance type (listing the known ones). PlanError: bad figure.
     """
-    if not 0 <= target_wait < 1:
-        raise PlanError(f"target_wait must be a share in [0, 1), e.g. 0.05 for 5%, got {target_wait!r}")
-    for name, value in (("batch_size", batch_size), ("dnn_count", dnn_count), ("max_count", max_count)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{name} must be an integer >= 1, got {value!r}")
-    if reserve_cpus < 0:
-        raise PlanError(f"reserve_cpus must be >= 0, got {reserve_cpus!r}")
+    _check_plan(target_wait, batch_size, dnn_count, max_count, reserve_cpus)
     dnn = table.info(dnn_instance)
     if dnn.gpus < 1:
         log.warning("%s has no GPU in the price table; planning as if it had one accelerator", dnn_instance)
     consumers = dnn_count * max(1, dnn.gpus)
-    own_cores = dnn_count * max(1, dnn.vcpus - reserve_cpus * max(1, dnn.gpus))
-    steps_per_epoch = epoch_samples // (batch_size * consumers) if epoch_samples else None
-    if epoch_samples and not steps_per_epoch:
-        raise PlanError(f"epoch_samples={epoch_samples} is less than one step ({batch_size * consumers} samples)")
-
+    steps_per_epoch = _steps_per_epoch(epoch_samples, batch_size * consumers)
     if bytes_per_sample is not None:
         _positive("bytes_per_sample", bytes_per_sample)
-
-    def predict(cores: float) -> Prediction:
-        return predict_step(preprocess_s, gpu_step_s, cores, consumers, efficiency)
-
-    def predict_net(row, n: int) -> Prediction:
-        return predict_network_step(preprocess_s, gpu_step_s, batch_size, consumers, row.vcpus, n, bytes_per_sample,
-                                    row.baseline_gbps, dnn.baseline_gbps, dnn_count, flow_gbps, encode_s, efficiency,
-                                    own_cores if local_server else 0.0, goodput)
-
-    dnn_cluster = [(dnn_instance, dnn_count)]
-    images_per_step = batch_size * consumers
-    homo = _option(table, "homogeneous", dnn_cluster, None, 0, own_cores, predict(own_cores), target_wait,
-                   steps_per_epoch, images_per_step)
+    own_cores = dnn_count * max(1, dnn.vcpus - reserve_cpus * max(1, dnn.gpus))
+    layouts = _Layouts(table, dnn_instance, dnn_count, dnn, consumers, own_cores, local_server, preprocess_s,
+                       gpu_step_s, batch_size, efficiency, bytes_per_sample, encode_s, flow_gbps, goodput, target_wait,
+                       steps_per_epoch)
+    homo = layouts.homogeneous()
     types = data_types if data_types else [t for t in table.known() if table.info(t).gpus == 0]
-    candidates = []
-    for t in types:
-        row = table.info(t)  # raises PriceError listing known types
-        if bytes_per_sample is not None and row.baseline_gbps is None:
-            log.warning("%s has no baseline_gbps in the instance table: its NIC is left out of the plan", t)
-        options = []
-        for n in range(1, max_count + 1):
-            cores = n * row.vcpus + (own_cores if local_server else 0)
-            pred = predict(cores) if bytes_per_sample is None else predict_net(row, n)
-            gbps = (None if bytes_per_sample is None else
-                    images_to_gbps(images_per_step / pred.step_s / n, bytes_per_sample))
-            options.append(_option(table, f"{n} x {t}", dnn_cluster + [(t, n)], t, n, cores, pred, target_wait,
-                                   steps_per_epoch, images_per_step, gbps))
-            if pred.bound == "gpu" or pred.binding == "DNN NIC":
-                break  # more instances of this type would only add cost
-        # While data-bound, $/step = (dnn $/h + n * data $/h) * k / n falls as n grows, so the cheapest
-        # layout that meets the target is not always the smallest one: compare them all.
-        meeting = [o for o in options if o.meets_target]
-        candidates.append(min(meeting, key=lambda o: (o.usd_per_step, o.data_count)) if meeting
-                          else options[-1])  # none meets it: show the best this type can do
-    meeting = [c for c in candidates if c.meets_target]
-    recommended = min(meeting, key=lambda c: (c.usd_per_step, c.data_count)) if meeting else None
-    workload = {"dnn_instance": dnn_instance, "dnn_count": dnn_count, "consumers": consumers,
-                "preprocess_s": preprocess_s, "gpu_step_s": gpu_step_s, "batch_size": batch_size,
-                "target_wait": target_wait, "reserve_cpus": reserve_cpus, "efficiency": efficiency,
-                "local_server": local_server, "max_count": max_count, "steps_per_epoch": steps_per_epoch,
-                "prices_region": table.region, "prices_as_of": table.as_of, "bytes_per_sample": bytes_per_sample,
-                "encode_s": encode_s, "flow_gbps": flow_gbps, "goodput": goodput, "wire": wire,
-                "dnn_baseline_gbps": dnn.baseline_gbps, "dnn_burst_gbps": dnn.burst_gbps,
-                "demand_gbps": (None if bytes_per_sample is None else
-                                images_to_gbps(images_per_step / gpu_step_s, bytes_per_sample))}
-    return Plan(workload, homo, sorted(candidates, key=lambda c: c.usd_per_step), recommended)
+    candidates = [_best_of_type(layouts, t, max_count) for t in types]
+    return Plan(layouts.workload(reserve_cpus, max_count, wire), homo,
+                sorted(candidates, key=lambda c: c.usd_per_step), _cheapest(candidates))
 
 
 __all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "plan", "predict_network_step", "predict_step"]

@@ -141,6 +141,26 @@ def test_a_failing_step_leaves_no_loader_worker_behind(tmp_path, monkeypatch, fr
     assert left == [], f"loader workers still running after the failed run: {left}"
 
 
+def crash_at_step_12(model, batch, optimizer, device) -> float:
+    """A step that fails on its 12th call: the process dies the way a hardware fault kills it."""
+    crash_at_step_12.calls = getattr(crash_at_step_12, "calls", 0) + 1
+    if crash_at_step_12.calls == 12:
+        raise RuntimeError("injected crash (test_resume:crash_at_step_12)")
+    return 0.0
+
+
+def test_checkpoint_every_leaves_the_last_multiple_on_disk_when_a_step_crashes(tmp_path, monkeypatch,
+                                                                              fresh_forkserver):
+    from launcher.dnn_node import EXIT_TRAINING_FAILED
+
+    monkeypatch.setattr(crash_at_step_12, "calls", 0, raising=False)
+    job = inprocess_job(tmp_path, step="test_resume:crash_at_step_12", pipeline="examples.synthetic:build_pipeline",
+                        pipeline_options={"size": 64, "batch_size": 4}, checkpoint_every=5)
+    assert run_trainers(job, 300) == EXIT_TRAINING_FAILED
+    ckpt = checkpoint.load(job.checkpoint_dir)  # no checkpoint on a crash: the step-10 one stays
+    assert ckpt["steps"] == 10 and ckpt["data"][0]["position"] == 10
+
+
 def test_a_checkpoint_of_another_job_is_refused_with_the_fix(tmp_path):
     ckpt = {"world_size": 4, "seed": 0, "pipeline": "p:b", "pipeline_options": {}, "model_target": "m:N"}
     checkpoint.check_compatible(ckpt, "x", world_size=4, seed=0, pipeline="p:b", pipeline_options={}, model="m:N")

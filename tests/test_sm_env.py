@@ -96,6 +96,12 @@ def test_current_group_with_no_hosts(tmp_path):
         load_env(make_root(tmp_path, rc), {})
 
 
+def test_current_host_outside_its_own_group(tmp_path):
+    rc = dict(HETERO, current_host="algo-2")  # algo-2 is in dnn_group, the file says data_group
+    with pytest.raises(ConfigError, match=r"current_host='algo-2' is not in its group 'data_group' \(hosts \['algo-1'\]\)"):
+        load_env(make_root(tmp_path, rc), {})
+
+
 @pytest.mark.parametrize("broken, message", [
     ({"hosts": ["algo-1"]}, "no current_host"),
     ({"current_host": "algo-9", "hosts": ["algo-1"]}, "not among the job's hosts"),

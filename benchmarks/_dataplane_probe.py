@@ -25,46 +25,27 @@ import sys
 import threading
 import time
 
-# A sibling module, found through the script's own folder (first on sys.path), whatever checkout
-# PYTHONPATH names for the product.
-from _proc import usage
+# benchmarks/common, found as the package ``common`` through the script's own folder (first on
+# sys.path): ``benchmarks`` on PYTHONPATH is the checkout under test's, which may have none.
+from common.proc import usage
+from common.servers import blob_command, shutdown, start, wait_ready
 
 TOKEN = "bench"
 
 
 def _free_port() -> int:
+    # hetero.ports is not in every checkout this runs against: the kernel picks the port.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def _serve(batch_bytes: int, workers: int, slots: int = 4) -> tuple[subprocess.Popen, str]:
-    from dnn_worker import ControlClient
-
     port = _free_port()
-    cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", "examples.synthetic:build_blob_pipeline",
-           "-o", "size=1000000", "-o", f"batch_bytes={batch_bytes}", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--slots-per-worker", str(slots),
-           "--max-batch-bytes", str(max(2 * batch_bytes, 1 << 20)), "--token", TOKEN]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = start(blob_command(port, batch_bytes, workers, TOKEN, slots))
     address = f"127.0.0.1:{port}"
-    with ControlClient(address, TOKEN) as ctl:
-        ctl.wait_hello(120)
+    wait_ready(address, TOKEN)
     return proc, address
-
-
-def _stop(proc: subprocess.Popen, address: str) -> None:
-    from dnn_worker import ControlClient
-
-    try:
-        with ControlClient(address, TOKEN) as ctl:
-            ctl.shutdown(grace_s=1)
-        proc.wait(30)
-    except Exception:
-        pass
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
 
 
 def _proc_stat(pid: int | None = None) -> tuple[float, int]:
@@ -98,6 +79,7 @@ def _connection(address: str, port: int, shm: bool):
 
 
 def threads(connections: int) -> dict:
+    """Server threads, RSS and fds (and this process's threads) with ``connections`` idle connections."""
     from dnn_worker import ControlClient
 
     proc, address = _serve(1 << 16, 1)
@@ -116,7 +98,7 @@ def threads(connections: int) -> dict:
         for c in conns:
             c.close()
     finally:
-        _stop(proc, address)
+        shutdown(proc, address, TOKEN)
     return {"connections": connections, "server_threads_idle": server_before, "server_threads": server_after,
             "consumer_threads_added": own_after - own_before, "server_rss_added_kib": rss_after - rss_before,
             "server_fds_added": fds_after - fds_before}
@@ -133,6 +115,7 @@ def _busy(us: float) -> float:
 
 
 def stream(batch_bytes: int, seconds: float, shm: bool, workers: int, busy_us: float = 0.0) -> dict:
+    """Batches/s, GB/s, CPU and context switches per batch of the server and this consumer."""
     from dnn_worker import RemoteDataset
 
     proc, address = _serve(batch_bytes, workers)
@@ -153,7 +136,7 @@ def stream(batch_bytes: int, seconds: float, shm: bool, workers: int, busy_us: f
         c_cpu1, c_sw1 = _proc_stat()
         del it
     finally:
-        _stop(proc, address)
+        shutdown(proc, address, TOKEN)
     return {"batch_bytes": batch_bytes, "shm": shm, "batches": n, "seconds": elapsed,
             "batches_per_s": n / elapsed, "gbps": nbytes / elapsed / 1e9,
             "server_cpu_ms_per_batch": (s_cpu1 - s_cpu0) / n * 1e3,
@@ -163,6 +146,7 @@ def stream(batch_bytes: int, seconds: float, shm: bool, workers: int, busy_us: f
 
 
 def main() -> int:
+    """Run the probe named on the command line with its JSON arguments; print its figures as one JSON line."""
     kind, args = sys.argv[1], json.loads(sys.argv[2])
     result = {"threads": threads, "stream": stream}[kind](**args)
     print(json.dumps(result), flush=True)

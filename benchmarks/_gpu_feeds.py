@@ -25,7 +25,7 @@ import torch
 
 from hetero.planning.profile import pinned  # noqa: F401  (the feeds' and gpu.py's)
 
-from ._proc import descendants, usage
+from .common.proc import descendants, tree_cpu, usage
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
 TOKEN = "gpu-bench"
@@ -158,9 +158,7 @@ def servers(dev: Device, folder: str, images: int, batch: int, size: int, data_c
         server.stop()
         raise
 
-    def data_cpu() -> float:
-        return usage([server.pid, *descendants(server.pid)])[0]
-    return Feed("servers", _endless(feeder, epochs), data_cpu, close=server.stop,
+    return Feed("servers", _endless(feeder, epochs), lambda: tree_cpu(server.pid), close=server.stop,
                 notes={"transport": "shared memory" if shared_memory else "TCP (loopback)"})
 
 

@@ -25,16 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.elastic_drill import PIPELINE, wait_for, windows
+from benchmarks.common import cli, drill, report
+from benchmarks.common.drill import LocalJob, windows
 
 TOKEN = "autoscale-drill-token"
 PRICE = 0.5  # $/h of one emulated data node
@@ -44,10 +44,8 @@ _AUTOSCALE = re.compile(r"autoscale at step (\d+) .*?node change ([+-]?\d+) \((\
 
 
 def _stamp(line: str) -> float | None:
-    import datetime
-
     m = _LINE_TIME.match(line)
-    return datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+    return drill.log_time(m.group(1)) if m else None
 
 
 def decisions(log: Path) -> list[dict]:
@@ -119,11 +117,55 @@ def phase_report(census: Census, acts: list[dict], start: float, end: float, adv
             "actions": moves, "flaps": flaps}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=None, help="folder for the job's output (default: a temp dir)")
-    ap.add_argument("--sample-ms", type=float, default=5.0, help="wall time per sample on a data node")
-    ap.add_argument("--batch-size", type=int, default=8)
+@dataclass(frozen=True)
+class Plan:
+    """The phases: each one's emulated step, its batches (its ideal length over its step) and first step."""
+
+    steps: list[float]
+    counts: list[int]
+
+    @classmethod
+    def parse(cls, steps: str, lengths: str) -> "Plan":
+        """The plan of ``--steps`` and ``--phase-s`` (comma-separated seconds)."""
+        step_s = [float(s) for s in steps.split(",")]
+        return cls(step_s, [int(round(float(length) / step)) for step, length in zip(step_s, lengths.split(","))])
+
+    @property
+    def firsts(self) -> list[int]:
+        """The first step of each phase."""
+        return [sum(self.counts[:i]) for i in range(len(self.counts))]
+
+    @property
+    def total(self) -> int:
+        """Batches of the whole job."""
+        return sum(self.counts)
+
+    @property
+    def schedule(self) -> str:
+        """``emulate_step_schedule``: the step each later phase starts with, at its first step."""
+        return ",".join(f"{first}:{step}" for first, step in zip(self.firsts[1:], self.steps[1:]))
+
+    @property
+    def ideal_s(self) -> float:
+        """The job's length were every step its emulated step."""
+        return sum(c * s for c, s in zip(self.counts, self.steps))
+
+
+@dataclass
+class Run:
+    """The job as it ran: the census of its data nodes, its wall clock, exit status and output."""
+
+    census: Census
+    started: float
+    ended: float
+    rc: int
+    tail: str
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The drill's command line."""
+    ap = cli.parser(__doc__)
+    drill.add_job_options(ap)
     ap.add_argument("--steps", default="0.06,0.02,0.04", help="the emulated step of each phase, seconds")
     ap.add_argument("--phase-s", default="60,90,90", help="each phase's ideal length, seconds")
     ap.add_argument("--max", type=int, default=6)
@@ -132,95 +174,111 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-after", type=int, default=3, help="advice windows in a row that say fewer before a drain")
     ap.add_argument("--advice-every", type=int, default=100)
     ap.add_argument("--converge-within-s", type=float, default=60.0, help="the stated time to converge")
-    args = ap.parse_args(argv)
-    from hetero.testing import check_audit
+    return ap.parse_args(argv)
 
-    steps = [float(s) for s in args.steps.split(",")]
-    lengths = [float(s) for s in args.phase_s.split(",")]
-    counts = [int(round(length / step)) for step, length in zip(steps, lengths)]
-    firsts = [sum(counts[:i]) for i in range(len(counts))]
-    total = sum(counts)
-    work = args.work or Path(tempfile.mkdtemp(prefix="hetero-autoscale-"))
-    work.mkdir(parents=True, exist_ok=True)
-    registry, audit, out = work / "registry", work / "audit.jsonl", work / "out"
-    options = {"size": total * args.batch_size, "batch_size": args.batch_size, "sleep_ms": args.sample_ms}
-    schedule = ",".join(f"{first}:{step}" for first, step in zip(firsts[1:], steps[1:]))
-    hps = {"pipeline": PIPELINE, **{f"pipeline.{k}": v for k, v in options.items()}, "data_workers": 1,
-           "emulate_step_s": steps[0], "emulate_step_schedule": schedule, "advice_every": args.advice_every,
-           "warmup_steps": 10, "log_every": 50, "evaluate": "", "advice_prices": json.dumps({"ml.local": PRICE})}
+
+def job_command(args: argparse.Namespace, plan: Plan, job: LocalJob) -> list[str]:
+    """``hetero local --autoscale`` from one data node, with the phases' step schedule."""
+    hps = job.hyperparameters(plan.steps[0], args.advice_every, PRICE, schedule=plan.schedule)
     scale = {"min": 1, "max": args.max, "usd_per_hour": args.usd_per_hour, "cooldown_s": args.cooldown_s,
              "in_after": args.in_after, "workers": 1, "ttl_s": 5}
-    cmd = [sys.executable, "-m", "hetero", "local", "--data-nodes", "1", "--registry", str(registry), "--audit",
-           str(audit), "--output", str(out), "--quiet", "--timeout", "1200", "--autoscale",
-           *[f"{k}={v}" for k, v in scale.items()]]
-    for k, v in hps.items():
-        cmd += ["--hp", f"{k}={v}"]
-    env = {**os.environ, "HETERO_JOB_TOKEN": TOKEN}
-    per_node = 1000 / (args.sample_ms * args.batch_size)
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one data node of {per_node:.0f} "
-          f"batches/s; emulated step {' -> '.join(f'{s * 1000:.0f} ms' for s in steps)} at steps {firsts}; "
-          f"{total} batches; max {args.max}, cap {args.usd_per_hour} $/h at {PRICE} $/h per node; output {work}",
-          flush=True)
-    census = Census(registry, own=0).start()  # the job's own data node registers too
+    return job.command(hps, timeout=1200, extra=("--autoscale", *[f"{k}={v}" for k, v in scale.items()]))
+
+
+def run_job(job: LocalJob, cmd: list[str]) -> Run:
+    """Run the job to its end while a census samples the data nodes serving."""
+    census = Census(job.registry, own=0).start()  # the job's own data node registers too
     started = time.time()
-    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, env=job.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        tail = job.communicate(timeout=1500)[0]
+        tail = proc.communicate(timeout=1500)[0]
     finally:
-        if job.poll() is None:
-            job.kill()
+        if proc.poll() is None:
+            proc.kill()
         census.stop()
-    ended = time.time()
-    rc = job.returncode
-    log = out / "logs" / "algo-1.log"
-    acts = decisions(log)
+    return Run(census, started, time.time(), proc.returncode, tail)
+
+
+def phases(run: Run, plan: Plan, log: Path, acts: list[dict]) -> list[dict]:
+    """Each phase's report, bounded by the wall clock at which the trainer passed its first step."""
     wins = windows(log)  # (wall clock, last step, mean step) of each window line
 
     def step_time(step: int) -> float:  # wall clock when the trainer passed ``step``
-        return next((t for t, s, _ in wins if s >= step), ended)
+        return next((t for t, s, _ in wins if s >= step), run.ended)
 
-    trained = wins[-1][0] if wins else ended  # the last step: after it the job's end stops every server
-    bounds = [step_time(f) if f else started for f in firsts] + [trained]
-    phases = []
-    for i, step in enumerate(steps):
+    trained = wins[-1][0] if wins else run.ended  # the last step: after it the job's end stops every server
+    bounds = [step_time(f) if f else run.started for f in plan.firsts] + [trained]
+    out = []
+    for i, step in enumerate(plan.steps):
         start, end = bounds[i], bounds[i + 1]
         advised = [a["advised"] for a in acts if start <= a["t"] < end and a["advised"] is not None]
-        phases.append({"step_s": step, "start": round(start - started, 1), "length_s": round(end - start, 1),
-                       **phase_report(census, acts, start, end, advised[-1] if advised else 1)})
+        out.append({"step_s": step, "start": round(start - run.started, 1), "length_s": round(end - start, 1),
+                    **phase_report(run.census, acts, start, end, advised[-1] if advised else 1)})
+    return out
+
+
+def costs(args: argparse.Namespace, plan: Plan, run: Run, out: Path) -> dict:
+    """$ paid for the data nodes against the cheapest fixed size that meets the shortest step, and
+    the most nodes seen against what ``--max`` and the $/h cap allow."""
     metrics = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").exists() else {}
     node_cap = (metrics.get("advice") or {}).get("node_capacity_per_s") or 1000 / (args.sample_ms * args.batch_size)
-    fixed = max(1, math.ceil(max(1 / s for s in steps) / node_cap - 1e-9))  # meets the shortest step
-    ideal_s = sum(c * s for c, s in zip(counts, steps))
-    paid = census.node_seconds(started, ended) * PRICE / 3600
-    fixed_usd = fixed * ideal_s * PRICE / 3600
-    cap_nodes = int(args.usd_per_hour / PRICE + 1e-9)
-    peak = max((n for _, n in census.samples), default=0)
-    counts_audit = check_audit(audit, {k: v for k, v in options.items() if k != "sleep_ms"}, seed=0,
-                               pipeline=PIPELINE)
-    for i, p in enumerate(phases):
+    fixed = max(1, math.ceil(max(1 / s for s in plan.steps) / node_cap - 1e-9))  # meets the shortest step
+    paid = run.census.node_seconds(run.started, run.ended) * PRICE / 3600
+    fixed_usd = fixed * plan.ideal_s * PRICE / 3600
+    return {"node_cap": node_cap, "fixed": fixed, "paid": paid, "fixed_usd": fixed_usd,
+            "cap_nodes": int(args.usd_per_hour / PRICE + 1e-9),
+            "peak": max((n for _, n in run.census.samples), default=0)}
+
+
+def print_report(args: argparse.Namespace, plan: Plan, run: Run, phase_rows: list[dict], cost: dict,
+                 audit: dict) -> None:
+    """Each phase's figures, the bounds, the $ against the fixed size, the job and its audit."""
+    for i, p in enumerate(phase_rows):
         print(f"phase {i + 1}: step {p['step_s'] * 1000:.0f} ms from {p['start']} s for {p['length_s']} s: advised "
               f"{p['advised']} nodes; within one node of it after {p['converge_s']} s, at it after {p['reach_s']} s; "
               f"peak {p['peak']}, "
               f"overshoot {p['overshoot']}, final {p['final']}; actions {p['actions']}, flaps {p['flaps']}")
-    print(f"never above max {args.max} / cap {cap_nodes} nodes: peak {peak}")
-    print(f"$ paid {paid:.5f} (node-seconds at {PRICE} $/h) vs {fixed_usd:.5f} for {fixed} fixed node(s) over the "
-          f"ideal {ideal_s:.0f} s: ratio {paid / fixed_usd:.2f} (node capacity {node_cap:.1f} batches/s)")
-    print(f"job exit {rc} after {ended - started:.0f} s; audit: {counts_audit['delivered']} batches trained of "
-          f"{total}, "
-          f"lost {counts_audit['lost']}, duplicated {counts_audit['duplicated']}, corrupt {counts_audit['corrupt']}")
-    summary = {"phases": phases, "peak": peak, "max": args.max, "cap_nodes": cap_nodes, "paid_usd": paid,
-               "fixed_nodes": fixed, "fixed_usd": fixed_usd, "ratio": paid / fixed_usd, "audit": counts_audit,
-               "job_exit": rc, "decisions": acts, "census": census.samples, "command": cmd}
-    (work / "drill.json").write_text(json.dumps(summary, indent=1, default=str))
-    changed = phases[1:]  # the phases after a step change must converge by themselves
-    ok = (rc == 0 and counts_audit["lost"] == counts_audit["duplicated"] == counts_audit["corrupt"] == 0
-          and peak <= min(args.max, cap_nodes) and all(p["flaps"] == 0 for p in phases)
-          and all(p["converge_s"] is not None and p["converge_s"] <= args.converge_within_s for p in changed)
-          and paid / fixed_usd <= 1.15)
-    if rc != 0:
-        print(tail[-3000:])
-    print("drill: " + ("passed" if ok else "FAILED"))
-    return 0 if ok else 1
+    print(f"never above max {args.max} / cap {cost['cap_nodes']} nodes: peak {cost['peak']}")
+    print(f"$ paid {cost['paid']:.5f} (node-seconds at {PRICE} $/h) vs {cost['fixed_usd']:.5f} for {cost['fixed']} "
+          f"fixed node(s) over the ideal {plan.ideal_s:.0f} s: ratio {cost['paid'] / cost['fixed_usd']:.2f} (node "
+          f"capacity {cost['node_cap']:.1f} batches/s)")
+    print(f"job exit {run.rc} after {run.ended - run.started:.0f} s; {drill.audit_line(audit, plan.total)}")
+
+
+def passed(args: argparse.Namespace, run: Run, phase_rows: list[dict], cost: dict, audit: dict) -> bool:
+    """A clean job and audit, never above the bounds, no flaps, every step change converged in
+    time, and at most 15 % more paid than the fixed size."""
+    changed = phase_rows[1:]  # the phases after a step change must converge by themselves
+    return (run.rc == 0 and drill.every_batch_once(audit) and cost["peak"] <= min(args.max, cost["cap_nodes"])
+            and all(p["flaps"] == 0 for p in phase_rows)
+            and all(p["converge_s"] is not None and p["converge_s"] <= args.converge_within_s for p in changed)
+            and cost["paid"] / cost["fixed_usd"] <= 1.15)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the drill; 0 when it passed (see :func:`passed`)."""
+    args = parse_args(argv)
+    plan = Plan.parse(args.steps, args.phase_s)
+    job = LocalJob.make(args.work, "hetero-autoscale-", TOKEN, plan.total, args.batch_size, args.sample_ms)
+    cmd = job_command(args, plan, job)
+    print(f"{report.stamp()}: one data node of {1000 / (args.sample_ms * args.batch_size):.0f} batches/s; emulated "
+          f"step {' -> '.join(f'{s * 1000:.0f} ms' for s in plan.steps)} at steps {plan.firsts}; {plan.total} "
+          f"batches; max {args.max}, cap {args.usd_per_hour} $/h at {PRICE} $/h per node; output {job.work}",
+          flush=True)
+    run = run_job(job, cmd)
+    acts = decisions(job.trainer_log)
+    phase_rows = phases(run, plan, job.trainer_log, acts)
+    cost = costs(args, plan, run, job.out)
+    audit = job.check_audit()
+    print_report(args, plan, run, phase_rows, cost, audit)
+    summary = {"phases": phase_rows, "peak": cost["peak"], "max": args.max, "cap_nodes": cost["cap_nodes"],
+               "paid_usd": cost["paid"], "fixed_nodes": cost["fixed"], "fixed_usd": cost["fixed_usd"],
+               "ratio": cost["paid"] / cost["fixed_usd"], "audit": audit, "job_exit": run.rc, "decisions": acts,
+               "census": run.census.samples, "command": cmd}
+    ok = passed(args, run, phase_rows, cost, audit)
+    if run.rc != 0:
+        print(run.tail[-3000:])
+    return drill.finish(job, summary, ok)
 
 
 if __name__ == "__main__":

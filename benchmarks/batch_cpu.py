@@ -11,30 +11,15 @@ processes and of the consumer, over ``--batches`` batches after a warm-up, ``--r
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 
-import psutil
+from benchmarks.common import cli, report
+from benchmarks.common.proc import descendants, tree_cpu, usage
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
-
-
-def _own_cpu(p: psutil.Process) -> float:
-    try:
-        t = p.cpu_times()
-        return t.user + t.system
-    except psutil.Error:
-        return 0.0
-
-
-def _tree_cpu(p: psutil.Process) -> float:
-    try:
-        return _own_cpu(p) + sum(_own_cpu(c) for c in p.children(recursive=True))
-    except psutil.Error:
-        return 0.0
 
 
 def in_process(options: dict, n: int) -> tuple[float, float]:
@@ -64,13 +49,12 @@ def dataloader(options: dict, n: int) -> tuple[float, float]:
     it = iter(loader)
     for _ in range(5):
         next(it)
-    me = psutil.Process()
     # the worker is a child of the forkserver: every descendant once, by its own CPU
-    kids = me.children(recursive=True)
-    k0, m0 = sum(_own_cpu(k) for k in kids), time.process_time()
+    kids = descendants(os.getpid())
+    k0, m0 = usage(kids)[0], time.process_time()
     for _ in range(n):
         next(it)
-    k1, m1 = sum(_own_cpu(k) for k in kids), time.process_time()
+    k1, m1 = usage(kids)[0], time.process_time()
     return (k1 - k0) / n, (m1 - m0) / n
 
 
@@ -83,18 +67,17 @@ def data_server(options: dict, n: int) -> tuple[float, float]:
         it = iter(RemoteDataset([server.address], TOKEN, seed=1))
         for _ in range(5):
             next(it)
-        sp = psutil.Process(server.proc.pid)
-        k0, m0 = _tree_cpu(sp), time.process_time()
+        k0, m0 = tree_cpu(server.proc.pid), time.process_time()
         for _ in range(n):
             next(it)
-        k1, m1 = _tree_cpu(sp), time.process_time()
+        k1, m1 = tree_cpu(server.proc.pid), time.process_time()
         return (k1 - k0) / n, (m1 - m0) / n
     finally:
         server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--images-dir", default="/tmp/photos")
     ap.add_argument("--batches", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
@@ -109,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     os.sched_setaffinity(0, {args.cpu})  # every process below inherits the one core
     options = {"data_dir": args.images_dir, "batch_size": args.batch_size, "limit": need, "decode": args.decode}
     print(f"{need} photo-like JPEGs, batch {args.batch_size}, decode={args.decode}, everything on CPU {args.cpu}, "
-          f"{args.batches} batches x {args.rounds} rounds, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{args.batches} batches x {args.rounds} rounds, {report.stamp()}")
     ways = {"in-process build_batch": in_process, "DataLoader worker (LocalDataset)": dataloader,
             "data server, 1 worker (RemoteDataset)": data_server}
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in ways}

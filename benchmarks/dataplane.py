@@ -29,12 +29,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .common import cli, report
 from .floors import raw_tcp_cpu, round_trip_cpu
 from .transport import memcpy, raw_tcp
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 KB, MB = 1 << 10, 1 << 20
+FIGURES = (("batches_per_s", "batches/s"), ("gbps", "GB/s"), ("server_cpu_ms_per_batch", "server CPU ms/batch"),
+           ("consumer_cpu_ms_per_batch", "consumer CPU ms/batch"),
+           ("server_switches_per_batch", "server context switches/batch"),
+           ("consumer_switches_per_batch", "consumer context switches/batch"))
 
 
 def probe(root: Path, kind: str, **args) -> dict:
@@ -51,80 +56,93 @@ def _median(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _cpu_per_batch(rows: list[dict]) -> float:
+    """Server + consumer CPU ms per batch, each the median of ``rows``."""
+    return _median(rows, "server_cpu_ms_per_batch") + _median(rows, "consumer_cpu_ms_per_batch")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's command line."""
+    parser = cli.parser(__doc__)
     parser.add_argument("--baseline-root", required=True, help="another checkout of this repository to compare with")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured time per streaming point")
     parser.add_argument("--repeats", type=int, default=3, help="runs per point and checkout; medians are reported")
     parser.add_argument("--workers", type=int, default=1, help="server worker processes")
     parser.add_argument("--busy-us", type=float, default=300.0,
                         help="CPU microseconds the busy consumer spends per batch (0: leave those points out)")
-    parser.add_argument("--json", default=None, help="write all figures here")
-    args = parser.parse_args(argv)
-    base = Path(args.baseline_root).resolve()
-    if not (base / "data_service" / "server.py").is_file():
-        print(f"--baseline-root {str(base)!r} is not a checkout of this repository (no data_service/server/data_server.py)",
-              file=sys.stderr)
-        return 2
-    roots = {"baseline": base, "this": ROOT}
-    print(f"data-plane benchmark: {ROOT} (this) vs {base} (baseline), {os.cpu_count()} cores, "
-          f"{args.repeats} runs x {args.seconds}s per point, {args.workers} server worker(s)", flush=True)
-    results: dict = {"threads": {}, "stream": {}}
+    cli.add_json(parser)
+    return parser.parse_args(argv)
 
+
+def threads(roots: dict[str, Path]) -> dict:
+    """Server threads, RSS and fds with 1, 16 and 64 idle connections, per checkout; printed as they come."""
     print("\n| idle connections | server threads, baseline | this | consumer threads added, baseline | this "
           "| server RSS added KiB, baseline | this | server fds added, baseline | this |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out = {}
     for n in (1, 16, 64):
-        got = {name: probe(root, "threads", connections=n) for name, root in roots.items()}
-        results["threads"][n] = got
+        got = out[n] = {name: probe(root, "threads", connections=n) for name, root in roots.items()}
         print(f"| {n} | {got['baseline']['server_threads']} | {got['this']['server_threads']} | "
               f"{got['baseline']['consumer_threads_added']} | {got['this']['consumer_threads_added']} | "
               f"{got['baseline']['server_rss_added_kib']} | {got['this']['server_rss_added_kib']} | "
               f"{got['baseline']['server_fds_added']} | {got['this']['server_fds_added']} |", flush=True)
+    return out
 
-    points = [("64 KB TCP", 64 * KB, False, 0.0), ("4 MB TCP", 4 * MB, False, 0.0), ("4 MB shm", 4 * MB, True, 0.0)]
-    if args.busy_us > 0:
-        busy = f"busy consumer ({args.busy_us:g} us/batch)"
-        points += [(f"64 KB TCP, {busy}", 64 * KB, False, args.busy_us),
-                   (f"4 MB TCP, {busy}", 4 * MB, False, args.busy_us),
-                   (f"4 MB shm, {busy}", 4 * MB, True, args.busy_us)]
-    refs = {}
-    for label, size, shm, busy_us in points:
+
+def points(busy_us: float) -> list[tuple[str, int, bool, float]]:
+    """(label, batch bytes, shared memory, busy microseconds) of each streaming point."""
+    out = [("64 KB TCP", 64 * KB, False, 0.0), ("4 MB TCP", 4 * MB, False, 0.0), ("4 MB shm", 4 * MB, True, 0.0)]
+    if busy_us > 0:
+        busy = f"busy consumer ({busy_us:g} us/batch)"
+        out += [(f"64 KB TCP, {busy}", 64 * KB, False, busy_us), (f"4 MB TCP, {busy}", 4 * MB, False, busy_us),
+                (f"4 MB shm, {busy}", 4 * MB, True, busy_us)]
+    return out
+
+
+def stream(roots: dict[str, Path], args: argparse.Namespace) -> tuple[dict, dict]:
+    """Every streaming point's runs per checkout, and the references measured beside them: raw TCP
+    messages/s at 64 KB, a cold memcpy at 4 MB."""
+    runs_by_point, refs = {}, {}
+    for label, size, shm, busy_us in points(args.busy_us):
         runs: dict[str, list[dict]] = {name: [] for name in roots}
         for _ in range(args.repeats):  # interleaved so drift hits both alike
             for name, root in roots.items():
                 runs[name].append(probe(root, "stream", batch_bytes=size, seconds=args.seconds, shm=shm,
                                         workers=args.workers, busy_us=busy_us))
-        results["stream"][label] = runs
+        runs_by_point[label] = runs
         if label == "64 KB TCP":
             refs["raw_tcp_msgs_per_s"] = statistics.median(
                 raw_tcp(size, args.seconds) * 1e9 / size for _ in range(args.repeats))
         if shm and not busy_us:
             refs["cold_memcpy_gbps"] = statistics.median(memcpy(size, args.seconds, cold=True)
                                                          for _ in range(args.repeats))
-    floors = {"64 KB TCP": [raw_tcp_cpu(64 * KB, args.seconds) for _ in range(args.repeats)],
-              "4 MB TCP": [raw_tcp_cpu(4 * MB, args.seconds) for _ in range(args.repeats)],
-              "4 MB shm": [round_trip_cpu(args.seconds) for _ in range(args.repeats)]}
-    refs["floor_cpu_ms"] = {label: _median(rows, "total_ms") for label, rows in floors.items()}
-    results["references"] = refs
+    return runs_by_point, refs
 
+
+def floor_cpu(seconds: float, repeats: int) -> dict[str, float]:
+    """The CPU floor ms per batch under each unbusy point (benchmarks/floors.py), medians."""
+    floors = {"64 KB TCP": [raw_tcp_cpu(64 * KB, seconds) for _ in range(repeats)],
+              "4 MB TCP": [raw_tcp_cpu(4 * MB, seconds) for _ in range(repeats)],
+              "4 MB shm": [round_trip_cpu(seconds) for _ in range(repeats)]}
+    return {label: _median(rows, "total_ms") for label, rows in floors.items()}
+
+
+def print_stream(stream_runs: dict) -> None:
+    """Each streaming point's figures, baseline against this checkout."""
     print("\n| point | figure | baseline | this | this / baseline |")
     print("|---|---|---:|---:|---:|")
-    for label, runs in results["stream"].items():
-        for key, name in (("batches_per_s", "batches/s"), ("gbps", "GB/s"),
-                          ("server_cpu_ms_per_batch", "server CPU ms/batch"),
-                          ("consumer_cpu_ms_per_batch", "consumer CPU ms/batch"),
-                          ("server_switches_per_batch", "server context switches/batch"),
-                          ("consumer_switches_per_batch", "consumer context switches/batch")):
+    for label, runs in stream_runs.items():
+        for key, name in FIGURES:
             b, t = _median(runs["baseline"], key), _median(runs["this"], key)
             print(f"| {label} | {name} | {b:.3f} | {t:.3f} | {t / b if b else float('nan'):.2f} |")
-        b = _median(runs["baseline"], "server_cpu_ms_per_batch") + _median(runs["baseline"], "consumer_cpu_ms_per_batch")
-        t = _median(runs["this"], "server_cpu_ms_per_batch") + _median(runs["this"], "consumer_cpu_ms_per_batch")
+        b, t = _cpu_per_batch(runs["baseline"]), _cpu_per_batch(runs["this"])
         print(f"| {label} | server + consumer CPU ms/batch | {b:.3f} | {t:.3f} | {t / b:.2f} |", flush=True)
-    raw = refs["raw_tcp_msgs_per_s"]
-    cold = refs["cold_memcpy_gbps"]
-    r64 = results["stream"]["64 KB TCP"]
-    shm4 = results["stream"]["4 MB shm"]
+
+
+def print_references(stream_runs: dict, refs: dict) -> None:
+    """The service against raw TCP and a cold memcpy, and both checkouts against the CPU floors."""
+    raw, cold = refs["raw_tcp_msgs_per_s"], refs["cold_memcpy_gbps"]
+    r64, shm4 = stream_runs["64 KB TCP"], stream_runs["4 MB shm"]
     print(f"\nraw TCP, 64 KB messages: {raw:,.0f}/s; service / raw TCP: baseline "
           f"{_median(r64['baseline'], 'batches_per_s') / raw:.3f}, this {_median(r64['this'], 'batches_per_s') / raw:.3f}")
     print(f"cold memcpy, 4 MB: {cold:.2f} GB/s; shared memory / cold memcpy: baseline "
@@ -132,14 +150,30 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| point | CPU floor ms/batch (both ends) | baseline / floor | this / floor | half the baseline / floor |")
     print("|---|---:|---:|---:|---:|")
     for label, floor in refs["floor_cpu_ms"].items():
-        runs = results["stream"][label]
-        b, t = (_median(runs[name], "server_cpu_ms_per_batch") + _median(runs[name], "consumer_cpu_ms_per_batch")
-                for name in ("baseline", "this"))
+        b, t = (_cpu_per_batch(stream_runs[label][name]) for name in ("baseline", "this"))
         what = "raw TCP pair, same size" if "TCP" in label else "round trip, header out and release back"
         print(f"| {label} ({what}) | {floor:.3f} | {b / floor:.2f} | {t / floor:.2f} | {b / 2 / floor:.2f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2, default=str)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure both checkouts, print the tables; 2 when ``--baseline-root`` is not a checkout."""
+    args = parse_args(argv)
+    base = Path(args.baseline_root).resolve()
+    # A checkout of either layout: the data server in one module, or in data_service/server/.
+    if not any((base / "data_service" / p).is_file() for p in ("server.py", "server/data_server.py")):
+        print(f"--baseline-root {str(base)!r} is not a checkout of this repository (no data_service/server.py "
+              "or data_service/server/data_server.py)", file=sys.stderr)
+        return 2
+    roots = {"baseline": base, "this": ROOT}
+    print(f"data-plane benchmark: {ROOT} (this) vs {base} (baseline), {os.cpu_count()} cores, "
+          f"{args.repeats} runs x {args.seconds}s per point, {args.workers} server worker(s)", flush=True)
+    results: dict = {"threads": threads(roots)}
+    results["stream"], refs = stream(roots, args)
+    refs["floor_cpu_ms"] = floor_cpu(args.seconds, args.repeats)
+    results["references"] = refs
+    print_stream(results["stream"])
+    print_references(results["stream"], refs)
+    report.write_json(args.json, results, default=str)
     return 0
 
 

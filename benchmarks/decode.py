@@ -32,17 +32,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import cli, report
+
 BATCH, SIZE, MIN_SCALE = 32, 224, 0.08
 OURS = ("fused", "whole", "cached", "pil", "floor")
 PEERS = ("tf", "tf-aa", "dali")
-
-
-def _files(root: str, count: int) -> list[str]:
-    files = sorted(str(p) for p in Path(root).glob("*/*.jpg"))[:count]
-    if len(files) < count:
-        raise SystemExit(f"{root} holds {len(files)} JPEGs, fewer than --images {count}; "
-                         f"python -m benchmarks.photos {root} --images {count}")
-    return files
 
 
 def _ours(files: list[str], kind: str):
@@ -99,17 +93,11 @@ def _floor(files: list[str]):
 
 
 def _tf(files: list[str], antialias: bool = False):
-    import tensorflow as tf
+    from benchmarks.common.tfdata import one_thread_options, sample_fn, single_threaded
 
-    from benchmarks._tf_service import sample_fn
-
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-
+    tf = single_threaded()
     load = sample_fn(fused=True, antialias=antialias)
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = 1
-    options.threading.max_intra_op_parallelism = 1
+    options = one_thread_options()
     options.autotune.enabled = False
     n = len(files) // BATCH * BATCH
     ds = tf.data.Dataset.from_tensor_slices(files[:n]).map(load).batch(BATCH).with_options(options)
@@ -234,7 +222,7 @@ def stages(files: list[str], cpu: int) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--images-dir", default="/tmp/photos")
     ap.add_argument("--images", type=int, default=1500)
     ap.add_argument("--repeats", type=int, default=3)
@@ -251,17 +239,17 @@ def main(argv: list[str] | None = None) -> int:
             files = json.load(f)
         print(json.dumps(worker(args.worker, files, args.cpu)))
         return 0
-    from benchmarks.photos import write_photo_folder
+    from benchmarks.photos import photo_files, write_photo_folder
 
     write_photo_folder(args.images_dir, args.images)
-    files = _files(args.images_dir, args.images)
+    files = photo_files(args.images_dir, args.images)
     from PIL import Image
 
     pixels = [Image.open(f).size for f in files]
     mean_px = statistics.mean(w * h for w, h in pixels)
     mean_kib = statistics.mean(os.path.getsize(f) for f in files) / 1024
     print(f"{len(files)} photo-like JPEGs, mean {mean_px / 1e3:.0f} k pixels, {mean_kib:.1f} KiB; "
-          f"batches of {BATCH} x {SIZE} px crops; core {args.cpu}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"batches of {BATCH} x {SIZE} px crops; core {args.cpu}; {report.stamp()}")
     files_json = os.path.join(os.path.dirname(os.path.abspath(args.images_dir)), ".decode-bench-files.json")
     with open(files_json, "w") as f:
         json.dump(files, f)
@@ -292,9 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, parts in st.items():
             total = sum(parts.values())
             print(f"\n{name}: {total:.0f} us per image = " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"images": len(files), "mean_kpixels": mean_px / 1e3, "mean_kib": mean_kib, **summary}, f, indent=1)
+    report.write_json(args.json, {"images": len(files), "mean_kpixels": mean_px / 1e3, "mean_kib": mean_kib,
+                                  **summary}, indent=1)
     return 0
 
 

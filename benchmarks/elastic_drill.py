@@ -15,33 +15,21 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import cli, drill, report
+from benchmarks.common.drill import PIPELINE, LocalJob, windows
+
 TOKEN = "elastic-drill-token"
-PIPELINE = "examples.synthetic:build_pipeline"
-_WINDOW = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*step (\d+): avg step time ([\d.]+) s over the last (\d+)",
-                     re.M)
-
-
-def windows(log: Path) -> list[tuple[float, int, float]]:
-    """(wall clock, last step, mean step time) of each logged window of the trainer."""
-    import datetime
-
-    if not log.exists():
-        return []
-    return [(datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(m.group(2)),
-             float(m.group(3))) for m in _WINDOW.finditer(log.read_text(errors="replace"))]
+PRICE = 0.5  # $/h of one emulated data node, for the advice
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+    """``predicate()``'s first true value within ``timeout`` seconds; ends the drill if none comes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = predicate()
@@ -51,92 +39,102 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
     raise SystemExit(f"elastic drill: timed out after {timeout:.0f} s waiting for {what}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=None, help="folder for the job's output (default: a temp dir)")
-    ap.add_argument("--sample-ms", type=float, default=5.0, help="wall time per sample on a data node")
-    ap.add_argument("--batch-size", type=int, default=8)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The drill's command line."""
+    ap = cli.parser(__doc__)
+    drill.add_job_options(ap)
     ap.add_argument("--step-s", type=float, default=0.01, help="emulated accelerator step")
     ap.add_argument("--batches", type=int, default=500, help="batches per epoch")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--advice-every", type=int, default=100)
     ap.add_argument("--max-join", type=int, default=6, help="start at most this many servers")
-    args = ap.parse_args(argv)
-    from hetero.commands.stats import latest_advice
-    from hetero.testing import ServerProc, check_audit
+    return ap.parse_args(argv)
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="hetero-drill-"))
-    work.mkdir(parents=True, exist_ok=True)
-    registry, audit, out = work / "registry", work / "audit.jsonl", work / "out"
-    registry.mkdir(exist_ok=True)
-    if audit.exists():
-        audit.unlink()
-    options = {"size": args.batches * args.batch_size, "batch_size": args.batch_size, "sleep_ms": args.sample_ms}
-    hps = {"pipeline": PIPELINE, **{f"pipeline.{k}": v for k, v in options.items()}, "data_workers": 1,
-           "emulate_step_s": args.step_s, "advice_every": args.advice_every, "warmup_steps": 10, "log_every": 50,
-           "evaluate": "", "advice_prices": json.dumps({"ml.local": 0.5})}
-    cmd = [sys.executable, "-m", "hetero", "local", "--data-nodes", "1", "--registry", str(registry), "--audit",
-           str(audit), "--output", str(out), "--epochs", str(args.epochs), "--quiet", "--timeout", "900"]
-    for k, v in hps.items():
-        cmd += ["--hp", f"{k}={v}"]
-    env = {**os.environ, "HETERO_JOB_TOKEN": TOKEN}
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one data node, {args.sample_ms} ms per sample "
-          f"x {args.batch_size} = {args.sample_ms * args.batch_size:.0f} ms per batch, emulated step "
-          f"{args.step_s * 1000:.0f} ms, {args.batches} batches x {args.epochs} epochs; output {work}", flush=True)
-    job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def first_advice(job: LocalJob, max_join: int) -> tuple[int, float]:
+    """Wait for rank 0's first advice; the data nodes it adds (at most ``max_join``) and the step it predicts."""
+    from hetero.commands.stats import latest_advice
+
+    logs = job.out / "logs"
+    advice = wait_for(lambda: logs.is_dir() and latest_advice(logs), 240, "the first advice line")
+    k = int(advice["figures"].get("advice:data_node_change", 0))
+    predicted = advice["figures"].get("advice:predicted_step_s")
+    print(f"advice: {advice['advice'].split('INFO ', 1)[-1]}", flush=True)
+    if k <= 0 or predicted is None:
+        raise SystemExit(f"elastic drill: the advice is {k:+d} nodes; the pipeline does not starve the step")
+    return min(k, max_join), predicted
+
+
+def join_servers(job: LocalJob, k: int, joined: list) -> float:
+    """Start ``k`` ``hetero serve --join`` processes mid-epoch (into ``joined``, so the caller stops
+    them whatever happens); the wall clock once all are ready."""
+    from hetero.testing import ServerProc
+
+    t_join = time.time()
+    for i in range(k):
+        s = ServerProc(job.options, token=TOKEN, workers=1, pipeline=PIPELINE, log_path=job.work / f"joined-{i}.log")
+        s.cmd += ["--join", str(job.registry), "--advertise-host", "127.0.0.1"]
+        joined.append(s.start(wait=False))
+    for s in joined:
+        s.wait_ready(timeout=120)
+    t_ready = time.time()
+    print(f"joined {k} servers mid-epoch (ready {t_ready - t_join:.1f} s after the first started)", flush=True)
+    return t_ready
+
+
+def step_times(log: Path, before: list, ready: float) -> tuple[float, float]:
+    """The trainer's step time before the join (median of the last 3 windows) and after it (of the
+    first 4 windows once every rank has seen the new servers)."""
+    settle = ready + 3.0  # every rank polls the registry about once a second
+    wait_for(lambda: len([w for w in windows(log) if w[0] > settle]) >= 4, 240, "four windows after the join")
+    after = [w for w in windows(log) if w[0] > settle][:4]
+    old = statistics.median(w[2] for w in before[-3:]) if before else float("nan")
+    return old, statistics.median(w[2] for w in after)
+
+
+def drain_and_kill(drained, killed) -> None:
+    """Drain one joined server (``hetero shutdown --drain``) and kill -9 another, mid-epoch."""
+    t0 = time.monotonic()
+    rc = subprocess.run([sys.executable, "-m", "hetero", "shutdown", "--drain", "--token", TOKEN, drained.address],
+                        capture_output=True, text=True, timeout=120).returncode
+    print(f"drained {drained.address} mid-epoch in {time.monotonic() - t0:.1f} s (exit {rc})", flush=True)
+    killed.kill()
+    print(f"killed -9 {killed.address} mid-epoch", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the drill; 0 when the step after the join is within 20 % of the advice and the audit is clean."""
+    args = parse_args(argv)
+    job = LocalJob.make(args.work, "hetero-drill-", TOKEN, args.batches, args.batch_size, args.sample_ms)
+    job.registry.mkdir(exist_ok=True)
+    job.audit.unlink(missing_ok=True)
+    cmd = job.command(job.hyperparameters(args.step_s, args.advice_every, PRICE), timeout=900, epochs=args.epochs)
+    print(f"{report.stamp()}: one data node, {args.sample_ms} ms per sample x {args.batch_size} = "
+          f"{args.sample_ms * args.batch_size:.0f} ms per batch, emulated step {args.step_s * 1000:.0f} ms, "
+          f"{args.batches} batches x {args.epochs} epochs; output {job.work}", flush=True)
+    proc = subprocess.Popen(cmd, env=job.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     joined: list = []
     try:
-        logs = out / "logs"
-        advice = wait_for(lambda: logs.is_dir() and latest_advice(logs), 240, "the first advice line")
-        k = int(advice["figures"].get("advice:data_node_change", 0))
-        predicted = advice["figures"].get("advice:predicted_step_s")
-        print(f"advice: {advice['advice'].split('INFO ', 1)[-1]}", flush=True)
-        if k <= 0 or predicted is None:
-            raise SystemExit(f"elastic drill: the advice is {k:+d} nodes; the pipeline does not starve the step")
-        k = min(k, args.max_join)
-        trainer_log = logs / "algo-1.log"
-        before = windows(trainer_log)
-        t_join = time.time()
-        for i in range(k):
-            s = ServerProc(options, token=TOKEN, workers=1, pipeline=PIPELINE, log_path=work / f"joined-{i}.log")
-            s.cmd += ["--join", str(registry), "--advertise-host", "127.0.0.1"]
-            joined.append(s.start(wait=False))
-        for s in joined:
-            s.wait_ready(timeout=120)
-        t_ready = time.time()
-        print(f"joined {k} servers mid-epoch (ready {t_ready - t_join:.1f} s after the first started)", flush=True)
-        settle = t_ready + 3.0  # every rank polls the registry about once a second
-        wait_for(lambda: len([w for w in windows(trainer_log) if w[0] > settle]) >= 4, 240, "four windows after the join")
-        after = [w for w in windows(trainer_log) if w[0] > settle][:4]
-        measured = statistics.median(w[2] for w in after)
-        old = statistics.median(w[2] for w in before[-3:]) if before else float("nan")
+        k, predicted = first_advice(job, args.max_join)
+        before = windows(job.trainer_log)
+        ready = join_servers(job, k, joined)
+        old, measured = step_times(job.trainer_log, before, ready)
         ratio = measured / predicted
         print(f"step time: {old * 1000:.1f} ms before the join, {measured * 1000:.1f} ms after (median of 4 windows); "
               f"advice predicted {predicted * 1000:.1f} ms: measured / predicted = {ratio:.2f}", flush=True)
         if len(joined) >= 2:
-            drained, killed = joined[0], joined[1]
-            t0 = time.monotonic()
-            rc = subprocess.run([sys.executable, "-m", "hetero", "shutdown", "--drain", "--token", TOKEN,
-                                 drained.address], capture_output=True, text=True, timeout=120).returncode
-            print(f"drained {drained.address} mid-epoch in {time.monotonic() - t0:.1f} s (exit {rc})", flush=True)
-            killed.kill()
-            print(f"killed -9 {killed.address} mid-epoch", flush=True)
-        rc = job.wait(timeout=900)
+            drain_and_kill(joined[0], joined[1])
+        rc = proc.wait(timeout=900)
     finally:
-        if job.poll() is None:
-            job.kill()
+        if proc.poll() is None:
+            proc.kill()
         for s in joined:
             s.stop()
-    # the sleep changes no byte: verify against the same pipeline without it (fast)
-    counts = check_audit(audit, {k: v for k, v in options.items() if k != "sleep_ms"}, seed=0, pipeline=PIPELINE)
-    print(f"job exit {rc}; audit: {counts['delivered']} batches trained of {args.batches * args.epochs}, "
-          f"lost {counts['lost']}, duplicated {counts['duplicated']}, corrupt {counts['corrupt']}")
+    counts = job.check_audit()
+    print(f"job exit {rc}; {drill.audit_line(counts, args.batches * args.epochs)}")
     summary = {"advice_nodes": k, "predicted_step_s": predicted, "measured_step_s": measured, "ratio": ratio,
                "before_step_s": old, "audit": counts, "job_exit": rc}
-    (work / "drill.json").write_text(json.dumps(summary, indent=1, default=str))
-    ok = rc == 0 and counts["lost"] == counts["duplicated"] == counts["corrupt"] == 0 and abs(ratio - 1) <= 0.2
-    print("drill: " + ("passed" if ok else "FAILED"))
-    return 0 if ok else 1
+    return drill.finish(job, summary, rc == 0 and drill.every_batch_once(counts) and abs(ratio - 1) <= 0.2)
 
 
 if __name__ == "__main__":

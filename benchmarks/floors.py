@@ -17,18 +17,17 @@ benchmarks/dataplane.py prints both beside the service's figures, measured in th
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import select
 import socket
-import statistics
 import sys
 import time
 
 from data_service.protocol import framing
 
-from ._proc import usage
+from .common import cli, report
+from .common.proc import usage
 
 KB, MB = 1 << 10, 1 << 20
 HEADER_BYTES, RELEASE_BYTES = 120, 30  # about a shared-memory batch frame and a release frame
@@ -134,10 +133,9 @@ def round_trip_cpu(seconds: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--sizes", default="0.0625,4", help="raw TCP message sizes in MB")
-    parser.add_argument("--seconds", type=float, default=3.0, help="measured time per point")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per point; medians are reported")
+    cli.add_timing(parser)
     args = parser.parse_args(argv)
     print(f"CPU floors on loopback, {os.cpu_count()} cores, {args.repeats} runs x {args.seconds}s per point (medians)")
     print("| point | per second | CPU ms, one side | other side | both |")
@@ -145,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     for mb in args.sizes.split(","):
         size = int(float(mb) * MB)
         runs = [raw_tcp_cpu(size, args.seconds) for _ in range(args.repeats)]
-        med = {k: statistics.median(r[k] for r in runs) for k in ("per_s", "sender_ms", "receiver_ms", "total_ms")}
+        med = report.medians(runs, ("per_s", "sender_ms", "receiver_ms", "total_ms"))
         print(f"| raw TCP, {size // KB} KB messages (sender / receiver) | {med['per_s']:,.0f} | {med['sender_ms']:.3f} "
               f"| {med['receiver_ms']:.3f} | {med['total_ms']:.3f} |", flush=True)
     runs = [round_trip_cpu(args.seconds) for _ in range(args.repeats)]
-    med = {k: statistics.median(r[k] for r in runs) for k in ("per_s", "waiter_ms", "replier_ms", "total_ms")}
+    med = report.medians(runs, ("per_s", "waiter_ms", "replier_ms", "total_ms"))
     print(f"| round trip, {HEADER_BYTES} B out and {RELEASE_BYTES} B back (waiter / replier) | {med['per_s']:,.0f} "
           f"| {med['waiter_ms']:.3f} | {med['replier_ms']:.3f} | {med['total_ms']:.3f} |")
     return 0

@@ -30,18 +30,19 @@ and the homogeneous path decode whole images (the fallback), and the figures are
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from . import _gpu_decode as peers
 from . import _gpu_feeds as feeds
+from .common import cli, report
+from .photos import photo_sources, write_photo_folder
 
 WITHIN = 0.05  # "reaches the limit": images/s within 5 % of the resident feed's
 FEEDS = ("resident", "servers", "local", "gpu-decode", "dali")
@@ -128,6 +129,7 @@ def smallest_k(results: list[dict], limit: float, within: float = WITHIN) -> dic
 
 
 def parse_ks(text: str, cores: int) -> list[int]:
+    """The ``--k`` core counts, sorted; each leaves the trainer at least one of ``cores``."""
     try:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
@@ -140,6 +142,7 @@ def parse_ks(text: str, cores: int) -> list[int]:
 
 
 def describe(dev: feeds.Device) -> dict[str, Any]:
+    """The device, the library versions, the cores, and whether the fused decoder is built."""
     import torchvision
 
     from data_service.pipelines import crop_decode
@@ -156,6 +159,7 @@ def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
 
 
 def print_table(results: list[dict], limit: float) -> None:
+    """Every run's figures, against the limit's images/s."""
     print("\n| feed | k | images/s | vs limit | step ms | data wait ms/step | GPU busy | NVML util | "
           "data CPU ms/img | trainer CPU ms/img |\n|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
@@ -168,9 +172,35 @@ def print_table(results: list[dict], limit: float) -> None:
               f"{r['trainer_cpu_ms_per_image']:.2f} |")
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class Settings:
+    """The run's settings: the command line's, with the defaults of the device it runs on."""
+
+    device: torch.device
+    on_gpu: bool
+    model: str
+    batch: int
+    steps: int
+    warmup: int
+    count: int              # JPEGs used
+    image_size: int
+    images_dir: str
+    cores: list[int]        # the cores this process may use
+    ks: list[int]           # data cores swept
+    feeds: list[str]
+    shared_memory: bool
+    json: str               # where the figures go ("": nowhere)
+
+    @property
+    def epochs(self) -> int:
+        """Epochs every feed is made with: each run reads fresh epochs, with a margin for the prefetch."""
+        return -(-(self.steps + self.warmup) * 2 // (self.count // self.batch)) + 2
+
+
+def parse_args(argv: list[str] | None) -> Settings:
+    """The settings of the command line ``argv``; a bad one ends the run, saying why."""
     cuda = torch.cuda.is_available()
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__, prog="python -m benchmarks.gpu")
     ap.add_argument("--device", default="cuda" if cuda else "cpu", help="cuda, cuda:N or cpu")
     ap.add_argument("--model", default=None, help="resnet50 (default on CUDA) or small (default on CPU)")
     ap.add_argument("--batch-size", type=int, default=None, help="default: 256 on CUDA, 8 on CPU")
@@ -188,100 +218,122 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not cuda:
         raise SystemExit(f"--device {args.device} but CUDA is not available here; use --device cpu")
     on_gpu = device.type == "cuda"
-    model = args.model or ("resnet50" if on_gpu else "small")
-    batch = args.batch_size or (256 if on_gpu else 8)
-    steps = args.steps or (100 if on_gpu else 4)
-    warmup = args.warmup if args.warmup is not None else (20 if on_gpu else 2)
-    count = args.images or (2560 if on_gpu else 64)
     cores = sorted(os.sched_getaffinity(0))
-    ks = parse_ks(args.k or ("4,8,12" if on_gpu else "1"), len(cores))
-    chosen = [f for f in args.feeds.split(",") if f]
-    unknown = [f for f in chosen if f not in FEEDS]
-    if unknown or "resident" not in chosen:
+    s = Settings(device, on_gpu, model=args.model or ("resnet50" if on_gpu else "small"),
+                 batch=args.batch_size or (256 if on_gpu else 8), steps=args.steps or (100 if on_gpu else 4),
+                 warmup=args.warmup if args.warmup is not None else (20 if on_gpu else 2),
+                 count=args.images or (2560 if on_gpu else 64), image_size=args.image_size,
+                 images_dir=args.images_dir, cores=cores,
+                 ks=parse_ks(args.k or ("4,8,12" if on_gpu else "1"), len(cores)),
+                 feeds=[f for f in args.feeds.split(",") if f], shared_memory=args.shared_memory, json=args.json)
+    unknown = [f for f in s.feeds if f not in FEEDS]
+    if unknown or "resident" not in s.feeds:
         raise SystemExit(f"--feeds {args.feeds!r}: use {', '.join(FEEDS)}; resident (the limit) is required")
-    if count < batch:
-        raise SystemExit(f"--images {count} must be at least --batch-size {batch}")
+    if s.count < s.batch:
+        raise SystemExit(f"--images {s.count} must be at least --batch-size {s.batch}")
+    return s
 
-    from .photos import photo_sources, write_photo_folder
 
+def prepare(s: Settings) -> tuple[list, feeds.Device, dict]:
+    """Write the photos, describe the machine and the run; the image files, the device, its description."""
     t = time.monotonic()
-    written = write_photo_folder(args.images_dir, count)
-    files = feeds.image_files(args.images_dir, count)
-    dev = feeds.Device(device)
+    written = write_photo_folder(s.images_dir, s.count)
+    files = feeds.image_files(s.images_dir, s.count)
+    dev = feeds.Device(s.device)
     info = describe(dev)
-    if on_gpu:
+    if s.on_gpu:
         torch.backends.cudnn.benchmark = True
     print(f"{info['device']}: torch {info['torch']}, torchvision {info['torchvision']}, CUDA {info['cuda'] or 'n/a'}; "
-          f"{info['cores']} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"model {model} (random init), channels_last, {'bf16 autocast' if on_gpu else 'fp32 (no autocast on CPU)'}, "
-          f"SGD; batch {batch} x {args.image_size} px; {steps} steps measured after {warmup}")
-    print(f"{len(files)} photo-like JPEGs in {args.images_dir} ({written} written in {time.monotonic() - t:.0f}s, "
+          f"{info['cores']} cores; {report.stamp()}")
+    precision = "bf16 autocast" if s.on_gpu else "fp32 (no autocast on CPU)"
+    print(f"model {s.model} (random init), channels_last, {precision}, SGD; batch {s.batch} x {s.image_size} px; "
+          f"{s.steps} steps measured after {s.warmup}")
+    print(f"{len(files)} photo-like JPEGs in {s.images_dir} ({written} written in {time.monotonic() - t:.0f}s, "
           f"{photo_sources()} source photographs)")
     if info["fused_decoder"]:
         print("fused decoder: the C extension is built; servers and local decode only each crop (decode='fused')")
     else:
         print("FALLBACK DECODER: the fused decoder's C extension (data_service/pipelines/_jpegcrop) is not built here; "
               "servers and local decode whole images then crop. Build it: python setup.py build_ext --inplace")
+    return files, dev, info
 
-    trainer = Trainer(model, device)
-    per_epoch = count // batch
-    epochs = -(-(steps + warmup) * 2 // per_epoch) + 2  # every run reads fresh epochs; margin for the prefetch
-    results: list[dict] = []
 
-    def run(name: str, k: int | None) -> dict:
-        data_cores = cores[-k:] if k else []
-        trainer_cores = cores[:-(k or ks[0])]  # the limit: as many trainer cores as any run of the sweep
-        with feeds.pinned(trainer_cores):  # threads the trainer starts now stay off the data cores
-            if not on_gpu:
-                torch.set_num_threads(len(trainer_cores))
-            if name == "dali" and (why := peers.dali_available(dev)):
-                return {"feed": name, "k": k, "skipped": why}
-            make = {"resident": lambda: feeds.resident(dev, batch, args.image_size),
-                    "servers": lambda: feeds.servers(dev, args.images_dir, count, batch, args.image_size, data_cores,
-                                                     epochs, args.shared_memory),
-                    "local": lambda: feeds.local(dev, args.images_dir, count, batch, args.image_size, data_cores,
-                                                 epochs),
-                    "gpu-decode": lambda: peers.gpu_decode(dev, args.images_dir, count, batch, args.image_size,
-                                                           data_cores),
-                    "dali": lambda: peers.dali(dev, args.images_dir, count, batch, args.image_size, data_cores)}
-            t0 = time.monotonic()
-            feed = make[name]()
-            try:
-                res = measure(feed, trainer, dev, steps, warmup, batch)
-            finally:
-                feed.close()
-        res.update(k=k, data_cores=data_cores, trainer_cores=len(trainer_cores), run_s=time.monotonic() - t0)
-        return res
+def make_feed(s: Settings, dev: feeds.Device, name: str, data_cores: list[int]) -> feeds.Feed:
+    """The feed ``name`` with its data side on ``data_cores``."""
+    if name == "resident":
+        return feeds.resident(dev, s.batch, s.image_size)
+    if name == "servers":
+        return feeds.servers(dev, s.images_dir, s.count, s.batch, s.image_size, data_cores, s.epochs,
+                             s.shared_memory)
+    if name == "local":
+        return feeds.local(dev, s.images_dir, s.count, s.batch, s.image_size, data_cores, s.epochs)
+    if name == "gpu-decode":
+        return peers.gpu_decode(dev, s.images_dir, s.count, s.batch, s.image_size, data_cores)
+    return peers.dali(dev, s.images_dir, s.count, s.batch, s.image_size, data_cores)
 
-    limit = run("resident", None)
-    results.append(limit)
+
+def run(s: Settings, trainer: Trainer, dev: feeds.Device, name: str, k: int | None) -> dict:
+    """One feed's figures with its data side on the last ``k`` cores (none for the limit)."""
+    data_cores = s.cores[-k:] if k else []
+    trainer_cores = s.cores[:-(k or s.ks[0])]  # the limit: as many trainer cores as any run of the sweep
+    with feeds.pinned(trainer_cores):  # threads the trainer starts now stay off the data cores
+        if not s.on_gpu:
+            torch.set_num_threads(len(trainer_cores))
+        if name == "dali" and (why := peers.dali_available(dev)):
+            return {"feed": name, "k": k, "skipped": why}
+        t0 = time.monotonic()
+        feed = make_feed(s, dev, name, data_cores)
+        try:
+            res = measure(feed, trainer, dev, s.steps, s.warmup, s.batch)
+        finally:
+            feed.close()
+    res.update(k=k, data_cores=data_cores, trainer_cores=len(trainer_cores), run_s=time.monotonic() - t0)
+    return res
+
+
+def sweep(s: Settings, trainer: Trainer, dev: feeds.Device) -> list[dict]:
+    """The limit, then every other feed at every ``k``; each printed as it ends (the limit first)."""
+    limit = run(s, trainer, dev, "resident", None)
+    results = [limit]
     print(f"  resident: {limit['images_per_s']:.0f} images/s (the limit; {limit['run_s']:.0f}s)", flush=True)
-    for k in ks:
-        for name in chosen:
+    for k in s.ks:
+        for name in s.feeds:
             if name == "resident":
                 continue
-            res = run(name, k)
+            res = run(s, trainer, dev, name, k)
             results.append(res)
             shown = (f"{res['images_per_s']:.0f} images/s ({res['images_per_s'] / limit['images_per_s']:.2f} of the "
                      f"limit; {res['run_s']:.0f}s)" if "images_per_s" in res else f"skipped: {res['skipped']}")
             print(f"  k={k} {name}: {shown}", flush=True)
-    print_table(results, limit["images_per_s"])
-    reach = smallest_k(results, limit["images_per_s"])
-    print(f"\ncores to reach the limit (within {WITHIN:.0%} of {limit['images_per_s']:.0f} images/s), k swept "
+    return results
+
+
+def print_reach(reach: dict[str, dict], limit: float, ks: list[int], fused: bool) -> None:
+    """Per feed, the fewest data cores that reach the limit (or the best share it reached)."""
+    print(f"\ncores to reach the limit (within {WITHIN:.0%} of {limit:.0f} images/s), k swept "
           f"{','.join(map(str, ks))}:")
     for name, r in reach.items():
         print(f"  {name}: " + (f"k={r['k']}" if r["k"] is not None else
                                f"not reached (best {r['best_share']:.2f} of the limit at k={r['best_k']})"
                                if r["best_share"] is not None else "no run"))
-    if not info["fused_decoder"]:
+    if not fused:
         print("FALLBACK DECODER: servers and local ran whole-image decode (the fused decoder is not built here)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "gpu", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **info,
-                       "model": model, "batch_size": batch, "image_size": args.image_size, "steps": steps,
-                       "warmup": warmup, "images": len(files), "photo_sources": photo_sources(), "k": ks,
-                       "within": WITHIN, "limit_images_per_s": limit["images_per_s"], "smallest_k": reach,
-                       "results": results}, f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep and print its table and the cores each feed needs to reach the limit."""
+    s = parse_args(argv)
+    files, dev, info = prepare(s)
+    results = sweep(s, Trainer(s.model, s.device), dev)
+    limit = results[0]["images_per_s"]
+    print_table(results, limit)
+    reach = smallest_k(results, limit)
+    print_reach(reach, limit, s.ks, info["fused_decoder"])
+    report.write_json(s.json, {"benchmark": "gpu", "date": report.stamp(), **info, "model": s.model,
+                               "batch_size": s.batch, "image_size": s.image_size, "steps": s.steps,
+                               "warmup": s.warmup, "images": len(files), "photo_sources": photo_sources(), "k": s.ks,
+                               "within": WITHIN, "limit_images_per_s": limit, "smallest_k": reach,
+                               "results": results}, indent=1)
     return 0
 
 

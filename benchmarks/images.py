@@ -14,12 +14,12 @@ Without ``--images``, a folder of drawn shapes (300-500 px JPEGs) is written to 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import os
 import secrets
 import tempfile
+
+from benchmarks.common import cli, report
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hetero.planning.profile import profile_pipeline
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.images", description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__, prog="python -m benchmarks.images")
     p.add_argument("--images", default=None, help="image folder root/<class>/*.jpg (default: drawn shapes)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--batches", type=int, default=8)
@@ -91,12 +91,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.batch_size / cpu_s:.0f} images per CPU-second; load average {os.getloadavg()[0]:.1f}")
     print(f"  bytes per image on the wire: {wire['device']:.0f} uint8 (finish_on=device), {wire['server']:.0f} "
           f"float32 (finish_on=server): {wire['server'] / wire['device']:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "images", "batch_size": args.batch_size, "ms_per_batch": prof.median_s * 1000,
-                       "images_per_s_per_core": per_core, "cpu_ms_per_batch": cpu_s * 1000,
-                       "images_per_cpu_s": args.batch_size / cpu_s, "bytes_per_image": wire, "profile": prof.times_s}, f,
-                      indent=2)
+    report.write_json(args.json, {"benchmark": "images", "batch_size": args.batch_size,
+                                  "ms_per_batch": prof.median_s * 1000, "images_per_s_per_core": per_core,
+                                  "cpu_ms_per_batch": cpu_s * 1000, "images_per_cpu_s": args.batch_size / cpu_s,
+                                  "bytes_per_image": wire, "profile": prof.times_s})
     return 0
 
 

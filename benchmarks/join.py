@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common.servers import serve_command
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "join-benchmark-token"
 PIPELINE = "examples.synthetic:build_pipeline"
@@ -63,10 +65,10 @@ def consumer_main(args: argparse.Namespace) -> None:
 
 
 def serve_cmd(registry: str, port: int, workers: int) -> list[str]:
-    cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", PIPELINE, "--host", "127.0.0.1",
-           "--port", str(port), "--workers", str(workers), "--token", TOKEN, "--join", registry,
-           "--advertise-host", "127.0.0.1", "--no-probe"]
-    return cmd + [a for k, v in OPTIONS.items() for a in ("-o", f"{k}={json.dumps(v)}")]
+    """``hetero serve --join REGISTRY`` of the benchmark's pipeline on ``port``."""
+    pipeline = [PIPELINE, *[a for k, v in OPTIONS.items() for a in ("-o", f"{k}={json.dumps(v)}")]]
+    return serve_command(pipeline, port, workers, TOKEN, "--join", registry, "--advertise-host", "127.0.0.1",
+                         "--no-probe")
 
 
 def firsts(out: Path, ranks: int) -> list[dict[str, float]]:

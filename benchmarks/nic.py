@@ -4,7 +4,7 @@ per wire encoding, and the live advice the job prints.
     python -m benchmarks.nic --json out/nic.json     # as root
 
 One data server (``hetero serve``, the image pipeline over photo-like JPEGs, :mod:`benchmarks.photos`)
-runs inside a network namespace made for the run (:mod:`benchmarks._netns`), its one worker alone
+runs inside a network namespace made for the run (:mod:`benchmarks.common.netns`), its one worker alone
 on one core (as a data node runs a worker on every core but one, its own process on that one);
 the consumer (``RemoteDataset`` through one loader worker, as the launcher's trainer reads it, and
 an emulated accelerator step: the pipeline's finish stage, wire decoding included, then a sleep)
@@ -29,7 +29,7 @@ cannot make the link (not root, no iproute2, no ``sch_tbf``) the run prints the 
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import logging
 import os
 import signal
@@ -39,7 +39,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks._netns import EmulatedLink, LinkUnavailable, scaled_rate_bps, tcp_goodput, unavailable
+from benchmarks.common import cli, report
+from benchmarks.common.consume import epochs
+from benchmarks.common.netns import EmulatedLink, LinkUnavailable, scaled_rate_bps, tcp_goodput, unavailable
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
 UINT8 = "uint8"
@@ -187,29 +189,23 @@ def consume(address: str, token: str, steps: int, warmup: int, gpu_step_s: float
     finish = ds.finish_stage()
     loader = ResumableLoader(DataLoader(ds, batch_size=None, num_workers=1, persistent_workers=True,
                                         multiprocessing_context="forkserver"))
-    step, epoch, waits, finishes, start = 0, 0, [], [], 0.0
+    waits, finishes, start = [], [], 0.0
     try:
         last = time.perf_counter()
-        while step < steps:
-            loader.set_epoch(epoch)
-            for batch in loader:
-                got = time.perf_counter()
-                finish(batch)
-                finished = time.perf_counter()
-                time.sleep(gpu_step_s)
-                now = time.perf_counter()
-                step += 1
-                on_step(step, got - last, now - last)
-                if step > warmup:
-                    waits.append(got - last)
-                    finishes.append(finished - got)
-                last = now
-                if step == warmup:
-                    start = now
-                    at_warmup()
-                if step >= steps:
-                    break
-            epoch += 1
+        for step, batch in enumerate(itertools.islice(epochs(loader), steps), 1):
+            got = time.perf_counter()
+            finish(batch)
+            finished = time.perf_counter()
+            time.sleep(gpu_step_s)
+            now = time.perf_counter()
+            on_step(step, got - last, now - last)
+            if step > warmup:
+                waits.append(got - last)
+                finishes.append(finished - got)
+            last = now
+            if step == warmup:
+                start = now
+                at_warmup()
         wall = time.perf_counter() - start
     finally:
         loader.close()
@@ -256,14 +252,22 @@ def profile(encoding: str, options: dict, cpu: int, batches: int):
     return profile_pipeline(PIPELINE, {**options, **encoding_options(encoding)}, batches=batches, cpu=cpu, warmup=1)
 
 
-def _write(path: str, result: dict) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(result, indent=1))
+@dataclass
+class Setting:
+    """What the jobs run under: the link's rate and TCP goodput, the emulated step, the cores."""
+
+    stamp: str
+    server_cpu: int
+    consumer_cpu: int
+    settle_s: float
+    rate: float = 0.0
+    goodput: float = 0.0
+    sleep_s: float = 0.0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.nic", description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's command line."""
+    ap = cli.parser(__doc__, prog="python -m benchmarks.nic")
     ap.add_argument("--images-dir", default="/tmp/nic-photos", help="photo-like JPEGs (written when missing)")
     ap.add_argument("--images", type=int, default=1024)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -281,26 +285,157 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--consumer-cpu", type=int, default=None, help="default: the first core this process may use")
     ap.add_argument("--json", default="")
     ap.add_argument("--log-dir", default="", help="data servers' logs go here (default: dropped)")
-    args = ap.parse_args(argv)
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    command = " ".join(["python -m benchmarks.nic", *(sys.argv[1:] if argv is None else argv)])
-    reason = unavailable()
-    if reason:
-        print(f"benchmarks.nic skipped: {reason}")
-        _write(args.json, {"benchmark": "nic", "skipped": reason, "date": stamp, "command": command})
-        return 0
-    from launcher.live_advisor import TRUSTED_UPTIME_S
+    return ap.parse_args(argv)
 
-    settle = TRUSTED_UPTIME_S + 5 if args.settle_s is None else args.settle_s
-    cpus = sorted(os.sched_getaffinity(0))
-    server_cpu = cpus[-1] if args.server_cpu is None else args.server_cpu
-    consumer_cpu = cpus[0] if args.consumer_cpu is None else args.consumer_cpu
-    wanted = [e.strip() for e in args.encodings.split(",") if e.strip()]
-    encodings, left_out = available_encodings(wanted)
+
+def skipped(path: str, reason: str, stamp: str, command: str) -> int:
+    """Say why the run cannot be made here, and write that as its figures."""
+    print(f"benchmarks.nic skipped: {reason}")
+    report.write_json(path, {"benchmark": "nic", "skipped": reason, "date": stamp, "command": command},
+                      indent=1)
+    return 0
+
+
+def chosen_encodings(text: str) -> tuple[list[str], dict[str, str]]:
+    """The encodings of ``--encodings`` the pipeline knows (uint8 first), and why each other one is left out."""
+    encodings, left_out = available_encodings([e.strip() for e in text.split(",") if e.strip()])
     for enc, why in left_out.items():
         print(f"encoding {enc} left out: {why}")
     if not encodings or encodings[0] != UINT8:
-        raise SystemExit(f"--encodings {args.encodings!r}: the first must be uint8 (the baseline)")
+        raise SystemExit(f"--encodings {text!r}: the first must be uint8 (the baseline)")
+    return encodings, left_out
+
+
+def start_servers(link: EmulatedLink, encodings: list[str], options: dict, setting: Setting, log_dir: str,
+                  servers: dict) -> float:
+    """One server per encoding in the link's namespace (into ``servers``, so the caller stops them
+    whatever happens), each worker alone on the server core; the time they were started."""
+    for enc in encodings:  # started first: they are up `settle` seconds before their jobs
+        log_path = str(Path(log_dir) / f"nic-server-{enc.replace(':', '-')}.log") if log_dir else None
+        servers[enc] = ns_server(link, {**options, **encoding_options(enc)}, setting.server_cpu,
+                                 log_path).start(wait=False)
+    started = time.monotonic()
+    for server in servers.values():
+        server.wait_ready(timeout=120.0)
+        # A data node runs one worker per core but one (the default: cpu_count - 1) and its own
+        # process on the core left: so here, the worker keeps the server's core to itself.
+        pin_threads(server.proc.pid, setting.consumer_cpu)
+    return started
+
+
+def profile_jobs(encodings: list[str], options: dict, cpu: int, batch_size: int, batches: int) -> dict[str, JobResult]:
+    """Each encoding's profile on the server core: its seconds per batch, bytes per image, finish stage."""
+    jobs = {}
+    for enc in encodings:
+        prof = profile(enc, options, cpu, batches)
+        jobs[enc] = JobResult(enc, prof.median_s, prof.bytes_per_sample, prof.finish_s)
+        print(f"profile {enc}: {batch_size / prof.median_s:.0f} images/s on CPU {cpu}, "
+              f"{prof.bytes_per_sample:.0f} bytes per image, consumer finish stage {prof.finish_s * 1000:.1f} "
+              f"ms/batch", flush=True)
+    return jobs
+
+
+def shape(link: EmulatedLink, jobs: dict[str, JobResult], args: argparse.Namespace, setting: Setting) -> None:
+    """Shape the link to ``--fraction`` of what the server core builds as uint8, and choose the
+    emulated step, into ``setting``."""
+    base = jobs[UINT8]
+    setting.rate = scaled_rate_bps(args.batch_size / base.preprocess_s, 1, base.profile_bytes_per_image, args.fraction)
+    setting.goodput = tcp_goodput(link.mtu)
+    link.set_rate(setting.rate)
+    # The emulated step with its finish stage: at most half of uint8's NIC-bound data step (so
+    # uint8 stays NIC-bound) and STEP_SHARE of a compact encoding's batch time on its core (so
+    # that one is not data-bound).
+    u8_data_s = args.batch_size * base.profile_bytes_per_image * 8 / (setting.rate * setting.goodput)
+    sleep_s = 0.5 * u8_data_s - base.profile_finish_s
+    for job in jobs.values():
+        if job.encoding != UINT8:
+            sleep_s = min(sleep_s, STEP_SHARE * job.preprocess_s - job.profile_finish_s)
+    if sleep_s <= 0.001:
+        raise SystemExit(f"the finish stage takes most of a batch's build time on this machine: no room for an "
+                         f"emulated step ({sleep_s * 1000:.1f} ms); try a larger --fraction or fewer encodings")
+    setting.sleep_s = sleep_s
+
+
+def measure_job(link: EmulatedLink, server, job: JobResult, args: argparse.Namespace, setting: Setting) -> None:
+    """Run one encoding's job, fill in its measured and predicted figures, and print them."""
+    got = run_job(link, server, args.steps, args.warmup, setting.sleep_s, args.advice_every)
+    job.step_s, job.data_wait_fraction, job.finish_s = got["step_s"], got["data_wait_fraction"], got["finish_s"]
+    job.bytes_per_image, job.images_per_s = got["bytes_per_image"], got["images_per_s"]
+    job.advice, job.link = got["advice"], got["link"]
+    job.gpu_step_s = setting.sleep_s + job.finish_s
+    pred = predict(job.preprocess_s, job.gpu_step_s, args.batch_size, job.bytes_per_image, setting.rate,
+                   setting.goodput)
+    job.predicted = asdict(pred)
+    job.error = (pred.step_s - job.step_s) / job.step_s
+    print(f"{job.encoding}: {job.bytes_per_image:.0f} bytes/image on the wire; step {job.step_s * 1000:.1f} ms "
+          f"measured, {pred.step_s * 1000:.1f} ms predicted ({100 * job.error:+.1f} %), binding: "
+          f"{pred.binding}; "
+          f"data wait {100 * job.data_wait_fraction:.0f} %, finish stage {job.finish_s * 1000:.1f} ms, "
+          f"{job.images_per_s:.0f} images/s; the link carried {job.link['bps'] / 1e6:.0f} Mbit/s "
+          f"({100 * job.link['bps'] / setting.rate:.0f} % of its rate), {job.link['dropped']} packets dropped",
+          flush=True)
+    for line in job.advice:
+        print(f"  advice: {line}")
+
+
+def run_jobs(link: EmulatedLink, encodings: list[str], options: dict, args: argparse.Namespace,
+             setting: Setting) -> dict[str, JobResult]:
+    """Start the servers, profile, shape the link, then run each encoding's job; every server and
+    the link are gone on the way out."""
+    servers = {}
+    try:
+        print(f"link: namespace {link.ns} at {link.ns_ip}, consumer at {link.host_ip}; {setting.stamp}", flush=True)
+        started = start_servers(link, encodings, options, setting, args.log_dir, servers)
+        jobs = profile_jobs(encodings, options, setting.server_cpu, args.batch_size, args.profile_batches)
+        shape(link, jobs, args, setting)
+        os.sched_setaffinity(0, {setting.consumer_cpu})
+        import torch
+
+        torch.set_num_threads(1)  # the consumer has one core: more threads only take turns on it
+        print(f"emulated NIC {setting.rate / 1e6:.0f} Mbit/s ({args.fraction:.2f} of what one core builds as uint8), "
+              f"TCP goodput {setting.goodput:.3f}; emulated step {setting.sleep_s * 1000:.1f} ms + the finish stage; "
+              f"the server's worker on CPU {setting.server_cpu}, its own threads and the consumer on CPU "
+              f"{setting.consumer_cpu}", flush=True)
+        time.sleep(max(0.0, setting.settle_s - (time.monotonic() - started)))
+        for enc, job in jobs.items():
+            measure_job(link, servers[enc], job, args, setting)
+            servers.pop(enc).stop()
+    finally:
+        for server in servers.values():
+            server.stop()
+        link.remove()
+    return jobs
+
+
+def print_table(jobs: dict[str, JobResult]) -> list[dict]:
+    """Each encoding's predicted and measured step and lift over uint8; the rows as written."""
+    base = jobs[UINT8]
+    rows = []
+    print("\n| encoding | bytes/image | binding | predicted step ms | measured step ms | error | predicted lift | "
+          "measured lift |\n|---|---|---|---|---|---|---|---|")
+    for enc, job in jobs.items():
+        lift_p, lift_m = base.predicted["step_s"] / job.predicted["step_s"], base.step_s / job.step_s
+        rows.append({"predicted_lift": lift_p, "measured_lift": lift_m, **asdict(job)})
+        print(f"| {enc} | {job.bytes_per_image:.0f} | {job.predicted['binding']} | "
+              f"{job.predicted['step_s'] * 1000:.1f} | {job.step_s * 1000:.1f} | {100 * job.error:+.1f} % | "
+              f"{lift_p:.2f}x | {lift_m:.2f}x |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the jobs behind the emulated NIC and print predicted against measured; 0 also when skipped."""
+    args = parse_args(argv)
+    stamp, command = report.stamp(), report.command("python -m benchmarks.nic", argv)
+    reason = unavailable()
+    if reason:
+        return skipped(args.json, reason, stamp, command)
+    from launcher.live_advisor import TRUSTED_UPTIME_S
+
+    cpus = sorted(os.sched_getaffinity(0))
+    setting = Setting(stamp, cpus[-1] if args.server_cpu is None else args.server_cpu,
+                      cpus[0] if args.consumer_cpu is None else args.consumer_cpu,
+                      TRUSTED_UPTIME_S + 5 if args.settle_s is None else args.settle_s)
+    encodings, left_out = chosen_encodings(args.encodings)
     from benchmarks.photos import write_photo_folder
 
     write_photo_folder(args.images_dir, args.images)
@@ -309,93 +444,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         link = EmulatedLink.create(1e9)
     except LinkUnavailable as exc:
-        print(f"benchmarks.nic skipped: {exc}")
-        _write(args.json, {"benchmark": "nic", "skipped": str(exc), "date": stamp, "command": command})
-        return 0
+        return skipped(args.json, str(exc), stamp, command)
     # SIGTERM (a timeout, `kill`) unwinds like Ctrl-C, so the link and the servers go with the run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    servers = {}
-    try:
-        print(f"link: namespace {link.ns} at {link.ns_ip}, consumer at {link.host_ip}; {stamp}", flush=True)
-        for enc in encodings:  # started first: they are up `settle` seconds before their jobs
-            log_path = str(Path(args.log_dir) / f"nic-server-{enc.replace(':', '-')}.log") if args.log_dir else None
-            servers[enc] = ns_server(link, {**options, **encoding_options(enc)}, server_cpu, log_path).start(wait=False)
-        started = time.monotonic()
-        for server in servers.values():
-            server.wait_ready(timeout=120.0)
-            # A data node runs one worker per core but one (the default: cpu_count - 1) and its own
-            # process on the core left: so here, the worker keeps the server's core to itself.
-            pin_threads(server.proc.pid, consumer_cpu)
-        jobs = {}
-        for enc in encodings:
-            prof = profile(enc, options, server_cpu, args.profile_batches)
-            jobs[enc] = JobResult(enc, prof.median_s, prof.bytes_per_sample, prof.finish_s)
-            print(f"profile {enc}: {args.batch_size / prof.median_s:.0f} images/s on CPU {server_cpu}, "
-                  f"{prof.bytes_per_sample:.0f} bytes per image, consumer finish stage {prof.finish_s * 1000:.1f} "
-                  f"ms/batch", flush=True)
-        base = jobs[UINT8]
-        rate = scaled_rate_bps(args.batch_size / base.preprocess_s, 1, base.profile_bytes_per_image, args.fraction)
-        goodput = tcp_goodput(link.mtu)
-        link.set_rate(rate)
-        # The emulated step with its finish stage: at most half of uint8's NIC-bound data step (so
-        # uint8 stays NIC-bound) and STEP_SHARE of a compact encoding's batch time on its core (so
-        # that one is not data-bound).
-        u8_data_s = args.batch_size * base.profile_bytes_per_image * 8 / (rate * goodput)
-        sleep_s = 0.5 * u8_data_s - base.profile_finish_s
-        for job in jobs.values():
-            if job.encoding != UINT8:
-                sleep_s = min(sleep_s, STEP_SHARE * job.preprocess_s - job.profile_finish_s)
-        if sleep_s <= 0.001:
-            raise SystemExit(f"the finish stage takes most of a batch's build time on this machine: no room for an "
-                             f"emulated step ({sleep_s * 1000:.1f} ms); try a larger --fraction or fewer encodings")
-        os.sched_setaffinity(0, {consumer_cpu})
-        import torch
-
-        torch.set_num_threads(1)  # the consumer has one core: more threads only take turns on it
-        print(f"emulated NIC {rate / 1e6:.0f} Mbit/s ({args.fraction:.2f} of what one core builds as uint8), TCP "
-              f"goodput {goodput:.3f}; emulated step {sleep_s * 1000:.1f} ms + the finish stage; the server's worker "
-              f"on CPU {server_cpu}, its own threads and the consumer on CPU {consumer_cpu}", flush=True)
-        time.sleep(max(0.0, settle - (time.monotonic() - started)))
-        for enc, job in jobs.items():
-            got = run_job(link, servers[enc], args.steps, args.warmup, sleep_s, args.advice_every)
-            servers.pop(enc).stop()
-            job.step_s, job.data_wait_fraction, job.finish_s = got["step_s"], got["data_wait_fraction"], got["finish_s"]
-            job.bytes_per_image, job.images_per_s = got["bytes_per_image"], got["images_per_s"]
-            job.advice, job.link = got["advice"], got["link"]
-            job.gpu_step_s = sleep_s + job.finish_s
-            pred = predict(job.preprocess_s, job.gpu_step_s, args.batch_size, job.bytes_per_image, rate, goodput)
-            job.predicted = asdict(pred)
-            job.error = (pred.step_s - job.step_s) / job.step_s
-            print(f"{enc}: {job.bytes_per_image:.0f} bytes/image on the wire; step {job.step_s * 1000:.1f} ms "
-                  f"measured, {pred.step_s * 1000:.1f} ms predicted ({100 * job.error:+.1f} %), binding: "
-                  f"{pred.binding}; "
-                  f"data wait {100 * job.data_wait_fraction:.0f} %, finish stage {job.finish_s * 1000:.1f} ms, "
-                  f"{job.images_per_s:.0f} images/s; the link carried {job.link['bps'] / 1e6:.0f} Mbit/s "
-                  f"({100 * job.link['bps'] / rate:.0f} % of its rate), {job.link['dropped']} packets dropped",
-                  flush=True)
-            for line in job.advice:
-                print(f"  advice: {line}")
-    finally:
-        for server in servers.values():
-            server.stop()
-        link.remove()
-    rows = []
-    print(f"\n| encoding | bytes/image | binding | predicted step ms | measured step ms | error | predicted lift | "
-          f"measured lift |\n|---|---|---|---|---|---|---|---|")
-    for enc, job in jobs.items():
-        lift_p, lift_m = base.predicted["step_s"] / job.predicted["step_s"], base.step_s / job.step_s
-        rows.append({"predicted_lift": lift_p, "measured_lift": lift_m, **asdict(job)})
-        print(f"| {enc} | {job.bytes_per_image:.0f} | {job.predicted['binding']} | "
-              f"{job.predicted['step_s'] * 1000:.1f} | {job.step_s * 1000:.1f} | {100 * job.error:+.1f} % | "
-              f"{lift_p:.2f}x | {lift_m:.2f}x |")
+    jobs = run_jobs(link, encodings, options, args, setting)
+    rows = print_table(jobs)
     ok = all(abs(r["error"]) <= TOLERANCE for r in rows)
-    nic_named = [line for line in base.advice if "NIC" in line]
-    result = {"benchmark": "nic", "date": stamp, "command": command, "nic_bps": rate, "goodput": goodput,
-              "fraction": args.fraction, "emulated_step_s": sleep_s, "batch_size": args.batch_size,
-              "steps": args.steps, "warmup": args.warmup, "settle_s": settle, "server_cpu": server_cpu,
-              "consumer_cpu": consumer_cpu, "left_out": left_out, "jobs": rows, "tolerance": TOLERANCE,
-              "within_tolerance": ok, "advice_names_nic": bool(nic_named)}
-    _write(args.json, result)
+    nic_named = [line for line in jobs[UINT8].advice if "NIC" in line]
+    report.write_json(args.json, {
+        "benchmark": "nic", "date": stamp, "command": command, "nic_bps": setting.rate, "goodput": setting.goodput,
+        "fraction": args.fraction, "emulated_step_s": setting.sleep_s, "batch_size": args.batch_size,
+        "steps": args.steps, "warmup": args.warmup, "settle_s": setting.settle_s, "server_cpu": setting.server_cpu,
+        "consumer_cpu": setting.consumer_cpu, "left_out": left_out, "jobs": rows, "tolerance": TOLERANCE,
+        "within_tolerance": ok, "advice_names_nic": bool(nic_named)}, indent=1)
     print(f"\npredicted within {100 * TOLERANCE:.0f} % of measured for every encoding: {ok}; the live advice of the "
           f"uint8 job names the NIC: {bool(nic_named)}")
     return 0

@@ -11,12 +11,13 @@ Without scikit-image, 9 of the 10 photographs come from ``benchmarks/photo_sourc
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.common import cli
 
 SOURCES = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
            "stereo_motorcycle", "camera", "grass")
@@ -94,8 +95,18 @@ def write_photo_folder(root: str | os.PathLike, count: int, seed: int = 0) -> in
     return written
 
 
+def photo_files(root: str | os.PathLike, count: int) -> list[str]:
+    """The first ``count`` JPEGs of ``root/<class>/*.jpg`` (sorted); ends the run, saying how to
+    write more, when it holds fewer."""
+    files = sorted(str(p) for p in Path(root).glob("*/*.jpg"))[:count]
+    if len(files) < count:
+        raise SystemExit(f"{root} holds {len(files)} JPEGs, fewer than --images {count}; "
+                         f"python -m benchmarks.photos {root} --images {count}")
+    return files
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("root")
     ap.add_argument("--images", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)

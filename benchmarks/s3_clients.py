@@ -1,7 +1,7 @@
 """boto3 (``S3Store``) against AWS's ``s3torchconnector`` for the shard source's reads.
 
 Reads N shards of SIZE MB as ranged GETs of PART MB with T threads, against moto's S3 server
-behind the latency proxy (``python -m hetero.testing.s3proxy``) in another process; prints
+behind the latency proxy (``python -m hetero.testing.s3server``) in another process; prints
 seconds (best and median of the repeats) and the client's CPU seconds per GB. Needs
 ``pip install s3torchconnector`` (not a dependency: the product reads S3 with boto3).
 
@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    srv = subprocess.Popen([sys.executable, "-m", "hetero.testing.s3proxy", "--latency-s", str(args.latency_s)],
+    srv = subprocess.Popen([sys.executable, "-m", "hetero.testing.s3server", "--latency-s", str(args.latency_s)],
                            stdout=subprocess.PIPE, text=True)
     env = {}
     while len(env) < 5:

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,33 +39,20 @@ import threading
 import time
 from pathlib import Path
 
-from ._proc import usage
+from .common import cli, report, servers
+from .common.proc import usage
 
 TOKEN = "scale"
 KILL_CAUSED_S = 1.0  # gaps starting this long after the kill are not waiting for the dead server
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(batch_bytes: int, workers: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", "examples.synthetic:build_blob_pipeline",
-           "-o", "size=1000000", "-o", f"batch_bytes={batch_bytes}", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--max-batch-bytes", str(max(2 * batch_bytes, 1 << 20)), "--token", TOKEN]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    return proc, f"127.0.0.1:{port}"
+    """A blob server (:func:`benchmarks.common.servers.blob_command`) on a free port; it and its address."""
+    from hetero.ports import free_port
 
-
-def wait_ready(address: str) -> None:
-    from dnn_worker import ControlClient
-
-    with ControlClient(address, TOKEN) as ctl:
-        ctl.wait_hello(120)
+    port = free_port()
+    return servers.start(servers.blob_command(port, batch_bytes, workers, TOKEN), cwd=ROOT), f"127.0.0.1:{port}"
 
 
 # ------------------------------------------------------------------ one consumer process
@@ -212,7 +198,7 @@ def run_layout(servers: list[str], procs: list[subprocess.Popen], processes: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--servers", type=int, default=2, help="data server processes")
     parser.add_argument("--workers", type=int, default=1, help="worker processes per server")
     parser.add_argument("--layouts", default="1x4,2x8,8x8",
@@ -221,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
     parser.add_argument("--batch-bytes", type=int, default=1 << 16)
     parser.add_argument("--no-kill", action="store_true", help="skip the kill -9 run on the last layout")
-    parser.add_argument("--json", default=None, help="write all figures here")
+    cli.add_json(parser)
     parser.add_argument("--consume", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.consume:
@@ -245,21 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     rows, first = [], None
     for n, (p, i) in enumerate(layouts):
         kill = not args.no_kill and n == len(layouts) - 1
-        servers = [start_server(args.batch_bytes, args.workers) for _ in range(args.servers)]
+        started = [start_server(args.batch_bytes, args.workers) for _ in range(args.servers)]
         try:
-            for _, address in servers:
-                wait_ready(address)
-            row = run_layout([a for _, a in servers], [proc for proc, _ in servers], p, i, args.seconds,
+            for _, address in started:
+                servers.wait_ready(address, TOKEN)
+            row = run_layout([a for _, a in started], [proc for proc, _ in started], p, i, args.seconds,
                              args.warmup, kill)
         finally:
-            for proc, _ in servers:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-            for proc, _ in servers:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            servers.stop_all([proc for proc, _ in started], timeout=30, group=True)
         first = first or row["batches_per_s"]
         rows.append(row)
         shares = " / ".join(f"{v:.2f}" for v in row["server_share"].values())
@@ -273,9 +252,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['p99_ms']} | {row['p99_gap_ms']} | {cpu} | {rec} |", flush=True)
         if row["errors"]:
             print(f"  errors: {row['errors'][:3]}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "scale", "servers": args.servers, "rows": rows}, f, indent=2)
+    report.write_json(args.json, {"benchmark": "scale", "servers": args.servers, "rows": rows})
     return 0
 
 

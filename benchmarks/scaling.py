@@ -12,68 +12,49 @@ RandomResizedCrop(224), flip) on DIR instead, epoch after epoch.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 
-from dnn_worker import ControlClient, RemoteDataset
+from dnn_worker import RemoteDataset
 from hetero.ports import free_port
 
+from .common import cli, report
+from .common.consume import epochs
+from .common.servers import serve_command, start, stop_all, wait_ready
+
 TOKEN = "scaling-bench"
-
-
-def _epochs(ds):
-    """Batches of epoch 0, 1, 2, ... (a small image folder runs out within one measurement)."""
-    epoch = 0
-    while True:
-        ds.set_epoch(epoch)
-        yield from ds
-        epoch += 1
 
 
 def measure(workers: int, servers: int, seconds: float, work_ms: float, batch_size: int,
             images: str | None = None) -> float:
     """Batches/s delivered to one consumer by ``workers`` workers over ``servers`` servers."""
     split = [workers // servers + (1 if i < workers % servers else 0) for i in range(servers)]
+    pipeline = (["data_service.pipelines.images:build_pipeline", "-o", f"data_dir={images}"] if images else
+                ["examples.synthetic:build_pipeline", "-o", "size=100000", "-o", f"work_ms={work_ms}",
+                 "-o", "shape=[1,28,28]"])
     procs, addresses = [], []
     try:
         for n in split:
             port = free_port()
-            pipeline = (["data_service.pipelines.images:build_pipeline", "-o", f"data_dir={images}"] if images else
-                        ["examples.synthetic:build_pipeline", "-o", "size=100000", "-o", f"work_ms={work_ms}",
-                         "-o", "shape=[1,28,28]"])
-            cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", *pipeline,
-                   "-o", f"batch_size={batch_size}", "--host", "127.0.0.1", "--port", str(port),
-                   "--workers", str(n), "--token", TOKEN]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True))
+            procs.append(start(serve_command([*pipeline, "-o", f"batch_size={batch_size}"], port, n, TOKEN)))
             addresses.append(f"127.0.0.1:{port}")
         for a in addresses:
-            with ControlClient(a, TOKEN) as ctl:
-                ctl.wait_hello(120)
-        it = _epochs(RemoteDataset(addresses, TOKEN, seed=0))
+            wait_ready(a, TOKEN)
+        it = epochs(RemoteDataset(addresses, TOKEN, seed=0))
         for _ in range(2 * workers):  # warm-up: every worker busy, queues full
             next(it)
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
             next(it)
             n += 1
-        return n / (time.perf_counter() - start)
+        return n / (time.perf_counter() - t0)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs, timeout=20)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--workers", default=None, help="total worker counts (default 1,2,4.. up to the cores)")
     parser.add_argument("--servers", default="1,2,3", help="server counts to spread the workers over")
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -107,11 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             note = " (more workers than cores)" if w > cores else ""
             rows.append({"workers": w, "servers": s, "batches_per_s": round(rate, 2), "efficiency": round(eff, 3)})
             print(f"| {w} | {s} | {rate:.2f} | {eff:.2f}{note} |", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "scaling", "cores": cores, "work_ms": args.work_ms, "images": args.images,
-                       "batch_size": args.batch_size,
-                       "seconds": args.seconds, "rows": rows}, f, indent=2)
+    report.write_json(args.json, {"benchmark": "scaling", "cores": cores, "work_ms": args.work_ms,
+                                  "images": args.images, "batch_size": args.batch_size, "seconds": args.seconds,
+                                  "rows": rows})
     return 0
 
 

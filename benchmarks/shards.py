@@ -22,8 +22,6 @@ Printed:
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -32,10 +30,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks.common import cli, report
 from benchmarks.photos import write_photo_folder
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
-FILES_PIPELINE = "benchmarks._s3files:build_pipeline"
+FILES_PIPELINE = "benchmarks.common.s3files:build_pipeline"
 BUCKET = "bench"
 
 
@@ -193,7 +192,7 @@ def _throughput(srv, shards: Path, workers: int, work: Path, batch: int, repeats
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--work", default="/tmp/hetero-shard-bench", help="photos, shards and caches go here (kept)")
     ap.add_argument("--images", type=int, default=10000)
     ap.add_argument("--shard-size", default="64MB")
@@ -216,12 +215,12 @@ def main(argv: list[str] | None = None) -> int:
 
         data = parse_cpus(DATA_CPUS)
         os.sched_setaffinity(0, (set(range(os.cpu_count() or 1)) - data) or data)
-    from hetero.testing.s3proxy import s3_server
+    from hetero.testing.s3server import s3_server
 
     work = Path(args.work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
     shards = _prepare(work, args.images, args.shard_size)
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:],
+    results: dict = {"date": report.stamp(), "argv": sys.argv[1:],
                      "latency_ms": args.latency_ms, "data_cpus": DATA_CPUS,
                      "bench_cpus": sorted(os.sched_getaffinity(0))}
     with s3_server(latency_s=args.latency_ms / 1000) as srv, srv.environ():
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             local = tp["shards_local"]["median"]
             for name, v in tp.items():
                 print(f"  {name}: median {v['median']} images/s ({v['median'] / local:.2f}x local shards)")
-    (work / "results.json").write_text(json.dumps(results, indent=2))
+    report.write_json(work / "results.json", results)
     print(f"figures in {work / 'results.json'}")
     return 0
 

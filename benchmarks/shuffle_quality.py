@@ -14,11 +14,9 @@ batch size, it prints for the full shuffle and for blocks of 1, 4, 8, 32, 128 ba
 """
 from __future__ import annotations
 
-import argparse
-import time
-
 import numpy as np
 
+from benchmarks.common import cli, report
 from data_service.contract.sampler import PlanConfig, batch_indices
 
 
@@ -71,7 +69,7 @@ def measure(classes: int, per_class: int, batch: int, blocks: list[int], sorted_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--per-class", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=256)
@@ -79,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     blocks = [int(x) for x in args.blocks.split(",")]
     print(f"{args.classes} classes x {args.per_class} samples, batch {args.batch_size}, "
-          f"{time.strftime('%Y-%m-%d', time.gmtime())}")
+          f"{report.stamp('%Y-%m-%d')}")
     for layout in (False, True):
         print(f"\nshards written {'class after class (--no-shuffle)' if layout else 'shuffled once (hetero prepare)'}:")
         print("| block (batches) | class entropy per batch vs full shuffle | same-class neighbours vs full shuffle "

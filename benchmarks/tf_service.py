@@ -15,7 +15,7 @@ Kept out of the tests: TensorFlow is optional (the ``peers`` extra, best in its 
 """
 from __future__ import annotations
 
-import argparse
+import itertools
 import json
 import os
 import statistics
@@ -24,26 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
+from benchmarks.common import cli, report
+from benchmarks.common.consume import epochs
+from benchmarks.common.proc import tree_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = "data_service.pipelines.images:build_pipeline"
 BATCH = 32
-
-
-def _tree_cpu(pid: int) -> float:
-    total = 0.0
-    try:
-        procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def ours(folder: str, images: int, step_s: float, steps: int, warmup: int, data_cpu: int, decode: str) -> dict:
@@ -57,19 +44,13 @@ def ours(folder: str, images: int, step_s: float, steps: int, warmup: int, data_
     server.start()
     try:
         ds = RemoteDataset([server.address], TOKEN, seed=1, epochs=1000)
-        cpu0, start, step, epoch = 0.0, 0.0, 0, 0
-        while step < steps:
-            ds.set_epoch(epoch)
-            for _ in ds:  # the fetch of each batch is inside the step it feeds
-                time.sleep(step_s)
-                step += 1
-                if step == warmup:
-                    cpu0, start = _tree_cpu(server.proc.pid), time.perf_counter()
-                if step >= steps:
-                    break
-            epoch += 1
+        cpu0, start = 0.0, 0.0
+        for step, _ in enumerate(itertools.islice(epochs(ds), steps), 1):  # each fetch is inside the step it feeds
+            time.sleep(step_s)
+            if step == warmup:
+                cpu0, start = tree_cpu(server.proc.pid), time.perf_counter()
         wall = time.perf_counter() - start
-        cpu = _tree_cpu(server.proc.pid) - cpu0
+        cpu = tree_cpu(server.proc.pid) - cpu0
     finally:
         server.stop()
     n = steps - warmup
@@ -81,17 +62,18 @@ def tf_service(python: str, files_json: str, step_s: float, steps: int, warmup: 
     from hetero.ports import free_port
 
     port = free_port()
-    script = str(ROOT / "benchmarks" / "_tf_service.py")
+    # Run from ROOT, so the peers' interpreter finds the module without this repository installed.
+    peer = [python, "-m", "benchmarks.common.tfdata"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    server = subprocess.Popen([python, script, "server", "--port", str(port), "--cpu", str(data_cpu)],
+    server = subprocess.Popen([*peer, "server", "--port", str(port), "--cpu", str(data_cpu)], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         if server.stdout.readline().strip() != "ready":
             return {"skipped": f"tf.data service did not start ({python}: is tensorflow installed?)"}
-        out = subprocess.run([python, script, "trainer", "--port", str(port), "--cpu", str(trainer_cpu),
+        out = subprocess.run([*peer, "trainer", "--port", str(port), "--cpu", str(trainer_cpu),
                               "--files", files_json, "--decode", decode, "--step-s", str(step_s),
                               "--steps", str(steps), "--warmup", str(warmup), "--server-pid", str(server.pid)],
-                             capture_output=True, text=True, timeout=900, env=env)
+                             cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
         if out.returncode != 0:
             return {"skipped": (out.stderr.strip().splitlines() or ["no output"])[-1][:200]}
         res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -102,7 +84,7 @@ def tf_service(python: str, files_json: str, step_s: float, steps: int, warmup: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--images-dir", default="/tmp/photos")
     ap.add_argument("--images", type=int, default=3872)
     ap.add_argument("--rounds", type=int, default=3)
@@ -114,13 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers-python", default=sys.executable, help="interpreter with tensorflow")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
-    from benchmarks.decode import _files
-    from benchmarks.photos import write_photo_folder
+    from benchmarks.photos import photo_files, write_photo_folder
     from hetero.planning.profile import profile_pipeline
 
     os.sched_setaffinity(0, {args.trainer_cpu})
     write_photo_folder(args.images_dir, args.images)
-    files = _files(args.images_dir, args.images)
+    files = photo_files(args.images_dir, args.images)
     files_json = str(Path(args.images_dir).resolve().parent / ".tf-service-files.json")
     with open(files_json, "w") as f:
         json.dump(files, f)
@@ -132,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"our pipeline: {prof.median_s * 1000:.1f} ms per batch on CPU {args.data_cpu}; emulated step "
               f"{step_s * 1000:.1f} ms (a third)")
     print(f"{len(files)} JPEGs, batch {BATCH}, data on CPU {args.data_cpu}, trainer on CPU {args.trainer_cpu}, "
-          f"{args.steps} steps ({args.warmup} warm-up), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{args.steps} steps ({args.warmup} warm-up), {report.stamp()}")
     sides = {"ours (fused)": lambda: ours(args.images_dir, args.images, step_s, args.steps, args.warmup,
                                           args.data_cpu, "fused"),
              "tf.data service (decode_and_crop_jpeg)": lambda: tf_service(
@@ -166,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
               f"| {name} | {s * 1000:.1f} | {c * 1000:.1f} | n/a |")
     summary["median"] = {k: {"step_s": v[0], "data_cpu_per_batch_s": v[1]} for k, v in med.items()}
     summary["runs"] = results
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+    report.write_json(args.json, summary, indent=1)
     return 0
 
 

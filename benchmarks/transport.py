@@ -16,14 +16,14 @@ slots (the working set of the worker's own copy), and rotating over 128 MB (cold
 """
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
 import socket
 import statistics
 import sys
 import time
+
+from .common import cli, report, servers
 
 MB = 1 << 20
 
@@ -99,20 +99,14 @@ def memcpy(size: int, seconds: float, cold: bool = False, destinations: int = 1)
 
 def service(size: int, seconds: float, workers: int, shm: bool = False, slots: int = 4) -> tuple[float, dict]:
     """GB/s delivered by the data service (``hetero serve`` in its own process) for ``size``-byte batches."""
-    import subprocess
-
     from dnn_worker import ControlClient, RemoteDataset
     from hetero.ports import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", "examples.synthetic:build_blob_pipeline",
-           "-o", "size=1000000", "-o", f"batch_bytes={size}", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--slots-per-worker", str(slots), "--max-batch-bytes", str(max(2 * size, MB)), "--token", "bench"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = servers.start(servers.blob_command(port, size, workers, "bench", slots))
     address = f"127.0.0.1:{port}"
     try:
-        with ControlClient(address, "bench") as ctl:
-            ctl.wait_hello(120)
+        servers.wait_ready(address, "bench")
         it = iter(RemoteDataset([address], "bench", seed=0, shared_memory=shm))
         for _ in range(3):  # warm-up: connection, slots, page faults
             next(it)
@@ -135,13 +129,12 @@ def service(size: int, seconds: float, workers: int, shm: bool = False, slots: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--sizes", default="1,4,16,32", help="batch sizes in MB")
-    parser.add_argument("--seconds", type=float, default=3.0, help="measured time per point")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per point; medians are reported")
+    cli.add_timing(parser)
     parser.add_argument("--workers", type=int, default=1, help="server worker processes")
     parser.add_argument("--slots", type=int, default=4, help="server slots per worker (--slots-per-worker; server default 4)")
-    parser.add_argument("--json", default=None, help="write all figures here")
+    cli.add_json(parser)
     parser.add_argument("--local-shm", action="store_true", help="same-host shared memory vs memcpy")
     args = parser.parse_args(argv)
     sizes = [int(float(s) * MB) for s in args.sizes.split(",")]
@@ -176,10 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             line += f" {m:.2f} | {v / m:.2f} | {c:.2f} | {v / c:.2f} |"
         rows.append(row)
         print(line, flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "transport", "path": path, "cores": os.cpu_count(), "seconds": args.seconds,
-                       "repeats": args.repeats, "workers": args.workers, "slots": args.slots, "rows": rows}, f, indent=2)
+    report.write_json(args.json, {"benchmark": "transport", "path": path, "cores": os.cpu_count(),
+                                  "seconds": args.seconds, "repeats": args.repeats, "workers": args.workers,
+                                  "slots": args.slots, "rows": rows})
     return 0
 
 

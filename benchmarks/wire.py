@@ -20,17 +20,16 @@ also times ``build_batch`` with each encoding on, the whole data-worker cost per
 """
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import math
 import os
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks.common import cli, report
 
 BATCH, SIZE = 32, 224
 ENCODINGS = ("uint8", "up-zstd", "jpeg:75", "jpeg:85", "jpeg:90", "jpeg:95")
@@ -248,7 +247,7 @@ def _fmt(v, spec: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.parser(__doc__)
     ap.add_argument("--images-dir", default="/tmp/photos", help="benchmarks.photos folder (made if missing)")
     ap.add_argument("--images", type=int, default=640, help="crops to encode (whole batches of 32)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -297,8 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
         for r in build:
             print(f"{r['encoding']:10} {r['build_cpu_ms']:13.3f} {r['build_cpu_ms'] - base:+7.3f}")
         out["build"] = build
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    report.write_json(args.json, out, end="\n")
     return out
 
 

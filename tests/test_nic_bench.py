@@ -1,4 +1,4 @@
-"""The emulated NIC benchmark (benchmarks/nic.py) and its link helpers (benchmarks/_netns.py).
+"""The emulated NIC benchmark (benchmarks/nic.py) and its link helpers (benchmarks/common/netns.py).
 
 The unit tests need no root: they check the rate scaling, the address choice and the commands
 that make and remove a link. The slow test runs the benchmark's smallest configuration in a
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import _netns
-from benchmarks._netns import (EmulatedLink, LinkUnavailable, choose_subnet, cleanup_commands, leftover_owners,
-                               names, parse_used_networks, parse_tbf_counters, scaled_rate_bps, tbf_command,
-                               tcp_goodput)
+from benchmarks.common import netns as _netns
+from benchmarks.common.netns import (EmulatedLink, LinkUnavailable, choose_subnet, cleanup_commands,
+                                     leftover_owners, names, parse_used_networks, parse_tbf_counters, scaled_rate_bps,
+                                     tbf_command, tcp_goodput)
 
 _ROOT = Path(__file__).resolve().parent.parent
 

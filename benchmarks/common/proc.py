@@ -29,6 +29,11 @@ def usage(pids: list[int]) -> tuple[float, int, int]:
     return cpu, vol, invol
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` alone so far (0 once it is gone)."""
+    return usage([pid])[0]
+
+
 def descendants(pid: int) -> list[int]:
     """The live processes below ``pid`` (children, their children, ...), from /proc."""
     parents: dict[int, list[int]] = {}
@@ -47,3 +52,9 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and every live process below it: a data server with its
+    workers, a loader with its worker processes."""
+    return usage([pid, *descendants(pid)])[0]

@@ -12,6 +12,8 @@ from data_service.storage import S3Store
 
 
 class S3Files:
+    """The JPEGs under an S3 prefix as a map-style data set of (image, class index)."""
+
     def __init__(self, prefix: str, limit: int = 0) -> None:
         self.store = S3Store(prefix)
         keys = sorted(k for k, _ in self.store.list(".jpg"))
@@ -27,5 +29,6 @@ class S3Files:
 
 
 def build_pipeline(prefix: str, batch_size: int = 32, image_size: int = 224, limit: int = 0) -> Pipeline:
+    """The image pipeline over :class:`S3Files` of ``prefix`` (its first ``limit`` files; 0: all)."""
     return Pipeline(dataset=S3Files(prefix, limit), batch_size=batch_size, transform=Augment(image_size, 0.08),
                     collate_fn=collate, drop_last=False, shuffle=True, finish=finish, finish_dtypes=FINISH_DTYPES)

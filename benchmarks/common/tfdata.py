@@ -1,10 +1,13 @@
-"""The tf.data service side of ``benchmarks.tf_service`` (runs in the interpreter that has TensorFlow).
+"""tf.data's side of the peer comparisons (runs in the interpreter that has TensorFlow): its recipe
+for one file (``benchmarks.decode``, ``benchmarks.tf_service``) and the two roles of a tf.data
+service run (``benchmarks.tf_service``).
 
-    python benchmarks/_tf_service.py server --port P --cpu 1        # dispatcher + worker, one core
-    python benchmarks/_tf_service.py trainer --port P --cpu 0 --files F.json --step-s S --steps N --warmup W
+    python -m benchmarks.common.tfdata server --port P --cpu 1        # dispatcher + worker, one core
+    python -m benchmarks.common.tfdata trainer --port P --cpu 0 --files F.json --step-s S --steps N --warmup W
 
-The trainer prints one JSON line: mean step time after the warm-up and the server's CPU seconds
-per batch over the same steps. Kept out of the product and the tests (TensorFlow is optional).
+Run from the repository's root. The trainer prints one JSON line: mean step time after the
+warm-up and the server's CPU seconds per batch over the same steps. Kept out of the product and
+the tests (TensorFlow is optional).
 """
 from __future__ import annotations
 
@@ -14,20 +17,33 @@ import os
 import sys
 import time
 
+from benchmarks.common.proc import cpu_seconds
+
 BATCH, SIZE, MIN_SCALE = 32, 224, 0.08
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def serve(port: int) -> None:
+def single_threaded():
+    """TensorFlow with one thread for its ops (a data core of its own); returns the module."""
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
+    return tf
+
+
+def one_thread_options():
+    """tf.data options that keep a data set's work on one thread."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    return options
+
+
+def serve(port: int) -> None:
+    """A tf.data service dispatcher and its one worker on ``port``; prints ``ready``, then serves until killed."""
+    tf = single_threaded()
     dispatcher = tf.data.experimental.service.DispatchServer(
         tf.data.experimental.service.DispatcherConfig(port=port))
     worker = tf.data.experimental.service.WorkerServer(  # noqa: F841 (serves until the process ends)
@@ -58,17 +74,16 @@ def sample_fn(fused: bool = True, antialias: bool = False):
 
 
 def dataset(files: list[str], fused: bool):
+    """Batches of :func:`sample_fn`'s samples of ``files``, shuffled, epoch after epoch, on one thread."""
     import tensorflow as tf
 
     load = sample_fn(fused)
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = 1
-    options.threading.max_intra_op_parallelism = 1
     ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=1).repeat()
-    return ds.map(load, num_parallel_calls=1).batch(BATCH, drop_remainder=True).with_options(options)
+    return ds.map(load, num_parallel_calls=1).batch(BATCH, drop_remainder=True).with_options(one_thread_options())
 
 
 def train(port: int, files: list[str], fused: bool, step_s: float, steps: int, warmup: int, server_pid: int) -> dict:
+    """A trainer loop on the service at ``port``: a batch, then the emulated step; its figures after ``warmup``."""
     import tensorflow as tf
 
     ds = dataset(files, fused).apply(tf.data.experimental.service.distribute(
@@ -90,6 +105,7 @@ def train(port: int, files: list[str], fused: bool, step_s: float, steps: int, w
 
 
 def main() -> int:
+    """Run the role named on the command line: ``server`` serves until killed, ``trainer`` prints its figures."""
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=("server", "trainer"))
     ap.add_argument("--port", type=int, required=True)

@@ -123,15 +123,52 @@ class _CountingSocket(socket.socket):
         return n
 
 
+class _Host:
+    """A session's host (session.SessionHost) that runs every call at once."""
+
+    def __init__(self, num_batches: int, stats, flush_later=lambda s: None) -> None:
+        from data_service.server.session import SessionSettings
+        from data_service.pool.worker_pool import WorkerPool
+
+        self.settings = SessionSettings(token=TOKEN, server_id="s", compression="", shared_memory=False,
+                                        send_timeout_s=10, num_batches=num_batches)
+        self.stats = stats
+        self.pool = WorkerPool("{}", 1)
+        self.flush_later = flush_later
+
+    def submit(self, task) -> None:
+        self.pool.submit(task)
+
+    def cancel(self, tasks) -> None:
+        self.pool.cancel(tasks)
+
+    def shutting_down(self) -> bool:
+        return False
+
+    def count_auth_failure(self) -> None:
+        pass
+
+    def prefetch(self, seed: int, epoch: int, index: int) -> None:
+        pass
+
+    def call_soon(self, fn, *args) -> None:
+        fn(*args)
+
+    def closed(self, session) -> None:
+        pass
+
+    def want_write(self, session, on: bool) -> None:
+        pass
+
+
 def test_waiting_frames_go_out_in_one_sendmsg_and_partial_writes_resume_across_them():
     # Five batches wait while the socket is full; the server then writes them with as few
     # sendmsg calls as the socket takes, each write ending anywhere (inside a header, inside a
     # payload, on a frame boundary). The bytes must arrive in order, and each slot must be
     # released once its last byte is written, never before.
-    from data_service.server.session import Session, SessionContext
+    from data_service.server.session import Session
     from data_service.server.stats import ServerStats
     from data_service.pool.tasks import Result, Task
-    from data_service.pool.worker_pool import WorkerPool
 
     a, b = socket.socketpair()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 10)
@@ -140,11 +177,7 @@ def test_waiting_frames_go_out_in_one_sendmsg_and_partial_writes_resume_across_t
     sock.setblocking(False)
     b.settimeout(10)
     stats = ServerStats(None)
-    ctx = SessionContext(token=TOKEN, server_id="s", compression="", shared_memory=False, send_timeout_s=10,
-                         num_batches=5, pool=WorkerPool("{}", 1), stats=stats, shutting_down=lambda: False,
-                         count_auth_failure=lambda: None, call_soon=lambda fn, *args: fn(*args),
-                         closed=lambda s: None, want_write=lambda s, on: None, flush_later=lambda s: None)
-    session = Session(ctx, sock, "test")
+    session = Session(_Host(5, stats), sock, "test")
     session._out.writing = True  # as if the socket were full: frames wait in order
     released: list[tuple[int, int]] = []  # (batch, bytes the socket had taken then)
     expected = bytearray()
@@ -179,10 +212,9 @@ def test_batches_finished_in_one_loop_turn_leave_in_one_sendmsg():
     # A worker message that carries several finished batches (or several workers' messages
     # read in one turn) must reach the consumer in one write, not one per batch: each write
     # to a loopback socket wakes the consumer once more.
-    from data_service.server.session import Session, SessionContext
+    from data_service.server.session import Session
     from data_service.server.stats import ServerStats
     from data_service.pool.tasks import Result, Task
-    from data_service.pool.worker_pool import WorkerPool
 
     a, b = socket.socketpair()
     sock = _CountingSocket(fileno=a.detach())
@@ -190,11 +222,7 @@ def test_batches_finished_in_one_loop_turn_leave_in_one_sendmsg():
     sock.setblocking(False)
     b.settimeout(10)
     due: list = []
-    ctx = SessionContext(token=TOKEN, server_id="s", compression="", shared_memory=False, send_timeout_s=10,
-                         num_batches=3, pool=WorkerPool("{}", 1), stats=ServerStats(None), shutting_down=lambda: False,
-                         count_auth_failure=lambda: None, call_soon=lambda fn, *args: fn(*args),
-                         closed=lambda s: None, want_write=lambda s, on: None, flush_later=due.append)
-    session = Session(ctx, sock, "test")
+    session = Session(_Host(3, ServerStats(None), flush_later=due.append), sock, "test")
     expected = bytearray()
     try:
         for i in range(3):

@@ -83,11 +83,9 @@ def test_tasks_given_to_a_worker_at_once_go_in_one_write(pipe):
     real = a.send_frames
     a.send_frames = lambda frames: writes.append(bytes(frames)) or real(frames)
     pool = WorkerPool("{}", 1, slots_per_worker=4)
-    pool._workers.handles = [WorkerHandle(0, None, a, SlotTable(4), ready=True)]
+    pool.state.workers_spawned([WorkerHandle(0, None, a, SlotTable(4), ready=True)])
     for i in range(3):
-        task = Task(5, 0, i, lambda _: None)
-        task.id = i + 1
-        pool._pending.append(task)
+        pool.state.submit(Task(5, 0, i, lambda _: None))  # queued, given to no worker yet: ids 1, 2, 3
     pool._assign()
     assert len(writes) == 1, f"{TASKS_AHEAD} tasks took {len(writes)} writes"
     got = [b.recv() for _ in range(TASKS_AHEAD)]

@@ -25,7 +25,7 @@ def test_the_workers_are_started_before_the_builder_module_is_imported(monkeypat
     server = DataServer(PipelineSpec("examples.synthetic:build_pipeline", {"size": 16, "batch_size": 4}), "t" * 32,
                         ServerOptions(host="127.0.0.1", port=0, bulk_port=0, num_workers=1, probe=False))
     real = PipelineSpec.server_side
-    monkeypatch.setattr(PipelineSpec, "server_side", lambda self: (seen.append(len(server.pool._workers.handles)),
+    monkeypatch.setattr(PipelineSpec, "server_side", lambda self: (seen.append(len(server.pool.state.workers())),
                                                                    real(self))[1])
     server.start()
     try:

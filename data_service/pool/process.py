@@ -1,7 +1,7 @@
 """The data worker process: loads the pipeline once, then builds batches into its slots.
 
-Runs in a spawned process (``WorkerPool`` in workers.py is the server side). It takes
-``TaskMsg`` messages (pool_messages.py) from the server's pipe, builds the batch straight into one of its
+Runs in a spawned process (``WorkerPool`` in worker_pool.py is the server side). It takes
+``TaskMsg`` messages (messages.py) from the server's pipe, builds the batch straight into one of its
 anonymous memfd slots (compressing first if the server compresses) and answers with
 the batch header; pipeline errors go back with their traceback and sample index.
 """

@@ -1,7 +1,7 @@
 """The server's table of one data worker's output slots: reserve, fill, lease, release, retire.
 
 A worker builds each batch into one of its ``num_slots`` shared-memory regions (anonymous
-memfds, see worker_process.py). The server opens each region through
+memfds, see process.py). The server opens each region through
 ``/proc/<worker pid>/fd/<n>`` and keeps its own descriptor, so the region stays reachable at
 ``/proc/<server pid>/fd/<fd>`` for consumers on this host even when the worker dies.
 
@@ -12,7 +12,7 @@ same-host consumer keep a slot zero-copy, as long as the worker keeps one slot w
 ``detach`` takes a built batch that its consumer is not taking out of the worker's way: the
 server keeps the region until the batch is released, the worker builds into a fresh one.
 
-The table holds no lock: its owner (the worker pool) calls it under its own lock.
+The table holds no lock: its owner (the pool's state, state.py) calls it under its own lock.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ stalled consumer can pin to what it asked for. There is no cap over all connecti
 DDP ranks in lock step that got ahead hold their windows while they wait for the rank behind,
 and that rank must still get the worker, or the whole job waits forever.
 
-The queue holds no lock: its owner (the worker pool, workers.py) calls it under its own lock.
+The queue holds no lock: its owner (the pool's state, state.py) calls it under its own lock.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from .dataplane import DataPlane
 from .block_prefetch import PrefetchOnce
 from ..contract.pipeline import PipelineSpec, ServerSide
-from .session import SessionContext
+from .session import SessionSettings
 from .stats import ServerStats
 from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
 from ..protocol.generated import pb, pb_grpc
@@ -260,7 +260,7 @@ class DataServer:
                               "pick another --bulk-port or 0 for a free one") from exc
         self._listener.listen(1024)
         self.bulk_port = self._listener.getsockname()[1]
-        self._dataplane = DataPlane(self._listener, self.pool, self._session_context, self._tls_context)
+        self._dataplane = DataPlane(self._listener, self.pool, self._session_settings(), self, self._tls_context)
         self._dataplane.start()
         self._grpc.start()
         for name in ("", SERVICE_NAME):
@@ -273,15 +273,17 @@ class DataServer:
             for name in ("", SERVICE_NAME):
                 self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
-    def _session_context(self, plane: DataPlane) -> SessionContext:
-        return SessionContext(
+    def _session_settings(self) -> SessionSettings:
+        return SessionSettings(
             token=self.token, server_id=self.server_id, compression=self.options.compression,
             shared_memory=self.options.shared_memory, send_timeout_s=self.options.send_timeout_s,
-            num_batches=self.plan.num_batches, pool=self.pool, stats=self.stats,
-            shutting_down=lambda: self.shutting_down, count_auth_failure=self.count_auth_failure,
-            call_soon=plane.call_soon, closed=plane._session_closed, want_write=plane._want_write,
-            prefetch=self._prefetch.batch if self._prefetch is not None else None,
-            flush_later=plane._flush_later)
+            num_batches=self.plan.num_batches)
+
+    def prefetch(self, seed: int, epoch: int, index: int) -> None:
+        """A consumer hints at or requests this batch: the pipeline's block prefetcher, if it has
+        one, starts fetching the batch's blocks (once per block and epoch)."""
+        if self._prefetch is not None:
+            self._prefetch.batch(seed, epoch, index)
 
     def count_auth_failure(self) -> None:
         self.stats.auth_failures += 1

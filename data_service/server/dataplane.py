@@ -1,7 +1,7 @@
 """The data plane's event loop: one thread for the listener, every session and the worker pool.
 
 One ``selectors`` loop watches the data-plane listener, every consumer connection (session.py)
-and the worker pool's pipes and process sentinels (workers.py). A worker's "done" message,
+and the worker pool's pipes and process sentinels (pool/worker_pool.py). A worker's "done" message,
 the write of that batch to its consumer and the next task for the freed slot all happen on
 this thread, without a hand-over; the number of threads does not grow with the number of
 consumers. Frames queued during one turn of the loop are written at its end, after the
@@ -17,11 +17,15 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..protocol import framing
-from .session import Session, SessionContext
+from .session import Session, SessionSettings
+from ..pool.tasks import Task
 from ..pool.worker_pool import WorkerPool
+
+if TYPE_CHECKING:
+    from .stats import ServerStats
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +36,35 @@ ACCEPT_BATCH = 64      # connections taken per wake-up, so a flood cannot starve
 _ACCEPT, _WAKE, _POOL = "accept", "wake", "pool"
 
 
+class Server(Protocol):
+    """What the data plane passes on to its server (data_server.DataServer) for the sessions."""
+
+    stats: "ServerStats"
+    shutting_down: bool  # new requests are refused
+
+    def count_auth_failure(self) -> None: ...
+    def prefetch(self, seed: int, epoch: int, index: int) -> None: ...
+
+
 class DataPlane:
-    """Serves consumer connections on ``listener``; see the module docstring.
+    """Serves consumer connections on ``listener``; see the module docstring. It is its
+    sessions' host (``session.SessionHost``).
 
     Args:
         listener: a bound, listening TCP socket.
         pool: the worker pool; its pipes are read on this loop (start it with ``own_thread=False``).
-        make_context: builds the sessions' context, given this loop's callbacks.
+        settings: what every session follows.
+        server: the data server, for its stats, whether it is shutting down, and its prefetcher.
         tls_context: server-side ``ssl.SSLContext``, or None for plain TCP.
     """
 
-    def __init__(self, listener: socket.socket, pool: WorkerPool,
-                 make_context: Callable[["DataPlane"], SessionContext], tls_context=None) -> None:
+    def __init__(self, listener: socket.socket, pool: WorkerPool, settings: SessionSettings,
+                 server: Server, tls_context=None) -> None:
         self._listener = listener
         self._pool = pool
+        self._server = server
+        self.settings = settings
+        self.stats = server.stats
         self._tls = tls_context
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -60,7 +79,6 @@ class DataPlane:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._thread_id = 0
-        self.ctx = make_context(self)
 
     # -- thread-safe API
     def start(self) -> None:
@@ -121,24 +139,40 @@ class DataPlane:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    # -- session callbacks (loop thread)
-    def _session_closed(self, session: Session) -> None:
+    # -- what sessions ask of their host (session.SessionHost)
+    def submit(self, task: Task) -> None:
+        self._pool.submit(task)
+
+    def cancel(self, tasks: list[Task]) -> None:
+        self._pool.cancel(tasks)
+
+    def shutting_down(self) -> bool:
+        return self._server.shutting_down
+
+    def count_auth_failure(self) -> None:
+        self._server.count_auth_failure()
+
+    def prefetch(self, seed: int, epoch: int, index: int) -> None:
+        self._server.prefetch(seed, epoch, index)
+
+    # (the loop's thread from here on)
+    def closed(self, session: Session) -> None:
         try:
             self._sel.unregister(session.sock)
         except (KeyError, ValueError):
             pass
         if session in self._sessions:
             self._sessions.discard(session)
-            self.ctx.stats.stream_closed(session.authenticated)
+            self.stats.stream_closed(session.authenticated)
 
-    def _want_write(self, session: Session, on: bool) -> None:
+    def want_write(self, session: Session, on: bool) -> None:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
         try:
             self._sel.modify(session.sock, events, session)
         except (KeyError, ValueError):
             pass  # not registered yet (handshake start) or already gone
 
-    def _flush_later(self, session: Session) -> None:
+    def flush_later(self, session: Session) -> None:
         self._due.append(session)
 
     # -- the loop
@@ -228,8 +262,8 @@ class DataPlane:
             except OSError:
                 sock.close()
                 continue
-            session = Session(self.ctx, sock, f"{peer[0]}:{peer[1]}")
+            session = Session(self, sock, f"{peer[0]}:{peer[1]}")
             self._sessions.add(session)
-            self.ctx.stats.stream_opened()
+            self.stats.stream_opened()
             self._sel.register(sock, selectors.EVENT_READ, session)
             session.start()

@@ -28,7 +28,7 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..protocol import framing
 from ..protocol.framing import frame_bytes
@@ -40,7 +40,6 @@ from ..pool.tasks import Result, Task
 
 if TYPE_CHECKING:
     from .stats import ServerStats
-    from ..pool.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +48,9 @@ MAX_OUTSTANDING = 4096  # batches one connection may have requested and not rece
 READ_CHUNK = 1 << 16
 
 
-@dataclass
-class SessionContext:
-    """What a session needs from its server."""
+@dataclass(frozen=True)
+class SessionSettings:
+    """The server's settings every session follows."""
 
     token: str
     server_id: str
@@ -59,25 +58,35 @@ class SessionContext:
     shared_memory: bool     # offer shared memory to consumers on this host
     send_timeout_s: float
     num_batches: int        # batches per epoch of the plan
-    pool: "WorkerPool"
+
+
+class SessionHost(Protocol):
+    """What a session asks of the data plane that runs it (dataplane.py): the server's settings
+    and stats, the worker pool's tasks, and the loop's services."""
+
+    settings: SessionSettings
     stats: "ServerStats"
-    shutting_down: Callable[[], bool]
-    count_auth_failure: Callable[[], None]
-    call_soon: Callable[..., None]  # run a callable on the loop's thread (from any thread)
-    closed: Callable[["Session"], None]  # the loop forgets the session
-    want_write: Callable[["Session", bool], None]  # (un)register the socket for writability
-    flush_later: Callable[["Session"], None]  # the loop calls ``flush()`` at the end of its turn
-    # Called with each batch (seed, epoch, index) a consumer hints at or requests, before it is
-    # queued: the pipeline's block prefetcher starts fetching its blocks, once per block and epoch
-    # (block_prefetch.PrefetchOnce); None when the pipeline has no prefetcher.
-    prefetch: Callable[[int, int, int], None] | None = None
+
+    def submit(self, task: Task) -> None: ...  # its on_result comes once, on any thread
+    def cancel(self, tasks: list[Task]) -> None: ...
+    def shutting_down(self) -> bool: ...  # new requests are refused (SHUTTING_DOWN)
+    def count_auth_failure(self) -> None: ...
+    # Each batch a consumer hints at or requests, before it is queued: the pipeline's block
+    # prefetcher, if any, fetches its blocks once per block and epoch (block_prefetch.PrefetchOnce).
+    def prefetch(self, seed: int, epoch: int, index: int) -> None: ...
+
+    def call_soon(self, fn: Callable, *args) -> None: ...  # from any thread: fn(*args) on the loop's
+    def closed(self, session: "Session") -> None: ...  # the loop forgets the session
+    def want_write(self, session: "Session", on: bool) -> None: ...  # (un)watch its socket for writability
+    def flush_later(self, session: "Session") -> None: ...  # session.flush() at the end of the loop's turn
 
 
 class Session:
     """One data-plane connection; see the module docstring."""
 
-    def __init__(self, ctx: SessionContext, sock: socket.socket, peer: str) -> None:
-        self.ctx = ctx
+    def __init__(self, host: SessionHost, sock: socket.socket, peer: str) -> None:
+        self.host = host
+        self._settings = host.settings
         self.sock = sock
         self.peer = peer
         self.client_id = "?"
@@ -89,7 +98,7 @@ class Session:
         self._tls_done = not self._tls
         self._nonce = os.urandom(32)
         self._rbuf = bytearray()
-        self._out = SendQueue(sock, ctx.stats, lambda: ctx.flush_later(self), lambda on: ctx.want_write(self, on))
+        self._out = SendQueue(sock, host.stats, lambda: host.flush_later(self), lambda on: host.want_write(self, on))
         self._close_when_sent = False
         self._tasks: dict[int, Task] = {}
         self._held: dict[tuple[int, int, int], list[Result]] = {}  # shared-memory mode: sent, not yet released
@@ -113,12 +122,12 @@ class Session:
         held = [r for rs in self._held.values() for r in rs]
         self._held.clear()
         unsent = self._out.close()
-        self.ctx.pool.cancel(tasks)
+        self.host.cancel(tasks)
         for r in held:
             r.retire()  # the consumer may still map these (zero copy): never reuse them
         for r in unsent:
             r.release()
-        self.ctx.closed(self)
+        self.host.closed(self)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -134,9 +143,9 @@ class Session:
         if not self.authenticated and now > self.deadline:
             log.warning("data plane: dropping %s: no handshake within %.0fs", self.peer, HANDSHAKE_TIMEOUT_S)
             self.close()
-        elif self._out and now - self._out.progress_at > self.ctx.send_timeout_s:
+        elif self._out and now - self._out.progress_at > self._settings.send_timeout_s:
             log.warning("data plane: dropping %s (%s): took no data for %.0fs", self.peer, self.client_id,
-                        self.ctx.send_timeout_s)
+                        self._settings.send_timeout_s)
             self.close()
 
     # -- events from the loop
@@ -233,26 +242,24 @@ class Session:
             return
         if kind != "fetch":
             raise ProtocolError(f"expected fetch frames, got {kind!r}")
-        if self.ctx.prefetch is not None:
-            for ref in frame.fetch.prefetch:  # hints: fetch data ahead, build and answer nothing
-                if ref.index < self.ctx.num_batches and ref.epoch < 1 << 62:
-                    self.ctx.prefetch(ref.seed, ref.epoch, ref.index)
+        for ref in frame.fetch.prefetch:  # hints: fetch data ahead, build and answer nothing
+            if ref.index < self._settings.num_batches and ref.epoch < 1 << 62:
+                self.host.prefetch(ref.seed, ref.epoch, ref.index)
         for ref in frame.fetch.batches:
-            if not ref.index < self.ctx.num_batches or ref.epoch >= 1 << 62:
+            if not ref.index < self._settings.num_batches or ref.epoch >= 1 << 62:
                 self._queue_error(ref, pb.OUT_OF_RANGE,
                                   f"batch {ref.index} of epoch {ref.epoch} is outside the plan "
-                                  f"(valid batch indices 0..{self.ctx.num_batches - 1})")
+                                  f"(valid batch indices 0..{self._settings.num_batches - 1})")
                 continue
-            if self.ctx.shutting_down():
+            if self.host.shutting_down():
                 self._queue_error(ref, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
                 continue
             if len(self._tasks) + len(self._out) >= MAX_OUTSTANDING:
                 raise ProtocolError(f"more than {MAX_OUTSTANDING} outstanding batch requests")
-            if self.ctx.prefetch is not None:
-                self.ctx.prefetch(ref.seed, ref.epoch, ref.index)
+            self.host.prefetch(ref.seed, ref.epoch, ref.index)
             task = Task(ref.seed, ref.epoch, ref.index, self._on_result, owner=self)
             self._tasks[id(task)] = task  # before submit: the pool may answer at once
-            self.ctx.pool.submit(task)
+            self.host.submit(task)
             if self.closed:
                 return
 
@@ -261,22 +268,22 @@ class Session:
         if not compatible(hello.client_version, PROTOCOL_VERSION):
             self._refuse(pb.VERSION_MISMATCH, mismatch_message(hello.client_version, PROTOCOL_VERSION))
             return
-        if not framing.hmac.compare_digest(hello.proof, framing.token_proof(self.ctx.token, self._nonce)):
-            self.ctx.count_auth_failure()
+        if not framing.hmac.compare_digest(hello.proof, framing.token_proof(self._settings.token, self._nonce)):
+            self.host.count_auth_failure()
             log.warning("data plane: wrong job token from %s (%s)", self.peer, self.client_id)
             self._refuse(pb.PERMISSION_DENIED, "missing or wrong job token")
             return
-        compression = self.ctx.compression
+        compression = self._settings.compression
         if compression and compression not in hello.accept_compressions:
             self._refuse(pb.BAD_REQUEST, f"this server compresses batches with {compression}, the client cannot decode "
                                          f"it: pip install 'hetero-data-service[compress]' on the consumer")
             return
-        self.shm = bool(self.ctx.shared_memory and hello.accept_shm and hello.host_key
+        self.shm = bool(self._settings.shared_memory and hello.accept_shm and hello.host_key
                         and hello.host_key == framing.host_key())
-        framing.set_send_timeout(self.sock, self.ctx.send_timeout_s)
+        framing.set_send_timeout(self.sock, self._settings.send_timeout_s)
         self.authenticated = True
-        self.ctx.stats.consumer_connected()
-        welcome = pb.Welcome(server_id=self.ctx.server_id, compression=compression, shm=self.shm)
+        self.host.stats.consumer_connected()
+        welcome = pb.Welcome(server_id=self._settings.server_id, compression=compression, shm=self.shm)
         self._queue(frame_bytes(pb.BulkFrame(welcome=welcome)))
 
     def _refuse(self, kind: int, message: str) -> None:
@@ -290,7 +297,7 @@ class Session:
 
     def _on_result(self, result: Result) -> None:
         """Called by the worker pool, on the loop's thread or another one."""
-        self.ctx.call_soon(self._deliver, result)
+        self.host.call_soon(self._deliver, result)
 
     def _deliver(self, result: Result) -> None:
         self._tasks.pop(id(result.task), None)

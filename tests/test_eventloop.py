@@ -124,10 +124,10 @@ class _CountingSocket(socket.socket):
 
 
 class _Host:
-    """A session's host (session.SessionHost) that runs every call at once."""
+    """A session's host (session_host.SessionHost) that runs every call at once."""
 
     def __init__(self, num_batches: int, stats, flush_later=lambda s: None) -> None:
-        from data_service.server.session import SessionSettings
+        from data_service.server.session_host import SessionSettings
         from data_service.pool.worker_pool import WorkerPool
 
         self.settings = SessionSettings(token=TOKEN, server_id="s", compression="", shared_memory=False,

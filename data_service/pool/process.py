@@ -34,6 +34,7 @@ class _WorkerSlot:
 
 def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
                 log_level: int, compression_name: str = "", nice: int = 0) -> None:
+    """The process's body: load the pipeline, say ready, then build each task until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     if nice:
         os.nice(nice)
@@ -41,81 +42,120 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid
     logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
     import torch
 
-    from ..contract import tensor_layout, compression
-    from ..contract.pipeline import PipelineInfo, PipelineSpec, SampleError, build_batch
-
     torch.set_num_threads(1)
+    loaded = _load(conn, spec_json)
+    if loaded is None:
+        return
+    pipe, info = loaded
+    conn.send(ReadyMsg(os.getpid(), info))
+    slots = _Slots(num_slots)
+    while (msg := _next_task(conn, parent_pid)) is not None:
+        if msg.renew:
+            # The server handed this slot's region to a consumer for good (a lease that
+            # outlived its connection): never write into it again, build into a new one.
+            slots.drop(msg.slot)
+        done = _build(conn, pipe, info.plan, msg, slots, compression_name)
+        if done is None:
+            continue
+        try:
+            conn.send(done)
+        except OSError:
+            return
+
+
+def _load(conn, spec_json: str):
+    """(pipeline, PipelineInfo), or None after telling the server why the pipeline cannot load."""
+    from ..contract.pipeline import PipelineInfo, PipelineSpec
+
     try:
         pipe = PipelineSpec.from_json(spec_json).load()
-        info = PipelineInfo.of(pipe)
+        return pipe, PipelineInfo.of(pipe)
     except BaseException as exc:  # report why we cannot start, then exit
         conn.send(FatalMsg(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        return
-    cfg = info.plan
-    conn.send(ReadyMsg(os.getpid(), info))
-    slots: list[_WorkerSlot | None] = [None] * num_slots
-    scratch = bytearray(0)  # raw layout before compression
+        return None
+
+
+def _next_task(conn, parent_pid: int) -> TaskMsg | None:
+    """The next task from the server; None when told to stop, the server went away or died."""
     while True:
         if not conn.poll(1.0):
             if os.getppid() != parent_pid:
-                return  # orphaned: the server died
+                return None  # orphaned: the server died
             continue
         try:
             msg = conn.recv()
         except (EOFError, OSError):
-            return  # the server went away
+            return None  # the server went away
         if isinstance(msg, StopMsg) or not isinstance(msg, TaskMsg):
-            return
-        task_id, seed, epoch, index, slot_no = msg.task_id, msg.seed, msg.epoch, msg.index, msg.slot
-        if msg.renew and slots[slot_no] is not None:
-            # The server handed this slot's region to a consumer for good (a lease that
-            # outlived its connection): never write into it again, build into a new one.
-            slots[slot_no].close()
-            slots[slot_no] = None
-        t0 = time.perf_counter()
-        skipped_before = pipe.samples_skipped
-        try:
-            batch = build_batch(pipe, cfg, seed, epoch, index)
-            structure, metas, tensors, size = tensor_layout.plan_layout(batch)
-        except IndexError as exc:
-            conn.send(ErrorMsg(task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
-            continue
-        except SampleError as exc:
-            tb = "".join(traceback.format_exception(exc.cause))
-            conn.send(ErrorMsg(task_id, pb.TRANSFORM_FAILED, str(exc), tb, exc.sample_index))
-            continue
-        except Exception as exc:  # bad batch structure from collate, and the like
-            conn.send(ErrorMsg(task_id, pb.TRANSFORM_FAILED, f"{type(exc).__name__}: {exc}",
-                                traceback.format_exc(), -1))
-            continue
-        raw_size, compress_s, packed = size, 0.0, None
-        if compression_name:
-            if len(scratch) < size:
-                scratch = bytearray(size)
-            tensor_layout.write_payload(metas, tensors, scratch)
-            t1 = time.perf_counter()
-            packed = compression.compress(compression_name, memoryview(scratch)[:size])
-            compress_s = time.perf_counter() - t1
-            size = len(packed)
-        slot, new = slots[slot_no], None
-        if slot is None or slot.capacity < size:
-            if slot is not None:
-                slot.close()
-            grown = max(size + size // 4, slot.capacity * 2 if slot else 0, _PAGE)
-            slot = slots[slot_no] = _WorkerSlot(-(-grown // _PAGE) * _PAGE)
-            new = (f"/proc/{os.getpid()}/fd/{slot.fd}", slot.capacity)
-        if packed is None:
-            tensor_layout.write_payload(metas, tensors, slot.map)
-        else:
-            slot.map[:size] = packed
-        build_s = time.perf_counter() - t0 - compress_s
-        skipped = pipe.samples_skipped - skipped_before
-        header = pb.BatchHeader(
-            ref=pb.BatchRef(seed=seed, epoch=epoch, index=index), structure=structure, tensors=metas,
-            payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
-            build_s=build_s, samples_skipped=skipped)
-        try:
-            conn.send(DoneMsg(task_id, slot_no, new, header.SerializeToString(), size, raw_size, build_s,
-                              compress_s, skipped))
-        except OSError:
-            return
+            return None
+        return msg
+
+
+class _Slots:
+    """This worker's output regions, grown (as a fresh region) when a batch does not fit."""
+
+    def __init__(self, num_slots: int) -> None:
+        self._slots: list[_WorkerSlot | None] = [None] * num_slots
+        self.scratch = bytearray(0)  # raw layout before compression
+
+    def drop(self, k: int) -> None:
+        if self._slots[k] is not None:
+            self._slots[k].close()
+            self._slots[k] = None
+
+    def fit(self, k: int, size: int) -> tuple[_WorkerSlot, tuple[str, int] | None]:
+        """Slot ``k`` with room for ``size`` bytes, and the new region's (path, capacity) when it
+        had to be made (the server opens it), else None."""
+        slot = self._slots[k]
+        if slot is not None and slot.capacity >= size:
+            return slot, None
+        if slot is not None:
+            slot.close()
+        grown = max(size + size // 4, slot.capacity * 2 if slot else 0, _PAGE)
+        slot = self._slots[k] = _WorkerSlot(-(-grown // _PAGE) * _PAGE)
+        return slot, (f"/proc/{os.getpid()}/fd/{slot.fd}", slot.capacity)
+
+
+def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) -> DoneMsg | None:
+    """Build the task's batch into its slot and return the report; None after reporting its error."""
+    from ..contract import compression, tensor_layout
+    from ..contract.pipeline import SampleError, build_batch
+
+    t0 = time.perf_counter()
+    skipped_before = pipe.samples_skipped
+    try:
+        batch = build_batch(pipe, cfg, msg.seed, msg.epoch, msg.index)
+        structure, metas, tensors, size = tensor_layout.plan_layout(batch)
+    except IndexError as exc:
+        conn.send(ErrorMsg(msg.task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
+        return None
+    except SampleError as exc:
+        tb = "".join(traceback.format_exception(exc.cause))
+        conn.send(ErrorMsg(msg.task_id, pb.TRANSFORM_FAILED, str(exc), tb, exc.sample_index))
+        return None
+    except Exception as exc:  # bad batch structure from collate, and the like
+        conn.send(ErrorMsg(msg.task_id, pb.TRANSFORM_FAILED, f"{type(exc).__name__}: {exc}",
+                           traceback.format_exc(), -1))
+        return None
+    raw_size, compress_s, packed = size, 0.0, None
+    if compression_name:
+        if len(slots.scratch) < size:
+            slots.scratch = bytearray(size)
+        tensor_layout.write_payload(metas, tensors, slots.scratch)
+        t1 = time.perf_counter()
+        packed = compression.compress(compression_name, memoryview(slots.scratch)[:size])
+        compress_s = time.perf_counter() - t1
+        size = len(packed)
+    slot, new = slots.fit(msg.slot, size)
+    if packed is None:
+        tensor_layout.write_payload(metas, tensors, slot.map)
+    else:
+        slot.map[:size] = packed
+    build_s = time.perf_counter() - t0 - compress_s
+    skipped = pipe.samples_skipped - skipped_before
+    header = pb.BatchHeader(
+        ref=pb.BatchRef(seed=msg.seed, epoch=msg.epoch, index=msg.index), structure=structure, tensors=metas,
+        payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
+        build_s=build_s, samples_skipped=skipped)
+    return DoneMsg(msg.task_id, msg.slot, new, header.SerializeToString(), size, raw_size, build_s, compress_s,
+                   skipped)

@@ -1,8 +1,9 @@
 """The data server: gRPC control plane, event-loop data plane, sessions, stats, block prefetch.
 
-``DataServer`` and ``ServerOptions`` (``data_server.py``) are its public face; the rest is the
+``DataServer`` (``data_server.py``) and ``ServerOptions`` (``options.py``) are its public face; the rest is the
 server's own and no consumer imports it (tests/test_layering.py).
 """
-from .data_server import DataServer, ServerOptions
+from .data_server import DataServer
+from .options import ServerOptions
 
 __all__ = ["DataServer", "ServerOptions"]

@@ -20,73 +20,28 @@ import threading
 import time
 import uuid
 from concurrent import futures
-from dataclasses import dataclass
 
-from multiprocessing.connection import wait as mp_wait
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ..contract import compression
 from ..protocol import tls
 from ..protocol.auth import TokenInterceptor
 from ..errors import ConfigError
 from .dataplane import DataPlane
+from .options import ServerOptions
+from .probe import probe_batch
 from .block_prefetch import PrefetchOnce
 from ..contract.pipeline import PipelineSpec, ServerSide
-from .session import SessionSettings
+from .session_host import SessionSettings
 from .stats import ServerStats
 from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
 from ..protocol.generated import pb, pb_grpc
-from ..pool.tasks import Result, Task
 from ..pool.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BATCH_BYTES = 1 << 30
 SERVICE_NAME = "heterodata.v1.DataService"
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    """Knobs of one data server. Every value is checked in ``__post_init__``."""
-
-    host: str = "127.0.0.1"
-    port: int = 0                 # gRPC port; 0 picks a free one
-    bulk_port: int = 0            # data-plane port; 0 picks a free one
-    num_workers: int = 2
-    slots_per_worker: int = 4     # built batches each worker may hold: the memory bound (>= 3 lets
-                                  # same-host consumers keep batches zero-copy while the worker builds ahead)
-    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES  # a batch's bytes, as sent and as decoded (wire_encoding)
-    start_timeout_s: float = 120.0
-    probe: bool = True            # build batch 0 at start-up to catch errors early
-    advertise_bulk_port: int = 0  # port clients should dial for the data plane (NAT, port mapping, proxies); 0 = bulk_port
-    compression: str = ""         # "" (off), "lz4" or "zstd", applied per batch by the workers
-    shared_memory: bool = True    # consumers on this host read batches from shared memory, not TCP
-    send_timeout_s: float = 30.0  # a consumer that takes no bytes for this long is dropped (frees its slots)
-    tls_cert: str = ""            # PEM certificate: serve both planes over TLS (with tls_key)
-    tls_key: str = ""
-    worker_nice: int = 0          # raise the workers' nice value by this much (0-19): a server on cores a
-                                  # trainer also uses builds in the cycles the trainer leaves, never delaying it
-
-    def __post_init__(self) -> None:
-        for name in ("port", "bulk_port"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or not 0 <= value <= 65535:
-                raise ConfigError(f"{name}={value!r} must be a TCP port 0..65535 (0 picks a free one)")
-        if not isinstance(self.num_workers, int) or self.num_workers < 1:
-            raise ConfigError(f"num_workers={self.num_workers!r} must be >= 1")
-        if not isinstance(self.slots_per_worker, int) or self.slots_per_worker < 1:
-            raise ConfigError(f"slots_per_worker={self.slots_per_worker!r} must be >= 1")
-        if self.max_batch_bytes < 1:
-            raise ConfigError(f"max_batch_bytes={self.max_batch_bytes!r} must be >= 1")
-        compression.check(self.compression)
-        if not self.send_timeout_s > 0:
-            raise ConfigError(f"send_timeout_s={self.send_timeout_s!r} must be > 0 seconds")
-        if isinstance(self.worker_nice, bool) or not isinstance(self.worker_nice, int) or not 0 <= self.worker_nice <= 19:
-            raise ConfigError(f"worker_nice={self.worker_nice!r} must be an integer 0..19 (0: the server's own priority)")
-        if self.tls_cert or self.tls_key:
-            tls.server_files(self.tls_cert, self.tls_key)
 
 
 class _Servicer(pb_grpc.DataServiceServicer):
@@ -189,7 +144,8 @@ class DataServer:
             if side.prefetcher is not None:
                 self._prefetch = PrefetchOnce(side.prefetcher, self.plan)
             if self.options.probe:
-                self._probe()
+                probe_batch(self.pool, self.spec.target, self.options.max_batch_bytes,
+                            self.options.start_timeout_s, self.dataset_info.wire_encoding)
             self._open_ports()
         except BaseException:
             self.pool.stop(0)
@@ -198,39 +154,6 @@ class DataServer:
                  self.server_id, self.spec.target, self.plan.num_samples, self.plan.num_batches,
                  self.address, self.bulk_port, self.options.num_workers)
         return self
-
-    def _probe(self) -> None:
-        done = threading.Event()
-        box: list[Result] = []
-        self.pool.submit(Task(0, 0, 0, lambda r: (box.append(r), done.set())))
-        deadline = time.monotonic() + self.options.start_timeout_s
-        while not done.is_set():  # the data-plane loop is not running yet: poll the pool here
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ConfigError(f"the probe batch took longer than start_timeout_s={self.options.start_timeout_s}")
-            self.pool.handle_ready(mp_wait(self.pool.wait_objects(), timeout=min(left, 0.5)))
-        result = box[0]
-        try:
-            if result.error is not None:
-                raise ConfigError(
-                    f"pipeline {self.spec.target!r} fails on epoch 0, batch 0 "
-                    f"(sample {result.error.sample_index}): {result.error.message}\n{result.error.traceback}")
-            size = result.raw_bytes
-            if size > self.options.max_batch_bytes:
-                raise ConfigError(
-                    f"a batch of {size} bytes exceeds max_batch_bytes={self.options.max_batch_bytes}; "
-                    "raise --max-batch-bytes or lower the batch size")
-            if self.dataset_info.wire_encoding not in ("", "uint8"):  # consumers decode it under the cap
-                from ..contract import tensor_layout, wire_encoding  # torch: in this process only once the workers were spawned
-
-                decoded = wire_encoding.decoded_bytes(tensor_layout.decode(result.header, result.payload))
-                if decoded > self.options.max_batch_bytes:
-                    raise ConfigError(
-                        f"a batch decodes to {decoded} bytes on the DNN nodes ({size} bytes on the wire as "
-                        f"{self.dataset_info.wire_encoding}), more than max_batch_bytes={self.options.max_batch_bytes}"
-                        "; raise --max-batch-bytes or lower the batch size")
-        finally:
-            result.release()
 
     def _open_ports(self) -> None:
         self._health = health.HealthServicer()

@@ -20,7 +20,8 @@ import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..protocol import framing
-from .session import Session, SessionSettings
+from .session import Session
+from .session_host import SessionSettings
 from ..pool.tasks import Task
 from ..pool.worker_pool import WorkerPool
 
@@ -48,7 +49,7 @@ class Server(Protocol):
 
 class DataPlane:
     """Serves consumer connections on ``listener``; see the module docstring. It is its
-    sessions' host (``session.SessionHost``).
+    sessions' host (``session_host.SessionHost``).
 
     Args:
         listener: a bound, listening TCP socket.
@@ -139,7 +140,7 @@ class DataPlane:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    # -- what sessions ask of their host (session.SessionHost)
+    # -- what sessions ask of their host (session_host.SessionHost)
     def submit(self, task: Task) -> None:
         self._pool.submit(task)
 

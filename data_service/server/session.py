@@ -27,58 +27,21 @@ import os
 import socket
 import ssl
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..protocol import framing
 from ..protocol.framing import frame_bytes
 from ..errors import ProtocolError
 from .send_queue import SendQueue
-from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
+from .session_host import SessionHost, hello_refusal
+from ..protocol.version import PROTOCOL_VERSION
 from ..protocol.generated import pb
 from ..pool.tasks import Result, Task
-
-if TYPE_CHECKING:
-    from .stats import ServerStats
 
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_OUTSTANDING = 4096  # batches one connection may have requested and not received
 READ_CHUNK = 1 << 16
-
-
-@dataclass(frozen=True)
-class SessionSettings:
-    """The server's settings every session follows."""
-
-    token: str
-    server_id: str
-    compression: str        # "" or the compression every batch carries
-    shared_memory: bool     # offer shared memory to consumers on this host
-    send_timeout_s: float
-    num_batches: int        # batches per epoch of the plan
-
-
-class SessionHost(Protocol):
-    """What a session asks of the data plane that runs it (dataplane.py): the server's settings
-    and stats, the worker pool's tasks, and the loop's services."""
-
-    settings: SessionSettings
-    stats: "ServerStats"
-
-    def submit(self, task: Task) -> None: ...  # its on_result comes once, on any thread
-    def cancel(self, tasks: list[Task]) -> None: ...
-    def shutting_down(self) -> bool: ...  # new requests are refused (SHUTTING_DOWN)
-    def count_auth_failure(self) -> None: ...
-    # Each batch a consumer hints at or requests, before it is queued: the pipeline's block
-    # prefetcher, if any, fetches its blocks once per block and epoch (block_prefetch.PrefetchOnce).
-    def prefetch(self, seed: int, epoch: int, index: int) -> None: ...
-
-    def call_soon(self, fn: Callable, *args) -> None: ...  # from any thread: fn(*args) on the loop's
-    def closed(self, session: "Session") -> None: ...  # the loop forgets the session
-    def want_write(self, session: "Session", on: bool) -> None: ...  # (un)watch its socket for writability
-    def flush_later(self, session: "Session") -> None: ...  # session.flush() at the end of the loop's turn
 
 
 class Session:
@@ -265,19 +228,14 @@ class Session:
 
     def _on_hello(self, hello: pb.BulkHello) -> None:
         self.client_id = hello.client_id or self.peer
-        if not compatible(hello.client_version, PROTOCOL_VERSION):
-            self._refuse(pb.VERSION_MISMATCH, mismatch_message(hello.client_version, PROTOCOL_VERSION))
-            return
-        if not framing.hmac.compare_digest(hello.proof, framing.token_proof(self._settings.token, self._nonce)):
-            self.host.count_auth_failure()
-            log.warning("data plane: wrong job token from %s (%s)", self.peer, self.client_id)
-            self._refuse(pb.PERMISSION_DENIED, "missing or wrong job token")
+        refused = hello_refusal(hello, self._settings, self._nonce)
+        if refused is not None:
+            if refused[0] == pb.PERMISSION_DENIED:
+                self.host.count_auth_failure()
+                log.warning("data plane: wrong job token from %s (%s)", self.peer, self.client_id)
+            self._refuse(*refused)
             return
         compression = self._settings.compression
-        if compression and compression not in hello.accept_compressions:
-            self._refuse(pb.BAD_REQUEST, f"this server compresses batches with {compression}, the client cannot decode "
-                                         f"it: pip install 'hetero-data-service[compress]' on the consumer")
-            return
         self.shm = bool(self._settings.shared_memory and hello.accept_shm and hello.host_key
                         and hello.host_key == framing.host_key())
         framing.set_send_timeout(self.sock, self._settings.send_timeout_s)

@@ -1,0 +1,52 @@
+"""A data server's knobs (``ServerOptions``), each checked when made, naming the value and the fix."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..contract import compression
+from ..errors import ConfigError
+from ..protocol import tls
+
+DEFAULT_MAX_BATCH_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Knobs of one data server. Every value is checked in ``__post_init__``."""
+
+    host: str = "127.0.0.1"
+    port: int = 0                 # gRPC port; 0 picks a free one
+    bulk_port: int = 0            # data-plane port; 0 picks a free one
+    num_workers: int = 2
+    slots_per_worker: int = 4     # built batches each worker may hold: the memory bound (>= 3 lets
+                                  # same-host consumers keep batches zero-copy while the worker builds ahead)
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES  # a batch's bytes, as sent and as decoded (wire_encoding)
+    start_timeout_s: float = 120.0
+    probe: bool = True            # build batch 0 at start-up to catch errors early
+    advertise_bulk_port: int = 0  # port clients should dial for the data plane (NAT, port mapping, proxies); 0 = bulk_port
+    compression: str = ""         # "" (off), "lz4" or "zstd", applied per batch by the workers
+    shared_memory: bool = True    # consumers on this host read batches from shared memory, not TCP
+    send_timeout_s: float = 30.0  # a consumer that takes no bytes for this long is dropped (frees its slots)
+    tls_cert: str = ""            # PEM certificate: serve both planes over TLS (with tls_key)
+    tls_key: str = ""
+    worker_nice: int = 0          # raise the workers' nice value by this much (0-19): a server on cores a
+                                  # trainer also uses builds in the cycles the trainer leaves, never delaying it
+
+    def __post_init__(self) -> None:
+        for name in ("port", "bulk_port"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value <= 65535:
+                raise ConfigError(f"{name}={value!r} must be a TCP port 0..65535 (0 picks a free one)")
+        if not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise ConfigError(f"num_workers={self.num_workers!r} must be >= 1")
+        if not isinstance(self.slots_per_worker, int) or self.slots_per_worker < 1:
+            raise ConfigError(f"slots_per_worker={self.slots_per_worker!r} must be >= 1")
+        if self.max_batch_bytes < 1:
+            raise ConfigError(f"max_batch_bytes={self.max_batch_bytes!r} must be >= 1")
+        compression.check(self.compression)
+        if not self.send_timeout_s > 0:
+            raise ConfigError(f"send_timeout_s={self.send_timeout_s!r} must be > 0 seconds")
+        if isinstance(self.worker_nice, bool) or not isinstance(self.worker_nice, int) or not 0 <= self.worker_nice <= 19:
+            raise ConfigError(f"worker_nice={self.worker_nice!r} must be an integer 0..19 (0: the server's own priority)")
+        if self.tls_cert or self.tls_key:
+            tls.server_files(self.tls_cert, self.tls_key)

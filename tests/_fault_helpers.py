@@ -194,14 +194,14 @@ def slow_header_parse(monkeypatch, seconds: Callable[[pb.BatchHeader], float]) -
 
     That widens the window between "a worker says done" and "the server takes the batch", where
     races with other threads (assigning tasks, a worker dying) would show."""
-    from data_service.pool import messages as pool_messages
+    from data_service.pool import messages
 
-    recv = pool_messages.MessageConnection.recv
+    recv = messages.MessageConnection.recv
 
     def slow_recv(conn):
         msg = recv(conn)
-        if isinstance(msg, pool_messages.DoneMsg):
+        if isinstance(msg, messages.DoneMsg):
             time.sleep(seconds(pb.BatchHeader.FromString(msg.header)))
         return msg
 
-    monkeypatch.setattr(pool_messages.MessageConnection, "recv", slow_recv)
+    monkeypatch.setattr(messages.MessageConnection, "recv", slow_recv)

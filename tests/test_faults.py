@@ -725,9 +725,9 @@ def test_a_server_whose_workers_cannot_be_replaced_says_not_serving_and_refuses_
         server_factory, tmp_path, monkeypatch):
     from grpc_health.v1 import health_pb2
 
-    from data_service.pool import lifecycle as worker_lifecycle
+    from data_service.pool import lifecycle
 
-    monkeypatch.setattr(worker_lifecycle, "RESPAWN_BACKOFF_S", (0.1,))  # two replacement attempts
+    monkeypatch.setattr(lifecycle, "RESPAWN_BACKOFF_S", (0.1,))  # two replacement attempts
     opts, deaths = _dying_loads(tmp_path, 100, armed=False)  # the first worker loads fine
     server = server_factory(opts, num_workers=1)
     deaths.mkdir()  # armed: every replacement dies

@@ -1,4 +1,4 @@
-"""Messages on the pipe between the worker pool and its worker processes (pool_messages.py)."""
+"""Messages on the pipe between the worker pool and its worker processes (pool/messages.py)."""
 from __future__ import annotations
 
 import multiprocessing as mp

@@ -121,6 +121,13 @@ def test_product_imports_point_one_way(layer):
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
 
 
+def test_the_top_of_data_service_is_its_public_face_and_errors_only():
+    top = sorted(p.name for p in (ROOT / "data_service").glob("*.py"))
+    rooms = sorted(p.name for p in (ROOT / "data_service").iterdir() if (p / "__init__.py").is_file())
+    assert top == ["__init__.py", "errors.py"], f"modules directly under data_service/ belong in a room: {top}"
+    assert set(rooms) <= set(ROOMS), f"rooms without a rule in ROOMS: {sorted(set(rooms) - set(ROOMS))}"
+
+
 @pytest.mark.parametrize("package", ["data_service", "dnn_worker"])
 def test_each_room_imports_only_what_its_rule_names(package):
     bad = [v for f in sorted((ROOT / package).rglob("*.py")) for v in room_violations(f)]

@@ -182,11 +182,13 @@ class Fetcher:
                 out.put(sched.pos[key(ev.ref)], ev.batch)
             return
         err = ev.error
-        if not sched.declined(s.address, ev.ref, requeue=err.kind == pb.SHUTTING_DOWN):
-            return  # not ours, or a hedged copy's second
+        needed = sched.declined(s.address, ev.ref, requeue=err.kind == pb.SHUTTING_DOWN)
         if err.kind == pb.SHUTTING_DOWN:
+            # drained even when another server owes this batch: the server takes nothing more
             self._set.drain(s.address, err.message or "shutting down")
             return
+        if not needed:
+            return  # not ours, or a hedged batch whose other copy is still owed (or came)
         if err.kind == pb.TRANSFORM_FAILED:
             raise BatchBuildError(err.message, epoch=ev.ref.epoch, index=ev.ref.index,
                                   sample_index=err.sample_index, remote_traceback=err.traceback, server=s.address)

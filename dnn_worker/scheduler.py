@@ -21,7 +21,8 @@ unit-tested with fake servers and a fake clock (tests/test_scheduler.py).
   later the longer it stays quiet); or (b) at the end of the list, or with a server idle, its
   server has been quiet for ``HEDGE_TAIL_S`` or ``HEDGE_TAIL_GAPS`` of its usual gaps. The first
   copy to come is used, the other dropped; a copy still owed counts against its server's window,
-  so a stalled server is given nothing more (and is dropped after ``batch_timeout``).
+  so a stalled server is given nothing more (and is dropped after ``batch_timeout``). A copy
+  that fails while the other is still owed is no error: only the last copy's failure is.
 * **Affinity** (a block-shuffled plan: shards): a batch goes to the server owning its block
   (``affinity.py``, weighted by the servers' worker processes), so each block is read from
   storage by one node. A server with nothing of its own takes batches of blocks it built
@@ -122,7 +123,9 @@ class Scheduler:
 
     def declined(self, address: str, ref: pb.BatchRef, requeue: bool) -> bool:
         """``address`` answered ``ref`` with an error: True when it is a batch the consumer still
-        needs; with ``requeue`` (the server is shutting down) it is asked of the others."""
+        needs and no other server owes it any more; with ``requeue`` (the server is shutting
+        down) it is then asked of the others. A hedged batch's copy that fails while the other
+        is still owed is False: the other copy may yet come, and its own failure decides."""
         k = key(ref)
         lane = self.lanes.get(address)
         if lane is None or lane.outstanding.pop(k, None) is None:
@@ -130,6 +133,10 @@ class Scheduler:
         if k in self._spare:
             self._spare.discard(k)
             return False
+        if k in self._hedged:
+            if any(k in o.outstanding for o in self.lanes.values()):
+                return False  # stays hedged: one hedge per batch, the copy still owed is it
+            self._hedged.discard(k)
         if requeue:
             self._requeue([ref])
         return True

@@ -147,29 +147,70 @@ def test_a_hung_registry_read_is_reported_once_and_waits_for_nothing(tmp_path, m
 
 
 def test_an_entry_not_refreshed_within_its_ttl_is_refused_by_every_reader(tmp_path):
+    import time
+
     from dnn_worker.registry_watch import registered_servers
 
     uri = str(tmp_path)
     fresh = register(uri, TOKEN, "fresh", "10.0.0.7:6000", FP, ttl_s=10.0)
-    stale = register(uri, TOKEN, "stale", "10.0.0.8:6000", FP, ttl_s=10.0)
+    register(uri, TOKEN, "stale", "10.0.0.8:6000", FP, ttl_s=10.0)
     forever = register(uri, TOKEN, "forever", "10.0.0.9:6000", FP)  # no TTL: never expires
     assert json.loads((tmp_path / "servers" / "stale.json").read_text())["ttl_s"] == 10.0
-    now = stale.refreshed_at + 10.5
-    good, refused = registry.verified_entries(uri, TOKEN, FP, now=now - 1.0)
+    good, refused = registry.verified_entries(uri, TOKEN, FP)
     assert {e.server_id for e in good} == {"fresh", "stale", "forever"} and refused == []
-    # the heartbeat rewrites "fresh": refreshed_at moves on, started_at stays
+    # "stale" was last written 10.5 s ago on the file system's clock; the heartbeat rewrites "fresh"
+    old = time.time() - 10.5
+    for name in ("stale", "fresh", "forever"):
+        os.utime(tmp_path / "servers" / f"{name}.json", (old, old))
     again = register(uri, TOKEN, "fresh", fresh.address, FP, ttl_s=10.0, started_at=fresh.started_at)
-    raw = json.loads((tmp_path / "servers" / "fresh.json").read_text())
-    raw["refreshed_at"] = now - 2.0
-    (tmp_path / "servers" / "fresh.json").write_text(json.dumps(raw))
-    good, refused = registry.verified_entries(uri, TOKEN, FP, now=now)
+    good, refused = registry.verified_entries(uri, TOKEN, FP)
     assert {e.server_id for e in good} == {"fresh", "forever"} and again.started_at == fresh.started_at
     assert [(e.server_id, "expired" in why and "TTL is 10 s" in why) for e, why in refused] == [("stale", True)]
-    assert forever.expired(now + 1e6) is False
-    raw = json.loads((tmp_path / "servers" / "stale.json").read_text())
-    (tmp_path / "servers" / "stale.json").write_text(json.dumps(dict(raw, refreshed_at=raw["refreshed_at"] - 60)))
+    assert forever.expired(1e6) is False
     assert "10.0.0.8:6000" not in registered_servers(uri, TOKEN)  # the end-of-job shutdown list too
     assert "10.0.0.9:6000" in registered_servers(uri, TOKEN)
+
+
+def _skewed_reader(monkeypatch, skew_s: float) -> None:
+    """The reader's clock ``skew_s`` seconds off (its registry module's time), the store's untouched."""
+    import time
+    from types import SimpleNamespace
+
+    real = time.time
+    monkeypatch.setattr(registry, "time", SimpleNamespace(time=lambda: real() + skew_s))
+
+
+@pytest.mark.parametrize("skew_s", [3600.0, -3600.0])
+def test_a_reader_with_a_skewed_clock_sees_exactly_the_live_servers_in_a_folder(tmp_path, monkeypatch, skew_s):
+    import time
+
+    uri = str(tmp_path)
+    register(uri, TOKEN, "live", "10.0.0.7:6000", FP, ttl_s=15.0)
+    register(uri, TOKEN, "dead", "10.0.0.8:6000", FP, ttl_s=15.0)
+    old = time.time() - 60  # killed a minute ago: no beat since
+    os.utime(tmp_path / "servers" / "dead.json", (old, old))
+    _skewed_reader(monkeypatch, skew_s)
+    good, refused = registry.verified_entries(uri, TOKEN, FP)
+    assert [e.server_id for e in good] == ["live"]
+    assert [e.server_id for e, _ in refused] == ["dead"] and "expired" in refused[0][1]
+
+
+@pytest.mark.parametrize("skew_s", [3600.0, -3600.0])
+def test_a_reader_with_a_skewed_clock_sees_exactly_the_live_servers_on_s3(monkeypatch, skew_s):
+    import time
+
+    from tests._s3_env import s3_with_bucket
+
+    bucket = "skew-ahead" if skew_s > 0 else "skew-behind"  # a store (its client) per endpoint
+    with s3_with_bucket(bucket):
+        uri = f"s3://{bucket}/jobs/skew"
+        register(uri, TOKEN, "dead", "10.0.0.8:6000", FP, ttl_s=1.0)
+        time.sleep(2.5)  # S3 times are whole seconds: "dead" is 2-3 s past its last write, its TTL 1 s
+        register(uri, TOKEN, "live", "10.0.0.7:6000", FP, ttl_s=30.0)
+        _skewed_reader(monkeypatch, skew_s)
+        good, refused = registry.verified_entries(uri, TOKEN, FP)
+        assert [e.server_id for e in good] == ["live"]
+        assert [e.server_id for e, _ in refused] == ["dead"] and "expired" in refused[0][1]
 
 
 @pytest.mark.parametrize("ttl", [-1.0, float("inf"), float("nan")])

@@ -161,6 +161,37 @@ def test_a_shutting_down_server_s_declined_batch_is_asked_of_another():
     assert [r.index for r in sched.plan(0, ["b:1"], (), 0.1).fetch["b:1"]] == [0]
 
 
+def _hedged_head():
+    """A scheduler whose batch 0 is owed by a quiet "a:1" and, hedged, by "b:1"."""
+    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4)]
+    sched = Scheduler(refs)
+    sched.lane("a:1", 4)
+    assert [r.index for r in sched.plan(0, ["a:1"], (), 0.0).fetch["a:1"]] == [0, 1, 2, 3]
+    sched.lane("b:1", 4)
+    assert [r.index for r in sched.plan(0, ["a:1", "b:1"], (), 5.0).fetch["b:1"]] == [0]  # the tail: hedged
+    assert sched.hedges == 1
+    return refs, sched
+
+
+@pytest.mark.parametrize("first", ["a:1", "b:1"])
+def test_a_hedged_copy_s_error_is_no_error_while_the_other_copy_is_owed(first):
+    refs, sched = _hedged_head()
+    other = "b:1" if first == "a:1" else "a:1"
+    assert not sched.declined(first, refs[0], requeue=False), "the other copy may yet come"
+    assert sched.arrived(other, refs[0], 10, 6.0), "the other copy is used"
+    assert not sched.declined(first, refs[0], requeue=False) and not sched.arrived(first, refs[0], 10, 6.0)
+
+
+def test_a_hedged_batch_is_an_error_once_no_server_owes_it_any_more():
+    refs, sched = _hedged_head()
+    assert not sched.declined("b:1", refs[0], requeue=False)
+    assert sched.declined("a:1", refs[0], requeue=False), "the last copy failed: the consumer is told"
+    assert not sched.owes("b:1") and refs[0] not in list(sched.todo)
+    refs, sched = _hedged_head()  # both shutting down: asked again once no copy is owed
+    assert not sched.declined("a:1", refs[0], requeue=True) and [r.index for r in sched.todo] == []
+    assert sched.declined("b:1", refs[0], requeue=True) and [r.index for r in sched.todo] == [0]
+
+
 def _affinity(num_samples=4096, batch=8, block=64):
     return Affinity(pb.DatasetInfo(num_samples=num_samples, batch_size=batch, drop_last=True, shuffle=True,
                                    block_samples=block, interleave=1, fingerprint="fp"))
@@ -224,3 +255,32 @@ def test_a_group_cut_short_by_the_bound_ahead_waits_to_be_half_a_window():
     assert frames == [[0, 1, 2, 3], [4, 5, 6]]
     turn(6, 0.3)  # the consumer took batches 0-5
     assert frames[-1] == [7, 8, 9]
+
+
+def test_the_fetcher_goes_on_while_a_failed_hedged_copy_s_twin_is_owed():
+    """The fetcher's handling of a server's error frame, with the scheduler of a hedged batch: the
+    first copy's failure neither raises nor drops the batch; the other copy is handed out; a
+    failure of the last copy owed raises, naming the batch."""
+    from types import SimpleNamespace
+
+    from data_service.errors import BatchBuildError
+    from dnn_worker.fetcher import Fetcher
+
+    def handle(sched, address, ev_kind, ref, out, kind=pb.TRANSFORM_FAILED):
+        drained = []
+        fetcher = SimpleNamespace(_scheduler=sched, _set=SimpleNamespace(drain=lambda a, why: drained.append(a)))
+        server = SimpleNamespace(address=address, conn="conn")
+        ev = SimpleNamespace(kind=ev_kind, conn="conn", ref=ref, batch=f"batch {ref.index}", nbytes=10,
+                             error=pb.BatchError(ref=ref, kind=kind, message="decode failed"))
+        Fetcher._handle(fetcher, server, ev, out)
+        return drained
+
+    refs, sched = _hedged_head()
+    out = InOrderBuffer(len(refs))
+    handle(sched, "a:1", "error", refs[0], out)  # no raise: "b:1" still owes it
+    handle(sched, "b:1", "batch", refs[0], out)
+    assert list(out.ready()) == [(0, "batch 0")]
+    refs, sched = _hedged_head()
+    assert handle(sched, "b:1", "error", refs[0], out, kind=pb.SHUTTING_DOWN) == ["b:1"], "drained all the same"
+    with pytest.raises(BatchBuildError, match="decode failed"):
+        handle(sched, "a:1", "error", refs[0], InOrderBuffer(len(refs)))

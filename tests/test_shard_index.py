@@ -120,7 +120,7 @@ def test_opening_costs_the_same_at_4_thousand_and_4_million_samples(tmp_path):
     (lambda raw: raw[:-1], "truncated"),
     (lambda raw: raw[:len(raw) // 2], "truncated"),
     (lambda raw: raw[:10], "not a hetero-shards index|truncated"),
-    (lambda raw: b"", "not a hetero-shards index"),
+    (lambda raw: b"", r"is empty \(0 bytes\)"),
     (lambda raw: b'{"format": "hetero-shards"}', "not a hetero-shards index"),
     (lambda raw: raw[:30] + bytes([raw[30] ^ 1]) + raw[31:], "header is truncated or corrupt"),
     (lambda raw: raw[:8] + b"\x09" + raw[9:], "version 9"),

@@ -166,6 +166,27 @@ def test_compressed_tar_and_an_empty_source_are_refused_with_the_fix(tmp_path):
         index_tars(str(src))
 
 
+def test_a_path_that_does_not_exist_is_named_as_such(tmp_path, capsys):
+    gone = tmp_path / "nonexistent"
+    assert main(["index", str(gone), "--quiet"]) == 2
+    out = capsys.readouterr().out
+    assert f"{gone}: no such path: it does not exist" in out and "no .tar files there" not in out
+    assert main(["index", str(gone / "shard-{000..002}.tar"), "--quiet"]) == 2
+    assert f"{gone}: no such path" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("members, fix", [
+    ([("k.jpg", b"1"), ("k.json", b'{"label": 3}')], "pass --label json:FIELD"),
+    ([("k.jpg", b"1"), ("k.txt", b"cat")], "pass --label txt"),
+])
+def test_labels_in_another_member_name_the_label_rule_to_pass(tmp_path, capsys, members, fix):
+    src = tmp_path / "src"
+    _tar(src / "a.tar", members)
+    assert main(["index", str(src), "--quiet"]) == 2
+    out = capsys.readouterr().out
+    assert "no .cls member" in out and fix in out, out
+
+
 def test_an_existing_index_is_kept_unless_overwrite(tmp_path, capsys):
     src = tmp_path / "src"
     _tar(src / "a.tar", [("k.jpg", b"1"), ("k.cls", b"0")])

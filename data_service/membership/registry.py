@@ -11,8 +11,12 @@ and deletes it when it leaves. A server with a heartbeat (``Heartbeat``, ``data_
 rewrites its entry every third of ``ttl_s``; an entry not refreshed for ``ttl_s`` seconds
 (``expired``: the server was killed, or its host is gone) is refused by every reader, so a
 server killed with -9 drops out of the job within the TTL and one poll. An entry without
-``ttl_s`` (or 0) never expires. Expiry compares ``refreshed_at`` with the reader's clock: hosts
-keep their clocks in sync (NTP, as EC2 does), within a small share of the TTL.
+``ttl_s`` (or 0) never expires. An entry's age is judged on the store's clock, never a host's
+(``Store.list_timed``): on S3 its LastModified against the Date S3 sends with the LIST; in a
+folder its mtime against that of a probe file touched on the same file system. A writer or
+reader whose clock is off by an hour thus still sees exactly the live servers. Only where the
+store cannot tell its time (a read-only folder, an endpoint without a Date header) is the
+reader's clock used instead. ``refreshed_at`` is written for people reading the entry.
 
 Consumers list the folder and use the servers whose proof matches the job token and whose
 fingerprint is the job's pipeline (``verify``); anything else is refused. The proof is checked
@@ -59,16 +63,13 @@ class Entry:
     server_id: str
     started_at: float
     proof: str
-    refreshed_at: float = 0.0  # Unix time of the last heartbeat (0: never refreshed)
-    ttl_s: float = 0.0         # the entry expires ttl_s after refreshed_at (0: never)
+    refreshed_at: float = 0.0  # the writer's Unix time of the last heartbeat (0: never refreshed); shown only
+    ttl_s: float = 0.0         # the entry expires ttl_s after its last write, on the store's clock (0: never)
 
-    def age_s(self, now: float | None = None) -> float:
-        """Seconds since the entry was last refreshed (since the server started, never refreshed)."""
-        return (time.time() if now is None else now) - (self.refreshed_at or self.started_at)
-
-    def expired(self, now: float | None = None) -> bool:
-        """True when the entry has a TTL and was not refreshed within it."""
-        return self.ttl_s > 0 and self.age_s(now) > self.ttl_s
+    def expired(self, age_s: float) -> bool:
+        """True when the entry has a TTL and its object, last written ``age_s`` seconds ago (on
+        the store's clock), was not rewritten within it."""
+        return self.ttl_s > 0 and age_s > self.ttl_s
 
     def to_json(self) -> bytes:
         obj = asdict(self)
@@ -194,17 +195,25 @@ def read_entries(uri: str, *, timeout_s: float = 5.0, cache: dict | None = None)
     Raises:
         RegistryError: the registry cannot be listed (unreachable, no such folder, permissions).
     """
+    aged, problems = _read(uri, timeout_s, cache)
+    return [e for e, _ in aged], problems
+
+
+def _read(uri: str, timeout_s: float, cache: dict | None) -> tuple[list[tuple[Entry, float]], list[str]]:
+    """``read_entries`` with each entry's age (seconds since its object was written, on the store's clock)."""
     store = _store(check_uri(uri), timeout_s)
     try:
-        listed = store.list(".json", under=SERVERS, versions=True)
+        listed, store_now = store.list_timed(".json", under=SERVERS)
     except (StoreError, ConfigError) as exc:
         raise RegistryError(f"cannot list {store.key_url(SERVERS)}: {exc}") from exc
+    if store_now is None:  # the store cannot tell its time: the reader's clock is all there is
+        store_now = time.time()
     if cache is not None:
-        for gone in set(cache) - {name for name, _, _ in listed}:
+        for gone in set(cache) - {row[0] for row in listed}:
             del cache[gone]
-    entries: list[Entry] = []
+    aged: list[tuple[Entry, float]] = []
     problems: list[str] = []
-    for name, size, version in listed:
+    for name, size, version, modified in listed:
         if "/" in name or name.startswith("."):
             continue
         data = _entry_bytes(store, name, size, version, cache)
@@ -214,31 +223,32 @@ def read_entries(uri: str, *, timeout_s: float = 5.0, cache: dict | None = None)
             problems.append(f"{name}: {data}")
             continue
         try:
-            entries.append(parse_entry(data, name))
+            entry = parse_entry(data, name)
         except ValueError as exc:
             problems.append(str(exc))
-    return entries, problems
+            continue
+        # whole seconds on S3 can put a write just after the Date: an age below 0 is 0
+        aged.append((entry, max(0.0, store_now - modified) if modified is not None else 0.0))
+    return aged, problems
 
 
 def verified_entries(uri: str, token: str, fingerprint: str | None = None, *, timeout_s: float = 5.0,
-                     cache: dict | None = None, now: float | None = None
-                     ) -> tuple[list[Entry], list[tuple[Entry | None, str]]]:
+                     cache: dict | None = None) -> tuple[list[Entry], list[tuple[Entry | None, str]]]:
     """The entries of ``uri`` that prove ``token`` (and serve ``fingerprint``; None: any) and have
-    not expired (``now``: Unix time, default the clock's), oldest first, and what was refused:
+    not expired (their age judged on the store's clock), oldest first, and what was refused:
     ``(entry, why)``, the entry None for one that cannot be parsed.
 
     Raises:
         RegistryError: the registry cannot be listed.
     """
-    entries, problems = read_entries(uri, timeout_s=timeout_s, cache=cache)
+    aged, problems = _read(uri, timeout_s, cache)
     refused: list[tuple[Entry | None, str]] = [(None, p) for p in problems]
     good = []
-    now = time.time() if now is None else now
-    for e in sorted(entries, key=lambda e: (e.started_at, e.server_id)):
+    for e, age in sorted(aged, key=lambda ea: (ea[0].started_at, ea[0].server_id)):
         why = verify(e, token, fingerprint)
-        if why is None and e.expired(now):
-            why = (f"its entry expired: last refreshed {e.age_s(now):.1f} s ago, its TTL is {e.ttl_s:g} s "
-                   "(the server stopped without leaving, or cannot reach the registry)")
+        if why is None and e.expired(age):
+            why = (f"its entry expired: last written {age:.1f} s ago by the registry's clock, its TTL is "
+                   f"{e.ttl_s:g} s (the server stopped without leaving, or cannot reach the registry)")
         if why is None:
             good.append(e)
         else:

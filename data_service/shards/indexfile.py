@@ -237,6 +237,9 @@ def _open_fd(fd: int, where: str) -> ShardIndex:
 
 
 def _header(head: bytes, more, size: int, where: str) -> dict:
+    if size == 0:  # an upload or copy that stopped before its first byte, not some other format
+        raise ConfigError(f"{where} is empty (0 bytes): its writing stopped before it began or it was "
+                          f"truncated; {FIX}")
     if len(head) < PREFIX.size or head[:8] != MAGIC:
         raise ConfigError(f"{where} is not a {FORMAT} index (no index.bin signature); {FIX}")
     _, version, length, crc = PREFIX.unpack(head)

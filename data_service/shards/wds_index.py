@@ -97,6 +97,10 @@ def list_objects(store, suffix: str, under: str = "", empty_ok: bool = False,
     ``versions``: ``(name, size, version)``, the version changing whenever the object is written
     again. ConfigError when there is none (unless ``empty_ok``)."""
     if isinstance(store, LocalStore):
+        if not os.path.isdir(store.root):
+            what = "is a file, not a folder" if os.path.exists(store.root) else "no such path: it does not exist"
+            kind = f"{suffix} files" if suffix else "files"
+            raise ConfigError(f"{store.root}: {what}; give the folder (or s3:// prefix) that holds the {kind}")
         found = []
         top = os.path.join(store.root, under) if under else store.root
         for folder, dirs, files in os.walk(top, followlinks=True):
@@ -202,7 +206,8 @@ class _Shard:
                                   f"it has {', '.join('.' + e for e in sorted(parts))})", "without an image")
             if label is None:
                 raise UnindexableSample(f"{where} has no .{'json' if self.rule.path else self.rule.ext} member to read "
-                                  f"its label from (rule {self.rule.rule!r})", "without a label member")
+                                  f"its label from (rule {self.rule.rule!r}){_label_hint(parts, image)}",
+                                  "without a label member")
             if label.data is None:  # the walk leaves a label member over the cap unread
                 raise UnindexableSample(f"{where}: its label member {label.name!r} holds {label.size} bytes, more than "
                                   f"the {MAX_LABEL_BYTES}-byte cap on a label member (labels are read into memory)",
@@ -219,6 +224,17 @@ class _Shard:
         self.skipped[reason] += 1
         if len(self.examples) < 3:
             self.examples.append(example)
+
+
+def _label_hint(parts: dict, image) -> str:
+    """Where the sample's label may be instead (its other members), as the ``--label`` to pass."""
+    others = sorted(e for e in parts if parts[e] is not image and e not in IMAGE_EXTS and e not in OTHER_IMAGES)
+    if "json" in others:
+        return ("; it has a .json member: pass --label json:FIELD, FIELD the field of <key>.json holding the "
+                "label (dotted for a nested one)")
+    if others:
+        return f"; it has {', '.join('.' + e for e in others)}: pass --label {others[0]} to read the label from it"
+    return ""
 
 
 def _key(name: str) -> tuple[str, str]:

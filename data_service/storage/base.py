@@ -74,6 +74,11 @@ class Store(Protocol):
         version)``, the version changing whenever the object is written again. A missing location
         raises ConfigError; a missing ``under`` lists nothing."""
 
+    def list_timed(self, suffix: str = "", under: str = "") -> tuple[list[tuple], float | None]:
+        """``(key, size, version, modified)`` of ``list(versions=True)`` with the time each object
+        was last written, and the storage's own time now (None when it cannot tell), both Unix time
+        on the storage's clock: an object's age without trusting any host's clock."""
+
     def write_bytes(self, key: str, data: bytes) -> None:
         """Write ``data`` at ``key`` atomically: readers see the old object or the new, never part."""
 

@@ -9,6 +9,8 @@ import threading
 from ..errors import ConfigError
 from .base import StoreReadError, StoreWriteError, removed_after
 
+CLOCK_PROBE = ".clock-probe"  # touched to read the file system's time (a dot file: never listed)
+
 
 class LocalStore:
     """Objects as files under ``root`` (see :class:`data_service.storage.base.Store`).
@@ -114,6 +116,26 @@ class LocalStore:
         except OSError as exc:
             raise ConfigError(f"cannot list {folder} ({exc})") from None
         return sorted(out)
+
+    def list_timed(self, suffix: str = "", under: str = "") -> tuple[list[tuple], float | None]:
+        """``(key, size, version, mtime)`` as ``list(versions=True)`` with each file's mtime, and the
+        file system's own time now: the mtime of ``CLOCK_PROBE`` at the store's root, touched after
+        the listing (None when the folder is read-only). On a network file system both come from
+        the server's clock, so comparing them needs no host's clock to be right."""
+        # a version is "<inode>-<mtime in ns>" (``list``): the listing's own stat, not a second one
+        out = [(name, size, version, int(version.rpartition("-")[2]) / 1e9)
+               for name, size, version in self.list(suffix, under, versions=True)]
+        return out, self._probe_time()
+
+    def _probe_time(self) -> float | None:
+        probe = os.path.join(self.root, CLOCK_PROBE)
+        try:
+            with open(probe, "ab"):
+                pass
+            os.utime(probe)  # "now" as the file system sets it (NFS: SET_TO_SERVER_TIME)
+            return os.stat(probe).st_mtime
+        except OSError:
+            return None
 
     def write_bytes(self, key: str, data: bytes) -> None:
         path = self.key_url(key)

@@ -35,15 +35,63 @@ from .parsing import join_key, parse_s3_url
 from .s3_client import ProcessClients, boto, endpoint_source, make_client
 
 
-def _listed(page: dict, full_prefix: str, suffix: str, versions: bool) -> list[tuple]:
+def _listed(page: dict, full_prefix: str, suffix: str, versions: bool, timed: bool = False) -> list[tuple]:
     """The entries of one LIST page as ``S3Store.list`` returns them: (key relative to
-    ``full_prefix``, size), with the ETag third when ``versions``, for keys ending with ``suffix``."""
+    ``full_prefix``, size), with the ETag third when ``versions``, and LastModified (Unix time)
+    fourth when ``timed``, for keys ending with ``suffix``."""
     found = []
     for obj in page.get("Contents", []):
         rel = obj["Key"][len(full_prefix):]
-        if rel.endswith(suffix):
-            found.append((rel, int(obj["Size"]), str(obj.get("ETag", ""))) if versions else (rel, int(obj["Size"])))
+        if not rel.endswith(suffix):
+            continue
+        row: tuple = (rel, int(obj["Size"]))
+        if versions or timed:
+            row += (str(obj.get("ETag", "")),)
+        if timed:
+            modified = obj.get("LastModified")
+            row += (modified.timestamp() if hasattr(modified, "timestamp") else None,)
+        found.append(row)
     return found
+
+
+def _server_time(resp: dict) -> float | None:
+    """The time S3 itself reported with a response (its Date header, Unix time), or None."""
+    from email.utils import parsedate_to_datetime
+
+    date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date).timestamp() if date else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _list_all(store: "S3Store", suffix: str, under: str, versions: bool,
+              timed: bool = False) -> tuple[list[tuple], float | None]:
+    """Every page of ``store``'s LIST under ``under`` (each retried), as ``_listed`` gives them,
+    and the time S3 reported with the last page."""
+    client = store._client()
+    full_prefix = join_key(store.prefix, under)
+    if full_prefix:
+        full_prefix += "/"
+    found: list[tuple] = []
+    token: str | None = None
+    while True:
+        kw: dict[str, Any] = {"Bucket": store.bucket, "Prefix": full_prefix, "MaxKeys": store.list_page_size}
+        if token:
+            kw["ContinuationToken"] = token
+
+        def page(deadline: float, kw=kw):
+            store._count(requests=1)
+            return client.list_objects_v2(**kw)
+
+        try:
+            resp = store._call(page, under, "listing", StoreReadError)
+        except StoreReadError as e:  # listing happens at start: a set-up problem
+            raise ConfigError(str(e)) from e
+        found += _listed(resp, full_prefix, suffix, versions, timed)
+        if not resp.get("IsTruncated"):
+            return found, _server_time(resp)
+        token = resp.get("NextContinuationToken")
 
 
 class S3Store:
@@ -171,29 +219,14 @@ class S3Store:
         """(key relative to ``under`` under the prefix, size) of every object there whose key ends
         with ``suffix``, in key order (paginated LIST, each page retried); ``versions``: with its
         ETag third. Like ``check()``, called at start: raises ConfigError."""
-        client = self._client()
-        full_prefix = join_key(self.prefix, under)
-        if full_prefix:
-            full_prefix += "/"
-        found: list[tuple] = []
-        token: str | None = None
-        while True:
-            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix, "MaxKeys": self.list_page_size}
-            if token:
-                kw["ContinuationToken"] = token
+        return _list_all(self, suffix, under, versions)[0]
 
-            def page(deadline: float, kw=kw):
-                self._count(requests=1)
-                return client.list_objects_v2(**kw)
-
-            try:
-                resp = self._call(page, under, "listing", StoreReadError)
-            except StoreReadError as e:  # listing happens at start: a set-up problem
-                raise ConfigError(str(e)) from e
-            found += _listed(resp, full_prefix, suffix, versions)
-            if not resp.get("IsTruncated"):
-                return found
-            token = resp.get("NextContinuationToken")
+    def list_timed(self, suffix: str = "", under: str = "") -> tuple[list[tuple], float | None]:
+        """``(key, size, ETag, LastModified)`` as ``list(versions=True)`` with each object's
+        LastModified (Unix time), and S3's own time now: the Date header of the last LIST response
+        (None when the endpoint sends none). Both come from S3's clock, so comparing them needs
+        no host's clock to be right (to within a second: both are whole seconds)."""
+        return _list_all(self, suffix, under, True, timed=True)
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """PUT ``data`` at ``key`` (retried)."""

@@ -12,8 +12,8 @@ import sys
 
 # Subcommand modules, in --help order. A module that fails to import (an optional
 # extra missing) only disables its own command.
-COMMANDS = ("serve", "local", "launch", "synth", "prepare", "index", "bench", "plan", "submit", "autoscale", "stats",
-            "shutdown")
+COMMANDS = ("serve", "local", "launch", "synth", "prepare", "index", "bench", "plan", "prices", "submit", "autoscale",
+            "stats", "shutdown")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -72,8 +73,10 @@ def test_step_and_units():
 def test_wire_encodings_are_named_and_unknown_is_a_clear_error():
     assert wire_encoding("jpeg").name == "jpeg:90" and wire_encoding("uint8").bytes_ratio == 1.0
     assert wire_encoding(network.COMPACT).bytes_ratio <= 0.25
-    with pytest.raises(NetworkError, match="'webp'.*known: uint8"):
+    with pytest.raises(NetworkError, match="'webp'; use 'uint8'.*'jpeg:Q'"):
         wire_encoding("webp")
+    with pytest.raises(NetworkError, match="'jpeg:80' has no measured bytes ratio; known: uint8"):
+        wire_encoding("jpeg:80")
 
 
 def _row(name, usd, vcpus, gpus=0, base=None):
@@ -102,19 +105,21 @@ def test_plan_names_the_binding_resource(table, dnn, types, preprocess_s, bytes_
     best = p.candidates[0]
     assert best.binding == binding
     if count is None:
-        assert p.recommended is None and "the network binds" in format_plan(p)
+        assert p.data_group is None
     else:
-        assert p.recommended.data_count == count and p.recommended.meets_target
+        assert p.data_group.data_count == count and p.data_group.meets_target
+    if preprocess_s < 0.1:  # the DNN node's own 7 cores keep up, for less than any data group
+        assert p.recommended is p.homogeneous
 
 
 def test_plan_flow_bound_layout_adds_nodes(table):
     p = plan(table, "fatgpu", 0.01, 0.1, 100, data_types=["big"], bytes_per_sample=1_000_000, flow_gbps=5.0)
-    assert p.recommended.data_count == 2 and p.recommended.binding == "gpu"   # two flows of 5 Gbps carry 8
+    assert p.data_group.data_count == 2 and p.data_group.binding == "gpu"   # two flows of 5 Gbps carry 8
 
 
 def test_plan_without_bytes_counts_cores_only(table):
     p = plan(table, "gpu", 0.01, 0.1, 100, data_types=["slim"])
-    assert p.recommended.data_count == 1 and p.workload["bytes_per_sample"] is None
+    assert p.data_group.data_count == 1 and p.workload["bytes_per_sample"] is None
     assert "not modelled" in format_plan(p)
 
 
@@ -326,8 +331,8 @@ def test_cli_plan_sizing(capsys, tmp_path):
 
 def test_a_network_bound_data_group_beside_a_self_sufficient_gpu_node_says_so(table):
     p = plan(table, "gpu", 0.01, 0.1, 100, data_types=["big"], bytes_per_sample=500_000)
-    assert p.recommended is None and p.homogeneous.meets_target
-    assert "no data group is needed" in format_plan(p)
+    assert p.data_group is None and p.recommended is p.homogeneous
+    assert "Recommended: no data group" in format_plan(p)
 
 
 def test_cli_plan_profile_takes_the_bytes_of_the_batches_it_built(capsys):
@@ -361,3 +366,59 @@ def test_cli_plan_reads_the_bytes_a_finished_job_measured(tmp_path, capsys):
     assert "no data node with bytes_sent" in capsys.readouterr().out
     assert hetero_main(MUST_SHOW + ["-o", "image_size=112", "--json", "/dev/null"]) == 0  # 37,632 bytes: 0.77 Gbps
     assert "37,632 bytes per sample" in capsys.readouterr().out
+
+
+def test_cli_plan_takes_measured_bytes_for_a_jpeg_quality_without_a_stored_ratio(tmp_path, capsys):
+    assert hetero_main(MUST_SHOW + ["--wire", "jpeg:80", "--bytes-per-sample", "12000"]) == 0
+    assert "12,000 bytes per sample on the wire (wire jpeg:80; measured" in capsys.readouterr().out
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps({"wire_encoding": "JPEG:80", "pipeline_options": {"batch_size": 256}, "nodes": [
+        {"role": "data", "host": "algo-2", "bytes_sent": 12_000 * 256 * 40, "batches_sent": 40}]}))
+    assert hetero_main(MUST_SHOW + ["--metrics", str(path)]) == 0
+    assert "12,000 bytes per sample on the wire (wire jpeg:80; measured by" in capsys.readouterr().out
+    # with no bytes measured there is nothing to size jpeg:80 by
+    assert hetero_main(MUST_SHOW + ["--wire", "jpeg:80"]) == 2
+    assert "'jpeg:80' has no measured bytes ratio" in capsys.readouterr().out
+
+
+def test_wire_names_are_read_in_any_case_as_the_pipelines_read_them(capsys):
+    assert wire_encoding("JPEG:90") is wire_encoding("jpeg:90") is wire_encoding(" Jpeg ")
+    assert wire_encoding("jpeg:80", bytes_measured=True).bytes_ratio is None
+    assert hetero_main(MUST_SHOW + ["--wire", "JPEG:90"]) == 0
+    assert "(wire jpeg:90; assumed" in capsys.readouterr().out
+    for bad in ("jpeg:\u00b2", "jpeg:0"):
+        with pytest.raises(NetworkError, match="must be an integer in 1..100"):
+            wire_encoding(bad, bytes_measured=True)
+
+
+@pytest.mark.parametrize("nodes, options, field", [
+    ([{"host": "algo-2", "bytes_sent": "12", "batches_sent": 4}], {"batch_size": 2}, "bytes_sent of node algo-2='12'"),
+    ([{"host": "algo-2", "bytes_sent": 12, "batches_sent": 4.5}], {"batch_size": 2}, "batches_sent of node algo-2=4.5"),
+    ([{"host": "algo-2", "bytes_sent": 12, "batches_sent": 4}], {"batch_size": "2"}, "pipeline_options.batch_size='2'"),
+])
+def test_a_bad_field_of_a_metrics_file_is_named(tmp_path, nodes, options, field):
+    from hetero.commands.plan import metrics_bytes
+
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps({"pipeline_options": options, "nodes": nodes}))
+    with pytest.raises(NetworkError, match=re.escape(f"--metrics {path}: {field} must be a whole number >= 0")):
+        metrics_bytes(path, None)
+
+
+def test_cli_plan_names_a_bad_field_of_a_metrics_file(tmp_path, capsys):
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps({"nodes": [{"host": "algo-2", "bytes_sent": "12", "batches_sent": 4}]}))
+    assert hetero_main(MUST_SHOW + ["--metrics", str(path)]) == 2
+    assert f"hetero plan: --metrics {path}: bytes_sent of node algo-2='12' must be" in capsys.readouterr().out
+
+
+def test_multi_card_gpu_types_are_sized_on_the_one_card_tcp_uses():
+    table = load_prices()
+    for name, cards, total in (("ml.p4d.24xlarge", 4, 400), ("ml.p4de.24xlarge", 4, 400), ("ml.p5.48xlarge", 32, 3200)):
+        row = table.info(name)
+        assert row.baseline_gbps == row.burst_gbps == 100.0 and row.network_date == "2026-11"
+        assert f"{total:,} Gbps / {cards} cards" in row.network_source and "EFA" in row.network_source
+    # 8 A100s taking 120,000 images/s of 150,528 bytes want 144 Gbps: more than one card carries
+    p = plan(table, "ml.p4d.24xlarge", 0.01, 256 / 15_000, 256, data_types=["ml.c5n.18xlarge"], max_count=16,
+             bytes_per_sample=150_528)
+    assert p.candidates[0].binding == "DNN NIC" and not p.candidates[0].meets_target

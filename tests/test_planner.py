@@ -77,7 +77,33 @@ def test_cheapest_is_not_always_the_smallest_count(table):
     # target 50%: 2 x small (8 cores) meets it at 0.125 s ($6/h), but 3 x small reaches the GPU
     # bound (0.1 s, $7/h) and is cheaper per step: 7 * 0.1 < 6 * 0.125.
     p = plan(table, "gpu", 1.0, 0.1, 32, data_types=["small"], target_wait=0.5)
-    assert p.recommended.data_count == 3 and p.recommended.usd_per_step == pytest.approx(7 * 0.1 / 3600)
+    assert p.data_group.data_count == 3 and p.data_group.usd_per_step == pytest.approx(7 * 0.1 / 3600)
+    # the GPU node alone (7 cores, 1/7 s, 30% wait, $4/h) meets 50% too, for less: 4 / 7 < 0.7
+    assert p.recommended is p.homogeneous
+
+
+def test_homogeneous_is_recommended_when_it_is_the_cheapest_that_meets_the_target(table):
+    # 7 own cores build a batch in 0.1 / 7 s, under the 0.1 s GPU step: no data wait, $4/h;
+    # 1 x small also reaches the GPU bound, for $5/h
+    p = plan(table, "gpu", 0.1, 0.1, 8, data_types=["small"])
+    assert p.candidates[0].meets_target and p.recommended is p.homogeneous
+    assert p.to_dict()["recommended"]["data_instance"] is None
+    text = format_plan(p)
+    assert "| homogeneous (recommended) |" in text and "Recommended: no data group" in text
+    assert "1 x small, costs 1.25x as much per 1,000 images" in text
+
+
+def test_homogeneous_is_recommended_when_no_data_group_meets_the_target(table):
+    # every data group is held by its NIC; the GPU node's own 7 cores keep up
+    rows = dict(table.entries, small=InstancePrice("small", 1.0, 4, 0, "test", "2026-01", baseline_gbps=0.001))
+    p = plan(PriceTable(rows), "gpu", 0.1, 0.1, 8, data_types=["small"], bytes_per_sample=150_528)
+    assert not any(c.meets_target for c in p.candidates) and p.recommended is p.homogeneous
+    assert "no data group meets the target" in format_plan(p)
+
+
+def test_a_data_group_cheaper_than_homogeneous_is_recommended(table):
+    p = plan(table, "gpu", 1.0, 0.1, 32, data_types=["small"])
+    assert not p.homogeneous.meets_target and p.recommended is p.data_group and p.recommended.data_count == 3
 
 
 def test_gpus_per_instance_reserve_and_local_server(table):
@@ -183,3 +209,36 @@ def test_cli_plan_compare_needs_profile(capsys):
     assert hetero_main(["plan", "--gpu-step-s", "0.1", "--preprocess-s", "1", "--batch-size", "8",
                         "--compare", "decode=whole"]) == 2
     assert "--compare needs --profile" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    # 88 own vCPUs keep 8 A100s fed; 7 x c5.xlarge would too, at 1.04x the $ per 1,000 images
+    ["--gpu-step-s", "0.3", "--preprocess-s", "0.4", "--batch-size", "256", "--dnn-instance", "ml.p4d.24xlarge",
+     "--data-types", "ml.c5.xlarge"],
+    # every data group is held by the g5.xlarge's 2.5 Gbps NIC; its own 3 vCPUs keep up
+    ["--gpu-step-s", "0.02", "--preprocess-s", "0.05", "--batch-size", "64", "--dnn-instance", "ml.g5.xlarge",
+     "--data-types", "ml.c5.xlarge,ml.c5.9xlarge"],
+])
+def test_cli_plan_recommends_no_data_group_when_the_gpu_node_alone_is_cheapest(argv, tmp_path, capsys):
+    assert hetero_main(["plan", *argv, "--json", str(tmp_path / "p.json")]) == 0
+    text = capsys.readouterr().out
+    assert "| homogeneous (recommended) |" in text and "Recommended: no data group" in text
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["recommended"] == doc["homogeneous"]
+
+
+def test_a_negative_epoch_or_a_reserve_of_every_vcpu_is_refused(table, capsys):
+    with pytest.raises(PlanError, match="epoch_samples must be a whole number of samples > 0.*got -5"):
+        plan(table, "gpu", 1.0, 0.1, 8, epoch_samples=-5)
+    with pytest.raises(PlanError, match=r"reserve_cpus=8 per GPU x 1 GPU\(s\) = 8 vCPUs leaves none of gpu's 8 vCPUs"):
+        plan(table, "gpu", 1.0, 0.1, 8, reserve_cpus=8)
+    with pytest.raises(PlanError, match="reserve_cpus=8 per GPU x 4 GPU.*of gpu4's 32 vCPUs.*below 8"):
+        plan(table, "gpu4", 1.0, 0.1, 8, reserve_cpus=8)
+    assert plan(table, "gpu", 1.0, 0.1, 8, reserve_cpus=7).homogeneous.cores == 1
+    args = ["plan", "--gpu-step-s", "0.1", "--preprocess-s", "0.4", "--batch-size", "64", "--dnn-instance",
+            "ml.g5.xlarge", "--data-types", "ml.c5.xlarge"]
+    assert hetero_main(args + ["--epoch-samples", "-5"]) == 2
+    assert "got -5" in capsys.readouterr().out
+    assert hetero_main(args + ["--reserve-cpus", "100"]) == 2
+    assert "reserve_cpus=100 per GPU x 1 GPU(s) = 100 vCPUs leaves none of ml.g5.xlarge's 4 vCPUs" in \
+        capsys.readouterr().out

@@ -55,10 +55,24 @@ def test_names_parse_to_a_canonical_encoding(name, canonical):
     ("jpeg:101", "must be an integer in 1..100"),
     ("jpeg:high", "must be an integer in 1..100"),
     (90, "wire_encoding=90 must be a string"),
+    ("jpeg:\u00b2", r"wire_encoding='jpeg:\u00b2': the JPEG quality must be an integer in 1..100.*use 'uint8'"),
+    ("jpeg:\u0663", "must be an integer in 1..100"),
+    (["jpeg"], r"wire_encoding=\['jpeg'\] must be a string: 'uint8'.*'jpeg:Q'"),
+    ({"q": 90}, "must be a string"),
 ])
 def test_bad_names_are_clear_errors(name, message):
     with pytest.raises(ConfigError, match=message):
         we.parse(name)
+
+
+@pytest.mark.parametrize("value", ["jpeg:\u00b2", '["jpeg"]'])
+def test_bad_names_from_the_command_line_are_config_errors(value):
+    from data_service.pipelines.image_options import ImageOptions
+    from hetero.options import parse_kv
+
+    options = parse_kv([f"wire_encoding={value}"])
+    with pytest.raises(ConfigError, match="wire_encoding=.*'uint8'"):
+        ImageOptions.from_kwargs(**options)
 
 
 def test_bad_names_are_refused_by_the_image_pipeline_options(tmp_path):

@@ -67,15 +67,20 @@ class WireEncoding:
         return self.name
 
 
-@functools.lru_cache(maxsize=64)
 def parse(name: str) -> WireEncoding:
-    """The encoding a name selects; ``""`` is ``uint8``.
+    """The encoding a name selects, in any case; ``""`` is ``uint8``.
 
     Raises:
-        ConfigError: an unknown name or a JPEG quality outside 1..100, naming the value.
+        ConfigError: not a string, an unknown name or a JPEG quality outside 1..100, naming the value.
     """
+    # checked before the cache, which would fail on a list or dict with "unhashable type"
     if not isinstance(name, str):
         raise ConfigError(f"wire_encoding={name!r} must be a string: {HELP}")
+    return _parse(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(name: str) -> WireEncoding:
     text = name.strip().lower()
     if text in ("", UINT8):
         return WireEncoding()
@@ -85,9 +90,10 @@ def parse(name: str) -> WireEncoding:
     if kind == JPEG:
         if not colon:
             return WireEncoding(JPEG, DEFAULT_JPEG_QUALITY)
-        if not quality.isdigit() or not 1 <= int(quality) <= 100:
+        # isdigit() alone takes '²' or '٣', which int() then refuses
+        if not (quality.isascii() and quality.isdigit()) or not 1 <= int(quality) <= 100:
             raise ConfigError(f"wire_encoding={name!r}: the JPEG quality must be an integer in 1..100, e.g. "
-                              f"'jpeg:{DEFAULT_JPEG_QUALITY}'")
+                              f"'jpeg:{DEFAULT_JPEG_QUALITY}'; use {HELP}")
         return WireEncoding(JPEG, int(quality))
     raise ConfigError(f"unknown wire_encoding={name!r}; use {HELP}")
 

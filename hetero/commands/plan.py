@@ -2,13 +2,13 @@
 
 Give the per-batch preprocessing cost on one core (``--preprocess-s``, or ``--profile`` to
 measure it here), the GPU step time with resident data and the batch size; the planner
-(hetero/planning/planner.py) prices every CPU instance type of the table and recommends the
-cheapest type and count with data wait under ``--target-wait``, beside the homogeneous
-alternative. The network bounds each layout too: the bytes per sample on the wire (--bytes-per-sample
+(hetero/planning/planner.py) prices every CPU instance type of the table and the GPU instances
+alone, and recommends the cheapest per 1,000 images with data wait under ``--target-wait``: a type
+and count, or no data group. The network bounds each layout too: the bytes per sample on the wire (--bytes-per-sample
 as a job's data servers measured them, --profile's built batches, else a uint8 crop of --crop-size)
 against each instance's NIC baseline and the single-flow cap; each layout names what binds, and
 when the network does, the plan prices the compact wire encodings too.
-Exit codes: 0 a recommendation, 1 none meets the target, 2 bad input.
+Exit codes: 0 a recommendation, 1 no layout meets the target (the GPU instances alone included), 2 bad input.
 """
 from __future__ import annotations
 
@@ -119,14 +119,31 @@ def metrics_bytes(path: Path, batch_size: int | None) -> tuple[float, str]:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise NetworkError(f"--metrics {path}: cannot read it ({exc})") from None
-    nodes = [n for n in doc.get("nodes", []) if isinstance(n, dict) and "bytes_sent" in n]
-    batch = batch_size or (doc.get("pipeline_options") or {}).get("batch_size")
+    if not isinstance(doc, dict):
+        raise NetworkError(f"--metrics {path}: expected a job's metrics.json object, got {type(doc).__name__}")
+    nodes = [n for n in doc.get("nodes") or [] if isinstance(n, dict) and "bytes_sent" in n]
+    for node in nodes:
+        for key in ("bytes_sent", "batches_sent"):
+            _count(path, f"{key} of node {node.get('host', '?')}", node.get(key, 0))
+    options = doc.get("pipeline_options")
+    batch = batch_size or _count(path, "pipeline_options.batch_size",
+                                 (options.get("batch_size") if isinstance(options, dict) else None) or 0)
     per_sample = bytes_per_image_from_stats(sum(n["bytes_sent"] for n in nodes),
-                                            sum(n.get("batches_sent", 0) for n in nodes), int(batch or 0))
+                                            sum(n.get("batches_sent", 0) for n in nodes), batch)
     if per_sample is None:
         raise NetworkError(f"--metrics {path}: no data node with bytes_sent and batches_sent (a heterogeneous job's "
                            "metrics.json has them under 'nodes'), or no batch size: give --batch-size")
     return per_sample, str(doc.get("wire_encoding") or "uint8")
+
+
+def _count(path: Path, field: str, value) -> int:
+    """``value`` of the metrics file's ``field`` when it is a whole number >= 0; else a NetworkError naming both."""
+    from hetero.planning.network import NetworkError
+
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NetworkError(f"--metrics {path}: {field}={value!r} must be a whole number >= 0 (a JSON integer, not "
+                           "a string); fix the file or give --bytes-per-sample")
+    return value
 
 
 def network_inputs(args: argparse.Namespace, profiled_bytes: float | None) -> dict:
@@ -137,16 +154,19 @@ def network_inputs(args: argparse.Namespace, profiled_bytes: float | None) -> di
     """
     from hetero.options import parse_kv
     from hetero.planning.network import (PLACEMENT_GROUP_FLOW_GBPS, SINGLE_FLOW_GBPS, NetworkError,
-                                         wire_encoding)
+                                         canonical_wire, wire_encoding)
 
     flow = PLACEMENT_GROUP_FLOW_GBPS if args.placement_group else SINGLE_FLOW_GBPS
+    args.wire = canonical_wire(args.wire)
     if args.metrics is not None and not args.no_network:
         per_sample, wire_name = metrics_bytes(args.metrics, args.batch_size)
         if args.wire == "uint8":
-            args.wire = wire_name
-        return {"bytes": per_sample, "wire": wire_encoding(args.wire), "flow_gbps": flow,
+            args.wire = canonical_wire(wire_name)
+        return {"bytes": per_sample, "wire": wire_encoding(args.wire, bytes_measured=True), "flow_gbps": flow,
                 "source": f"measured by the data servers of {args.metrics.name}"}
-    wire = wire_encoding(args.wire)
+    # measured bytes need no stored ratio for the encoding they were measured with
+    measured = args.no_network or args.bytes_per_sample is not None or bool(profiled_bytes)
+    wire = wire_encoding(args.wire, bytes_measured=measured)
     if args.no_network:
         return {"bytes": None, "source": "", "wire": wire, "flow_gbps": flow}
     if args.bytes_per_sample is not None:
@@ -240,8 +260,11 @@ def run(args: argparse.Namespace) -> int:
                         flow_gbps=net["flow_gbps"])
         result = plan_for(preprocess_s, batch_size)
         result.workload["bytes_source"] = net["source"]
+        result.workload["prices_sources"] = table.sources_line(
+            {args.dnn_instance, *(c.data_instance for c in result.candidates if c.data_instance)})
         wires = []
-        if net["bytes"] is not None and network_bound(result):
+        # with no stored ratio for the job's encoding there is nothing to scale its measured bytes by
+        if net["bytes"] is not None and net["wire"].bytes_ratio is not None and network_bound(result):
             for enc in (e for e in map(wire_encoding, ("up-zstd", COMPACT))
                         if e.bytes_ratio < net["wire"].bytes_ratio):
                 ratio = enc.bytes_ratio / net["wire"].bytes_ratio

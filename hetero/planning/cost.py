@@ -1,7 +1,9 @@
 """Dollar cost of training steps on a SageMaker cluster, from a dated price table.
 
 The table is ``hetero/planning/prices.json`` (us-east-1 on-demand $/instance-hour, vCPUs, GPUs and
-the network's baseline and burst Gbps, each figure with its source and date).
+the network's baseline and burst Gbps, each figure with its source and date). ``hetero prices
+--refresh`` caches AWS's figures for a region (hetero/planning/aws_prices.py); that table is merged
+over the bundled one when it exists for the region.
 ``HETERO_PRICES=/path/to/prices.json`` or an explicit ``path`` names an override file of the
 same schema: its entries add types, or replace the given fields of a known type (an entry with
 only ``baseline_gbps`` keeps the type's price).
@@ -50,6 +52,18 @@ class InstancePrice:
     network_source: str = ""
     network_date: str = ""
     gpu: str = ""                        # the accelerator's name (V100, A100, ...)
+    price_origin: str = "bundled"        # which file the price came from: bundled, aws, override FILE
+    network_origin: str = "bundled"
+
+    def origin(self, network: bool = False) -> str:
+        """Where the price (or the network figures) came from: bundled verified / bundled estimate /
+        aws on DATE / override FILE."""
+        origin, source, date = ((self.network_origin, self.network_source, self.network_date) if network else
+                                (self.price_origin, self.source, self.date))
+        if origin == "bundled":
+            # the bundled sources say "estimate" or "not checked" where no AWS page was read
+            return "bundled estimate" if "estimate" in source or "not checked" in source else "bundled verified"
+        return f"aws on {date}" if origin == "aws" else origin
 
 
 class PriceTable:
@@ -59,12 +73,28 @@ class PriceTable:
         entries: instance type -> price row.
         region: region the prices are for.
         as_of: date of the table (its newest source).
+        files: the price files merged into it, in order.
     """
 
-    def __init__(self, entries: dict[str, InstancePrice], region: str = "us-east-1", as_of: str = "") -> None:
+    def __init__(self, entries: dict[str, InstancePrice], region: str = "us-east-1", as_of: str = "",
+                 files: Sequence[str] = ()) -> None:
         self.entries = dict(entries)
         self.region = region
         self.as_of = as_of
+        self.files = list(files)
+
+    def sources_line(self, types: Iterable[str] | None = None) -> str:
+        """One line: how many prices and network figures came from where (of ``types``, else all)."""
+        rows = [self.info(t) for t in types] if types is not None else list(self.entries.values())
+
+        def tally(network: bool) -> str:
+            counts: dict[str, int] = {}
+            for row in rows:
+                if not network or row.baseline_gbps is not None:
+                    counts[row.origin(network)] = counts.get(row.origin(network), 0) + 1
+            return ", ".join(f"{n} {label}" for label, n in sorted(counts.items())) or "none"
+        return (f"Figures: prices {tally(False)}; network {tally(True)} "
+                f"(files: {', '.join(self.files) or 'none'}).")
 
     def known(self) -> list[str]:
         """Sorted instance types with a price."""
@@ -174,37 +204,67 @@ def _row(path: Path, name: str, row: dict, as_of: str) -> InstancePrice:
     return replace(price, baseline_gbps=base, burst_gbps=burst if burst is not None else base,
                    network_source=str(row.get("network_source", path.name if base is not None else "")),
                    network_date=str(row.get("network_date", as_of if base is not None else "")),
-                   gpu=str(row.get("gpu") or ""))
+                   gpu=str(row.get("gpu") or ""), price_origin=row.get(_PRICE_ORIGIN, "bundled"),
+                   network_origin=row.get(_NETWORK_ORIGIN, "bundled"))
 
 
-def load_prices(path: str | os.PathLike | None = None) -> PriceTable:
-    """Load the default table, with ``path`` (or ``$HETERO_PRICES``) merged on top.
+_PRICE_ORIGIN, _NETWORK_ORIGIN = "_price_origin", "_network_origin"  # kept apart from a file's own keys
+
+
+def cache_region(region: str | None = None) -> str:
+    """The region whose refreshed table ``load_prices`` reads: ``region``, else $AWS_REGION,
+    $AWS_DEFAULT_REGION, else the bundled table's."""
+    return region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
+def _merge(raw: dict, over_path: Path, over_doc: dict, as_of: str, origin: str, add_unpriced: bool = True) -> None:
+    """Merge ``over_doc``'s entries over ``raw`` field by field, each replaced figure marked with ``origin``."""
+    for name, row in (over_doc.get("instances") or {}).items():
+        if not isinstance(row, dict):
+            raise PriceError(f"price file {over_path}: entry {name!r} must be an object, got {row!r}")
+        if name not in raw and "usd_per_hour" not in row and not add_unpriced:
+            continue  # a refreshed type AWS has no price for cannot be planned with
+        base, over_as_of = raw.get(name, ({}, over_path, ""))[0], over_doc.get("as_of", as_of)
+        # a replaced figure takes its source from the file unless the entry names one
+        cited = {**({"source": over_path.name, "date": over_as_of, _PRICE_ORIGIN: origin}
+                    if "usd_per_hour" in row else {}),
+                 **({"network_source": over_path.name, "network_date": over_as_of, _NETWORK_ORIGIN: origin}
+                    if {"baseline_gbps", "burst_gbps"} & set(row) else {}),
+                 **({"burst_gbps": None} if "baseline_gbps" in row else {})}  # a new baseline: its own burst
+        raw[name] = ({**base, **cited, **row}, over_path, over_as_of)
+
+
+def load_prices(path: str | os.PathLike | None = None, region: str | None = None) -> PriceTable:
+    """Load the bundled table, then the table ``hetero prices --refresh`` cached for the region, then
+    ``path`` (or ``$HETERO_PRICES``), each merged over the one before, field by field.
 
     Args:
-        path: override price file; entries there replace the defaults of the same type.
+        path: override price file; entries there replace the figures they name.
+        region: whose cached table to read (default :func:`cache_region`).
 
     Returns:
-        The merged PriceTable.
+        The merged PriceTable; each row says where its price and network figures came from.
     """
+    from hetero.planning.aws_prices import cache_path
+
     doc = _read(DEFAULT_PATH)
     raw = {name: (dict(row), DEFAULT_PATH, doc.get("as_of", "")) for name, row in doc["instances"].items()}
+    files = [DEFAULT_PATH.name]
+    cached = cache_path(cache_region(region))
+    if cached.is_file():
+        cache_doc = _read(cached)
+        _merge(raw, cached, cache_doc, doc.get("as_of", ""), "aws", add_unpriced=False)
+        doc = {**doc, **{k: v for k, v in cache_doc.items() if k in ("region", "as_of")}}
+        files.append(str(cached))
     override = path or os.environ.get(ENV_VAR)
     if override:
         over_path = Path(override)
         over_doc = _read(over_path)
-        for name, row in (over_doc.get("instances") or {}).items():
-            if not isinstance(row, dict):
-                raise PriceError(f"price file {over_path}: entry {name!r} must be an object, got {row!r}")
-            base, over_as_of = raw.get(name, ({}, over_path, ""))[0], over_doc.get("as_of", doc.get("as_of", ""))
-            # a replaced figure takes its source from the override file unless the entry names one
-            cited = {**({"source": over_path.name, "date": over_as_of} if "usd_per_hour" in row else {}),
-                     **({"network_source": over_path.name, "network_date": over_as_of}
-                        if {"baseline_gbps", "burst_gbps"} & set(row) else {}),
-                     **({"burst_gbps": None} if "baseline_gbps" in row else {})}  # a new baseline: its own burst
-            raw[name] = ({**base, **cited, **row}, over_path, over_as_of)
+        _merge(raw, over_path, over_doc, doc.get("as_of", ""), f"override {over_path.name}")
         doc = {**doc, **{k: v for k, v in over_doc.items() if k in ("region", "as_of")}}
+        files.append(str(over_path))
     rows = {name: _row(p, name, row, as_of) for name, (row, p, as_of) in raw.items()}
-    return PriceTable(rows, region=doc.get("region", ""), as_of=doc.get("as_of", ""))
+    return PriceTable(rows, region=doc.get("region", ""), as_of=doc.get("as_of", ""), files=files)
 
 
 def hourly(instance_type: str, table: PriceTable | None = None) -> float:

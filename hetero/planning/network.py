@@ -47,14 +47,14 @@ class WireEncoding:
 
     Args:
         name: the encoding's name as the job option spells it.
-        bytes_ratio: bytes on the wire over the uint8 crop's bytes.
+        bytes_ratio: bytes on the wire over the uint8 crop's bytes (None: no stored figure).
         encode_s: data-node CPU seconds added per image (on one core).
         decode_s: DNN-node seconds per image to turn it back into uint8 (CPU; ~0 on a GPU decoder).
         source: where the figures come from.
     """
 
     name: str
-    bytes_ratio: float
+    bytes_ratio: float | None  # None: not measured here, so only bytes measured on the wire can size it
     encode_s: float = 0.0
     decode_s: float = 0.0
     source: str = ""
@@ -73,18 +73,46 @@ WIRE_ENCODINGS: dict[str, WireEncoding] = {
     "jpeg:90": WireEncoding("jpeg:90", 0.088, 0.00024, 0.00027, _MEASURED + "; PSNR 40.05 dB"),
     "jpeg:95": WireEncoding("jpeg:95", 0.124, 0.00024, 0.00027, _MEASURED + _JPEG_CPU + "; PSNR 42.5 dB"),
 }
-ALIASES = {"jpeg": "jpeg:90"}
 COMPACT = "jpeg:90"  # the compact encoding the planner recommends when the network binds
 WIRE_BYTES_RATIO = {name: w.bytes_ratio for name, w in WIRE_ENCODINGS.items()}
 
 
-def wire_encoding(name: str) -> WireEncoding:
-    """The encoding called ``name``; raises NetworkError listing the known ones."""
+def canonical_wire(name: str) -> str:
+    """``name`` as servers announce it (``JPEG`` -> ``jpeg:90``), parsed as the pipelines parse it.
+
+    Raises:
+        NetworkError: a name the pipelines refuse, naming it and the accepted forms.
+    """
+    from data_service.contract import wire_encoding as contract  # imports torch: only when a name is parsed
+    from data_service.errors import ConfigError
+
     try:
-        return WIRE_ENCODINGS[ALIASES.get(name, name)]
-    except KeyError:
+        return contract.parse(name).name
+    except ConfigError as exc:
+        raise NetworkError(str(exc)) from None
+
+
+def wire_encoding(name: str, bytes_measured: bool = False) -> WireEncoding:
+    """The encoding called ``name``, in any case the pipelines accept.
+
+    Args:
+        bytes_measured: the bytes per sample were measured with this encoding, so a JPEG quality
+            without a stored bytes ratio is usable (its ``bytes_ratio`` is None; its CPU is jpeg:90's).
+
+    Raises:
+        NetworkError: a name the pipelines refuse, or one without a stored bytes ratio when the
+            bytes were not measured (listing the stored ones).
+    """
+    canonical = canonical_wire(name)
+    known = WIRE_ENCODINGS.get(canonical)
+    if known is not None:
+        return known
+    if not bytes_measured:
         raise NetworkError(f"wire encoding {name!r} has no measured bytes ratio; known: {', '.join(WIRE_ENCODINGS)} "
-                           "(or give the bytes per sample measured on the wire)") from None
+                           "(or give the bytes per sample measured on the wire: --bytes-per-sample or --metrics)")
+    # JPEG's CPU per image hardly moves with the quality (jpeg:75..95 were measured alike)
+    jpeg = WIRE_ENCODINGS[COMPACT]
+    return WireEncoding(canonical, None, jpeg.encode_s, jpeg.decode_s, "bytes as measured; CPU as jpeg:90's")
 
 
 @dataclass(frozen=True)
@@ -189,4 +217,4 @@ def uint8_bytes(options: dict) -> int:
 
 __all__ = ["BINDINGS", "NETWORK_BINDINGS", "Delivery", "NetworkError", "PLACEMENT_GROUP_FLOW_GBPS", "SINGLE_FLOW_GBPS",
            "UINT8_CROP_BYTES", "COMPACT", "WIRE_BYTES_RATIO", "WIRE_ENCODINGS", "WireEncoding", "bytes_per_image_from_stats",
-           "deliverable", "gbps_to_images", "images_to_gbps", "step_s", "uint8_bytes", "wire_encoding"]
+           "canonical_wire", "deliverable", "gbps_to_images", "images_to_gbps", "step_s", "uint8_bytes", "wire_encoding"]

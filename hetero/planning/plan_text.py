@@ -13,7 +13,9 @@ def _network_line(w: dict) -> str:
         return "Network: not modelled (no bytes per sample given): the plan counts cores only."
     flow = "not limited" if w["flow_gbps"] is None else f"{w['flow_gbps']:g} Gbps per flow"
     dnn = ("unknown" if w["dnn_baseline_gbps"] is None else
-           f"{w['dnn_baseline_gbps']:g} Gbps baseline (burst {w['dnn_burst_gbps']:g}, minutes on credits)")
+           f"{w['dnn_baseline_gbps']:g} Gbps baseline" + (
+               "" if (w.get("dnn_burst_gbps") or 0) <= w["dnn_baseline_gbps"]
+               else f" (burst {w['dnn_burst_gbps']:g}, minutes on credits)"))
     return (f"Network: {w['bytes_per_sample']:,.0f} bytes per sample on the wire ("
             f"{'wire ' + w['wire'] + '; ' if w.get('wire') else ''}{w.get('bytes_source') or 'given'}); "
             "a step with no data wait needs "
@@ -27,6 +29,7 @@ def format_plan(p: Plan) -> str:
              f"batch {w['batch_size']}, preprocessing {w['preprocess_s'] * 1000:.1f} ms/batch on one core, "
              f"GPU step {w['gpu_step_s'] * 1000:.1f} ms with resident data; target data wait "
              f"<= {w['target_wait']:.0%}; prices {w['prices_region']} as of {w['prices_as_of']}.",
+             *([w["prices_sources"]] if w.get("prices_sources") else []),
              _network_line(w), "",
              "| layout | data cores | pred. step (s) | data wait | binds | Gbps per data node | $/h | $/step | "
              "$/1000 images | $/epoch | meets target |",
@@ -40,29 +43,39 @@ def format_plan(p: Plan) -> str:
                      f"{'yes' if o.meets_target else 'no'} |")
     lines.append("")
     if p.recommended is None:
-        head = f"No data group of at most {w['max_count']} instances keeps data wait under {w['target_wait']:.0%}"
-        best = min(p.candidates, key=lambda c: c.step_s, default=None)
-        if best is not None and best.binding in NETWORK_BINDINGS:
-            lines.append(f"{head}: the network binds, {_binding_words(best.binding, w)}. Send fewer bytes per sample "
-                         "(a compact --wire encoding), or choose instances with more bandwidth (network-optimised "
-                         "types such as c5n, a larger DNN instance, a cluster placement group for the flow cap).")
-        else:
-            lines.append(f"{head}; raise --max-count, relax --target-wait or make preprocessing cheaper.")
-        if p.homogeneous.meets_target:
-            lines.append(f"The GPU instance(s) alone keep data wait under {w['target_wait']:.0%} "
-                         f"({p.homogeneous.step_s:.4f} s/step, ${p.homogeneous.usd_per_step:.6f}/step): their own vCPUs "
-                         "build the batches and nothing crosses a NIC, so no data group is needed.")
+        lines.append(_none_meets(p, w))
+    elif p.recommended.data_instance is None:
+        lines.append(_homogeneous_words(p, w))
     else:
         r, h = p.recommended, p.homogeneous
-        if h.meets_target and h.usd_per_step <= r.usd_per_step:
-            lines.append(f"The GPU instance(s) alone already keep data wait under {w['target_wait']:.0%} and cost "
-                         "less per step: a data group does not pay for this workload.")
         lines.append(f"Recommended: {r.data_count} x {r.data_instance} beside {w['dnn_count']} x "
                      f"{w['dnn_instance']}: predicted {r.step_s:.4f} s/step ({r.data_wait_fraction:.1%} data wait, "
                      f"bound by {r.binding}), ${r.usd_per_step:.6f}/step, ${r.usd_per_1000_images:.6f}/1000 images; "
                      f"homogeneous {h.step_s:.4f} s/step, ${h.usd_per_step:.6f}/step "
                      f"(cost ratio homogeneous/recommended {h.usd_per_step / r.usd_per_step:.2f}).")
     return "\n".join(lines)
+
+
+def _none_meets(p: Plan, w: dict) -> str:
+    head = (f"Neither the GPU instance(s) alone nor a data group of at most {w['max_count']} instances keeps data "
+            f"wait under {w['target_wait']:.0%}")
+    best = min(p.candidates, key=lambda c: c.step_s, default=None)
+    if best is not None and best.binding in NETWORK_BINDINGS:
+        return (f"{head}: the network binds, {_binding_words(best.binding, w)}. Send fewer bytes per sample "
+                "(a compact --wire encoding), or choose instances with more bandwidth (network-optimised "
+                "types such as c5n, a larger DNN instance, a cluster placement group for the flow cap).")
+    return f"{head}; raise --max-count, relax --target-wait or make preprocessing cheaper."
+
+
+def _homogeneous_words(p: Plan, w: dict) -> str:
+    h, group = p.homogeneous, p.data_group
+    line = (f"Recommended: no data group: the {w['dnn_count']} x {w['dnn_instance']} alone, its own vCPUs building "
+            f"the batches and nothing crossing a NIC: predicted {h.step_s:.4f} s/step ({h.data_wait_fraction:.1%} "
+            f"data wait, bound by {h.binding}), ${h.usd_per_step:.6f}/step, ${h.usd_per_1000_images:.6f}/1000 images")
+    if group is None:
+        return line + "; no data group meets the target."
+    return (line + f"; a data group does not pay for this workload: the cheapest that meets the target, "
+            f"{group.label}, costs {group.usd_per_1000_images / h.usd_per_1000_images:.2f}x as much per 1,000 images.")
 
 
 def _binding_words(binding: str, w: dict) -> str:
@@ -99,7 +112,8 @@ def wire_line(name: str, ratio: float, encode_s: float, note: str, other: Plan, 
         best = min(other.candidates, key=lambda c: c.step_s, default=None)
         return head + ("still no data group meets the target" +
                        (f" (best {best.label}, {best.step_s:.4f} s/step, bound by {best.binding})" if best else ""))
-    line = (head + f"{r.data_count} x {r.data_instance}, predicted {r.step_s:.4f} s/step, bound by {r.binding}, "
+    layout = "no data group" if r.data_instance is None else f"{r.data_count} x {r.data_instance}"
+    line = (head + f"{layout}, predicted {r.step_s:.4f} s/step, bound by {r.binding}, "
             f"${r.usd_per_1000_images:.6f}/1000 images")
     if now is not None:
         line += f" (as given: ${now.usd_per_1000_images:.6f})"

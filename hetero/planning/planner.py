@@ -1,4 +1,4 @@
-"""Plan a heterogeneous cluster: the cheapest data group that keeps the accelerators fed.
+"""Plan a cluster: the cheapest layout, with a data group or without, that keeps the accelerators fed.
 
 The model (a steady-state pipeline, preprocessing overlapped with the accelerator step):
 
@@ -20,6 +20,9 @@ heterogeneous layouts too (:mod:`hetero.planning.network`): each data node deliv
 its cores' output and its NIC baseline, each rank's flow to a data node is capped, and the DNN
 nodes' NICs bound what their ranks receive. Each layout names its binding resource: ``gpu`` (the
 accelerators set the step), ``cores``, ``data NIC``, ``DNN NIC`` or ``flow``.
+
+The recommendation is the cheapest per 1,000 images of the layouts that meet the target, the
+homogeneous one included: a data group is recommended only where it pays.
 """
 from __future__ import annotations
 
@@ -119,12 +122,18 @@ class Option:
 
 @dataclass
 class Plan:
-    """The planner's answer: the homogeneous alternative, each data type's best, the choice."""
+    """The planner's answer: the homogeneous layout, each data type's best, and the cheapest of them all
+    that meets the target (``recommended``; the homogeneous layout when no data group pays)."""
 
     workload: dict
     homogeneous: Option
     candidates: list[Option] = field(default_factory=list)
     recommended: Option | None = None
+
+    @property
+    def data_group(self) -> Option | None:
+        """The cheapest data group that meets the target, whether or not the homogeneous layout costs less."""
+        return _cheapest(self.candidates)
 
     def to_dict(self) -> dict:
         return {"workload": self.workload, "homogeneous": asdict(self.homogeneous),
@@ -170,12 +179,26 @@ def _check_plan(target_wait: float, batch_size: int, dnn_count: int, max_count: 
     for name, value in (("batch_size", batch_size), ("dnn_count", dnn_count), ("max_count", max_count)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{name} must be an integer >= 1, got {value!r}")
-    if reserve_cpus < 0:
-        raise PlanError(f"reserve_cpus must be >= 0, got {reserve_cpus!r}")
+    if isinstance(reserve_cpus, bool) or not isinstance(reserve_cpus, int) or reserve_cpus < 0:
+        raise PlanError(f"reserve_cpus must be an integer >= 0, got {reserve_cpus!r}")
+
+
+def _own_cores(dnn_instance: str, dnn: InstancePrice, dnn_count: int, reserve_cpus: int) -> int:
+    """The DNN nodes' vCPUs left to build batches once ``reserve_cpus`` per GPU go to the trainers."""
+    reserved = reserve_cpus * max(1, dnn.gpus)
+    if dnn.vcpus and reserved >= dnn.vcpus:
+        # clamping would plan a node whose trainers hold every vCPU as if one still built batches
+        raise PlanError(f"reserve_cpus={reserve_cpus} per GPU x {max(1, dnn.gpus)} GPU(s) = {reserved} vCPUs leaves "
+                        f"none of {dnn_instance}'s {dnn.vcpus} vCPUs to build batches; give reserve_cpus below "
+                        f"{-(-dnn.vcpus // max(1, dnn.gpus))}")
+    return dnn_count * max(1, dnn.vcpus - reserved)
 
 
 def _steps_per_epoch(epoch_samples: int, samples_per_step: int) -> int | None:
     """Steps in an epoch of ``epoch_samples`` samples (None: no epoch given)."""
+    if isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int) or epoch_samples < 0:
+        raise PlanError(f"epoch_samples must be a whole number of samples > 0 (0 or left out: no $/epoch), "
+                        f"got {epoch_samples!r}")
     steps = epoch_samples // samples_per_step if epoch_samples else None
     if epoch_samples and not steps:
         raise PlanError(f"epoch_samples={epoch_samples} is less than one step ({samples_per_step} samples)")
@@ -183,9 +206,10 @@ def _steps_per_epoch(epoch_samples: int, samples_per_step: int) -> int | None:
 
 
 def _cheapest(options: list[Option]) -> Option | None:
-    """The lowest $/step of the options that meet the target (fewer data nodes on a tie); None: none does."""
+    """The lowest $/1000 images of the options that meet the target (fewer data nodes on a tie, so the
+    homogeneous layout wins one); None: none does."""
     meeting = [o for o in options if o.meets_target]
-    return min(meeting, key=lambda o: (o.usd_per_step, o.data_count)) if meeting else None
+    return min(meeting, key=lambda o: (o.usd_per_1000_images, o.data_count)) if meeting else None
 
 
 @dataclass(frozen=True)
@@ -230,8 +254,17 @@ class _Layouts:
                                         row.vcpus, n, self.bytes_per_sample, row.baseline_gbps,
                                         self.dnn.baseline_gbps, self.dnn_count, self.flow_gbps, self.encode_s,
                                         self.efficiency, self.own_cores if self.local_server else 0.0, self.goodput)
-            gbps = images_to_gbps(self.images_per_step / pred.step_s / n, self.bytes_per_sample)
+            gbps = self._gbps_per_node(pred, n)
         return pred, self._priced(f"{n} x {data_type}", [(data_type, n)], data_type, n, cores, pred, gbps)
+
+    def _gbps_per_node(self, pred: Prediction, n: int) -> float:
+        """What each of ``n`` data nodes sends at ``pred``'s step, without what the DNN nodes' own servers build."""
+        per_core = self.batch_size / (self.preprocess_s + self.batch_size * self.encode_s)
+        local = (self.own_cores if self.local_server else 0) * self.efficiency * per_core
+        capacity = self.images_per_step / pred.data_s
+        # every server is taken to run at the same share of what it can build, the data nodes included
+        sent = self.images_per_step / pred.step_s * max(0.0, capacity - local) / capacity
+        return images_to_gbps(sent / n, self.bytes_per_sample)
 
     def workload(self, reserve_cpus: int, max_count: int, wire: str) -> dict:
         """The figures the plan was made for, as :attr:`Plan.workload` reports them."""
@@ -283,7 +316,7 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
          local_server: bool = False, epoch_samples: int = 0, bytes_per_sample: float | None = None,
          encode_s: float = 0.0, flow_gbps: float | None = SINGLE_FLOW_GBPS, goodput: float = 1.0,
          wire: str = "") -> Plan:
-    """Cheapest data group (type and count) keeping data wait <= ``target_wait``, and the alternatives.
+    """Cheapest layout keeping data wait <= ``target_wait``: no data group, or a data type and count.
 
     Args:
         table: prices (hetero.planning.cost.load_prices()).
@@ -314,7 +347,7 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
     steps_per_epoch = _steps_per_epoch(epoch_samples, batch_size * consumers)
     if bytes_per_sample is not None:
         _positive("bytes_per_sample", bytes_per_sample)
-    own_cores = dnn_count * max(1, dnn.vcpus - reserve_cpus * max(1, dnn.gpus))
+    own_cores = _own_cores(dnn_instance, dnn, dnn_count, reserve_cpus)
     layouts = _Layouts(table, dnn_instance, dnn_count, dnn, consumers, own_cores, local_server, preprocess_s,
                        gpu_step_s, batch_size, efficiency, bytes_per_sample, encode_s, flow_gbps, goodput, target_wait,
                        steps_per_epoch)
@@ -322,7 +355,7 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
     types = data_types if data_types else [t for t in table.known() if table.info(t).gpus == 0]
     candidates = [_best_of_type(layouts, t, max_count) for t in types]
     return Plan(layouts.workload(reserve_cpus, max_count, wire), homo,
-                sorted(candidates, key=lambda c: c.usd_per_step), _cheapest(candidates))
+                sorted(candidates, key=lambda c: c.usd_per_step), _cheapest([homo] + candidates))
 
 
 __all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "plan", "predict_network_step", "predict_step"]

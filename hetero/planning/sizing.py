@@ -96,7 +96,7 @@ def sizing(table: PriceTable, models=MODELS, dnn_types=DNN_TYPES, wires=WIRES, d
                          data_types=data_types, max_count=max_count, target_wait=target_wait,
                          bytes_per_sample=UINT8_CROP_BYTES * enc.bytes_ratio, encode_s=enc.encode_s,
                          flow_gbps=flow_gbps, wire=enc.name)
-                best = p.recommended or min(p.candidates, key=lambda c: (c.step_s, c.usd_per_step))
+                best = p.data_group or min(p.candidates, key=lambda c: (c.step_s, c.usd_per_step))
                 per_s = info.gpus * BATCH_PER_GPU / best.step_s
                 homo_per_s = info.gpus * BATCH_PER_GPU / p.homogeneous.step_s
                 rows.append(SizingRow(model.name, dnn, info.gpus, enc.name, best.label, best.binding, per_s,

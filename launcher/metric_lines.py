@@ -4,9 +4,10 @@ SageMaker scans every line a training container prints for each ``MetricDefiniti
 and publishes the first group of a match as a data point of that metric (console, CloudWatch
 ``/aws/sagemaker/TrainingJobs``). The formats below and the regexes in
 :data:`METRIC_DEFINITIONS` live side by side so they cannot drift apart; ``hetero submit``
-and the SDK builder send exactly this list, and ``tests/test_metric_definitions.py`` applies
-it to the logs of a real local job and compares the last match of each metric with
-``metrics.json`` / ``data_node.json``.
+and the SDK builder send exactly this list (the ``autoscale:*`` ones only to a job in
+``autoscale.mode=act``, the one whose rank 0 prints ``autoscale`` lines), and
+``tests/test_metric_definitions.py`` applies it to the logs of a real local job and compares
+the last match of each metric with ``metrics.json`` / ``data_node.json``.
 
 Which line feeds which metric (the last point of each equals the job's summary value):
 
@@ -62,9 +63,11 @@ METRIC_DEFINITIONS: tuple[dict[str, str], ...] = (
 RATE_EVERY_S = 60.0  # a data node's batches/s line: often enough for a console chart, not chatty
 
 
-def metric_definitions() -> list[dict[str, str]]:
-    """A fresh copy of :data:`METRIC_DEFINITIONS` for a CreateTrainingJob request."""
-    return [dict(d) for d in METRIC_DEFINITIONS]
+def metric_definitions(autoscale: bool = True) -> list[dict[str, str]]:
+    """A fresh copy of :data:`METRIC_DEFINITIONS` for a CreateTrainingJob request; without the
+    ``autoscale:*`` ones unless ``autoscale`` (only a job in ``autoscale.mode=act`` prints their
+    lines, and a definition that can never match is an empty metric in the console)."""
+    return [dict(d) for d in METRIC_DEFINITIONS if autoscale or not d["Name"].startswith("autoscale:")]
 
 
 def _fmt(value: float | None, spec: str = ".4f") -> str:

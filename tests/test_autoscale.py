@@ -15,6 +15,7 @@ from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from launcher.autoscale import Autoscaler, CommandActuator, Settings
+from launcher.autoscale.actuators import PartialScaleOut
 from launcher.autoscale.state import StateStore
 from launcher.config import LaunchConfig
 from launcher.metric_lines import METRIC_DEFINITIONS
@@ -129,6 +130,11 @@ def test_scale_in_drains_the_newest_joined_servers_never_the_jobs_own(tmp_path, 
     ({"mx": 3}, "unknown autoscale option 'mx'"),
     ({"max": "many"}, "autoscale.max='many' must be a int"),
     ({"usd_per_hour": -2}, "autoscale.usd_per_hour=-2"),
+    ({"ttl_s": "inf"}, r"autoscale.ttl_s=inf must be a finite number in \(0, 3600\]"),
+    ({"drain_grace_s": "nan"}, r"autoscale.drain_grace_s=nan must be a finite number in \(0, 3600\]"),
+    ({"hook_timeout_s": 0}, r"autoscale.hook_timeout_s=0.0 must be a finite number in \(0, 86400\]"),
+    ({"workers": 1000}, "autoscale.workers=1000 must be 1..256"),
+    ({"join_timeout_s": "inf"}, "autoscale.join_timeout_s=inf must be a finite number of seconds"),
 ])
 def test_bad_settings_are_clear_errors_at_start(options, match):
     hps = {"registry": "/tmp/reg", **{f"autoscale.{k}": v for k, v in options.items()}}
@@ -145,6 +151,11 @@ def test_act_needs_a_registry_and_a_cap_below_the_group_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match=r"pays for 2 data node\(s\) at 0.5 \$/h, the job starts with 3"):
         scaler.check_start(3, 0.5)
     scaler.check_start(2, 0.5)
+    with pytest.raises(ConfigError, match=r"usd_per_hour=1 needs the \$/h price of ml.c5.9xlarge .*advice_prices"):
+        scaler.check_start(2, None, "ml.c5.9xlarge")
+    uncapped = Autoscaler(Settings.from_options({"mode": "act", "actuator": "local"}, registry=str(tmp_path)), None,
+                          str(tmp_path), TOKEN)
+    uncapped.check_start(2, None, "ml.c5.9xlarge")  # no cap: no price needed
 
 
 def test_advise_mode_logs_decisions_without_acting(tmp_path):
@@ -187,6 +198,7 @@ def test_hetero_stats_local_shows_the_latest_decision_with_its_figures(tmp_path,
     (["actuator=ec2"], "autoscale.actuator='ec2' is unknown"),
     (["max"], "--autoscale 'max' must be KEY=VALUE"),
     (["usd_per_hour=0.8", "--data-nodes", "2"], r"pays for 1 data node(s) at 0.5 $/h, the job starts with 2"),
+    (["usd_per_hour=3", "--hp", "advice_prices={}"], "needs the $/h price of the data instance type"),
 ])
 def test_hetero_local_autoscale_refuses_bad_settings_before_any_node_starts(tmp_path, capsys, argv, message):
     from hetero.cli import main
@@ -267,3 +279,70 @@ def test_a_registry_read_that_fails_while_draining_is_not_taken_for_the_servers_
         scaler.close(timeout=5)
     assert len(calls) >= 2  # it read the registry again instead of ending its wait at the failure
     assert registry.read_entries(reg)[0] == []
+
+
+class CountingActuator:
+    """Records the controller's calls; ``fail_after`` makes a scale-out fail after that many nodes."""
+
+    name = "counting"
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.fail_after, self.can_stop = fail_after, 99
+
+    def scale_out(self, count, ctx):
+        self.calls.append(("out", count))
+        ids = [f"n{len(self.calls)}-{i}" for i in range(count)]
+        if self.fail_after is not None:
+            raise PartialScaleOut(ids[:self.fail_after], count, RuntimeError("ResourceLimitExceeded"))
+        return ids
+
+    def drain(self, count, ctx):
+        self.calls.append(("in", count))
+        return [f"d{len(self.calls)}-{i}" for i in range(min(count, self.can_stop))]
+
+    def scale_in(self, drained, ctx):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_a_drain_under_way_is_not_asked_again_while_the_drained_nodes_leave(tmp_path):
+    settings = Settings.from_options({"mode": "act", "actuator": "command", "scale_out_cmd": "true", "max": 4,
+                                      "cooldown_s": 0}, registry=str(tmp_path))
+    clock, actuator = Clock(), CountingActuator()
+    scaler = Autoscaler(settings, actuator, str(tmp_path), TOKEN, clock=clock, drain_by_actuator=True)
+    for step, nodes in ((100, 6), (200, 6), (300, 5), (400, 4)):  # read at 0, 10, 20, 30 s
+        scaler.on_advice(advice(step, nodes, 0, 0.0))
+        scaler.wait(10.0)
+        clock.t += 10
+    restarted = Autoscaler(settings, actuator, str(tmp_path), TOKEN, clock=clock, drain_by_actuator=True)
+    restarted.on_advice(advice(500, 4, 0, 0.0))
+    scaler.close(), restarted.close()
+    assert actuator.calls == [("in", 2)]
+    assert [h["action"] for h in scaler.history] == ["in", "hold", "hold", "hold"]
+
+
+def test_a_scale_out_that_fails_part_way_keeps_the_nodes_it_started(tmp_path):
+    settings = Settings.from_options({"mode": "act", "actuator": "command", "scale_out_cmd": "true", "max": 8},
+                                     registry=str(tmp_path))
+    actuator = CountingActuator(fail_after=2)
+    scaler = Autoscaler(settings, actuator, str(tmp_path), TOKEN, clock=Clock(), drain_by_actuator=True)
+    scaler.on_advice(advice(100, 1, 4, 0.5))
+    scaler.close(10.0)
+    assert actuator.calls == [("out", 4)] and scaler.started == ["n1-0", "n1-1"]
+    assert scaler.state.promised == 3  # 1 serving + the 2 started: the missing 2 are not waited for
+    saved = StateStore(str(tmp_path)).load()
+    assert saved["started"] == ["n1-0", "n1-1"] and saved["policy"]["promised"] == 3
+
+
+def test_a_drain_that_stops_fewer_nodes_than_asked_counts_the_rest_as_serving(tmp_path):
+    settings = Settings.from_options({"mode": "act", "actuator": "command", "scale_out_cmd": "true", "max": 4},
+                                     registry=str(tmp_path))
+    actuator = CountingActuator()
+    actuator.can_stop = 1  # one of the two data-only jobs had ended already
+    scaler = Autoscaler(settings, actuator, str(tmp_path), TOKEN, clock=Clock(), drain_by_actuator=True)
+    scaler.on_advice(advice(100, 6, 0, 0.0))
+    scaler.close(10.0)
+    assert actuator.calls == [("in", 2)] and scaler.state.draining == 5

@@ -85,6 +85,7 @@ def test_a_steady_demand_converges_and_stays():
     (Limits(min_nodes=-1), "min_nodes=-1"),
     (Limits(usd_per_hour=-1), "usd_per_hour=-1"),
     (Limits(cooldown_s=float("nan")), "cooldown_s=nan"),
+    (Limits(drain_timeout_s=float("inf")), "drain_timeout_s=inf must be a finite number of seconds"),
     (Limits(in_after=0), "in_after=0"),
     (Limits(out_wait_share=5), "out_wait_share=5"),
 ])
@@ -98,7 +99,9 @@ def test_a_cap_below_the_starting_group_is_an_error():
                        match=r"usd_per_hour=1 pays for 2 data node\(s\) at 0.5 \$/h, the job starts with 3"):
         Limits(usd_per_hour=1.0).check_group(3, 0.5)
     Limits(usd_per_hour=1.5).check_group(3, 0.5)
-    Limits(usd_per_hour=1.0).check_group(3, None)  # no price: the cap cannot apply
+    with pytest.raises(ValueError, match=r"usd_per_hour=1 needs the \$/h price of ml.c5.9xlarge .*advice_prices"):
+        Limits(usd_per_hour=1.0).check_group(3, None, "ml.c5.9xlarge")  # no price: the cap cannot apply
+    Limits().check_group(3, None)  # no cap: no price needed
 
 
 def test_demand_from_an_advice_dict_and_state_round_trip():
@@ -108,3 +111,33 @@ def test_demand_from_an_advice_dict_and_state_round_trip():
     assert Demand.from_advice({"change": None, "data_nodes": 2}).advised_nodes is None
     s = State(last_action=OUT, last_action_at=5.0, promised=3, promised_at=5.0, in_votes=0, decisions=1)
     assert State.from_dict(dict(s.to_dict(), unknown=1)) == s
+
+
+def test_a_cap_without_a_price_never_grows_the_group():
+    capped = Limits(min_nodes=3, max_nodes=8, usd_per_hour=1.0, cooldown_s=0)
+    dec, s = decide(d(2, 8, wait=0.5), capped, State(), 0)
+    assert (dec.action, dec.count, dec.target) == (HOLD, 0, 2) and "advice_prices" in dec.reason
+    assert s.promised is None
+    for price in (None, 0.0, float("nan")):  # below min_nodes too: what the cap pays for is unknown
+        dec, _ = decide(d(1, None, price=price), capped, State(), 0)
+        assert dec.action == HOLD, (price, dec)
+    assert capped.cap_nodes(None) is None and capped.unpriced(None) and not Limits().unpriced(None)
+
+
+def test_a_drain_in_progress_is_remembered_until_the_nodes_leave_or_it_times_out():
+    capped = Limits(min_nodes=1, max_nodes=4, cooldown_s=30, drain_timeout_s=300)
+    dec, s = decide(d(6, 6), capped, State(), 0)
+    assert (dec.action, dec.count, s.draining) == (IN, 2, 4)
+    for now, nodes in ((10, 6), (20, 5)):  # the drained ones still finishing what they owe
+        dec, s = decide(d(nodes, 6), capped, s, now)
+        assert (dec.action, dec.count, s.draining) == (HOLD, 0, 4), (now, dec)
+        assert "to leave" in dec.reason
+    dec, s = decide(d(4, 6), capped, s, 30)
+    assert dec.action == HOLD and s.draining is None and s.decisions == 1
+    dec, s = decide(d(6, 6), capped, State(draining=4, draining_at=0), 301)  # never left: counted again
+    assert (dec.action, dec.count) == (IN, 2)
+
+
+def test_no_scale_out_while_drained_nodes_are_leaving():
+    dec, s = decide(d(5, 6), L, State(draining=3, draining_at=0, last_action=IN, last_action_at=0), 100)
+    assert dec.action == HOLD and "2 drained node(s) to leave" in dec.reason and s.draining == 3

@@ -149,3 +149,66 @@ def test_hetero_autoscale_act_adds_and_stops_data_only_jobs_from_the_jobs_advice
             Bucket="bkt", Key=f"out/{RUNNING}/registry/autoscale/state.json")["Body"].read())
     assert [(h["step"], h["action"], h["count"]) for h in state["history"]] == [(200, "out", 4), (300, "in", 4)]
     assert len(state["started"]) == 4 and state["drained"] == state["started"][::-1]  # the newest first
+
+
+def test_data_only_job_names_differ_across_days_restarts_and_fit_sagemakers_rule():
+    import re
+
+    from launcher.autoscale.sagemaker_actuator import job_name
+
+    rule = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+    day = 1795000000.0
+    same_time = {job_name({"HyperParameters": {"job_name": RUNNING}}, 0, day) for _ in range(50)}  # restarts
+    assert len(same_time) == 50
+    a, b = (job_name({"HyperParameters": {"job_name": RUNNING}}, 0, t, tag="abc") for t in (day, day + 86400))
+    assert a != b  # the same time of day on the next day
+    for base in (RUNNING, "x" * 80, "a_b--", "-", ""):
+        for index in (0, 7, 123):
+            name = job_name({"HyperParameters": {"job_name": base}}, index)
+            assert rule.match(name) and len(name) <= 63, name
+
+
+def test_a_create_that_fails_part_way_returns_the_jobs_already_created(sagemaker, capsys, tmp_path,  # noqa: F811
+                                                                       monkeypatch):
+    from launcher.autoscale.actuators import PartialScaleOut
+
+    template = template_of(sagemaker, capsys)
+    client = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    monkeypatch.setenv("HETERO_JOB_SECRET", SECRET)
+    actuator = SageMakerActuator(str(tmp_path), client, template=template)
+    with Stubber(client) as stub:
+        stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/j0"})
+        stub.add_client_error("create_training_job", "ResourceLimitExceeded", "account quota")
+        with pytest.raises(PartialScaleOut, match="started 1 of 3") as failed:
+            actuator.scale_out(3, ScaleContext(str(tmp_path), 1, 4))
+        stub.add_response("stop_training_job", {})
+        assert actuator.drain(1, ScaleContext(str(tmp_path), 2, 1)) == failed.value.created
+    assert len(failed.value.created) == 1 and failed.value.created[0].startswith(f"{RUNNING}-as-")
+
+
+def test_act_with_min_above_max_writes_no_template(sagemaker, capsys, monkeypatch):  # noqa: F811
+    import hetero.sagemaker.data_job_template as data_job_template
+
+    written = []
+    monkeypatch.setattr(data_job_template, "write_template", lambda job, template: written.append(job) or "s3://x")
+    sagemaker.add_response("describe_training_job", running_job(), expected_params={"TrainingJobName": RUNNING})
+    code = main(["autoscale", RUNNING, "--region", "us-east-1", "--act", "--min", "3", "--max", "2"])
+    assert code == 2 and written == []
+    assert "--max 2 must be >= --min 3" in capsys.readouterr().err
+    sagemaker.add_response("describe_training_job", running_job(), expected_params={"TrainingJobName": RUNNING})
+    assert main(["autoscale", RUNNING, "--region", "us-east-1", "--act", "--poll-s", "inf"]) == 2 and written == []
+    assert "--poll-s inf must be a finite number of seconds" in capsys.readouterr().err
+
+
+def test_the_template_of_an_acting_job_carries_no_autoscale_settings():
+    from hetero.sagemaker.data_job_template import join_template
+    from launcher.config import LaunchConfig
+
+    job = running_job()
+    job["HyperParameters"] = dict(job["HyperParameters"], **{"autoscale.mode": "act", "autoscale.actuator": "sagemaker",
+                                                             "autoscale.max": "8"})
+    template = join_template(job, region="us-east-1")
+    hps = {k: v for k, v in template["HyperParameters"].items() if not k.startswith("sagemaker_")}
+    assert not [k for k in hps if k.startswith("autoscale.")]
+    assert "autoscale:" not in json.dumps(template["AlgorithmSpecification"]["MetricDefinitions"])
+    LaunchConfig.from_hyperparameters({k: v for k, v in hps.items() if k in ("join", "autoscale.mode")})

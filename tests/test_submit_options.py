@@ -8,7 +8,7 @@ import pytest
 from hetero.cli import main
 from hetero.sagemaker import client as sm_client
 from hetero.sagemaker import images
-from hetero.sagemaker.request import build_request
+from hetero.sagemaker.request import autoscale_acts, build_request
 from hetero.sagemaker.sdk_version import sdk_problem
 from hetero.sagemaker.spec import Channel, SubmitError, apply_input_modes
 from hetero.sagemaker.validate import botocore_errors, check_request
@@ -39,11 +39,18 @@ def dry_run(argv: list[str], capsys) -> tuple[list[dict], str]:
 def test_every_job_carries_the_metric_definitions(capsys):
     reqs, _ = dry_run(HET + ["--pair"], capsys)
     hom, = dry_run(["--instance", "ml.p3.2xlarge:1"], capsys)[0]
-    for req in reqs + [hom]:
+    (acting,), _ = dry_run(HET + ["--hyperparameters", "autoscale.mode=act", "autoscale.actuator=sagemaker",
+                                  "registry=s3://bkt/reg"], capsys)
+    unscaled = [dict(d) for d in METRIC_DEFINITIONS if not d["Name"].startswith("autoscale:")]
+    for req in reqs + [hom]:  # autoscale:* lines come only from a job whose autoscaler acts
         spec = req["AlgorithmSpecification"]
-        assert spec["MetricDefinitions"] == [dict(d) for d in METRIC_DEFINITIONS]
+        assert spec["MetricDefinitions"] == unscaled
         assert spec["EnableSageMakerMetricsTimeSeries"] is True
         assert botocore_errors(req) == []
+    assert acting["AlgorithmSpecification"]["MetricDefinitions"] == [dict(d) for d in METRIC_DEFINITIONS]
+    assert botocore_errors(acting) == []
+    assert autoscale_acts({"autoscale.mode": '"act"'}) and not autoscale_acts({"autoscale.mode": "advise"})
+    assert not autoscale_acts({"autoscale.mode": "act", "join": "s3://bkt/reg"})  # a data-only job has no rank 0
     names = [d["Name"] for d in METRIC_DEFINITIONS]
     assert {"train:step_time_s", "train:data_wait_percent", "train:samples_per_s", "train:loss", "test:accuracy",
             "data:batches_per_s", "advice:data_node_change", "advice:predicted_step_s", "advice:change_usd_per_hour",

@@ -10,8 +10,9 @@ submit --join``'s job of one data node: Managed Spot unless ``--on-demand``, a w
 the job's advice lines from CloudWatch Logs every ``--poll-s``, decides with the same policy and
 limits (``--min``, ``--max``, ``--usd-per-hour``, ``--cooldown-s``, ``--in-after``), starts
 data-only jobs to add nodes and stops the newest of them to drain (SageMaker's SIGTERM makes a
-server leave the registry first), until the job ends. Its state lives beside the registry, so
-it can be stopped and started again. See docs/autoscale.md for the IAM both need.
+server leave the registry first), until the job ends. Its limits are checked before the template
+is written. Its state lives beside the registry, so it can be stopped and started again. See
+docs/autoscale.md for the IAM both need.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     job = describe(Clients(region), args.job)
     template = join_template(job, region=region, instance_type=args.instance_type, spot=not args.on_demand,
                              keep_alive_s=args.keep_alive, max_run_s=args.max_run)
+    settings = act_settings(args, job) if args.act else None  # a bad limit writes nothing
     if args.dry_run:
         print(json.dumps(template, indent=1, sort_keys=True))
         return 0
@@ -70,24 +72,53 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {where}; acting on {args.job}'s advice: data nodes of {kind} ({how}) between {args.min} and "
           f"{args.max}", flush=True)
-    return act(args, Clients(region), job, template)
+    return act(args, Clients(region), job, template, settings=settings)
 
 
-def act(args: argparse.Namespace, clients, job: dict, template: dict, sleep=None) -> int:
+MAX_POLL_S = 3600.0  # a read of the job's logs at least hourly: a slower one acts on stale advice
+
+
+def act_settings(args: argparse.Namespace, job: dict):
+    """The checked ``--act`` settings for running ``job``.
+
+    Raises:
+        ConfigError: a limit out of range (``--min`` above ``--max``, ...) or a bad ``--poll-s``,
+            naming the value and the range.
+    """
+    import math
+
+    from data_service.errors import ConfigError
+    from hetero.sagemaker.join import registry_of
+    from launcher.autoscale import Settings
+
+    try:
+        settings = Settings.from_options({"mode": "act", "actuator": "sagemaker", "min": args.min, "max": args.max,
+                                          "usd_per_hour": args.usd_per_hour, "cooldown_s": args.cooldown_s,
+                                          "in_after": args.in_after}, registry=registry_of(job))
+    except ConfigError as exc:
+        # the options are named as this command's flags
+        text = str(exc).replace("autoscale.usd_per_hour=", "--usd-per-hour ").replace("autoscale.min=", "--min ") \
+            .replace("autoscale.max=", "--max ").replace("autoscale.cooldown_s=", "--cooldown-s ") \
+            .replace("autoscale.in_after=", "--in-after ")
+        raise ConfigError(text) from None
+    if not (math.isfinite(args.poll_s) and 0 < args.poll_s <= MAX_POLL_S):
+        raise ConfigError(f"--poll-s {args.poll_s!r} must be a finite number of seconds in (0, {MAX_POLL_S:g}]")
+    return settings
+
+
+def act(args: argparse.Namespace, clients, job: dict, template: dict, sleep=None, settings=None) -> int:
     """The autoscaler outside the job: its advice lines from CloudWatch in, data-only jobs out."""
     import time
 
     from hetero.sagemaker.follow import TERMINAL, LogTail
     from hetero.sagemaker.join import describe, registry_of
-    from launcher.autoscale import Autoscaler, Settings
+    from launcher.autoscale import Autoscaler
     from launcher.autoscale.sagemaker_actuator import SageMakerActuator
     from launcher.metric_lines import parse_advice_line
 
     sleep = sleep or time.sleep
     registry = registry_of(job)
-    settings = Settings.from_options({"mode": "act", "actuator": "sagemaker", "min": args.min, "max": args.max,
-                                      "usd_per_hour": args.usd_per_hour, "cooldown_s": args.cooldown_s,
-                                      "in_after": args.in_after}, registry=registry)
+    settings = settings or act_settings(args, job)
     actuator = SageMakerActuator(registry, clients.sagemaker, template=template)
     scaler = Autoscaler(settings, actuator, registry, "", drain_by_actuator=True)
     actuator.jobs = [j for j in scaler.started if j not in scaler.drained]  # a restarted controller's jobs

@@ -86,6 +86,13 @@ def hyperparameters(spec: JobSpec) -> dict[str, str]:
     return hps
 
 
+def autoscale_acts(hps: dict) -> bool:
+    """Whether the job's rank 0 prints ``autoscale`` lines: ``autoscale.mode=act`` in a job that
+    trains (a data-only job joining another has no rank 0, whatever hyperparameters it copied)."""
+    mode = str(hps.get("autoscale.mode", "")).strip().strip('"').strip().lower()
+    return mode == "act" and not hps.get("join")
+
+
 def tensorboard_enabled(spec: JobSpec) -> bool:
     """Whether the job's ``tensorboard`` hyperparameter asks the trainer for TensorBoard events."""
     return str(spec.hyperparameters.get("tensorboard", "")).strip().lower() in _TRUE
@@ -129,13 +136,14 @@ def build_request(spec: JobSpec) -> dict:
                                          "InstanceGroupName": g.name} for g in spec.groups]}
     resources["VolumeSizeInGB"] = spec.volume_gb
     stopping = {"MaxRuntimeInSeconds": spec.max_run_s}
+    hps = hyperparameters(spec)
     request = {
         "TrainingJobName": spec.job_name,
         "RoleArn": spec.role,
         "AlgorithmSpecification": {"TrainingImage": spec.image, "TrainingInputMode": "File",
-                                   "MetricDefinitions": metric_definitions(),
+                                   "MetricDefinitions": metric_definitions(autoscale=autoscale_acts(hps)),
                                    "EnableSageMakerMetricsTimeSeries": True},
-        "HyperParameters": hyperparameters(spec),
+        "HyperParameters": hps,
         "OutputDataConfig": {"S3OutputPath": spec.output},
         "ResourceConfig": resources,
         "StoppingCondition": stopping,

@@ -41,13 +41,23 @@ class ScaleContext:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
+class PartialScaleOut(Exception):
+    """A scale-out that failed after starting some nodes: ``created`` are their ids (they serve and
+    cost like any other, so the controller keeps them to release at a scale-in)."""
+
+    def __init__(self, created: Sequence[str], asked: int, cause: BaseException) -> None:
+        super().__init__(f"started {len(created)} of {asked} data node(s), then: {cause}")
+        self.created, self.asked, self.cause = list(created), asked, cause
+
+
 class Actuator(Protocol):
     """Adds data nodes and releases drained ones (see the module docstring)."""
 
     name: str
 
     def scale_out(self, count: int, ctx: ScaleContext) -> list[str]:
-        """Start ``count`` data nodes joining ``ctx.registry``; ids of what was started."""
+        """Start ``count`` data nodes joining ``ctx.registry``; ids of what was started. A failure
+        after some started raises :class:`PartialScaleOut` with their ids."""
 
     def scale_in(self, drained: Sequence[Entry], ctx: ScaleContext) -> None:
         """Release the nodes of ``drained`` servers (already drained and gone from the registry)."""

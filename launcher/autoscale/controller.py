@@ -22,13 +22,14 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from data_service.errors import ConfigError
 from data_service.membership.registry import Entry, RegistryError, verified_entries
 
 from ..metric_lines import autoscale_line
-from .actuators import Actuator, ScaleContext
+from .actuators import Actuator, PartialScaleOut, ScaleContext
 from .policy import HOLD, IN, OUT, Demand, State, decide
 from .settings import Settings
 from .state import HISTORY_KEEP, StateStore
@@ -85,12 +86,18 @@ class Autoscaler:
             log.info("autoscale: resumed from %s (%d decision(s) taken, last %s)", self.store.url,
                      self.state.decisions, self.state.last_action or "none")
 
-    def check_start(self, nodes: int, node_usd_per_hour: float | None) -> None:
-        """The job's starting data group fits the limits. Raises ConfigError naming the fix."""
+    def check_start(self, nodes: int, node_usd_per_hour: float | None, instance_type: str = "") -> None:
+        """The job's starting data group fits the limits, and a $/h cap has a price to apply.
+
+        Raises:
+            ConfigError: the group costs more than the cap, or a cap with no price for
+                ``instance_type`` (the policy could not tell what the cap pays for); each names the fix.
+        """
         try:
-            self.settings.limits.check_group(nodes, node_usd_per_hour)
+            self.settings.limits.check_group(nodes, node_usd_per_hour, instance_type)
         except ValueError as exc:
-            raise ConfigError(f"autoscale: {exc}") from None
+            text = str(exc).replace("usd_per_hour=", "autoscale.usd_per_hour=")
+            raise ConfigError(f"autoscale: {text}") from None
 
     def on_advice(self, advice: Mapping[str, Any]) -> dict[str, Any] | None:
         """Decide on one periodic advice (``Advice.to_dict()`` with ``step``), log it, act in mode
@@ -148,15 +155,18 @@ class Autoscaler:
     def _act(self, action: str, count: int, ctx: ScaleContext) -> None:
         try:
             if action == OUT:
-                ids = self.actuator.scale_out(count, ctx)
-                with self._lock:
-                    self.started += ids
-                    self._save()
+                try:
+                    ids = self.actuator.scale_out(count, ctx)
+                except PartialScaleOut as exc:
+                    self._record_started(exc.created, missing=exc.asked - len(exc.created))
+                    raise
+                self._record_started(ids)
                 log.info("autoscale: started %d data node(s) (%s) joining %s", len(ids), ", ".join(ids), self.registry)
             elif action == IN and self.drain_by_actuator:
                 stopped = self.actuator.drain(count, ctx)
                 with self._lock:
                     self.drained += stopped
+                    self._not_draining(count - len(stopped))
                     self._save()
                 log.info("autoscale: stopped %d data node(s) (%s); each leaves the registry first", len(stopped),
                          ", ".join(stopped))
@@ -166,6 +176,21 @@ class Autoscaler:
                     self.actuator.scale_in(drained, ctx)
         except Exception:  # noqa: BLE001 - the job goes on; the next advice decides again
             log.exception("autoscale: scale-%s of %d failed", action, count)
+
+    def _record_started(self, ids: Sequence[str], missing: int = 0) -> None:
+        """Keep ``ids`` to release later; ``missing`` nodes of the scale-out never started, so the
+        policy stops waiting for them rather than holding until its join timeout."""
+        with self._lock:
+            self.started += ids
+            if missing and self.state.promised is not None:
+                self.state = replace(self.state, promised=max(0, self.state.promised - missing))
+            self._save()
+
+    def _not_draining(self, missing: int) -> None:
+        """``missing`` nodes of the drain were not asked to leave: the policy counts them as serving
+        again rather than waiting for them until its drain timeout (caller holds the lock)."""
+        if missing > 0 and self.state.draining is not None:
+            self.state = replace(self.state, draining=self.state.draining + missing)
 
     def victims(self, count: int) -> list[Entry]:
         """The ``count`` newest servers that joined through the registry (not the job's own)."""
@@ -194,6 +219,10 @@ class Autoscaler:
                 self.drained.append(e.server_id)
                 self._save()
             log.info("autoscale: draining data server %s at %s", e.server_id, e.address)
+        if len(asked) < count:
+            with self._lock:
+                self._not_draining(count - len(asked))
+                self._save()
         self._wait_left(asked)
         return asked
 

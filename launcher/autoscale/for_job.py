@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from data_service.errors import ConfigError
+
 from .actuators import Actuator, CommandActuator, LocalActuator
 from .controller import Autoscaler
 from .settings import Settings
@@ -54,5 +56,10 @@ def autoscaler_for(job, fixed_data_nodes: Sequence[str], prices: Mapping[str, fl
     actuator = make_actuator(settings, pipeline=cfg.pipeline, pipeline_options=cfg.pipeline_options,
                              token=job.token, registry=cfg.registry)
     scaler = Autoscaler(settings, actuator, cfg.registry, job.token, fixed=fixed_data_nodes)
-    scaler.check_start(len(fixed_data_nodes), prices.get(job.extra.get("data_instance_type", "")))
+    kind = job.extra.get("data_instance_type", "")
+    try:
+        scaler.check_start(len(fixed_data_nodes), prices.get(kind), kind)
+    except ConfigError:
+        scaler.close(timeout=0.0)
+        raise
     return scaler

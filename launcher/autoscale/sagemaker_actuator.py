@@ -20,6 +20,8 @@ import copy
 import json
 import logging
 import os
+import re
+import secrets
 import time
 from typing import Any, Sequence
 
@@ -27,7 +29,7 @@ from data_service.errors import ConfigError
 from data_service.membership.registry import Entry
 from data_service.storage import StoreError, open_store
 
-from .actuators import ScaleContext
+from .actuators import PartialScaleOut, ScaleContext
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +49,24 @@ def read_template(registry: str) -> dict | None:
         raise
 
 
-def job_name(template: dict, index: int, now: float | None = None) -> str:
-    """``<joined job>-as-<HHMMSS>-<i>``, cut to SageMaker's 63 characters."""
-    base = template.get("HyperParameters", {}).get("job_name", "hetero")
-    suffix = time.strftime("-as-%H%M%S", time.gmtime(now)) + f"-{index}"
-    return base[:63 - len(suffix)].rstrip("-") + suffix
+_NAME_OK = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # SageMaker's TrainingJobName rule
+
+
+def job_name(template: dict, index: int, now: float | None = None, tag: str | None = None) -> str:
+    """``<joined job>-as-<YYMMDDHHMMSS>-<tag>-<i>``, within SageMaker's 63-character name rule.
+
+    The date and time and a random ``tag`` (one per scale-out; a controller that restarts within
+    the same second draws another) keep names apart across days, restarts and scale-outs, since
+    SageMaker refuses a name it has seen in the account and region before.
+    """
+    base = re.sub(r"[^a-zA-Z0-9-]+", "-", str(template.get("HyperParameters", {}).get("job_name") or "hetero"))
+    tag = tag or secrets.token_hex(3)
+    suffix = time.strftime("-as-%y%m%d%H%M%S", time.gmtime(now)) + f"-{tag}-{index}"
+    base = base[:63 - len(suffix)].strip("-") or "hetero"
+    name = base + suffix
+    if not _NAME_OK.match(name):  # only an index past 10^20 gets here
+        raise ConfigError(f"data-only job name {name!r} breaks SageMaker's rule {_NAME_OK.pattern}")
+    return name
 
 
 def request_for(template: dict, name: str, environ: dict | None = None) -> dict:
@@ -109,12 +124,17 @@ class SageMakerActuator:
                         "runs; nothing started", self.registry, TEMPLATE_KEY)
             return []
         self.template = template
-        names = []
+        names: list[str] = []
+        tag = secrets.token_hex(3)
         for i in range(count):
-            name = job_name(template, len(self.jobs) + i)
-            self.client.create_training_job(**request_for(template, name))
+            name = job_name(template, i, tag=tag)
+            try:
+                self.client.create_training_job(**request_for(template, name))
+            except Exception as exc:
+                # the jobs already created run and bill: their ids go back so a scale-in can stop them
+                raise PartialScaleOut(names, count, exc) from exc
             names.append(name)
-        self.jobs += names
+            self.jobs.append(name)
         return names
 
     def scale_in(self, drained: Sequence[Entry], ctx: ScaleContext) -> None:

@@ -23,9 +23,14 @@ MODES = ("off", "advise", "act")
 ACTUATORS = ("local", "command", "sagemaker")
 _LIMITS = {"min": "min_nodes", "max": "max_nodes", "usd_per_hour": "usd_per_hour", "cooldown_s": "cooldown_s",
            "in_after": "in_after", "out_wait_share": "out_wait_share", "in_wait_share": "in_wait_share",
-           "join_timeout_s": "join_timeout_s"}
+           "join_timeout_s": "join_timeout_s", "drain_timeout_s": "drain_timeout_s"}
 _OWN = {"mode": str, "actuator": str, "scale_out_cmd": str, "scale_in_cmd": str, "hook_timeout_s": float,
         "workers": int, "ttl_s": float, "drain_grace_s": float}
+
+# Bounds of the settings that reach a started server or a wait: above these a value is a
+# mistake (a TTL of a day keeps a dead server listed that long), not a choice.
+_RANGES = {"hook_timeout_s": (0.0, 86400.0), "ttl_s": (0.0, 3600.0), "drain_grace_s": (0.0, 3600.0)}
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
@@ -86,11 +91,14 @@ class Settings:
             if s.actuator == "command" and not s.scale_out_cmd:
                 raise ConfigError("autoscale.actuator=command needs autoscale.scale_out_cmd (and scale_in_cmd to "
                                   "release drained nodes): shell commands given the count and the registry")
-        for name in ("hook_timeout_s", "ttl_s", "drain_grace_s"):
-            if not getattr(s, name) > 0:
-                raise ConfigError(f"autoscale.{name}={getattr(s, name)} must be > 0 seconds")
-        if s.workers < 1:
-            raise ConfigError(f"autoscale.workers={s.workers} must be >= 1")
+        for name, (low, high) in _RANGES.items():
+            value = getattr(s, name)
+            # NaN fails both comparisons, inf the upper one: neither reaches a server or a wait
+            if not (low < value <= high):
+                raise ConfigError(f"autoscale.{name}={value!r} must be a finite number in ({low:g}, {high:g}] "
+                                  f"(default {getattr(Settings, name)!r})")
+        if not 1 <= s.workers <= MAX_WORKERS:
+            raise ConfigError(f"autoscale.workers={s.workers} must be 1..{MAX_WORKERS} worker processes per server")
         return s
 
     def describe(self) -> dict[str, Any]:

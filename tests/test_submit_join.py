@@ -100,6 +100,16 @@ def test_dry_run_shows_a_data_only_job_that_registers_with_the_running_job(sagem
     assert f"job secret: job {RUNNING}'s" in out.err
 
 
+def test_a_joiner_of_an_autoscaling_job_carries_none_of_its_autoscale_settings(sagemaker, capsys):
+    job = running_job()
+    job["HyperParameters"].update({"autoscale.mode": "act", "autoscale.max": "6", "autoscale.actuator": "sagemaker"})
+    code, out = join(sagemaker, job, ["--job-name", "extra", "--dry-run"], capsys)
+    assert code == 0, out.err
+    hps = json.loads(out.out)["HyperParameters"]
+    # with autoscale.mode=act and no registry of its own, the joiner's launcher would refuse to start
+    assert not [k for k in hps if k.startswith("autoscale.")] and hps["epochs"] == "3"
+
+
 def test_the_create_call_carries_the_running_jobs_secret(sagemaker, capsys):
     sagemaker.add_response("describe_training_job", running_job(), expected_params={"TrainingJobName": RUNNING})
     # the request the dry run shows, with the real secret: what create_training_job must receive

@@ -36,10 +36,6 @@ def join_template(job: dict, *, region: str, instance_type: str | None = None, s
     spec = join_spec(job, job_name=name, group=group, vpc=None, role=None, image=None, output=None, region=region,
                      max_run_s=max_run_s, spot=spot, tags={"hetero:autoscale": "true"})
     request = build_request(spec)
-    # the joined job's autoscaler settings are its rank 0's: a data node has none, and with
-    # autoscale.mode=act and no registry of its own its launcher would refuse to start
-    request["HyperParameters"] = {k: v for k, v in request["HyperParameters"].items()
-                                  if not k.startswith("autoscale.")}
     if keep_alive_s:
         request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = keep_alive_s
     check_request(request)

@@ -138,8 +138,10 @@ def join_spec(job: dict, *, job_name: str, group: Group | None, vpc: dict | None
     group = group or Group("data_group", data_instance(job), 1, DATA)
     if group.role == DNN:
         raise SubmitError("a joining job has data nodes only: give --data-group TYPE:COUNT")
+    # The running job's autoscaler settings are its rank 0's: a data node has none, and with
+    # autoscale.mode=act and no registry of its own a joiner's launcher would refuse to start.
     hps = {k: _plain(v) if k == "sagemaker_submit_directory" else v
-           for k, v in job.get("HyperParameters", {}).items() if k not in _OWN_HPS}
+           for k, v in job.get("HyperParameters", {}).items() if k not in _OWN_HPS and not k.startswith("autoscale.")}
     hps.update({JOIN_HP: registry, JOIN_JOB_HP: name, **(hyperparameters or {})})
     env = dict(job.get("Environment", {}))
     secret, secret_arn = env.pop("HETERO_JOB_SECRET", None), env.pop("HETERO_JOB_SECRET_ARN", None)

@@ -8,9 +8,10 @@ the next state.
 * **Target.** The advised node count (``data_nodes + change``), clamped to ``[min_nodes,
   max_nodes]`` and to the nodes the $/h cap pays for.
 * **Out** when the target is above the nodes the job has or was promised (a scale-out not yet
-  joined counts as promised until ``join_timeout_s``; a drain whose nodes have not left yet
-  counts them as gone until ``drain_timeout_s``), the job waits on data at least
-  ``out_wait_share`` of its step, and ``cooldown_s`` passed since the last action.
+  joined counts as promised until ``join_timeout_s``, less serving nodes lost meanwhile; a
+  drain whose nodes have not left yet counts them as gone until ``drain_timeout_s``), the job
+  waits on data at least ``out_wait_share`` of its step, and ``cooldown_s`` passed since the
+  last action.
 * **In** (by draining) when the target is below those nodes in ``in_after`` advice windows in a
   row, the job waits on data at most ``in_wait_share``, and ``2 x cooldown_s`` passed since the
   last scale-out (so the advice has seen the new nodes at work). This and the advice's own
@@ -143,6 +144,7 @@ class State:
     draining_at: float | None = None
     in_votes: int = 0                  # advice windows in a row that said "fewer"
     decisions: int = 0                 # actions taken (out or in)
+    seen: int | None = None            # nodes serving at the last decision
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,6 +180,10 @@ def _in_progress(state: State, nodes: int, limits: Limits, now: float) -> tuple[
     """The scale-out (nodes promised) and the drain (nodes aimed at) still under way at ``now``."""
     promised, draining = state.promised, state.draining
     if promised is not None:
+        if state.seen is not None and nodes < state.seen and state.draining is None:
+            # with no drain under way, serving nodes that went (a Spot interruption) are nodes
+            # lost: the promise would otherwise wait out join_timeout_s for them as if joining
+            promised -= state.seen - nodes
         since = 0.0 if state.promised_at is None else now - state.promised_at
         if nodes >= promised or since > limits.join_timeout_s:
             promised = None  # joined, or given up on
@@ -203,7 +209,7 @@ def decide(demand: Demand, limits: Limits, state: State, now: float) -> tuple[De
         top = limits.max_nodes if cap is None else min(limits.max_nodes, cap)
     floor_ = min(limits.min_nodes, top)
     carried = replace(state, promised=promised, promised_at=None if promised is None else state.promised_at,
-                      draining=draining, draining_at=None if draining is None else state.draining_at)
+                      draining=draining, draining_at=None if draining is None else state.draining_at, seen=nodes)
 
     def out(target: int, reason: str) -> tuple[Decision, State]:
         return (Decision(OUT, target - have, nodes, target, reason, demand, cap),

@@ -18,7 +18,12 @@ Sizes: ``--samples 1280000,100000000`` with ``index.bin``, and ``--json 1280000`
 version-1 ``index.json`` for comparison. No LIST of the samples happens anywhere: the server
 opens one index file and lists each shard folder once.
 
+``--check`` starts no server: it times the check of every entry of each ``index.bin``
+(``ShardIndex.check``, page cache warm) against one shard's check at its first use, the cost
+that decides why the entries are checked per shard rather than at open.
+
     python -m benchmarks.index_scale --work /tmp/index-scale
+    python -m benchmarks.index_scale --work /tmp/index-scale --samples 100000000 --json '' --check
 """
 from __future__ import annotations
 
@@ -156,6 +161,24 @@ def measure(folder: Path, options: dict, workers: int, batches: int, log: Path) 
             "main_rss_mb": round(main / 1e6, 1)}
 
 
+def check_cost(folder: Path, repeat: int) -> dict:
+    """Seconds to check every entry of ``folder``'s index.bin (median of ``repeat``), and one shard's first use."""
+    from data_service.shards.indexfile import open_index_file
+
+    whole, shard = [], []
+    for _ in range(max(1, repeat)):
+        index = open_index_file(str(folder / "index.bin"))
+        t = time.perf_counter()
+        index.check()
+        whole.append(time.perf_counter() - t)
+        index = open_index_file(str(folder / "index.bin"))
+        t = time.perf_counter()
+        index.sample(len(index) // 2)
+        shard.append(time.perf_counter() - t)
+    return {"samples": len(index), "shards": len(index.shards), "whole_check_s": round(statistics.median(whole), 2),
+            "first_use_of_a_shard_us": round(statistics.median(shard) * 1e6)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", required=True, help="folder for the synthetic prefixes (sparse: little disk)")
@@ -167,8 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--batches", type=int, default=64, help="batches read before the memory is taken")
     p.add_argument("--repeat", type=int, default=2, help="starts per size (the median is printed)")
+    p.add_argument("--check", action="store_true", help="time the index's entry checks only (no server)")
     args = p.parse_args(argv)
     work = Path(args.work)
+    if args.check:
+        for n in (int(n) for n in args.samples.split(",") if n):
+            folder = work / f"bin-{n}"
+            build(folder, n, args.stride, args.shard_size, "bin")
+            print(json.dumps(check_cost(folder, max(3, args.repeat))), flush=True)
+        return 0
     (work / "logs").mkdir(parents=True, exist_ok=True)
     options = {"batch_size": args.batch, "image_size": 32}
     cases = [("tiny", TINY, "bin")] + [(f"{int(n):,}", int(n), "bin") for n in args.samples.split(",") if n] + \

@@ -150,7 +150,7 @@ def test_damage_is_a_clear_error_or_a_counted_skip(tmp_path, damage, reason):
     summary = index_tars(str(src), str(tmp_path / "i2"), on_corrupt="skip")
     assert reason in summary.skipped and summary.examples
     ds = ShardDataset(str(src), index=str(tmp_path / "i2"))
-    kept = [k for k in range(6) if damage not in ("truncated", "bad_header") or k < 1]  # in progress: dropped
+    kept = [k for k in range(6) if damage not in ("truncated", "bad_header") or k < 2]  # 002 is cut
     assert len(ds) == len(kept) and all(ds[i][0] == _blob(k) for i, k in enumerate(kept))
 
 
@@ -386,6 +386,7 @@ def test_a_label_member_over_its_cap_is_refused_unread_or_skipped(tmp_path, monk
         index_tars(str(src), str(tmp_path / "i1"), label="json:label")
     summary = index_tars(str(src), str(tmp_path / "i2"), label="json:label", on_corrupt="skip")
     assert summary.skipped == {"with an oversized label member": 1}
+    assert "skipped: 1 with an oversized label member (e.g. " in summary.lines()[1]
     ds = ShardDataset(str(src), index=str(tmp_path / "i2"))
     assert [ds[i] for i in range(len(ds))] == [(_blob(0), 0), (_blob(2), 1)]
     raw = (src / "a.tar").read_bytes()
@@ -398,3 +399,78 @@ def test_a_label_member_over_its_cap_is_refused_unread_or_skipped(tmp_path, monk
                                                  lambda name: name.endswith(".json"), max_data=64)}
     assert walked["001.json"].data is None and walked["001.json"].size == len(big)
     assert walked["002.json"].data == b'{"label": 1}'
+
+
+def _samples_tar(path: Path, n: int = 6) -> dict[str, tarfile.TarInfo]:
+    """A shard of ``n`` samples (``000.jpg``, ``000.cls``, ...) and its members by name (offsets)."""
+    _tar(path, [(f"{k:03d}.{e}", _blob(k) if e == "jpg" else b"%d" % (k % 3))
+                for k in range(n) for e in ("jpg", "cls")])
+    with tarfile.open(path) as t:
+        return {m.name: m for m in t.getmembers()}
+
+
+@pytest.mark.parametrize("where", ["003.jpg data", "003.cls header", "003.cls data"])
+def test_a_shard_cut_inside_its_4th_sample_keeps_the_3_whole_ones(tmp_path, capsys, where):
+    src = tmp_path / "src"
+    found = _samples_tar(src / "a.tar")
+    member, part = where.split()
+    info = found[member]
+    path = src / "a.tar"
+    path.write_bytes(path.read_bytes()[:info.offset_data + info.size // 2 if part == "data" else info.offset + 100])
+    with pytest.raises(ConfigError) as err:
+        index_tars(str(src), str(tmp_path / "i1"))
+    text = str(err.value)
+    assert "a.tar" in text and "'003'" in text and f"at byte {info.offset}" in text, text
+    assert "--on-corrupt skip" in text
+    summary = index_tars(str(src), str(tmp_path / "i2"), on_corrupt="skip")
+    assert summary.samples == 3 and summary.skipped == {"damaged shard(s)": 1} and not summary.unended
+    ds = ShardDataset(str(src), index=str(tmp_path / "i2"))
+    assert [ds[i] for i in range(len(ds))] == [(_blob(k), k % 3) for k in range(3)]
+    assert main(["index", str(src), "--to", str(tmp_path / "i3"), "--on-corrupt", "skip", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "indexed 3 samples" in out and "skipped: 1 damaged shard(s)" in out and "'003'" in out, out
+    assert "its 3 whole sample(s) indexed" in out, out
+
+
+@pytest.mark.parametrize("tail", [0, 512, 700])
+def test_a_shard_cut_at_a_member_boundary_is_named_and_keeps_its_whole_samples(tmp_path, capsys, tail):
+    """No end-of-archive blocks (or only part of them) after sample 002's last member, as after an
+    interrupted upload: samples 000-002 are indexed, the shard named and counted; --strict refuses it."""
+    src = tmp_path / "src"
+    found = _samples_tar(src / "a.tar")
+    _samples_tar(src / "b.tar", 2)
+    path = src / "a.tar"
+    path.write_bytes(path.read_bytes()[:found["003.jpg"].offset] + bytes(tail))
+    assert main(["index", str(src), "--to", str(tmp_path / "i1"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "indexed 5 samples" in out and "skipped" not in out, out
+    assert "1 shard(s) without their end-of-archive blocks: a.tar (" in out and "upload them again" in out, out
+    ds = ShardDataset(str(src), index=str(tmp_path / "i1"))
+    assert [ds[i][0] for i in range(len(ds))] == [_blob(k) for k in (0, 1, 2, 0, 1)]
+    assert main(["index", str(src), "--to", str(tmp_path / "i2"), "--quiet", "--strict"]) == 2
+    out = capsys.readouterr().out
+    assert "a.tar: the file ends without its end-of-archive blocks" in out and "upload the shard again" in out, out
+    assert not (tmp_path / "i2" / INDEX_NAME).exists()
+
+
+def test_a_shard_cut_between_the_members_of_a_sample_names_it(tmp_path):
+    """Cut after ``003.jpg``, before ``003.cls``: sample 003 is the cut one, 000-002 are whole."""
+    src = tmp_path / "src"
+    found = _samples_tar(src / "a.tar")
+    path = src / "a.tar"
+    path.write_bytes(path.read_bytes()[:found["003.cls"].offset])
+    with pytest.raises(ConfigError, match=r"a.tar sample '003' has no .cls member.*without its end-of-archive "
+                                          r"blocks.*upload the shard again"):
+        index_tars(str(src), str(tmp_path / "i1"))
+    summary = index_tars(str(src), str(tmp_path / "i2"), on_corrupt="skip")
+    assert summary.samples == 3 and summary.skipped == {"cut short by their shard's end": 1}
+    assert summary.unended == ["a.tar"]
+
+
+def test_an_intact_shard_is_not_named_as_cut_even_with_strict(tmp_path, capsys):
+    src = tmp_path / "src"
+    _samples_tar(src / "a.tar")
+    _wds(src / "b.tar", [{"__key__": "k", "jpg": b"1", "cls": b"0"}])
+    assert main(["index", str(src), "--quiet", "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert "indexed 7 samples" in out and "end-of-archive" not in out and "skipped" not in out, out

@@ -13,8 +13,12 @@ block (``data_service.contract.sampler``) is a handful of large ranged reads.
 
 ``index.bin`` (:mod:`.indexfile`) holds the columns as binary arrays that every process of a node
 maps from one file: a process's memory and its time to open the index do not grow with the
-number of samples. ``index.json`` (version 1: the columns in base64 in one JSON document, parsed
-into each process) is still read; ``hetero index --from-json`` writes its ``index.bin``.
+number of samples. A shard's entries are checked when the shard is first used (its samples lie
+within it in byte order without overlapping, its labels within the classes; vectorised over the
+shard, once per process): a corrupt entry is a ConfigError naming the index, shard, sample, value
+and fix, never bytes or a label handed to training. ``index.json`` (version 1: the columns in
+base64 in one JSON document, parsed into each process) is still read; ``hetero index
+--from-json`` writes its ``index.bin``.
 
 Shard names are paths relative to the prefix: ``a/b.tar`` is allowed, ``..``, an absolute path,
 an empty part or a backslash is not.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import operator
 import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -38,6 +43,7 @@ FORMAT = "hetero-shards"
 VERSION = 1  # of index.json
 SHARD_PATTERN = "shard-{:06d}.tar"
 TAR_BLOCK = 512
+CHECK_CHUNK = 1 << 20  # samples checked per read: bounds the memory a check of a huge shard takes
 FIX = "write the prefix again with `hetero prepare` (or `hetero index` for tars written elsewhere)"
 
 
@@ -154,6 +160,9 @@ class ShardIndex:
         self.id = id
         self.max_stride = 0  # bytes from a sample's data to the next one's, at most (0: not known)
         self.reader: "ColumnReader | None" = None  # set for an index.bin: per-sample reads without the mapping
+        # one flag per shard: its entries passed check_shard (the columns are not checked whole at
+        # open, which would cost every process about a second at 100 M samples)
+        self.checked = np.zeros(len(self.shards), dtype=bool)
 
     def _at(self, column: str, i: int) -> int:
         """Entry ``i`` of ``column`` ("offsets", "lengths", "labels")."""
@@ -164,9 +173,17 @@ class ShardIndex:
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def _sample_number(self, i) -> int:
+        """``i`` as a sample number; IndexError outside ``0..n-1`` (no wrap-around: -1 is no sample)."""
+        k = operator.index(i)
+        n = len(self)
+        if not 0 <= k < n:
+            raise IndexError(f"sample {k} is outside 0..{n - 1}: the index holds {n} samples")
+        return k
+
     def shard_at(self, i: int) -> int:
-        """The shard holding sample ``i``."""
-        return int(np.searchsorted(self.shards.first, i, side="right")) - 1
+        """The shard holding sample ``i``; IndexError when ``i`` is outside ``0..n-1``."""
+        return int(np.searchsorted(self.shards.first, self._sample_number(i), side="right")) - 1
 
     @property
     def data_bytes(self) -> int:
@@ -176,44 +193,98 @@ class ShardIndex:
         return self._data_bytes
 
     def sample(self, i: int) -> tuple[int, int, int, int]:
-        """``(shard, offset, length, label)`` of sample ``i``; ConfigError when it lies past its shard's end."""
+        """``(shard, offset, length, label)`` of sample ``i``.
+
+        Raises:
+            IndexError: ``i`` outside ``0..n-1``.
+            ConfigError: an entry of its shard is corrupt (checked at the shard's first use).
+        """
         s = self.shard_at(i)
-        start, length = self._at("offsets", i), self._at("lengths", i)
-        if start < 0 or start + length > int(self.shards.sizes[s]):
-            raise ConfigError(f"{self.shards.where or 'index'}: sample {i} ({start}+{length}) lies past the end of "
-                              f"shard {self.shards.name(s)} ({int(self.shards.sizes[s])} bytes); the index is "
-                              f"corrupt: {FIX}")
-        return s, start, length, self._at("labels", i)
+        if not self.checked[s]:
+            self.check_shard(s)
+        return s, self._at("offsets", i), self._at("lengths", i), self._at("labels", i)
 
     def parts(self, first: int, end: int) -> list[tuple[int, int, int]]:
         """The byte ranges holding samples ``first..end-1``: ``(shard, start, stop)``, one per shard touched."""
         if not 0 <= first < end <= len(self):
-            raise IndexError(f"samples {first}..{end - 1} are outside 0..{len(self) - 1}")
+            raise IndexError(f"samples {first}..{end - 1} are outside 0..{len(self) - 1}: the index holds "
+                             f"{len(self)} samples")
         out = []
         i = first
         while i < end:
             s = self.shard_at(i)
+            if not self.checked[s]:
+                self.check_shard(s)
             last = min(end, int(self.shards.first[s + 1])) - 1
             start = self._at("offsets", i)
-            stop = self._at("offsets", last) + self._at("lengths", last)
-            if start < 0 or stop < start or stop > int(self.shards.sizes[s]):
-                raise ConfigError(f"{self.shards.where or 'index'}: samples {i}..{last} ({start}..{stop}) lie past "
-                                  f"the end of shard {self.shards.name(s)} ({int(self.shards.sizes[s])} bytes); "
-                                  f"the index is corrupt: {FIX}")
-            out.append((s, start, stop))
+            out.append((s, start, self._at("offsets", last) + self._at("lengths", last)))
             i = last + 1
         return out
 
+    def check_shard(self, s: int) -> None:
+        """Check shard ``s``'s entries (see :meth:`check`) once; ConfigError naming the first bad one."""
+        self._check_samples(int(self.shards.first[s]), int(self.shards.first[s + 1]))
+        self.checked[s] = True
+
     def check(self) -> None:
-        """Check every sample against its shard (reads every column: for writers and converters, not readers)."""
-        n = len(self)
-        if not n:
-            return
-        sizes = np.asarray(self.shards.sizes, dtype=np.int64)
-        owner = np.repeat(np.arange(len(sizes)), np.diff(self.shards.first))
-        ends = self.offsets.astype(np.int64) + self.lengths.astype(np.int64)
-        if bool(np.any(self.offsets < 0)) or bool(np.any(ends > sizes[owner])):
-            raise ConfigError(f"{self.shards.where or 'index'}: a sample lies past the end of its shard; {FIX}")
+        """Check every entry: within its shard (offset >= 0, offset + length <= the shard's size), in
+        byte order without overlapping the next sample of its shard, label within ``0..classes-1``
+        (>= 0 when the index names no classes). Vectorised, :data:`CHECK_CHUNK` samples at a time.
+
+        Raises:
+            ConfigError: naming the index, the shard, the sample, the bad value and the fix.
+        """
+        self._check_samples(0, len(self))
+        self.checked[:] = True
+
+    def _column_range(self, column: str, first: int, end: int) -> np.ndarray:
+        if self.reader is not None:
+            return self.reader.values(column, first, end)
+        return np.asarray(getattr(self, column)[first:end])
+
+    def _check_samples(self, first: int, end: int) -> None:
+        bounds, sizes = self.shards.first, self.shards.sizes
+        classes = len(self.classes)
+        for a in range(first, end, CHECK_CHUNK):
+            lo, b = max(first, a - 1), min(end, a + CHECK_CHUNK)  # from the sample before: its end bounds ours
+            offsets = self._column_range("offsets", lo, b)
+            lengths = self._column_range("lengths", lo, b).astype(np.int64)
+            labels = self._column_range("labels", lo, b)
+            s0, s1 = (int(np.searchsorted(bounds, j, side="right")) - 1 for j in (lo, b - 1))
+            if s0 == s1:
+                owner, limit = None, int(sizes[s0])
+            else:
+                counts = np.diff(np.clip(bounds[s0:s1 + 2], lo, b))
+                owner = np.repeat(np.arange(s0, s1 + 1), counts)
+                limit = np.asarray(sizes, dtype=np.int64)[owner]
+            ends = offsets + lengths
+            bad = {"offset": offsets < 0, "end": ends > limit,
+                   "label": (labels < 0) | (labels >= classes) if classes else labels < 0}
+            follows = ends[:-1] > offsets[1:]  # sample j's end past sample j+1's start (same shard only)
+            bad["overlap"] = np.append(follows & (owner[1:] == owner[:-1]) if owner is not None else follows, False)
+            hits = {why: np.flatnonzero(mask) for why, mask in bad.items()}
+            hits = {why: int(at[0]) for why, at in hits.items() if len(at)}
+            if hits:
+                why, j = min(hits.items(), key=lambda kv: (kv[1], kv[0] == "overlap"))
+                self._refuse(why, lo + j, int(offsets[j]), int(lengths[j]), int(labels[j]),
+                             int(offsets[j + 1]) if why == "overlap" else 0)
+
+    def _refuse(self, why: str, i: int, offset: int, length: int, label: int, after: int) -> None:
+        s = int(np.searchsorted(self.shards.first, i, side="right")) - 1
+        where, name, size = self.shards.where or "index", self.shards.name(s), int(self.shards.sizes[s])
+        if why == "offset":
+            what = f"sample {i} of shard {name} starts at offset {offset}, before the shard's first byte"
+        elif why == "end":
+            what = (f"sample {i} (offset {offset}, length {length}: bytes up to {offset + length}) lies past the "
+                    f"end of shard {name} ({size} bytes)")
+        elif why == "overlap":
+            what = (f"sample {i} of shard {name} (bytes {offset}..{offset + length}) runs into sample {i + 1}, "
+                    f"which starts at byte {after} (a shard's samples follow one another in byte order "
+                    "without overlapping)")
+        else:
+            span = f"0..{len(self.classes) - 1} ({len(self.classes)} classes)" if self.classes else "0 and up"
+            what = f"sample {i} of shard {name} has label {label}, outside {span}"
+        raise ConfigError(f"{where}: {what}; the index is corrupt: {FIX}")
 
     # -- version 1: index.json
     def to_json(self) -> bytes:
@@ -274,6 +345,7 @@ class ColumnReader:
         self.fd = fd
         codes = {"<i8": "<q", "<u4": "<I", "<i4": "<i"}
         self.columns = {name: (at, struct.Struct(codes[dtype])) for name, (at, dtype) in columns.items()}
+        self.dtypes = {name: np.dtype(dtype) for name, (_, dtype) in columns.items()}
         weakref.finalize(self, os.close, fd)
 
     def value(self, column: str, i: int) -> int:
@@ -282,6 +354,16 @@ class ColumnReader:
         if len(raw) != st.size:
             raise ConfigError(f"index file ends before entry {i} of column {column}; the index is truncated: {FIX}")
         return st.unpack(raw)[0]
+
+    def values(self, column: str, first: int, end: int) -> np.ndarray:
+        """Entries ``first..end-1`` of ``column`` (read, not mapped: see the class)."""
+        at, st = self.columns[column]
+        want = (end - first) * st.size
+        raw = os.pread(self.fd, want, at + first * st.size)
+        if len(raw) != want:
+            raise ConfigError(f"index file ends before entry {end - 1} of column {column}; the index is truncated: "
+                              f"{FIX}")
+        return np.frombuffer(raw, dtype=self.dtypes[column])
 
 
 def _column(array, dtype: str) -> np.ndarray:

@@ -9,7 +9,9 @@ library write. Only the members the caller asks for are read; the others' data i
 
 A header whose checksum does not match, a member whose data runs past the end of the object, or a
 compressed file is a :class:`TarError` naming the object and the byte where it went wrong; the
-members before it were whole.
+members before it were whole. A tar that stops at a member boundary without its end-of-archive
+blocks (two 512-byte zero blocks), as after an interrupted upload, is an :class:`Unended` raised
+once every member has been yielded: all of them are whole, but members may be missing after them.
 """
 from __future__ import annotations
 
@@ -28,12 +30,18 @@ MAX_RECORD = 1 << 20  # the most a GNU long name or pax record may hold: it is r
 class TarError(DataServiceError):
     """An object is not a whole, plain tar file (corrupt header, truncated, compressed).
 
-    Attributes: ``where`` (the object), ``at`` (the byte offset where the walk stopped).
+    Attributes: ``where`` (the object), ``at`` (the byte offset where the walk stopped), ``member``
+    (the name of the member whose data was cut, "" when its header was not read whole).
     """
 
-    def __init__(self, where: str, at: int, reason: str) -> None:
+    def __init__(self, where: str, at: int, reason: str, member: str = "") -> None:
         super().__init__(f"{where}: {reason} at byte {at}")
-        self.where, self.at, self.reason = where, at, reason
+        self.where, self.at, self.reason, self.member = where, at, reason, member
+
+
+class Unended(TarError):
+    """A tar that ends at a member boundary without its end-of-archive blocks: its members are whole,
+    but it was cut short (an interrupted upload or copy), so members after them may be missing."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
 
     Raises:
         TarError: a compressed file, a corrupt header, or data past the end of the object.
+        Unended: after the last member, when the object ends without its two end-of-archive blocks.
     """
     where = where or reader.key
     long_name: str | None = None
@@ -85,8 +94,11 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
     while True:
         at = reader.pos
         header = reader.read(BLOCK)
-        if not header or (len(header) == BLOCK and header == bytes(BLOCK)):
-            return  # the end-of-archive blocks (or the end of the file at a member boundary)
+        if header == bytes(BLOCK) and len(reader.read(BLOCK)) == BLOCK:
+            return  # a second block after a zero one: tar readers stop at the first (GNU tar warns of a lone one)
+        if header == bytes(len(header)):  # nothing, or zeros short of two blocks: the file stops at a boundary
+            raise Unended(where, min(at, reader.size), "the file ends without its end-of-archive blocks (two "
+                                                        "512-byte zero blocks): it was cut short")
         if at == 0:
             for magic, kind in COMPRESSED.items():
                 if header.startswith(magic):
@@ -108,8 +120,9 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
         data_at = at + BLOCK
         padded = -(-size // BLOCK) * BLOCK
         if data_at + size > reader.size:
-            raise TarError(where, at, f"truncated: a member of {size} bytes runs past the end of the file "
-                                      f"({reader.size} bytes)")
+            name = (pax.get("path") or long_name or _name(header)) if kind in REGULAR else ""
+            raise TarError(where, at, f"truncated: a member{f' {name!r}' if name else ''} of {size} bytes runs past "
+                                      f"the end of the file ({reader.size} bytes)", member=name)
         if kind in (b"L", b"x", b"g") and size > MAX_RECORD:
             raise TarError(where, at, f"a {kind.decode()!r} header record of {size} bytes (more than {MAX_RECORD}; "
                                       "corrupt)")

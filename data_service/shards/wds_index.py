@@ -21,7 +21,10 @@ source itself). The data server then reads the tars where they are, through
 A sample without its label member, with one over ``MAX_LABEL_BYTES`` (1 MiB: it is never read),
 or with an image of another type (``.gif``, ``.tiff``, ...), or a tar that is corrupt or
 truncated, stops the indexing naming it and the fix; with ``on_corrupt="skip"`` it is left out of
-the index and counted (a damaged shard keeps the samples before the damage).
+the index and counted (a damaged shard keeps every whole sample before the damage; only the sample
+the damage cut is left out). A tar cut at a member boundary, without its end-of-archive blocks
+(an interrupted upload), keeps its whole samples and is named in the summary; ``strict=True``
+refuses it.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from ..storage import LocalStore, open_store
 from .format import INDEX_NAME, JSON_INDEX_NAME, check_name
 from .indexfile import IndexWriter
 from .labels import LabelRule, UnindexableSample
-from .tarwalk import ForwardReader, TarError, members
+from .tarwalk import ForwardReader, TarError, Unended, members
 
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -60,6 +63,7 @@ class IndexSummary:
     classes: list[str] = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)  # the first skipped samples or shards, named
+    unended: list[str] = field(default_factory=list)  # shards cut at a member boundary: indexed, but named
 
     def lines(self) -> list[str]:
         out = [f"indexed {self.samples} samples in {self.shards} shard(s) ({self.data_bytes / 1e6:.1f} MB of images, "
@@ -67,6 +71,11 @@ class IndexSummary:
         if self.skipped:
             out.append("skipped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) +
                        (f" (e.g. {'; '.join(self.examples[:3])})" if self.examples else ""))
+        if self.unended:
+            out.append(f"{len(self.unended)} shard(s) without their end-of-archive blocks: "
+                       f"{', '.join(self.unended[:5])}{' ...' if len(self.unended) > 5 else ''} (cut short, as by an "
+                       "interrupted upload: their whole samples are indexed, any after the cut are missing; upload "
+                       "them again, and pass --strict to refuse such shards)")
         return out
 
 
@@ -152,9 +161,10 @@ class _Shard:
     """One tar's samples, walked once: columns for the index, skips counted."""
 
     def __init__(self, name: str, size: int, rule: LabelRule, image_exts: tuple[str, ...], on_corrupt: str,
-                 where: str) -> None:
+                 where: str, strict: bool = False) -> None:
         self.name, self.size, self.rule, self.image_exts, self.on_corrupt = name, size, rule, image_exts, on_corrupt
-        self.where = where
+        self.where, self.strict = where, strict
+        self.unended = False  # cut at a member boundary: its end-of-archive blocks are missing
         self.samples: list[tuple[int, int, bytes | None, str]] = []  # offset, length, label bytes, key
         self.skipped: Counter = Counter()
         self.examples: list[str] = []
@@ -165,6 +175,7 @@ class _Shard:
         keys: dict[str, dict] = {}  # a sample's members need not be adjacent (``tar cf`` without --sort)
         repeated: dict[str, str] = {}  # key -> an extension met twice
         last = None
+        damage: TarError | None = None
         try:
             for m in members(reader, self._wanted, self.where, MAX_LABEL_BYTES):
                 k, ext = _key(m.name)
@@ -175,54 +186,101 @@ class _Shard:
                     repeated[k] = ext
                 parts[ext] = m
                 last = k
+        except Unended as exc:
+            if self.strict:
+                raise ConfigError(f"{exc}; upload the shard again (without --strict its whole samples are indexed "
+                                  "and the shard is named in the summary)") from None
+            self.unended, damage = True, exc
         except TarError as exc:
+            damage = exc
+        cut = self._cut(damage, keys, repeated, last)
+        if self.unended and cut:
+            problem = self._problem(cut, keys[cut], repeated.get(cut, ""))
             if self.on_corrupt != "skip":
-                raise ConfigError(f"{exc}; replace the shard, leave it out with a pattern, or pass --on-corrupt "
-                                  "skip to index the samples before the damage") from None
-            self._skip("damaged shard(s)", str(exc))
-            keys.pop(last, None)  # the sample the damage cut may lack members
+                raise ConfigError(f"{problem}; the shard ends right after it without its end-of-archive blocks (cut "
+                                  "short, as by an interrupted upload): upload the shard again, or pass --on-corrupt "
+                                  "skip to index its whole samples") from None
+            self._skip("cut short by their shard's end", f"{self.where} sample {cut!r} (the shard was cut short)")
+        broken = None if self.unended else damage
+        named = f" (sample {cut!r} is cut)" if cut else f" (after sample {last!r}, whole)" if last else ""
+        if broken is not None and self.on_corrupt != "skip":
+            raise ConfigError(f"{broken}{named}; replace the shard, leave it out with a pattern, or pass "
+                              "--on-corrupt skip to index the whole samples before the damage") from None
         for k, parts in keys.items():
-            self._sample(k, parts, repeated.get(k, ""))
+            if k != cut:
+                self._sample(k, parts, repeated.get(k, ""))
+        if broken is not None:
+            self._skip("damaged shard(s)", f"{broken}{named}; its {len(self.samples)} whole sample(s) indexed",
+                       first=True)
         self.samples.sort(key=lambda sample: sample[0])  # offsets rise within a shard: blocks are byte ranges
         return self
+
+    def _cut(self, damage: TarError | None, keys: dict, repeated: dict, last: str | None) -> str | None:
+        """The key of the sample the damage cut, None when it fell between samples: the key of the member whose
+        data runs past the end; else (a cut header, or the shard's end) the last sample met, if it is incomplete
+        (a sample whose members are all there is whole)."""
+        if damage is None:
+            return None
+        if damage.member:
+            k, ext = _key(damage.member)
+            return k if ext and not k.rpartition("/")[2].startswith(".") else None
+        if last is not None and self._problem(last, keys[last], repeated.get(last, "")) is not None:
+            return last
+        return None
 
     def _wanted(self, name: str) -> bool:
         return _key(name)[1].lower() == ("json" if self.rule.path else self.rule.ext)
 
-    def _sample(self, key: str, parts: dict, repeated: str) -> None:
-        where = f"{self.where} sample {key!r}"
-        image = next((parts[e] for e in self.image_exts if e in parts), None)
-        label = parts.get("json" if self.rule.path else self.rule.ext)
+    def _problem(self, key: str, parts: dict, repeated: str) -> UnindexableSample | None:
+        """Why the sample cannot be indexed, or None."""
         try:
-            if repeated:
-                raise UnindexableSample(f"{where} has more than one .{repeated} member (two samples with one key?)",
-                                  "with repeated members")
-            if image is None:
-                others = sorted(e for e in parts if e.rsplit(".", 1)[-1] in OTHER_IMAGES)
-                if others:
-                    raise UnindexableSample(f"{where}: image type .{others[0]} is not read; accepted: "
-                                      f"{', '.join('.' + e for e in self.image_exts)}", "of unsupported image types")
-                raise UnindexableSample(f"{where} has no image member ({', '.join('.' + e for e in self.image_exts)}; "
-                                  f"it has {', '.join('.' + e for e in sorted(parts))})", "without an image")
-            if label is None:
-                raise UnindexableSample(f"{where} has no .{'json' if self.rule.path else self.rule.ext} member to read "
-                                  f"its label from (rule {self.rule.rule!r}){_label_hint(parts, image)}",
-                                  "without a label member")
-            if label.data is None:  # the walk leaves a label member over the cap unread
-                raise UnindexableSample(f"{where}: its label member {label.name!r} holds {label.size} bytes, more than "
-                                  f"the {MAX_LABEL_BYTES}-byte cap on a label member (labels are read into memory)",
-                                  "with an oversized label member")
+            self._check(key, parts, repeated)
+        except UnindexableSample as exc:
+            return exc
+        return None
+
+    def _sample(self, key: str, parts: dict, repeated: str) -> None:
+        try:
+            image, label = self._check(key, parts, repeated)
         except UnindexableSample as exc:
             if self.on_corrupt != "skip":
                 raise ConfigError(f"{exc}; fix the shard, or pass --on-corrupt skip to leave such samples out "
                                   "(counted)") from None
             self._skip(exc.reason, str(exc))
             return
-        self.samples.append((image.offset, image.size, label.data, where))
+        self.samples.append((image.offset, image.size, label.data, f"{self.where} sample {key!r}"))
 
-    def _skip(self, reason: str, example: str) -> None:
+    def _check(self, key: str, parts: dict, repeated: str) -> tuple:
+        """The sample's image and label members; UnindexableSample naming what is wrong with it."""
+        where = f"{self.where} sample {key!r}"
+        image = next((parts[e] for e in self.image_exts if e in parts), None)
+        label = parts.get("json" if self.rule.path else self.rule.ext)
+        if repeated:
+            raise UnindexableSample(f"{where} has more than one .{repeated} member (two samples with one key?)",
+                                    "with repeated members")
+        if image is None:
+            others = sorted(e for e in parts if e.rsplit(".", 1)[-1] in OTHER_IMAGES)
+            if others:
+                raise UnindexableSample(f"{where}: image type .{others[0]} is not read; accepted: "
+                                        f"{', '.join('.' + e for e in self.image_exts)}", "of unsupported image types")
+            raise UnindexableSample(f"{where} has no image member ({', '.join('.' + e for e in self.image_exts)}; "
+                                    f"it has {', '.join('.' + e for e in sorted(parts))})", "without an image")
+        if label is None:
+            raise UnindexableSample(f"{where} has no .{'json' if self.rule.path else self.rule.ext} member to read "
+                                    f"its label from (rule {self.rule.rule!r}){_label_hint(parts, image)}",
+                                    "without a label member")
+        if label.data is None:  # the walk leaves a label member over the cap unread
+            raise UnindexableSample(f"{where}: its label member {label.name!r} holds {label.size} bytes, more than "
+                                    f"the {MAX_LABEL_BYTES}-byte cap on a label member (labels are read into memory)",
+                                    "with an oversized label member")
+        return image, label
+
+    def _skip(self, reason: str, example: str, first: bool = False) -> None:
         self.skipped[reason] += 1
-        if len(self.examples) < 3:
+        if first:  # a damaged shard is named before its samples skipped for other reasons
+            self.examples.insert(0, example)
+            del self.examples[3:]
+        elif len(self.examples) < 3:
             self.examples.append(example)
 
 
@@ -244,7 +302,7 @@ def _key(name: str) -> tuple[str, str]:
 
 def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", classes: list[str] | None = None,
                image_exts: tuple[str, ...] = IMAGE_EXTS, on_corrupt: str = "fail", workers: int = 8,
-               overwrite: bool = False, request_timeout_s: float = 60.0,
+               overwrite: bool = False, strict: bool = False, request_timeout_s: float = 60.0,
                progress: Callable[[int, int], None] | None = None) -> IndexSummary:
     """Write ``index.bin`` for the WebDataset tars at ``src`` (a folder, an ``s3://`` prefix or a Store) to
     ``dest`` (default ``src``), reading each shard once and writing nothing else.
@@ -256,6 +314,8 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
         on_corrupt: ``"fail"`` stops at the first bad sample or shard, naming it; ``"skip"`` leaves it
             out and counts it in the summary.
         workers: shards read at once. overwrite: replace an index already at ``dest``.
+        strict: refuse a shard without its end-of-archive blocks (cut at a member boundary); without it
+            such a shard's whole samples are indexed and the shard is named in the summary.
         progress: called with (1, the shard's bytes) after each shard is indexed.
 
     Raises:
@@ -280,8 +340,10 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
     before = store.bytes_read
     base = store.url.rstrip("/")
     with IndexWriter(out.root if isinstance(out, LocalStore) else "") as writer:
-        for shard in _walked(store, shards, rule, image_exts, on_corrupt, base, workers):
+        for shard in _walked(store, shards, rule, image_exts, on_corrupt, base, workers, strict):
             kept, labels = _labelled(rule, shard, on_corrupt)
+            if shard.unended:
+                summary.unended.append(shard.name)
             writer.add_shard(shard.name, shard.size, [s[0] for s in kept], [s[1] for s in kept], labels)
             summary.skipped.update(shard.skipped)
             summary.examples += shard.examples[:3 - len(summary.examples)]
@@ -299,12 +361,12 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
     return summary
 
 
-def _walked(store, shards, rule, image_exts, on_corrupt, base, workers):
+def _walked(store, shards, rule, image_exts, on_corrupt, base, workers, strict):
     """The shards walked ``workers`` at a time, in order; at most ``2 * workers`` held at once."""
     with ThreadPoolExecutor(workers, thread_name_prefix="tar-index") as pool:
         pending = collections.deque()
         for name, size in shards:
-            shard = _Shard(name, size, rule, image_exts, on_corrupt, f"{base}/{name}")
+            shard = _Shard(name, size, rule, image_exts, on_corrupt, f"{base}/{name}", strict)
             pending.append(pool.submit(shard.walk, store))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().result()

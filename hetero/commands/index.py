@@ -36,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--on-corrupt", choices=("fail", "skip"), default="fail",
                    help="a sample without its label or with another image type, or a damaged shard: stop "
                         "naming it (fail, default) or leave it out and count it (skip)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a shard without its end-of-archive blocks (cut short, as by an interrupted upload) "
+                        "instead of indexing its whole samples and naming it in the summary")
     p.add_argument("--workers", type=int, default=8, help="shards read at once (default 8)")
     p.add_argument("--overwrite", action="store_true", help="replace an index already at DEST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         summary = index_tars(src, args.dest, pattern=pattern, label=args.label, classes=_classes(args.classes),
                              image_exts=tuple(e.strip().lstrip(".") for e in args.image.split(",") if e.strip()),
                              on_corrupt=args.on_corrupt, workers=args.workers, overwrite=args.overwrite,
+                             strict=args.strict,
                              progress=lambda shards, size: bar.update(size))
     except DataServiceError as exc:
         bar.close()

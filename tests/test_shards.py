@@ -17,6 +17,7 @@ from data_service.pipelines.images import CorruptImageError, decode, decode_byte
 from data_service.contract.sampler import PlanConfig, batch_block, batch_indices, block_range
 from data_service.shards import ShardDataset
 from data_service.shards.cache import BlockCache
+from data_service.shards.checksum import CorruptSampleError
 from data_service.shards.format import INDEX_NAME
 from data_service.storage import parse_size
 from dnn_worker.affinity import rendezvous_owner
@@ -237,8 +238,9 @@ def test_corrupt_bytes_in_a_shard_name_the_sample(shapes, tmp_path):
     data[start:start + int(ds.index.lengths[3])] = b"\0" * int(ds.index.lengths[3])
     tar.write_bytes(bytes(data))
     pipe = PipelineSpec(PIPELINE, {"shards": str(pipe_dir), "batch_size": 8, "image_size": 32}).load()
-    with pytest.raises(CorruptImageError, match="sample 3 of .*on_corrupt=skip"):
-        pipe.transform(pipe.dataset[3])  # the bytes are read; decoding them (fused with the crop) fails
+    with pytest.raises(CorruptSampleError, match=r"sample 3 of shard .*bad/shard-\d+\.tar \(bytes \d+\.\.\d+\) has "
+                                                  r"CRC32C [0-9a-f]{8}, the index says .*on_corrupt=skip"):
+        pipe.transform(pipe.dataset[3])  # the bytes fail their checksum when read: never decoded
 
 
 def test_prepare_takes_a_map_style_data_set_by_import_path_in_source_order(tmp_path):

@@ -23,6 +23,7 @@ import torch
 
 from ..contract.pipeline import SkipSample
 from ..errors import ConfigError
+from ..shards.checksum import CorruptSampleError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
@@ -189,7 +190,12 @@ class ShardImages:
         return self.length
 
     def __getitem__(self, i: int):
-        data, label = self.shards[i]
+        try:
+            data, label = self.shards[i]
+        except CorruptSampleError as exc:  # its bytes failed their checksum twice: never handed to training
+            if self.on_corrupt == "skip":
+                raise SkipSample(str(exc)) from None
+            raise
         if not self.decoded:
             return (data, f"sample {i} of {self.root}"), label
         try:

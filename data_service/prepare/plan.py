@@ -130,9 +130,10 @@ def manifest_key(k: int) -> str:
     return f"{WORK}/{SHARD_PATTERN.format(k)}.json"
 
 
-def manifest(name: str, size: int, offsets, lengths, labels, skipped, reencoded: int) -> bytes:
+def manifest(name: str, size: int, offsets, lengths, labels, skipped, reencoded: int, checksums) -> bytes:
     return json.dumps({"name": name, "size": size, "offsets": [int(x) for x in offsets],
                        "lengths": [int(x) for x in lengths], "labels": [int(x) for x in labels],
+                       "crc32c": [int(x) for x in checksums],
                        "skipped": [list(s) for s in skipped], "reencoded": reencoded},
                       separators=(",", ":")).encode()
 
@@ -185,8 +186,10 @@ def merge(store) -> Summary:
         for k, raw in _manifests(store, plan.shards, pool):
             try:
                 doc = json.loads(raw)
+                if "crc32c" not in doc:  # written by an older release, part-way through this run
+                    raise KeyError("crc32c")
                 writer.add_shard(doc["name"], int(doc["size"]), np.array(doc["offsets"], dtype=np.int64),
-                                 doc["lengths"], doc["labels"])
+                                 doc["lengths"], doc["labels"], doc["crc32c"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"{store.key_url(manifest_key(k))} is malformed ({exc}); delete it and run that "
                                   "part again") from None

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
+from ..shards.checksum import crc32c
 from ..shards.format import SHARD_PATTERN, padded
 from .plan import Summary, manifest, manifest_key
 
@@ -23,7 +24,7 @@ class ShardTar:
         self.k, self.name = k, SHARD_PATTERN.format(k)
         self.path = os.path.join(folder, self.name)
         self.tar = tarfile.open(self.path, "w", format=tarfile.USTAR_FORMAT)
-        self.offsets, self.lengths, self.labels = [], [], []
+        self.offsets, self.lengths, self.labels, self.checksums = [], [], [], []
         self.skipped: list[tuple[str, str]] = []
         self.reencoded = 0
 
@@ -33,6 +34,7 @@ class ShardTar:
         self.offsets.append(self.tar.offset - padded(len(data)))
         self.lengths.append(len(data))
         self.labels.append(label)
+        self.checksums.append(crc32c(data))
         self._member(f"{key}.cls", str(label).encode())
 
     def _member(self, name: str, data: bytes) -> None:
@@ -44,7 +46,7 @@ class ShardTar:
         """Close the tar; the shard's manifest (``data_service.prepare.plan.manifest``)."""
         self.tar.close()
         return manifest(self.name, os.path.getsize(self.path), self.offsets, self.lengths, self.labels,
-                        self.skipped, self.reencoded)
+                        self.skipped, self.reencoded, self.checksums)
 
 
 class Uploads:

@@ -72,6 +72,10 @@ class BlockCache:
                               "cache_bytes or lower shuffle_block")
         return self.files.fetch(name, size, fill)
 
+    def drop(self, name: str) -> None:
+        """Remove block ``name`` from the cache (its bytes failed a checksum): the next use fetches it again."""
+        self.files.discard(name)
+
     def made(self, name: str, make: Callable[[], list[bytes]], what: str = "a block") -> int:
         """A read-only descriptor of entry ``name``, made by ``make()`` (its bytes, in pieces) if absent:
         for entries whose size is known only once made. ``make`` runs in one process of the node at a

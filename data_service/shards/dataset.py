@@ -12,7 +12,10 @@ consecutive samples, so its bytes are one stretch of each shard it touches. From
 block a node needs brings the whole block into the node's cache (``cache.BlockCache``) with a few
 large ranged GETs in parallel, never one request per sample; every worker process of the node
 then reads it from there, and a later epoch reads nothing from S3 while the cache holds the data
-set. A ``ShardDataset`` is a :class:`~data_service.contract.pipeline.BlockPrefetcher`: a pipeline's
+set. Every sample's bytes are checked against the CRC32C its index holds (:mod:`.checksum`): a
+mismatch drops the cached block (or reads the local shard again) and reads once more; bytes still
+wrong are a :class:`~.checksum.CorruptSampleError` naming the shard, sample, byte range and both
+checksums. A ``ShardDataset`` is a :class:`~data_service.contract.pipeline.BlockPrefetcher`: a pipeline's
 ``server_side`` hands one to the data server, whose main process calls :meth:`ShardDataset.prefetch_block`
 once per block a consumer hints at or asks for, so blocks arrive before the workers reach them.
 """
@@ -29,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from .cache import BlockCache, default_dir
+from .checksum import CorruptSampleError, crc32c, note_unchecked
 from .format import FIX
 from .indexfile import read_index
 
@@ -97,6 +101,7 @@ class ShardDataset:
         self._prefetched: set[int] = set()
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self.rereads = 0  # samples whose first read failed their checksum and were read again
 
     def _check_shards(self) -> None:
         """Every shard is there with the size the index gives: one LIST per folder of shards."""
@@ -135,8 +140,36 @@ class ShardDataset:
         if not 0 <= i < len(self.index):
             raise IndexError(f"sample {i} is outside 0..{len(self.index) - 1}")
         shard, start, length, label = self.index.sample(i)
+        expected = self.index.checksum(i)
+        if expected is None:
+            note_unchecked(self.index.shards.where or self.location)
+            return self._read(i, shard, start, length), label
+        data = self._read(i, shard, start, length)
+        got = crc32c(data)
+        if got != expected:
+            # a bad copy (a cache block written while a disk failed, a page flipped) is dropped and the
+            # source read once more; only bytes wrong at the source are reported
+            self.rereads += 1
+            log.warning("sample %d of shard %s: checksum %08x, the index says %08x; %s", i,
+                        self.index.shards.name(shard), got, expected,
+                        "reading the shard again" if self.local else "dropping the cached block, reading S3 again")
+            if not self.local:
+                self._drop(i // self.block_samples)
+            data = self._read(i, shard, start, length)
+            got = crc32c(data)
+            if got != expected:
+                raise CorruptSampleError(
+                    f"sample {i} of shard {self.store.key_url(self.index.shards.name(shard))} (bytes "
+                    f"{start}..{start + length}) has CRC32C {got:08x}, the index says {expected:08x}, read twice "
+                    "from the source: the shard was damaged or overwritten after it was indexed; copy it again "
+                    "(or write the prefix again with `hetero prepare` / `hetero index`), or pass "
+                    "pipeline.on_corrupt=skip to drop such samples (counted in samples_skipped)")
+        return data, label
+
+    def _read(self, i: int, shard: int, start: int, length: int) -> bytes:
+        """Sample ``i``'s bytes: from the shard in place, or from its block in the node's cache."""
         if self.local:
-            return self.store.read(self.index.shards[shard].name, start, start + length), label
+            return self.store.read(self.index.shards[shard].name, start, start + length)
         block = i // self.block_samples
         fd, where = self._block(block)
         part_start, part_stop, pos = where[shard]
@@ -148,7 +181,14 @@ class ShardDataset:
         data = os.pread(fd, length, pos + start - part_start)
         if len(data) != length:
             raise OSError(f"cached block of sample {i} is short ({len(data)} of {length} bytes)")
-        return data, label
+        return data
+
+    def _drop(self, block: int) -> None:
+        """Forget block ``block``: close this process's descriptor and remove it from the node's cache."""
+        held = self._blocks.pop(block, None)
+        if held is not None:
+            os.close(held[0])
+        self.cache.drop(self._name(block))
 
     # -- blocks
     def block_parts(self, block: int) -> list[tuple[int, int, int]]:

@@ -4,7 +4,7 @@ A prefix (a local folder or ``s3://bucket/prefix``) holds::
 
     shard-000000.tar   <key>.jpg (or .png, the bytes as they were) + <key>.cls (the label, ASCII)
     shard-000001.tar   ...
-    index.bin          classes, shards, and per sample: byte offset of its data, length, label
+    index.bin          classes, shards, and per sample: byte offset of its data, length, label, CRC32C
 
 The tar files are plain ustar archives, so the ``webdataset`` library (and ``tar tf``) reads them
 unchanged. Samples are numbered in the order they were written, shard after shard, so a run of
@@ -145,7 +145,8 @@ class ShardIndex:
     """
 
     def __init__(self, classes: list[str], shards: Sequence[ShardInfo], offsets: np.ndarray, lengths: np.ndarray,
-                 labels: np.ndarray, *, data_bytes: int | None = None, id: str = "") -> None:
+                 labels: np.ndarray, *, data_bytes: int | None = None, id: str = "",
+                 checksums: np.ndarray | None = None) -> None:
         self.classes = list(classes)
         self.shards = ShardTable.of(shards)
         self.offsets = _column(offsets, "<i8")
@@ -155,6 +156,11 @@ class ShardIndex:
         if not len(self.offsets) == len(self.lengths) == len(self.labels) == n:
             raise ConfigError(f"{self.shards.where or 'index'}: {len(self.offsets)} offsets, {len(self.lengths)} "
                               f"lengths and {len(self.labels)} labels for shards holding {n} samples; {FIX}")
+        # CRC32C of each sample's bytes (index.bin version 3); None: an older index, samples unchecked
+        self.checksums = None if checksums is None else _column(checksums, "<u4")
+        if self.checksums is not None and len(self.checksums) != n:
+            raise ConfigError(f"{self.shards.where or 'index'}: {len(self.checksums)} checksums for {n} samples; "
+                              f"{FIX}")
         self.shard_of = _ShardOf(self.shards.first)
         self._data_bytes = data_bytes
         self.id = id
@@ -172,6 +178,12 @@ class ShardIndex:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def checksum(self, i: int) -> int | None:
+        """The CRC32C of sample ``i``'s bytes, None when the index holds no checksums."""
+        if self.checksums is None:
+            return None
+        return self._at("checksums", i)
 
     def _sample_number(self, i) -> int:
         """``i`` as a sample number; IndexError outside ``0..n-1`` (no wrap-around: -1 is no sample)."""
@@ -343,7 +355,7 @@ class ColumnReader:
         import weakref
 
         self.fd = fd
-        codes = {"<i8": "<q", "<u4": "<I", "<i4": "<i"}
+        codes = {"<i8": "<q", "<u4": "<I", "<i4": "<i"}  # checksums are <u4 too
         self.columns = {name: (at, struct.Struct(codes[dtype])) for name, (at, dtype) in columns.items()}
         self.dtypes = {name: np.dtype(dtype) for name, (_, dtype) in columns.items()}
         weakref.finalize(self, os.close, fd)

@@ -3,10 +3,11 @@
 Layout (little-endian)::
 
     0   8  magic  b"\\x89HSIDX\\r\\n"
-    8   4  version (2)             12  4  header length H     16  4  CRC-32 of the header
+    8   4  version (3; 2 read)     12  4  header length H     16  4  CRC-32 of the header
     20  H  header: JSON (classes, counts, id, and per column: dtype, byte offset, entries, CRC-32)
     ...    columns, each at a 64-byte boundary:
-           offsets <i8, lengths <u4, labels <i4          (one entry per sample)
+           offsets <i8, lengths <u4, labels <i4, checksums <u4   (one entry per sample; checksums:
+                                                                   CRC32C of the sample's bytes, version 3 only)
            shard_first <i8 (shards + 1), shard_size <i8, name_end <i8   (one per shard)
            names (the shard names' UTF-8 bytes back to back)
 
@@ -47,10 +48,11 @@ from ..storage.base import StoreError
 from .format import FIX, FORMAT, INDEX_NAME, JSON_INDEX_NAME, ColumnReader, ShardIndex, ShardTable, check_name
 
 MAGIC = b"\x89HSIDX\r\n"
-VERSION = 2
+VERSION = 3  # 3 added the per-sample checksums; a release reading only 2 refuses 3 by this number
+READABLE = (2, 3)
 PREFIX = struct.Struct("<8sIII")
 ALIGN = 64
-SAMPLE_COLUMNS = (("offsets", "<i8"), ("lengths", "<u4"), ("labels", "<i4"))
+SAMPLE_COLUMNS = (("offsets", "<i8"), ("lengths", "<u4"), ("labels", "<i4"), ("checksums", "<u4"))
 SHARD_COLUMNS = (("shard_first", "<i8"), ("shard_size", "<i8"), ("name_end", "<i8"), ("names", "|u1"))
 FETCH_RANGE = 64 << 20  # bytes per GET when an index is fetched from S3
 FETCH_READERS = 8
@@ -80,6 +82,7 @@ class IndexWriter:
         self.names: list[bytes] = []
         self.data_bytes = 0
         self.max_stride = 0
+        self.checksummed: bool | None = None  # set by the first shard added
 
     def __enter__(self) -> "IndexWriter":
         return self
@@ -95,17 +98,27 @@ class IndexWriter:
             f.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def add_shard(self, name: str, size: int, offsets, lengths, labels) -> None:
+    def add_shard(self, name: str, size: int, offsets, lengths, labels, checksums=None) -> None:
         """Append shard ``name`` (``size`` bytes) holding the samples at ``offsets`` (data start),
-        ``lengths`` and ``labels``, in sample order. ConfigError when a sample lies outside it."""
+        ``lengths``, ``labels`` and ``checksums`` (CRC32C of each sample's bytes:
+        :func:`.checksum.sample_checksums`), in sample order. ConfigError when a sample lies outside it.
+        An index whose shards all come without checksums is written as version 2 (samples unchecked)."""
         check_name(name)
+        if self.checksummed is None:
+            self.checksummed = checksums is not None
+        if self.checksummed != (checksums is not None):
+            raise ConfigError(f"shard {name}: {'no ' if checksums is None else ''}checksums given, unlike the shards "
+                              "before it; give every shard's checksums (or none)")
+        if checksums is None:
+            checksums = np.zeros(len(offsets), dtype="<u4")
         columns = {"offsets": np.ascontiguousarray(offsets, dtype="<i8"),
                    "lengths": np.ascontiguousarray(lengths, dtype="<u4"),
-                   "labels": np.ascontiguousarray(labels, dtype="<i4")}
+                   "labels": np.ascontiguousarray(labels, dtype="<i4"),
+                   "checksums": np.ascontiguousarray(checksums, dtype="<u4")}
         n = len(columns["offsets"])
-        if not len(columns["lengths"]) == len(columns["labels"]) == n:
-            raise ConfigError(f"shard {name}: {n} offsets, {len(columns['lengths'])} lengths and "
-                              f"{len(columns['labels'])} labels")
+        if not len(columns["lengths"]) == len(columns["labels"]) == len(columns["checksums"]) == n:
+            raise ConfigError(f"shard {name}: {n} offsets, {len(columns['lengths'])} lengths, "
+                              f"{len(columns['labels'])} labels and {len(columns['checksums'])} checksums")
         if np.asarray(lengths).size and int(np.max(lengths)) >= 1 << 32:
             raise ConfigError(f"shard {name}: a sample of {int(np.max(lengths))} bytes; samples must be under 4 GiB")
         if n:
@@ -132,12 +145,19 @@ class IndexWriter:
         self.sizes.append(int(size))
         self.names.append(name.encode())
 
-    def add_index(self, index: ShardIndex, prefix: str = "") -> None:
-        """Append every shard of ``index`` (names prefixed with ``prefix``), one shard at a time."""
+    def add_index(self, index: ShardIndex, prefix: str = "", shards=None) -> None:
+        """Append every shard of ``index`` (names prefixed with ``prefix``), one shard at a time. For an
+        index without checksums, ``shards`` (the Store holding its shards) is read to compute them;
+        without it the index is written unchecked (version 2)."""
+        from .checksum import sample_checksums
+
         for k in range(len(index.shards)):
             a, b = int(index.shards.first[k]), int(index.shards.first[k + 1])
-            self.add_shard(prefix + index.shards.name(k), int(index.shards.sizes[k]), index.offsets[a:b],
-                           index.lengths[a:b], index.labels[a:b])
+            name = index.shards.name(k)
+            sums = index.checksums[a:b] if index.checksums is not None else None if shards is None else \
+                sample_checksums(shards, name, index.offsets[a:b], index.lengths[a:b])
+            self.add_shard(prefix + name, int(index.shards.sizes[k]), index.offsets[a:b],
+                           index.lengths[a:b], index.labels[a:b], sums)
 
     def write_file(self, path: str, classes: list[str]) -> str:
         """Write the index to ``path`` (atomically: a temporary file renamed); its ``id``."""
@@ -148,7 +168,10 @@ class IndexWriter:
                  "name_end": ends.astype("<i8"), "names": np.frombuffer(b"".join(self.names), dtype="|u1")}
         n = len(self)
         columns, at, pieces = {}, 0, []
+        version = VERSION if self.checksummed or self.checksummed is None else 2
         for name, dtype in SAMPLE_COLUMNS + SHARD_COLUMNS:
+            if name == "checksums" and version == 2:
+                continue
             count = n if name in self._files else len(small[name])
             nbytes = count * np.dtype(dtype).itemsize
             crc = self._crc[name] if name in self._files else zlib.crc32(small[name].tobytes())
@@ -156,7 +179,7 @@ class IndexWriter:
             pieces.append((name, nbytes))
             at = _aligned(at + nbytes)
         digest = hashlib.sha256(json.dumps([columns, classes]).encode()).hexdigest()[:24]
-        header = {"format": FORMAT, "version": VERSION, "id": digest, "num_samples": n, "num_shards": len(self.sizes),
+        header = {"format": FORMAT, "version": version, "id": digest, "num_samples": n, "num_shards": len(self.sizes),
                   "data_bytes": self.data_bytes, "max_stride": self.max_stride, "columns_bytes": at,
                   "classes": list(classes), "columns": columns}
         raw = json.dumps(header, separators=(",", ":")).encode()
@@ -165,7 +188,7 @@ class IndexWriter:
         fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".part", dir=folder)
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(PREFIX.pack(MAGIC, VERSION, len(raw), zlib.crc32(raw)) + raw)
+                out.write(PREFIX.pack(MAGIC, version, len(raw), zlib.crc32(raw)) + raw)
                 for name, nbytes in pieces:
                     out.seek(base + columns[name]["at"])
                     if name in self._files:
@@ -189,12 +212,13 @@ class IndexWriter:
         return digest
 
 
-def write_index(store, index: ShardIndex, key: str = INDEX_NAME) -> str:
-    """Store ``index`` as ``index.bin`` (``key``) of ``store`` (a Store, or a folder or S3 location); its id."""
+def write_index(store, index: ShardIndex, key: str = INDEX_NAME, shards=None) -> str:
+    """Store ``index`` as ``index.bin`` (``key``) of ``store`` (a Store, or a folder or S3 location); its id.
+    ``shards``: the Store holding the shards, read for the checksums when ``index`` holds none."""
     if isinstance(store, str):
         store = open_store(store, what="dest", create=True)
     with IndexWriter(getattr(store, "root", "") if isinstance(store, LocalStore) else "") as w:
-        w.add_index(index)
+        w.add_index(index, shards=shards)
         return w.store(store, index.classes, key)
 
 
@@ -245,7 +269,7 @@ def _open_fd(fd: int, where: str) -> ShardIndex:
     index = _index(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), header, where)
     base, cols = header["data_start"], header["columns"]
     index.reader = ColumnReader(os.dup(fd), {name: (base + int(cols[name]["at"]), dtype)
-                                             for name, dtype in SAMPLE_COLUMNS})
+                                             for name, dtype in SAMPLE_COLUMNS if name in cols})
     return index
 
 
@@ -256,9 +280,10 @@ def _header(head: bytes, more, size: int, where: str) -> dict:
     if len(head) < PREFIX.size or head[:8] != MAGIC:
         raise ConfigError(f"{where} is not a {FORMAT} index (no index.bin signature); {FIX}")
     _, version, length, crc = PREFIX.unpack(head)
-    if version != VERSION:
-        raise ConfigError(f"{where} is {FORMAT} index.bin version {version}; this release reads version {VERSION}: "
-                          "write it again with this release's `hetero prepare` or `hetero index`")
+    if version not in READABLE:
+        raise ConfigError(f"{where} is {FORMAT} index.bin version {version}; this release reads versions "
+                          f"{', '.join(map(str, READABLE))}: write it again with this release's `hetero prepare` or "
+                          "`hetero index`, or read it with the release that wrote it")
     if length > size - PREFIX.size:  # read nothing a damaged length announces past the file's end
         raise ConfigError(f"{where}: the index header is truncated or corrupt (its length {length} runs past the "
                           f"{size}-byte file); {FIX}")
@@ -283,6 +308,8 @@ def _index(buf, header: dict, where: str) -> ShardIndex:
         base, n, cols = int(header["data_start"]), int(header["num_samples"]), header["columns"]
         arrays = {}
         for name, dtype in SAMPLE_COLUMNS + SHARD_COLUMNS:
+            if name == "checksums" and name not in cols:  # version 2
+                continue
             c = cols[name]
             if c["dtype"] != dtype:
                 raise ValueError(f"column {name} is {c['dtype']}, expected {dtype}")
@@ -298,12 +325,13 @@ def _index(buf, header: dict, where: str) -> ShardIndex:
     if (len(first) != s + 1 or len(ends) != s or int(first[0]) != 0 or int(first[-1]) != n
             or bool(np.any(np.diff(first) < 0)) or bool(np.any(sizes < 0)) or (s and int(ends[-1]) != len(names))
             or bool(np.any(np.diff(ends) <= 0)) or (s and int(ends[0]) <= 0)
-            or any(len(arrays[k]) != n for k, _ in SAMPLE_COLUMNS)):
+            or any(len(arrays[k]) != n for k, _ in SAMPLE_COLUMNS if k in arrays)):
         raise ConfigError(f"{where}: the shard table does not add up to {n} samples; {FIX}")
     # the shard table is searched for every sample: a copy (bytes per shard, not per sample)
     table = ShardTable(first.copy(), sizes.copy(), ends, names, where)
     index = ShardIndex(classes, table, arrays["offsets"], arrays["lengths"], arrays["labels"],
-                       data_bytes=int(header.get("data_bytes", 0)), id=str(header.get("id", "")))
+                       data_bytes=int(header.get("data_bytes", 0)), id=str(header.get("id", "")),
+                       checksums=arrays.get("checksums"))
     index.max_stride = int(header.get("max_stride", 0))
     return index
 
@@ -316,6 +344,8 @@ def verify(index_path: str, where: str = "") -> ShardIndex:
         head = f.read(PREFIX.size)
         header = json.loads(f.read(PREFIX.unpack(head)[2]))
     for name, _ in SAMPLE_COLUMNS:
+        if name not in header["columns"]:
+            continue
         if zlib.crc32(getattr(index, name)) != int(header["columns"][name]["crc32"]):
             raise ConfigError(f"{where or index_path}: column {name} is corrupt (checksum mismatch); {FIX}")
     index.check()

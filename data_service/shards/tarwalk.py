@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..errors import DataServiceError
+from .checksum import crc32c
 
 BLOCK = 512
 CHUNK = 8 << 20  # bytes per ranged read
@@ -53,6 +54,7 @@ class Member:
     offset: int
     size: int
     data: bytes | None = None
+    crc32c: int | None = None  # of the data, for the members the walk's ``summed`` picks
 
 
 class ForwardReader:
@@ -80,9 +82,10 @@ class ForwardReader:
 
 
 def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "",
-            max_data: int | None = None) -> Iterator[Member]:
+            max_data: int | None = None, summed: Callable[[str], bool] | None = None) -> Iterator[Member]:
     """The regular members of the tar on ``reader``, in order; ``data`` read for those ``wanted(name)``
     of at most ``max_data`` bytes (None: any size); a larger one is skipped unread, its ``data`` None.
+    For those ``summed(name)``, ``crc32c`` is their data's CRC32C (read in pieces, not held whole).
 
     Raises:
         TarError: a compressed file, a corrupt header, or data past the end of the object.
@@ -140,13 +143,23 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
             continue
         name = pax.get("path") or long_name or _name(header)
         long_name, pax = None, {}
-        data = None
+        data, crc = None, None
         if wanted(name) and (max_data is None or size <= max_data):
             data = reader.read(size)
             reader.skip(padded - size)
+            if summed is not None and summed(name):
+                crc = crc32c(data)
+        elif summed is not None and summed(name):
+            crc, left = 0, size
+            while left:
+                piece = reader.read(min(left, CHUNK))
+                if not piece:
+                    break
+                crc, left = crc32c(piece, crc), left - len(piece)
+            reader.skip(padded - size + left)
         else:
             reader.skip(padded)
-        yield Member(name, data_at, size, data)
+        yield Member(name, data_at, size, data, crc)
 
 
 def _name(header: bytes) -> str:

@@ -6,7 +6,8 @@ dot of its last component (``a/b/0001.seg.jpg`` has key ``a/b/0001`` and extensi
 Samples are numbered shard after shard, in the order of their images in each. Of each sample the
 index records the image member
 (``.jpg``, ``.jpeg``, ``.png`` or ``.webp``; the first of ``image_exts`` present) by where its data
-lies in the shard, and a label read by a :class:`LabelRule`:
+lies in the shard and the CRC32C of its bytes (computed as the walk passes them), and a label read by a
+:class:`LabelRule`:
 
 * ``cls`` (the default): a member ``<key>.cls`` holding an integer (any extension names a text member);
 * ``json:FIELD``: the field ``FIELD`` (dotted for nested ones) of ``<key>.json``;
@@ -165,7 +166,7 @@ class _Shard:
         self.name, self.size, self.rule, self.image_exts, self.on_corrupt = name, size, rule, image_exts, on_corrupt
         self.where, self.strict = where, strict
         self.unended = False  # cut at a member boundary: its end-of-archive blocks are missing
-        self.samples: list[tuple[int, int, bytes | None, str]] = []  # offset, length, label bytes, key
+        self.samples: list[tuple[int, int, bytes | None, str, int]] = []  # offset, length, label bytes, key, CRC32C
         self.skipped: Counter = Counter()
         self.examples: list[str] = []
 
@@ -177,7 +178,7 @@ class _Shard:
         last = None
         damage: TarError | None = None
         try:
-            for m in members(reader, self._wanted, self.where, MAX_LABEL_BYTES):
+            for m in members(reader, self._wanted, self.where, MAX_LABEL_BYTES, summed=self._summed):
                 k, ext = _key(m.name)
                 if not ext or k.rpartition("/")[2].startswith("."):
                     continue  # no extension (a README) or hidden (macOS's ._ files): not part of a sample
@@ -228,6 +229,9 @@ class _Shard:
             return last
         return None
 
+    def _summed(self, name: str) -> bool:
+        return _key(name)[1].lower() in self.image_exts
+
     def _wanted(self, name: str) -> bool:
         return _key(name)[1].lower() == ("json" if self.rule.path else self.rule.ext)
 
@@ -248,7 +252,7 @@ class _Shard:
                                   "(counted)") from None
             self._skip(exc.reason, str(exc))
             return
-        self.samples.append((image.offset, image.size, label.data, f"{self.where} sample {key!r}"))
+        self.samples.append((image.offset, image.size, label.data, f"{self.where} sample {key!r}", image.crc32c))
 
     def _check(self, key: str, parts: dict, repeated: str) -> tuple:
         """The sample's image and label members; UnindexableSample naming what is wrong with it."""
@@ -344,7 +348,8 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
             kept, labels = _labelled(rule, shard, on_corrupt)
             if shard.unended:
                 summary.unended.append(shard.name)
-            writer.add_shard(shard.name, shard.size, [s[0] for s in kept], [s[1] for s in kept], labels)
+            writer.add_shard(shard.name, shard.size, [s[0] for s in kept], [s[1] for s in kept], labels,
+                             [s[4] for s in kept])
             summary.skipped.update(shard.skipped)
             summary.examples += shard.examples[:3 - len(summary.examples)]
             if progress is not None:

@@ -144,6 +144,12 @@ class FileCache:
         finally:
             os.close(lock)  # releases the flock
 
+    def discard(self, name: str) -> None:
+        """Remove entry ``name`` (a copy found damaged) and recount; a process with it open keeps its copy."""
+        with self._folder_locked() as folder:
+            _unlink(self.path(name))
+            self._scan(folder, need=0)
+
     def held(self) -> tuple[int, int]:
         """(bytes, entries) stored, as the writers counted them."""
         try:

@@ -7,7 +7,7 @@ else beside the shards. Train on them with ``--hp pipeline.shards=SRC`` (and
 ``--hp pipeline.index=DEST``). The logic is :mod:`data_service.shards.wds_index`.
 
 ``hetero index --from-json SRC [--to DEST]`` converts the ``index.json`` of shards an earlier
-``hetero prepare`` wrote to ``index.bin``.
+``hetero prepare`` wrote to ``index.bin``, reading the shards once for the per-sample checksums.
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def _from_json(args: argparse.Namespace) -> int:
             return 2
         where = f"{store.url.rstrip('/')}/{JSON_INDEX_NAME}"
         index = ShardIndex.from_json(store.read(JSON_INDEX_NAME), where)
-        write_index(out, index)
+        write_index(out, index, shards=store)  # reads the shards once for their checksums
     except DataServiceError as exc:
         print(f"hetero index: {exc}")
         return 2

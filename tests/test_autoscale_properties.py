@@ -6,6 +6,7 @@ after a delay (or never); the policy reads the count once per advice window.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import event, given, settings
@@ -183,7 +184,8 @@ def test_an_action_under_way_is_remembered_until_it_lands_or_times_out(lim, pric
     """Nobody joins or leaves: after a scale-out its nodes stay promised (no second out for them)
     until ``join_timeout_s``, after a drain its nodes stay gone (no second drain of the same nodes)
     until ``drain_timeout_s``; then they are forgotten."""
-    _, seen, _ = run(lim, price, nodes, advice, [None] * 200, window)
+    # Never: as many as the run asks for (a finite list would run out and let nodes go at once).
+    _, seen, _ = run(lim, price, nodes, advice, itertools.repeat(None), window)
     last = None  # (time, decision) of the latest action
     for now, dec, state in seen:
         if last is not None:

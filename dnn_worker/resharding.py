@@ -113,6 +113,20 @@ def deal(states: Sequence[dict[str, Any]], dp_size: int, remainder: str = "drop"
     return [dict(point, dp_rank=r, dp_size=dp_size) for r in range(dp_size)]
 
 
+def lockstep_states(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's state from one rank's, for ranks that step together (DDP: every rank has
+    trained as many batches of its share), e.g. the one state Lightning keeps, rank 0's."""
+    size = state.get("dp_size") if isinstance(state, dict) else None
+    if not isinstance(size, int) or size < 1:
+        raise ConfigError(f"state {state!r} has no dp_size; give what state_dict() returned")
+    return [dict(state, dp_rank=r) for r in range(size)]
+
+
+def steps_before_deal(worlds: Sequence[dict[str, Any]]) -> int:
+    """Steps of the epoch taken before it was dealt again, when every world's ranks stepped together."""
+    return sum(max(int(p) for p in w["positions"]) for w in worlds)
+
+
 def remaining(num_batches: int, worlds: Sequence[dict[str, Any]]) -> Sequence[int]:
     """The epoch's batch indices no earlier world trained, in epoch order.
 

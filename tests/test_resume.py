@@ -79,7 +79,7 @@ def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, m
     loader = ResumableLoader(torch.utils.data.DataLoader(LocalDataset(PipelineSpec(job.cfg.pipeline,
                                                                                     job.cfg.pipeline_options)),
                                                          batch_size=None))
-    info = trainer_mod._resume(job, 0, net, opt, loader)
+    info = trainer_mod._resume(job, 0, net, opt, loader, loader.dataset.num_batches_per_epoch())
     assert info["steps"] == 30 and loader.state_dict()["position"] == 30
     assert all(torch.equal(v, ckpt["model"][k]) for k, v in net.state_dict().items())
 

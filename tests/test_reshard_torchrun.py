@@ -27,9 +27,3 @@ def test_2_ranks_then_3_with_a_data_node_killed_train_every_batch_once(tmp_path:
     assert row["left_out"] == row["allowed_left_out"] == (60 - 8) % 3, row
     assert reshard_drill.verdict([row])
 
-
-@pytest.mark.slow  # the drill's other cases: python -m benchmarks.reshard_drill (docs/consumer.md)
-@pytest.mark.parametrize("old,new", [(4, 2), (3, 1)])
-def test_fewer_ranks_train_the_rest_once(tmp_path: Path, two_data_nodes, old, new):
-    row = reshard_drill.run_case(old, new, False, tmp_path / "case", two_data_nodes)
-    assert reshard_drill.verdict([row]) and row["before"] == 4 * old, row

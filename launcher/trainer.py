@@ -254,8 +254,9 @@ def _resume(job: TrainJob, rank: int, model, optimizer, data, epoch_batches: int
         data.load_state_dict(ckpt["data"])  # every old rank's position: the rest of the epoch, dealt again
         _log_dealt(ckpt["world_size"], job.world_size, data.state_dict(), len(data), epoch_batches)
     position = data.state_dict()
-    log.info("resuming from %s (%s, written by %s): %d steps done; epoch %d from batch %d of this rank's share",
-             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], position["epoch"], position["position"])
+    log.info("resuming from %s (%s, written by %s): %d steps done; epoch %d from batch %d of this rank's %s",
+             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], position["epoch"], position["position"],
+             "part of the rest" if "earlier_worlds" in position else "share")
     return {"steps": int(ckpt["steps"]), "epoch": position["epoch"], "position": position["position"],
             "status": ckpt.get("status"), "path": path}
 

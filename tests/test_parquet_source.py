@@ -28,7 +28,8 @@ def write_hf(path: Path, rows, row_group_size: int, names=("cat", "dog", "emu"))
                       "label": pa.array([y for _, y in rows], pa.int64())})
     features = {"image": {"_type": "Image"}, "label": {"names": list(names), "_type": "ClassLabel"}}
     meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
-    pq.write_table(table.replace_schema_metadata(meta), path, row_group_size=row_group_size)
+    pq.write_table(table.replace_schema_metadata(meta), path, row_group_size=row_group_size,
+                   write_page_checksum=True)
 
 
 def test_hf_export_read_in_place_each_byte_once_then_from_the_node_cache(tmp_path):
@@ -161,3 +162,53 @@ def test_null_images_large_binary_and_a_sliced_struct(tmp_path):
     t = ParquetDataset(str(tmp_path / "t.parquet"), cache_dir=str(tmp_path / "c"))
     assert [s[i] for i in range(4)] == [(b"aa", 0), (b"", 1), (b"", 2), (b"d", 3)]  # empty: the pipeline's on_corrupt
     assert [t[i] for i in range(3)] == [(b"xxxxx", 1), (b"", 0), (b"yz", 1)]
+
+
+def _with_page_crcs(path: Path, rows) -> None:
+    """Uncompressed plain pages with CRCs: a flipped byte of a value changes that value and nothing else."""
+    pq.write_table(pa.table({"image": pa.array([r for r, _ in rows], pa.binary()),
+                             "label": pa.array([y for _, y in rows], pa.int64())}), path, row_group_size=4,
+                   compression="none", use_dictionary=False, write_statistics=False, write_page_checksum=True)
+
+
+def _flip_in_value(path: Path, rows, sample: int) -> int:
+    """Flip one byte of sample ``sample``'s image bytes in the file; the byte offset."""
+    raw = bytearray(path.read_bytes())
+    at = raw.index(rows[sample][0]) + 5
+    raw[at] ^= 0x20
+    path.write_bytes(bytes(raw))
+    return at
+
+
+@pytest.mark.parametrize("on_corrupt", ["fail", "skip"])
+def test_a_flipped_byte_in_a_page_is_detected_named_and_read_twice_from_the_source(tmp_path, on_corrupt):
+    rows = _rows(12)
+    path = tmp_path / "d.parquet"
+    _with_page_crcs(path, rows)
+    _flip_in_value(path, rows, 5)
+    ds = ParquetDataset(str(path), on_corrupt=on_corrupt, cache_dir=str(tmp_path / "c"))
+    assert [ds[i] for i in range(4)] == rows[:4] and [ds[i] for i in range(8, 12)] == rows[8:]
+    before = ds.store.requests
+    for i in range(4, 8):  # the whole page is refused: no row of it reaches training
+        with pytest.raises(SkipSample if on_corrupt == "skip" else ParquetReadError,
+                           match=r"d.parquet row group 1 \(samples 4..7\).*a page fails its CRC, read twice from "
+                                 r"the source"):
+            ds[i]
+    assert ds.store.requests - before == 2 and ds.rereads == 1  # read again once, then the failure kept
+
+
+def test_a_flipped_byte_in_the_node_s_cached_row_group_is_dropped_and_decoded_again(tmp_path):
+    rows = _rows(12)
+    _with_page_crcs(tmp_path / "d.parquet", rows)
+    ds = ParquetDataset(str(tmp_path / "d.parquet"), cache_dir=str(tmp_path / "c"))
+    assert ds[5] == rows[5]
+    cached = Path(ds.cache.path("rg-00000001.blk"))
+    for at in (cached.stat().st_size - 3, 16 + 8 * 5 + 2, 16 + 8 * 5 + 8 * 5):  # image bytes, offsets, labels
+        raw = bytearray(cached.read_bytes())
+        raw[at] ^= 0x01
+        cached.write_bytes(bytes(raw))
+        fresh = ParquetDataset(str(tmp_path / "d.parquet"), cache_dir=str(tmp_path / "c"))  # another worker
+        before = fresh.store.requests
+        assert [fresh[i] for i in range(4, 8)] == rows[4:8]
+        assert fresh.rereads == 1 and fresh.store.requests - before == 1  # dropped, read from the source once
+

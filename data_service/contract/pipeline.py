@@ -22,6 +22,22 @@ from .sampler import PlanConfig, batch_indices, derive_seed
 log = logging.getLogger(__name__)
 
 
+# Samples this process read a second time because the first read failed its checksum (a bad cached
+# copy, recovered from the source). Process-wide: the sample sources that re-read sit below any
+# pipeline; data workers report the per-batch difference, which the server's samples_reread adds up.
+_rereads = [0]
+
+
+def count_reread() -> None:
+    """Count one sample read again after its checksum failed (called by the sample sources)."""
+    _rereads[0] += 1
+
+
+def samples_reread() -> int:
+    """Samples this process has read again after a checksum failure (see :func:`count_reread`)."""
+    return _rereads[0]
+
+
 @dataclass
 class Pipeline:
     """What a builder function returns.

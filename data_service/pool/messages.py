@@ -61,6 +61,7 @@ class DoneMsg(NamedTuple):
     build_s: float = 0.0
     compress_s: float = 0.0
     samples_skipped: int = 0
+    samples_reread: int = 0
 
 
 class ErrorMsg(NamedTuple):
@@ -77,8 +78,8 @@ ToWorker = Union[TaskMsg, StopMsg]
 FromWorker = Union[ReadyMsg, FatalMsg, DoneMsg, ErrorMsg]
 
 _TASK = struct.Struct("<cQQQQI?")           # tag, task_id, seed, epoch, index, slot, renew
-_DONE = struct.Struct("<cQIQQQddIH")        # tag, task_id, slot, region capacity, payload, raw, build_s,
-                                            # compress_s, samples_skipped, region path length
+_DONE = struct.Struct("<cQIQQQddIIH")       # tag, task_id, slot, region capacity, payload, raw, build_s,
+                                            # compress_s, samples_skipped, samples_reread, region path length
 _T, _D, _P = b"T", b"D", b"P"
 _FRAME_LEN = struct.Struct("!i")  # multiprocessing's frame length
 _READ_CHUNK = 1 << 16
@@ -92,7 +93,8 @@ def encode(msg) -> bytes:
         path, capacity = msg.new_region if msg.new_region is not None else ("", 0)
         raw_path = path.encode()
         return b"".join((_DONE.pack(_D, msg.task_id, msg.slot, capacity, msg.payload_bytes, msg.raw_bytes,
-                                    msg.build_s, msg.compress_s, msg.samples_skipped, len(raw_path)),
+                                    msg.build_s, msg.compress_s, msg.samples_skipped, msg.samples_reread,
+                                    len(raw_path)),
                          raw_path, msg.header))
     return _P + pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -103,10 +105,11 @@ def decode(data) -> ToWorker | FromWorker:
     if tag == _T:
         return TaskMsg(*_TASK.unpack(data)[1:])
     if tag == _D:
-        _, task_id, slot, capacity, payload, raw, build_s, compress_s, skipped, n = _DONE.unpack_from(data)
+        _, task_id, slot, capacity, payload, raw, build_s, compress_s, skipped, reread, n = _DONE.unpack_from(data)
         start = _DONE.size
         region = (bytes(data[start:start + n]).decode(), capacity) if n else None
-        return DoneMsg(task_id, slot, region, bytes(data[start + n:]), payload, raw, build_s, compress_s, skipped)
+        return DoneMsg(task_id, slot, region, bytes(data[start + n:]), payload, raw, build_s, compress_s, skipped,
+                       reread)
     if tag == _P:
         return pickle.loads(data[1:])
     raise ValueError(f"unknown worker pipe message tag {bytes(tag)!r}")

@@ -119,10 +119,10 @@ class _Slots:
 def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) -> DoneMsg | None:
     """Build the task's batch into its slot and return the report; None after reporting its error."""
     from ..contract import compression, tensor_layout
-    from ..contract.pipeline import SampleError, build_batch
+    from ..contract.pipeline import SampleError, build_batch, samples_reread
 
     t0 = time.perf_counter()
-    skipped_before = pipe.samples_skipped
+    skipped_before, reread_before = pipe.samples_skipped, samples_reread()
     try:
         batch = build_batch(pipe, cfg, msg.seed, msg.epoch, msg.index)
         structure, metas, tensors, size = tensor_layout.plan_layout(batch)
@@ -158,4 +158,4 @@ def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) 
         payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
         build_s=build_s, samples_skipped=skipped)
     return DoneMsg(msg.task_id, msg.slot, new, header.SerializeToString(), size, raw_size, build_s, compress_s,
-                   skipped)
+                   skipped, samples_reread() - reread_before)

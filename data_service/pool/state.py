@@ -37,6 +37,7 @@ class PoolCounts:
     batches_built: int = 0
     batch_errors: int = 0
     samples_skipped: int = 0
+    samples_reread: int = 0  # samples read again after a checksum failure (recovered from the source)
     build_seconds: float = 0.0
     # slots a consumer kept zero-copy, and slots never written again (a consumer may still map them)
     leases: int = 0
@@ -147,6 +148,7 @@ class PoolState:
                 return None
             self.counts.batches_built += 1
             self.counts.samples_skipped += msg.samples_skipped
+            self.counts.samples_reread += msg.samples_reread
             self.counts.build_seconds += msg.build_s
             if task.cancelled:
                 self._free(slot)

@@ -73,6 +73,7 @@ class WorkerPool:
     batches_built = property(lambda self: self.state.counts.batches_built)
     batch_errors = property(lambda self: self.state.counts.batch_errors)
     samples_skipped = property(lambda self: self.state.counts.samples_skipped)
+    samples_reread = property(lambda self: self.state.counts.samples_reread)
     build_seconds = property(lambda self: self.state.counts.build_seconds)
     leases = property(lambda self: self.state.counts.leases)
     retired = property(lambda self: self.state.counts.retired)

@@ -92,10 +92,13 @@ class ServerStats:
                 pipeline=self._pipeline_figures())
 
     def _pipeline_figures(self) -> dict[str, float]:
+        # samples_reread rides in this map: Stats has no field of its own for it, and a new one
+        # would change the protocol for a figure only people read
+        figures = {"samples_reread": float(getattr(self._pool, "samples_reread", 0))}
         if self.pipeline_stats is None:
-            return {}
+            return figures
         try:
-            return {str(k): float(v) for k, v in self.pipeline_stats().items()}
+            figures.update({str(k): float(v) for k, v in self.pipeline_stats().items()})
         except Exception as exc:  # a stats call must not fail because of the pipeline's own figures
             log.warning("the pipeline's stats() failed: %s", exc)
-            return {}
+        return figures

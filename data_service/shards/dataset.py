@@ -29,10 +29,11 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..contract.pipeline import count_reread
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from .cache import BlockCache, default_dir
-from .checksum import CorruptSampleError, crc32c, note_unchecked
+from .checksum import CorruptSampleError, check_labels, crc32c, note_unchecked
 from .format import FIX
 from .indexfile import read_index
 
@@ -77,6 +78,8 @@ class ShardDataset:
         self.readers = readers
         self.store = open_store(location, what="shards", request_timeout_s=request_timeout_s)
         self.index = read_index(index or self.store, cache_dir=cache_dir, request_timeout_s=request_timeout_s)
+        check_labels(self.index, open_store(index, what="index", request_timeout_s=request_timeout_s) if index
+                     else self.store, cache_dir or default_dir())
         self.local = isinstance(self.store, LocalStore)
         digest = hashlib.sha256(location.encode() + b"\0" + self.index.id.encode()).hexdigest()[:16]
         checked = "" if self.local else os.path.join(cache_dir or default_dir(), f"shards-{digest}.checked")
@@ -150,6 +153,7 @@ class ShardDataset:
             # a bad copy (a cache block written while a disk failed, a page flipped) is dropped and the
             # source read once more; only bytes wrong at the source are reported
             self.rereads += 1
+            count_reread()
             log.warning("sample %d of shard %s: checksum %08x, the index says %08x; %s", i,
                         self.index.shards.name(shard), got, expected,
                         "reading the shard again" if self.local else "dropping the cached block, reading S3 again")

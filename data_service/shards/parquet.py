@@ -10,11 +10,10 @@ Sample ``i`` is ``(bytes, label)`` as from :class:`~.dataset.ShardDataset`, and 
 ``ParquetDataset`` is a :class:`~data_service.contract.pipeline.BlockPrefetcher`. The unit read is a row
 group: the byte ranges of its two column chunks (nothing else of the file), read once per node,
 decoded by pyarrow and kept in the node's cache (:class:`~.cache.BlockCache`, one file per row
-group: offsets, labels, then the images back to back) where every worker process of the node
-reads single samples. Opening reads each file's footer once per node (also kept in the cache)
-and makes the table of row groups once per node; every other process of the node LISTs the
-location and loads that table: what it holds grows with the number of row groups, never with the
-number of rows.
+group: :func:`.parquet_meta.entry`) where every worker process of the node reads single samples.
+Opening reads each file's footer once per node (also kept in the cache) and makes the table of row
+groups once per node; every other process of the node LISTs the location and loads that table:
+what it holds grows with the number of row groups, never with the number of rows.
 
 A shuffle block (``block_samples`` rows) touches the row groups holding its rows: pick
 ``shuffle_block`` as a multiple of the row group size so that blocks and row groups line up and
@@ -27,6 +26,11 @@ columns there (:mod:`.parquet_meta`). A row group whose columns do not decode is
 is skipped (:class:`~data_service.SkipSample`, counted in the data server's ``samples_skipped``);
 so is a row without a label. The failure is kept in the cache like a decoded row group: the bytes
 are read once either way.
+
+Page CRCs (pyarrow's ``write_page_checksum=True``) are verified as pages decode: a mismatch reads
+the row group once more from the source before it counts as not decoding. A decoded row's CRC32C
+(image bytes and label) is checked on every read from the cache: a bad cached copy is dropped and
+decoded again. Both re-reads count in the data server's ``samples_reread``.
 """
 from __future__ import annotations
 
@@ -36,23 +40,20 @@ import io
 import json
 import logging
 import os
-import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..contract.pipeline import count_reread
 from ..errors import ConfigError, DataServiceError
-from ..storage import LocalStore, open_store
+from ..storage import open_store
 from . import parquet_meta as pm
 from .cache import BlockCache, default_dir
 
 log = logging.getLogger(__name__)
 
 OPEN_BLOCKS = 32  # decoded row groups a process keeps open
-BLOCK = b"HPQBLK1\n"  # a decoded row group: n, offsets (n + 1), labels (n), then the images
-FAILED = b"HPQFAIL\n"  # a row group that does not decode: the message follows
-HEAD = struct.Struct("<8sQ")
 
 
 class ParquetReadError(DataServiceError):
@@ -100,7 +101,7 @@ class ParquetDataset:
         prefix, _, base = location.rstrip("/").rpartition("/") if single else (location, "", "")
         self.store = open_store(prefix or ".", what="parquet", request_timeout_s=request_timeout_s)
         if single:
-            listed = [(base, self.store.check(base), _version(self.store, base))]
+            listed = [(base, self.store.check(base), pm.version(self.store, base))]
         else:
             from .wds_index import list_objects
 
@@ -111,6 +112,7 @@ class ParquetDataset:
         self.cache = BlockCache(os.path.join(cache_dir or default_dir(),
                                              f"parquet-{hashlib.sha256(listing).hexdigest()[:16]}"), cache_bytes)
         self._lock = threading.Lock()
+        self.rereads = 0  # row groups read again from the source after a page CRC or cached-row CRC mismatch
         self._open: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self._prefetcher: ThreadPoolExecutor | None = None
         self._prefetched: set[int] = set()
@@ -129,25 +131,8 @@ class ParquetDataset:
         the classes: made once per node from the footers, then loaded by every process."""
         with ThreadPoolExecutor(readers, thread_name_prefix="parquet-footer") as pool:
             metas = list(pool.map(self._metadata, range(len(self.files))))
-        firsts, files, groups, spans, label_max, names = [0], [], [], [], -1, None
-        for k, meta in enumerate(metas):
-            schema = meta.schema.to_arrow_schema()
-            paths = pm.columns(schema, self.image_column, self.label_column, self._url(k))
-            for g, rg in enumerate(pm.row_groups(meta, paths, self._url(k))):
-                firsts.append(firsts[-1] + rg.rows)
-                files.append(k)
-                groups.append(g)
-                spans.append((rg.start, rg.stop))
-                label_max = max(label_max, rg.label_max)
-            names = names or pm.class_names(schema, self.label_column)
-        if firsts[-1] == 0:
-            raise ConfigError(f"{self.location}: the Parquet files hold no rows")
-        out = io.BytesIO()
-        np.savez(out, first=np.array(firsts, dtype=np.int64), group_file=np.array(files, dtype=np.int32),
-                 group_index=np.array(groups, dtype=np.int32), spans=np.array(spans, dtype=np.int64).reshape(-1, 2),
-                 classes=np.frombuffer(json.dumps(names or [str(c) for c in range(label_max + 1)]).encode(),
-                                       dtype=np.uint8))
-        return out.getvalue()
+        return pm.group_table(metas, self.image_column, self.label_column, [self._url(k) for k in range(len(metas))],
+                              self.location)
 
     def _metadata(self, k: int):
         """File ``k``'s footer, read once per node into the cache, parsed (the last few kept per process)."""
@@ -179,36 +164,67 @@ class ParquetDataset:
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} is outside 0..{len(self) - 1}")
         g = self.group_of(i)
-        fd, offsets, labels, failed = self._group(g)
+        failed = self._group(g)[3]
         row = i - int(self.first[g])
-        if not failed and labels[row] < 0:
+        if not failed:
+            data, label = self._checked(i, g, row)
+            if label >= 0:
+                return data, label
             failed = f"{self._where(g)}: row {row} has no label"
-        if failed:
-            if self.on_corrupt == "skip":
-                from ..contract.pipeline import SkipSample
+        if self.on_corrupt == "skip":
+            from ..contract.pipeline import SkipSample
 
-                raise SkipSample(f"sample {i}: {failed}")
-            raise ParquetReadError(f"{failed}; replace the file, or pass pipeline.on_corrupt=skip to drop such rows "
-                                   "(counted in the data server's samples_skipped)")
-        start, stop = int(offsets[row]), int(offsets[row + 1])
-        data = os.pread(fd, stop - start, HEAD.size + 16 * len(labels) + 8 + start)
-        if len(data) != stop - start:
-            raise OSError(f"cached row group {g} of {self.location} is short")
-        return data, int(labels[row])
+            raise SkipSample(f"sample {i}: {failed}")
+        raise ParquetReadError(f"{failed}; replace the file, or pass pipeline.on_corrupt=skip to drop such rows "
+                               "(counted in the data server's samples_skipped)")
+
+    def _checked(self, i: int, g: int, row: int) -> tuple[bytes, int]:
+        """Row ``row`` of row group ``g`` (sample ``i``), its CRC32C checked; a bad cached copy decoded again."""
+        data, label = pm.read_row(*self._opened(g), row)
+        if data is None:
+            # the cached row group failed its check: a bad copy, dropped and decoded again from the source
+            self.rereads += 1
+            count_reread()
+            log.warning("sample %d (%s): the cached row fails its CRC32C; decoding the row group again", i,
+                        self._where(g))
+            self._drop(g)
+            data, label = pm.read_row(*self._opened(g), row)
+            if data is None:
+                raise ParquetReadError(f"sample {i} ({self._where(g)}, row {row}): its cached copy fails its "
+                                       f"CRC32C twice; check the disk of the node's cache ({self.cache.dir})")
+        return data, label
+
+    def _opened(self, g: int) -> tuple:
+        fd, offsets, labels, failed, crcs = self._group(g)
+        if failed:  # decoded again, the row group no longer decodes: the source changed
+            raise ParquetReadError(f"{failed}; replace the file")
+        return fd, offsets, labels, crcs
+
+    def _drop(self, g: int) -> None:
+        held = self._open.pop(g, None)
+        if held is not None:
+            os.close(held[0])
+        self.cache.drop(f"rg-{g:08d}.blk")
 
     def _group(self, g: int) -> tuple:
-        """(descriptor, offsets, labels, failure message) of decoded row group ``g``, kept open."""
+        """(descriptor, offsets, labels, failure message, row CRCs) of decoded row group ``g``, kept open."""
         hit = self._open.get(g)
         if hit is not None:
             self._open.move_to_end(g)
             return hit
-        fd = self._decoded(g)
-        magic, n = HEAD.unpack(os.pread(fd, HEAD.size, 0))
-        if magic == FAILED:
-            entry = (fd, None, None, os.pread(fd, n, HEAD.size).decode("utf-8", "replace"))
-        else:
-            columns = np.frombuffer(os.pread(fd, 16 * n + 8, HEAD.size), dtype="<i8")
-            entry = (fd, columns[:n + 1], columns[n + 1:], "")
+        for attempt in range(2):
+            fd = self._decoded(g)
+            parsed = pm.open_entry(fd, int(self.first[g + 1] - self.first[g]))
+            if parsed is not None:
+                entry = (fd, *parsed)
+                break
+            os.close(fd)  # a damaged head (or an older release's entry): decoded again from the source
+            self.cache.drop(f"rg-{g:08d}.blk")
+            if attempt:
+                raise ParquetReadError(f"{self._where(g)}: its decoded copy in {self.cache.dir} is damaged twice; "
+                                       "check the disk of the node's cache")
+            self.rereads += 1
+            count_reread()
         self._open[g] = entry
         while len(self._open) > OPEN_BLOCKS:
             os.close(self._open.popitem(last=False)[1][0])
@@ -224,25 +240,32 @@ class ParquetDataset:
         k, index = int(self.group_file[g]), int(self.group_index[g])
         name, size = self.files[k]
         start, stop = (int(x) for x in self.spans[g])
-        raw = self._read(name, start, stop)  # a store error propagates: retried later, never cached
+        meta = self._metadata(k)
+        paths = pm.columns(meta.schema.to_arrow_schema(), self.image_column, self.label_column, self._url(k))
         try:
-            meta = self._metadata(k)
-            paths = pm.columns(meta.schema.to_arrow_schema(), self.image_column, self.label_column, self._url(k))
-            table = pq.ParquetFile(pm.Window(size, start, raw), metadata=meta).read_row_group(
-                index, columns=list(paths), use_threads=False)
-            images = table.column(0).combine_chunks()
-            if images.type.num_fields:  # the struct: its bytes field (flatten: a null struct is a null image)
-                images = images.flatten()[images.type.get_field_index("bytes")]
-            offsets, data = _binary(images)
-            labels = table.column(1).to_numpy(zero_copy_only=False)
+            for attempt in range(2):
+                raw = self._read(name, start, stop)  # a store error propagates: retried later, never cached
+                try:
+                    table = pq.ParquetFile(pm.Window(size, start, raw), metadata=meta,
+                                           page_checksum_verification=True).read_row_group(
+                        index, columns=list(paths), use_threads=False)
+                    break
+                except OSError as exc:
+                    if pm.PAGE_CRC not in str(exc) or attempt:
+                        raise
+                    # a page CRC mismatch may be the transfer's: the source is read once more
+                    self.rereads += 1
+                    count_reread()
+                    log.warning("%s: a page fails its CRC (%s); reading the row group again", self._where(g), exc)
+            return pm.entry(table)
         except Exception as exc:  # pyarrow's errors for bytes that do not decode
             reason = " ".join(str(exc).split()) or type(exc).__name__
+            if pm.PAGE_CRC in reason:
+                reason = f"a page fails its CRC, read twice from the source: the file was damaged after it was " \
+                         f"written ({reason})"
             message = f"{self._where(g)}: column {self.image_column!r} or {self.label_column!r} cannot be read " \
                       f"({reason})"
-            return [HEAD.pack(FAILED, len(message.encode())), message.encode()]
-        if labels.dtype.kind == "f":  # nulls came out as NaN: -1 marks a row without a label
-            labels = np.where(np.isnan(labels), -1, labels)
-        return [HEAD.pack(BLOCK, len(labels)), offsets.tobytes(), labels.astype("<i8").tobytes(), data]
+            return pm.failed_entry(message)
 
     def _read(self, name: str, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of ``name``: one read, or ranges of ``range_bytes`` read in parallel."""
@@ -289,24 +312,3 @@ class ParquetDataset:
         return (f"{self._url(int(self.group_file[g]))} row group {int(self.group_index[g])} "
                 f"(samples {int(self.first[g])}..{int(self.first[g + 1]) - 1})")
 
-
-def _version(store, key: str) -> str:
-    """What changes when the file ``key`` is written again (a folder's file: inode and mtime; S3: "")."""
-    if isinstance(store, LocalStore):
-        st = os.stat(store.key_url(key))
-        return f"{st.st_ino}-{st.st_mtime_ns}"
-    return ""
-
-
-def _binary(array) -> tuple[np.ndarray, memoryview]:
-    """A binary Arrow array as ``(offsets, data)``: ``n + 1`` offsets from 0 and the values back to
-    back, from the array's own buffers (no copy per value); a null is an empty value."""
-    import pyarrow as pa
-
-    if array.null_count:  # a null's slot may hold bytes: rebuild without them
-        array = pa.array([v if v is not None else b"" for v in array.to_pylist()], type=array.type)
-    width = 8 if pa.types.is_large_binary(array.type) else 4
-    _, offsets, data = array.buffers()
-    offsets = np.frombuffer(offsets, dtype=f"<i{width}")[array.offset:array.offset + len(array) + 1].astype("<i8")
-    view = memoryview(data)[int(offsets[0]):int(offsets[-1])] if data is not None else memoryview(b"")
-    return offsets - offsets[0], view

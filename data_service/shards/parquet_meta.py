@@ -6,16 +6,29 @@ footer and the row groups are never read twice; :func:`parse_footer` parses it a
 there); :func:`row_groups` gives each row group's rows and the byte span of the two column chunks
 read; :func:`class_names` finds the ``ClassLabel`` names Hugging Face ``datasets`` keeps in the
 schema. :class:`Window` lets pyarrow decode a row group from the bytes of that span alone.
+
+A decoded row group's entry in the node's cache (:func:`entry`, :func:`open_entry`, :func:`read_row`)
+carries a CRC32C over each row's image bytes and label, checked on every read of a row.
 """
 from __future__ import annotations
 
 import io
 import json
+import os
+import struct
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ConfigError
+from ..storage import LocalStore
+from .checksum import crc32c
 
 MAGIC = b"PAR1"
+BLOCK = b"HPQBLK2\n"  # a decoded row group: n, offsets (n + 1), labels (n), CRC32C of each row (n), the images
+FAILED = b"HPQFAIL\n"  # a row group that does not decode: the message follows
+HEAD = struct.Struct("<8sQ")
+PAGE_CRC = "CRC checksum verification failed"  # pyarrow's message for a page whose CRC does not match
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,30 @@ def row_groups(meta, paths: tuple[str, str], where: str) -> list[RowGroup]:
     return out
 
 
+def group_table(metas, image_column: str, label_column: str, urls: list[str], location: str) -> bytes:
+    """The row groups of every file (``metas``: their footers) as columns (first row, file, index in
+    the file, byte span) and the classes, saved with ``numpy.savez``."""
+    firsts, files, groups, spans, label_max, names = [0], [], [], [], -1, None
+    for k, meta in enumerate(metas):
+        schema = meta.schema.to_arrow_schema()
+        paths = columns(schema, image_column, label_column, urls[k])
+        for g, rg in enumerate(row_groups(meta, paths, urls[k])):
+            firsts.append(firsts[-1] + rg.rows)
+            files.append(k)
+            groups.append(g)
+            spans.append((rg.start, rg.stop))
+            label_max = max(label_max, rg.label_max)
+        names = names or class_names(schema, label_column)
+    if firsts[-1] == 0:
+        raise ConfigError(f"{location}: the Parquet files hold no rows")
+    out = io.BytesIO()
+    np.savez(out, first=np.array(firsts, dtype=np.int64), group_file=np.array(files, dtype=np.int32),
+             group_index=np.array(groups, dtype=np.int32), spans=np.array(spans, dtype=np.int64).reshape(-1, 2),
+             classes=np.frombuffer(json.dumps(names or [str(c) for c in range(label_max + 1)]).encode(),
+                                   dtype=np.uint8))
+    return out.getvalue()
+
+
 def class_names(schema, label: str) -> list[str] | None:
     """The ``ClassLabel`` names Hugging Face ``datasets`` keeps in the schema's metadata, if any."""
     raw = (schema.metadata or {}).get(b"huggingface")
@@ -135,3 +172,75 @@ class Window(io.RawIOBase):
         buf[:n] = self.data[self.pos - self.start:self.pos - self.start + n]
         self.pos += n
         return n
+
+
+def version(store, key: str) -> str:
+    """What changes when the file ``key`` is written again (a folder's file: inode and mtime; S3: "")."""
+    if isinstance(store, LocalStore):
+        st = os.stat(store.key_url(key))
+        return f"{st.st_ino}-{st.st_mtime_ns}"
+    return ""
+
+
+def row_crc(data, label: int) -> int:
+    """CRC32C of a decoded row: its image bytes, then its label (8 bytes, little-endian)."""
+    return crc32c(label.to_bytes(8, "little", signed=True), crc32c(data))
+
+
+def entry(table) -> list[bytes]:
+    """The cache entry of a decoded row group (an Arrow table: the image column, then the labels)."""
+    images = table.column(0).combine_chunks()
+    if images.type.num_fields:  # the struct: its bytes field (flatten: a null struct is a null image)
+        images = images.flatten()[images.type.get_field_index("bytes")]
+    offsets, data = _binary(images)
+    labels = table.column(1).to_numpy(zero_copy_only=False)
+    if labels.dtype.kind == "f":  # nulls came out as NaN: -1 marks a row without a label
+        labels = np.where(np.isnan(labels), -1, labels)
+    labels = labels.astype("<i8")
+    crcs = np.array([row_crc(data[int(offsets[r]):int(offsets[r + 1])], int(labels[r])) for r in range(len(labels))],
+                    dtype="<i8")
+    return [HEAD.pack(BLOCK, len(labels)), offsets.tobytes(), labels.tobytes(), crcs.tobytes(), data]
+
+
+def failed_entry(message: str) -> list[bytes]:
+    """The cache entry of a row group that does not decode: why."""
+    return [HEAD.pack(FAILED, len(message.encode())), message.encode()]
+
+
+def open_entry(fd: int, rows: int) -> tuple | None:
+    """(offsets, labels, failure message, row CRCs) of the entry at ``fd`` of a row group of ``rows``
+    rows; None for a damaged head (or an older release's entry): to be decoded again."""
+    magic, n = HEAD.unpack(os.pread(fd, HEAD.size, 0))
+    if magic == FAILED:
+        return None, None, os.pread(fd, min(n, 1 << 16), HEAD.size).decode("utf-8", "replace"), None
+    columns = np.frombuffer(os.pread(fd, 24 * rows + 8, HEAD.size), dtype="<i8")
+    if magic != BLOCK or n != rows or len(columns) != 3 * rows + 1:
+        return None
+    return columns[:n + 1], columns[n + 1:2 * n + 1], "", columns[2 * n + 1:]
+
+
+def read_row(fd: int, offsets, labels, crcs, row: int) -> tuple[bytes | None, int]:
+    """(image bytes, label) of ``row`` of an open entry; None for bytes that fail the row's CRC32C."""
+    base = HEAD.size + 24 * len(labels) + 8
+    start, stop = int(offsets[row]), int(offsets[row + 1])
+    if not 0 <= start <= stop <= os.fstat(fd).st_size - base:  # a damaged offset: never a read elsewhere
+        return None, -1
+    data = os.pread(fd, stop - start, base + start)
+    label = int(labels[row])
+    if len(data) != stop - start or row_crc(data, label) != int(crcs[row]):
+        return None, label
+    return data, label
+
+
+def _binary(array) -> tuple[np.ndarray, memoryview]:
+    """A binary Arrow array as ``(offsets, data)``: ``n + 1`` offsets from 0 and the values back to
+    back, from the array's own buffers (no copy per value); a null is an empty value."""
+    import pyarrow as pa
+
+    if array.null_count:  # a null's slot may hold bytes: rebuild without them
+        array = pa.array([v if v is not None else b"" for v in array.to_pylist()], type=array.type)
+    width = 8 if pa.types.is_large_binary(array.type) else 4
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, dtype=f"<i{width}")[array.offset:array.offset + len(array) + 1].astype("<i8")
+    view = memoryview(data)[int(offsets[0]):int(offsets[-1])] if data is not None else memoryview(b"")
+    return offsets - offsets[0], view

@@ -1,0 +1,265 @@
+"""The corruption campaign: bytes flipped or cut in every place a sample passes, and what training sees.
+
+    python -m benchmarks.corruption [--trials 200] [--seed 0] [--images 96] [--json out.json]
+
+Each trial damages one place, runs one epoch of the image pipeline from two data servers (``hetero
+serve`` processes) into one in-process consumer with an audit log, and compares each batch's
+digest with the batch built in-process from the clean data. A trial is **detected** (an error
+naming the file or sample, or a counted skip: the server's ``samples_skipped``), **silent** (a
+batch whose bytes differ from the clean one, nothing detected), **re-read** (the damage was read,
+failed its check and the source gave the right bytes: ``samples_reread``) or **harmless** (every
+batch as the clean one, nothing read again: a byte nothing reads, such as tar padding). **lost**
+counts whole samples missing besides the damaged ones.
+
+The places: ``local`` (``hetero prepare`` shards, flips and cuts), ``wds`` (WebDataset tars indexed
+by ``hetero index``), ``index`` (index.bin's per-sample columns, damaged before the servers open
+it), ``cache`` (a block of S3 shards in the node's cache), ``s3`` (the S3 object itself, read
+through the S3 fault proxy, which answers 503 once per trial), ``parquet`` (a row group's pages)
+and ``dataplane`` (a byte of what one server sends, flipped by a proxy). Servers are started once
+per data set and reused: damage is done in place, so the files they hold open see it, and undone
+after the trial; where a first read has already cached the clean bytes (the S3 block cache, decoded
+Parquet row groups), the cached copy is damaged alike, as a first read of the damaged source would
+have left it. **stored** sums the places whose bytes carry a checksum; the data plane's frames carry
+none.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import random
+import tempfile
+import time
+
+from benchmarks.common import cli, report
+from benchmarks.common import corrupt as cc
+
+BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "drop_last": True}
+SHARE = {"local": 0.25, "wds": 0.15, "index": 0.05, "cache": 0.2, "s3": 0.1, "parquet": 0.05, "dataplane": 0.2}
+STORED = ("local", "wds", "index", "cache", "s3", "parquet")  # places whose bytes carry a checksum
+OUTCOMES = ("detected", "silent", "reread", "harmless")
+
+
+def _stats(servers) -> tuple[int, int]:
+    from dnn_worker.control import ControlClient
+
+    skipped = reread = 0
+    for s in servers:
+        with ControlClient(s.address, s.token) as ctl:
+            st = ctl.stats(timeout=10)
+        skipped += st.samples_skipped
+        reread += int(dict(st.pipeline).get("samples_reread", 0))
+    return skipped, reread
+
+
+def epoch(servers, ref: list[str], seed: int, audit: str, damaged: int = 0) -> dict:
+    """One epoch from ``servers`` compared batch by batch with ``ref``; the trial's outcome."""
+    from data_service.contract.tensor_layout import batch_digest
+    from dnn_worker import RemoteDataset
+
+    before = _stats(servers)
+    error, short, silent, got = "", 0, 0, 0
+    try:
+        ds = RemoteDataset([s.address for s in servers], servers[0].token, seed=seed, audit_path=audit,
+                           connect_timeout=20, batch_timeout=20,
+                           shared_memory=False)  # the bytes cross the network, as between two hosts
+        for b, batch in enumerate(ds):
+            n = len(batch[1]) if isinstance(batch, (tuple, list)) else len(next(iter(batch.values())))
+            got += 1
+            short += BASE["batch_size"] - n
+            if batch_digest(batch) != ref[b] and n == BASE["batch_size"]:
+                silent += 1
+    except Exception as exc:  # the detection under on_corrupt=fail: it must name the damage
+        error = " ".join(str(exc).split()).split(" --- original traceback")[0][:300]
+    skipped, reread = (a - b for a, b in zip(_stats(servers), before))
+    detected = bool(error) or skipped > 0
+    outcome = "silent" if silent else "detected" if detected else "reread" if reread else "harmless"
+    if not error and got != len(ref):
+        outcome = "silent"  # batches missing without an error: never acceptable
+    return {"outcome": outcome, "error": error, "skipped": skipped, "reread": reread,
+            "lost": max(0, short - damaged) if not error else 0, "batches": got}
+
+
+def _index_trials(count: int, rng: random.Random, options: dict, seed: int, audit: str, results: list) -> None:
+    """index.bin damaged before the servers open it (as a bad copy would be): a pair started per trial."""
+    from hetero.testing import Reference
+
+    if not count:
+        return
+    ref = Reference(cc.PIPELINE, options, seed).digests(0)
+    for _ in range(count):
+        damage, damaged = cc.index_damage(rng, options["shards"])
+        try:
+            try:
+                servers, _ = _pair(options)
+            except RuntimeError as exc:  # refused at start, the log naming the index
+                said = [ln for ln in str(exc).splitlines() if "Error" in ln]
+                results.append({"place": "index", "outcome": "detected", "error": (said or [str(exc)])[-1][:300],
+                                "skipped": 0, "reread": 0, "lost": 0, "batches": 0})
+                continue
+            try:
+                results.append(dict(epoch(servers, ref, seed, audit, damaged), place="index"))
+            finally:
+                for s in servers:
+                    s.stop()
+        finally:
+            for d in damage:
+                d.undo()
+
+
+def _pair(options: dict, env: dict | None = None, proxy: bool = False):
+    from hetero.testing import ServerProc, free_port
+
+    bulk = free_port()
+    flip = cc.FlipProxy(("127.0.0.1", bulk)) if proxy else None
+    servers = [ServerProc(options, pipeline=cc.PIPELINE, env=env),
+               ServerProc(options, pipeline=cc.PIPELINE, env=env, bulk_port=bulk,
+                          advertise_bulk_port=flip.port if flip else 0)]
+    for s in servers:
+        s.start(wait=False)
+    for s in servers:
+        s.wait_ready(180)
+    return servers, flip
+
+
+def _places(trials: int, only: tuple[str, ...] = ()) -> dict[str, int]:
+    shares = {p: share for p, share in SHARE.items() if not only or p in only}
+    counts = {p: max(1, round(trials * share / sum(shares.values()))) for p, share in shares.items()}
+    counts[next(iter(counts))] += trials - sum(counts.values())
+    return collections.defaultdict(int, counts)
+
+
+def _run_pair(options, ref_options, places, make, seed, audit, results, env=None, after=None, heal=False):
+    """Start a pair of servers for one data set and run ``places``' trials on it."""
+    from hetero.testing import Reference
+
+    if not sum(places.values()):
+        return
+    ref = Reference(cc.PIPELINE, ref_options, seed).digests(0)
+    servers, flip = _pair(options, env=env, proxy="dataplane" in places)
+    try:
+        epoch(servers, ref, seed, audit)  # warm: the caches hold the clean data before any damage
+        for place, count in places.items():
+            for _ in range(count):
+                damage, damaged = make(place, flip)
+                try:
+                    r = epoch(servers, ref, seed, audit, damaged)
+                finally:
+                    for d in reversed(damage):
+                        d.undo()
+                r["place"] = place
+                if place == "dataplane" and not flip.flipped:
+                    r["outcome"] = "harmless"  # the flip lay past the epoch's last byte
+                results.append(r)
+                if after is not None and r["outcome"] != "harmless":
+                    servers = after(servers)
+                elif heal:
+                    epoch(servers, ref, seed, audit)  # a damaged copy left in the cache is read again, dropped
+    finally:
+        for s in servers:
+            s.stop()
+        if flip:
+            flip.close()
+
+
+def run(trials: int = 200, seed: int = 0, images: int = 96, work: str = "", only: tuple[str, ...] = (),
+        trace: list | None = None) -> dict:
+    """The campaign: ``trials`` trials spread over the places (:data:`SHARE`); per place the outcomes."""
+    from hetero.testing.s3server import s3_server
+
+    rng = random.Random(seed)
+    counts = _places(trials, only)
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="corruption-") as tmp:
+        work = work or tmp
+        files = cc.photos(os.path.join(work, "photos"), images)
+        shards = cc.prepared(os.path.join(work, "photos"), os.path.join(work, "shards"))
+        wds = cc.webdataset(files, os.path.join(work, "wds"))
+        pqfile = cc.parquet(files, os.path.join(work, "pq"))
+        audit = os.path.join(tmp, "audit.jsonl")
+
+        def local(place, flip):
+            if place == "dataplane":
+                flip.flipped = 0
+                flip.arm(rng.randrange(120_000), 1 << rng.randrange(8))
+                return [], 0
+            return cc.shard_damage(rng, shards)
+
+        opts = dict(BASE, shards=shards, on_corrupt="skip")
+        _run_pair(opts, opts, {p: counts[p] for p in ("local", "dataplane")}, local, seed, audit, results)
+        _index_trials(counts["index"], rng, opts, seed, audit, results)
+        opts = dict(BASE, shards=wds, on_corrupt="fail")
+        _run_pair(opts, opts, {"wds": counts["wds"]}, lambda p, f: cc.shard_damage(rng, wds), seed, audit,
+                  results)
+        cache = os.path.join(tmp, "s3cache")
+        with s3_server() as srv:
+            client = srv.client(direct=True)
+            client.create_bucket(Bucket="campaign")
+            for f in os.listdir(shards):
+                client.upload_file(os.path.join(shards, f), "campaign", f"shards/{f}")
+
+            def s3(place, flip):
+                srv.proxy.fail_next("503", count=1)  # and S3 slows down once: the re-read retries
+                return cc.cached_damage(rng, shards, cache, BASE["shuffle_block"],
+                                        (client, "campaign", "shards") if place == "s3" else None)
+
+            opts = dict(BASE, shards="s3://campaign/shards", cache_dir=cache, on_corrupt="skip")
+            _run_pair(opts, dict(BASE, shards=shards), {"cache": counts["cache"], "s3": counts["s3"]}, s3,
+                      seed, audit, results, env=dict(srv.env), heal=True)
+        pcache = os.path.join(tmp, "pqcache")
+        opts = dict(BASE, parquet=pqfile, cache_dir=pcache, on_corrupt="fail")
+
+        def fresh(servers):  # a row group that failed stays failed in the node's cache: start clean
+            for s in servers:
+                s.stop()
+            import shutil
+
+            shutil.rmtree(pcache, ignore_errors=True)
+            return _pair(opts)[0]
+
+        _run_pair(opts, dict(BASE, parquet=pqfile), {"parquet": counts["parquet"]},
+                  lambda p, f: cc.parquet_damage(rng, pqfile, pcache), seed, audit, results, after=fresh)
+    if trace is not None:
+        trace.extend(results)
+    return summarize(results)
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per place, then over the stored places (a checksum guards them), then over all: the outcomes."""
+    table: dict[str, dict] = {}
+    stored = [dict(r, place="stored") for r in results if r["place"] in STORED]
+    for r in sorted(results, key=lambda r: list(SHARE).index(r["place"])) + stored + \
+            [dict(r, place="total") for r in results]:
+        row = table.setdefault(r["place"], dict({k: 0 for k in OUTCOMES}, trials=0, lost=0, errors=[]))
+        row["trials"] += 1
+        row[r["outcome"]] += 1
+        row["lost"] += r["lost"]
+        if r["error"] and len(row["errors"]) < 2:
+            row["errors"].append(r["error"])
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli.parser(__doc__, prog="python -m benchmarks.corruption")
+    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--images", type=int, default=96)
+    cli.add_json(p)
+    args = p.parse_args(argv)
+    start = time.monotonic()
+    table = run(args.trials, args.seed, args.images)
+    print(f"{report.command('python -m benchmarks.corruption', argv)}  ({report.stamp()}, "
+          f"{time.monotonic() - start:.0f} s)")
+    print(f"{'place':<10} {'trials':>6} {'detected':>8} {'silent':>6} {'re-read':>7} {'harmless':>8} {'lost':>4}")
+    for place, row in table.items():
+        print(f"{place:<10} {row['trials']:>6} {row['detected']:>8} {row['silent']:>6} {row['reread']:>7} "
+              f"{row['harmless']:>8} {row['lost']:>4}")
+    for place, row in table.items():
+        for e in row["errors"][:1] if place in SHARE else []:
+            print(f"  {place}: e.g. {e}")
+    report.write_json(args.json, {"benchmark": "corruption", "date": report.stamp(), "table": table,
+                                  "command": report.command("python -m benchmarks.corruption", argv)})
+    return 1 if table["stored"]["silent"] or table["total"]["lost"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

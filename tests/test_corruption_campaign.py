@@ -1,0 +1,61 @@
+"""The corruption campaign in small (benchmarks/corruption.py), and the index check it led to."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from benchmarks import corruption
+from benchmarks.common import corrupt as cc
+from data_service.errors import ConfigError
+from data_service.shards import ShardDataset
+from data_service.shards.indexfile import PREFIX
+
+
+def test_damaged_shards_and_cache_blocks_never_train_silently_and_lose_no_whole_sample(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(6, seed=5, images=48, work=str(tmp_path), only=("local", "cache"), trace=trace)
+    assert table["total"]["trials"] == 6
+    assert table["stored"]["silent"] == 0 and table["total"]["lost"] == 0, trace
+    # every cache flip lands in a sample's bytes: the block is dropped and S3 read again, which the
+    # servers' samples_reread stat shows
+    assert table["cache"]["reread"] == table["cache"]["trials"] > 0, trace
+
+
+def _shards(tmp_path) -> str:
+    cc.photos(str(tmp_path / "photos"), 12)
+    return cc.prepared(str(tmp_path / "photos"), str(tmp_path / "shards"))
+
+
+def _labels_at(folder: str) -> int:
+    """Where index.bin's labels column starts."""
+    with open(os.path.join(folder, "index.bin"), "rb") as f:
+        length = PREFIX.unpack(f.read(PREFIX.size))[2]
+        header = json.loads(f.read(length))
+    return -(-(PREFIX.size + length) // 64) * 64 + int(header["columns"]["labels"]["at"])
+
+
+def test_a_label_flipped_in_index_bin_is_refused_at_open_naming_the_index(tmp_path):
+    shards = _shards(tmp_path)
+    clean = ShardDataset(shards, cache_dir=str(tmp_path / "c0"))
+    label = clean[3][1]
+    path = tmp_path / "shards" / "index.bin"
+    raw = bytearray(path.read_bytes())
+    at = _labels_at(shards) + 4 * 3
+    raw[at] = 1 - label if label in (0, 1) else 0  # another class, still within range: nothing else would see it
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ConfigError, match=r"index.bin: its labels column has CRC-32 \w+, its header says \w+: "
+                                          r"the index was damaged .* `hetero prepare`"):
+        ShardDataset(shards, cache_dir=str(tmp_path / "c1"))
+
+
+def test_the_label_check_runs_once_per_node_and_again_for_a_file_written_again(tmp_path):
+    shards = _shards(tmp_path)
+    ShardDataset(shards, cache_dir=str(tmp_path / "c"))
+    assert len(os.listdir(tmp_path / "c" / "checked")) == 1
+    ShardDataset(shards, cache_dir=str(tmp_path / "c"))  # another process of the node: the marker says checked
+    assert len(os.listdir(tmp_path / "c" / "checked")) == 1
+    os.utime(os.path.join(shards, "index.bin"), ns=(1, 1))  # the file changed: checked again
+    ShardDataset(shards, cache_dir=str(tmp_path / "c"))
+    assert len(os.listdir(tmp_path / "c" / "checked")) == 2

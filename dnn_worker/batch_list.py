@@ -154,7 +154,7 @@ class BatchList(Sequence[tuple[int, int]]):
             begin = 0
             for k, ((e, s), end) in enumerate(zip(self.segments, self._ends)):
                 if e == item[0]:
-                    if isinstance(s, Stride):
+                    if hasattr(s, "_solve"):  # a Stride, or a dealt share (resharding.Picked)
                         j = s._solve(item[1])
                         if j is not None:
                             return begin + j
@@ -173,7 +173,7 @@ class BatchList(Sequence[tuple[int, int]]):
     def unique(self) -> bool:
         epochs = [e for e, _ in self.segments]
         if len(set(epochs)) == len(epochs):
-            return all(s.unique() if isinstance(s, Stride) else len(set(s)) == len(s) for _, s in self.segments)
+            return all(s.unique() if hasattr(s, "unique") else len(set(s)) == len(s) for _, s in self.segments)
         return len(set(self)) == len(self)
 
 

@@ -12,7 +12,8 @@ in Lightning's own checkpoint (``state_dict``/``load_state_dict`` hooks). Lightn
 batch ahead of the step, so the position is taken when a batch reaches the step
 (``on_before_batch_transfer``), not when the loader yields it: a checkpoint written at any step
 resumes at the next untrained batch. DDP ranks step together, so rank 0's position (the one
-Lightning saves) holds for every rank.
+Lightning saves) holds for every rank; resumed with another number of devices or nodes, the rest
+of the epoch is dealt to the new ranks (``dnn_worker.resharding``).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from .audit import AuditLog, digest, take_audit
 from .loader import ResumableLoader
 from .local_dataset import LocalDataset
 from .remote_dataset import RemoteDataset
+from .resharding import lockstep_states, steps_before_deal
 from .sharding import ShardedBatches
 
 
@@ -113,6 +115,10 @@ class ShardedDataModule(pl.LightningDataModule):
         if self.loader is None:  # Lightning may restore before setup
             self._to_load = data
             return
+        if isinstance(data, dict) and data.get("dp_size", self.loader.dataset.dp_size) != self.loader.dataset.dp_size:
+            # Lightning keeps rank 0's state; DDP ranks step together, so it stands for every rank's,
+            # and the rest of the epoch is dealt to this job's ranks
+            data = lockstep_states(data)
         self.loader.load_state_dict(data)
         self._pending.clear()
         self._taken = None
@@ -130,8 +136,12 @@ class _TrainFeed:
         self.module = module
 
     def __len__(self) -> int:
-        # The whole epoch: Lightning counts a resumed epoch's batches from where it stopped.
-        return len(self.module.loader.dataset._rank_share())
+        # The whole epoch: Lightning counts a resumed epoch's batches from where it stopped, and an
+        # epoch dealt to another number of ranks from the steps taken before the deal.
+        dataset = self.module.loader.dataset
+        dealt = dataset._dealt
+        before = steps_before_deal(dealt[1]) if dealt is not None and dealt[0] == dataset.epoch else 0
+        return before + len(dataset._rank_share())
 
     def __iter__(self) -> Iterator[Any]:
         m = self.module

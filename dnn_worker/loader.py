@@ -71,7 +71,7 @@ class ResumableLoader:
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
         if epoch != self.epoch:
-            self.dataset._seek(epoch, 0)
+            self.dataset._start_epoch(epoch)
             self._consumed = 0
 
     def __len__(self) -> int:
@@ -129,9 +129,12 @@ class ResumableLoader:
         """Where to resume, as of the last batch this loader yielded (see ``ShardedBatches.state_dict``)."""
         return self.dataset.state_at(self.dataset.epoch, self.dataset.start + self._consumed)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Resume there: this rank's state, or every rank's (a list) from another number of ranks."""
         self.dataset.load_state_dict(state)
         self._consumed = 0
+        if self.dataset._dealt is not None and self.persistent and self.loader._iterator is not None:
+            self.close()  # persistent workers hold a copy of the dataset made before the deal
 
 
 def _shutdown(it: Any) -> None:

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from data_service.errors import ConfigError
 from .audit import AuditLog, digest
-from .batch_list import BatchList, Stride, rank_stride
+from .batch_list import BatchList, rank_stride
+from .resharding import WORLDS, dealt_share, merge_states
 
 
 def default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -78,7 +79,9 @@ class ShardedBatches(IterableDataset):
         self.start = 0  # batches of this rank's share before the next iteration's first one
         self._yielded = 0  # batches this object's own iteration yielded since ``start``
         self.last_yielded: tuple[int, int] | None = None  # (epoch, batch index) of the last one
-        self._share: tuple[int, Stride] | None = None
+        self._share: tuple[tuple, Sequence[int]] | None = None
+        # (epoch, earlier worlds) of an epoch resumed on another number of ranks (``resharding``)
+        self._dealt: tuple[int, list] | None = None
         # [epoch, start] in shared memory, read by DataLoader workers at each iteration: a
         # persistent worker keeps its copy of this object, so plain attributes would not reach it.
         self._plan = None
@@ -96,7 +99,7 @@ class ShardedBatches(IterableDataset):
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
         if epoch != self.state_dict()["epoch"]:
-            self._seek(epoch, 0)
+            self._start_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this object's next iteration starts: as of the last batch it yielded.
@@ -109,22 +112,41 @@ class ShardedBatches(IterableDataset):
 
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:
         """The state after ``position`` batches of ``epoch`` (wrapping stages report through this)."""
-        if position and position >= len(self._rank_share()):
+        if position and position >= len(self._share_of(epoch)):
             epoch, position = epoch + 1, 0
-        return {"epoch": epoch, "seed": self.seed, "position": position, "dp_rank": self.dp_rank,
-                "dp_size": self.dp_size}
+        state = {"epoch": epoch, "seed": self.seed, "position": position, "dp_rank": self.dp_rank,
+                 "dp_size": self.dp_size}
+        if self._dealt is not None and self._dealt[0] == epoch:
+            state[WORLDS] = self._dealt[1]
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the next unseen batch of ``state["epoch"]`` (no batch repeated or skipped)."""
-        missing = [k for k in ("epoch", "position") if k not in state]
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Resume at the next unseen batch of ``state["epoch"]`` (no batch repeated or skipped).
+
+        ``state`` is this rank's ``state_dict()``, or a list of every rank's from a job with
+        another number of data-parallel ranks: the rest of its epoch is then dealt to this job's
+        ranks (``dnn_worker.resharding``), each the same count.
+        """
+        if isinstance(state, (list, tuple)):
+            state = merge_states(state, self.remainder)
+        missing = [k for k in ("epoch", "position") if not isinstance(state, dict) or k not in state]
         if missing:
             raise ConfigError(f"data state {state!r} lacks {missing}; pass what state_dict() returned")
         if state.get("seed", self.seed) != self.seed:
             raise ConfigError(f"checkpoint seed={state['seed']} differs from seed={self.seed}; resume with the same seed")
         if state.get("dp_size", self.dp_size) != self.dp_size:
             raise ConfigError(f"checkpoint was taken with dp_size={state['dp_size']}, this job has "
-                              f"dp_size={self.dp_size}; resume with the same number of data-parallel ranks")
+                              f"dp_size={self.dp_size}; pass every rank's state (a list) to deal the rest of the "
+                              "epoch to this job's ranks (dnn_worker.resharding), or resume with the same number "
+                              "of data-parallel ranks")
+        worlds = state.get(WORLDS)
+        self._dealt = (int(state["epoch"]), list(worlds)) if worlds else None
         self._seek(int(state["epoch"]), int(state["position"]))
+
+    def _start_epoch(self, epoch: int) -> None:
+        """Go to the start of ``epoch``, shared among this job's ranks as usual."""
+        self._dealt = None
+        self._seek(epoch, 0)
 
     def _seek(self, epoch: int, position: int) -> None:
         self.epoch, self.start, self._yielded = epoch, position, 0
@@ -142,17 +164,26 @@ class ShardedBatches(IterableDataset):
     def num_batches_per_epoch(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _rank_share(self) -> Stride:
+    def _rank_share(self) -> Sequence[int]:
+        return self._share_of(self.epoch)
+
+    def _share_of(self, epoch: int) -> Sequence[int]:
+        """This rank's batches of ``epoch``: every R-th from its rank, or its part of what an
+        epoch resumed on another number of ranks had left."""
         n = self.num_batches_per_epoch()
-        if self._share is None or self._share[0] != n:
-            self._share = (n, rank_stride(n, self.dp_rank, self.dp_size, self.remainder))
+        dealt = self._dealt if self._dealt is not None and self._dealt[0] == epoch else None
+        key = (n, epoch if dealt else None)
+        if self._share is None or self._share[0] != key:
+            share = (dealt_share(n, dealt[1], self.dp_rank, self.dp_size, self.remainder) if dealt
+                     else rank_stride(n, self.dp_rank, self.dp_size, self.remainder))
+            self._share = (key, share)
         return self._share[1]
 
-    def rank_indices(self) -> Stride:
+    def rank_indices(self) -> Sequence[int]:
         """This rank's batch indices for the current epoch, after the resume point."""
         return self._rank_share()[self.start:]
 
-    def my_indices(self) -> Stride:
+    def my_indices(self) -> Sequence[int]:
         """This process's part: DataLoader worker ``w`` of ``N`` takes every N-th batch from w,
         so the loader's round-robin yields them in order."""
         indices = self.rank_indices()
@@ -178,7 +209,7 @@ class ShardedBatches(IterableDataset):
             return BatchList()
         if info is not None and not self._workers_persist:
             return BatchList()  # a non-persistent loader worker ends with this epoch
-        share = self._rank_share()
+        share = self._share_of(epoch + 1)
         if info is not None and info.num_workers > 1:
             share = share[info.id::info.num_workers]
         return BatchList([(epoch + 1, share[:self.lookahead])])

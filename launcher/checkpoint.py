@@ -9,7 +9,8 @@ node of the job then resumes from the same file.
 The data position of rank r is the trainer's outermost consumer stage's ``state_dict()`` (epoch,
 seed, position = batches of r's share the training loop *trained on*, whatever was prefetched;
 docs/consumer.md), so a resume yields the next unseen batch: none repeated, none skipped, with
-any number of data servers.
+any number of data servers. Every rank's position is kept, so a job with another number of ranks
+resumes too: the batches of the epoch that no rank trained are dealt to its ranks.
 """
 from __future__ import annotations
 
@@ -66,16 +67,24 @@ def save(directory: str, ckpt: dict[str, Any]) -> str:
     return path
 
 
-def check_compatible(ckpt: dict[str, Any], path: str, *, world_size: int, seed: int, pipeline: str,
-                     pipeline_options: dict, model: str) -> None:
-    """Raise ConfigError when the checkpoint was written by a job this one cannot continue."""
+def check_compatible(ckpt: dict[str, Any], path: str, *, seed: int, pipeline: str, pipeline_options: dict,
+                     model: str) -> None:
+    """Raise ConfigError when the checkpoint was written by a job this one cannot continue.
+
+    Another number of ranks is not a difference: the rest of the epoch is dealt to this job's
+    ranks (``dnn_worker.resharding``)."""
     mismatches = []
-    for name, mine in (("world_size", world_size), ("seed", seed), ("pipeline", pipeline),
-                       ("pipeline_options", dict(pipeline_options)), ("model_target", model)):
+    for name, mine in (("seed", seed), ("pipeline", pipeline), ("pipeline_options", dict(pipeline_options)),
+                       ("model_target", model)):
         theirs = ckpt.get(name)
         if theirs != mine:
             mismatches.append(f"{name}={theirs!r} there, {mine!r} here")
     if mismatches:
         raise ConfigError(f"checkpoint {path} was written by a different job ({'; '.join(mismatches)}); "
-                          "resume with the same options and number of DNN ranks (procs_per_node x DNN hosts), "
-                          "or start afresh with another checkpoint_dir (or checkpoint=false)")
+                          "resume with the same options, or start afresh with another checkpoint_dir "
+                          "(or checkpoint=false)")
+    states, world = ckpt.get("data"), ckpt.get("world_size")
+    if not isinstance(states, list) or len(states) != world:
+        got = len(states) if isinstance(states, list) else type(states).__name__
+        raise ConfigError(f"checkpoint {path} holds {got} data state(s) for world_size={world!r}; it is damaged: "
+                          "use another checkpoint_dir")

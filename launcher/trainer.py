@@ -186,7 +186,7 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
     loader, feeder = loader_and_feeder(job, dataset, finish, device)
     plain = load_object(cfg.model, "model")(**cfg.model_options).to(device)
     optimizer = make_optimizer(cfg, plain.parameters())
-    resumed = _resume(job, rank, plain, optimizer, feeder)
+    resumed = _resume(job, rank, plain, optimizer, feeder, dataset.num_batches_per_epoch())
     run = _run(job, rank, local_rank, device, plain, optimizer, feeder, resumed)
     log.info("%s training: %d rank(s) on %d host(s), %s step, pipeline %s, finish stage %s on %s",
              job.mode, job.world_size, len(job.dnn_hosts),
@@ -229,8 +229,9 @@ def _run(job: TrainJob, rank: int, local_rank: int, device: torch.device, plain,
                done_before=resumed["steps"] if resumed else 0)
 
 
-def _resume(job: TrainJob, rank: int, model, optimizer, data) -> dict[str, Any] | None:
-    """Load model, optimizer and this rank's data position from the checkpoint, when there is one."""
+def _resume(job: TrainJob, rank: int, model, optimizer, data, epoch_batches: int) -> dict[str, Any] | None:
+    """Load model, optimizer and this rank's data position from the checkpoint, when there is one
+    (from every rank's, dealt again, when the checkpoint has another number of ranks)."""
     cfg = job.cfg
     if not cfg.checkpoint or not job.checkpoint_dir:
         return None
@@ -239,7 +240,7 @@ def _resume(job: TrainJob, rank: int, model, optimizer, data) -> dict[str, Any] 
     if ckpt is None:
         log.info("no checkpoint in %s: starting afresh", job.checkpoint_dir)
         return None
-    checkpoint.check_compatible(ckpt, path, world_size=job.world_size, seed=cfg.seed, pipeline=cfg.pipeline,
+    checkpoint.check_compatible(ckpt, path, seed=cfg.seed, pipeline=cfg.pipeline,
                                 pipeline_options=cfg.pipeline_options, model=cfg.model)
     try:
         model.load_state_dict(ckpt["model"])
@@ -247,12 +248,27 @@ def _resume(job: TrainJob, rank: int, model, optimizer, data) -> dict[str, Any] 
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"checkpoint {path} does not fit model={cfg.model!r} / optimizer={cfg.optimizer!r} "
                           f"({exc}); resume with the same model and optimizer, or use another checkpoint_dir") from exc
-    position = ckpt["data"][rank]
-    data.load_state_dict(position)
-    log.info("resuming from %s (%s, written by %s): %d steps done; epoch %d from batch %d of this rank's share",
-             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], position["epoch"], position["position"])
+    if ckpt["world_size"] == job.world_size:
+        data.load_state_dict(ckpt["data"][rank])
+    else:
+        data.load_state_dict(ckpt["data"])  # every old rank's position: the rest of the epoch, dealt again
+        _log_dealt(ckpt["world_size"], job.world_size, data.state_dict(), len(data), epoch_batches)
+    position = data.state_dict()
+    log.info("resuming from %s (%s, written by %s): %d steps done; epoch %d from batch %d of this rank's %s",
+             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], position["epoch"], position["position"],
+             "part of the rest" if "earlier_worlds" in position else "share")
     return {"steps": int(ckpt["steps"]), "epoch": position["epoch"], "position": position["position"],
             "status": ckpt.get("status"), "path": path}
+
+
+def _log_dealt(old: int, new: int, state: dict[str, Any], mine: int, epoch_batches: int) -> None:
+    from dnn_worker.resharding import WORLDS, remaining
+
+    left = len(remaining(epoch_batches, state[WORLDS])) if WORLDS in state else 0
+    log.info("the checkpoint was written by %d rank(s), this job has %d: epoch %d goes on with the %d of its %d "
+             "batches no rank trained, %d to each rank (%d left out, as the last of every epoch: equal counts per "
+             "rank); later epochs are shared among %d rank(s)",
+             old, new, state["epoch"], left, epoch_batches, mine, max(0, left - mine * new), new)
 
 
 def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emulated: bool, status: str,

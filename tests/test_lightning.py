@@ -87,3 +87,29 @@ def test_two_node_ddp_job_resumes_exactly_once(server_factory, tmp_path):
         ref = reference(rank, 2)
         assert first[rank] == ref[:6]
         assert first[rank][:4] + audit(log, rank)[len(first[rank]):] == ref, f"rank {rank}"
+
+
+@pytest.mark.slow  # two interpreter starts that import Lightning
+def test_a_one_device_checkpoint_resumes_on_two_nodes_with_the_rest_dealt(server_factory, tmp_path):
+    server = server_factory(OPTS, num_workers=1)
+    first_log, second_log = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    assert job.fit(server.address, str(first_log), str(tmp_path), 5) == 7  # checkpoint at 5, 2 steps lost
+    trained = [b for e, b, _ in audit(first_log)[:5]]
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_lightning_job.py"), server.address,
+                               str(second_log), str(tmp_path), "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(node),
+                                       LOCAL_RANK="0", WORLD_SIZE="2", PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}"))
+             for node in range(2)]
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, out[-3000:]
+    ref = {(e, b): sha for e, b, sha in reference()}
+    after = {rank: audit(second_log, rank) for rank in (0, 1)}
+    epoch0 = [b for rank in (0, 1) for e, b, _ in after[rank] if e == 0]
+    assert len(after[0]) == len(after[1])  # equal counts: DDP never waits on a short rank
+    assert sorted(trained + epoch0) == list(range(11)) and len(epoch0) == 6  # 7 left, 3 each, the last dropped
+    for rank in (0, 1):
+        assert [b for e, b, _ in after[rank] if e == 1] == list(range(rank, 12, 2))  # then shared as usual
+        assert all(ref[(e, b)] == sha for e, b, sha in after[rank])

@@ -79,7 +79,7 @@ def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, m
     loader = ResumableLoader(torch.utils.data.DataLoader(LocalDataset(PipelineSpec(job.cfg.pipeline,
                                                                                     job.cfg.pipeline_options)),
                                                          batch_size=None))
-    info = trainer_mod._resume(job, 0, net, opt, loader)
+    info = trainer_mod._resume(job, 0, net, opt, loader, loader.dataset.num_batches_per_epoch())
     assert info["steps"] == 30 and loader.state_dict()["position"] == 30
     assert all(torch.equal(v, ckpt["model"][k]) for k, v in net.state_dict().items())
 
@@ -162,10 +162,17 @@ def test_checkpoint_every_leaves_the_last_multiple_on_disk_when_a_step_crashes(t
 
 
 def test_a_checkpoint_of_another_job_is_refused_with_the_fix(tmp_path):
-    ckpt = {"world_size": 4, "seed": 0, "pipeline": "p:b", "pipeline_options": {}, "model_target": "m:N"}
-    checkpoint.check_compatible(ckpt, "x", world_size=4, seed=0, pipeline="p:b", pipeline_options={}, model="m:N")
-    with pytest.raises(ConfigError, match=r"world_size=4 there, 2 here.*same options and number of DNN ranks"):
-        checkpoint.check_compatible(ckpt, "x", world_size=2, seed=0, pipeline="p:b", pipeline_options={}, model="m:N")
+    states = [{"epoch": 0, "seed": 0, "position": 3, "dp_rank": r, "dp_size": 4} for r in range(4)]
+    ckpt = {"world_size": 4, "seed": 0, "pipeline": "p:b", "pipeline_options": {}, "model_target": "m:N",
+            "data": states}
+    checkpoint.check_compatible(ckpt, "x", seed=0, pipeline="p:b", pipeline_options={}, model="m:N")
+    with pytest.raises(ConfigError, match=r"seed=0 there, 1 here; pipeline='p:b' there, 'q:b' here.*same options"):
+        checkpoint.check_compatible(ckpt, "x", seed=1, pipeline="q:b", pipeline_options={}, model="m:N")
+    with pytest.raises(ConfigError, match=r"model_target='m:N' there, 'm:M' here"):
+        checkpoint.check_compatible(ckpt, "x", seed=0, pipeline="p:b", pipeline_options={}, model="m:M")
+    with pytest.raises(ConfigError, match=r"holds 3 data state\(s\) for world_size=4; it is damaged"):
+        checkpoint.check_compatible({**ckpt, "data": states[:3]}, "x", seed=0, pipeline="p:b", pipeline_options={},
+                                    model="m:N")
     (tmp_path / checkpoint.FILE_NAME).write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="cannot be read.*delete it"):
         checkpoint.load(str(tmp_path))

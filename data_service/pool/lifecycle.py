@@ -10,14 +10,15 @@ becomes of a dead worker's tasks is decided there. The process itself is process
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
+from multiprocessing import connection as mp_connection
 from typing import Callable
 
 from ..errors import ConfigError
 from .messages import FatalMsg, ReadyMsg, StopMsg, message_connection
 from .slots import SlotTable
+from .forked import WarmParentGone
 from .process import worker_main
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,10 @@ class WorkerHandle:
     flags change in the pool's state's events only (state.py), under the pool's lock."""
 
     wid: int
-    process: object  # multiprocessing.Process
+    process: object  # multiprocessing.Process or forked.ForkedProcess; None until launched (``launch``)
     conn: object     # messages.MessageConnection
     table: SlotTable
+    child_end: object = None  # the worker's end of the pipe, until a process takes it
     tasks: dict = field(default_factory=dict)  # task id -> (Task, slot), in the order sent
     ready: bool = False
     alive: bool = True
@@ -58,13 +60,32 @@ class WorkerHandle:
 
 def spawn(ctx, wid: int, cfg: WorkerConfig) -> WorkerHandle:
     """Start worker ``wid`` (it loads the pipeline in the background; see ``await_ready``)."""
-    parent, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(
-        target=worker_main, name=f"hetero-data-worker-{wid}", daemon=True,
-        args=(child, cfg.spec_json, wid, cfg.num_slots, os.getpid(), cfg.log_level, cfg.compression, cfg.nice))
-    proc.start()
-    child.close()
-    return WorkerHandle(wid, proc, message_connection(parent), SlotTable(cfg.num_slots))
+    w = unstarted(wid, cfg)
+    launch(ctx, w, cfg)
+    return w
+
+
+def unstarted(wid: int, cfg: WorkerConfig) -> WorkerHandle:
+    """Worker ``wid``'s handle and pipe, with no process yet: the pool records it at once and
+    ``launch``es it once it knows which context to start it with."""
+    parent, child = mp_connection.Pipe(duplex=True)
+    return WorkerHandle(wid, None, message_connection(parent), SlotTable(cfg.num_slots), child_end=child)
+
+
+def launch(ctx, w: WorkerHandle, cfg: WorkerConfig) -> None:
+    """Start the process of unstarted handle ``w`` with ``ctx``: spawn's context, or a warm parent
+    (warm_start.py) that forks it; spawned after all if that parent has died."""
+    args = (w.child_end, cfg.spec_json, w.wid, cfg.num_slots, cfg.log_level, cfg.compression, cfg.nice)
+    name = f"hetero-data-worker-{w.wid}"
+    w.process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
+    try:
+        w.process.start()
+    except WarmParentGone as exc:  # ctx.Process gives spawned ones from now on
+        log.warning("data worker %d is spawned, not forked: %s", w.wid, exc)
+        w.process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
+        w.process.start()
+    w.child_end.close()
+    w.child_end = None
 
 
 def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> object:
@@ -167,6 +188,7 @@ def spawn_replacement(ctx, wid: int, cfg: WorkerConfig, stopping: Callable[[], b
 
 def stop_workers(handles: list[WorkerHandle], timeout: float) -> None:
     """Stop worker processes: politely, then SIGKILL after ``timeout``."""
+    handles = [w for w in handles if w.process is not None]  # never launched: nothing to stop
     for w in handles:
         try:
             w.conn.send(StopMsg())

@@ -1,9 +1,10 @@
 """The data worker process: loads the pipeline once, then builds batches into its slots.
 
-Runs in a spawned process (``WorkerPool`` in worker_pool.py is the server side). It takes
-``TaskMsg`` messages (messages.py) from the server's pipe, builds the batch straight into one of its
-anonymous memfd slots (compressing first if the server compresses) and answers with
-the batch header; pipeline errors go back with their traceback and sample index.
+Runs in a process forked from the pool's warm parent, or spawned (warm_start.py); ``WorkerPool`` in
+worker_pool.py is the server side. It takes ``TaskMsg`` messages (messages.py) from the server's
+pipe, builds the batch straight into one of its anonymous memfd slots (compressing first if the
+server compresses) and answers with the batch header; pipeline errors go back with their
+traceback and sample index.
 """
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ class _WorkerSlot:
         os.close(self.fd)
 
 
-def worker_main(conn, spec_json: str, worker_id: int, num_slots: int, parent_pid: int,
+def worker_main(conn, spec_json: str, worker_id: int, num_slots: int,
                 log_level: int, compression_name: str = "", nice: int = 0) -> None:
     """The process's body: load the pipeline, say ready, then build each task until told to stop."""
+    parent_pid = os.getppid()  # the server, or the warm parent that forked us (it exits with the server)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     if nice:
         os.nice(nice)
@@ -80,7 +82,7 @@ def _next_task(conn, parent_pid: int) -> TaskMsg | None:
     while True:
         if not conn.poll(1.0):
             if os.getppid() != parent_pid:
-                return None  # orphaned: the server died
+                return None  # orphaned: the server (or the warm parent, which leaves with it) died
             continue
         try:
             msg = conn.recv()

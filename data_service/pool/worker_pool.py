@@ -22,7 +22,6 @@ back (results.py). ``Task`` and ``Result`` are tasks.py; the pipe messages are m
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import threading
 import time
@@ -30,12 +29,13 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Callable
 
 from ..errors import ConfigError
-from .lifecycle import WorkerConfig, WorkerHandle, spawn, spawn_replacement, start_all, stop_workers
+from .lifecycle import WorkerConfig, WorkerHandle, spawn_replacement, start_all, stop_workers, unstarted
 from .messages import DoneMsg, ErrorMsg, StopMsg
 from .results import Failure, GaveUp, built, failed
 from .slots import ServerSlot
 from .state import MAX_ATTEMPTS, TASKS_AHEAD, PoolState
 from .tasks import Result, Task
+from .warm_start import Launcher
 
 __all__ = ["MAX_ATTEMPTS", "TASKS_AHEAD", "Result", "Task", "WorkerPool"]
 
@@ -49,14 +49,15 @@ class WorkerPool:
     """
 
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
-                 start_timeout: float = 120.0, log_level: int = logging.INFO, compression: str = "", nice: int = 0) -> None:
+                 start_timeout: float = 120.0, log_level: int = logging.INFO, compression: str = "", nice: int = 0,
+                 worker_start: str = "warm") -> None:
         if num_workers < 1:
             raise ConfigError(f"num_workers={num_workers} must be >= 1")
         if slots_per_worker < 1:
             raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
         self._num_workers = num_workers
         self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, compression, nice)
-        self._ctx = mp.get_context("spawn")
+        self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping)  # method: how they start
         self.state = PoolState(num_workers)
         # Held from deciding a worker's tasks to writing them, so that each worker reads its
         # tasks in the order the state recorded them and two threads' frames never interleave.
@@ -84,12 +85,12 @@ class WorkerPool:
 
     # -- lifecycle
     def spawn(self) -> None:
-        """Start the worker processes, all at once, without waiting for them (``start`` waits): they
-        load the pipeline while the caller goes on (a data server's main process imports the
-        builder's module meanwhile). Once only."""
+        """Start the worker processes at once, not waiting for them (``start`` waits): they load the
+        pipeline while the caller goes on (a server's main process imports the builder's module). Once only."""
         if not self.state.workers():
-            self.state.workers_spawned([spawn(self._ctx, w, self._cfg) for w in range(self._num_workers)])
+            self.state.workers_spawned(handles := [unstarted(w, self._cfg) for w in range(self._num_workers)])
             self._spawned_at = time.monotonic()
+            self.launcher.start(handles)
 
     def start(self, own_thread: bool = True) -> None:
         """Start the workers; wait until each has loaded the pipeline; ``info`` is then what they
@@ -104,7 +105,7 @@ class WorkerPool:
         """
         self.spawn()
         try:
-            self.info = start_all(self._ctx, self.state.workers(), self._cfg,
+            self.info = start_all(self.launcher.wait(), self.state.workers(), self._cfg,
                                   self._spawned_at + self._cfg.start_timeout, self.state.worker_respawned)
         except ConfigError:
             self.stop(0)
@@ -119,9 +120,11 @@ class WorkerPool:
         """Stop every worker (politely, then SIGKILL after ``timeout``)."""
         failures = self.state.stop()
         self._wake()
+        self.launcher.join(max(timeout, 1.0))
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(timeout, 1.0))
         stop_workers(self.state.workers(), timeout)
+        self.launcher.close(max(timeout, 1.0))  # after its workers: it forks no replacement now
         self._fail(failures)
 
     # -- public API
@@ -272,7 +275,7 @@ class WorkerPool:
 
     def _replace(self, dead: WorkerHandle) -> None:
         try:
-            new = spawn_replacement(self._ctx, dead.wid, self._cfg, lambda: self.state.stopping)
+            new = spawn_replacement(self.launcher.ctx, dead.wid, self._cfg, lambda: self.state.stopping)
         except ConfigError as exc:
             self._gave_up(self.state.replacement_gave_up(str(exc)))
             return

@@ -80,7 +80,8 @@ class DataServer:
         self.created_at = time.time()  # wall clock, for a registry entry's ``started_at``
         self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
                                self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
-                               compression=self.options.compression, nice=self.options.worker_nice)
+                               compression=self.options.compression, nice=self.options.worker_nice,
+                               worker_start=self.options.worker_start)
         self.pool.on_no_workers = self._no_workers
         self.stats = ServerStats(self.pool)
         self.plan = None

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ..contract import compression
 from ..errors import ConfigError
+from ..pool.warm_start import check_start_method
 from ..protocol import tls
 
 DEFAULT_MAX_BATCH_BYTES = 1 << 30
@@ -29,6 +30,8 @@ class ServerOptions:
     send_timeout_s: float = 30.0  # a consumer that takes no bytes for this long is dropped (frees its slots)
     tls_cert: str = ""            # PEM certificate: serve both planes over TLS (with tls_key)
     tls_key: str = ""
+    worker_start: str = "warm"    # "warm": workers fork from a parent that imported torch and the pipeline
+                                  # module (ms, shared pages); "spawn": each imports them (seconds)
     worker_nice: int = 0          # raise the workers' nice value by this much (0-19): a server on cores a
                                   # trainer also uses builds in the cycles the trainer leaves, never delaying it
 
@@ -48,5 +51,6 @@ class ServerOptions:
             raise ConfigError(f"send_timeout_s={self.send_timeout_s!r} must be > 0 seconds")
         if isinstance(self.worker_nice, bool) or not isinstance(self.worker_nice, int) or not 0 <= self.worker_nice <= 19:
             raise ConfigError(f"worker_nice={self.worker_nice!r} must be an integer 0..19 (0: the server's own priority)")
+        check_start_method(self.worker_start)
         if self.tls_cert or self.tls_key:
             tls.server_files(self.tls_cert, self.tls_key)

@@ -44,6 +44,10 @@ def register(sub) -> None:
                    help="with --join: consumers drop this server's entry SECONDS after its last refresh (it is "
                         "refreshed every third of that; a server killed with -9 leaves within it); 0: no heartbeat "
                         "(default 15)")
+    p.add_argument("--worker-start", choices=("warm", "spawn"), default="warm",
+                   help="warm: fork workers (and their replacements) from a parent that imported torch and the "
+                        "pipeline module (milliseconds, shared memory); spawn: each worker imports them itself "
+                        "(falls back to it, with a log line, when the module cannot be preloaded)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="on SIGTERM: seconds to finish the requests already taken before stopping")
     p.set_defaults(func=run)
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                                 compression=args.compression, shared_memory=not args.no_shared_memory,
                                 advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
                                 tls_key=args.tls_key, probe=not args.no_probe,
-                                send_timeout_s=args.send_timeout)
+                                send_timeout_s=args.send_timeout, worker_start=args.worker_start)
         server = DataServer(spec, token, options).start()
     except ConfigError as exc:
         print(f"hetero serve: {exc}")

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from data_service.pool.warm_parent import COMM as WARM_PARENT
 from hetero.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,7 +189,7 @@ class ServerProc(_ProcessGroup):
         self._terminate(timeout)
 
     def worker_pids(self) -> list[int]:
-        """PIDs of the server's worker processes (its multiprocessing children)."""
+        """PIDs of the server's worker processes (its multiprocessing children, or its warm parent's)."""
         import psutil
 
         if not self.alive:
@@ -200,10 +201,15 @@ class ServerProc(_ProcessGroup):
         out = []
         for k in kids:
             try:
-                cmd = " ".join(k.cmdline())
+                cmd, name = " ".join(k.cmdline()), k.name()
             except psutil.Error:
                 continue
-            if "multiprocessing" in cmd and "resource_tracker" not in cmd:
+            if name == WARM_PARENT:  # the workers are the warm parent's children
+                try:
+                    out.extend(w.pid for w in k.children())
+                except psutil.Error:
+                    continue
+            elif "multiprocessing" in cmd and "resource_tracker" not in cmd:
                 out.append(k.pid)
         return out
 

@@ -1,0 +1,183 @@
+"""The server's side of a pool's warm parent (warm_parent.py): starting it, asking it to fork
+workers, and the handle of each forked worker.
+
+``WarmParent.Process`` stands in for ``multiprocessing.get_context("spawn").Process`` (what
+lifecycle.py calls): the handle has ``start``, ``pid``, ``sentinel``, ``exitcode``, ``is_alive``,
+``join`` and ``kill``. A forked worker is the warm parent's child, not the server's, so its
+sentinel is a pidfd (readable once it exits, whoever its parent is) and its exit code comes
+on a status pipe from the warm parent, which reaps it.
+"""
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import pickle
+import select
+import signal
+import socket
+import threading
+import weakref
+from multiprocessing.connection import Connection
+
+from . import warm_parent
+from .warm_parent import CODE, recv_msg, send_msg
+
+ANSWER_TIMEOUT_S = 30.0  # a fork takes milliseconds; this long means the warm parent is stuck
+CODE_WAIT_S = 2.0        # from a worker's exit to the warm parent writing its code (it reaps at once)
+UNKNOWN_EXIT = 255       # the exit code of a worker whose warm parent died before it could tell
+
+
+class WarmParentGone(OSError):
+    """The warm parent cannot fork (it exited, or refused); workers are spawned instead."""
+
+
+def _readable(fd, timeout: float | None) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+class WarmParent:
+    """One pool's warm parent: a spawned process that imports ``preload`` and then forks workers."""
+
+    def __init__(self, preload: list[str]) -> None:
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._lock = threading.Lock()  # one request and its answer at a time (start-up and replacements)
+        self.gone = False
+        self.process = mp.get_context("spawn").Process(
+            target=warm_parent.main, args=(theirs, list(preload)), name="hetero-warm-parent", daemon=True)
+        self.process.start()
+        theirs.close()
+
+    def ready(self, timeout: float) -> dict | None:
+        """What the warm parent reported once it preloaded (pid, error, threads, grpc); None if it
+        did not within ``timeout`` seconds.
+
+        Raises:
+            WarmParentGone: it exited before reporting.
+        """
+        if not _readable(self._sock, timeout):
+            return None
+        try:
+            report, _ = recv_msg(self._sock)
+        except (OSError, EOFError):
+            report = None
+        if report is None:
+            self.process.join(1.0)
+            raise WarmParentGone(f"the warm parent exited with code {self.process.exitcode} while preloading")
+        return report
+
+    def Process(self, target, name: str, args: tuple = (), daemon: bool = True):  # noqa: N802 (multiprocessing's name)
+        """A handle like ``multiprocessing.Process``; once this warm parent is gone, a spawned one."""
+        if self.gone:
+            return mp.get_context("spawn").Process(target=target, name=name, args=args, daemon=daemon)
+        return ForkedProcess(self, target, name, args)
+
+    def fork(self, target, args: tuple, name: str) -> tuple[int, int, int]:
+        """Fork a worker running ``target(*args)``; (pid, its pidfd, the read end of its status pipe).
+
+        Raises:
+            WarmParentGone: the warm parent exited, refused or did not answer.
+        """
+        buf = io.BytesIO()
+        pickler = _FdPickler(buf)
+        pickler.dump((target, args))
+        msg = {"env": dict(os.environ), "name": name, "payload": buf.getvalue()}  # spawn's environment: today's
+        status_r, status_w = os.pipe()
+        try:
+            with self._lock:
+                if self.gone:
+                    raise WarmParentGone("the warm parent was closed")
+                send_msg(self._sock, msg, [status_w, *pickler.fds])
+                if not _readable(self._sock, ANSWER_TIMEOUT_S):
+                    raise WarmParentGone(f"the warm parent did not answer a fork within {ANSWER_TIMEOUT_S:.0f}s")
+                answer, fds = recv_msg(self._sock)
+        except (OSError, EOFError) as exc:
+            self.gone = True
+            os.close(status_r)
+            raise WarmParentGone(f"the warm parent cannot fork: {exc}") from exc
+        finally:
+            os.close(status_w)
+        if answer is None or "error" in answer:
+            self.gone = True
+            os.close(status_r)
+            for fd in fds:
+                os.close(fd)
+            raise WarmParentGone((answer or {}).get("error") or "the warm parent exited")
+        return answer["pid"], fds[0], status_r
+
+    def close(self, timeout: float) -> None:
+        """Stop the warm parent (its workers are the pool's to stop first)."""
+        with self._lock:  # a fork under way finishes first
+            self.gone = True
+            self._sock.close()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(2.0)
+
+
+class _FdPickler(pickle.Pickler):
+    """Pickles pipe ends as persistent ids; their descriptors travel beside (``socket.send_fds``)."""
+
+    def __init__(self, file) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.fds: list[int] = []
+
+    def persistent_id(self, obj):
+        if isinstance(obj, Connection):
+            self.fds.append(obj.fileno())
+            return ("connection", len(self.fds) - 1, obj.readable, obj.writable)
+        return None
+
+
+class ForkedProcess:
+    """A worker forked by a warm parent, handled like a ``multiprocessing.Process``."""
+
+    def __init__(self, parent: WarmParent, target, name: str, args: tuple) -> None:
+        self._parent, self._target, self._args, self.name = parent, target, args, name
+        self.pid = self.sentinel = self._status = self._code = None
+
+    def start(self) -> None:
+        self.pid, self.sentinel, self._status = self._parent.fork(self._target, self._args, self.name)
+        weakref.finalize(self, _close_fds, self.sentinel, self._status)
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._code is None and _readable(self.sentinel, 0):
+            self._code = self._read_code()
+        return self._code
+
+    def _read_code(self) -> int:
+        if _readable(self._status, CODE_WAIT_S):
+            data = os.read(self._status, CODE.size)
+            if len(data) == CODE.size:
+                return CODE.unpack(data)[0]
+        return UNKNOWN_EXIT  # the pipe closed without a code: the warm parent is gone
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._code is None:
+            _readable(self.sentinel, timeout)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
+        if self.is_alive():
+            try:
+                signal.pidfd_send_signal(self.sentinel, sig)  # by pidfd: never a reused pid
+            except ProcessLookupError:
+                pass
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

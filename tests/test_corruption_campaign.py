@@ -13,11 +13,13 @@ from data_service.shards import ShardDataset
 from data_service.shards.indexfile import PREFIX
 
 
-def test_damaged_shards_and_cache_blocks_never_train_silently_and_lose_no_whole_sample(tmp_path):
+def test_damaged_shards_cache_blocks_and_data_plane_never_train_silently_and_lose_no_whole_sample(tmp_path):
     trace: list[dict] = []
-    table = corruption.run(6, seed=5, images=48, work=str(tmp_path), only=("local", "cache"), trace=trace)
-    assert table["total"]["trials"] == 6
-    assert table["stored"]["silent"] == 0 and table["total"]["lost"] == 0, trace
+    table = corruption.run(8, seed=5, images=48, work=str(tmp_path), only=("local", "cache", "dataplane"),
+                           trace=trace)
+    assert table["total"]["trials"] == 8
+    assert table["total"]["silent"] == 0 and table["total"]["lost"] == 0, trace
+    assert table["dataplane"]["silent"] == 0 and table["dataplane"]["trials"] > 0, trace
     # every cache flip lands in a sample's bytes: the block is dropped and S3 read again, which the
     # servers' samples_reread stat shows
     assert table["cache"]["reread"] == table["cache"]["trials"] > 0, trace

@@ -4,7 +4,8 @@ The homogeneous baseline is honest only if a batch costs the same CPU there as o
 This builds the image pipeline's batches (all on one pinned core) in-process with ``build_batch``,
 through ``DataLoader(LocalDataset, num_workers=1)`` (what ``homogeneous_loader=dataloader`` runs)
 and through a data server with one worker and ``RemoteDataset`` over shared memory (a data node,
-and ``homogeneous_loader=server``), and prints the CPU seconds per batch of the building
+and ``homogeneous_loader=server``; its worker forked from the warm parent, the default, and
+spawned), and prints the CPU seconds per batch of the building
 processes and of the consumer, over ``--batches`` batches after a warm-up, ``--rounds`` times.
 
     python -m benchmarks.batch_cpu --images-dir /tmp/photos --batches 60 --rounds 3
@@ -58,11 +59,11 @@ def dataloader(options: dict, n: int) -> tuple[float, float]:
     return (k1 - k0) / n, (m1 - m0) / n
 
 
-def data_server(options: dict, n: int) -> tuple[float, float]:
+def data_server(options: dict, n: int, worker_start: str = "warm") -> tuple[float, float]:
     from dnn_worker import RemoteDataset
     from hetero.testing.processes import TOKEN, ServerProc
 
-    server = ServerProc(options, workers=1, pipeline=PIPELINE).start()
+    server = ServerProc(options, workers=1, pipeline=PIPELINE, worker_start=worker_start).start()
     try:
         it = iter(RemoteDataset([server.address], TOKEN, seed=1))
         for _ in range(5):
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{need} photo-like JPEGs, batch {args.batch_size}, decode={args.decode}, everything on CPU {args.cpu}, "
           f"{args.batches} batches x {args.rounds} rounds, {report.stamp()}")
     ways = {"in-process build_batch": in_process, "DataLoader worker (LocalDataset)": dataloader,
-            "data server, 1 worker (RemoteDataset)": data_server}
+            "data server, 1 worker (RemoteDataset)": data_server,
+            "data server, 1 spawned worker": lambda o, n: data_server(o, n, "spawn")}
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in ways}
     for r in range(args.rounds):
         for name, fn in ways.items():

@@ -42,6 +42,13 @@ __all__ = ["MAX_ATTEMPTS", "TASKS_AHEAD", "Result", "Task", "WorkerPool"]
 log = logging.getLogger(__name__)
 
 
+def _check_sizes(num_workers: int, slots_per_worker: int) -> None:
+    if num_workers < 1:
+        raise ConfigError(f"num_workers={num_workers} must be >= 1")
+    if slots_per_worker < 1:
+        raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
+
+
 class WorkerPool:
     """Runs a pipeline in ``num_workers`` processes; see the module docstring.
 
@@ -51,10 +58,7 @@ class WorkerPool:
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
                  start_timeout: float = 120.0, log_level: int = logging.INFO, compression: str = "", nice: int = 0,
                  worker_start: str = "warm") -> None:
-        if num_workers < 1:
-            raise ConfigError(f"num_workers={num_workers} must be >= 1")
-        if slots_per_worker < 1:
-            raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
+        _check_sizes(num_workers, slots_per_worker)
         self._num_workers = num_workers
         self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, compression, nice)
         self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping)  # method: how they start

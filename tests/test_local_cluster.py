@@ -119,6 +119,7 @@ def test_ddp_across_two_dnn_nodes_and_two_local_ranks(tmp_path):
 
 
 @pytest.mark.slow  # every node stopping at the end runs by default in test_trainer_crash_still_shuts_the_data_nodes_down
+@pytest.mark.serial  # it checks all of /dev/shm: another test's DataLoader semaphores there would count against it
 def test_ctrl_c_stops_every_node_process(tmp_path):
     psutil = pytest.importorskip("psutil")
     import signal

@@ -131,10 +131,11 @@ class ResumableLoader:
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume there: this rank's state, or every rank's (a list) from another number of ranks."""
+        dealt = self.dataset._dealt
         self.dataset.load_state_dict(state)
         self._consumed = 0
-        if self.dataset._dealt is not None and self.persistent and self.loader._iterator is not None:
-            self.close()  # persistent workers hold a copy of the dataset made before the deal
+        if self.dataset._dealt != dealt and self.persistent and self.loader._iterator is not None:
+            self.close()  # persistent workers hold a copy of the dataset made before (or under) another deal
 
 
 def _shutdown(it: Any) -> None:

@@ -19,6 +19,7 @@ def two_data_nodes():
         s.stop()
 
 
+@pytest.mark.slow  # five interpreters importing torch at once: kept away from the default tier's timed tests
 def test_2_ranks_then_3_with_a_data_node_killed_train_every_batch_once(tmp_path: Path, two_data_nodes):
     row = reshard_drill.run_case(2, 3, True, tmp_path / "case", two_data_nodes)
     assert row["killed"], row

@@ -35,27 +35,24 @@ def test_the_crc_covers_identity_layout_and_payload():
 
 
 @pytest.fixture
-def flipped_pair():
+def flipped_server():
+    """One data server whose data plane is reached through a proxy that flips a byte once armed."""
     bulk = free_port()
     proxy = FlipProxy(("127.0.0.1", bulk))
-    servers = [ServerProc(OPTS, pipeline=PIPELINE), ServerProc(OPTS, pipeline=PIPELINE, bulk_port=bulk,
-                                                              advertise_bulk_port=proxy.port)]
-    for s in servers:
-        s.start(wait=False)
-    for s in servers:
-        s.wait_ready(120)
-    yield servers, proxy
+    server = ServerProc(OPTS, pipeline=PIPELINE, bulk_port=bulk, advertise_bulk_port=proxy.port).start()
+    yield server, proxy
     proxy.close()
-    for s in servers:
-        s.stop()
+    server.stop()
 
 
-def test_a_flipped_payload_byte_is_named_and_the_batch_fetched_again(flipped_pair, caplog):
-    servers, proxy = flipped_pair
-    proxy.arm(offset=60_000, mask=0x04)  # inside a payload: the stream is 99 % payload bytes
+def test_a_flipped_payload_byte_is_named_and_the_batch_fetched_again(flipped_server, caplog):
+    server, proxy = flipped_server
+    # inside a payload (the stream is 99 % payload bytes) of the first connection; the consumer
+    # then connects again, to the same server, and gets the batch whole
+    proxy.arm(offset=60_000, mask=0x04)
     ref = Reference(PIPELINE, OPTS, seed=3).digests(0)
-    ds = RemoteDataset([s.address for s in servers], servers[0].token, seed=3, shared_memory=False,
-                       connect_timeout=30, batch_timeout=20)
+    ds = RemoteDataset([server.address], server.token, seed=3, shared_memory=False, connect_timeout=30,
+                       batch_timeout=20)
     with caplog.at_level(logging.WARNING, logger="dnn_worker"):
         got = [batch_digest(b) for b in ds]
     assert proxy.flipped == 1

@@ -48,7 +48,11 @@ def test_every_cluster_shape_gives_the_in_process_batches(shard_dir, tmp_path, n
 
 
 def test_each_block_is_built_by_its_owner_only(shard_dir):
-    """With every server up, a block's batches all come from one server, the same on every rank."""
+    """With every server up, a block's batches all come from one server, the same on every rank.
+
+    Each rank reads epoch 0 first, so that both connections are up (on a loaded machine the
+    second may connect after the first requests went out), then epoch 1 on the same connections
+    is watched."""
     from dnn_worker.affinity import Affinity
 
     options = {**BASE, "shards": str(shard_dir)}
@@ -56,7 +60,8 @@ def test_each_block_is_built_by_its_owner_only(shard_dir):
         addresses = [s.address for s in servers]
         owners: dict[int, set[str]] = {}
         for rank in range(2):
-            ds = RemoteDataset(addresses, TOKEN, seed=2, rank=rank, world_size=2)
+            ds = RemoteDataset(addresses, TOKEN, seed=2, rank=rank, world_size=2, epochs=2)
+            list(ds)  # epoch 0: both connections up, kept open for epoch 1
             aff = Affinity(ds.hello().dataset)
             from dnn_worker.server_set import ServerSet
 

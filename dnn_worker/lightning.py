@@ -139,9 +139,8 @@ class _TrainFeed:
         # The whole epoch: Lightning counts a resumed epoch's batches from where it stopped, and an
         # epoch dealt to another number of ranks from the steps taken before the deal.
         dataset = self.module.loader.dataset
-        dealt = dataset._dealt
-        before = steps_before_deal(dealt[1]) if dealt is not None and dealt[0] == dataset.epoch else 0
-        return before + len(dataset._rank_share())
+        worlds = dataset.earlier_worlds(dataset.epoch)
+        return (steps_before_deal(worlds) if worlds is not None else 0) + len(dataset._rank_share())
 
     def __iter__(self) -> Iterator[Any]:
         m = self.module

@@ -116,9 +116,14 @@ class ShardedBatches(IterableDataset):
             epoch, position = epoch + 1, 0
         state = {"epoch": epoch, "seed": self.seed, "position": position, "dp_rank": self.dp_rank,
                  "dp_size": self.dp_size}
-        if self._dealt is not None and self._dealt[0] == epoch:
-            state[WORLDS] = self._dealt[1]
+        worlds = self.earlier_worlds(epoch)
+        if worlds is not None:
+            state[WORLDS] = worlds
         return state
+
+    def earlier_worlds(self, epoch: int) -> list | None:
+        """The worlds that trained part of ``epoch`` before it was dealt to this job's ranks, if it was."""
+        return self._dealt[1] if self._dealt is not None and self._dealt[0] == epoch else None
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume at the next unseen batch of ``state["epoch"]`` (no batch repeated or skipped).
@@ -171,10 +176,10 @@ class ShardedBatches(IterableDataset):
         """This rank's batches of ``epoch``: every R-th from its rank, or its part of what an
         epoch resumed on another number of ranks had left."""
         n = self.num_batches_per_epoch()
-        dealt = self._dealt if self._dealt is not None and self._dealt[0] == epoch else None
-        key = (n, epoch if dealt else None)
+        worlds = self.earlier_worlds(epoch)
+        key = (n, epoch if worlds is not None else None)
         if self._share is None or self._share[0] != key:
-            share = (dealt_share(n, dealt[1], self.dp_rank, self.dp_size, self.remainder) if dealt
+            share = (dealt_share(n, worlds, self.dp_rank, self.dp_size, self.remainder) if worlds is not None
                      else rank_stride(n, self.dp_rank, self.dp_size, self.remainder))
             self._share = (key, share)
         return self._share[1]

@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader
 
 from data_service.errors import ConfigError
 
-from .audit import AuditLog, digest, take_audit
-from .sharding import ShardedBatches
+from .resume.audit import AuditLog, digest, take_audit
+from .resume.sharding import ShardedBatches
 
 
 class ResumableLoader:

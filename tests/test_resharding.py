@@ -13,8 +13,8 @@ from data_service.contract.sampler import rank_share
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
 from dnn_worker import DeviceFeeder, LocalDataset, ResumableLoader
-from dnn_worker.batch_list import BatchList
-from dnn_worker.resharding import deal, dealt_share, merge_states, remaining
+from dnn_worker.resume.batch_list import BatchList
+from dnn_worker.resume.resharding import deal, dealt_share, merge_states, remaining
 
 OPTS = {"size": 100, "batch_size": 4, "shape": [1, 4, 4]}  # 25 batches per epoch
 SPEC = PipelineSpec("examples.synthetic:build_pipeline", OPTS)

@@ -12,7 +12,7 @@ A job picks one (the image pipeline's ``wire_encoding`` option, ``Pipeline(wire_
 
 The data server's worker processes encode (:func:`encode_batch`, called by ``build_batch``, so the
 homogeneous mode builds exactly the same bytes); the consumer decodes before the finish stage
-(:func:`decode_batch`; ``dnn_worker.device.FinishStage``), JPEGs in batches on the GPU when the
+(:func:`decode_batch`; ``dnn_worker.device.feeder.FinishStage``), JPEGs in batches on the GPU when the
 batch goes to CUDA (``torchvision.io.decode_jpeg(device=...)``), with libjpeg-turbo on the CPU
 otherwise, so the model sees the same ``uint8 [B, C, H, W]`` tensor it would see without one.
 

@@ -9,7 +9,7 @@ Batches travel in compact dtypes (uint8 images); the pipeline's ``finish`` stage
 consumer's device. ``DeviceFeeder`` begins each batch (copy to the device, then finish)
 ``depth`` batches ahead of the one the loop trains on, with the same code on every device:
 on CUDA the copy is asynchronous on a side stream from pinned memory; on CPU the finish stage
-is the work done ahead (``dnn_worker.device_ops``). Its ``state_dict()`` is the wrapped stage's
+is the work done ahead (``dnn_worker.device.ops``). Its ``state_dict()`` is the wrapped stage's
 state as it was when the last *yielded* batch was pulled, so prefetching never skips a batch
 on resume.
 """
@@ -28,9 +28,9 @@ from data_service.contract.pipeline import PipelineSpec
 from data_service.protocol.generated import pb
 from data_service.contract.wire_encoding import WireEncoding
 
-from .audit import AuditLog, take_audit
-from .audit import digest as audit_digest
-from .device_ops import HostOps, StreamOps, ops_for
+from ..resume.audit import AuditLog, take_audit
+from ..resume.audit import digest as audit_digest
+from .ops import HostOps, StreamOps, ops_for
 
 
 class FinishError(DataServiceError):

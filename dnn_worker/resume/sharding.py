@@ -37,7 +37,7 @@ class ShardedBatches(IterableDataset):
             per data-parallel replica (its rank and size are used).
         remainder: "drop" or "pad" when batches do not divide evenly among ranks.
         audit_path: append one JSON line per yielded batch: epoch, batch, rank, sha256 (written
-            by the outermost consumer stage; see ``dnn_worker.audit``).
+            by the outermost consumer stage; see ``dnn_worker.resume.audit``).
         epochs: the epochs training will run (0 .. epochs-1), when known: enables ``lookahead``.
         lookahead: at the end of an epoch before the last, fetch this many of the next epoch's
             first batches (per loader worker) while the last ones train, so an epoch boundary
@@ -130,7 +130,7 @@ class ShardedBatches(IterableDataset):
 
         ``state`` is this rank's ``state_dict()``, or a list of every rank's from a job with
         another number of data-parallel ranks: the rest of its epoch is then dealt to this job's
-        ranks (``dnn_worker.resharding``), each the same count.
+        ranks (``dnn_worker.resume.resharding``), each the same count.
         """
         if isinstance(state, (list, tuple)):
             state = merge_states(state, self.remainder)
@@ -142,7 +142,7 @@ class ShardedBatches(IterableDataset):
         if state.get("dp_size", self.dp_size) != self.dp_size:
             raise ConfigError(f"checkpoint was taken with dp_size={state['dp_size']}, this job has "
                               f"dp_size={self.dp_size}; pass every rank's state (a list) to deal the rest of the "
-                              "epoch to this job's ranks (dnn_worker.resharding), or resume with the same number "
+                              "epoch to this job's ranks (dnn_worker.resume.resharding), or resume with the same number "
                               "of data-parallel ranks")
         worlds = state.get(WORLDS)
         self._dealt = (int(state["epoch"]), list(worlds)) if worlds else None

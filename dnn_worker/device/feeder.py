@@ -49,7 +49,7 @@ class FinishStage:
     max_batch_bytes: int = 0  # the most a decoded batch may hold, as the servers announced (0: none)
 
     @classmethod
-    def load(cls, target: str, dtypes: Mapping[str, str] | None = None, wire: str | None = None,
+    def load(cls, target: str, dtypes: Mapping[str, str] | None = None, wire: str | WireEncoding | None = None,
              max_batch_bytes: int = 0) -> "FinishStage":
         """The stage from its import path; ``wire`` is the encoding the servers announced (checked
         against every batch; None: decode whatever a batch carries), ``max_batch_bytes`` the

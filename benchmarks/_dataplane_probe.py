@@ -71,7 +71,7 @@ def _rss_kib(pid: int | str = "self") -> int:
 
 
 def _connection(address: str, port: int, shm: bool):
-    from dnn_worker.connection import BulkConnection
+    from dnn_worker.transport.connection import BulkConnection
 
     if "events" in inspect.signature(BulkConnection).parameters:  # a checkout with receive threads
         return BulkConnection(address, "127.0.0.1", port, TOKEN, queue.Queue(), shared_memory=shm)

@@ -41,7 +41,7 @@ OUTCOMES = ("detected", "silent", "reread", "harmless")
 
 
 def _stats(servers) -> tuple[int, int]:
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     skipped = reread = 0
     for s in servers:

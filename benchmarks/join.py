@@ -85,7 +85,7 @@ def one_run(registry: str, out: Path, ranks: int, workers: int, env: dict) -> di
     from data_service.membership.registry import read_entries
     from hetero.commands.shutdown import wait_gone
     from hetero.ports import free_port
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     port = free_port()
     address = f"127.0.0.1:{port}"

@@ -216,7 +216,7 @@ def consume(address: str, token: str, steps: int, warmup: int, gpu_step_s: float
 def run_job(link: EmulatedLink, server, steps: int, warmup: int, gpu_step_s: float, advice_every: int) -> dict:
     """Consume ``steps`` steps from ``server`` (in the link's namespace), with the live advice;
     the measured figures over the steps after ``warmup``."""
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
     from hetero.testing.processes import TOKEN
 
     lines = _Lines()

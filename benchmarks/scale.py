@@ -59,8 +59,8 @@ def start_server(batch_bytes: int, workers: int) -> tuple[subprocess.Popen, str]
 
 def _iterate(servers: list[str], seed: int, until: float, out: dict, count: int) -> None:
     from data_service.protocol.generated import pb
-    from dnn_worker.fetch_options import FetchOptions
-    from dnn_worker.fetcher import Fetcher
+    from dnn_worker.fetch.fetch_options import FetchOptions
+    from dnn_worker.fetch.fetcher import Fetcher
     from dnn_worker.remote_dataset import SMALL_WINDOW
 
     refs = [pb.BatchRef(seed=seed, epoch=0, index=i) for i in range(count)]
@@ -80,7 +80,7 @@ def _iterate(servers: list[str], seed: int, until: float, out: dict, count: int)
 
 
 def consume(args: dict) -> int:
-    import dnn_worker.fetcher  # noqa: F401  (imports torch: seconds, before the clock starts)
+    import dnn_worker.fetch.fetcher  # noqa: F401  (imports torch: seconds, before the clock starts)
 
     print("ready", flush=True)
     go = sys.stdin.readline().split()  # "<start> <until>" on the shared monotonic clock

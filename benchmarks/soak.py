@@ -161,7 +161,7 @@ class Soak:
 
     def sample(self, now: float) -> None:
         """Record every process's RSS and the most slots in use on any live server."""
-        from dnn_worker.control import ControlClient
+        from dnn_worker.transport.control import ControlClient
 
         for i, s in enumerate(self.servers):
             main, workers = s.rss()

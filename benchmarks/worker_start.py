@@ -38,8 +38,8 @@ def _point(mode: str, workers: int) -> dict:
     from data_service.contract.pipeline import PipelineSpec
     from data_service.protocol.generated import pb
     from data_service.server import DataServer, ServerOptions
-    from dnn_worker.fetch_options import FetchOptions
-    from dnn_worker.fetcher import Fetcher
+    from dnn_worker.fetch.fetch_options import FetchOptions
+    from dnn_worker.fetch.fetcher import Fetcher
 
     token = "b" * 32
     t0 = time.perf_counter()

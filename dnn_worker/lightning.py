@@ -13,7 +13,7 @@ batch ahead of the step, so the position is taken when a batch reaches the step
 (``on_before_batch_transfer``), not when the loader yields it: a checkpoint written at any step
 resumes at the next untrained batch. DDP ranks step together, so rank 0's position (the one
 Lightning saves) holds for every rank; resumed with another number of devices or nodes, the rest
-of the epoch is dealt to the new ranks (``dnn_worker.resharding``).
+of the epoch is dealt to the new ranks (``dnn_worker.resume.resharding``).
 """
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ except ImportError as exc:  # pragma: no cover - depends on the optional extra
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
 
-from .audit import AuditLog, digest, take_audit
+from .resume.audit import AuditLog, digest, take_audit
 from .loader import ResumableLoader
 from .local_dataset import LocalDataset
 from .remote_dataset import RemoteDataset
-from .resharding import lockstep_states, steps_before_deal
-from .sharding import ShardedBatches
+from .resume.resharding import lockstep_states, steps_before_deal
+from .resume.sharding import ShardedBatches
 
 
 class ShardedDataModule(pl.LightningDataModule):

@@ -25,8 +25,9 @@ from torch.utils.data import DataLoader
 
 from data_service.errors import ConfigError
 
-from .audit import AuditLog, digest, take_audit
-from .sharding import ShardedBatches
+from .resume.audit import AuditLog, digest, take_audit
+from .resume.sharding import ShardedBatches
+from .resume.state import ResumeState
 
 
 class ResumableLoader:
@@ -64,7 +65,7 @@ class ResumableLoader:
     @property
     def epoch(self) -> int:
         """The epoch the next batch belongs to."""
-        return self.state_dict()["epoch"]
+        return self.resume_state().epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration yields; the current one keeps its position."""
@@ -76,7 +77,7 @@ class ResumableLoader:
 
     def __len__(self) -> int:
         """Batches left in the current epoch (all of the next one after a finished epoch)."""
-        return len(self.dataset._rank_share()) - self.state_dict()["position"]
+        return len(self.dataset._rank_share()) - self.resume_state().position
 
     def __iter__(self) -> Iterator[Any]:
         self._close_active()  # an iteration left suspended (the loop broke off) ends here
@@ -91,8 +92,8 @@ class ResumableLoader:
             active.close()
 
     def _iterate(self) -> Iterator[Any]:
-        state = self.state_dict()
-        self.dataset._seek(state["epoch"], state["position"])  # continue where the last iteration stopped
+        state = self.resume_state()
+        self.dataset._seek(state.epoch, state.position)  # continue where the last iteration stopped
         self._consumed = 0
         epoch, rank = self.dataset.epoch, self.dataset.dp_rank
         self._indices = indices = self.dataset.rank_indices()
@@ -127,9 +128,13 @@ class ResumableLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where to resume, as of the last batch this loader yielded (see ``ShardedBatches.state_dict``)."""
-        return self.dataset.state_at(self.dataset.epoch, self.dataset.start + self._consumed)
+        return self.resume_state().to_dict()
 
-    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def resume_state(self) -> ResumeState:
+        """:meth:`state_dict` as the typed value."""
+        return self.dataset.resume_state_at(self.dataset.epoch, self.dataset.start + self._consumed)
+
+    def load_state_dict(self, state: dict[str, Any] | ResumeState | list[dict[str, Any]]) -> None:
         """Resume there: this rank's state, or every rank's (a list) from another number of ranks."""
         dealt = self.dataset._dealt
         self.dataset.load_state_dict(state)

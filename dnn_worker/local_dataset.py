@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from data_service.errors import BatchBuildError
 from data_service.contract.pipeline import Pipeline, PipelineSpec, SampleError, build_batch
 
-from .sharding import ShardedBatches
+from .resume.sharding import ShardedBatches
 
 
 class LocalDataset(ShardedBatches):
@@ -32,7 +32,7 @@ class LocalDataset(ShardedBatches):
 
     def finish_stage(self):
         """The pipeline's device-side finish stage (for ``DeviceFeeder``)."""
-        from .device import FinishStage
+        from .device.feeder import FinishStage
 
         pipe = self.pipeline()
         return FinishStage.load(pipe.finish_target(), pipe.finish_dtypes, pipe.wire_encoding)

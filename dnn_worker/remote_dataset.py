@@ -29,13 +29,13 @@ from data_service.storage import is_s3_url
 from data_service.protocol.version import PROTOCOL_VERSION
 from data_service.protocol.generated import pb
 
-from .affinity import Affinity
-from .batch_list import BatchList, BatchRefs
-from .control import ControlClient
-from .fetch_options import FetchOptions
-from .fetcher import Fetcher
-from .registry_watch import RegistryWatcher, watcher_for
-from .sharding import ShardedBatches
+from .fetch.affinity import Affinity
+from .resume.batch_list import BatchList, BatchRefs
+from .transport.control import ControlClient
+from .fetch.fetch_options import FetchOptions
+from .fetch.fetcher import Fetcher
+from .fetch.registry_watch import RegistryWatcher, watcher_for
+from .resume.sharding import ShardedBatches
 
 SMALL_WINDOW = 8  # default window for batches of at most 1 MB (scheduler.SMALL_BATCH_BYTES)
 
@@ -153,7 +153,7 @@ class RemoteDataset(ShardedBatches):
 
     def finish_stage(self):
         """The pipeline's device-side finish stage (for ``DeviceFeeder``), from the servers' Hello."""
-        from .device import finish_from_info
+        from .device.feeder import finish_from_info
 
         return finish_from_info(self.hello().dataset)
 

@@ -72,7 +72,7 @@ def check_compatible(ckpt: dict[str, Any], path: str, *, seed: int, pipeline: st
     """Raise ConfigError when the checkpoint was written by a job this one cannot continue.
 
     Another number of ranks is not a difference: the rest of the epoch is dealt to this job's
-    ranks (``dnn_worker.resharding``)."""
+    ranks (``dnn_worker.resume.resharding``)."""
     mismatches = []
     for name, mine in (("seed", seed), ("pipeline", pipeline), ("pipeline_options", dict(pipeline_options)),
                        ("model_target", model)):

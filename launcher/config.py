@@ -21,7 +21,7 @@ from data_service.errors import ConfigError
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-DDP_BACKENDS = ("auto", "nccl", "gloo", "smddp")  # dnn_worker.ddp_backend.BACKENDS
+DDP_BACKENDS = ("auto", "nccl", "gloo", "smddp")  # dnn_worker.device.ddp.BACKENDS
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,7 @@ def run_dnn_node(job: TrainJob, data_wait_s: float, local_server=None) -> int:
         if job.mode == "heterogeneous":
             remote = [a for h, a in zip(job.server_hosts, servers) if h != job.host]
             if job.cfg.registry:  # servers that joined through the registry leave with the job's own
-                from dnn_worker.registry_watch import registered_servers
+                from dnn_worker.fetch.registry_watch import registered_servers
                 remote += [a for a in registered_servers(job.cfg.registry, job.token) if a not in remote]
             if rc == EXIT_STOPPED:
                 shutdown_servers(remote, job.token, f"training stopped by SIGTERM on {job.host} (checkpoint written)")

@@ -64,7 +64,7 @@ def preflight(cfg: LaunchConfig, role: str) -> None:
 
     _callable(OPTIMIZERS.get(cfg.optimizer.lower(), cfg.optimizer), "optimizer")
     if role in ("dnn", "homogeneous"):
-        from dnn_worker.ddp_backend import resolve_backend
+        from dnn_worker.device.ddp import resolve_backend
 
         resolve_backend(cfg.ddp_backend)  # nccl without CUDA, smddp without its library: fail now
     if role == "homogeneous":

@@ -160,7 +160,7 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
         free = len(os.sched_getaffinity(0)) - builders
         torch.set_num_threads(max(1, free // job.nprocs))
     if job.world_size > 1 or cfg.ddp_backend != "auto":  # a chosen backend runs even on one rank
-        from dnn_worker.ddp_backend import resolve_backend
+        from dnn_worker.device.ddp import resolve_backend
 
         backend = resolve_backend(cfg.ddp_backend, cuda)
         dist.init_process_group(backend, init_method=f"tcp://{job.master_addr}:{cfg.master_port}",
@@ -262,7 +262,7 @@ def _resume(job: TrainJob, rank: int, model, optimizer, data, epoch_batches: int
 
 
 def _log_dealt(old: int, new: int, state: dict[str, Any], mine: int, epoch_batches: int) -> None:
-    from dnn_worker.resharding import WORLDS, remaining
+    from dnn_worker.resume.resharding import WORLDS, remaining
 
     left = len(remaining(epoch_batches, state[WORLDS])) if WORLDS in state else 0
     log.info("the checkpoint was written by %d rank(s), this job has %d: epoch %d goes on with the %d of its %d "

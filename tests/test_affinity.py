@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import collections
 
-from dnn_worker.affinity import rendezvous_owner
+from dnn_worker.fetch.affinity import rendezvous_owner
 
 BLOCKS = range(2000)
 SALT = "0123456789abcdef"

@@ -11,10 +11,10 @@ from data_service.contract.sampler import rank_share
 from data_service.protocol.generated import pb
 from dnn_worker import RemoteDataset
 from dnn_worker import remote_dataset as remote_dataset_module
-from dnn_worker.affinity import Affinity
-from dnn_worker.batch_list import BatchList, BatchRefs, Stride, rank_stride
-from dnn_worker.lane import key
-from dnn_worker.scheduler import Scheduler
+from dnn_worker.fetch.affinity import Affinity
+from dnn_worker.resume.batch_list import BatchList, BatchRefs, Stride, rank_stride
+from dnn_worker.fetch.lane import key
+from dnn_worker.fetch.scheduler import Scheduler
 
 BIG_EPOCH = 10_000_000  # batches of the epoch whose consumer start is measured
 

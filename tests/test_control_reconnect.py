@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 
-from dnn_worker.control import ControlClient
+from dnn_worker.transport.control import ControlClient
 
 
 def test_a_waiting_client_reconnects_often_while_its_server_is_not_up():

@@ -13,7 +13,7 @@ from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
 from data_service.server import ServerOptions
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset
-from dnn_worker.connection import BulkConnection
+from dnn_worker.transport.connection import BulkConnection
 
 OPTS = {"size": 60, "batch_size": 6, "shape": [3, 32, 32]}
 

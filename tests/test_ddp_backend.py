@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from data_service.errors import ConfigError
-from dnn_worker.ddp_backend import SMDDP_MODULE, resolve_backend
+from dnn_worker.device.ddp import SMDDP_MODULE, resolve_backend
 from hetero.ports import free_port
 from launcher.config import LaunchConfig
 from launcher.preflight import preflight
@@ -144,7 +144,7 @@ def test_lightning_datamodule_trains_under_the_strategy_for_gloo(server_factory,
     import _lightning_job as job
     from test_lightning import OPTS, audit, reference
 
-    from dnn_worker.ddp_backend import lightning_strategy
+    from dnn_worker.device.ddp import lightning_strategy
 
     strategy = lightning_strategy("gloo")
     assert type(strategy).__name__ == "DDPStrategy"

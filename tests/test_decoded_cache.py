@@ -155,7 +155,7 @@ def test_without_the_compiled_part_cached_batches_are_the_stacked_crops(folder, 
 @pytest.mark.parametrize("leave", ["shutdown", "drain"])
 def test_a_server_leaving_keeps_the_cache_of_the_servers_that_stay(folder, tmp_path, leave):
     from dnn_worker import RemoteDataset
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     opts = {"data_dir": str(folder), "batch_size": 4, "image_size": 32, "decoded_cache_bytes": "8MB"}
     spec = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "shm")})

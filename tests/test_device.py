@@ -9,7 +9,7 @@ from conftest import TOKEN
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
 from dnn_worker import DeviceFeeder, FinishStage, LocalDataset, RemoteDataset
-from dnn_worker.device import FinishError
+from dnn_worker.device.feeder import FinishError
 
 OPTS = {"size": 40, "batch_size": 8, "shape": [1, 28, 28]}
 
@@ -166,7 +166,7 @@ class CountingLoader:
 @pytest.mark.parametrize("depth", [1, 2, 4])
 @pytest.mark.parametrize("cuda_calls", [False, True])
 def test_feeder_runs_depth_ahead_and_its_state_is_the_last_yielded_batch(depth, cuda_calls):
-    from dnn_worker.device_ops import HostOps, StreamOps
+    from dnn_worker.device.ops import HostOps, StreamOps
 
     ds = LocalDataset(spec("device"), seed=4)
     host = list(ds)
@@ -230,7 +230,7 @@ class PinCheckingCuda:
     """The real CUDA calls (``CudaBackend``), noting whether each copy's source was page-locked."""
 
     def __init__(self) -> None:
-        from dnn_worker.device_ops import CudaBackend
+        from dnn_worker.device.ops import CudaBackend
 
         self.real = CudaBackend()
         self.pinned: list[tuple[bool, bool]] = []  # (as received, as copied)
@@ -256,7 +256,7 @@ def test_cuda_copies_come_from_pinned_memory_and_equal_the_host_batches(server_f
     """Copies on the side stream from page-locked memory (the receive buffers themselves with
     ``pin_memory=True``), ``depth`` batches ahead of a slow step: every batch on the GPU is the
     one the server sent, byte for byte, though the pooled receive buffers are reused meanwhile."""
-    from dnn_worker.device_ops import StreamOps
+    from dnn_worker.device.ops import StreamOps
 
     server = server_factory({**OPTS, "size": 200}, num_workers=1)  # 25 batches
     host = [{k: v.clone() for k, v in b.items()} for b in RemoteDataset([server.address], TOKEN, seed=3)]

@@ -269,7 +269,7 @@ def test_a_fixed_server_also_registered_under_another_address_is_used_once(serve
 
 @pytest.mark.slow  # a server process killed -9 and a TTL to wait out: the slow tier
 def test_a_server_killed_9_leaves_every_consumers_view_within_its_ttl_and_one_poll(servers, tmp_path):
-    from dnn_worker.registry_watch import registered_servers, watcher_for
+    from dnn_worker.fetch.registry_watch import registered_servers, watcher_for
 
     reg = str(tmp_path / "registry")
     a = servers()

@@ -120,7 +120,7 @@ def test_a_joined_server_serves_a_local_job_then_is_killed_and_every_batch_is_tr
 
 
 def _sent(server) -> int:
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     with ControlClient(server.address, server.token) as ctl:
         return ctl.stats().batches_sent

@@ -92,7 +92,7 @@ def test_frames_beyond_one_read_are_not_left_waiting_in_the_consumers_buffer():
     # at most 64 events per read; the rest sit in its own buffer, where no selector sees them,
     # and must still come out at once, not when the server next sends (or hangs up).
     from _fault_helpers import FakeBulkServer, frame_bytes
-    from dnn_worker.connection import BulkConnection
+    from dnn_worker.transport.connection import BulkConnection
 
     fake = FakeBulkServer()
     frames = b"".join(frame_bytes(pb.BulkFrame(error=pb.BatchError(ref=pb.BatchRef(index=i), kind=pb.OUT_OF_RANGE,
@@ -248,7 +248,7 @@ def test_batches_split_across_reads_at_any_byte_arrive_whole():
     # The consumer stops reading at a short read and picks up where it stopped when the next
     # bytes come: headers and payloads cut at odd places, with pauses between the pieces.
     from _fault_helpers import FakeBulkServer
-    from dnn_worker.connection import BulkConnection
+    from dnn_worker.transport.connection import BulkConnection
 
     stream = bytearray()
     payloads = []
@@ -284,7 +284,7 @@ def test_the_rest_of_a_large_payload_costs_one_wake_up_and_small_frames_after_it
     # is watched here: no fallback read; the fake server keeps the connection open, no FIN.
     monkeypatch.setenv("HETERO_SOCKBUF", str(4 << 20))  # read by framing.tune when the consumer connects
     from _fault_helpers import FakeBulkServer
-    from dnn_worker.connection import BulkConnection
+    from dnn_worker.transport.connection import BulkConnection
 
     def frame(index: int, payload: bytes) -> bytes:
         s, metas, raw = tensor_layout.encode(torch.frombuffer(bytearray(payload), dtype=torch.uint8))

@@ -26,8 +26,8 @@ from data_service.contract.pipeline import PipelineSpec
 from data_service.contract.sampler import PlanConfig, batch_indices
 from data_service.protocol.generated import pb
 from dnn_worker import RemoteDataset
-from dnn_worker.fetch_options import FetchOptions
-from dnn_worker.fetcher import Fetcher
+from dnn_worker.fetch.fetch_options import FetchOptions
+from dnn_worker.fetch.fetcher import Fetcher
 from hetero.testing import ConsumerProc, FaultProxy, Reference, ServerProc, check_audit, free_port, read_audit
 
 OPTS = {"size": 96, "batch_size": 4}            # 24 batches per epoch
@@ -556,7 +556,7 @@ def test_a_slow_pipeline_is_not_hedged_at_the_end_of_the_list(server_factory, mo
     # takes longer than HEDGE_TAIL_S per batch is slow, not stalled, and building its batches
     # twice at every epoch's end would only take CPU from other consumers. (HEDGE_TAIL_S is cut
     # to 50 ms so that 0.2 s batches are "slow".)
-    from dnn_worker import scheduler
+    from dnn_worker.fetch import scheduler
 
     monkeypatch.setattr(scheduler, "HEDGE_TAIL_S", 0.05)
     opts = {"size": 48, "batch_size": 4, "work_ms": 50}  # about 0.2 s per batch per worker

@@ -22,7 +22,7 @@ from data_service.protocol import framing
 from data_service.errors import ProtocolError
 from data_service.protocol.generated import pb, pb_grpc
 from dnn_worker import RemoteDataset
-from dnn_worker.connection import BulkConnection
+from dnn_worker.transport.connection import BulkConnection
 from hetero.testing import ServerProc
 
 pytestmark = pytest.mark.timeout(240)
@@ -403,7 +403,7 @@ def test_the_consumer_never_allocates_more_than_the_servers_advertised_limit(tmp
     from concurrent import futures
 
     from data_service.protocol.version import PROTOCOL_VERSION
-    from dnn_worker import buffers
+    from dnn_worker.transport import buffers
 
     fake = _FAKE[0]
 

@@ -35,6 +35,14 @@ ROOMS = {
 }
 # What the consumer may import of data_service: the shared rooms, never the server's own.
 CONSUMER = {"errors", "contract", "protocol", "membership", "storage"}
+# Inside dnn_worker: what each room may import of the consumer besides itself. The top level (the
+# datasets, the loader, Lightning) composes the rooms and may import any of them.
+CONSUMER_ROOMS = {
+    "transport": set(),
+    "resume": set(),
+    "fetch": {"transport", "resume"},
+    "device": {"resume"},
+}
 # Names the public face (data_service/__init__.py) loads lazily, and the room each lives in.
 PUBLIC_FACE = {"Pipeline": "contract", "PipelineSpec": "contract", "SkipSample": "contract",
                "DataServer": "server", "ServerOptions": "server", "PROTOCOL_VERSION": "protocol"}
@@ -132,6 +140,48 @@ def test_the_top_of_data_service_is_its_public_face_and_errors_only():
 def test_each_room_imports_only_what_its_rule_names(package):
     bad = [v for f in sorted((ROOT / package).rglob("*.py")) for v in room_violations(f)]
     assert not bad, "imports against the rooms' rules:\n" + "\n".join(bad)
+
+
+def consumer_room_violations(path: Path, root: Path = ROOT) -> list[str]:
+    """Imports of ``path`` (a module in a room of dnn_worker) of another room its rule does not name,
+    or of the consumer's top level (the top composes the rooms; no room reaches up to it)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    if parts[0] != "dnn_worker" or len(parts) < 3:
+        return []
+    own = parts[1]
+    allowed = CONSUMER_ROOMS.get(own)
+    if allowed is None:
+        return [f"{path.relative_to(root)}: dnn_worker/{own}/ is a room without a rule in CONSUMER_ROOMS"]
+    bad = []
+    for line, module in imported_modules(path, root):
+        names = module.split(".")
+        if names[0] != "dnn_worker" or len(names) > 1 and names[1] == own:
+            continue
+        room = names[1] if len(names) > 2 and names[1] in CONSUMER_ROOMS else "the top level"
+        if room not in allowed:
+            bad.append(f"{path.relative_to(root)}:{line} imports {module} (dnn_worker/{own} may import only "
+                       f"{sorted(allowed)} of dnn_worker)")
+    return bad
+
+
+def test_each_consumer_room_imports_only_what_its_rule_names():
+    bad = [v for f in sorted((ROOT / "dnn_worker").rglob("*.py")) for v in consumer_room_violations(f)]
+    assert not bad, "imports against the consumer rooms' rules:\n" + "\n".join(bad)
+
+
+def test_the_consumer_keeps_few_modules_at_its_top():
+    top = sorted(p.name for p in (ROOT / "dnn_worker").glob("*.py"))
+    assert len(top) <= 8, f"{len(top)} modules directly under dnn_worker/ (at most 8): put them in a room: {top}"
+
+
+def test_the_consumer_room_check_refuses_upward_and_sideways_imports(tmp_path):
+    room = tmp_path / "dnn_worker" / "transport"
+    room.mkdir(parents=True)
+    probe = room / "probe.py"
+    probe.write_text("from .buffers import BufferPool\nfrom ..fetch.lane import key\n"
+                     "def f():\n    from ..loader import ResumableLoader\n    import dnn_worker.resume.audit\n")
+    found = [b.split(" imports ")[1].split(" ")[0] for b in consumer_room_violations(probe, tmp_path)]
+    assert found == ["dnn_worker.fetch.lane.key", "dnn_worker.loader.ResumableLoader", "dnn_worker.resume.audit"]
 
 
 def test_the_room_check_refuses_the_server_to_the_consumer(tmp_path):

@@ -13,6 +13,7 @@ from conftest import TOKEN, start_server
 from data_service.contract.tensor_layout import batch_digest
 from data_service.contract.pipeline import PipelineSpec
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset, ResumableLoader
+from dnn_worker.resume.state import VERSION
 from hetero.testing import FaultProxy, free_port, read_audit
 
 OPTS = {"size": 96, "batch_size": 4}  # 24 batches per epoch
@@ -107,7 +108,7 @@ def test_resume_mid_epoch_with_a_different_number_of_servers(two_servers):
         if len(seen) == 5:
             state = first.state_dict()  # "SIGTERM": stop after 5 steps
             break
-    assert state == {"epoch": 2, "seed": 1, "position": 5, "dp_rank": 0, "dp_size": 2}
+    assert state == {"version": VERSION, "epoch": 2, "seed": 1, "position": 5, "dp_rank": 0, "dp_size": 2}
     resumed = ResumableLoader(DataLoader(RemoteDataset([s.address for s in two_servers], TOKEN, seed=1, rank=0,
                                                        world_size=2), batch_size=None))
     resumed.load_state_dict(state)

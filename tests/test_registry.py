@@ -100,7 +100,7 @@ def test_s3_registry_and_unreachable_endpoint(monkeypatch):
 
 
 def test_registered_servers_lists_only_verified_entries(tmp_path, caplog):
-    from dnn_worker.registry_watch import registered_servers
+    from dnn_worker.fetch.registry_watch import registered_servers
 
     register(str(tmp_path), TOKEN, "good", "10.0.0.7:6000", FP)
     register(str(tmp_path), "other-token", "intruder", "10.0.0.9:6000", FP)
@@ -115,7 +115,7 @@ def test_a_hung_registry_read_is_reported_once_and_waits_for_nothing(tmp_path, m
     import threading
     import time
 
-    from dnn_worker import registry_watch
+    from dnn_worker.fetch import registry_watch
 
     caplog.set_level(logging.INFO)
 
@@ -149,7 +149,7 @@ def test_a_hung_registry_read_is_reported_once_and_waits_for_nothing(tmp_path, m
 def test_an_entry_not_refreshed_within_its_ttl_is_refused_by_every_reader(tmp_path):
     import time
 
-    from dnn_worker.registry_watch import registered_servers
+    from dnn_worker.fetch.registry_watch import registered_servers
 
     uri = str(tmp_path)
     fresh = register(uri, TOKEN, "fresh", "10.0.0.7:6000", FP, ttl_s=10.0)

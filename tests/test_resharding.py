@@ -13,8 +13,9 @@ from data_service.contract.sampler import rank_share
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
 from dnn_worker import DeviceFeeder, LocalDataset, ResumableLoader
-from dnn_worker.batch_list import BatchList
-from dnn_worker.resharding import deal, dealt_share, merge_states, remaining
+from dnn_worker.resume.batch_list import BatchList
+from dnn_worker.resume.resharding import deal, dealt_share, merge_states, remaining
+from dnn_worker.resume.state import VERSION
 
 OPTS = {"size": 100, "batch_size": 4, "shape": [1, 4, 4]}  # 25 batches per epoch
 SPEC = PipelineSpec("examples.synthetic:build_pipeline", OPTS)
@@ -67,7 +68,7 @@ def test_the_rest_of_the_epoch_trains_once_on_another_rank_count(old, new):
     ref = reference(0)
     assert all(sha == ref[b] for b, sha in trained)  # the same bytes whichever rank trains them
     # the next epoch is shared among the new ranks as usual
-    assert all(ld.state_dict() == {"epoch": 1, "seed": 3, "position": 0, "dp_rank": r, "dp_size": new}
+    assert all(ld.state_dict() == {"version": VERSION, "epoch": 1, "seed": 3, "position": 0, "dp_rank": r, "dp_size": new}
                for r, ld in enumerate(second))
     nxt = train(second, 25 // new)
     assert {r: [b for b, _ in v] for r, v in nxt.items()} == {r: rank_share(25, r, new) for r in range(new)}
@@ -105,7 +106,7 @@ def test_a_rank_that_finished_its_share_counts_as_having_trained_all_of_it():
     states = [{"epoch": 1, "seed": 0, "position": 0, "dp_rank": 0, "dp_size": 2},
               {"epoch": 0, "seed": 0, "position": 10, "dp_rank": 1, "dp_size": 2}]
     point = merge_states(states)
-    assert point["earlier_worlds"][0]["positions"] == [-1, 10]
+    assert point["earlier_worlds"][0]["positions"] == [None, 10]
     rest = list(remaining(25, point["earlier_worlds"]))  # rank 0 trained 0,2,..,22; rank 1 1,3,..,19
     assert rest == [21, 23, 24]
 

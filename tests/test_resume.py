@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from data_service.errors import ConfigError
+from dnn_worker.resume.state import VERSION
 from hetero.local import EXIT_STOPPED, LocalJob, run_local
 from launcher import checkpoint, faults
 from launcher import trainer as trainer_mod
@@ -62,7 +63,7 @@ def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, m
     assert run_trainers(job, 300) == EXIT_STOPPED
     ckpt = checkpoint.load(job.checkpoint_dir)
     assert ckpt["status"] == "stopped" and ckpt["steps"] == 30  # the step that got SIGTERM was finished
-    assert ckpt["data"] == [{"epoch": 0, "seed": 0, "position": 30, "dp_rank": 0, "dp_size": 1}]
+    assert ckpt["data"] == [{"version": VERSION, "epoch": 0, "seed": 0, "position": 30, "dp_rank": 0, "dp_size": 1}]
     assert ckpt["optimizer"]["state"], "optimizer state (Adadelta's running averages) is saved"
     saved = torch.load(Path(job.model_dir) / "model.pt")  # the stopped job's model artifact
     assert all(torch.equal(saved[k], ckpt["model"][k]) for k in saved)

@@ -58,8 +58,8 @@ def test_a_batch_of_a_100_million_sample_plan_costs_no_table_of_batches():
 
 def test_a_consumer_s_scheduler_finds_block_openers_as_it_goes_not_for_the_whole_epoch_at_start():
     from data_service.protocol.generated import pb
-    from dnn_worker.affinity import Affinity
-    from dnn_worker.scheduler import Scheduler
+    from dnn_worker.fetch.affinity import Affinity
+    from dnn_worker.fetch.scheduler import Scheduler
 
     aff = Affinity(pb.DatasetInfo(num_samples=1 << 20, batch_size=8, drop_last=True, shuffle=True,
                                   block_samples=64, interleave=2, fingerprint="fp"))

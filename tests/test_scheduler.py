@@ -7,10 +7,10 @@ import collections
 import pytest
 
 from data_service.protocol.generated import pb
-from dnn_worker.affinity import Affinity
-from dnn_worker.in_order import InOrderBuffer
-from dnn_worker.lane import key
-from dnn_worker.scheduler import AHEAD_WINDOWS, Scheduler
+from dnn_worker.fetch.affinity import Affinity
+from dnn_worker.fetch.in_order import InOrderBuffer
+from dnn_worker.fetch.lane import key
+from dnn_worker.fetch.scheduler import AHEAD_WINDOWS, Scheduler
 
 
 class FakeServer:
@@ -264,7 +264,7 @@ def test_the_fetcher_goes_on_while_a_failed_hedged_copy_s_twin_is_owed():
     from types import SimpleNamespace
 
     from data_service.errors import BatchBuildError
-    from dnn_worker.fetcher import Fetcher
+    from dnn_worker.fetch.fetcher import Fetcher
 
     def handle(sched, address, ev_kind, ref, out, kind=pb.TRANSFORM_FAILED):
         drained = []

@@ -17,9 +17,9 @@ from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from data_service.protocol.generated import pb
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset
-from dnn_worker.connection import BulkConnection
-from dnn_worker.fetch_options import FetchOptions
-from dnn_worker.fetcher import Fetcher
+from dnn_worker.transport.connection import BulkConnection
+from dnn_worker.fetch.fetch_options import FetchOptions
+from dnn_worker.fetch.fetcher import Fetcher
 
 SPEC = PipelineSpec("examples.synthetic:build_pipeline", {"size": 100, "batch_size": 8})
 
@@ -131,7 +131,7 @@ def test_requests_go_out_half_a_window_at_a_time(shared_server, monkeypatch):
 def test_the_window_widens_for_small_batches_only(shared_server, monkeypatch, small):
     # Batches of at most SMALL_BATCH_BYTES cost per batch: the window grows to small_window.
     # Larger ones keep the window (memory: window x batch size per server).
-    import dnn_worker.scheduler as scheduler_mod
+    import dnn_worker.fetch.scheduler as scheduler_mod
 
     if not small:
         monkeypatch.setattr(scheduler_mod, "SMALL_BATCH_BYTES", 0)

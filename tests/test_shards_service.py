@@ -53,7 +53,7 @@ def test_each_block_is_built_by_its_owner_only(shard_dir):
     Each rank reads epoch 0 first, so that both connections are up (on a loaded machine the
     second may connect after the first requests went out), then epoch 1 on the same connections
     is watched."""
-    from dnn_worker.affinity import Affinity
+    from dnn_worker.fetch.affinity import Affinity
 
     options = {**BASE, "shards": str(shard_dir)}
     with data_nodes(PIPELINE, options, 2) as servers:
@@ -63,7 +63,7 @@ def test_each_block_is_built_by_its_owner_only(shard_dir):
             ds = RemoteDataset(addresses, TOKEN, seed=2, rank=rank, world_size=2, epochs=2)
             list(ds)  # epoch 0: both connections up, kept open for epoch 1
             aff = Affinity(ds.hello().dataset)
-            from dnn_worker.server_set import ServerSet
+            from dnn_worker.fetch.server_set import ServerSet
 
             seen = []
             original = ServerSet.send

@@ -12,7 +12,7 @@ from data_service.errors import ConfigError, ProtocolError
 from data_service.contract.pipeline import PipelineSpec, build_batch
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import DeviceFeeder, LocalDataset, RemoteDataset, ResumableLoader
-from dnn_worker.device import FinishStage, finish_from_info
+from dnn_worker.device.feeder import FinishStage, finish_from_info
 from hetero.synthetic.images import write_image_folder
 
 TARGET = "data_service.pipelines.images:build_pipeline"

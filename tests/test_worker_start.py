@@ -19,8 +19,8 @@ from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
 from data_service.protocol.generated import pb
 from data_service.server import DataServer, ServerOptions
-from dnn_worker.fetch_options import FetchOptions
-from dnn_worker.fetcher import Fetcher
+from dnn_worker.fetch.fetch_options import FetchOptions
+from dnn_worker.fetch.fetcher import Fetcher
 from hetero.testing import Reference
 
 pytestmark = pytest.mark.timeout(180)

@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
+from .wire import WireEncoding
+from .wire import parse as parse_wire
 from ..errors import ConfigError
 from .sampler import PlanConfig, batch_indices, derive_seed
 
@@ -91,10 +93,13 @@ class Pipeline:
     interleave: int = 8
     stats: Callable[[], Mapping[str, float]] | None = None
     close: Callable[[], None] | None = None
-    wire_encoding: str = "uint8"
+    wire_encoding: "str | WireEncoding" = "uint8"  # parsed once, here: a WireEncoding after construction
     # Samples this process dropped (SkipSample) since the pipeline was built; data workers report
     # the per-batch difference, which the server's samples_skipped stat adds up.
     samples_skipped: int = field(default=0, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.wire_encoding = parse_wire(self.wire_encoding)  # ConfigError naming an unknown name or quality
 
     def finish_target(self) -> str:
         """The finish stage as an import path ("" when there is none), for consumers to load."""
@@ -176,7 +181,7 @@ class PipelineInfo:
     finish: str                      # the finish stage's import path ("" : none)
     finish_dtypes: Mapping[str, str]
     hooks: tuple[str, ...] = ()      # which of Pipeline's stats and close the builder set
-    wire_encoding: str = "uint8"     # the canonical name (data_service.contract.wire_encoding)
+    wire_encoding: WireEncoding = WireEncoding()
 
     @classmethod
     def of(cls, pipe: Pipeline) -> "PipelineInfo":
@@ -184,10 +189,10 @@ class PipelineInfo:
         the fix; an encoder this node lacks is one too)."""
         from . import wire_encoding
 
-        wire = wire_encoding.parse(pipe.wire_encoding)
+        wire = parse_wire(pipe.wire_encoding)
         wire_encoding.check_encoder(wire)
         return cls(pipe.plan_config(), pipe.finish_target(), dict(pipe.finish_dtypes or {}),
-                   tuple(name for name in ("stats", "close") if getattr(pipe, name) is not None), wire.name)
+                   tuple(name for name in ("stats", "close") if getattr(pipe, name) is not None), wire)
 
 
 @dataclass(frozen=True)
@@ -345,7 +350,7 @@ def build_batch(pipe: Pipeline, cfg: PlanConfig, seed: int, epoch: int, index: i
             batch = (pipe.collate_fn or default_collate)(samples)
             # encoded here, in the one function every mode uses: homogeneous and heterogeneous
             # jobs carry and decode the same bytes
-            return wire_encoding.encode_batch(batch, wire_encoding.parse(pipe.wire_encoding))
+            return wire_encoding.encode_batch(batch, parse_wire(pipe.wire_encoding))
         except Exception as exc:
             raise SampleError(-1, exc) from exc
     finally:

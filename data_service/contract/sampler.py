@@ -14,7 +14,7 @@ Two orders:
   builds it reads one contiguous stretch of the shards. Batches of ``interleave`` consecutive
   blocks alternate (block a's first batch, block b's first, ..., block a's second, ...), so the
   batches a consumer asks for at once belong to several blocks, which different data nodes own
-  (``dnn_worker.affinity``). A partial last batch (``drop_last=False``) comes last in the epoch,
+  (``dnn_worker.fetch.affinity``). A partial last batch (``drop_last=False``) comes last in the epoch,
   as in the full shuffle.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ A job picks one (the image pipeline's ``wire_encoding`` option, ``Pipeline(wire_
 
 The data server's worker processes encode (:func:`encode_batch`, called by ``build_batch``, so the
 homogeneous mode builds exactly the same bytes); the consumer decodes before the finish stage
-(:func:`decode_batch`; ``dnn_worker.device.FinishStage``), JPEGs in batches on the GPU when the
+(:func:`decode_batch`; ``dnn_worker.device.feeder.FinishStage``), JPEGs in batches on the GPU when the
 batch goes to CUDA (``torchvision.io.decode_jpeg(device=...)``), with libjpeg-turbo on the CPU
 otherwise, so the model sees the same ``uint8 [B, C, H, W]`` tensor it would see without one.
 
@@ -24,17 +24,17 @@ decoded batch may hold at most the ``max_batch_bytes`` its data servers announce
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError, ProtocolError
+from .wire import DEFAULT_JPEG_QUALITY, HELP, JPEG, UINT8, UP_ZSTD, WireEncoding, parse
 
-UINT8, UP_ZSTD, JPEG = "uint8", "up-zstd", "jpeg"
-DEFAULT_JPEG_QUALITY = 90
+__all__ = ["DEFAULT_JPEG_QUALITY", "HELP", "JPEG", "UINT8", "UP_ZSTD", "WireEncoding", "parse", "check_encoder",
+           "check_decoder", "encode_batch", "decode_batch", "is_encoded", "decoded_bytes", "jpeg_dims"]
+
 SUFFIX = ".wire"
 _KIND_IDS = {UP_ZSTD: 1, JPEG: 2}
 _KIND_NAMES = {v: k for k, v in _KIND_IDS.items()}
@@ -43,59 +43,6 @@ _ZSTD_LEVEL = 1
 # A decoded batch larger than this is refused before it is allocated (a hostile or corrupt header),
 # where no server announced its max_batch_bytes (a batch decoded in the process that built it).
 MAX_DECODED_BYTES = 1 << 34
-HELP = ("'uint8' (as built), 'up-zstd' (lossless) or 'jpeg:Q' (lossy, quality Q in 1..100; "
-        f"'jpeg' = 'jpeg:{DEFAULT_JPEG_QUALITY}')")
-
-
-@dataclass(frozen=True)
-class WireEncoding:
-    """A parsed encoding: ``kind`` (``uint8``, ``up-zstd`` or ``jpeg``) and the JPEG ``quality``."""
-
-    kind: str = UINT8
-    quality: int = 0
-
-    @property
-    def name(self) -> str:
-        """The canonical name (``jpeg:90``), as servers announce it."""
-        return f"{JPEG}:{self.quality}" if self.kind == JPEG else self.kind
-
-    @property
-    def lossless(self) -> bool:
-        return self.kind != JPEG
-
-    def __str__(self) -> str:
-        return self.name
-
-
-def parse(name: str) -> WireEncoding:
-    """The encoding a name selects, in any case; ``""`` is ``uint8``.
-
-    Raises:
-        ConfigError: not a string, an unknown name or a JPEG quality outside 1..100, naming the value.
-    """
-    # checked before the cache, which would fail on a list or dict with "unhashable type"
-    if not isinstance(name, str):
-        raise ConfigError(f"wire_encoding={name!r} must be a string: {HELP}")
-    return _parse(name)
-
-
-@functools.lru_cache(maxsize=64)
-def _parse(name: str) -> WireEncoding:
-    text = name.strip().lower()
-    if text in ("", UINT8):
-        return WireEncoding()
-    if text == UP_ZSTD:
-        return WireEncoding(UP_ZSTD)
-    kind, colon, quality = text.partition(":")
-    if kind == JPEG:
-        if not colon:
-            return WireEncoding(JPEG, DEFAULT_JPEG_QUALITY)
-        # isdigit() alone takes '²' or '٣', which int() then refuses
-        if not (quality.isascii() and quality.isdigit()) or not 1 <= int(quality) <= 100:
-            raise ConfigError(f"wire_encoding={name!r}: the JPEG quality must be an integer in 1..100, e.g. "
-                              f"'jpeg:{DEFAULT_JPEG_QUALITY}'; use {HELP}")
-        return WireEncoding(JPEG, int(quality))
-    raise ConfigError(f"unknown wire_encoding={name!r}; use {HELP}")
 
 
 def check_encoder(enc: WireEncoding) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from ..contract import wire_encoding
+from ..contract import wire as wire_encoding
 from ..errors import ConfigError
 
 # Shard reading: a shuffle block of this many batches, and this many blocks alternating
@@ -106,7 +106,7 @@ class ImageOptions:
         _text("cache_dir", self.cache_dir, "a writable folder (empty = HETERO_CACHE_DIR or the temporary folder)")
         _number("request_timeout_s", self.request_timeout_s, "a number of seconds > 0", lambda x: x > 0)
         wire = wire_encoding.parse(self.wire_encoding)  # ConfigError naming an unknown name or quality
-        if wire.kind != wire_encoding.UINT8 and self.finish_on == "server":
+        if wire.encoded and self.finish_on == "server":
             raise ConfigError(f"wire_encoding={self.wire_encoding!r} encodes uint8 images, but finish_on='server' sends "
                               "normalised float32; use finish_on='device' (the default) or wire_encoding='uint8'")
         derived = {

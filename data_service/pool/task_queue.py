@@ -35,7 +35,7 @@ class TaskQueue:
     def __init__(self, num_workers: int) -> None:
         self._pending: collections.deque[Task] = collections.deque()
         # A consumer's default window is max(4, 2 x workers), 8 while batches are small
-        # (dnn_worker/fetch_options.py): that many of its batches may be moved aside.
+        # (dnn_worker/fetch/fetch_options.py): that many of its batches may be moved aside.
         self.detach_per_owner = max(DETACH_PER_OWNER, 2 * num_workers)
         self.detached = 0  # batches ever detached
         self._detached: set[ServerSlot] = set()  # slots detached from their worker, not yet released

@@ -141,12 +141,12 @@ class DataServer:
                 fingerprint=self.spec.fingerprint(), max_batch_bytes=self.options.max_batch_bytes,
                 finish=info.finish, finish_dtypes=dict(info.finish_dtypes), compression=self.options.compression,
                 block_samples=self.plan.block_samples, interleave=self.plan.interleave,
-                wire_encoding=info.wire_encoding)
+                wire_encoding=info.wire_encoding.name)
             if side.prefetcher is not None:
                 self._prefetch = PrefetchOnce(side.prefetcher, self.plan)
             if self.options.probe:
                 probe_batch(self.pool, self.spec.target, self.options.max_batch_bytes,
-                            self.options.start_timeout_s, self.dataset_info.wire_encoding)
+                            self.options.start_timeout_s, info.wire_encoding)
             self._open_ports()
         except BaseException:
             self.pool.stop(0)

@@ -12,11 +12,12 @@ from multiprocessing.connection import wait as mp_wait
 
 from ..errors import ConfigError
 from ..pool.tasks import Result, Task
+from ..contract.wire import WireEncoding
 from ..pool.worker_pool import WorkerPool
 
 
 def probe_batch(pool: WorkerPool, target: str, max_batch_bytes: int, start_timeout_s: float,
-                wire_encoding: str) -> None:
+                wire_encoding: WireEncoding) -> None:
     """Build batch 0 of epoch 0 on ``pool`` (started, polled here: the data plane is not running yet).
 
     Raises:
@@ -43,7 +44,7 @@ def probe_batch(pool: WorkerPool, target: str, max_batch_bytes: int, start_timeo
             raise ConfigError(
                 f"a batch of {size} bytes exceeds max_batch_bytes={max_batch_bytes}; "
                 "raise --max-batch-bytes or lower the batch size")
-        if wire_encoding not in ("", "uint8"):  # consumers decode it under the cap
+        if wire_encoding.encoded:  # consumers decode it under the cap
             from ..contract import tensor_layout, wire_encoding as encodings  # torch: only once the workers were spawned
 
             decoded = encodings.decoded_bytes(tensor_layout.decode(result.header, result.payload))

@@ -22,8 +22,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from dnn_worker import DeviceFeeder, ResumableLoader
-from dnn_worker.device import FinishStage
-from dnn_worker.sharding import ShardedBatches
+from dnn_worker.device.feeder import FinishStage
+from dnn_worker.resume.sharding import ShardedBatches
 
 
 class _InMemory(ShardedBatches):

@@ -126,7 +126,7 @@ def stop_joined(registry, output) -> None:
     import os
 
     from data_service.membership.registry import RegistryError, read_entries
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     try:
         entries, _ = read_entries(str(registry))

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     import grpc
 
     from data_service.errors import DataServiceError
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")
     rc = 0
@@ -54,7 +54,7 @@ def wait_gone(address: str, token: str, deadline_s: float, poll_s: float = 0.2) 
     import grpc
 
     from data_service.errors import DataServiceError
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     start = time.monotonic()
     with ControlClient(address, token, "hetero-shutdown") as ctl:

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from google.protobuf.json_format import MessageToJson
 
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     with ControlClient(args.server, args.token or os.environ.get("HETERO_JOB_TOKEN", ""), "hetero-stats") as ctl:
         print(MessageToJson(ctl.stats(), always_print_fields_with_no_presence=True))

@@ -107,7 +107,7 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     import torch
 
     from data_service.contract.pipeline import PipelineSpec, build_batch
-    from dnn_worker.device import FinishStage
+    from dnn_worker.device.feeder import FinishStage
 
     if batches < 1 or warmup < 0:
         raise ValueError(f"batches={batches} must be >= 1 and warmup={warmup} >= 0")

@@ -167,7 +167,7 @@ class ServerProc(_ProcessGroup):
         return self
 
     def healthy(self, timeout: float = 1.0) -> bool:
-        from dnn_worker.control import ControlClient
+        from dnn_worker.transport.control import ControlClient
 
         if not self.alive:
             return False
@@ -176,7 +176,7 @@ class ServerProc(_ProcessGroup):
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Return once the server answers health checks; raise if it exits or ``timeout`` passes."""
-        from dnn_worker.control import ControlClient
+        from dnn_worker.transport.control import ControlClient
 
         deadline = time.monotonic() + timeout
         with ControlClient(self.address, self.token) as ctl:

@@ -41,7 +41,7 @@ Drainer = Callable[[str, str, float], None]  # (address, token, grace_s): ask th
 
 def drain_server(address: str, token: str, grace_s: float) -> None:
     """Ask ``address`` to leave (a joined server unregisters first, then finishes what it owes)."""
-    from dnn_worker.control import ControlClient
+    from dnn_worker.transport.control import ControlClient
 
     with ControlClient(address, token, "autoscale") as ctl:
         ctl.shutdown(grace_s=grace_s, reason="autoscale: drained", timeout=10.0)

@@ -28,7 +28,7 @@ from data_service.errors import BatchBuildError, DataServiceError
 from data_service.protocol.generated import pb
 
 from .affinity import Affinity
-from .connection import Event
+from ..transport.connection import Event
 from .fetch_options import FetchOptions
 from .in_order import InOrderBuffer
 from .lane import key

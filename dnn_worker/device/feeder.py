@@ -9,7 +9,7 @@ Batches travel in compact dtypes (uint8 images); the pipeline's ``finish`` stage
 consumer's device. ``DeviceFeeder`` begins each batch (copy to the device, then finish)
 ``depth`` batches ahead of the one the loop trains on, with the same code on every device:
 on CUDA the copy is asynchronous on a side stream from pinned memory; on CPU the finish stage
-is the work done ahead (``dnn_worker.device_ops``). Its ``state_dict()`` is the wrapped stage's
+is the work done ahead (``dnn_worker.device.ops``). Its ``state_dict()`` is the wrapped stage's
 state as it was when the last *yielded* batch was pulled, so prefetching never skips a batch
 on resume.
 """
@@ -28,9 +28,9 @@ from data_service.contract.pipeline import PipelineSpec
 from data_service.protocol.generated import pb
 from data_service.contract.wire_encoding import WireEncoding
 
-from .audit import AuditLog, take_audit
-from .audit import digest as audit_digest
-from .device_ops import HostOps, StreamOps, ops_for
+from ..resume.audit import AuditLog, take_audit
+from ..resume.audit import digest as audit_digest
+from .ops import HostOps, StreamOps, ops_for
 
 
 class FinishError(DataServiceError):
@@ -49,7 +49,7 @@ class FinishStage:
     max_batch_bytes: int = 0  # the most a decoded batch may hold, as the servers announced (0: none)
 
     @classmethod
-    def load(cls, target: str, dtypes: Mapping[str, str] | None = None, wire: str | None = None,
+    def load(cls, target: str, dtypes: Mapping[str, str] | None = None, wire: str | WireEncoding | None = None,
              max_batch_bytes: int = 0) -> "FinishStage":
         """The stage from its import path; ``wire`` is the encoding the servers announced (checked
         against every batch; None: decode whatever a batch carries), ``max_batch_bytes`` the

@@ -26,19 +26,17 @@ import numpy as np
 from data_service.errors import ConfigError
 
 from .batch_list import Stride
+from .state import WORLDS, EarlierWorld, Remainder, ResumeState
 
-WORLDS = "earlier_worlds"
-REMAINDERS = ("drop", "pad")
+REMAINDERS = tuple(r.value for r in Remainder)
 
 
-def share_size(m: int, size: int, remainder: str) -> int:
+def share_size(m: int, size: int, remainder: str | Remainder) -> int:
     """Batches each of ``size`` ranks takes of ``m``; 0 when ``drop`` leaves none."""
-    if remainder not in REMAINDERS:
-        raise ConfigError(f"remainder={remainder!r} must be 'drop' or 'pad'")
-    return m // size if remainder == "drop" else -(-m // size)
+    return m // size if Remainder.parse(remainder) is Remainder.DROP else -(-m // size)
 
 
-def merge_states(states: Sequence[dict[str, Any]], remainder: str = "drop") -> dict[str, Any]:
+def merge_states(states: Sequence[dict[str, Any] | ResumeState], remainder: str = "drop") -> dict[str, Any]:
     """One resume point from the states of every rank of the old world (each as of its last batch).
 
     Args:
@@ -48,60 +46,64 @@ def merge_states(states: Sequence[dict[str, Any]], remainder: str = "drop") -> d
             rank that finished its share trained. The job's own setting, unchanged across resumes.
 
     Returns:
-        ``{"epoch", "seed", "position": 0, "earlier_worlds": [...]}``: load it (or the list
-        itself) on any number of ranks. A finished epoch gives the next one's start.
+        ``{"version", "epoch", "seed", "position": 0, "earlier_worlds": [...]}``: load it (or the
+        list itself) on any number of ranks. A finished epoch gives the next one's start.
 
     Raises:
         ConfigError: states of different seeds, epochs or worlds, or a rank missing, naming them.
     """
-    if isinstance(states, dict) or not states:
+    return merge(states, remainder).to_dict()
+
+
+def merge(states: Sequence[dict[str, Any] | ResumeState], remainder: str | Remainder = "drop") -> ResumeState:
+    """:func:`merge_states` as the typed value."""
+    if isinstance(states, (dict, ResumeState)) or not states:
         raise ConfigError(f"merge_states takes a list of every old rank's state, got {states!r}")
-    if remainder not in REMAINDERS:
-        raise ConfigError(f"remainder={remainder!r} must be 'drop' or 'pad'")
-    by_rank = _by_rank(states)
-    size = by_rank[0]["dp_size"]
-    seed = by_rank[0].get("seed", 0)
-    first = min(s["epoch"] for s in by_rank.values())
-    # A rank already at the start of the next epoch finished its share of this one: -1 says so.
-    ahead = [r for r, s in by_rank.items() if s["epoch"] != first]
-    if any(by_rank[r]["epoch"] != first + 1 or by_rank[r]["position"] for r in ahead):
-        raise ConfigError(f"the states are at (epoch, position) {sorted((s['epoch'], s['position']) for s in states)}: "
-                          "ranks that trained in step are at most one finished share apart; give the states of "
+    rem = Remainder.parse(remainder)
+    by_rank = _by_rank([ResumeState.from_dict(s) for s in states])
+    size = len(by_rank)
+    seed = by_rank[0].seed
+    first = min(s.epoch for s in by_rank.values())
+    # A rank already at the start of the next epoch finished its share of this one.
+    ahead = [r for r, s in by_rank.items() if s.epoch != first]
+    if any(by_rank[r].epoch != first + 1 or by_rank[r].position for r in ahead):
+        raise ConfigError(f"the states are at (epoch, position) {sorted((s.epoch, s.position) for s in by_rank.values())}"
+                          ": ranks that trained in step are at most one finished share apart; give the states of "
                           "one checkpoint")
-    history = next(s.get(WORLDS) or [] for s in by_rank.values() if s["epoch"] == first)
+    history = next(s.earlier_worlds for s in by_rank.values() if s.epoch == first)
     for r, s in by_rank.items():
-        if s.get("seed", 0) != seed:
-            raise ConfigError(f"rank {r}'s state has seed={s.get('seed')}, rank 0's seed={seed}: give the states "
+        if s.seed != seed:
+            raise ConfigError(f"rank {r}'s state has seed={s.seed}, rank 0's seed={seed}: give the states "
                               "of one job")
-        if s["epoch"] == first and (s.get(WORLDS) or []) != history:
+        if s.epoch == first and s.earlier_worlds != history:
             raise ConfigError(f"rank {r}'s state continues another deal than the others' ({WORLDS}="
-                              f"{s.get(WORLDS)!r}); give the states of one checkpoint")
-    positions = [-1 if r in ahead else by_rank[r]["position"] for r in range(size)]
-    world = {"dp_size": size, "positions": positions, "remainder": remainder}
-    return {"epoch": first, "seed": seed, "position": 0, WORLDS: [*history, world]}
+                              f"{[w.to_dict() for w in s.earlier_worlds]!r}); give the states of one checkpoint")
+    positions = tuple(None if r in ahead else by_rank[r].position for r in range(size))
+    return ResumeState(epoch=first, seed=seed, position=0,
+                       earlier_worlds=(*history, EarlierWorld(size, positions, rem)))
 
 
-def _by_rank(states: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    by_rank: dict[int, dict[str, Any]] = {}
+def _by_rank(states: Sequence[ResumeState]) -> dict[int, ResumeState]:
+    by_rank: dict[int, ResumeState] = {}
+    size = states[0].dp_size
     for s in states:
-        missing = [k for k in ("epoch", "position", "dp_rank", "dp_size") if not isinstance(s, dict) or k not in s]
-        if missing:
-            raise ConfigError(f"state {s!r} lacks {missing}; give what each rank's state_dict() returned")
-        if s["dp_size"] != states[0]["dp_size"]:
-            raise ConfigError(f"states of dp_size={states[0]['dp_size']} and dp_size={s['dp_size']} mixed: "
+        if s.dp_size is None or s.dp_rank is None:
+            raise ConfigError(f"state {s.to_dict()!r} lacks dp_rank and dp_size; give what each rank's state_dict() "
+                              "returned")
+        if s.dp_size != size:
+            raise ConfigError(f"states of dp_size={size} and dp_size={s.dp_size} mixed: "
                               "give the states of one world (one checkpoint)")
-        known = by_rank.setdefault(s["dp_rank"], s)
-        if (known["epoch"], known["position"]) != (s["epoch"], s["position"]):
-            raise ConfigError(f"two states of dp_rank={s['dp_rank']} disagree ({known} and {s}); ranks of one "
-                              "data-parallel group train the same batches")
-    size = states[0]["dp_size"]
-    if sorted(by_rank) != list(range(size)):
-        raise ConfigError(f"states of dp_size={size} must hold dp_rank 0..{size - 1}, got dp_rank(s) "
+        known = by_rank.setdefault(s.dp_rank, s)
+        if (known.epoch, known.position) != (s.epoch, s.position):
+            raise ConfigError(f"two states of dp_rank={s.dp_rank} disagree ({known.to_dict()} and {s.to_dict()}); "
+                              "ranks of one data-parallel group train the same batches")
+    if sorted(by_rank) != list(range(size or 0)):
+        raise ConfigError(f"states of dp_size={size} must hold dp_rank 0..{(size or 1) - 1}, got dp_rank(s) "
                           f"{sorted(by_rank)}: give every rank's state (the launcher gathers them into its checkpoint)")
     return by_rank
 
 
-def deal(states: Sequence[dict[str, Any]], dp_size: int, remainder: str = "drop") -> list[dict[str, Any]]:
+def deal(states: Sequence[dict[str, Any] | ResumeState], dp_size: int, remainder: str = "drop") -> list[dict[str, Any]]:
     """The state of each of ``dp_size`` new ranks from every old rank's state (see module doc).
 
     Each new rank ``r`` loads ``deal(...)[r]``: it trains its part of the epoch's untrained
@@ -109,42 +111,45 @@ def deal(states: Sequence[dict[str, Any]], dp_size: int, remainder: str = "drop"
     """
     if not isinstance(dp_size, int) or dp_size < 1:
         raise ConfigError(f"dp_size={dp_size!r} must be an int >= 1")
-    point = merge_states(states, remainder)
-    return [dict(point, dp_rank=r, dp_size=dp_size) for r in range(dp_size)]
+    point = merge(states, remainder)
+    return [point.at(dp_rank=r, dp_size=dp_size).to_dict() for r in range(dp_size)]
 
 
-def lockstep_states(state: dict[str, Any]) -> list[dict[str, Any]]:
+def lockstep_states(state: dict[str, Any] | ResumeState) -> list[dict[str, Any]]:
     """Every rank's state from one rank's, for ranks that step together (DDP: every rank has
     trained as many batches of its share), e.g. the one state Lightning keeps, rank 0's."""
-    size = state.get("dp_size") if isinstance(state, dict) else None
-    if not isinstance(size, int) or size < 1:
-        raise ConfigError(f"state {state!r} has no dp_size; give what state_dict() returned")
-    return [dict(state, dp_rank=r) for r in range(size)]
+    parsed = ResumeState.from_dict(state)
+    if parsed.dp_size is None:
+        raise ConfigError(f"state {parsed.to_dict()!r} has no dp_size; give what state_dict() returned")
+    return [parsed.at(dp_rank=r).to_dict() for r in range(parsed.dp_size)]
 
 
-def steps_before_deal(worlds: Sequence[dict[str, Any]]) -> int:
+def _worlds(worlds: Sequence[dict[str, Any] | EarlierWorld]) -> list[EarlierWorld]:
+    return [EarlierWorld.from_dict(w) for w in worlds]
+
+
+def steps_before_deal(worlds: Sequence[dict[str, Any] | EarlierWorld]) -> int:
     """Steps of the epoch taken before it was dealt again, when every world's ranks stepped together."""
-    return sum(max(int(p) for p in w["positions"]) for w in worlds)
+    return sum(max((p for p in w.positions if p is not None), default=0) for w in _worlds(worlds))
 
 
-def remaining(num_batches: int, worlds: Sequence[dict[str, Any]]) -> Sequence[int]:
+def remaining(num_batches: int, worlds: Sequence[dict[str, Any] | EarlierWorld]) -> Sequence[int]:
     """The epoch's batch indices no earlier world trained, in epoch order.
 
     A ``range`` while every rank of every world stopped at the same position (ranks that step
     together: DDP), else a sorted array.
     """
     rest: Sequence[int] = range(num_batches)
-    for w in worlds:
-        rest = _untrained(rest, int(w["dp_size"]), [int(p) for p in w["positions"]], w.get("remainder", "drop"))
+    for w in _worlds(worlds):
+        rest = _untrained(rest, w)
     return rest
 
 
-def _untrained(rest: Sequence[int], size: int, positions: list[int], remainder: str) -> Sequence[int]:
+def _untrained(rest: Sequence[int], world: EarlierWorld) -> Sequence[int]:
     m = len(rest)
-    full = share_size(m, size, remainder)
-    if len(positions) != size:
-        raise ConfigError(f"an earlier world of dp_size={size} lists {len(positions)} positions; the state is damaged")
-    done = [full if p == -1 else p for p in positions]
+    size = world.dp_size
+    full = share_size(m, size, world.remainder)
+    done = world.done(full)
     for r, p in enumerate(done):
         if not 0 <= p <= full:
             raise ConfigError(f"rank {r} of {size} is at position={p}, outside its share of 0..{full} batches: "
@@ -158,8 +163,8 @@ def _untrained(rest: Sequence[int], size: int, positions: list[int], remainder: 
     return values[~trained]
 
 
-def dealt_share(num_batches: int, worlds: Sequence[dict[str, Any]], dp_rank: int, dp_size: int,
-                remainder: str = "drop") -> "Picked":
+def dealt_share(num_batches: int, worlds: Sequence[dict[str, Any] | EarlierWorld], dp_rank: int, dp_size: int,
+                remainder: str | Remainder = "drop") -> "Picked":
     """Rank ``dp_rank`` of ``dp_size``'s batches of an epoch that ``worlds`` trained part of."""
     rest = remaining(num_batches, worlds)
     m = len(rest)

@@ -24,7 +24,7 @@ from data_service.errors import (ConfigError, DataServiceError, PermissionDenied
                                  VersionMismatchError)
 from data_service.protocol.generated import pb
 
-from .connection import LOWAT_CHECK_S, BulkConnection, Event
+from ..transport.connection import LOWAT_CHECK_S, BulkConnection, Event
 from .fetch_options import Attempt, FetchOptions
 from .registry_watch import RegistryWatcher
 

@@ -17,8 +17,8 @@ from data_service.errors import ConfigError
 from data_service.protocol.version import PROTOCOL_VERSION
 from data_service.protocol.generated import pb
 
-from .connection import BulkConnection
-from .control import ControlClient
+from ..transport.connection import BulkConnection
+from ..transport.control import ControlClient
 
 HELLO_TIMEOUT_S = 2.0  # the control-plane Hello of one connection attempt
 OPEN_TIMEOUT_S = 5.0   # the data-plane handshake of one connection attempt

@@ -10,7 +10,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from data_service.errors import ConfigError
 from .audit import AuditLog, digest
 from .batch_list import BatchList, rank_stride
-from .resharding import WORLDS, dealt_share, merge_states
+from .resharding import dealt_share, merge
+from .state import EarlierWorld, Remainder, ResumeState
 
 
 def default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -37,7 +38,7 @@ class ShardedBatches(IterableDataset):
             per data-parallel replica (its rank and size are used).
         remainder: "drop" or "pad" when batches do not divide evenly among ranks.
         audit_path: append one JSON line per yielded batch: epoch, batch, rank, sha256 (written
-            by the outermost consumer stage; see ``dnn_worker.audit``).
+            by the outermost consumer stage; see ``dnn_worker.resume.audit``).
         epochs: the epochs training will run (0 .. epochs-1), when known: enables ``lookahead``.
         lookahead: at the end of an epoch before the last, fetch this many of the next epoch's
             first batches (per loader worker) while the last ones train, so an epoch boundary
@@ -69,8 +70,7 @@ class ShardedBatches(IterableDataset):
             raise ConfigError(f"epochs={epochs!r} must be an int >= 1 (or None: not known)")
         if not isinstance(lookahead, int) or lookahead < 0:
             raise ConfigError(f"lookahead={lookahead!r} must be an int >= 0")
-        if remainder not in ("drop", "pad"):
-            raise ConfigError(f"remainder={remainder!r} must be 'drop' or 'pad'")
+        Remainder.parse(remainder)
         if not 0 <= self.dp_rank < self.dp_size:
             raise ConfigError(f"dp_rank={self.dp_rank} must be in 0..{self.dp_size - 1}")
         self.remainder = remainder
@@ -81,7 +81,7 @@ class ShardedBatches(IterableDataset):
         self.last_yielded: tuple[int, int] | None = None  # (epoch, batch index) of the last one
         self._share: tuple[tuple, Sequence[int]] | None = None
         # (epoch, earlier worlds) of an epoch resumed on another number of ranks (``resharding``)
-        self._dealt: tuple[int, list] | None = None
+        self._dealt: tuple[int, tuple[EarlierWorld, ...]] | None = None
         # [epoch, start] in shared memory, read by DataLoader workers at each iteration: a
         # persistent worker keeps its copy of this object, so plain attributes would not reach it.
         self._plan = None
@@ -98,55 +98,55 @@ class ShardedBatches(IterableDataset):
         """
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
-        if epoch != self.state_dict()["epoch"]:
+        if epoch != self.resume_state().epoch:
             self._start_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this object's next iteration starts: as of the last batch it yielded.
 
         Returns:
-            epoch, seed, position (batches of this rank's share already yielded), dp_rank,
-            dp_size. A finished epoch reads as position 0 of the next one.
+            :meth:`ResumeState.to_dict`: version, epoch, seed, position (batches of this rank's share
+            already yielded), dp_rank, dp_size, and earlier_worlds in an epoch dealt again. A
+            finished epoch reads as position 0 of the next one.
         """
-        return self.state_at(self.epoch, self.start + self._yielded)
+        return self.resume_state().to_dict()
+
+    def resume_state(self) -> ResumeState:
+        """:meth:`state_dict` as the typed value."""
+        return self.resume_state_at(self.epoch, self.start + self._yielded)
 
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:
         """The state after ``position`` batches of ``epoch`` (wrapping stages report through this)."""
+        return self.resume_state_at(epoch, position).to_dict()
+
+    def resume_state_at(self, epoch: int, position: int) -> ResumeState:
+        """:meth:`state_at` as the typed value."""
         if position and position >= len(self._share_of(epoch)):
             epoch, position = epoch + 1, 0
-        state = {"epoch": epoch, "seed": self.seed, "position": position, "dp_rank": self.dp_rank,
-                 "dp_size": self.dp_size}
-        worlds = self.earlier_worlds(epoch)
-        if worlds is not None:
-            state[WORLDS] = worlds
-        return state
+        return ResumeState(epoch=epoch, seed=self.seed, position=position, dp_rank=self.dp_rank,
+                           dp_size=self.dp_size, earlier_worlds=self.earlier_worlds(epoch) or ())
 
-    def earlier_worlds(self, epoch: int) -> list | None:
+    def earlier_worlds(self, epoch: int) -> tuple[EarlierWorld, ...] | None:
         """The worlds that trained part of ``epoch`` before it was dealt to this job's ranks, if it was."""
         return self._dealt[1] if self._dealt is not None and self._dealt[0] == epoch else None
 
-    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | ResumeState | list[dict[str, Any]]) -> None:
         """Resume at the next unseen batch of ``state["epoch"]`` (no batch repeated or skipped).
 
         ``state`` is this rank's ``state_dict()``, or a list of every rank's from a job with
         another number of data-parallel ranks: the rest of its epoch is then dealt to this job's
-        ranks (``dnn_worker.resharding``), each the same count.
+        ranks (``dnn_worker.resume.resharding``), each the same count.
         """
-        if isinstance(state, (list, tuple)):
-            state = merge_states(state, self.remainder)
-        missing = [k for k in ("epoch", "position") if not isinstance(state, dict) or k not in state]
-        if missing:
-            raise ConfigError(f"data state {state!r} lacks {missing}; pass what state_dict() returned")
-        if state.get("seed", self.seed) != self.seed:
-            raise ConfigError(f"checkpoint seed={state['seed']} differs from seed={self.seed}; resume with the same seed")
-        if state.get("dp_size", self.dp_size) != self.dp_size:
-            raise ConfigError(f"checkpoint was taken with dp_size={state['dp_size']}, this job has "
+        parsed = merge(state, self.remainder) if isinstance(state, (list, tuple)) else ResumeState.from_dict(state)
+        if parsed.seed is not None and parsed.seed != self.seed:
+            raise ConfigError(f"checkpoint seed={parsed.seed} differs from seed={self.seed}; resume with the same seed")
+        if parsed.dp_size is not None and parsed.dp_size != self.dp_size:
+            raise ConfigError(f"checkpoint was taken with dp_size={parsed.dp_size}, this job has "
                               f"dp_size={self.dp_size}; pass every rank's state (a list) to deal the rest of the "
-                              "epoch to this job's ranks (dnn_worker.resharding), or resume with the same number "
+                              "epoch to this job's ranks (dnn_worker.resume.resharding), or resume with the same number "
                               "of data-parallel ranks")
-        worlds = state.get(WORLDS)
-        self._dealt = (int(state["epoch"]), list(worlds)) if worlds else None
-        self._seek(int(state["epoch"]), int(state["position"]))
+        self._dealt = (parsed.epoch, parsed.earlier_worlds) if parsed.dealt else None
+        self._seek(parsed.epoch, parsed.position)
 
     def _start_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``, shared among this job's ranks as usual."""
@@ -225,8 +225,8 @@ class ShardedBatches(IterableDataset):
             if self._plan is not None:  # the main process's ResumableLoader decides
                 self.epoch, self.start = int(self._plan[0]), int(self._plan[1])
         else:  # start where the last iteration stopped (or the next epoch after a finished one)
-            state = self.state_dict()
-            self._seek(state["epoch"], state["position"])
+            state = self.resume_state()
+            self._seek(state.epoch, state.position)
         epoch = self.epoch
         items = BatchList([(epoch, self.my_indices())])
         # Batches of this epoch fetched ahead at the end of the last one (its first, usually).

@@ -41,7 +41,7 @@ from data_service.errors import ConfigError
 from data_service.protocol.generated import pb
 
 from .affinity import Affinity
-from .batch_list import Positions, Todo, as_refs
+from ..resume.batch_list import Positions, Todo, as_refs
 from .block_hints import BlockHints
 from .lane import Key, Lane, key
 

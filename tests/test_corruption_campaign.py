@@ -67,3 +67,15 @@ def test_the_version_3_label_check_runs_once_per_node_and_again_for_a_file_writt
     os.utime(os.path.join(shards, "index.bin"), ns=(1, 1))  # the file changed: checked again
     ShardDataset(shards, cache_dir=str(tmp_path / "c"))
     assert len(os.listdir(tmp_path / "c" / "checked")) == 2
+
+
+@pytest.mark.slow
+def test_labels_changed_in_a_manifest_or_under_running_servers_never_train_silently(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(4, seed=3, images=24, work=str(tmp_path), only=("label_manifest", "label_index"),
+                           trace=trace)
+    assert table["label_manifest"]["trials"] == table["label_index"]["trials"] == 2, trace
+    assert table["total"]["detected"] == 4 and table["total"]["lost"] == 0, trace
+    # the first manifest trial is named at the merge, the second (its own checksum made to match) at the read
+    manifest = [r for r in trace if r["place"] == "label_manifest"]
+    assert "fails its checksum" in manifest[0]["error"] and "fails its checksum" not in manifest[1]["error"], manifest

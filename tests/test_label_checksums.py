@@ -50,14 +50,20 @@ def source(tmp_path_factory) -> Path:
     return root
 
 
-def _prepare(source: Path, dest: Path, part: str | None = None) -> None:
-    prepare(str(source), str(dest), shard_size=1_000_000, workers=1, progress=False, part=part)
+@pytest.fixture(scope="module")
+def parts(source, tmp_path_factory) -> Path:
+    """Both parts of a run written, not merged: the shards and their manifests, as --merge finds them."""
+    dest = tmp_path_factory.mktemp("labels") / "parts"
+    for part in ("0/2", "1/2"):
+        prepare(str(source), str(dest), shard_size=1_000_000, workers=1, progress=False, part=part)
+    return dest
 
 
 @pytest.fixture(scope="module")
-def prepared(source, tmp_path_factory) -> Path:
-    dest = tmp_path_factory.mktemp("labels") / "shards"
-    _prepare(source, dest)
+def prepared(parts, tmp_path_factory) -> Path:
+    """The parts merged: what a single ``hetero prepare`` run writes."""
+    dest = _copy(parts, tmp_path_factory.mktemp("labels") / "shards")
+    merge_parts(str(dest))
     return dest
 
 
@@ -133,11 +139,6 @@ def test_with_on_corrupt_skip_a_rotten_label_is_a_counted_skip(prepared, tmp_pat
     assert dataset.pipeline().samples_skipped == 1
 
 
-def _parts(source: Path, dest: Path) -> None:
-    for part in ("0/2", "1/2"):
-        _prepare(source, dest, part)
-
-
 def _flip_manifest_label(dest: Path, reseal: bool = False) -> tuple[str, int]:
     """A label of shard 0's manifest changed to another class; with ``reseal`` its own checksum made
     to match (damage the manifest's checksum cannot see). The manifest's path and the sample."""
@@ -152,18 +153,16 @@ def _flip_manifest_label(dest: Path, reseal: bool = False) -> tuple[str, int]:
     return str(path), 2
 
 
-def test_a_label_flipped_in_a_part_manifest_before_merge_is_named_not_trained(source, tmp_path):
-    dest = tmp_path / "parts"
-    _parts(source, dest)
+def test_a_label_flipped_in_a_part_manifest_before_merge_is_named_not_trained(parts, tmp_path):
+    dest = _copy(parts, tmp_path / "parts")
     path, _ = _flip_manifest_label(dest)
     with pytest.raises(ConfigError, match=rf"{path} .*fails its checksum.*delete it and run that part again"):
         merge_parts(str(dest))
     assert not (dest / INDEX_NAME).exists()
 
 
-def test_a_manifest_label_flip_its_own_checksum_misses_is_named_at_read(source, tmp_path):
-    dest = tmp_path / "parts"
-    _parts(source, dest)
+def test_a_manifest_label_flip_its_own_checksum_misses_is_named_at_read(parts, tmp_path):
+    dest = _copy(parts, tmp_path / "parts")
     _, i = _flip_manifest_label(dest, reseal=True)
     merge_parts(str(dest))
     ds = ShardDataset(str(dest), block_samples=8, cache_dir=str(tmp_path / "cache"))
@@ -171,9 +170,8 @@ def test_a_manifest_label_flip_its_own_checksum_misses_is_named_at_read(source, 
         ds[i]
 
 
-def test_a_manifest_without_its_own_checksum_is_refused_at_merge(source, tmp_path):
-    dest = tmp_path / "parts"
-    _parts(source, dest)
+def test_a_manifest_without_its_own_checksum_is_refused_at_merge(parts, tmp_path):
+    dest = _copy(parts, tmp_path / "parts")
     path = dest / manifest_key(1)
     doc = json.loads(path.read_bytes())
     doc.pop("crc32c_manifest", None)
@@ -217,3 +215,20 @@ def test_any_change_of_a_label_changes_the_checksum_and_the_label_is_recovered_f
     assert label_of(crc, sample_crc(crc, a)) == a
     got = sample_crcs(np.array([crc, crc], dtype="<u4"), np.array([a, b], dtype="<i4"))
     assert list(got) == [sample_crc(crc, a), sample_crc(crc, b)]
+
+
+def test_upgrade_rewrites_an_s3_index_and_its_reads_then_check_labels(prepared, tmp_path):
+    pytest.importorskip("moto.server")
+    from _s3_env import s3_with_bucket
+    from data_service.storage import S3Store
+
+    folder = _copy(prepared, tmp_path / "v3")
+    as_version_3(folder)
+    with s3_with_bucket("label-upgrade"):
+        store = S3Store("s3://label-upgrade/train")
+        for p in sorted(folder.iterdir()):
+            store.write_bytes(p.name, p.read_bytes())
+        assert main(["index", "--upgrade", store.url]) == 0
+        ds = ShardDataset(store.url, block_samples=8, cache_dir=str(tmp_path / "cache"))
+        index = read_index(str(prepared))
+        assert ds.index.id == index.id and [ds[i][1] for i in range(len(ds))] == [int(x) for x in index.labels]

@@ -130,7 +130,7 @@ def _from_json(args: argparse.Namespace) -> int:
 
 def _upgrade(args: argparse.Namespace) -> int:
     from data_service.errors import DataServiceError
-    from data_service.shards.checksum import upgrade_index
+    from data_service.shards.upgrade import upgrade_index
 
     try:
         index = upgrade_index(args.src, args.dest, overwrite=args.overwrite)

@@ -1,6 +1,6 @@
 """The corruption campaign: bytes flipped or cut in every place a sample passes, and what training sees.
 
-    python -m benchmarks.corruption [--trials 200] [--seed 0] [--images 96] [--json out.json]
+    python -m benchmarks.corruption [--trials 200] [--seed 0] [--images 96] [--only PLACE,...] [--json out.json]
 
 Each trial damages one place, runs one epoch of the image pipeline from two data servers (``hetero
 serve`` processes) into one in-process consumer with an audit log, and compares each batch's
@@ -15,7 +15,10 @@ The places: ``local`` (``hetero prepare`` shards, flips and cuts), ``wds`` (WebD
 by ``hetero index``), ``index`` (index.bin's per-sample columns, damaged before the servers open
 it), ``cache`` (a block of S3 shards in the node's cache), ``s3`` (the S3 object itself, read
 through the S3 fault proxy, which answers 503 once per trial), ``parquet`` (a row group's pages)
-and ``dataplane`` (a byte of what one server sends, flipped by a proxy). Servers are started once
+``dataplane`` (a byte of what one server sends, flipped by a proxy), ``label_manifest`` (a label
+changed in a part's manifest before ``hetero prepare --merge``; every other trial the manifest's
+own checksum made to match, so the per-sample checksum must see it) and ``label_index`` (a label changed
+in index.bin under servers that opened it and read every sample once). Servers are started once
 per data set and reused: damage is done in place, so the files they hold open see it, and undone
 after the trial; where a first read has already cached the clean bytes (the S3 block cache, decoded
 Parquet row groups), the cached copy is damaged alike, as a first read of the damaged source would
@@ -35,8 +38,10 @@ from benchmarks.common import cli, report
 from benchmarks.common import corrupt as cc
 
 BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "drop_last": True}
-SHARE = {"local": 0.25, "wds": 0.15, "index": 0.05, "cache": 0.2, "s3": 0.1, "parquet": 0.05, "dataplane": 0.2}
-STORED = ("local", "wds", "index", "cache", "s3", "parquet")  # places whose bytes carry a checksum
+SHARE = {"local": 0.25, "wds": 0.15, "index": 0.05, "cache": 0.2, "s3": 0.1, "parquet": 0.05, "dataplane": 0.2,
+         "label_manifest": 0.05, "label_index": 0.05}
+STORED = ("local", "wds", "index", "cache", "s3", "parquet",
+          "label_manifest", "label_index")  # places whose bytes carry a checksum
 OUTCOMES = ("detected", "silent", "reread", "harmless")
 
 
@@ -127,6 +132,47 @@ def _index_trials(count: int, rng: random.Random, options: dict, seed: int, audi
                 d.undo()
 
 
+def _label_trials(counts, rng: random.Random, options: dict, files, photos: str, work: str, seed: int, audit: str,
+                  results: list) -> None:
+    """Labels: changed in a part's manifest before ``--merge`` (a merged copy per trial: refused at the
+    merge, else a pair of servers on it), and in index.bin under the running pair of ``options``."""
+    import shutil
+
+    from data_service.errors import ConfigError
+    from data_service.prepare.writer import merge_parts
+    from hetero.testing import Reference
+
+    classes = len({label for _, label in files})
+    if counts["label_manifest"]:
+        parts = cc.prepared_parts(photos, os.path.join(work, "parts"))
+        ref = Reference(cc.PIPELINE, options, seed).digests(0)
+        for t in range(counts["label_manifest"]):
+            trial = os.path.join(work, f"label-manifest-{t}")
+            shutil.rmtree(trial, ignore_errors=True)
+            shutil.copytree(parts, trial)
+            try:
+                how = "resealed" if t % 2 else "plain"  # every other trial: damage only a read can see
+                _, damaged = cc.label_manifest_damage(rng, trial, classes, resealed=t % 2 == 1)
+                try:
+                    merge_parts(trial)
+                except ConfigError as exc:  # the manifest's own checksum: named at the merge
+                    results.append({"place": "label_manifest", "outcome": "detected", "error": str(exc)[:300],
+                                    "skipped": 0, "reread": 0, "lost": 0, "batches": 0, "damage": how})
+                    continue
+                servers, _ = _pair(dict(options, shards=trial))
+                try:
+                    results.append(dict(epoch(servers, ref, seed, audit, damaged), place="label_manifest",
+                                        damage=how))
+                finally:
+                    for s in servers:
+                        s.stop()
+            finally:
+                shutil.rmtree(trial, ignore_errors=True)
+    if counts["label_index"]:
+        _run_pair(options, options, {"label_index": counts["label_index"]},
+                  lambda p, f: cc.label_index_damage(rng, options["shards"]), seed, audit, results)
+
+
 def _pair(options: dict, env: dict | None = None, proxy: bool = False):
     from hetero.testing import ServerProc, free_port
 
@@ -208,6 +254,7 @@ def run(trials: int = 200, seed: int = 0, images: int = 96, work: str = "", only
         opts = dict(BASE, shards=shards, on_corrupt="skip")
         _run_pair(opts, opts, {p: counts[p] for p in ("local", "dataplane")}, local, seed, audit, results)
         _index_trials(counts["index"], rng, opts, seed, audit, results)
+        _label_trials(counts, rng, opts, files, os.path.join(work, "photos"), work, seed, audit, results)
         opts = dict(BASE, shards=wds, on_corrupt="fail")
         _run_pair(opts, opts, {"wds": counts["wds"]}, lambda p, f: cc.shard_damage(rng, wds), seed, audit,
                   results)
@@ -264,15 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--images", type=int, default=96)
+    p.add_argument("--only", default="", help=f"comma-separated places to damage (default all: {', '.join(SHARE)})")
     cli.add_json(p)
     args = p.parse_args(argv)
     start = time.monotonic()
-    table = run(args.trials, args.seed, args.images)
+    only = tuple(p.strip() for p in args.only.split(",") if p.strip())
+    unknown = [x for x in only if x not in SHARE]
+    if unknown:
+        raise SystemExit(f"--only {args.only!r}: no place {unknown[0]!r}; choose among {', '.join(SHARE)}")
+    table = run(args.trials, args.seed, args.images, only=only)
     print(f"{report.command('python -m benchmarks.corruption', argv)}  ({report.stamp()}, "
           f"{time.monotonic() - start:.0f} s)")
-    print(f"{'place':<10} {'trials':>6} {'detected':>8} {'silent':>6} {'re-read':>7} {'harmless':>8} {'lost':>4}")
+    print(f"{'place':<14} {'trials':>6} {'detected':>8} {'silent':>6} {'re-read':>7} {'harmless':>8} {'lost':>4}")
     for place, row in table.items():
-        print(f"{place:<10} {row['trials']:>6} {row['detected']:>8} {row['silent']:>6} {row['reread']:>7} "
+        print(f"{place:<14} {row['trials']:>6} {row['detected']:>8} {row['silent']:>6} {row['reread']:>7} "
               f"{row['harmless']:>8} {row['lost']:>4}")
     for place, row in table.items():
         for e in row["errors"][:1] if place in SHARE else []:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
+from _old_index import as_version_3
 
 from benchmarks import corruption
 from benchmarks.common import corrupt as cc
@@ -38,8 +40,9 @@ def _labels_at(folder: str) -> int:
     return -(-(PREFIX.size + length) // 64) * 64 + int(header["columns"]["labels"]["at"])
 
 
-def test_a_label_flipped_in_index_bin_is_refused_at_open_naming_the_index(tmp_path):
+def test_a_label_flipped_in_a_version_3_index_bin_is_refused_at_open_naming_the_index(tmp_path):
     shards = _shards(tmp_path)
+    as_version_3(Path(shards))  # its checksums cover the bytes alone (version 4's cover each label: read checks it)
     clean = ShardDataset(shards, cache_dir=str(tmp_path / "c0"))
     label = clean[3][1]
     path = tmp_path / "shards" / "index.bin"
@@ -52,8 +55,11 @@ def test_a_label_flipped_in_index_bin_is_refused_at_open_naming_the_index(tmp_pa
         ShardDataset(shards, cache_dir=str(tmp_path / "c1"))
 
 
-def test_the_label_check_runs_once_per_node_and_again_for_a_file_written_again(tmp_path):
+def test_the_version_3_label_check_runs_once_per_node_and_again_for_a_file_written_again(tmp_path):
     shards = _shards(tmp_path)
+    ShardDataset(shards, cache_dir=str(tmp_path / "c"))
+    assert not (tmp_path / "c" / "checked").exists()  # version 4: no pass at open, each read checks its label
+    as_version_3(Path(shards))
     ShardDataset(shards, cache_dir=str(tmp_path / "c"))
     assert len(os.listdir(tmp_path / "c" / "checked")) == 1
     ShardDataset(shards, cache_dir=str(tmp_path / "c"))  # another process of the node: the marker says checked
@@ -61,3 +67,15 @@ def test_the_label_check_runs_once_per_node_and_again_for_a_file_written_again(t
     os.utime(os.path.join(shards, "index.bin"), ns=(1, 1))  # the file changed: checked again
     ShardDataset(shards, cache_dir=str(tmp_path / "c"))
     assert len(os.listdir(tmp_path / "c" / "checked")) == 2
+
+
+@pytest.mark.slow
+def test_labels_changed_in_a_manifest_or_under_running_servers_never_train_silently(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(4, seed=3, images=24, work=str(tmp_path), only=("label_manifest", "label_index"),
+                           trace=trace)
+    assert table["label_manifest"]["trials"] == table["label_index"]["trials"] == 2, trace
+    assert table["total"]["detected"] == 4 and table["total"]["lost"] == 0, trace
+    # the first manifest trial is named at the merge, the second (its own checksum made to match) at the read
+    manifest = [r for r in trace if r["place"] == "label_manifest"]
+    assert "fails its checksum" in manifest[0]["error"] and "fails its checksum" not in manifest[1]["error"], manifest

@@ -4,7 +4,7 @@ The data sets (photo-like JPEGs as ``hetero prepare`` shards, as WebDataset tars
 ``hetero index``, as a Parquet file with page CRCs); :class:`Damage`, a byte flip or cut done in
 place (so servers holding the file open see it) and undone after the trial; one function per
 place choosing the damage at random (``shard_damage``, ``index_damage``, ``cached_damage``,
-``parquet_damage``); and :class:`FlipProxy`, a loopback TCP proxy that flips one byte of what a
+``parquet_damage``, ``label_manifest_damage``, ``label_index_damage``); and :class:`FlipProxy`, a loopback TCP proxy that flips one byte of what a
 data server sends.
 """
 from __future__ import annotations
@@ -248,4 +248,66 @@ def parquet_damage(rng: random.Random, path: str, cache: str) -> tuple[list, int
     # an image byte of its last row: the decoded columns a worker already holds are never read again
     damage += [Damage(os.path.join(d, f), os.path.getsize(os.path.join(d, f)) - 1, 0x40)
                for d, _, fs in os.walk(cache) for f in fs if f == f"rg-{g:08d}.blk"]
+    return damage, 1
+
+
+# -- labels: in a part's manifest before ``hetero prepare --merge``, and in index.bin under running servers
+def prepared_parts(photo_root: str, dest: str) -> str:
+    """``hetero prepare``'s shards of ``photo_root`` written as two parts, not merged: the shards and
+    their manifests (``_prepare/shard-*.tar.json``), as ``--merge`` finds them."""
+    from data_service.prepare.writer import prepare
+
+    if not os.path.exists(os.path.join(dest, "_prepare", "plan.json")):
+        for part in ("0/2", "1/2"):
+            prepare(photo_root, dest, shard_size=1 << 20, workers=1, progress=False, part=part)
+    return dest
+
+
+def _other_label(rng: random.Random, label: int, classes: int) -> int:
+    """Another class (the damage no range check sees), or one bit of the label flipped (any value)."""
+    if rng.random() < 0.5 and classes > 1:
+        return (label + rng.randrange(1, classes)) % classes
+    return _i4(label ^ (1 << rng.randrange(32)))
+
+
+def _i4(x: int) -> int:
+    x &= 0xFFFFFFFF
+    return x - (1 << 32) if x >= 1 << 31 else x
+
+
+def label_manifest_damage(rng: random.Random, folder: str, classes: int, resealed: bool) -> tuple[list, int]:
+    """One label changed in one part manifest of ``folder`` (a copy, not undone); with ``resealed`` the
+    manifest's own checksum made to match (damage it cannot see: the per-sample checksum must)."""
+    from data_service.prepare.plan import SEAL, seal
+
+    work = os.path.join(folder, "_prepare")
+    path = os.path.join(work, rng.choice(sorted(f for f in os.listdir(work) if f.endswith(".tar.json"))))
+    with open(path, "rb") as f:
+        doc = json.load(f)
+    j = rng.randrange(len(doc["labels"]))
+    doc["labels"][j] = _other_label(rng, int(doc["labels"][j]), classes)
+    raw = seal({k: v for k, v in doc.items() if k != SEAL}) if resealed else json.dumps(doc).encode()
+    with open(path, "wb") as f:
+        f.write(raw)
+    return [], 1
+
+
+def label_index_damage(rng: random.Random, folder: str) -> tuple[list, int]:
+    """One sample's label changed in place in ``folder``'s index.bin, its size, time and inode kept (rot
+    on the disk under servers that opened the index and read every sample once)."""
+    from data_service.shards.indexfile import PREFIX, read_index
+
+    index = read_index(folder)
+    path = os.path.join(folder, "index.bin")
+    with open(path, "rb") as f:
+        length = PREFIX.unpack(f.read(PREFIX.size))[2]
+        col = json.loads(f.read(length))["columns"]["labels"]
+    i = rng.randrange(len(index))
+    old = int(index.labels[i])
+    new = _other_label(rng, old, len(index.classes))
+    at = -(-(PREFIX.size + length) // 64) * 64 + int(col["at"]) + 4 * i
+    st = os.stat(path)
+    damage = [Damage(path, at + k, b ^ c) for k, (b, c) in
+              enumerate(zip(old.to_bytes(4, "little", signed=True), new.to_bytes(4, "little", signed=True))) if b != c]
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     return damage, 1

@@ -7,10 +7,12 @@ samples ``k * per_shard`` onwards, whichever machine writes it. ``--part i/N`` w
 
 DEST holds, while a run is under way, ``_prepare/plan.json`` (the split and the options that
 shape the bytes: every part checks it has the same) and one manifest per finished shard
-(``_prepare/shard-000123.json``: where each sample lies in it, the files skipped), written
-atomically after the shard itself. A run that stops (a crash, a lost machine) and starts again
+(``_prepare/shard-000123.tar.json``: where each sample lies in it, its label and checksum, the
+files skipped; a CRC32C of its own), written atomically after the shard itself. A run that stops (a crash, a lost machine) and starts again
 keeps the shards that have a manifest and writes the rest. :func:`merge` joins the manifests into
-``index.bin`` once every shard has one, then removes them: a prefix with an index is complete.
+``index.bin`` once every shard has one, checking each manifest's own checksum (a label changed
+in a manifest would otherwise be written into the index with it), then removes them: a prefix
+with an index is complete.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from data_service.errors import ConfigError
+from data_service.shards.checksum import crc32c
 from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME, SHARD_PATTERN
 from data_service.shards.indexfile import IndexWriter
 from data_service.storage import LocalStore
@@ -32,6 +35,7 @@ from data_service.storage.base import StoreError
 WORK = "_prepare"
 PLAN = f"{WORK}/plan.json"
 MERGE_READERS = 16
+SEAL = "crc32c_manifest"  # a manifest's own checksum
 TAR_OVERHEAD = 2 * 512 + 512 + 256  # per sample: two member headers, a .cls block, padding on average
 
 
@@ -131,11 +135,41 @@ def manifest_key(k: int) -> str:
 
 
 def manifest(name: str, size: int, offsets, lengths, labels, skipped, reencoded: int, checksums) -> bytes:
-    return json.dumps({"name": name, "size": size, "offsets": [int(x) for x in offsets],
-                       "lengths": [int(x) for x in lengths], "labels": [int(x) for x in labels],
-                       "crc32c": [int(x) for x in checksums],
-                       "skipped": [list(s) for s in skipped], "reencoded": reencoded},
-                      separators=(",", ":")).encode()
+    """A finished shard's manifest: ``checksums`` are each sample's CRC32C over its bytes and label
+    (:func:`data_service.shards.checksum.sample_crc`); the whole carries a checksum of its own (:func:`seal`)."""
+    return seal({"name": name, "size": size, "offsets": [int(x) for x in offsets],
+                 "lengths": [int(x) for x in lengths], "labels": [int(x) for x in labels],
+                 "sample_crc32c": [int(x) for x in checksums],
+                 "skipped": [list(s) for s in skipped], "reencoded": reencoded})
+
+
+def seal(doc: dict) -> bytes:
+    """``doc`` as JSON with ``crc32c_manifest``: the CRC32C of ``doc``'s JSON without it."""
+    body = json.dumps(doc, separators=(",", ":"))
+    return (body[:-1] + f',"{SEAL}":{crc32c(body.encode())}}}').encode()
+
+
+def unsealed(raw: bytes, where: str) -> dict:
+    """The manifest ``raw`` (read from ``where``) as a dict, once its own checksum matches.
+
+    Raises:
+        ConfigError: not JSON, no checksum of its own (an earlier release's), or one that does not
+            match (a value changed after the part wrote it), naming ``where`` and the fix.
+    """
+    fix = "delete it and run that part again (it writes that shard again)"
+    try:
+        doc = json.loads(raw)
+        want = doc.pop(SEAL) if isinstance(doc, dict) and SEAL in doc else None
+    except ValueError as exc:
+        raise ConfigError(f"{where} is malformed ({exc}); {fix}") from None
+    if want is None:
+        raise ConfigError(f"{where} has no checksum of its own (written by an earlier release, or not a manifest); "
+                          f"{fix}")
+    got = crc32c(json.dumps(doc, separators=(",", ":")).encode())
+    if got != want:
+        raise ConfigError(f"{where} fails its checksum (CRC32C {got:08x}, it says {int(want):08x}): it changed after "
+                          f"its part wrote it, and a changed label or offset would train silently; {fix}")
+    return doc
 
 
 def finished(store) -> set[int]:
@@ -184,12 +218,10 @@ def merge(store) -> Summary:
     with IndexWriter(store.root if isinstance(store, LocalStore) else "") as writer, \
             ThreadPoolExecutor(MERGE_READERS) as pool:
         for k, raw in _manifests(store, plan.shards, pool):
+            doc = unsealed(raw, store.key_url(manifest_key(k)))
             try:
-                doc = json.loads(raw)
-                if "crc32c" not in doc:  # written by an older release, part-way through this run
-                    raise KeyError("crc32c")
                 writer.add_shard(doc["name"], int(doc["size"]), np.array(doc["offsets"], dtype=np.int64),
-                                 doc["lengths"], doc["labels"], doc["crc32c"])
+                                 doc["lengths"], doc["labels"], doc["sample_crc32c"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"{store.key_url(manifest_key(k))} is malformed ({exc}); delete it and run that "
                                   "part again") from None

@@ -33,8 +33,9 @@ from ..contract.pipeline import count_reread
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from .cache import BlockCache, default_dir
-from .checksum import CorruptSampleError, check_labels, crc32c, note_unchecked
-from .format import FIX
+from .checksum import (CorruptSampleError, check_labels, crc32c, label_of, note_labels_unchecked, note_unchecked,
+                       sample_crc)
+from .format import FIX, INDEX_NAME, Coverage
 from .indexfile import read_index
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class ShardDataset:
         self.readers = readers
         self.store = open_store(location, what="shards", request_timeout_s=request_timeout_s)
         self.index = read_index(index or self.store, cache_dir=cache_dir, request_timeout_s=request_timeout_s)
+        self._index_folder = index or location  # named in the command that adds checksums to an older index
         check_labels(self.index, open_store(index, what="index", request_timeout_s=request_timeout_s) if index
                      else self.store, cache_dir or default_dir())
         self.local = isinstance(self.store, LocalStore)
@@ -144,23 +146,31 @@ class ShardDataset:
             raise IndexError(f"sample {i} is outside 0..{len(self.index) - 1}")
         shard, start, length, label = self.index.sample(i)
         expected = self.index.checksum(i)
+        where = self.index.shards.where or self.location
         if expected is None:
-            note_unchecked(self.index.shards.where or self.location)
+            note_unchecked(where, where.endswith(INDEX_NAME), self._index_folder)
             return self._read(i, shard, start, length), label
+        covered = self.index.coverage is Coverage.BYTES_LABEL
+        if not covered:
+            note_labels_unchecked(where, self._index_folder)
         data = self._read(i, shard, start, length)
         got = crc32c(data)
-        if got != expected:
+        if (sample_crc(got, label) if covered else got) != expected:
+            if covered:
+                self._check_label(i, shard, label, got, expected)
             # a bad copy (a cache block written while a disk failed, a page flipped) is dropped and the
             # source read once more; only bytes wrong at the source are reported
             self.rereads += 1
             count_reread()
             log.warning("sample %d of shard %s: checksum %08x, the index says %08x; %s", i,
-                        self.index.shards.name(shard), got, expected,
+                        self.index.shards.name(shard), sample_crc(got, label) if covered else got, expected,
                         "reading the shard again" if self.local else "dropping the cached block, reading S3 again")
             if not self.local:
                 self._drop(i // self.block_samples)
             data = self._read(i, shard, start, length)
             got = crc32c(data)
+            if covered:
+                got = sample_crc(got, label)
             if got != expected:
                 raise CorruptSampleError(
                     f"sample {i} of shard {self.store.key_url(self.index.shards.name(shard))} (bytes "
@@ -169,6 +179,18 @@ class ShardDataset:
                     "(or write the prefix again with `hetero prepare` / `hetero index`), or pass "
                     "pipeline.on_corrupt=skip to drop such samples (counted in samples_skipped)")
         return data, label
+
+    def _check_label(self, i: int, shard: int, label: int, data_crc: int, expected: int) -> None:
+        """CorruptSampleError when the bytes read are good and the label is what changed: the one label
+        the bytes and the checksum agree on is another class (damaged bytes give a label at random,
+        among the classes with a chance of classes / 2**32)."""
+        meant = label_of(data_crc, expected)
+        if meant != label and 0 <= meant < (len(self.index.classes) or 1 << 31):
+            raise CorruptSampleError(
+                f"sample {i} of shard {self.store.key_url(self.index.shards.name(shard))} has label {label} in "
+                f"{self.index.shards.where or 'its index'}, but its checksum {expected:08x} matches its bytes with "
+                f"label {meant}: the index's labels column was damaged after it was written; {FIX} (or pass "
+                "pipeline.on_corrupt=skip to drop such samples, counted in samples_skipped)")
 
     def _read(self, i: int, shard: int, start: int, length: int) -> bytes:
         """Sample ``i``'s bytes: from the shard in place, or from its block in the node's cache."""

@@ -26,6 +26,7 @@ an empty part or a backslash is not.
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import json
 import operator
@@ -45,6 +46,14 @@ SHARD_PATTERN = "shard-{:06d}.tar"
 TAR_BLOCK = 512
 CHECK_CHUNK = 1 << 20  # samples checked per read: bounds the memory a check of a huge shard takes
 FIX = "write the prefix again with `hetero prepare` (or `hetero index` for tars written elsewhere)"
+
+
+class Coverage(enum.Enum):
+    """What an index's per-sample checksums cover (what a read of a sample checks)."""
+
+    NONE = "none"  # index.json, index.bin version 2: nothing
+    BYTES = "bytes"  # index.bin version 3: the sample's bytes
+    BYTES_LABEL = "bytes+label"  # index.bin version 4: its bytes, then its label
 
 
 @dataclass(frozen=True)
@@ -146,7 +155,7 @@ class ShardIndex:
 
     def __init__(self, classes: list[str], shards: Sequence[ShardInfo], offsets: np.ndarray, lengths: np.ndarray,
                  labels: np.ndarray, *, data_bytes: int | None = None, id: str = "",
-                 checksums: np.ndarray | None = None) -> None:
+                 checksums: np.ndarray | None = None, coverage: Coverage | None = None) -> None:
         self.classes = list(classes)
         self.shards = ShardTable.of(shards)
         self.offsets = _column(offsets, "<i8")
@@ -156,8 +165,10 @@ class ShardIndex:
         if not len(self.offsets) == len(self.lengths) == len(self.labels) == n:
             raise ConfigError(f"{self.shards.where or 'index'}: {len(self.offsets)} offsets, {len(self.lengths)} "
                               f"lengths and {len(self.labels)} labels for shards holding {n} samples; {FIX}")
-        # CRC32C of each sample's bytes (index.bin version 3); None: an older index, samples unchecked
+        # CRC32C of each sample (checksum.sample_crc: its bytes, then its label; version 3: its bytes
+        # alone, ``coverage`` says which); None: an older index, samples unchecked
         self.checksums = None if checksums is None else _column(checksums, "<u4")
+        self.coverage = Coverage.NONE if checksums is None else coverage or Coverage.BYTES_LABEL
         if self.checksums is not None and len(self.checksums) != n:
             raise ConfigError(f"{self.shards.where or 'index'}: {len(self.checksums)} checksums for {n} samples; "
                               f"{FIX}")
@@ -180,7 +191,7 @@ class ShardIndex:
         return len(self.offsets)
 
     def checksum(self, i: int) -> int | None:
-        """The CRC32C of sample ``i``'s bytes, None when the index holds no checksums."""
+        """The checksum of sample ``i`` (what it covers: :attr:`coverage`), None when the index holds none."""
         if self.checksums is None:
             return None
         return self._at("checksums", i)

@@ -3,11 +3,13 @@
 Layout (little-endian)::
 
     0   8  magic  b"\\x89HSIDX\\r\\n"
-    8   4  version (3; 2 read)     12  4  header length H     16  4  CRC-32 of the header
+    8   4  version (4; 2, 3 read)  12  4  header length H     16  4  CRC-32 of the header
     20  H  header: JSON (classes, counts, id, and per column: dtype, byte offset, entries, CRC-32)
     ...    columns, each at a 64-byte boundary:
            offsets <i8, lengths <u4, labels <i4, checksums <u4   (one entry per sample; checksums:
-                                                                   CRC32C of the sample's bytes, version 3 only)
+                                                                   CRC32C of the sample's bytes then its label,
+                                                                   version 4; of its bytes alone, version 3;
+                                                                   none in version 2)
            shard_first <i8 (shards + 1), shard_size <i8, name_end <i8   (one per shard)
            names (the shard names' UTF-8 bytes back to back)
 
@@ -45,11 +47,14 @@ import numpy as np
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from ..storage.base import StoreError
-from .format import FIX, FORMAT, INDEX_NAME, JSON_INDEX_NAME, ColumnReader, ShardIndex, ShardTable, check_name
+from .format import FIX, FORMAT, INDEX_NAME, JSON_INDEX_NAME, ColumnReader, Coverage, ShardIndex, ShardTable, check_name
 
 MAGIC = b"\x89HSIDX\r\n"
-VERSION = 3  # 3 added the per-sample checksums; a release reading only 2 refuses 3 by this number
-READABLE = (2, 3)
+# 3 added the per-sample checksums, 4 put the label in them; a release reading only 2 and 3 refuses
+# 4 by this number (it would take every label-covering checksum for damaged bytes)
+VERSION = 4
+READABLE = (2, 3, 4)
+COVERAGE = {2: Coverage.NONE, 3: Coverage.BYTES, 4: Coverage.BYTES_LABEL}
 PREFIX = struct.Struct("<8sIII")
 ALIGN = 64
 SAMPLE_COLUMNS = (("offsets", "<i8"), ("lengths", "<u4"), ("labels", "<i4"), ("checksums", "<u4"))
@@ -100,9 +105,10 @@ class IndexWriter:
 
     def add_shard(self, name: str, size: int, offsets, lengths, labels, checksums=None) -> None:
         """Append shard ``name`` (``size`` bytes) holding the samples at ``offsets`` (data start),
-        ``lengths``, ``labels`` and ``checksums`` (CRC32C of each sample's bytes:
-        :func:`.checksum.sample_checksums`), in sample order. ConfigError when a sample lies outside it.
-        An index whose shards all come without checksums is written as version 2 (samples unchecked)."""
+        ``lengths``, ``labels`` and ``checksums`` (each sample's CRC32C over its bytes and then its
+        label: :func:`.checksum.sample_crc`, :func:`.checksum.sample_crcs`), in sample order.
+        ConfigError when a sample lies outside it. An index whose shards all come without checksums
+        is written as version 2 (samples unchecked)."""
         check_name(name)
         if self.checksummed is None:
             self.checksummed = checksums is not None
@@ -146,18 +152,25 @@ class IndexWriter:
         self.names.append(name.encode())
 
     def add_index(self, index: ShardIndex, prefix: str = "", shards=None) -> None:
-        """Append every shard of ``index`` (names prefixed with ``prefix``), one shard at a time. For an
-        index without checksums, ``shards`` (the Store holding its shards) is read to compute them;
-        without it the index is written unchecked (version 2)."""
-        from .checksum import sample_checksums
+        """Append every shard of ``index`` (names prefixed with ``prefix``), one shard at a time. Its
+        checksums are written to cover each sample's label: checksums of the bytes alone (version 3)
+        are continued over the labels; for an index without checksums, ``shards`` (the Store holding
+        its shards) is read to compute them, without it the index is written unchecked (version 2).
+        The labels are taken as ``index`` holds them: check a read index first (:func:`verify`)."""
+        from .checksum import sample_checksums, sample_crcs
 
         for k in range(len(index.shards)):
             a, b = int(index.shards.first[k]), int(index.shards.first[k + 1])
-            name = index.shards.name(k)
-            sums = index.checksums[a:b] if index.checksums is not None else None if shards is None else \
-                sample_checksums(shards, name, index.offsets[a:b], index.lengths[a:b])
+            name, labels = index.shards.name(k), index.labels[a:b]
+            if index.coverage is Coverage.BYTES_LABEL:
+                sums = index.checksums[a:b]
+            elif index.coverage is Coverage.BYTES:
+                sums = sample_crcs(index.checksums[a:b], labels)
+            else:
+                sums = None if shards is None else \
+                    sample_crcs(sample_checksums(shards, name, index.offsets[a:b], index.lengths[a:b]), labels)
             self.add_shard(prefix + name, int(index.shards.sizes[k]), index.offsets[a:b],
-                           index.lengths[a:b], index.labels[a:b], sums)
+                           index.lengths[a:b], labels, sums)
 
     def write_file(self, path: str, classes: list[str]) -> str:
         """Write the index to ``path`` (atomically: a temporary file renamed); its ``id``."""
@@ -214,7 +227,8 @@ class IndexWriter:
 
 def write_index(store, index: ShardIndex, key: str = INDEX_NAME, shards=None) -> str:
     """Store ``index`` as ``index.bin`` (``key``) of ``store`` (a Store, or a folder or S3 location); its id.
-    ``shards``: the Store holding the shards, read for the checksums when ``index`` holds none."""
+    ``shards``: the Store holding the shards, read for the checksums when ``index`` holds none (checksums
+    of the bytes alone are continued over the labels without reading the shards)."""
     if isinstance(store, str):
         store = open_store(store, what="dest", create=True)
     with IndexWriter(getattr(store, "root", "") if isinstance(store, LocalStore) else "") as w:
@@ -293,6 +307,7 @@ def _header(head: bytes, more, size: int, where: str) -> dict:
     try:
         header = json.loads(raw)
         header["data_start"] = _aligned(PREFIX.size + length)
+        header["version"] = version  # the prefix's, which READABLE vetted
         need = header["data_start"] + int(header["columns_bytes"])
         int(header["num_samples"])
     except (ValueError, KeyError, TypeError) as exc:
@@ -331,7 +346,7 @@ def _index(buf, header: dict, where: str) -> ShardIndex:
     table = ShardTable(first.copy(), sizes.copy(), ends, names, where)
     index = ShardIndex(classes, table, arrays["offsets"], arrays["lengths"], arrays["labels"],
                        data_bytes=int(header.get("data_bytes", 0)), id=str(header.get("id", "")),
-                       checksums=arrays.get("checksums"))
+                       checksums=arrays.get("checksums"), coverage=COVERAGE[header["version"]])
     index.max_stride = int(header.get("max_stride", 0))
     return index
 

@@ -6,8 +6,8 @@ dot of its last component (``a/b/0001.seg.jpg`` has key ``a/b/0001`` and extensi
 Samples are numbered shard after shard, in the order of their images in each. Of each sample the
 index records the image member
 (``.jpg``, ``.jpeg``, ``.png`` or ``.webp``; the first of ``image_exts`` present) by where its data
-lies in the shard and the CRC32C of its bytes (computed as the walk passes them), and a label read by a
-:class:`LabelRule`:
+lies in the shard, a label read by a :class:`LabelRule`, and a CRC32C over the image's bytes
+(computed as the walk passes them) and then the label (:func:`.checksum.sample_crc`):
 
 * ``cls`` (the default): a member ``<key>.cls`` holding an integer (any extension names a text member);
 * ``json:FIELD``: the field ``FIELD`` (dotted for nested ones) of ``<key>.json``;
@@ -39,6 +39,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
+from .checksum import sample_crcs
 from .format import INDEX_NAME, JSON_INDEX_NAME, check_name
 from .indexfile import IndexWriter
 from .labels import LabelRule, UnindexableSample
@@ -349,7 +350,7 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
             if shard.unended:
                 summary.unended.append(shard.name)
             writer.add_shard(shard.name, shard.size, [s[0] for s in kept], [s[1] for s in kept], labels,
-                             [s[4] for s in kept])
+                             sample_crcs([s[4] for s in kept], labels))  # each image's CRC32C, then its label
             summary.skipped.update(shard.skipped)
             summary.examples += shard.examples[:3 - len(summary.examples)]
             if progress is not None:

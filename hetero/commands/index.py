@@ -8,6 +8,8 @@ else beside the shards. Train on them with ``--hp pipeline.shards=SRC`` (and
 
 ``hetero index --from-json SRC [--to DEST]`` converts the ``index.json`` of shards an earlier
 ``hetero prepare`` wrote to ``index.bin``, reading the shards once for the per-sample checksums.
+``hetero index --upgrade SRC [--to DEST]`` rewrites an earlier release's ``index.bin`` so each
+sample's checksum covers its label too (the shards are read only when it holds no checksums).
 """
 from __future__ import annotations
 
@@ -44,6 +46,10 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--from-json", action="store_true",
                    help="convert SRC's index.json (hetero prepare's earlier index) to index.bin, at DEST or beside it")
+    p.add_argument("--upgrade", action="store_true",
+                   help="rewrite SRC's index.bin of an earlier release (checksums over the samples' bytes alone, or "
+                        "none) so each sample's checksum covers its bytes and its label; the old index is checked "
+                        "whole first, the shards read only when it holds no checksums")
     p.set_defaults(func=run)
 
 
@@ -53,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_json:
         return _from_json(args)
+    if args.upgrade:
+        return _upgrade(args)
     from tqdm import tqdm
 
     bar = tqdm(unit="B", unit_scale=True, desc="indexing shards", disable=args.quiet)
@@ -117,4 +125,18 @@ def _from_json(args: argparse.Namespace) -> int:
         return 2
     print(f"wrote {out.url.rstrip('/')}/{INDEX_NAME}: {len(index)} samples in {len(index.shards)} shard(s), "
           f"{len(index.classes)} classes (from {where})")
+    return 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    from data_service.errors import DataServiceError
+    from data_service.shards.upgrade import upgrade_index
+
+    try:
+        index = upgrade_index(args.src, args.dest, overwrite=args.overwrite)
+    except DataServiceError as exc:
+        print(f"hetero index: {exc}")
+        return 2
+    print(f"wrote {(args.dest or args.src).rstrip('/')}/index.bin: {len(index)} samples in {len(index.shards)} "
+          "shard(s), each sample's checksum over its bytes and its label")
     return 0

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from data_service.pool.messages import SPARE_COMM
 from data_service.pool.warm_parent import COMM as WARM_PARENT
 from hetero.ports import free_port
 
@@ -193,7 +194,8 @@ class ServerProc(_ProcessGroup):
         self._terminate(timeout)
 
     def worker_pids(self) -> list[int]:
-        """PIDs of the server's worker processes (its multiprocessing children, or its warm parent's)."""
+        """PIDs of the server's worker processes (its multiprocessing children, or its warm parent's
+        but the spare waiting to replace one)."""
         import psutil
 
         if not self.alive:
@@ -210,7 +212,7 @@ class ServerProc(_ProcessGroup):
                 continue
             if name == WARM_PARENT:  # the workers are the warm parent's children
                 try:
-                    out.extend(w.pid for w in k.children())
+                    out.extend(w.pid for w in k.children() if w.name() != SPARE_COMM)
                 except psutil.Error:
                     continue
             elif "multiprocessing" in cmd and "resource_tracker" not in cmd:

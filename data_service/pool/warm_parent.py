@@ -79,6 +79,7 @@ def main(ctrl: socket.socket) -> None:
     # OpenBLAS starts a thread pool when numpy loads; a parent with threads could fork one while
     # another holds a lock. Data workers run torch on one thread each (process.py) anyway.
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    _server_as_parent()
     msg, _ = recv_msg(ctrl)
     if msg is None:
         return  # the server went away before it asked
@@ -86,6 +87,16 @@ def main(ctrl: socket.socket) -> None:
     send_msg(ctrl, {"pid": os.getpid(), **report})
     if report["error"] is None and report["unsafe"] is None:
         _serve(ctrl, comm)
+
+
+def _server_as_parent() -> None:
+    """``multiprocessing.parent_process()`` in the workers forked from here is the server, as in a
+    spawned worker (pipelines tell a worker from the server's own process by it). Its sentinel is
+    a pidfd: readable once the server exits."""
+    from multiprocessing import process
+
+    server = os.getppid()
+    process._parent_process = process._ParentProcess("MainProcess", server, os.pidfd_open(server))
 
 
 def _preload(spec_json: str, base) -> dict:

@@ -55,7 +55,7 @@ class Launcher:
     its own: it imports torch before it forks anything, and meanwhile the server's main thread
     imports the builder's module, as it does while spawned workers load."""
 
-    def __init__(self, method: str, cfg, stopping: Callable[[], bool]) -> None:
+    def __init__(self, method: str, cfg, stopping: Callable[[], bool], spare: bool = True) -> None:
         self.method = check_start_method(method)  # "spawn" once it fell back
         self.ctx = None     # what the workers start with, once known: a WarmParent or spawn's context
         self.parent: WarmParent | None = None
@@ -64,6 +64,7 @@ class Launcher:
         self._lock = threading.Lock()
         self._known: set[str] = set()  # modules the warm parent was asked to import after start-up
         self._spare = Spare(cfg, stopping)
+        self._keeps_spare = spare
         self._thread = threading.Thread(target=self._run, name="worker-launch", daemon=True)
 
     def start(self, handles: list) -> None:
@@ -128,7 +129,7 @@ class Launcher:
     def keep_spare(self) -> None:
         """Keep a loaded spare worker forked from the warm parent from now on (spare.py), for a
         dead worker's place; nothing with spawned workers."""
-        if self.method == "warm":
+        if self.method == "warm" and self._keeps_spare:
             self._spare.fill(self.ctx)
 
     @property

@@ -57,11 +57,11 @@ class WorkerPool:
 
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
                  start_timeout: float = 120.0, log_level: int = logging.INFO, compression: str = "", nice: int = 0,
-                 worker_start: str = "warm") -> None:
+                 worker_start: str = "warm", spare: bool = True) -> None:
         _check_sizes(num_workers, slots_per_worker)
         self._num_workers = num_workers
         self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, compression, nice)
-        self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping)  # method: how they start
+        self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping, spare)  # method: how they start
         self.state = PoolState(num_workers)
         # Held from deciding a worker's tasks to writing them, so that each worker reads its
         # tasks in the order the state recorded them and two threads' frames never interleave.

@@ -165,3 +165,40 @@ def test_a_killed_worker_is_replaced_by_the_spare_and_a_new_spare_is_loaded():
         _wait(lambda: launcher.spare_pid not in (None, spare), 60, "no new spare after the first was taken")
     finally:
         server.shutdown(grace_s=0.5)
+
+
+def test_the_import_recorder_names_what_was_imported_since_in_order_less_what_failed(tmp_path, monkeypatch):
+    from data_service.pool.preload import ImportRecorder
+
+    pkg = tmp_path / "recorded_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "first.py").write_text("from . import second\ntry:\n    import recorded_missing\nexcept ImportError:\n    pass\n")
+    (pkg / "second.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recorder = ImportRecorder()
+    try:
+        import recorded_pkg.first  # noqa: F401
+        import json  # noqa: F401  (imported before: not new)
+
+        assert recorder.take() == ("recorded_pkg", "recorded_pkg.first", "recorded_pkg.second")
+        assert recorder.take() == ()
+    finally:
+        recorder.remove()
+        for name in ("recorded_pkg", "recorded_pkg.first", "recorded_pkg.second"):
+            sys.modules.pop(name, None)
+    assert recorder not in sys.meta_path
+
+
+@pytest.mark.parametrize("options, wanted, unwanted", [
+    ({}, {"torchvision.io", "torchvision.transforms.v2"}, {"pyarrow.parquet", "boto3", "data_service.shards"}),
+    ({"shards": "/data/shards"}, {"torchvision.io", "data_service.shards"}, {"pyarrow.parquet", "boto3"}),
+    ({"parquet": "s3://bucket/train"}, {"data_service.shards.parquet", "pyarrow.parquet", "boto3"}, set()),
+])
+def test_the_image_pipeline_declares_what_its_workers_import_for_its_options(options, wanted, unwanted):
+    import data_service.pipelines.images  # noqa: F401  (the warm parent imports the module first)
+    from data_service.pool.preload import declared
+
+    module, names, error = declared(PipelineSpec("data_service.pipelines.images:build_pipeline", options).to_json())
+    assert module == "data_service.pipelines.images" and error is None
+    assert wanted <= set(names) and not unwanted & set(names), names

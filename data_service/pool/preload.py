@@ -9,7 +9,7 @@ Three sources, in this order:
   (``builder.worker_imports``: module names, or a function of the pipeline's options returning
   them; ``declared``);
 * what the first worker actually imported while it built the pipeline, and then while it built
-  its first batch (``imported_since``, sent to the warm parent by the pool): a user's builder
+  its first batch (``ImportRecorder``, sent to the warm parent by the pool): a user's builder
   that imports inside its body is covered without declaring anything.
 
 Each module is imported in turn, and after each the parent checks that it holds nothing a fork
@@ -99,10 +99,30 @@ def declared(spec_json: str) -> tuple[str | None, list[str], str | None]:
     return module, names, None
 
 
-def imported_since(before: set[str]) -> tuple[str, ...]:
-    """The modules imported since ``before`` was taken, in the order their imports began (the
-    order ``sys.modules`` keeps), less the process's main module."""
-    return tuple(name for name in list(sys.modules) if name not in before and name not in _MAINS)
+class ImportRecorder:
+    """Notes each module this process imports from when it is installed (first in
+    ``sys.meta_path``, finding nothing itself), in the order the imports began.
+
+    A forked worker must not list ``sys.modules`` to tell what is new: walking it touches the
+    reference count of every module's name, and so copies every page the warm parent holds one on.
+    """
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        sys.meta_path.insert(0, self)
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        self._names.append(fullname)
+        return None  # the next finder finds it
+
+    def take(self) -> tuple[str, ...]:
+        """The modules imported since the last ``take`` (those whose import failed left out)."""
+        names, self._names = self._names, []
+        return tuple(n for n in names if n in sys.modules and n not in _MAINS)
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
 
 
 def worth_sending(names, hazard: Hazards) -> tuple[str, ...]:

@@ -12,14 +12,13 @@ import logging
 import mmap
 import os
 import signal
-import sys
 import time
 import traceback
 
 from .fork_safety import hazards
 from .messages import (SPARE_COMM, SPARE_ID, DoneMsg, ErrorMsg, FatalMsg, ImportedMsg, PromoteMsg, ReadyMsg, StopMsg,
                        TaskMsg, message_connection)
-from .preload import imported_since
+from .preload import ImportRecorder
 from .warm_parent import rename
 from ..protocol.generated import pb
 from ..protocol.integrity import batch_crc
@@ -47,7 +46,7 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int,
     whether it holds anything a fork must not copy: a warm parent imports the same for the
     workers it forks next (preload.py).
     """
-    before = set(sys.modules)
+    imports = ImportRecorder()
     parent_pid = os.getppid()  # the server, or the warm parent that forked us (it exits with the server)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     if nice:
@@ -62,8 +61,7 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int,
     if loaded is None:
         return
     pipe, info = loaded
-    conn.send(ReadyMsg(os.getpid(), info, imported_since(before), hazards(own_sockets=1)))  # its pipe
-    before = set(sys.modules)
+    conn.send(ReadyMsg(os.getpid(), info, imports.take(), hazards(own_sockets=1)))  # its pipe
     slots = _Slots(num_slots)
     while (msg := _next_task(conn, parent_pid, comm)) is not None:
         if msg.renew:
@@ -72,10 +70,11 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int,
             slots.drop(msg.slot)
         done = _build(conn, pipe, info.plan, msg, slots, compression_name)
         try:
-            if before is not None:  # after the first batch only
-                if imported := imported_since(before):
+            if imports is not None:  # after the first batch only
+                if imported := imports.take():
                     conn.send(ImportedMsg(imported, hazards(own_sockets=1)))
-                before = None
+                imports.remove()
+                imports = None
             if done is not None:
                 conn.send(done)
         except OSError:

@@ -28,6 +28,7 @@ import torch
 
 from ..contract.pipeline import Pipeline, ServerSide
 from ..errors import ConfigError
+from ..storage.parsing import is_s3_url
 from .augment import Augment, FusedAugment, collate
 from .decoded_cache import DecodedCache
 from .image_options import DEFAULT_BLOCK_BATCHES, DEFAULT_INTERLEAVE, ImageOptions
@@ -141,7 +142,23 @@ def server_side(**options) -> ServerSide:
                       close=cache.close if cache else None)
 
 
+def worker_imports(**options) -> list[str]:
+    """What a data worker of these options imports while it builds and runs the pipeline (kept out
+    of this module's imports: a data server's main process imports it too, and needs none of it).
+    A data node's warm parent imports them once, before it forks its workers."""
+    opts = ImageOptions.from_kwargs(**options)
+    names = ["torchvision.io", "torchvision.transforms.v2"]
+    if opts.shards:
+        names.append("data_service.shards")
+    if opts.parquet:
+        names += ["data_service.shards.parquet", "pyarrow.parquet"]
+    if is_s3_url(opts.shards or opts.parquet):
+        names += ["boto3", "botocore.config"]
+    return names
+
+
 build_pipeline.server_side = server_side
+build_pipeline.worker_imports = worker_imports
 # The signature the launcher's checks and help see: ImageOptions' fields and defaults.
 build_pipeline.__signature__ = inspect.Signature(
     [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)

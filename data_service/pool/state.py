@@ -281,7 +281,7 @@ class PoolState:
 
     def pids(self) -> list[int]:
         with self._lock:
-            return [w.process.pid for w in self._workers if w.alive]
+            return [w.process.pid for w in self._workers if w.alive and w.process is not None]  # launched
 
     @property
     def queue_depth(self) -> int:

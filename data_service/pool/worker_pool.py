@@ -30,7 +30,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from .lifecycle import WorkerConfig, WorkerHandle, spawn_replacement, start_all, stop_workers, unstarted
-from .messages import DoneMsg, ErrorMsg, StopMsg
+from .messages import DoneMsg, ErrorMsg, ImportedMsg, StopMsg
 from .results import Failure, GaveUp, built, failed
 from .slots import ServerSlot
 from .state import MAX_ATTEMPTS, TASKS_AHEAD, PoolState
@@ -57,11 +57,11 @@ class WorkerPool:
 
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
                  start_timeout: float = 120.0, log_level: int = logging.INFO, compression: str = "", nice: int = 0,
-                 worker_start: str = "warm") -> None:
+                 worker_start: str = "warm", spare: bool = True) -> None:
         _check_sizes(num_workers, slots_per_worker)
         self._num_workers = num_workers
         self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, compression, nice)
-        self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping)  # method: how they start
+        self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping, spare)  # method: how they start
         self.state = PoolState(num_workers)
         # Held from deciding a worker's tasks to writing them, so that each worker reads its
         # tasks in the order the state recorded them and two threads' frames never interleave.
@@ -110,11 +110,13 @@ class WorkerPool:
         self.spawn()
         try:
             self.info = start_all(self.launcher.wait(), self.state.workers(), self._cfg,
-                                  self._spawned_at + self._cfg.start_timeout, self.state.worker_respawned)
+                                  self._spawned_at + self._cfg.start_timeout, self.state.worker_respawned,
+                                  self.launcher.after_first)
         except ConfigError:
             self.stop(0)
             raise
         self.state.workers_ready()
+        self.launcher.keep_spare()
         self.started_at = time.monotonic()
         if own_thread:
             self._thread = threading.Thread(target=self._loop, name="worker-pool", daemon=True)
@@ -228,6 +230,9 @@ class WorkerPool:
         if isinstance(msg, ErrorMsg):
             self._fail(self.state.batch_failed(w, msg))
             return
+        if isinstance(msg, ImportedMsg):
+            self.launcher.learn(msg)  # the warm parent imports them too, off this thread
+            return
         if not isinstance(msg, DoneMsg):
             log.error("data worker %d sent an unexpected %s", w.wid, type(msg).__name__)
             return
@@ -279,7 +284,8 @@ class WorkerPool:
 
     def _replace(self, dead: WorkerHandle) -> None:
         try:
-            new = spawn_replacement(self.launcher.ctx, dead.wid, self._cfg, lambda: self.state.stopping)
+            new = spawn_replacement(self.launcher.ctx, dead.wid, self._cfg, lambda: self.state.stopping,
+                                    self.launcher.take_spare)
         except ConfigError as exc:
             self._gave_up(self.state.replacement_gave_up(str(exc)))
             return

@@ -81,7 +81,7 @@ class DataServer:
         self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
                                self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
                                compression=self.options.compression, nice=self.options.worker_nice,
-                               worker_start=self.options.worker_start)
+                               worker_start=self.options.worker_start, spare=self.options.spare_worker)
         self.pool.on_no_workers = self._no_workers
         self.stats = ServerStats(self.pool)
         self.plan = None

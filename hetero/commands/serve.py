@@ -48,6 +48,9 @@ def register(sub) -> None:
                    help="warm: fork workers (and their replacements) from a parent that imported torch and the "
                         "pipeline module (milliseconds, shared memory); spawn: each worker imports them itself "
                         "(falls back to it, with a log line, when the module cannot be preloaded)")
+    p.add_argument("--no-spare-worker", action="store_true",
+                   help="with --worker-start warm: keep no loaded spare worker to take a dead worker's place at once "
+                        "(saves an idle worker's private memory; a replacement is then forked and loaded when needed)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="on SIGTERM: seconds to finish the requests already taken before stopping")
     p.set_defaults(func=run)
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
                                 compression=args.compression, shared_memory=not args.no_shared_memory,
                                 advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
                                 tls_key=args.tls_key, probe=not args.no_probe,
-                                send_timeout_s=args.send_timeout, worker_start=args.worker_start)
+                                send_timeout_s=args.send_timeout, worker_start=args.worker_start,
+                                spare_worker=not args.no_spare_worker)
         server = DataServer(spec, token, options).start()
     except ConfigError as exc:
         print(f"hetero serve: {exc}")

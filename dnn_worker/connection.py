@@ -36,7 +36,7 @@ from data_service.protocol import framing
 from data_service.errors import ProtocolError
 from data_service.protocol.version import PROTOCOL_VERSION
 from data_service.protocol.generated import pb
-from data_service.protocol.integrity import batch_crc
+from data_service.protocol import integrity
 
 from .buffers import BufferPool
 from .handshake import handshake
@@ -92,18 +92,18 @@ def _check_header(address: str, header: pb.BatchHeader, max_bytes: int, agreed_c
 
 
 def _check_payload(address: str, header: pb.BatchHeader, payload) -> None:
-    """Refuse a payload whose bytes changed between the data worker and here.
+    """Refuse a payload whose bytes changed between the data worker and here (read in place).
 
     Raises:
-        CorruptPayload: its CRC-32 (``protocol.integrity``) differs from the one the worker wrote
+        CorruptPayload: its checksum (``protocol.integrity``) differs from the one the worker wrote
         into its header (the connection then ends, and the batch is asked of a server again).
     """
-    got = batch_crc(header, payload)
-    if got != header.payload_crc32:
+    bad = integrity.mismatch(header, payload)
+    if bad is not None:
         ref = header.ref
         raise CorruptPayload(f"{address} sent epoch {ref.epoch} batch {ref.index} whose header and {header.payload_bytes} "
-                             f"payload bytes fail their CRC-32 ({got:#010x} here, {header.payload_crc32:#010x} from the data "
-                             "worker): damaged on the way; the batch is asked for again")
+                             f"payload bytes fail their {bad.checksum} ({bad.got:#010x} here, {bad.want:#010x} from the "
+                             "data worker): damaged on the way; the batch is asked for again")
 
 
 class CorruptPayload(ProtocolError):
@@ -286,7 +286,7 @@ class BulkConnection:
                     self._lowat.set(sock, 1)
                 p.view.release()
                 buf = p.buf
-                if plain and p.header.HasField("payload_crc32"):  # TLS authenticates every record itself
+                if plain and integrity.sealed(p.header):  # TLS authenticates every record itself
                     _check_payload(self.address, p.header, p.packed if p.packed is not None else buf.numpy())
                 if p.packed is not None:
                     compression.decompress_into(p.header.compression, p.packed, memoryview(buf.numpy()))

@@ -1,15 +1,18 @@
 """A byte flipped between a data worker and the consumer is named and the batch asked for again:
-never trained on (the batch's CRC-32 covers its identity, layout and payload)."""
+never trained on (the batch's CRC32C covers its identity, layout and payload)."""
 from __future__ import annotations
 
 import logging
+import zlib
 
+import google_crc32c
 import pytest
 
 from benchmarks.common.corrupt import FlipProxy
 from data_service.contract.tensor_layout import batch_digest
 from data_service.protocol.generated import pb
-from data_service.protocol.integrity import batch_crc
+from data_service.protocol import integrity
+from data_service.protocol.integrity import Mismatch, batch_crc
 from dnn_worker import RemoteDataset
 from hetero.testing import Reference, ServerProc, free_port
 from hetero.testing.processes import PIPELINE
@@ -32,6 +35,46 @@ def test_the_crc_covers_identity_layout_and_payload():
     assert batch_crc(other, payload) != crc
     payload[500] ^= 0x10
     assert batch_crc(header, payload) != crc
+
+
+def _header() -> pb.BatchHeader:
+    header = pb.BatchHeader(ref=pb.BatchRef(seed=1, epoch=2, index=3), payload_bytes=1000, raw_bytes=1000)
+    header.tensors.add(dtype="uint8", shape=[1000])
+    return header
+
+
+def test_the_checksum_is_the_crc32c_of_identity_then_payload():
+    """What both sides compute: a fixed definition, not whatever the installed code happens to do."""
+    header, payload = _header(), bytes(range(256)) * 4
+    identity = pb.BatchHeader(ref=header.ref, tensors=header.tensors, payload_bytes=1000, raw_bytes=1000)
+    want = google_crc32c.extend(google_crc32c.value(identity.SerializeToString(deterministic=True)), payload[:1000])
+    assert batch_crc(header, payload) == want
+    integrity.seal(header, bytearray(payload))
+    assert header.payload_crc32c == want and not header.HasField("payload_crc32") and integrity.sealed(header)
+
+
+def test_a_sealed_batch_passes_in_place_and_a_flip_is_named():
+    header, payload = _header(), bytearray(range(256)) * 4
+    assert not integrity.sealed(header) and integrity.mismatch(header, payload) is None  # nothing to check
+    integrity.seal(header, memoryview(payload))
+    assert integrity.mismatch(header, payload) is None
+    payload[999] ^= 1
+    bad = integrity.mismatch(header, payload)
+    assert bad == Mismatch("CRC32C", batch_crc(header, payload), header.payload_crc32c) and bad.got != bad.want
+    payload[999] ^= 1
+    payload[1000] ^= 1  # past the payload: not the batch's
+    assert integrity.mismatch(header, payload) is None
+
+
+def test_a_protocol_1_0_servers_crc32_is_still_checked():
+    """A 1.0 data server wrote zlib's CRC-32 into payload_crc32: a newer consumer checks that one."""
+    header, payload = _header(), bytearray(range(256)) * 4
+    identity = pb.BatchHeader(ref=header.ref, tensors=header.tensors, payload_bytes=1000, raw_bytes=1000)
+    header.payload_crc32 = zlib.crc32(payload[:1000], zlib.crc32(identity.SerializeToString(deterministic=True)))
+    assert integrity.sealed(header) and integrity.mismatch(header, payload) is None
+    payload[0] ^= 0x80
+    bad = integrity.mismatch(header, payload)
+    assert bad is not None and bad.checksum == "CRC-32" and bad.want == header.payload_crc32
 
 
 @pytest.fixture
@@ -58,4 +101,4 @@ def test_a_flipped_payload_byte_is_named_and_the_batch_fetched_again(flipped_ser
     assert proxy.flipped == 1
     assert got == ref  # every batch as built in-process: the damaged copy was not trained on
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert "fail their CRC-32" in said and "the batch is asked for again" in said, said
+    assert "fail their CRC32C" in said and "the batch is asked for again" in said, said

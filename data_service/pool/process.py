@@ -17,7 +17,7 @@ import traceback
 
 from .messages import DoneMsg, ErrorMsg, FatalMsg, ReadyMsg, StopMsg, TaskMsg, message_connection
 from ..protocol.generated import pb
-from ..protocol.integrity import batch_crc
+from ..protocol import integrity
 
 _PAGE = mmap.PAGESIZE
 
@@ -160,7 +160,7 @@ def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) 
         ref=pb.BatchRef(seed=msg.seed, epoch=msg.epoch, index=msg.index), structure=structure, tensors=metas,
         payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
         build_s=build_s, samples_skipped=skipped)
-    # checked where the batch arrives over the network (protocol/integrity.py)
-    header.payload_crc32 = batch_crc(header, slot.map)
+    # checked where the batch arrives over the network (protocol/integrity.py); read in the slot, in place
+    integrity.seal(header, slot.map)
     return DoneMsg(msg.task_id, msg.slot, new, header.SerializeToString(), size, raw_size, build_s, compress_s,
                    skipped, samples_reread() - reread_before)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import data_service.crc32c as crc_module
-from data_service.crc32c import _portable, crc32c
+from data_service.crc32c.inplace import _portable, crc32c
 
 IMPLEMENTATIONS = [pytest.param(crc32c, id=crc_module.IMPLEMENTATION), pytest.param(_portable, id="portable")]
 

@@ -6,8 +6,10 @@ byte anywhere in those, in a cache, a proxy or a NIC, is then named instead of t
 flip that turned one batch's identity into another's cannot pass for it.
 
 It is a CRC32C (``data_service.crc32c``: why CRC32C, and how it runs) read in place, over the
-worker's slot and over the consumer's receive buffer, at memory speed: no copy of the payload is
-made for it. The header part is a few hundred bytes, serialized deterministically on both sides.
+worker's slot and over the consumer's receive buffer: no copy of the payload is made for it. A
+consumer sums each piece of a payload as it arrives (:class:`Running`), while the CPU cache still
+holds what the kernel just wrote, instead of reading the whole batch from memory again at the end.
+The header part is a few hundred bytes, serialized deterministically on both sides.
 Servers of protocol 1.0 wrote zlib's CRC-32 into another field (``payload_crc32``); a consumer
 still checks that one when it meets such a server.
 """
@@ -52,14 +54,35 @@ def sealed(header: pb.BatchHeader) -> bool:
     return header.HasField("payload_crc32c") or header.HasField("payload_crc32")
 
 
+class Running:
+    """A sealed batch's checksum, summed piece by piece as its payload arrives, in order."""
+
+    __slots__ = ("_crc", "_fn", "_name", "_want")
+
+    def __init__(self, header: pb.BatchHeader) -> None:
+        if header.HasField("payload_crc32c"):
+            self._fn, self._name, self._want = crc32c, "CRC32C", header.payload_crc32c
+        elif header.HasField("payload_crc32"):  # a server of protocol 1.0
+            self._fn, self._name, self._want = zlib.crc32, "CRC-32", header.payload_crc32
+        else:
+            raise ValueError(f"batch {header.ref.epoch}/{header.ref.index}'s header carries no checksum: "
+                             "check integrity.sealed(header) first")
+        self._crc = self._fn(_identity(header))
+
+    def update(self, piece) -> None:
+        """Add the next bytes of the payload (any buffer, read in place)."""
+        self._crc = self._fn(piece, self._crc)
+
+    def mismatch(self) -> Mismatch | None:
+        """Once the whole payload was added: how it fails the checksum its data worker wrote, or None."""
+        return None if self._crc == self._want else Mismatch(self._name, self._crc, self._want)
+
+
 def mismatch(header: pb.BatchHeader, payload) -> Mismatch | None:
     """How ``payload`` (with ``header``) fails the checksum its data worker wrote; None when it passes
     or the header carries none."""
-    if header.HasField("payload_crc32c"):
-        got, want, name = batch_crc(header, payload), header.payload_crc32c, "CRC32C"
-    elif header.HasField("payload_crc32"):  # a server of protocol 1.0
-        crc = zlib.crc32(memoryview(payload)[:header.payload_bytes], zlib.crc32(_identity(header)))
-        got, want, name = crc, header.payload_crc32, "CRC-32"
-    else:
+    if not sealed(header):
         return None
-    return None if got == want else Mismatch(name, got, want)
+    running = Running(header)
+    running.update(memoryview(payload)[:header.payload_bytes])
+    return running.mismatch()

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import data_service.crc32c as crc_module
-from data_service.crc32c.inplace import _portable, crc32c
+from data_service.crc32c.inplace import _portable, _portable_copy, copy_crc32c, crc32c
 
 IMPLEMENTATIONS = [pytest.param(crc32c, id=crc_module.IMPLEMENTATION), pytest.param(_portable, id="portable")]
+COPIES = [pytest.param(copy_crc32c, id=crc_module.IMPLEMENTATION), pytest.param(_portable_copy, id="portable")]
 
 # RFC 3720 (iSCSI), B.4, and the usual check value
 VECTORS = [(b"123456789", 0xE3069283), (bytes(32), 0x8A9136AA), (b"\xff" * 32, 0x62A8AB43),
@@ -94,3 +95,27 @@ def test_bad_input_is_named(fn):
     for bad in (-1, 1 << 32):
         with pytest.raises(ValueError, match=rf"crc={bad}.*32-bit CRC"):
             fn(b"x", bad)
+
+
+@pytest.mark.parametrize("copy", COPIES)
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(0, 200_000), seed=st.integers(0, 2**32 - 1), skip=st.integers(0, 15),
+       start=st.integers(0, 2**32 - 1))
+def test_copy_then_sum_equals_the_sum_of_the_source(copy, size, seed, skip, start):
+    # past 64 KiB the copy runs in pieces, each summed after it is copied
+    src = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    slot = bytearray(size + 16)
+    dst = memoryview(slot)[skip:skip + size]
+    assert copy(dst, src, start) == google_crc32c.extend(start, src.tobytes())
+    assert bytes(dst) == src.tobytes()
+    assert slot[:skip] == bytes(skip) and slot[skip + size:] == bytes(16 - skip)  # nothing written outside dst
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_copy_refuses_a_destination_of_another_size_or_a_read_only_one(copy):
+    with pytest.raises(ValueError, match="dst holds 9 bytes, src 10"):
+        copy(bytearray(9), b"0123456789")
+    with pytest.raises(TypeError):
+        copy(b"0123456789", b"0123456789")
+    with pytest.raises(ValueError, match="crc=-1"):
+        copy(bytearray(1), b"x", -1)

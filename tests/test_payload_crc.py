@@ -6,9 +6,14 @@ import logging
 import zlib
 
 import google_crc32c
+import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.common.corrupt import FlipProxy
+from data_service.contract import tensor_layout
 from data_service.contract.tensor_layout import batch_digest
 from data_service.protocol.generated import pb
 from data_service.protocol import integrity
@@ -102,3 +107,26 @@ def test_a_flipped_payload_byte_is_named_and_the_batch_fetched_again(flipped_ser
     assert got == ref  # every batch as built in-process: the damaged copy was not trained on
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "fail their CRC32C" in said and "the batch is asked for again" in said, said
+
+
+_DTYPES = [torch.uint8, torch.bool, torch.float32, torch.bfloat16, torch.int64, torch.complex64]
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 70), max_size=3)), min_size=1, max_size=4),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_worker_sums_the_payload_as_it_writes_it(shapes, seed):
+    """write_summed_payload lays out the same bytes as write_payload, and its CRC32C covers the whole
+    payload, the alignment gaps between tensors included (whatever an earlier batch left there)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = {f"t{i}": torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).to(_DTYPES[d])
+             for i, (d, shape) in enumerate(shapes)}
+    structure, metas, tensors, size = tensor_layout.plan_layout(batch)
+    stale = np.random.default_rng(seed).integers(0, 256, size + 4096, dtype=np.uint8).tobytes()
+    want, got = bytearray(stale), bytearray(stale)  # a slot that held an earlier batch
+    tensor_layout.write_payload(metas, tensors, want)
+    header = pb.BatchHeader(ref=pb.BatchRef(seed=1, epoch=0, index=seed % 100), structure=structure, tensors=metas,
+                            payload_bytes=size, raw_bytes=size)
+    crc = tensor_layout.write_summed_payload(metas, tensors, got, integrity.header_crc(header))
+    assert got == want
+    assert crc == batch_crc(header, want)

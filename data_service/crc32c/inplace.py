@@ -24,9 +24,9 @@ that is refused. Both give the same values (tests/test_crc32c.py).
 from __future__ import annotations
 
 try:
-    from ._hw import extend as _hw_extend
+    from ._hw import copy_extend as _hw_copy_extend, extend as _hw_extend
 except ImportError:  # not built (no C compiler), or a CPU without the instruction
-    _hw_extend = None
+    _hw_extend = _hw_copy_extend = None
 
 # which implementation runs: "sse4.2" (this package's extension) or "google-crc32c"
 IMPLEMENTATION = "sse4.2" if _hw_extend is not None else "google-crc32c"
@@ -42,6 +42,28 @@ def crc32c(data, crc: int = 0) -> int:
     if _hw_extend is not None:
         return _hw_extend(crc, data)
     return _portable(data, crc)
+
+
+def copy_crc32c(dst, src, crc: int = 0) -> int:
+    """Copy ``src`` into ``dst`` (a writable buffer of the same size, not overlapping it) and return the
+    CRC32C of those bytes, continuing ``crc``: the extension sums each 64 KiB right after copying it,
+    while the CPU cache holds it, so the bytes are read from memory once, for the copy.
+
+    Raises:
+        ValueError: sizes differ, or ``crc`` is not a 32-bit CRC.
+    """
+    if _hw_copy_extend is not None:
+        return _hw_copy_extend(crc, dst, src)
+    return _portable_copy(dst, src, crc)
+
+
+def _portable_copy(dst, src, crc: int = 0) -> int:
+    """Copy, then sum the copy (see :func:`copy_crc32c`)."""
+    out, into = memoryview(src).cast("B"), memoryview(dst).cast("B")
+    if out.nbytes != into.nbytes:
+        raise ValueError(f"copy_crc32c: dst holds {into.nbytes} bytes, src {out.nbytes}: pass a dst of src's size")
+    into[:] = out
+    return _portable(into, crc)
 
 
 def _portable(data, crc: int = 0) -> int:

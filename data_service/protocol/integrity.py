@@ -6,9 +6,10 @@ byte anywhere in those, in a cache, a proxy or a NIC, is then named instead of t
 flip that turned one batch's identity into another's cannot pass for it.
 
 It is a CRC32C (``data_service.crc32c``: why CRC32C, and how it runs) read in place, over the
-worker's slot and over the consumer's receive buffer: no copy of the payload is made for it. A
-consumer sums each piece of a payload as it arrives (:class:`Running`), while the CPU cache still
-holds what the kernel just wrote, instead of reading the whole batch from memory again at the end.
+worker's slot and over the consumer's receive buffer: no copy of the payload is made for it, and
+neither side reads the payload from memory a second time to sum it. A data worker sums each piece
+as it copies it into its slot (``tensor_layout.write_summed_payload``); a consumer sums each piece
+as it arrives (:class:`Running`), while the CPU cache still holds what the kernel just wrote.
 The header part is a few hundred bytes, serialized deterministically on both sides.
 Servers of protocol 1.0 wrote zlib's CRC-32 into another field (``payload_crc32``); a consumer
 still checks that one when it meets such a server.
@@ -38,10 +39,16 @@ def _identity(header: pb.BatchHeader) -> bytes:
     return identity.SerializeToString(deterministic=True)
 
 
+def header_crc(header: pb.BatchHeader) -> int:
+    """CRC32C of ``header``'s identity and layout: what the payload's bytes continue (a data worker
+    sums them as it copies them into its slot)."""
+    return crc32c(_identity(header))
+
+
 def batch_crc(header: pb.BatchHeader, payload) -> int:
     """CRC32C of ``header``'s identity and layout, then of the first ``header.payload_bytes`` bytes of
     ``payload`` (any buffer, read in place: the worker's slot, the consumer's receive buffer)."""
-    return crc32c(memoryview(payload)[:header.payload_bytes], crc32c(_identity(header)))
+    return crc32c(memoryview(payload)[:header.payload_bytes], header_crc(header))
 
 
 def seal(header: pb.BatchHeader, payload) -> None:

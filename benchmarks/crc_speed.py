@@ -12,6 +12,10 @@ is writable) of each size, again and again for ``--seconds``; the contenders tak
 - ``zlib.crc32``: zlib's CRC-32, in place (the batch checksum of protocol 1.0);
 - ``google_crc32c + copy``: google-crc32c's C entry point, which takes read-only bytes only, so
   ``bytes(buffer)`` first.
+
+A second table is a data worker's copy of a batch into its slot (GB/s of bytes copied, one
+source into one destination): the copy alone (numpy), the copy summed as it goes
+(``copy_crc32c``), and the copy then ``crc32c`` over the destination (the payload read twice).
 """
 from __future__ import annotations
 
@@ -34,6 +38,19 @@ def contenders() -> dict:
 
     return {f"crc32c ({crc.IMPLEMENTATION})": crc.crc32c, "crc32c fallback (google-crc32c, numpy view)": crc._portable,
             "zlib.crc32": zlib.crc32, "google_crc32c + copy": lambda b: google_crc32c.value(bytes(b))}
+
+
+def copies() -> dict:
+    """Name -> function of (destination, source)."""
+    import numpy as np
+
+    from data_service.crc32c import copy_crc32c, crc32c
+
+    def copy_then_sum(dst, src):
+        np.copyto(dst, src)
+        return crc32c(dst)
+
+    return {"copy": np.copyto, "copy_crc32c": copy_crc32c, "copy, then crc32c": copy_then_sum}
 
 
 def rate(fn, buf, seconds: float) -> float:
@@ -69,8 +86,25 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"mb": size / MB, "gbps": {k: round(v, 3) for k, v in med.items()},
                      "runs": {k: [round(x, 3) for x in v] for k, v in runs.items()}})
         print(f"| {size / MB:g} | " + " | ".join(f"{v:.2f}" for v in med.values()) + " |", flush=True)
+    import numpy as np
+
+    cps = copies()
+    print("\n| buffer MB | " + " | ".join(f"{n} GB/s" for n in cps) + " | copy_crc32c / copy |")
+    print("|---:|" + "---:|" * (len(cps) + 1))
+    copy_rows = []
+    for size in sizes:
+        src = np.frombuffer(os.urandom(size), dtype=np.uint8)
+        dst = np.empty_like(src)
+        runs = {name: [] for name in cps}
+        for _ in range(args.repeats):
+            for name, fn in cps.items():
+                runs[name].append(rate(lambda _, d=dst, s=src, f=fn: f(d, s), src, args.seconds))
+        med = {name: statistics.median(r) for name, r in runs.items()}
+        copy_rows.append({"mb": size / MB, "gbps": {k: round(v, 3) for k, v in med.items()}})
+        print(f"| {size / MB:g} | " + " | ".join(f"{v:.2f}" for v in med.values()) +
+              f" | {med['copy_crc32c'] / med['copy']:.2f} |", flush=True)
     report.write_json(args.json, {"benchmark": "crc_speed", "command": report.command("python -m benchmarks.crc_speed", argv),
-                                  "rows": rows})
+                                  "rows": rows, "copies": copy_rows})
     return 0
 
 

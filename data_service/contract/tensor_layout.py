@@ -98,8 +98,8 @@ def write_payload(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor
 
 def write_summed_payload(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor], buf, crc: int) -> int:
     """:func:`write_payload`, and the CRC32C of the whole payload as laid out in ``buf`` (the alignment
-    gaps included), continuing ``crc``: each piece is summed as it is copied, from the CPU cache
-    (``copy_crc32c``), so the payload is not read from memory a second time to sum it."""
+    gaps included), continuing ``crc``: each tensor is summed as it is copied (``copy_crc32c``), so
+    the payload is not read from memory a second time to sum it."""
     pos = 0
     with memoryview(buf) as view:
         for meta, t in zip(metas, tensors):

@@ -46,8 +46,8 @@ def crc32c(data, crc: int = 0) -> int:
 
 def copy_crc32c(dst, src, crc: int = 0) -> int:
     """Copy ``src`` into ``dst`` (a writable buffer of the same size, not overlapping it) and return the
-    CRC32C of those bytes, continuing ``crc``: the extension sums each 64 KiB right after copying it,
-    while the CPU cache holds it, so the bytes are read from memory once, for the copy.
+    CRC32C of those bytes, continuing ``crc``: the extension sums each word on its way through a
+    register, so the bytes are read from memory once, for the copy (the fallback copies, then sums).
 
     Raises:
         ValueError: sizes differ, or ``crc`` is not a 32-bit CRC.

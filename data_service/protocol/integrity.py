@@ -7,7 +7,7 @@ flip that turned one batch's identity into another's cannot pass for it.
 
 It is a CRC32C (``data_service.crc32c``: why CRC32C, and how it runs) read in place, over the
 worker's slot and over the consumer's receive buffer: no copy of the payload is made for it, and
-neither side reads the payload from memory a second time to sum it. A data worker sums each piece
+neither side reads the payload from memory a second time to sum it. A data worker sums each word
 as it copies it into its slot (``tensor_layout.write_summed_payload``); a consumer sums each piece
 as it arrives (:class:`Running`), while the CPU cache still holds what the kernel just wrote.
 The header part is a few hundred bytes, serialized deterministically on both sides.

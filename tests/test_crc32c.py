@@ -119,3 +119,19 @@ def test_copy_refuses_a_destination_of_another_size_or_a_read_only_one(copy):
         copy(b"0123456789", b"0123456789")
     with pytest.raises(ValueError, match="crc=-1"):
         copy(bytearray(1), b"x", -1)
+
+
+def test_the_speed_benchmark_runs_and_names_every_contender(capsys):
+    from benchmarks import crc_speed
+
+    assert crc_speed.main(["--sizes", "0.0625", "--seconds", "0.01", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("zlib.crc32", "google_crc32c + copy", "copy_crc32c", "| 0.0625 |")), out
+
+
+def test_the_transport_benchmark_refuses_a_baseline_that_is_no_checkout(tmp_path, capsys):
+    from benchmarks import transport
+
+    with pytest.raises(SystemExit) as info:
+        transport.main(["--baseline-root", str(tmp_path)])
+    assert info.value.code == 2 and "is not a checkout of this repository" in capsys.readouterr().err

@@ -58,7 +58,7 @@ def _stats(servers) -> tuple[int, int]:
 
 
 class _Named(logging.Handler):
-    """Keeps the first warning that names a batch failing its CRC-32, or a frame that does not parse
+    """Keeps the first warning that names a batch failing its checksum, or a frame that does not parse
     (the consumer then asks for the batch again)."""
 
     def __init__(self) -> None:
@@ -68,7 +68,7 @@ class _Named(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         # a flip in a frame's length or header ends the connection as a protocol error instead
-        if not self.said and ("CRC-32" in message or "ProtocolError" in message or "DecodeError" in message):
+        if not self.said and ("CRC32C" in message or "CRC-32" in message or "ProtocolError" in message or "DecodeError" in message):
             self.said = message[:300]
 
 
@@ -79,7 +79,7 @@ def epoch(servers, ref: list[str], seed: int, audit: str, damaged: int = 0) -> d
 
     before = _stats(servers)
     error, short, silent, got = "", 0, 0, 0
-    named = _Named()  # the consumer's own detection: a batch that fails its CRC-32 on arrival
+    named = _Named()  # the consumer's own detection: a batch that fails its CRC32C on arrival
     logging.getLogger("dnn_worker").addHandler(named)
     try:
         ds = RemoteDataset([s.address for s in servers], servers[0].token, seed=seed, audit_path=audit,

@@ -21,7 +21,8 @@ from .messages import (SPARE_COMM, SPARE_ID, DoneMsg, ErrorMsg, FatalMsg, Import
 from .preload import ImportRecorder
 from .warm_parent import rename
 from ..protocol.generated import pb
-from ..protocol.integrity import batch_crc
+from ..crc32c import copy_crc32c
+from ..protocol import integrity
 
 _PAGE = mmap.PAGESIZE
 
@@ -176,17 +177,18 @@ def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) 
         compress_s = time.perf_counter() - t1
         size = len(packed)
     slot, new = slots.fit(msg.slot, size)
-    if packed is None:
-        tensor_layout.write_payload(metas, tensors, slot.map)
-    else:
-        slot.map[:size] = packed
-    build_s = time.perf_counter() - t0 - compress_s
     skipped = pipe.samples_skipped - skipped_before
     header = pb.BatchHeader(
         ref=pb.BatchRef(seed=msg.seed, epoch=msg.epoch, index=msg.index), structure=structure, tensors=metas,
         payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
-        build_s=build_s, samples_skipped=skipped)
-    # checked where the batch arrives over the network (protocol/integrity.py)
-    header.payload_crc32 = batch_crc(header, slot.map)
+        samples_skipped=skipped)
+    # The checksum a consumer checks where the batch arrives over the network (protocol/integrity.py),
+    # summed as the payload is copied into the slot: its bytes are read from memory once.
+    if packed is None:
+        crc = tensor_layout.write_summed_payload(metas, tensors, slot.map, integrity.header_crc(header))
+    else:
+        crc = copy_crc32c(memoryview(slot.map)[:size], packed, integrity.header_crc(header))
+    header.payload_crc32c = crc
+    build_s = header.build_s = time.perf_counter() - t0 - compress_s
     return DoneMsg(msg.task_id, msg.slot, new, header.SerializeToString(), size, raw_size, build_s, compress_s,
                    skipped, samples_reread() - reread_before)

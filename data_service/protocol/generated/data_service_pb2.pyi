@@ -249,7 +249,7 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "compression", "build_s", "compress_s", "shm_path", "shm_size", "shm_lease", "shm_inode", "samples_skipped", "payload_crc32")
+    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "compression", "build_s", "compress_s", "shm_path", "shm_size", "shm_lease", "shm_inode", "samples_skipped", "payload_crc32", "payload_crc32c")
     REF_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,7 @@ class BatchHeader(_message.Message):
     SHM_INODE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_CRC32_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_CRC32C_FIELD_NUMBER: _ClassVar[int]
     ref: BatchRef
     structure: Structure
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -278,7 +279,8 @@ class BatchHeader(_message.Message):
     shm_inode: int
     samples_skipped: int
     payload_crc32: int
-    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compression: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: bool = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., payload_crc32: _Optional[int] = ...) -> None: ...
+    payload_crc32c: int
+    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compression: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: bool = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., payload_crc32: _Optional[int] = ..., payload_crc32c: _Optional[int] = ...) -> None: ...
 
 class BatchError(_message.Message):
     __slots__ = ("ref", "kind", "message", "traceback", "sample_index")

@@ -55,7 +55,7 @@ MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, othe
 class Event:
     kind: str                 # "batch" | "error" | "down"
     conn: "BulkConnection"
-    ref: pb.BatchRef | None = None
+    ref: pb.BatchRef | None = None  # "down": the batch whose payload failed or was arriving, if any
     batch: Any = None
     nbytes: int = 0
     error: pb.BatchError | None = None
@@ -103,11 +103,17 @@ def _check_payload(address: str, header: pb.BatchHeader, payload) -> None:
         ref = header.ref
         raise CorruptPayload(f"{address} sent epoch {ref.epoch} batch {ref.index} whose header and {header.payload_bytes} "
                              f"payload bytes fail their CRC-32 ({got:#010x} here, {header.payload_crc32:#010x} from the data "
-                             "worker): damaged on the way; the batch is asked for again")
+                             "worker): damaged on the way; the batch is asked for again",
+                             ref=ref, expected=header.payload_crc32, got=got)
 
 
 class CorruptPayload(ProtocolError):
-    """A batch's payload arrived with other bytes than its data worker wrote."""
+    """A batch's payload arrived with other bytes than its data worker wrote: ``ref`` (as its
+    header says), ``expected`` (the data worker's CRC-32) and ``got`` (that of what arrived)."""
+
+    def __init__(self, message: str, *, ref: pb.BatchRef, expected: int, got: int) -> None:
+        super().__init__(message)
+        self.ref, self.expected, self.got = ref, expected, got
 
 
 class BulkConnection:
@@ -225,7 +231,9 @@ class BulkConnection:
         try:
             self._read(events)
         except BaseException as exc:  # any failure ends this connection; the fetcher fails over
-            events.append(Event("down", self, exc=exc))
+            culprit = exc.ref if isinstance(exc, CorruptPayload) else (
+                self._payload.header.ref if self._payload is not None else None)
+            events.append(Event("down", self, ref=culprit, exc=exc))
             self.close()
         # Bytes already read (or decrypted) wait in our buffers, where no selector sees them.
         self.backlog = len(events) >= MAX_EVENTS_PER_READ and not self.closed

@@ -42,7 +42,7 @@ class Server:
     hello: pb.HelloResponse | None = None
     attempt: Attempt | None = None  # a connection attempt in flight
     draining: bool = False
-    failures: int = 0
+    failures: int = 0           # connections in a row that failed before delivering a batch
     retry_at: float = 0.0
     last_error: str = "never connected"
     watching: int = 0           # selector events registered for its connection
@@ -151,7 +151,9 @@ class ServerSet:
             conn.close()
             self._failed(s, f"{type(exc).__name__}: {exc}", now)
             return False
-        s.conn, s.hello, s.draining, s.failures = conn, hello, s.retired or bool(s.refused), 0
+        # ``failures`` stays until the connection delivers (Fetcher): one that breaks before every
+        # batch backs off further each time instead of reconnecting every 0.2 s
+        s.conn, s.hello, s.draining = conn, hello, s.retired or bool(s.refused)
         s.watching = selectors.EVENT_READ
         log.debug("connected to data server %s", s.address)
         return True

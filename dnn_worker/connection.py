@@ -40,7 +40,7 @@ from data_service.protocol.integrity import batch_crc
 
 from .buffers import BufferPool
 from .handshake import handshake
-from .outbox import WOULD_BLOCK, Outbox, frame_bytes
+from .outbox import WOULD_BLOCK, Outbox
 from .recv_buffer import RecvBuffer
 from .slot_maps import LowWater, SlotMaps
 
@@ -190,13 +190,13 @@ class BulkConnection:
         """Ask for batches; raises OSError if the connection is gone."""
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._outbox.send(frame_bytes(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
+        self._outbox.send(framing.seal(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
 
     def hint(self, refs: list[pb.BatchRef]) -> None:
         """Tell the server which batches will be asked for later (it may fetch their data ahead)."""
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._outbox.send(frame_bytes(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
+        self._outbox.send(framing.seal(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
 
     @property
     def wants_write(self) -> bool:
@@ -326,6 +326,9 @@ class BulkConnection:
     def _on_frame(self, frame: pb.BulkFrame, events: list[Event]) -> None:
         kind = frame.WhichOneof("kind")
         if kind == "error":
+            if not frame.error.HasField("ref"):  # about the connection (a damaged request): it ends
+                raise ProtocolError(f"{self.address} ended the connection: {pb.ErrorKind.Name(frame.error.kind)}: "
+                                    f"{frame.error.message}")
             events.append(Event("error", self, ref=frame.error.ref, error=frame.error))
             return
         if kind != "batch":

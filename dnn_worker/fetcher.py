@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any, Iterator, Sequence
 
-from data_service.errors import BatchBuildError, DataServiceError
+from data_service.errors import BatchBuildError, DataServiceError, ProtocolError
 from data_service.protocol.generated import pb
 
 from .affinity import Affinity
@@ -175,7 +175,7 @@ class Fetcher:
         charged = self._scheduler.charged(address, culprit, stalled)
         self._set.drop(address, reason)
         n = self._scheduler.lost(address)
-        if n:
+        if n or isinstance(exc, ProtocolError):  # bytes damaged on the way are worth a line even when nothing was owed
             log.warning("data server %s failed (%s); asking others for its %d unfinished batches", address, reason, n)
         for ref in charged:
             if isinstance(exc, CorruptPayload) and ref == exc.ref:

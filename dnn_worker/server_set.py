@@ -20,8 +20,8 @@ from typing import Callable
 import grpc
 
 from data_service.protocol.addresses import split_address
-from data_service.errors import (ConfigError, DataServiceError, PermissionDeniedError, ServerUnavailableError,
-                                 VersionMismatchError)
+from data_service.errors import (ConfigError, DataServiceError, PermissionDeniedError, ProtocolError,
+                                 ServerUnavailableError, VersionMismatchError)
 from data_service.protocol.generated import pb
 
 from .connection import LOWAT_CHECK_S, BulkConnection, Event
@@ -121,6 +121,9 @@ class ServerSet:
             raise exc  # refused for good: retrying cannot help
         if isinstance(exc, (grpc.RpcError, OSError, DataServiceError)):
             self._failed(s, getattr(exc, "details", lambda: None)() or f"{type(exc).__name__}: {exc}", now)
+            if isinstance(exc, ProtocolError):  # the server refused a damaged hello, or spoke garbage: say so
+                log.warning("data server %s: connection attempt failed (%s); trying again in %.1fs", s.address,
+                            s.last_error, s.retry_at - now)
             return False
         if exc is not None:
             raise exc

@@ -7,6 +7,8 @@ import socket
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _fault_helpers import stats, wait_clean
 from benchmarks.common.corrupt import FlipProxy
@@ -24,6 +26,21 @@ from hetero.testing.processes import PIPELINE
 OPTS = {"size": 96, "batch_size": 8, "shape": [3, 32, 32]}  # 12 batches of 24 KiB
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@settings(max_examples=300, deadline=None)
+@given(indices=st.lists(st.integers(0, 1 << 40), min_size=1, max_size=40), hint=st.booleans(),
+       where=st.floats(0, 1, exclude_max=True), mask=st.integers(1, 255), cut=st.integers(1, 64))
+def test_a_sealed_frame_with_any_byte_flipped_or_cut_short_fails_its_seal(indices, hint, where, mask, cut):
+    refs = [pb.BatchRef(seed=7, epoch=1, index=i) for i in indices]
+    frame = pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs) if hint else pb.FetchRequest(batches=refs))
+    raw = framing.seal(frame)
+    body = bytearray(raw[framing._LEN.size:])
+    assert framing.unseal(body) == frame.SerializeToString()
+    damaged = bytearray(body)
+    damaged[int(where * len(body))] ^= mask  # CRC-32 catches every error burst up to 32 bits
+    assert framing.unseal(damaged) is None
+    assert framing.unseal(body[:max(0, len(body) - cut)]) is None  # a length damaged shorter
 
 
 class Client:

@@ -61,3 +61,12 @@ def test_the_label_check_runs_once_per_node_and_again_for_a_file_written_again(t
     os.utime(os.path.join(shards, "index.bin"), ns=(1, 1))  # the file changed: checked again
     ShardDataset(shards, cache_dir=str(tmp_path / "c"))
     assert len(os.listdir(tmp_path / "c" / "checked")) == 2
+
+
+@pytest.mark.slow
+def test_damaged_requests_never_train_silently_nor_stall(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(6, seed=2, images=48, work=str(tmp_path), only=("request",), trace=trace)
+    assert table["request"]["trials"] == 6 and table["request"]["silent"] == 0 and table["request"]["lost"] == 0, trace
+    # a damaged request is asked again at once: no trial waits out the consumer's batch_timeout (20 s)
+    assert all(r["seconds"] < 20 / 2 for r in trace), [r["seconds"] for r in trace]

@@ -17,8 +17,11 @@ it), ``cache`` (a block of S3 shards in the node's cache), ``s3`` (the S3 object
 through the S3 fault proxy, which answers 503 once per trial), ``parquet`` (a row group's pages)
 ``dataplane`` (a byte of what one server sends, flipped by a proxy), ``label_manifest`` (a label
 changed in a part's manifest before ``hetero prepare --merge``; every other trial the manifest's
-own checksum made to match, so the per-sample checksum must see it) and ``label_index`` (a label changed
-in index.bin under servers that opened it and read every sample once). Servers are started once
+own checksum made to match, so the per-sample checksum must see it), ``label_index`` (a label changed
+in index.bin under servers that opened it and read every sample once) and ``request`` (a byte of what
+the consumer sends one server: its hello, requests, hints; each trial's seconds are kept, since a
+damaged request must be asked again at once, not after ``batch_timeout``:
+``benchmarks/common/request_place.py``). Servers are started once
 per data set and reused: damage is done in place, so the files they hold open see it, and undone
 after the trial; where a first read has already cached the clean bytes (the S3 block cache, decoded
 Parquet row groups), the cached copy is damaged alike, as a first read of the damaged source would
@@ -36,10 +39,11 @@ import time
 
 from benchmarks.common import cli, report
 from benchmarks.common import corrupt as cc
+from benchmarks.common import request_place
 
 BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "drop_last": True}
 SHARE = {"local": 0.25, "wds": 0.15, "index": 0.05, "cache": 0.2, "s3": 0.1, "parquet": 0.05, "dataplane": 0.2,
-         "label_manifest": 0.05, "label_index": 0.05}
+         "label_manifest": 0.05, "label_index": 0.05, "request": 0.1}
 STORED = ("local", "wds", "index", "cache", "s3", "parquet",
           "label_manifest", "label_index")  # places whose bytes carry a checksum
 OUTCOMES = ("detected", "silent", "reread", "harmless")
@@ -255,6 +259,7 @@ def run(trials: int = 200, seed: int = 0, images: int = 96, work: str = "", only
         _run_pair(opts, opts, {p: counts[p] for p in ("local", "dataplane")}, local, seed, audit, results)
         _index_trials(counts["index"], rng, opts, seed, audit, results)
         _label_trials(counts, rng, opts, files, os.path.join(work, "photos"), work, seed, audit, results)
+        request_place.trials(counts["request"], rng, opts, seed, audit, results, _pair, epoch)
         opts = dict(BASE, shards=wds, on_corrupt="fail")
         _run_pair(opts, opts, {"wds": counts["wds"]}, lambda p, f: cc.shard_damage(rng, wds), seed, audit,
                   results)
@@ -319,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [x for x in only if x not in SHARE]
     if unknown:
         raise SystemExit(f"--only {args.only!r}: no place {unknown[0]!r}; choose among {', '.join(SHARE)}")
-    table = run(args.trials, args.seed, args.images, only=only)
+    trace: list[dict] = []
+    table = run(args.trials, args.seed, args.images, only=only, trace=trace)
     print(f"{report.command('python -m benchmarks.corruption', argv)}  ({report.stamp()}, "
           f"{time.monotonic() - start:.0f} s)")
     print(f"{'place':<14} {'trials':>6} {'detected':>8} {'silent':>6} {'re-read':>7} {'harmless':>8} {'lost':>4}")
@@ -329,7 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     for place, row in table.items():
         for e in row["errors"][:1] if place in SHARE else []:
             print(f"  {place}: e.g. {e}")
+    if request_place.times(trace):
+        print(request_place.times(trace))
     report.write_json(args.json, {"benchmark": "corruption", "date": report.stamp(), "table": table,
+                                  "request_seconds": [r["seconds"] for r in trace if r["place"] == "request"],
                                   "command": report.command("python -m benchmarks.corruption", argv)})
     return 1 if table["total"]["silent"] or table["total"]["lost"] else 0
 

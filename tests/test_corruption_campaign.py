@@ -79,3 +79,11 @@ def test_labels_changed_in_a_manifest_or_under_running_servers_never_train_silen
     # the first manifest trial is named at the merge, the second (its own checksum made to match) at the read
     manifest = [r for r in trace if r["place"] == "label_manifest"]
     assert "fails its checksum" in manifest[0]["error"] and "fails its checksum" not in manifest[1]["error"], manifest
+
+
+def test_damaged_requests_never_train_silently_nor_stall(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(6, seed=2, images=48, work=str(tmp_path), only=("request",), trace=trace)
+    assert table["request"]["trials"] == 6 and table["request"]["silent"] == 0 and table["request"]["lost"] == 0, trace
+    # a damaged request is asked again at once: no trial waits out the consumer's batch_timeout (20 s)
+    assert all(r["seconds"] < 20 / 2 for r in trace), [r["seconds"] for r in trace]

@@ -5,7 +5,7 @@ The data sets (photo-like JPEGs as ``hetero prepare`` shards, as WebDataset tars
 place (so servers holding the file open see it) and undone after the trial; one function per
 place choosing the damage at random (``shard_damage``, ``index_damage``, ``cached_damage``,
 ``parquet_damage``, ``label_manifest_damage``, ``label_index_damage``); and :class:`FlipProxy`, a loopback TCP proxy that flips one byte of what a
-data server sends.
+data server sends, or of what its consumer sends (its requests), on one connection or on every one.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import random
 import socket
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
@@ -100,20 +101,36 @@ class Damage:
 
 class FlipProxy:
     """Forwards 127.0.0.1:<port> to ``target``; once armed, flips the byte at ``offset`` of the next
-    connection's server -> client stream (``mask`` XORed), then forwards faithfully again."""
+    connection's server -> client stream (``mask`` XORed; ``requests``: of its client -> server
+    stream), then forwards faithfully again; with ``every``, the same byte of every connection
+    from then on (a link that damages each one alike).
+
+    ``flipped`` counts flips and ``flipped_at`` holds their ``time.monotonic()``; ``sent`` is the
+    client -> server bytes of the latest connection so far, and ``head`` their first
+    ``HEAD_BYTES`` (where a request's frames lie)."""
+
+    HEAD_BYTES = 4096
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self._lst = socket.create_server(("127.0.0.1", 0))
         self.port = self._lst.getsockname()[1]
         self._lock = threading.Lock()
-        self._armed: tuple[int, int] | None = None
+        self._armed: tuple[int, int, bool] | None = None
+        self._every = False
         self.flipped = 0
+        self.flipped_at: list[float] = []
+        self.sent = 0
+        self.head = bytearray()
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, offset: int, mask: int) -> None:
+    def arm(self, offset: int, mask: int, requests: bool = False, every: bool = False) -> None:
         with self._lock:
-            self._armed = (offset, mask)
+            self._armed, self._every = (offset, mask, requests), every
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed, self._every = None, False
 
     def _accept(self) -> None:
         while True:
@@ -124,11 +141,17 @@ class FlipProxy:
             except OSError:
                 return
             with self._lock:
-                armed, self._armed = self._armed, None
-            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, armed), daemon=True).start()
+                armed = self._armed
+                if not self._every:
+                    self._armed = None
+                self.sent, self.head = 0, bytearray()
+            flip = armed[:2] if armed else None
+            up, down = (flip, None) if armed and armed[2] else (None, flip)
+            threading.Thread(target=self._pipe, args=(client, upstream, up, self.head), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, down, None), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, flip: tuple[int, int] | None) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, flip: tuple[int, int] | None,
+              head: bytearray | None) -> None:
         seen = 0
         try:
             while True:
@@ -139,6 +162,10 @@ class FlipProxy:
                     data = bytearray(data)
                     data[flip[0] - seen] ^= flip[1]
                     self.flipped += 1
+                    self.flipped_at.append(time.monotonic())
+                if head is not None and head is self.head:  # the latest connection's requests
+                    head += data[:max(0, self.HEAD_BYTES - len(head))]
+                    self.sent += len(data)
                 seen += len(data)
                 dst.sendall(data)
         except OSError:

@@ -40,7 +40,7 @@ from data_service.protocol import integrity
 
 from .buffers import BufferPool
 from .handshake import handshake
-from .outbox import WOULD_BLOCK, Outbox, frame_bytes
+from .outbox import WOULD_BLOCK, Outbox
 from .recv_buffer import RecvBuffer
 from .slot_maps import LowWater, SlotMaps
 
@@ -55,7 +55,7 @@ MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, othe
 class Event:
     kind: str                 # "batch" | "error" | "down"
     conn: "BulkConnection"
-    ref: pb.BatchRef | None = None
+    ref: pb.BatchRef | None = None  # "down": the batch whose payload failed or was arriving, if any
     batch: Any = None
     nbytes: int = 0
     error: pb.BatchError | None = None
@@ -112,11 +112,17 @@ def _check_payload(address: str, header: pb.BatchHeader, running: integrity.Runn
         ref = header.ref
         raise CorruptPayload(f"{address} sent epoch {ref.epoch} batch {ref.index} whose header and {header.payload_bytes} "
                              f"payload bytes fail their {bad.checksum} ({bad.got:#010x} here, {bad.want:#010x} from the "
-                             "data worker): damaged on the way; the batch is asked for again")
+                             "data worker): damaged on the way; the batch is asked for again",
+                             ref=ref, expected=bad.want, got=bad.got)
 
 
 class CorruptPayload(ProtocolError):
-    """A batch's payload arrived with other bytes than its data worker wrote."""
+    """A batch's payload arrived with other bytes than its data worker wrote: ``ref`` (as its
+    header says), ``expected`` (the data worker's CRC-32) and ``got`` (that of what arrived)."""
+
+    def __init__(self, message: str, *, ref: pb.BatchRef, expected: int, got: int) -> None:
+        super().__init__(message)
+        self.ref, self.expected, self.got = ref, expected, got
 
 
 class BulkConnection:
@@ -193,13 +199,13 @@ class BulkConnection:
         """Ask for batches; raises OSError if the connection is gone."""
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._outbox.send(frame_bytes(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
+        self._outbox.send(framing.seal(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
 
     def hint(self, refs: list[pb.BatchRef]) -> None:
         """Tell the server which batches will be asked for later (it may fetch their data ahead)."""
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._outbox.send(frame_bytes(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
+        self._outbox.send(framing.seal(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
 
     @property
     def wants_write(self) -> bool:
@@ -234,7 +240,9 @@ class BulkConnection:
         try:
             self._read(events)
         except BaseException as exc:  # any failure ends this connection; the fetcher fails over
-            events.append(Event("down", self, exc=exc))
+            culprit = exc.ref if isinstance(exc, CorruptPayload) else (
+                self._payload.header.ref if self._payload is not None else None)
+            events.append(Event("down", self, ref=culprit, exc=exc))
             self.close()
         # Bytes already read (or decrypted) wait in our buffers, where no selector sees them.
         self.backlog = len(events) >= MAX_EVENTS_PER_READ and not self.closed
@@ -327,6 +335,9 @@ class BulkConnection:
     def _on_frame(self, frame: pb.BulkFrame, events: list[Event]) -> None:
         kind = frame.WhichOneof("kind")
         if kind == "error":
+            if not frame.error.HasField("ref"):  # about the connection (a damaged request): it ends
+                raise ProtocolError(f"{self.address} ended the connection: {pb.ErrorKind.Name(frame.error.kind)}: "
+                                    f"{frame.error.message}")
             events.append(Event("error", self, ref=frame.error.ref, error=frame.error))
             return
         if kind != "batch":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -23,6 +24,14 @@ def default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, i
             rank = 0 if rank is None else rank
             world_size = 1 if world_size is None else world_size
     return rank, world_size
+
+
+def _count(state: dict[str, Any], key: str) -> int:
+    """``state[key]`` as an int >= 0; ConfigError naming the state otherwise."""
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ConfigError(f"data state {state!r} has {key}={value!r}, not an int >= 0; pass what state_dict() returned")
+    return int(value)
 
 
 class ShardedBatches(IterableDataset):
@@ -144,9 +153,21 @@ class ShardedBatches(IterableDataset):
                               f"dp_size={self.dp_size}; pass every rank's state (a list) to deal the rest of the "
                               "epoch to this job's ranks (dnn_worker.resharding), or resume with the same number "
                               "of data-parallel ranks")
+        epoch, position = _count(state, "epoch"), _count(state, "position")
         worlds = state.get(WORLDS)
-        self._dealt = (int(state["epoch"]), list(worlds)) if worlds else None
-        self._seek(int(state["epoch"]), int(state["position"]))
+        before, self._dealt = self._dealt, ((epoch, list(worlds)) if worlds else None)
+        try:  # checked now, not at the first state_dict() or batch: the share checks each earlier world's positions
+            share = len(self._share_of(epoch))
+            if position > share:
+                raise ConfigError(
+                    f"the checkpoint is at position={position} of epoch {epoch}, past this rank's share of {share} "
+                    f"batches (dp_rank {self.dp_rank} of {self.dp_size}, {self.num_batches_per_epoch()} batches an "
+                    "epoch): it was taken with another data set, batch_size, drop_last or remainder; resume with "
+                    "those of the job that wrote it, or start afresh without the checkpoint")
+        except BaseException:
+            self._dealt = before
+            raise
+        self._seek(epoch, position)
 
     def _start_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``, shared among this job's ranks as usual."""
@@ -177,7 +198,7 @@ class ShardedBatches(IterableDataset):
         epoch resumed on another number of ranks had left."""
         n = self.num_batches_per_epoch()
         worlds = self.earlier_worlds(epoch)
-        key = (n, epoch if worlds is not None else None)
+        key = (n, (epoch, repr(worlds)) if worlds is not None else None)
         if self._share is None or self._share[0] != key:
             share = (dealt_share(n, worlds, self.dp_rank, self.dp_size, self.remainder) if worlds is not None
                      else rank_stride(n, self.dp_rank, self.dp_size, self.remainder))

@@ -101,6 +101,14 @@ def test_a_position_beyond_the_share_names_rank_and_share():
         dealt_share(25, point["earlier_worlds"], 0, 2)
 
 
+def test_a_position_beyond_an_earlier_rank_s_share_is_refused_at_load():
+    ld = loaders(3)[0]
+    with pytest.raises(ConfigError, match=r"rank 1 of 2 is at position=13, outside its share of 0..12 batches"):
+        ld.load_state_dict([{"epoch": 0, "seed": 3, "position": p, "dp_rank": r, "dp_size": 2}
+                            for r, p in enumerate([12, 13])])
+    assert "earlier_worlds" not in ld.state_dict()  # nothing was loaded
+
+
 def test_a_rank_that_finished_its_share_counts_as_having_trained_all_of_it():
     states = [{"epoch": 1, "seed": 0, "position": 0, "dp_rank": 0, "dp_size": 2},
               {"epoch": 0, "seed": 0, "position": 10, "dp_rank": 1, "dp_size": 2}]

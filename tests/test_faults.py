@@ -717,7 +717,7 @@ def test_a_worker_that_dies_on_every_start_fails_the_server_with_a_clear_error(t
     with pytest.raises(RuntimeError, match="exited with"):
         server.start(timeout=90)
     text = log.read_text()
-    assert "data worker 0 exited with code -9 while loading the pipeline; gave up after 4 attempts" in text, text
+    assert "data worker 0 was killed by SIGKILL (-9) while loading the pipeline; gave up after 4 attempts" in text, text
     assert len(os.listdir(deaths)) == 4
 
 

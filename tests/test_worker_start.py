@@ -133,6 +133,24 @@ def test_a_pipeline_module_that_cannot_be_preloaded_falls_back_to_spawn_saying_w
         server.shutdown(grace_s=0.5)
 
 
+@pytest.mark.parametrize("method", ["warm", "spawn"])
+def test_a_killed_worker_s_log_line_names_the_signal_even_when_its_pipe_broke_first(caplog, tmp_path, method):
+    caplog.set_level(logging.WARNING, logger="data_service.pool.worker_pool")
+    opts = {"die_at": 5, "marker": str(tmp_path / "died")}
+    server = _server("_dying_pipeline:build_pipeline", opts, workers=1, worker_start=method)
+    try:
+        victim = server.pool.worker_pids()[0]
+        got = _batches(server, 0, count=4)  # batch 1 holds sample 5: its worker dies, a new one builds it
+        assert sorted(got) == [0, 1, 2, 3] and got[1]["x"].tolist() == [4, 5, 6, 7]
+        deadline = time.monotonic() + 10  # the line comes once the status is known, from another thread
+        while time.monotonic() < deadline and not [r for r in caplog.records if f"(pid {victim})" in r.getMessage()]:
+            time.sleep(0.05)
+        said = [r.getMessage() for r in caplog.records if f"(pid {victim})" in r.getMessage()]
+        assert said == [f"data worker 0 (pid {victim}) was killed by SIGKILL (-9) while building epoch 0 batch 1"]
+    finally:
+        server.shutdown(grace_s=0.5)
+
+
 def test_an_unknown_start_method_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match=r"worker_start='fork'.*warm, spawn"):
         ServerOptions(worker_start="fork")

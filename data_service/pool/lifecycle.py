@@ -20,6 +20,7 @@ from .messages import FatalMsg, ReadyMsg, StopMsg, message_connection
 from .slots import SlotTable
 from .forked import WarmParentGone
 from .process import worker_main
+from .results import exit_status
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> Ready
                 msg = w.conn.recv()
             except EOFError:
                 w.process.join(1.0)
-                raise DiedLoading(f"data worker {w.wid} exited with code {w.process.exitcode} "
+                raise DiedLoading(f"data worker {w.wid} {exit_status(w.process.exitcode)} "
                                   "while loading the pipeline") from None
             if isinstance(msg, ReadyMsg):
                 return msg
@@ -114,7 +115,7 @@ def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> Ready
                 raise ConfigError(f"data worker could not load the pipeline: {msg.message}\n{msg.traceback}")
             raise ConfigError(f"data worker {w.wid} sent {type(msg).__name__} before it was ready")
         if not w.process.is_alive() and not w.conn.poll():
-            raise DiedLoading(f"data worker {w.wid} exited with code {w.process.exitcode} "
+            raise DiedLoading(f"data worker {w.wid} {exit_status(w.process.exitcode)} "
                               "while loading the pipeline")
 
 

@@ -31,7 +31,7 @@ from typing import Callable
 from ..errors import ConfigError
 from .lifecycle import WorkerConfig, WorkerHandle, spawn_replacement, start_all, stop_workers, unstarted
 from .messages import DoneMsg, ErrorMsg, ImportedMsg, StopMsg
-from .results import Failure, GaveUp, built, failed
+from .results import Death, Failure, GaveUp, built, crashed_too_often, exit_status, failed
 from .slots import ServerSlot
 from .state import MAX_ATTEMPTS, TASKS_AHEAD, PoolState
 from .tasks import Result, Task
@@ -40,6 +40,8 @@ from .warm_start import Launcher
 __all__ = ["MAX_ATTEMPTS", "TASKS_AHEAD", "Result", "Task", "WorkerPool"]
 
 log = logging.getLogger(__name__)
+
+EXIT_WAIT_S = 2.0  # from a worker's pipe breaking to its exit status, at most (a killed one: milliseconds)
 
 
 def _check_sizes(num_workers: int, slots_per_worker: int) -> None:
@@ -272,15 +274,26 @@ class WorkerPool:
     # -- deaths and replacements
     def _died(self, w: WorkerHandle) -> None:
         code = w.process.exitcode
-        death = self.state.worker_died(w, code)
+        death = self.state.worker_died(w)
         if death is None:
             return
-        task = death.building
-        log.warning("data worker %d (pid %s) died with exit code %s%s", w.wid, w.process.pid, code,
-                    f" while building epoch {task.epoch} batch {task.index}" if task else "")
-        self._fail(death.failures)
         if death.replace:  # off the polling thread: a spawn takes seconds
             threading.Thread(target=self._replace, args=(w,), name="worker-replace", daemon=True).start()
+        if code is None:  # its pipe broke before it was reaped: the status comes a moment later, off this thread
+            threading.Thread(target=self._report_death, args=(w, death), name="worker-death", daemon=True).start()
+        else:
+            self._report_death(w, death, code)
+
+    def _report_death(self, w: WorkerHandle, death: Death, code: int | None = None) -> None:
+        """Log how worker ``w`` ended and fail the batch that killed too many workers, once its exit
+        status is known (waited for up to ``EXIT_WAIT_S``)."""
+        if code is None:
+            w.process.join(EXIT_WAIT_S)
+            code = w.process.exitcode
+        task = death.building
+        log.warning("data worker %d (pid %s) %s%s", w.wid, w.process.pid, exit_status(code),
+                    f" while building epoch {task.epoch} batch {task.index}" if task else "")
+        self._fail([crashed_too_often(t, code) for t in death.crashed])
 
     def _replace(self, dead: WorkerHandle) -> None:
         try:

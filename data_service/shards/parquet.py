@@ -174,7 +174,7 @@ class ParquetDataset:
         if self.on_corrupt == "skip":
             from ..contract.pipeline import SkipSample
 
-            raise SkipSample(f"sample {i}: {failed}")
+            raise SkipSample(f"sample {i}: {failed}", where=self.where(i))
         raise ParquetReadError(f"{failed}; replace the file, or pass pipeline.on_corrupt=skip to drop such rows "
                                "(counted in the data server's samples_skipped)")
 
@@ -307,6 +307,10 @@ class ParquetDataset:
 
     def _url(self, k: int) -> str:
         return f"{self.store.url.rstrip('/')}/{self.files[k][0]}"
+
+    def where(self, i: int) -> str:
+        """The file holding sample ``i`` (for messages)."""
+        return self._url(int(self.group_file[self.group_of(i)]))
 
     def _where(self, g: int) -> str:
         return (f"{self._url(int(self.group_file[g]))} row group {int(self.group_index[g])} "

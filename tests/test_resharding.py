@@ -163,7 +163,7 @@ def test_persistent_workers_restart_when_set_epoch_leaves_a_dealt_epoch(fresh_fo
         ld.set_epoch(0)
         again = [(ld.last_yielded[1], batch_digest(b)) for b in ld]
         assert again == [(i, ref[i]) for i in rank_stride(25, 0, 3, "drop")]  # the batches the audit names
-        assert ld.state_dict() == {"epoch": 1, "seed": 3, "position": 0, "dp_rank": 0, "dp_size": 3}
+        assert ld.state_dict() == {"version": VERSION, "epoch": 1, "seed": 3, "position": 0, "dp_rank": 0, "dp_size": 3}
     finally:
         ld.close()
 

@@ -30,18 +30,13 @@ import os
 import shutil
 import struct
 
-import google_crc32c
 import numpy as np
 import torch
 
 from ..contract.pipeline import count_reread
 from ..errors import ConfigError
+from ..shards.crc_inplace import crc32c_inplace as _crc32c
 from ..storage.filecache import FileCache
-
-try:
-    from google_crc32c import _crc32c as _c  # the C extension (the CPU's CRC instruction)
-except ImportError:  # the package's pure-Python build: correct, slower, and only on bytes
-    _c = None
 
 log = logging.getLogger(__name__)
 
@@ -142,13 +137,3 @@ def intact(buf) -> bool:
         return False
     return _crc32c(np.frombuffer(buf, dtype=np.uint8, offset=HEADER.size), _crc32c(bytes(buf[8:16]))) == crc
 
-
-def _crc32c(data, crc: int = 0) -> int:
-    """CRC32C of ``data`` (bytes or a uint8 array) continuing ``crc``, read in place: google-crc32c's C
-    entry point takes only read-only buffers, which a read-only numpy view of the bytes is."""
-    if _c is None:
-        return google_crc32c.extend(crc, bytes(data))
-    if isinstance(data, np.ndarray):
-        data = data.view()
-        data.flags.writeable = False
-    return _c.extend(crc, data)

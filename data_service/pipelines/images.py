@@ -98,12 +98,16 @@ def build_pipeline(**options) -> Pipeline:
         decoded_cache_dir: the tmpfs the cache lives in (a folder per pipeline is made there).
         decoded_side: short side of the images kept (0 = 1.15 x ``image_size``).
         index: with ``shards``, where their ``index.bin`` lives when not beside them (``hetero index
-            SRC --to DEST`` for tars in a read-only place: ``shards=SRC``, ``index=DEST``).
+            SRC --to DEST`` for tars in a read-only place: ``shards=SRC``, ``index=DEST``); with
+            ``parquet``, where the row checksums ``hetero index SRC --to DEST`` wrote live.
         parquet: read a Parquet data set in place instead (a file, or a folder or ``s3://`` prefix of
             ``.parquet`` files; :mod:`data_service.shards.parquet`), a shuffle block per run of rows.
         image_column: its column of image bytes (binary, or a struct with a ``bytes`` field as
             Hugging Face ``datasets`` writes); ``"image"``.
         label_column: its column of integer labels; ``"label"``.
+        unchecked: with ``parquet``, a file with neither page CRCs nor the row checksums ``hetero
+            index`` writes: ``"warn"`` reads it, saying so once per file; ``"refuse"`` stops the data
+            server at start, naming the file and the fix.
         wire_encoding: how the crops travel to the DNN nodes (:mod:`data_service.contract.wire_encoding`):
             ``"uint8"`` as built; ``"up-zstd"``, lossless, about half the bytes on photographs;
             ``"jpeg:Q"``, each crop re-encoded as JPEG quality ``Q`` (``"jpeg"`` = ``"jpeg:90"``, about
@@ -167,7 +171,7 @@ def _shards(opts: ImageOptions):
         from ..shards.parquet import ParquetDataset
 
         return ParquetDataset(opts.parquet, image_column=opts.image_column, label_column=opts.label_column,
-                              on_corrupt=opts.on_corrupt, **common)
+                              on_corrupt=opts.on_corrupt, index=opts.index, unchecked=opts.unchecked, **common)
     from ..shards import ShardDataset
 
     return ShardDataset(opts.shards, index=opts.index, **common)

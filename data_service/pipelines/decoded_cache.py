@@ -91,7 +91,7 @@ class DecodedCache:
         rows, cols = image.shape[:2]
         shape = struct.pack("<II", rows, cols)
         return self.files.put(key, [HEADER.pack(MAGIC, rows, cols, _crc32c(pixels, _crc32c(shape))),
-                                    memoryview(pixels)])
+                                    pixels.data])
 
     def stats(self) -> dict[str, float]:
         """Bytes and images held, the budget, and entries found damaged (for the data server's stats)."""

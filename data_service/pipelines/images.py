@@ -29,7 +29,7 @@ import torch
 from ..contract.pipeline import Pipeline, ServerSide
 from ..errors import ConfigError
 from .augment import Augment, FusedAugment, collate
-from .decoded_cache import DecodedCache
+from .decoded_cache import MAGIC as ENTRY_FORMAT, DecodedCache
 from .image_options import DEFAULT_BLOCK_BATCHES, DEFAULT_INTERLEAVE, ImageOptions
 from .sources import (IMAGE_EXTENSIONS, CorruptImageError, ImageFolder, ShardImages, count_classes, data_root,
                       decode, decode_bytes, scan)
@@ -179,7 +179,9 @@ def _shards(opts: ImageOptions):
 
 def _decoded_cache(opts: ImageOptions, root: str) -> DecodedCache:
     # one folder per pipeline (its data and image options) and host, shared by its servers' processes
-    keys = [opts.shards or opts.parquet or os.path.abspath(str(root)), opts.limit, opts.image_size, opts.side]
+    # (and entry format: a release that writes entries another way keeps its own folder)
+    keys = [opts.shards or opts.parquet or os.path.abspath(str(root)), opts.limit, opts.image_size, opts.side,
+            ENTRY_FORMAT.decode().strip()]
     keys += [opts.index] if opts.index else []  # another index numbers the samples differently
     tag = hashlib.blake2b(json.dumps(keys, sort_keys=True).encode(), digest_size=8).hexdigest()
     return DecodedCache(os.path.join(opts.decoded_cache_dir, f"hetero-decoded-{tag}"), opts.decoded_budget)

@@ -12,8 +12,12 @@ The sidecar is ``parquet-rows.crc32c`` in a location's folder (``<name>.crc32c``
 file), or in the folder ``hetero index --to DEST`` names (then ``pipeline.index=DEST``). Layout:
 ``PREFIX`` (magic, header length, CRC32C of the header), a JSON header listing each file it covers
 (name, size, CRC32C of its footer, rows, where its checksums start after the header), then each
-file's rows' CRC32C as ``<u4``. A file is covered only while its size and footer are those indexed: a file
-written again reads as unchecked until it is indexed again.
+file's rows' CRC32C as ``<u4``. A file is covered while its size and rows are those indexed (a
+file written again at another size reads as unchecked until it is indexed again); one whose footer
+changed at the same size is still checked row by row, with a warning.
+
+Without row checksums or page CRCs a file is read unchecked, said once per file and process
+(:func:`say_unchecked`), or refused with ``unchecked="refuse"``.
 """
 from __future__ import annotations
 
@@ -187,7 +191,8 @@ class Sidecar:
         if columns != (self.image_column, self.label_column):
             return None, f"the checksums in {self.where} cover columns {self.image_column!r} and {self.label_column!r}"
         if got.size != size:
-            return None, f"the checksums in {self.where} were made for another version of the file (written again since)"
+            return None, f"the checksums in {self.where} were made for another version of the file (written again " \
+                         "since)"
         if got.footer != crc32c_inplace(footer):
             return got, f"its footer is not the one `hetero index` read into {self.where} (damaged, or the file was " \
                         "written again at the same size): its rows are checked all the same; if it was written " \
@@ -207,9 +212,10 @@ def file_check(store, name: str, size: int, footer: bytes, meta, columns: tuple[
             log.warning("%s: %s", url, why)
         return Check.ROW_SUMS, got.at, ""
     if got is not None:
-        why = f"{sidecar.where} holds {got.rows} row checksums for its {meta.num_rows} rows"
+        why = f"{sums_where} holds {got.rows} row checksums for its {meta.num_rows} rows"
     groups = pm.row_groups(meta, pm.columns(meta.schema.to_arrow_schema(), *columns, url), url)
-    if not groups or has_page_crc(store.read(name, groups[0].start, min(groups[0].start + PAGE_HEAD, groups[0].stop))):
+    first = groups[0] if groups else None
+    if first is None or has_page_crc(store.read(name, first.start, min(first.start + PAGE_HEAD, first.stop))):
         return Check.PAGE_CRC, -1, ""
     return Check.NONE, -1, f"no page CRCs; {why}" if sidecar else why
 

@@ -27,6 +27,16 @@ def test_damaged_shards_cache_blocks_and_data_plane_never_train_silently_and_los
     assert table["cache"]["reread"] == table["cache"]["trials"] > 0, trace
 
 
+@pytest.mark.slow
+def test_damaged_decoded_cache_entries_and_plain_parquet_rows_never_train_silently(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(6, seed=7, images=48, work=str(tmp_path), only=("decoded", "parquet-plain"), trace=trace)
+    assert table["total"]["silent"] == 0 and table["total"]["lost"] == 0, trace
+    # every damaged entry is read (every image, every epoch), fails its CRC32C and is decoded again
+    assert table["decoded"]["reread"] == table["decoded"]["trials"] > 0, trace
+    assert table["parquet-plain"]["trials"] > 0, trace
+
+
 def _shards(tmp_path) -> str:
     cc.photos(str(tmp_path / "photos"), 12)
     return cc.prepared(str(tmp_path / "photos"), str(tmp_path / "shards"))

@@ -92,15 +92,16 @@ def _some(names: list[str], n: int = 3) -> str:
 def count_classes(data_dir: str | None = None, shards: str = "", *, index: str = "", parquet: str = "",
                   image_column: str = "image", label_column: str = "label") -> int:
     """Classes of ``shards`` (from its index, or from ``index`` when it lives elsewhere), of the
-    ``parquet`` data set, else class folders under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
-    if shards or index:
+    ``parquet`` data set (its row checksums in ``index`` when not beside it), else class folders
+    under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
+    if shards or (index and not parquet):
         from ..shards.indexfile import read_index
 
         return len(read_index(index or shards).classes)
     if parquet:
         from ..shards.parquet import ParquetDataset
 
-        return len(ParquetDataset(parquet, image_column=image_column, label_column=label_column).classes)
+        return len(ParquetDataset(parquet, image_column=image_column, label_column=label_column, index=index).classes)
     return len(scan(data_root(data_dir))[0])
 
 

@@ -215,3 +215,10 @@ def test_hetero_serve_starts_its_warm_parent_first_and_the_pool_adopts_that_one(
         assert len(server.worker_pids()) == 2
     finally:
         server.stop()
+
+
+def test_spare_worker_must_be_a_bool_and_the_error_names_the_value():
+    from data_service.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"spare_worker='no' must be True or False"):
+        ServerOptions(spare_worker="no")

@@ -202,3 +202,23 @@ def test_the_image_pipeline_declares_what_its_workers_import_for_its_options(opt
     module, names, error = declared(PipelineSpec("data_service.pipelines.images:build_pipeline", options).to_json())
     assert module == "data_service.pipelines.images" and error is None
     assert wanted <= set(names) and not unwanted & set(names), names
+
+
+def test_hetero_serve_starts_its_warm_parent_first_and_the_pool_adopts_that_one(tmp_path):
+    from hetero.testing import ServerProc
+
+    server = ServerProc({"size": 16, "batch_size": 4}, workers=2, token=TOKEN, log_path=tmp_path / "server.log").start()
+    try:
+        warm = [c for c in psutil.Process(server.pid).children() if c.name() == "hetero-warm"]
+        assert len(warm) == 1, [(c.pid, c.name()) for c in psutil.Process(server.pid).children()]
+        assert {psutil.Process(p).ppid() for p in server.worker_pids()} == {warm[0].pid}
+        assert len(server.worker_pids()) == 2
+    finally:
+        server.stop()
+
+
+def test_spare_worker_must_be_a_bool_and_the_error_names_the_value():
+    from data_service.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"spare_worker='no' must be True or False"):
+        ServerOptions(spare_worker="no")

@@ -61,6 +61,7 @@ class WarmParent:
         finally:
             theirs.close()
         send_msg(self._sock, {"spec": spec_json, "names": list(base)})
+        self.spec = json.loads(spec_json)
 
     @property
     def pid(self) -> int:
@@ -165,6 +166,30 @@ class WarmParent:
         if self._exit_code(timeout) is None:
             self.process.kill()
             self._exit_code(2.0)
+
+
+_EARLY: list[WarmParent] = []  # started by prestart(), not yet adopted by a pool
+_EARLY_LOCK = threading.Lock()
+
+
+def prestart(spec_json: str) -> None:
+    """Start the warm parent of pipeline ``spec_json`` now, before this process imports the rest
+    of a data server (grpc, numpy: half a second of CPU), so that the warm parent's imports run
+    beside them. The pool that starts next with the same spec adopts it (``adopt``); one never
+    adopted exits with this process."""
+    with _EARLY_LOCK:
+        _EARLY.append(WarmParent(spec_json))
+
+
+def adopt(spec_json: str) -> WarmParent | None:
+    """A warm parent ``prestart`` started for the same pipeline spec (the same JSON value), or None."""
+    wanted = json.loads(spec_json)
+    with _EARLY_LOCK:
+        for parent in _EARLY:
+            if parent.spec == wanted:
+                _EARLY.remove(parent)
+                return parent
+    return None
 
 
 class _FdPickler(pickle.Pickler):

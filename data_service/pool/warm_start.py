@@ -26,7 +26,7 @@ import time
 from typing import Callable
 
 from ..errors import ConfigError
-from .forked import WarmParent, WarmParentGone
+from .forked import WarmParent, WarmParentGone, adopt
 from .messages import ImportedMsg, ReadyMsg
 from .spare import Spare
 
@@ -75,7 +75,7 @@ class Launcher:
         if self.method == "spawn":
             self._run()
             return
-        self.parent = WarmParent(self._cfg.spec_json)
+        self.parent = adopt(self._cfg.spec_json) or WarmParent(self._cfg.spec_json)
         self._thread.start()
 
     def _run(self) -> None:

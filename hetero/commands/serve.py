@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 
@@ -57,10 +58,18 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetero.options import parse_kv
+
+    if args.worker_start == "warm":  # its imports (torch, the pipeline) run beside this process's own
+        from data_service.pool.forked import prestart
+
+        try:
+            prestart(json.dumps({"target": args.pipeline, "options": parse_kv(args.option)}))
+        except ConfigError:
+            pass  # the same options are checked, and the error said, below
     from data_service.contract.pipeline import PipelineSpec
     from data_service.server import DataServer, ServerOptions
     from launcher.log_setup import setup_logging
-    from hetero.options import parse_kv
 
     setup_logging("data-server", args.log_level)
     token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")

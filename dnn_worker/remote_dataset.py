@@ -215,6 +215,9 @@ def first_hello(servers: Sequence[str], token: str, deadline_s: float,
     while True:
         for address in servers:
             left = deadline_s - (time.monotonic() - start)
+            if left <= 0 and errors:  # the deadline passed during this round: the rest are not waited for
+                errors.setdefault(address, "not asked: connect_timeout ran out first")
+                continue
             with ControlClient(address, token, client_id(0), client_version, tls_ca, tls_server_name) as ctl:
                 try:  # a server that accepts and never answers costs at most what is left of the deadline
                     return ctl.hello(timeout=min(2.0, max(HELLO_MIN_S, left)))
@@ -249,6 +252,8 @@ def registry_hello(watcher: RegistryWatcher, fingerprint: str | None, deadline_s
         for entry in watcher.proved():
             if fingerprint and entry.fingerprint != fingerprint:
                 continue
+            if deadline_s - (time.monotonic() - start) <= 0 and errors:
+                break  # the deadline passed during this round: the rest are not waited for
             with ControlClient(entry.address, watcher.token, client_id(0), client_version, tls_ca,
                                tls_server_name) as ctl:
                 try:

@@ -172,6 +172,7 @@ class _Hung(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(hang)
 
 
+@pytest.mark.serial  # it times the wait
 def test_connect_timeout_bounds_the_first_hello_even_when_servers_take_it_and_never_answer():
     # Three addresses that take the Hello and never answer: each Hello waits at most what is left
     # of connect_timeout; before, 2 s each, so the deadline was first looked at after 6 s.

@@ -48,6 +48,10 @@ def register(sub) -> None:
                    help="warm: fork workers (and their replacements) from a parent that imported torch and the "
                         "pipeline module (milliseconds, shared memory); spawn: each worker imports them itself "
                         "(falls back to it, with a log line, when the module cannot be preloaded)")
+    p.add_argument("--batch-window", default="0", metavar="SIZE",
+                   help="keep built batches for every job that asks, within SIZE bytes (e.g. 2GB): the jobs of a "
+                        "sweep with one seed get each batch built once; a job that falls behind gets its batches "
+                        "built again (docs/sweep.md). 0: off")
     p.add_argument("--grace", type=float, default=10.0,
                    help="on SIGTERM: seconds to finish the requests already taken before stopping")
     p.set_defaults(func=run)
@@ -70,13 +74,16 @@ def run(args: argparse.Namespace) -> int:
             check_uri(args.join, "--join")
             if args.ttl is not None and not 0 <= args.ttl < float("inf"):
                 raise ConfigError(f"--ttl {args.ttl} must be >= 0 seconds (0: no heartbeat)")
+        from data_service.server.batch_window import window_budget
+
         spec = PipelineSpec(args.pipeline, parse_kv(args.option))
         options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
                                 slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
                                 compression=args.compression, shared_memory=not args.no_shared_memory,
                                 advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
                                 tls_key=args.tls_key, probe=not args.no_probe,
-                                send_timeout_s=args.send_timeout, worker_start=args.worker_start)
+                                send_timeout_s=args.send_timeout, worker_start=args.worker_start,
+                                batch_window_bytes=window_budget(args.batch_window))
         server = DataServer(spec, token, options).start()
     except ConfigError as exc:
         print(f"hetero serve: {exc}")

@@ -52,6 +52,9 @@ def register(sub) -> None:
                    help="keep built batches for every job that asks, within SIZE bytes (e.g. 2GB): the jobs of a "
                         "sweep with one seed get each batch built once; a job that falls behind gets its batches "
                         "built again (docs/sweep.md). 0: off")
+    p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="shut down once no consumer has been connected for SECONDS, after one came: a sweep's "
+                        "data group ends when its last job leaves (0: serve until shut down)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="on SIGTERM: seconds to finish the requests already taken before stopping")
     p.set_defaults(func=run)
@@ -76,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--ttl {args.ttl} must be >= 0 seconds (0: no heartbeat)")
         from data_service.server.batch_window import window_budget
 
+        idle = None
+        if args.idle_timeout:
+            from data_service.server.idle_exit import IdleExit
+
+            idle = IdleExit(args.idle_timeout)
         spec = PipelineSpec(args.pipeline, parse_kv(args.option))
         options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
                                 slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
@@ -103,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             server.shutdown(grace_s=1.0, reason="could not join")
             print(f"hetero serve: --join {args.join}: {exc}")
             return 2
+    watch = idle.watch(server) if idle is not None else None
     if args.port_file:
         tmp = args.port_file + ".tmp"
         with open(tmp, "w") as f:
@@ -115,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         while not server.wait(timeout=1.0):
             pass
+        if watch is not None and watch.reason:
+            print(f"hetero serve: stopped: {watch.reason}", flush=True)
     finally:
         if args.join:  # however it ended, its entry goes (a no-op after a clean leave)
             from data_service.membership.registry import RegistryError, unregister

@@ -112,3 +112,50 @@ def test_without_a_window_each_job_gets_its_own_builds(server_factory):
     assert got[0] == got[1] == Reference(PIPELINE, OPTIONS, 5).digests(0)
     assert server.stats.snapshot().batches_built == 2 * len(got[0])
     assert "window_hits" not in figures(server)
+
+
+def test_a_data_node_killed_under_a_shared_sweep_leaves_every_job_exact(tmp_path):
+    """Three jobs of one seed on two data nodes with batch windows; one node is killed -9 mid-epoch
+    (its window and the builds it owed gone) and comes back at the same address: each job's
+    audit holds both epochs exactly once, bit-identical to its own in-process run."""
+    from hetero.testing import ServerProc, check_audit
+
+    nodes = [ServerProc(OPTIONS, token=TOKEN, batch_window="1MB", log_path=tmp_path / f"node{k}.log")
+             for k in range(2)]
+    killed = threading.Event()
+    try:
+        for node in nodes:
+            node.start(wait=False)
+        for node in nodes:
+            node.wait_ready()
+        addresses = [n.address for n in nodes]
+        errors: list = []
+
+        def job(k: int) -> None:
+            try:
+                ds = RemoteDataset(addresses, TOKEN, seed=11, audit_path=str(tmp_path / f"job{k}.jsonl"),
+                                   connect_timeout=60, batch_timeout=30)
+                for epoch in range(2):
+                    ds.set_epoch(epoch)
+                    for n, _ in enumerate(ds):
+                        if k == 0 and epoch == 0 and n == 5 and not killed.is_set():
+                            nodes[0].kill()  # kill -9 of the node's process group, requests outstanding
+                            killed.set()
+                            nodes[0].start(wait=False)  # same ports: the jobs use it again once up
+                        time.sleep(0.01 * (k + 1))
+            except BaseException as exc:  # reported by the main thread
+                errors.append((k, exc))
+
+        threads = [threading.Thread(target=job, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert killed.is_set() and not errors, errors
+        for k in range(3):
+            acc = check_audit(tmp_path / f"job{k}.jsonl", OPTIONS, seed=11)
+            assert (acc["delivered"], acc["lost"], acc["duplicated"], acc["corrupt"], acc["foreign"]) == \
+                (2 * 15, 0, 0, 0, 0), acc
+    finally:
+        for node in nodes:
+            node.kill()

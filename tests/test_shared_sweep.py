@@ -4,6 +4,7 @@ the window served by building its batches again, jobs of other seeds never given
 from __future__ import annotations
 
 import importlib.util
+import json
 import threading
 import time
 
@@ -66,7 +67,7 @@ def window_server():
     server.shutdown(grace_s=2.0)
 
 
-def test_jobs_of_one_seed_get_each_batch_built_once_and_every_epoch_exact(window_server):
+def test_jobs_of_one_seed_get_each_batch_built_once_and_every_epoch_exact(window_server, capsys):
     before = figures(window_server)
     got = run_jobs(window_server.address, [{"seed": 7, "shm": True}, {"seed": 7}, {"seed": 7, "step_s": 0.002}])
     expected = Reference(PIPELINE, OPTIONS, 7).digests(0)
@@ -77,6 +78,11 @@ def test_jobs_of_one_seed_get_each_batch_built_once_and_every_epoch_exact(window
     assert f["batches_built_again"] == 0
     now = figures(window_server)
     assert 0 < now["window_bytes"] <= now["window_budget_bytes"]
+    from hetero.cli import main as hetero_main
+
+    assert hetero_main(["stats", window_server.address, "--token", TOKEN]) == 0
+    shown = json.loads(capsys.readouterr().out)["pipeline"]
+    assert {"window_hits", "window_bytes", "batches_built_again"} <= set(shown)
 
 
 def test_a_job_behind_the_window_gets_its_batches_built_again_exactly(server_factory):

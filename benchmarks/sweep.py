@@ -68,7 +68,11 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
         with ControlClient(server.address, TOKEN) as ctl:
             for t in threads:
                 t.start()
+            deadline = time.monotonic() + 300
             while not all(r.arrivals or r.error for r in records):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{tag}: a job had no first batch within 300 s; server log "
+                                       f"{server.log_path}")
                 time.sleep(0.05)
             start = time.monotonic()
             before = ctl.stats()

@@ -270,7 +270,7 @@ class Session:
             self._queue(frame_bytes(pb.BulkFrame(error=result.error)))
             return
         figures = (result.raw_bytes, result.payload_bytes, result.compress_s)
-        if self.shm:
+        if self.shm and result.shm_path:  # a batch window's copy has no slot: it goes as TCP bytes
             task = result.task
             extra = pb.BatchHeader(shm_path=result.shm_path, shm_size=result.shm_size, shm_inode=result.shm_inode,
                                    shm_lease=result.lease()).SerializeToString()

@@ -131,13 +131,15 @@ class ServerProc(_ProcessGroup):
         env: variables added to its environment (``HETERO_CACHE_DIR``, ``AWS_ENDPOINT_URL``, ...).
         worker_start: ``hetero serve --worker-start`` (``"warm"``, the default, or ``"spawn"``).
         spare_worker: False: ``hetero serve --no-spare-worker`` (a dead worker's replacement is forked then).
+        batch_window: ``hetero serve --batch-window`` (a size such as ``"64MB"``; None: no window).
     """
 
     def __init__(self, options: dict, *, port: int | None = None, bulk_port: int | None = None,
                  advertise_bulk_port: int = 0, workers: int = 1, slots: int = 2, token: str = TOKEN,
                  pipeline: str = PIPELINE, log_path: str | os.PathLike | None = None, probe: bool = False,
                  send_timeout_s: float | None = None, env: dict[str, str] | None = None,
-                 worker_start: str | None = None, spare_worker: bool = True) -> None:
+                 worker_start: str | None = None, spare_worker: bool = True,
+                 batch_window: str | int | None = None) -> None:
         self.options = dict(options)
         self.env = dict(env or {})
         self.port = port or free_port()
@@ -159,6 +161,8 @@ class ServerProc(_ProcessGroup):
             self.cmd += ["--worker-start", worker_start]
         if not spare_worker:
             self.cmd.append("--no-spare-worker")
+        if batch_window is not None:
+            self.cmd += ["--batch-window", str(batch_window)]
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
 

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from multiprocessing import spawn
 from multiprocessing.connection import Connection
@@ -219,23 +220,31 @@ class ForkedProcess:
 
     @property
     def exitcode(self) -> int | None:
+        """The exit code once the warm parent has told it; None before, and never waits for it (the
+        data plane's event loop reads this: ``join`` is the call that waits)."""
         if self._code is None and _readable(self.sentinel, 0):
-            self._code = self._read_code()
+            self._read_code(0)
         return self._code
 
-    def _read_code(self) -> int:
-        if _readable(self._status, CODE_WAIT_S):
+    def _read_code(self, timeout: float) -> None:
+        if _readable(self._status, timeout):
             data = os.read(self._status, CODE.size)
-            if len(data) == CODE.size:
-                return CODE.unpack(data)[0]
-        return UNKNOWN_EXIT  # the pipe closed without a code: the warm parent is gone
+            # an empty read: the pipe closed without a code, the warm parent is gone
+            self._code = CODE.unpack(data)[0] if len(data) == CODE.size else UNKNOWN_EXIT
+        elif timeout >= CODE_WAIT_S:
+            self._code = UNKNOWN_EXIT  # the warm parent reaps at once: it did not tell within CODE_WAIT_S
 
     def is_alive(self) -> bool:
-        return self.exitcode is None
+        """Whether the worker still runs (its pidfd not yet readable); never waits."""
+        return self._code is None and not _readable(self.sentinel, 0)
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` for the worker to end and for its exit code."""
         if self._code is None:
-            _readable(self.sentinel, timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if _readable(self.sentinel, timeout):
+                left = CODE_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
+                self._read_code(min(left, CODE_WAIT_S))
 
     def kill(self) -> None:
         self._signal(signal.SIGKILL)

@@ -115,6 +115,7 @@ def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> Ready
                 raise ConfigError(f"data worker could not load the pipeline: {msg.message}\n{msg.traceback}")
             raise ConfigError(f"data worker {w.wid} sent {type(msg).__name__} before it was ready")
         if not w.process.is_alive() and not w.conn.poll():
+            w.process.join(1.0)  # its exit status (start-up: not on the data plane's loop)
             raise DiedLoading(f"data worker {w.wid} {exit_status(w.process.exitcode)} "
                               "while loading the pipeline")
 

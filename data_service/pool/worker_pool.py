@@ -42,6 +42,9 @@ __all__ = ["MAX_ATTEMPTS", "TASKS_AHEAD", "Result", "Task", "WorkerPool"]
 log = logging.getLogger(__name__)
 
 EXIT_WAIT_S = 2.0  # from a worker's pipe breaking to its exit status, at most (a killed one: milliseconds)
+# from a region that could not be mapped to deciding its worker is alive (the server is short of
+# descriptors) rather than dying (the region went with it)
+UNMAPPABLE_WAIT_S = 0.5
 
 
 def _check_sizes(num_workers: int, slots_per_worker: int) -> None:
@@ -72,6 +75,8 @@ class WorkerPool:
         os.set_blocking(self._wake_r, False)
         self._spawned_at = 0.0
         self.info = None  # the PipelineInfo the workers reported (start())
+        # regions a worker reported that could not be mapped, decided later: (worker, task id, error, deadline)
+        self._unmapped: list[tuple[WorkerHandle, int, str, float]] = []
         self.on_no_workers: Callable[[str], None] | None = None  # the server turns unhealthy
         self._thread: threading.Thread | None = None
         self.started_at = time.monotonic()
@@ -187,10 +192,14 @@ class WorkerPool:
                             break
                 elif obj == w.process.sentinel and w.alive and not w.conn.poll():
                     self._died(w)
+        if self._unmapped:
+            self._settle_unmappable()
         self._assign()
 
     def tick(self) -> None:
         """Called now and then by the loop that polls the pool: batches become stuck as time passes."""
+        if self._unmapped:
+            self._settle_unmappable()
         self._assign()
 
     def _wake(self) -> None:
@@ -253,15 +262,26 @@ class WorkerPool:
             task.on_result(built(task, slot, msg, self._release, self._retire, self.state.lease))
 
     def _unmappable(self, w: WorkerHandle, task_id: int, exc: OSError) -> None:
-        """Usually the worker died right after reporting the region; a live worker means the
-        server itself is short of something (descriptors)."""
-        w.process.join(0.5)
-        dead = w.process.exitcode is not None
-        task, failures = self.state.region_unmappable(w, task_id, dead, str(exc))
-        if task is not None and dead:
-            log.warning("data worker %d died before its epoch %d batch %d could be mapped; building it again",
-                        w.wid, task.epoch, task.index)
-        self._fail(failures)
+        """Usually the worker died right after reporting the region; a worker still alive
+        ``UNMAPPABLE_WAIT_S`` later means the server itself is short of something (descriptors).
+        Decided on a later pass of the loop (``_settle_unmappable``), never by waiting here: this
+        runs on the data plane's event loop."""
+        self._unmapped.append((w, task_id, str(exc), time.monotonic() + UNMAPPABLE_WAIT_S))
+
+    def _settle_unmappable(self) -> None:
+        """Decide the regions that could not be mapped whose worker has died since, or has not."""
+        now, waiting = time.monotonic(), []
+        for w, task_id, error, deadline in self._unmapped:
+            dead = not w.process.is_alive()
+            if not dead and now < deadline:
+                waiting.append((w, task_id, error, deadline))
+                continue
+            task, failures = self.state.region_unmappable(w, task_id, dead, error)
+            if task is not None and dead:
+                log.warning("data worker %d died before its epoch %d batch %d could be mapped; building it again",
+                            w.wid, task.epoch, task.index)
+            self._fail(failures)
+        self._unmapped = waiting
 
     def _release(self, slot: ServerSlot) -> None:
         self.state.release(slot)

@@ -46,7 +46,7 @@ CASES = [
 @pytest.mark.parametrize("case, kwargs, binding, rate", CASES, ids=[c[0] for c in CASES])
 def test_binding_resource_table(case, kwargs, binding, rate):
     d = deliverable(**kwargs)
-    assert d.binding == binding and d.images_per_s == pytest.approx(rate)
+    assert d.binding == binding and d.items_s == pytest.approx(rate)
     assert min(d.limits.values()) == pytest.approx(rate)
 
 
@@ -62,9 +62,7 @@ def test_deliverable_rejects_bad_figures_by_name(kwargs, needle):
 
 def test_step_and_units():
     d = deliverable(cores=4, per_core_images_s=650, bytes_per_image=CROP, data_nic_gbps=1.25)
-    assert network.images_to_gbps(d.images_per_s, CROP) == pytest.approx(1.25)
-    assert network.step_s(d, 256, 1, 0.1) == pytest.approx(256 / d.images_per_s)
-    assert network.step_s(d, 8, 1, 0.1) == 0.1
+    assert network.images_to_gbps(d.items_s, CROP) == pytest.approx(1.25)
     assert network.bytes_per_image_from_stats(150_528 * 64, 2, 32) == 150_528
     assert network.bytes_per_image_from_stats(0, 0, 32) is None
     assert network.uint8_bytes({"image_size": 160}) == 160 * 160 * 3 and network.uint8_bytes({}) == CROP

@@ -1,7 +1,7 @@
 """The capacity model: the step a layout gives, its data wait, what binds it, and what it costs.
 
 One model, read by ``hetero plan`` and ``hetero bench`` (hetero/planning/planner.py, from a
-profile) and by the live advice (launcher/advice_model.py, from a running job's figures), so the
+profile) and by the live advice (launcher/advice/model.py, from a running job's figures), so the
 two answer alike on the same figures. Rates are *items* per second: batches for the launcher and
 the planner's layouts, images where :func:`hetero.planning.network.deliverable` asks.
 

@@ -294,7 +294,7 @@ def test_hetero_faster_than_homo_on_a_cpu_bound_pipeline(tmp_path, capsys):
 def test_epoch_boundary_cost_is_its_window_against_the_steady_median(tmp_path):
     log = tmp_path / "algo-1.log"
     lines = [f"step {s}: avg step time {0.5 if s == 24 else 0.1} s over the last 8 steps" for s in range(8, 41, 8)]
-    log.write_text("\n".join(f"2026-11-23 rank 0 INFO launcher.step_stats: {line}" for line in lines))
+    log.write_text("\n".join(f"2026-11-23 rank 0 INFO launcher.train.step_stats: {line}" for line in lines))
     [b] = step_time.boundary_costs(log, epoch_batches=20, warmup=0)  # epoch 1 starts at step 21: window 17-24
     assert b["window"] == [17, 24] and b["first_step_of_epoch"] == 21
     assert b["steady_median_s"] == 0.1 and abs(b["extra_s"] - 3.2) < 1e-9
@@ -312,9 +312,9 @@ def test_cpu_per_step_is_the_steady_state_between_logged_windows(tmp_path):
     base = datetime.datetime(2026, 11, 25, 12, 0, 0)
     stamp = lambda s: (base + datetime.timedelta(seconds=s)).strftime("%Y-%m-%d %H:%M:%S,%f")[:23]  # noqa: E731
     log = tmp_path / "algo-1.log"
-    log.write_text(f"{stamp(5)} algo-1 launcher.step_stats: step 10: avg step time 0.5 s over the last 10 steps\n"
-                   f"{stamp(10)} algo-1 launcher.step_stats: step 20: avg step time 0.5 s over the last 10 steps\n"
-                   f"{stamp(20)} algo-1 launcher.step_stats: step 40: avg step time 0.5 s over the last 20 steps\n")
+    log.write_text(f"{stamp(5)} algo-1 launcher.train.step_stats: step 10: avg step time 0.5 s over the last 10 steps\n"
+                   f"{stamp(10)} algo-1 launcher.train.step_stats: step 20: avg step time 0.5 s over the last 10 steps\n"
+                   f"{stamp(20)} algo-1 launcher.train.step_stats: step 40: avg step time 0.5 s over the last 20 steps\n")
     t0 = base.timestamp()
 
     class Monitor:

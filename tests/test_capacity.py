@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hetero.planning.cost import InstancePrice, PriceTable
 from hetero.planning.planner import predict_network_step, predict_step
 from launcher import capacity
-from launcher.advice_model import LiveFigures, ServerFigures, advise
+from launcher.advice.model import LiveFigures, ServerFigures, advise
 from launcher.capacity import CapacityError, Layout, Network, OwnCores, predict
 
 EXAMPLES = 400

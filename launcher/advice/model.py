@@ -20,7 +20,7 @@ as batch times and fetches vary); when the servers have more than that, the advi
 data nodes could go (always keeping one) with that headroom kept. Costs come from a price map
 (instance type -> $/h): the change in $/h, the changed nodes' cost over one epoch at the
 predicted step time, and the whole job's $/epoch before and after when the DNN instance's price
-is known too. Nothing here measures or talks to a server: ``launcher/live_advisor.py`` gathers
+is known too. Nothing here measures or talks to a server: ``launcher/advice/advisor.py`` gathers
 the figures.
 
 The network (the model's, with the bytes per batch the servers sent in the window): a data node
@@ -35,8 +35,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from . import capacity
-from .capacity import COMPACT_WIRE
+from .. import capacity
+from ..capacity import COMPACT_WIRE
 
 HEADROOM = 0.10           # spare capacity the advice keeps over the ranks' demand
 MIN_BUSY = 0.05           # below this busy share a server's headroom is not extrapolated further

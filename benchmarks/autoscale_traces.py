@@ -4,7 +4,7 @@
 
 Each trace is a demand (the batches/s the ranks take, as their compute time per step sets it)
 over simulated hours. Every advice window (60 s of simulated time) the live advice model
-(``launcher.advice_model.advise``) is given what the ranks would measure with the data nodes
+(``launcher.advice.model.advise``) is given what the ranks would measure with the data nodes
 actually serving: the step time, the wait on data, each server's batches/s and busy share. Its
 advice goes to the real controller (``launcher.autoscale.Autoscaler``, its real policy and a
 ``StateStore`` in a temporary registry folder), which acts through :class:`Fleet`: simulated
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from benchmarks.common import cli, report
-from launcher.advice_model import LiveFigures, ServerFigures, advise
+from launcher.advice.model import LiveFigures, ServerFigures, advise
 from launcher.autoscale import Autoscaler, Settings
 from launcher.autoscale.actuators import ScaleContext
 from launcher.autoscale.policy import HOLD, IN, OUT, Limits

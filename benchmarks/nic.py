@@ -18,7 +18,7 @@ server counts on the wire, and the per-core images/s of the profile; it names th
 resource. The emulated step (a sleep plus the consumer's finish stage, given to the planner as the
 accelerator step) is below both jobs' data steps, so uint8 is bound by the NIC and a compact
 encoding (``jpeg:90``, about a tenth of the bytes) by the server's core; the lift it gives is
-compared with the predicted lift. The live advice (``launcher.live_advisor.LiveAdvisor``, fed the
+compared with the predicted lift. The live advice (``launcher.advice.advisor.LiveAdvisor``, fed the
 consumer's step timings) runs through each job; its lines are captured.
 
 Everything made (namespace, veth pair, queueing disciplines, server processes) is removed on the
@@ -147,7 +147,7 @@ class _Lines(logging.Handler):
 def advisor(address: str, token: str, every: int, warmup: int, nic_bps: float):
     """Rank 0's live advice for a job on one data node of type :data:`DATA_TYPE`, whose NIC
     baseline is the shaped rate (no per-flow cap on a veth)."""
-    from launcher.live_advisor import LiveAdvisor
+    from launcher.advice.advisor import LiveAdvisor
 
     return LiveAdvisor(lambda: [(address, True)], token, ranks=1, every=every, warmup=warmup,
                        data_instance=DATA_TYPE, network={DATA_TYPE: nic_bps / 1e9}, flow_gbps=None)
@@ -220,7 +220,7 @@ def run_job(link: EmulatedLink, server, steps: int, warmup: int, gpu_step_s: flo
     from hetero.testing.processes import TOKEN
 
     lines = _Lines()
-    advice_log = logging.getLogger("launcher.live_advisor")
+    advice_log = logging.getLogger("launcher.advice.advisor")
     advice_log.addHandler(lines)
     advice_log.setLevel(logging.INFO)
     try:
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     reason = unavailable()
     if reason:
         return skipped(args.json, reason, stamp, command)
-    from launcher.live_advisor import TRUSTED_UPTIME_S
+    from launcher.advice.advisor import TRUSTED_UPTIME_S
 
     cpus = sorted(os.sched_getaffinity(0))
     setting = Setting(stamp, cpus[-1] if args.server_cpu is None else args.server_cpu,

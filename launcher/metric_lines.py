@@ -29,7 +29,7 @@ autoscale:node_change      same lines (+n out, -n in, 0 hold)                   
 autoscale:usd_per_hour     same lines (with a price): the target's data node $/h  ...decisions[-1].usd_per_hour
 =========================  ====================================================  ===============
 
-The advice lines (``launcher/live_advisor.py``) name no figure the other metrics read ("batches per
+The advice lines (``launcher/advice/advisor.py``) name no figure the other metrics read ("batches per
 s", "waits on data"), so they add points only to their own metrics.
 
 No ``n/a`` value matches: a metric without a value (an emulated step has no loss) has no point.
@@ -91,7 +91,7 @@ def summary_line(metrics: Mapping[str, Any], where: str) -> str:
 
 
 def advice_line(step: int, advice: Mapping[str, Any], final: bool = False) -> str:
-    """Rank 0's advice (``launcher.advice_model.Advice.to_dict()``): the data node change, the step it
+    """Rank 0's advice (``launcher.advice.model.Advice.to_dict()``): the data node change, the step it
     predicts and what the change costs; ``final``: the one at the end of training."""
     when = f"advice at step {step}" + (" (end of training)" if final else "")
     n, kind = advice["data_nodes"], advice["data_instance"] or "data instance"

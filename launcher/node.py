@@ -16,11 +16,12 @@ from data_service.errors import ConfigError, DataServiceError
 
 from . import log_setup as logs
 from .config import LaunchConfig
-from .jobsecret import with_job_secret
-from .jobtoken import job_token
-from .preflight import preflight
-from .roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, host_map, plan_roles, resolve
-from .sm_env import DEFAULT_ROOT, SageMakerEnv, decode_hyperparameters, load_env
+from .job.jobsecret import with_job_secret
+from .job.jobtoken import job_token
+from .job.output_files import write_failure
+from .job.preflight import preflight
+from .job.roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, host_map, plan_roles, resolve
+from .job.sm_env import DEFAULT_ROOT, SageMakerEnv, decode_hyperparameters, load_env
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,8 @@ def parse_cli(argv: Sequence[str]) -> dict[str, str]:
 
 def _fail(env: SageMakerEnv | None, message: str, code: int) -> int:
     log.error("%s", message)
-    if env is not None:  # SageMaker shows this file's text as the job's FailureReason
-        try:
-            os.makedirs(os.path.dirname(env.failure_file), exist_ok=True)
-            with open(env.failure_file, "a") as f:
-                f.write(message[:1000] + "\n")
-        except OSError:
-            pass
+    if env is not None:
+        write_failure(env.failure_file, message)
     return code
 
 
@@ -69,7 +65,7 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
         hps = {**env.hyperparameters, **decode_hyperparameters(parse_cli(argv))}
         cfg = LaunchConfig.from_hyperparameters(hps)
         plan = plan_roles(env, cfg)
-        logs.setup(plan.role, env.current_host, level=cfg.log_level)
+        logs.setup(plan.role, env.current_host, level=cfg.job.log_level)
         log.info("job %r: group %r -> role %s (data hosts %s, dnn hosts %s); read %s", env.job_name,
                  env.current_group, plan.role, list(plan.data_hosts), list(plan.dnn_hosts), ", ".join(env.sources))
         if plan.role == IDLE:
@@ -78,13 +74,13 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
         for name, path in env.channels.items():  # a bare container has the folders but no variables
             os.environ.setdefault(f"SM_CHANNEL_{name.upper()}", path)
         # a data-only job that joins another job proves that job's token: job_name names the job joined
-        name = cfg.job_name if cfg.join and cfg.job_name else env.job_name or cfg.job_name
-        token = job_token(with_job_secret(environ), name, cfg.job_secret)
+        name = cfg.job.job_name if cfg.elastic.join and cfg.job.job_name else env.job_name or cfg.job.job_name
+        token = job_token(with_job_secret(environ), name, cfg.job.job_secret)
         preflight(cfg, plan.role)  # every plug-in and its options, before waiting or training
         mapping = host_map(environ)
         if plan.role == DATA:
-            from .data_node import run_data_node
-            _, port = resolve(env.current_host, cfg.data_port, mapping)
+            from .serve.data_node import run_data_node
+            _, port = resolve(env.current_host, cfg.serve.data_port, mapping)
             return run_data_node(cfg, token, port, env.output_data_dir, env.current_host)
         return _run_trainer_node(env, cfg, plan, token, mapping)
     except (ConfigError, DataServiceError) as exc:
@@ -104,30 +100,30 @@ def instance_types(env: SageMakerEnv, plan) -> dict[str, str]:
 
 
 def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, mapping) -> int:
-    from .dnn_node import local_procs, run_dnn_node
-    from .trainer import TrainJob
+    from .train.dnn_node import local_procs, run_dnn_node
+    from .train.trainer import TrainJob
 
     servers, server_hosts = (), ()
     local_server = None
-    nprocs = local_procs(cfg.procs_per_node, env.num_gpus)
-    if plan.role == HOMOGENEOUS and cfg.homogeneous_server_workers(nprocs):
+    nprocs = local_procs(cfg.dnn.procs_per_node, env.num_gpus)
+    if plan.role == HOMOGENEOUS and cfg.data.homogeneous_server_workers(nprocs):
         # the node's own data server builds the batches (docs/launcher.md, "Homogeneous mode")
-        from .data_node import start_server
-        port = resolve(plan.host, cfg.data_port, mapping)[1]
-        local_server = start_server(cfg, token, port, host="127.0.0.1", workers=cfg.homogeneous_server_workers(nprocs),
+        from .serve.server import start_server
+        port = resolve(plan.host, cfg.serve.data_port, mapping)[1]
+        local_server = start_server(cfg, token, port, host="127.0.0.1", workers=cfg.data.homogeneous_server_workers(nprocs),
                                     beside_trainer=True)
         servers, server_hosts = (f"127.0.0.1:{local_server.port}",), (plan.host,)
     if plan.role == DNN:
         servers = tuple(data_addresses(plan, cfg, mapping))
-        server_hosts = tuple(plan.data_hosts) + ((plan.host,) if cfg.dnn_local_server else ())
-        if cfg.dnn_local_server:
-            from .data_node import start_server
-            local_server = start_server(cfg, token, resolve(plan.host, cfg.data_port, mapping)[1], beside_trainer=True)
-    master_addr, _ = resolve(plan.dnn_hosts[0], cfg.data_port, mapping)
+        server_hosts = tuple(plan.data_hosts) + ((plan.host,) if cfg.serve.dnn_local_server else ())
+        if cfg.serve.dnn_local_server:
+            from .serve.server import start_server
+            local_server = start_server(cfg, token, resolve(plan.host, cfg.serve.data_port, mapping)[1], beside_trainer=True)
+    master_addr, _ = resolve(plan.dnn_hosts[0], cfg.serve.data_port, mapping)
     job = TrainJob(cfg=cfg, mode=plan.mode, host=plan.host, dnn_hosts=plan.dnn_hosts, node_rank=plan.node_rank,
                    nprocs=nprocs, master_addr=master_addr,
                    model_dir=env.model_dir, output_dir=env.output_data_dir, token=token, servers=servers,
-                   server_hosts=server_hosts, checkpoint_dir=cfg.checkpoint_dir or env.checkpoint_dir,
+                   server_hosts=server_hosts, checkpoint_dir=cfg.checkpoints.checkpoint_dir or env.checkpoint_dir,
                    extra={"data_hosts": list(plan.data_hosts), "job_name": env.job_name,
                           **instance_types(env, plan)})
-    return run_dnn_node(job, cfg.data_wait_s, local_server)
+    return run_dnn_node(job, cfg.dnn.data_wait_s, local_server)

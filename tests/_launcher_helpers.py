@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hetero.synthetic.mnist import write_synthetic
 from hetero.local.tree import Node, build_nodes
-from launcher.jobtoken import derive_token
+from launcher.job.jobtoken import derive_token
 
 # Small and fast on 2 cores: tiny batches, cheap augmentation, one loader/server worker.
 FAST_HPS = {"pipeline.batch_size": 8, "pipeline.blur_kernel": 3, "data_workers": 1, "loader_workers": 1,

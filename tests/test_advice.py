@@ -14,10 +14,10 @@ import pytest
 from hetero.cli import main
 from hetero.commands.stats import latest_advice
 from hetero.planning.planner import predict_step
-from launcher.advice_model import LiveFigures, ServerFigures, advise, predicted_step, server_capacity, steps_per_epoch
-from launcher.live_advisor import LiveAdvisor, Snapshot, window_figures
+from launcher.advice.model import LiveFigures, ServerFigures, advise, predicted_step, server_capacity, steps_per_epoch
+from launcher.advice.advisor import LiveAdvisor, Snapshot, window_figures
 from launcher.metric_lines import METRIC_DEFINITIONS, advice_line
-from launcher.step_stats import StepStats, StepTimer, job_metrics
+from launcher.train.step_stats import StepStats, StepTimer, job_metrics
 
 PRICES = {"ml.c5.9xlarge": 1.836, "ml.p3.2xlarge": 3.825}
 
@@ -180,7 +180,7 @@ def test_the_advisor_advises_every_n_steps_and_at_the_end(caplog):
                           data_instance="ml.c5.9xlarge", dnn_instance="ml.p3.2xlarge", prices=PRICES,
                           client=lambda address, token, who: servers[address])
     stats = StepStats(warmup=2, log_every=1000, advisor=advisor)
-    caplog.set_level(logging.INFO, logger="launcher.live_advisor")
+    caplog.set_level(logging.INFO, logger="launcher.advice.advisor")
     for _ in range(23):
         clock[0] += 0.040
         stats.record(0.030, 0.040, 8)
@@ -261,10 +261,10 @@ def test_hetero_stats_local_reads_the_newest_advice(tmp_path, capsys):
     logs.mkdir()
     line = advice_line(40, advise(figures(0.040, 0.030, 1, [ServerFigures("d1:6000", 25.0, 1.0)]), PRICES).to_dict())
     (logs / "algo-1.log").write_text(
-        "2026-11-25 10:00:01,000 trainer@algo-1 rank 0 INFO launcher.step_stats: step 40: avg step time 0.0400 s over "
+        "2026-11-25 10:00:01,000 trainer@algo-1 rank 0 INFO launcher.train.step_stats: step 40: avg step time 0.0400 s over "
         f"the last 40 steps, data wait 75%, 200.0 samples/s\n2026-11-25 10:00:01,001 trainer@algo-1 rank 0 INFO "
-        f"launcher.live_advisor: {line}\n")
-    (logs / "algo-2.log").write_text("2026-11-25 10:00:02,000 data@algo-2 INFO launcher.data_node: serving\n")
+        f"launcher.advice.advisor: {line}\n")
+    (logs / "algo-2.log").write_text("2026-11-25 10:00:02,000 data@algo-2 INFO launcher.serve.data_node: serving\n")
     assert main(["stats", "--local", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert line in out and "data wait 75%" in out

@@ -182,7 +182,7 @@ def test_hetero_stats_local_shows_the_latest_decision_with_its_figures(tmp_path,
     settings = Settings.from_options({"mode": "act", "actuator": "local"}, registry=str(tmp_path))
     d = Autoscaler(settings, None, str(tmp_path), TOKEN, clock=Clock()).on_advice(advice(300, 1, 3, 0.6))
     (logs / "algo-1.log").write_text(
-        "2026-11-26 10:00:01,000 trainer@algo-1 rank 0 INFO launcher.live_advisor: advice at step 300: data node change "
+        "2026-11-26 10:00:01,000 trainer@algo-1 rank 0 INFO launcher.advice.advisor: advice at step 300: data node change "
         "+3 (now 1 x ml.local, 10.0 batches per s delivered, 10.0 per node possible): predicted step 0.0100 s\n"
         f"2026-11-26 10:00:01,001 trainer@algo-1 rank 0 INFO launcher.autoscale.controller: {autoscale_line(d)}\n")
     assert main(["stats", "--local", str(tmp_path)]) == 0
@@ -217,7 +217,7 @@ def test_an_advice_it_cannot_read_is_logged_and_training_goes_on(tmp_path, caplo
 
 
 def test_step_stats_hands_each_periodic_advice_to_the_autoscaler_once(tmp_path):
-    from launcher.step_stats import StepStats
+    from launcher.train.step_stats import StepStats
 
     class Advisor:  # LiveAdvisor's two calls: a periodic advice every 2 steps, the final one at the end
         last = None
@@ -242,12 +242,12 @@ def test_step_stats_hands_each_periodic_advice_to_the_autoscaler_once(tmp_path):
 
 
 def test_an_advice_line_reads_back_as_the_figures_the_policy_takes():
-    from launcher.advice_model import LiveFigures, ServerFigures, advise
+    from launcher.advice.model import LiveFigures, ServerFigures, advise
     from launcher.metric_lines import advice_line, parse_advice_line
 
     a = advise(LiveFigures(0.04, 0.03, 1, (ServerFigures("d1:6000", 25.0, 1.0),), 100, "ml.c5.9xlarge"),
                {"ml.c5.9xlarge": 1.836}).to_dict()
-    got = parse_advice_line("2026-11-26 10:00:00,000 trainer@algo-1 rank 0 INFO launcher.live_advisor: "
+    got = parse_advice_line("2026-11-26 10:00:00,000 trainer@algo-1 rank 0 INFO launcher.advice.advisor: "
                             + advice_line(300, a))
     assert (got["step"], got["change"], got["data_nodes"], got["final"]) == (300, a["change"], 1, False)
     assert got["node_usd_per_hour"] == pytest.approx(1.836) and got["data_wait_fraction"] == 0.75

@@ -104,12 +104,12 @@ def test_hetero_autoscale_act_adds_and_stops_data_only_jobs_from_the_jobs_advice
 
     from hetero.commands.autoscale import act
     from hetero.sagemaker.data_job_template import join_template
-    from launcher.advice_model import LiveFigures, ServerFigures, advise
+    from launcher.advice.model import LiveFigures, ServerFigures, advise
     from launcher.metric_lines import advice_line
 
     def line(step, wait, servers, prices={"ml.c5.9xlarge": 2.0}):
         figures = LiveFigures(0.04, wait, 1, tuple(servers), 1000, "ml.c5.9xlarge")
-        return {"timestamp": 1, "message": "2026-11-26 10:00:00,000 trainer@algo-1 rank 0 INFO launcher.live_advisor: "
+        return {"timestamp": 1, "message": "2026-11-26 10:00:00,000 trainer@algo-1 rank 0 INFO launcher.advice.advisor: "
                 + advice_line(step, advise(figures, prices).to_dict())}
 
     starved = [ServerFigures("d1:6000", 25.0, 1.0)]                        # +4 nodes

@@ -16,6 +16,7 @@ from hetero.bench.records import BenchConfig, RunResult
 from hetero.bench.summary import add_costs, add_prediction, summarize
 from hetero.cli import main as hetero_main
 from hetero.planning.cost import load_prices
+from hetero.planning.profile import ProfileResult
 
 CPUS = sorted(os.sched_getaffinity(0))
 two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs (trainer + data)")
@@ -32,7 +33,7 @@ def _summary(tmp_path, runs) -> dict:
     cfg = BenchConfig([0], [1], repeats=3, output=tmp_path, max_foreign=0.25, emulate_step_s=0.05)
     s = summarize(cfg, runs)
     add_costs(cfg, s, load_prices())
-    add_prediction(cfg, s, preprocess_s=0.16)
+    add_prediction(cfg, s, ProfileResult("p", {}, 1, 64, 0.16, 0.15, 0.2, 1), runs)
     s["config"] = {**vars(cfg), "output": str(tmp_path)}
     s["profile"] = {"median_s": 0.16, "min_s": 0.15, "max_s": 0.2, "cpu": 1, "times_s": [0.2] + [0.16] * 8,
                     "warmup_batches": 1}
@@ -61,6 +62,34 @@ def test_summary_medians_spread_speedup_and_costs(tmp_path):
     pred = s["prediction"]                       # 160 ms/batch, 50 ms emulated step, 1 vs 2 cores
     assert pred["homogeneous"]["step_s"] == pytest.approx(0.16) and pred["heterogeneous"]["step_s"] == pytest.approx(0.08)
     assert pred["heterogeneous"]["measured_step_s"] == 0.085
+
+
+def test_the_prediction_counts_the_cores_each_node_had_and_the_trainers_work(tmp_path):
+    cfg = BenchConfig([0], [1], repeats=1, output=tmp_path, emulate_step_s=0.02)
+    prof = ProfileResult("p", {}, 1, 64, 0.30, 0.25, 0.35, 1, finish_s=0.06, cpu_s=0.10, finish_cpu_s=0.02)
+
+    def run(mode, busy, cpu):  # each node used cpu_s of its 100 s; the cores were ``busy`` (anyone's)
+        nodes = [{"host": f"algo-{i}", "role": role, "cpus": [c], "wall_s": 100.0, "cpu_s": cpu[i], "busy_share": cpu[i] / 100}
+                 for i, (role, c) in enumerate([("dnn_group", 0), ("data_group", 1)][:len(cpu)])]
+        metrics = {"avg_step_time_s": 0.1, "data_wait_fraction": 0.8, "samples_per_s": 640, "steps": 100,
+                   "warmup_steps_discarded": 20}
+        return RunResult(mode, 0, True, 100.0, metrics, nodes, dict(enumerate(busy)), [0.1], 0.5)
+
+    # others took 60 % of core 0 and 50 % of core 1 while the runs used the rest
+    runs = [run("homogeneous", [1.0], [40.0]), run("heterogeneous", [1.0, 1.0], [40.0, 50.0])]
+    s = summarize(cfg, runs)
+    add_prediction(cfg, s, prof, runs)
+    homo, het = s["prediction"]["homogeneous"], s["prediction"]["heterogeneous"]
+    assert homo["cores_had"] == pytest.approx(0.4) and het["trainer_cores_had"] == pytest.approx(0.4)
+    assert het["data_cores_had"] == pytest.approx(0.5)
+    # CPU seconds: 100 ms a batch, 20 ms of finish stage on the trainer's core for every batch
+    assert homo["step_s"] == pytest.approx(0.12 / 0.4)
+    assert het["step_s"] == pytest.approx(0.12 / 0.9)          # (0.5 / 0.1 x 0.1 + 0.4) / 0.12 batches/s
+    assert het["pinned_step_s"] == pytest.approx(0.36 / 2)     # whole cores, wall seconds
+    no_local = BenchConfig([0], [1], repeats=1, output=tmp_path, emulate_step_s=0.02, local_server=False)
+    s = summarize(no_local, runs)
+    add_prediction(no_local, s, prof, runs)
+    assert s["prediction"]["heterogeneous"]["step_s"] == pytest.approx(0.1 / 0.5)   # the data core alone
 
 
 def test_contended_rounds_are_left_out_of_the_headline_but_kept(tmp_path):
@@ -265,7 +294,7 @@ def test_hetero_faster_than_homo_on_a_cpu_bound_pipeline(tmp_path, capsys):
 def test_epoch_boundary_cost_is_its_window_against_the_steady_median(tmp_path):
     log = tmp_path / "algo-1.log"
     lines = [f"step {s}: avg step time {0.5 if s == 24 else 0.1} s over the last 8 steps" for s in range(8, 41, 8)]
-    log.write_text("\n".join(f"2026-11-23 rank 0 INFO launcher.step_stats: {line}" for line in lines))
+    log.write_text("\n".join(f"2026-11-23 rank 0 INFO launcher.train.step_stats: {line}" for line in lines))
     [b] = step_time.boundary_costs(log, epoch_batches=20, warmup=0)  # epoch 1 starts at step 21: window 17-24
     assert b["window"] == [17, 24] and b["first_step_of_epoch"] == 21
     assert b["steady_median_s"] == 0.1 and abs(b["extra_s"] - 3.2) < 1e-9
@@ -283,9 +312,9 @@ def test_cpu_per_step_is_the_steady_state_between_logged_windows(tmp_path):
     base = datetime.datetime(2026, 11, 25, 12, 0, 0)
     stamp = lambda s: (base + datetime.timedelta(seconds=s)).strftime("%Y-%m-%d %H:%M:%S,%f")[:23]  # noqa: E731
     log = tmp_path / "algo-1.log"
-    log.write_text(f"{stamp(5)} algo-1 launcher.step_stats: step 10: avg step time 0.5 s over the last 10 steps\n"
-                   f"{stamp(10)} algo-1 launcher.step_stats: step 20: avg step time 0.5 s over the last 10 steps\n"
-                   f"{stamp(20)} algo-1 launcher.step_stats: step 40: avg step time 0.5 s over the last 20 steps\n")
+    log.write_text(f"{stamp(5)} algo-1 launcher.train.step_stats: step 10: avg step time 0.5 s over the last 10 steps\n"
+                   f"{stamp(10)} algo-1 launcher.train.step_stats: step 20: avg step time 0.5 s over the last 10 steps\n"
+                   f"{stamp(20)} algo-1 launcher.train.step_stats: step 40: avg step time 0.5 s over the last 20 steps\n")
     t0 = base.timestamp()
 
     class Monitor:

@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from launcher.config import LaunchConfig
-from launcher.roles import plan_roles
-from launcher.sm_env import load_env
+from launcher.job.roles import plan_roles
+from launcher.job.sm_env import load_env
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_IMAGE = os.environ.get("HETERO_DATA_IMAGE", "localhost/hetero-data:latest")

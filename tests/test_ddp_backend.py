@@ -14,7 +14,7 @@ from data_service.errors import ConfigError
 from dnn_worker.device.ddp import SMDDP_MODULE, resolve_backend
 from hetero.ports import free_port
 from launcher.config import LaunchConfig
-from launcher.preflight import preflight
+from launcher.job.preflight import preflight
 
 from _launcher_helpers import SYNTHETIC_HPS, read_json, synth_data
 
@@ -25,7 +25,7 @@ def test_auto_is_nccl_with_cuda_else_gloo():
     assert resolve_backend("auto", cuda=True) == "nccl"
     assert resolve_backend("auto", cuda=False) == "gloo"
     assert resolve_backend("gloo", cuda=False) == "gloo"
-    assert LaunchConfig().ddp_backend == "auto"
+    assert LaunchConfig().dnn.ddp_backend == "auto"
 
 
 def test_unknown_backend_is_an_error_when_the_options_are_read():
@@ -33,7 +33,7 @@ def test_unknown_backend_is_an_error_when_the_options_are_read():
         LaunchConfig.from_hyperparameters({"ddp_backend": "mpi"})
     with pytest.raises(ConfigError, match=r"ddp_backend='NCCL' must be one of"):
         resolve_backend("NCCL")
-    assert LaunchConfig.from_hyperparameters({"ddp_backend": "smddp"}).ddp_backend == "smddp"  # checked at start
+    assert LaunchConfig.from_hyperparameters({"ddp_backend": "smddp"}).dnn.ddp_backend == "smddp"  # checked at start
 
 
 def test_nccl_without_cuda_names_the_fix():
@@ -93,11 +93,11 @@ def test_preflight_fails_at_start_on_nodes_that_train(role, fails):
 
 
 def one_rank_job(tmp_path: Path, backend: str, **hps):
-    from launcher.trainer import TrainJob
+    from launcher.train.trainer import TrainJob
 
-    cfg = LaunchConfig(**{"pipeline_options": {"batch_size": 8, "blur_kernel": 3}, "loader_workers": 0,
-                          "evaluate": "", "max_steps": 3, "warmup_steps": 1, "checkpoint": False,
-                          "master_port": free_port(), "ddp_backend": backend, **hps})
+    cfg = LaunchConfig.from_hyperparameters({"pipeline_options": {"batch_size": 8, "blur_kernel": 3}, "loader_workers": 0,
+                                             "evaluate": "", "max_steps": 3, "warmup_steps": 1, "checkpoint": False,
+                                             "master_port": free_port(), "ddp_backend": backend, **hps})
     return TrainJob(cfg=cfg, mode="homogeneous", host="algo-1", dnn_hosts=("algo-1",), node_rank=0, nprocs=1,
                     master_addr="127.0.0.1", model_dir=str(tmp_path / "model"), output_dir=str(tmp_path / "out"))
 
@@ -106,7 +106,7 @@ def one_rank_job(tmp_path: Path, backend: str, **hps):
 def test_one_rank_trains_over_the_chosen_backend(tmp_path, monkeypatch, backend, expected):
     """A chosen backend runs even on one rank (DDP over one device); ``auto`` keeps a lone rank
     without a process group."""
-    from launcher import trainer
+    from launcher.train import trainer
 
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(synth_data(tmp_path / "data", 64, 0)))
     wrapped = []

@@ -11,9 +11,9 @@ from data_service.membership import registry
 from data_service.errors import ConfigError
 from dnn_worker import RemoteDataset
 from hetero.local.runner import LocalCluster
-from launcher.config import LaunchConfig
-from launcher.data_node import EXIT_NO_CONSUMER, Watchdog
-from launcher.roles import DATA, plan_roles
+from launcher.config import ElasticSection, LaunchConfig
+from launcher.serve.data_node import EXIT_NO_CONSUMER, Watchdog
+from launcher.job.roles import DATA, plan_roles
 
 from _launcher_helpers import SYNTHETIC_HPS, nodes_for, read_json, token_of
 from test_launcher import env_of
@@ -30,7 +30,7 @@ def test_registry_options_are_checked(hps, message):
 
 
 def test_a_data_only_job_that_joins_has_only_data_nodes():
-    cfg = LaunchConfig(join="s3://bucket/jobs/main/registry")
+    cfg = LaunchConfig(elastic=ElasticSection(join="s3://bucket/jobs/main/registry"))
     for groups in ({"data_group": ["algo-2", "algo-1"]}, {"homogeneousCluster": ["algo-1"]}):
         plan = plan_roles(env_of("algo-1", groups), cfg)
         assert plan.role == DATA and plan.dnn_hosts == ()
@@ -47,14 +47,14 @@ def test_a_joined_node_has_no_first_consumer_deadline_and_ends_cleanly_when_idle
 
 def test_trainers_read_the_registry_with_the_jobs_fingerprint(tmp_path):
     from data_service.contract.pipeline import PipelineSpec
-    from launcher.trainer import TrainJob, make_dataset
+    from launcher.train.trainer import TrainJob, make_dataset
 
     cfg = LaunchConfig.from_hyperparameters({**SYNTHETIC_HPS, "registry": str(tmp_path)})
     job = TrainJob(cfg=cfg, mode="heterogeneous", host="algo-1", dnn_hosts=("algo-1",), node_rank=0, nprocs=1,
                    master_addr="127.0.0.1", model_dir="", output_dir="", token="t", servers=("algo-2:6000",))
     ds = make_dataset(job, 0)
     assert ds.registry == str(tmp_path) and ds.servers == ["algo-2:6000"]
-    assert ds.fingerprint == PipelineSpec(cfg.pipeline, cfg.pipeline_options).fingerprint()
+    assert ds.fingerprint == PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).fingerprint()
     plain = make_dataset(TrainJob(**{**job.__dict__, "cfg": LaunchConfig.from_hyperparameters(SYNTHETIC_HPS)}), 0)
     assert plain.registry is None
 

@@ -7,8 +7,8 @@ import boto3
 import pytest
 
 from data_service.errors import ConfigError
-from launcher.jobsecret import ARN_VAR, SECRET_VAR, fetch_secret, region_of, with_job_secret
-from launcher.jobtoken import derive_token, job_token
+from launcher.job.jobsecret import ARN_VAR, SECRET_VAR, fetch_secret, region_of, with_job_secret
+from launcher.job.jobtoken import derive_token, job_token
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
 

@@ -1,4 +1,5 @@
 """Launcher: options, roles, job token, CLI parsing, and data nodes' watchdog as real processes."""
+import json
 import os
 import subprocess
 import sys
@@ -11,12 +12,12 @@ from torch.utils.data import DataLoader
 from data_service.errors import ConfigError
 from dnn_worker import RemoteDataset
 from hetero.local.runner import LocalCluster
-from launcher.config import LaunchConfig
-from launcher.data_node import EXIT_CONSUMERS_GONE, EXIT_NO_CONSUMER, Watchdog
-from launcher.jobtoken import derive_token, job_token
+from launcher.config import LaunchConfig, RolesSection
+from launcher.serve.data_node import EXIT_CONSUMERS_GONE, EXIT_NO_CONSUMER, Watchdog
+from launcher.job.jobtoken import derive_token, job_token
 from launcher.node import parse_cli
-from launcher.roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, plan_roles, resolve
-from launcher.sm_env import InstanceGroup, SageMakerEnv
+from launcher.job.roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, plan_roles, resolve
+from launcher.job.sm_env import InstanceGroup, SageMakerEnv
 
 from _launcher_helpers import FAST_HPS, SYNTHETIC_HPS, data_address, nodes_for, read_json, token_of
 
@@ -37,8 +38,54 @@ def env_of(current_host, groups, current_group=None):
 def test_options_from_hyperparameters():
     cfg = LaunchConfig.from_hyperparameters({"epochs": "3", "homogeneous": "true", "lr": 0.5, "sagemaker_region": "x",
                                              "pipeline.batch_size": 32, "pipeline_options": '{"limit": 100}'})
-    assert cfg.epochs == 3 and cfg.homogeneous is True and cfg.lr == 0.5
-    assert cfg.pipeline_options == {"limit": 100, "batch_size": 32}
+    assert cfg.train.epochs == 3 and cfg.roles.homogeneous is True and cfg.model.lr == 0.5
+    assert cfg.data.pipeline_options == {"limit": 100, "batch_size": 32}
+
+
+# Every option users set, by the name they set it with, and a value that is not its default: these names are
+# the jobs' interface (SageMaker hyperparameters, hetero local --hp, launcher/entry.py --key value).
+EVERY_OPTION = {
+    "data_group": "cpu_a,cpu_b", "dnn_group": "gpus", "homogeneous": True,
+    "pipeline": "examples.synthetic:build_pipeline", "pipeline_options": {"size": 64}, "loader_workers": 3,
+    "homogeneous_loader": "dataloader",
+    "data_port": 7000, "bulk_port": 7001, "bind_host": "127.0.0.1", "data_workers": 2, "watchdog_connect_s": 30.0,
+    "watchdog_idle_s": 20.0, "dnn_local_server": True, "local_server_nice": 5,
+    "registry": "s3://bucket/jobs/main/registry", "join": "", "advertise_host": "10.0.0.9",
+    "data_wait_s": 60.0, "master_port": 29600, "procs_per_node": 2, "dist_timeout_s": 90.0, "ddp_backend": "gloo",
+    "train_timeout_s": 3600.0, "connect_timeout_s": 15.0,
+    "model": "examples.synthetic:TinyNet", "model_options": {"width": 8}, "step": "examples.synthetic:step",
+    "evaluate": "", "optimizer": "sgd", "lr": 0.25,
+    "epochs": 4, "seed": 7, "max_steps": 100, "log_every": 10, "warmup_steps": 2, "tensorboard": True,
+    "audit_path": "/tmp/audit.jsonl",
+    "emulate_step_s": 0.05, "emulate_step_schedule": "100:0.01",
+    "advice_every": 50, "advice_prices": {"ml.c5.xlarge": 0.204}, "advice_network": {"ml.c5.xlarge": 1.25},
+    "advice_flow_gbps": 10.0, "autoscale_options": {"mode": "advise"},
+    "checkpoint": False, "checkpoint_dir": "/tmp/ckpt", "checkpoint_every": 500,
+    "job_secret": "s3cret", "job_name": "job-7", "log_level": "DEBUG",
+}
+
+
+def test_every_option_keeps_the_name_users_set_it_with(tmp_path):
+    """The options live in sections in the code; a job sets them by the same 51 names as ever, through
+    SageMaker's hyperparameters.json (SDK v2 quotes values as JSON, v3 writes raw strings) and the
+    command line alike, and reads back every value it set."""
+    from launcher.job.sm_env import decode_hyperparameters, load_env
+
+    assert set(LaunchConfig.hyperparameters()) == set(EVERY_OPTION) and len(EVERY_OPTION) == 51
+    assert all(getattr(LaunchConfig(), s) != getattr(LaunchConfig.from_hyperparameters(EVERY_OPTION), s)
+               for s in LaunchConfig.sections())  # each section holds a value set here
+    v2 = {k: json.dumps(v) for k, v in EVERY_OPTION.items()}
+    v3 = {k: v if isinstance(v, str) else json.dumps(v) for k, v in EVERY_OPTION.items()}
+    for name, raw in (("v2", v2), ("v3", v3)):
+        config = tmp_path / name / "input" / "config"
+        config.mkdir(parents=True)
+        (config / "hyperparameters.json").write_text(json.dumps(raw))
+        env = load_env(str(tmp_path / name), {"SM_CURRENT_HOST": "algo-1", "SM_HOSTS": '["algo-1"]'})
+        assert LaunchConfig.from_hyperparameters(env.hyperparameters).to_hyperparameters() == EVERY_OPTION, name
+    argv = [a for k, v in v3.items() for a in (f"--{k}", v)]
+    cfg = LaunchConfig.from_hyperparameters(decode_hyperparameters(parse_cli(argv)))
+    assert cfg.to_hyperparameters() == EVERY_OPTION
+    assert cfg.train.epochs == 4 and cfg.data.pipeline_options == {"size": 64} and cfg.dnn.ddp_backend == "gloo"
 
 
 @pytest.mark.parametrize("hps, message", [
@@ -61,16 +108,16 @@ def test_bad_options_name_the_value(hps, message):
 def test_loader_workers_default_to_none_where_batches_arrive_built():
     # homogeneous: the node's own data server builds (2 workers per rank), the trainer takes them built
     cfg = LaunchConfig.from_hyperparameters({})
-    assert cfg.workers_for("homogeneous") == 0 and cfg.workers_for("heterogeneous") == 0
-    assert cfg.homogeneous_server_workers(nprocs=1) == 2 and cfg.homogeneous_server_workers(nprocs=4) == 8
+    assert cfg.data.workers_for("homogeneous") == 0 and cfg.data.workers_for("heterogeneous") == 0
+    assert cfg.data.homogeneous_server_workers(nprocs=1) == 2 and cfg.data.homogeneous_server_workers(nprocs=4) == 8
     cfg = LaunchConfig.from_hyperparameters({"loader_workers": "3"})
-    assert cfg.workers_for("homogeneous") == 0 and cfg.homogeneous_server_workers(1) == 3
-    assert cfg.workers_for("heterogeneous") == 3
+    assert cfg.data.workers_for("homogeneous") == 0 and cfg.data.homogeneous_server_workers(1) == 3
+    assert cfg.data.workers_for("heterogeneous") == 3
     # DataLoader workers instead, or everything in the trainer
     cfg = LaunchConfig.from_hyperparameters({"homogeneous_loader": "dataloader"})
-    assert cfg.workers_for("homogeneous") == 2 and cfg.homogeneous_server_workers(1) == 0
+    assert cfg.data.workers_for("homogeneous") == 2 and cfg.data.homogeneous_server_workers(1) == 0
     cfg = LaunchConfig.from_hyperparameters({"loader_workers": "0"})
-    assert cfg.workers_for("homogeneous") == 0 and cfg.homogeneous_server_workers(1) == 0
+    assert cfg.data.workers_for("homogeneous") == 0 and cfg.data.homogeneous_server_workers(1) == 0
     with pytest.raises(ConfigError, match="homogeneous_loader='threads' must be 'server'"):
         LaunchConfig.from_hyperparameters({"homogeneous_loader": "threads"})
 
@@ -98,7 +145,7 @@ def test_homogeneous_by_single_group_or_option():
     plan = plan_roles(env_of("algo-1", {"homogeneousCluster": ["algo-2", "algo-1"]}), LaunchConfig())
     assert plan.role == HOMOGENEOUS and plan.node_rank == 0 and plan.mode == "homogeneous"
     groups = {"data_group": ["algo-1"], "dnn_group": ["algo-2"]}
-    forced = LaunchConfig(homogeneous=True)
+    forced = LaunchConfig(roles=RolesSection(homogeneous=True))
     assert plan_roles(env_of("algo-2", groups), forced).role == HOMOGENEOUS
     assert plan_roles(env_of("algo-1", groups), forced).role == IDLE
 
@@ -110,7 +157,7 @@ def test_homogeneous_by_single_group_or_option():
      "dnn_group='dnn_group' names no instance group of this job"),
     ({"data_group": ["algo-1"], "dnn_group": []}, "algo-1", LaunchConfig(), "'dnn_group' .* has no hosts"),
     ({"data_group": ["algo-1"]}, "algo-1", LaunchConfig(), "only instance group 'data_group' is a data group"),
-    ({"a": ["algo-1"], "b": ["algo-2"]}, "algo-1", LaunchConfig(data_group="a", dnn_group="a"), "both"),
+    ({"a": ["algo-1"], "b": ["algo-2"]}, "algo-1", LaunchConfig(roles=RolesSection(data_group="a", dnn_group="a")), "both"),
 ])
 def test_role_errors(groups, host, cfg, message):
     with pytest.raises(ConfigError, match=message):
@@ -198,7 +245,7 @@ def test_tensorboard_without_the_extra_is_a_clear_error(tmp_path):
         pytest.skip("tensorboard is installed")
     except ImportError:
         pass
-    from launcher.trainer import TrainJob, _tensorboard
+    from launcher.train.trainer import TrainJob, _tensorboard
     job = TrainJob(cfg=LaunchConfig(), mode="homogeneous", host="algo-1", dnn_hosts=("algo-1",), node_rank=0,
                    nprocs=1, master_addr="127.0.0.1", model_dir=str(tmp_path), output_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"tensorboard=true needs the tensorboard package"):
@@ -206,7 +253,7 @@ def test_tensorboard_without_the_extra_is_a_clear_error(tmp_path):
 
 
 def test_a_server_beside_the_trainers_builds_at_the_local_server_nice_value():
-    from launcher.data_node import start_server
+    from launcher.serve.server import start_server
 
     cfg = LaunchConfig.from_hyperparameters({"pipeline": "examples.synthetic:build_pipeline", "pipeline.size": 64,
                                              "local_server_nice": "6"})

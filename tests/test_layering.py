@@ -2,7 +2,9 @@
 
 data_service <- dnn_worker <- launcher <- hetero (docs/architecture.md). Inside data_service each
 room imports only the rooms its rule names, and the consumer (dnn_worker) only the shared ones:
-the contract, the protocol, membership, storage and the errors, never the server or the pool. No product module
+the contract, the protocol, membership, storage and the errors, never the server or the pool.
+Inside launcher each room (and each module directly under it) imports only the launcher rooms
+below it in LAUNCHER_ORDER that its rule names. No product module
 imports benchmarks, examples or the tests; examples are reached by import path strings, as a
 user's pipeline is. Only hetero.testing (the test and soak toolkit) may import hetero.testing.
 """
@@ -37,6 +39,24 @@ ROOMS = {
 # The CRC32C (data_service/crc32c) lies below every room, beside the errors: any room may sum bytes.
 for _room in ROOMS.keys() - {"crc32c"}:
     ROOMS[_room].add("crc32c")
+# Inside launcher: its rooms and the modules directly under it, lowest first, and what each may
+# import of launcher besides itself (always rooms before it: no upward import).
+LAUNCHER_ORDER = ["capacity", "log_setup", "metric_lines", "advice", "autoscale", "config", "job", "serve", "train",
+                  "node", "entry"]
+LAUNCHER_ROOMS = {
+    "capacity": set(),
+    "log_setup": set(),
+    "metric_lines": set(),
+    "advice": {"capacity", "metric_lines"},
+    "autoscale": {"advice", "metric_lines"},
+    "config": {"autoscale"},              # the autoscale.* options are checked with the rest
+    "job": {"config"},
+    "serve": {"config", "job", "metric_lines"},
+    "train": {"config", "job", "advice", "autoscale", "metric_lines", "log_setup"},
+    "node": {"config", "job", "serve", "train", "log_setup"},
+    "entry": {"node"},
+}
+LAUNCHER_TOP_MOST = 8  # modules directly under launcher/, __init__ included
 # What the consumer may import of data_service: the shared rooms, never the server's own.
 CONSUMER = {"errors", "crc32c", "contract", "protocol", "membership", "storage"}
 # Inside dnn_worker: what each room may import of the consumer besides itself. The top level (the
@@ -66,10 +86,38 @@ def data_service_room(module: str) -> str | None:
     return parts[1]
 
 
-def room_violations(path: Path, root: Path = ROOT) -> list[str]:
-    """Imports of ``path`` (a module of data_service, or of dnn_worker) that its room may not make."""
+def launcher_room(module: str) -> str | None:
+    """The room (or module directly under launcher/) that ``module`` lies in; "" for the package."""
+    parts = module.split(".")
+    if parts[0] != "launcher":
+        return None
+    return parts[1] if len(parts) > 1 else ""
+
+
+def launcher_violations(path: Path, root: Path = ROOT) -> list[str]:
+    """Imports of ``path`` (a module of launcher) that its room's rule does not name."""
     where = path.relative_to(root)
     parts = where.with_suffix("").parts
+    own = parts[1] if len(parts) > 1 and parts[1] != "__init__" else ""
+    if not own:
+        return []
+    allowed = LAUNCHER_ROOMS.get(own, set()) | {own}
+    bad = []
+    for line, module in imported_modules(path, root):
+        room = launcher_room(module)
+        if room is None or room == "":
+            continue
+        if room not in allowed:
+            bad.append(f"{where}:{line} imports {module} (launcher/{own} may import only {sorted(allowed)} of launcher)")
+    return bad
+
+
+def room_violations(path: Path, root: Path = ROOT) -> list[str]:
+    """Imports of ``path`` (a module of data_service, dnn_worker or launcher) that its room may not make."""
+    where = path.relative_to(root)
+    parts = where.with_suffix("").parts
+    if parts[0] == "launcher":
+        return launcher_violations(path, root)
     if parts[0] == "dnn_worker":
         allowed, who = CONSUMER, "the consumer (dnn_worker)"
     elif parts[0] == "data_service" and len(parts) > 2 and parts[1] in ROOMS:
@@ -140,7 +188,28 @@ def test_the_top_of_data_service_is_its_public_face_and_errors_only():
     assert set(rooms) <= set(ROOMS), f"rooms without a rule in ROOMS: {sorted(set(rooms) - set(ROOMS))}"
 
 
-@pytest.mark.parametrize("package", ["data_service", "dnn_worker"])
+def test_launcher_in_rooms_each_below_the_rooms_that_use_it():
+    top = sorted(p.name for p in (ROOT / "launcher").glob("*.py"))
+    rooms = sorted(p.name for p in (ROOT / "launcher").iterdir() if (p / "__init__.py").is_file())
+    assert len(top) <= LAUNCHER_TOP_MOST, f"{len(top)} modules directly under launcher/ (at most {LAUNCHER_TOP_MOST}): {top}"
+    named = {t.removesuffix(".py") for t in top if t != "__init__.py"} | set(rooms)
+    assert named == set(LAUNCHER_ROOMS) == set(LAUNCHER_ORDER), \
+        f"launcher's rooms and top modules {sorted(named)} against its rules {sorted(LAUNCHER_ROOMS)}"
+    upward = [f"{room} -> {other}" for room, rule in LAUNCHER_ROOMS.items() for other in rule
+              if LAUNCHER_ORDER.index(other) >= LAUNCHER_ORDER.index(room)]
+    assert not upward, f"rules that import upward (LAUNCHER_ORDER): {upward}"
+
+
+def test_the_launcher_room_check_refuses_an_upward_import(tmp_path):
+    (tmp_path / "launcher" / "advice").mkdir(parents=True)
+    probe = tmp_path / "launcher" / "advice" / "probe.py"
+    probe.write_text("from ..capacity import predict\nfrom .model import advise\n\n\ndef f():\n"
+                     "    from ..train.trainer import TrainJob\n    import launcher.config\n")
+    found = [b.split(" imports ")[1].split(" ")[0] for b in launcher_violations(probe, tmp_path)]
+    assert found == ["launcher.train.trainer.TrainJob", "launcher.config"]
+
+
+@pytest.mark.parametrize("package", ["data_service", "dnn_worker", "launcher"])
 def test_each_room_imports_only_what_its_rule_names(package):
     bad = [v for f in sorted((ROOT / package).rglob("*.py")) for v in room_violations(f)]
     assert not bad, "imports against the rooms' rules:\n" + "\n".join(bad)

@@ -68,7 +68,7 @@ def test_trainer_crash_still_shuts_the_data_nodes_down(tmp_path):
     data = synth_data(tmp_path / "data", train=800, test=0)
     start = time.monotonic()
     result = run_local(local_job(tmp_path, data, data_nodes=1, dnn_nodes=1,
-                                 hps={"step": "launcher.faults:crash_step"}))
+                                 hps={"step": "launcher.train.faults:crash_step"}))
     codes = result.exit_codes
     assert codes["algo-1"] == 1 and codes["algo-2"] == 0, (codes, logs_of(result))
     assert read_json(result.output / "algo-2" / "output" / "data_node.json")["reason"] == "shut down"
@@ -82,7 +82,7 @@ def test_trainer_crash_still_shuts_the_data_nodes_down(tmp_path):
 def test_a_trainer_aborting_at_exit_after_it_reported_does_not_fail_the_job(tmp_path):
     data = synth_data(tmp_path / "data", train=800, test=0)
     result = run_local(local_job(tmp_path, data, data_nodes=1, dnn_nodes=1,
-                                 hps={"step": "launcher.faults:abort_at_exit_step", "procs_per_node": 2,
+                                 hps={"step": "launcher.train.faults:abort_at_exit_step", "procs_per_node": 2,
                                       "loader_workers": 0}))
     assert result.ok and set(result.exit_codes.values()) == {0}, (result.exit_codes, logs_of(result))
     log = (result.output / "logs" / "algo-1.log").read_text()

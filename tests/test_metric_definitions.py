@@ -9,7 +9,7 @@ import re
 import pytest
 
 from hetero.local import LocalJob, run_local
-from launcher.data_node import RateMeter
+from launcher.serve.data_node import RateMeter
 from launcher.metric_lines import METRIC_DEFINITIONS, summary_line, window_line
 
 from _launcher_helpers import FAST_HPS, read_json, synth_data

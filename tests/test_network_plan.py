@@ -46,7 +46,7 @@ CASES = [
 @pytest.mark.parametrize("case, kwargs, binding, rate", CASES, ids=[c[0] for c in CASES])
 def test_binding_resource_table(case, kwargs, binding, rate):
     d = deliverable(**kwargs)
-    assert d.binding == binding and d.images_per_s == pytest.approx(rate)
+    assert d.binding == binding and d.items_s == pytest.approx(rate)
     assert min(d.limits.values()) == pytest.approx(rate)
 
 
@@ -62,9 +62,7 @@ def test_deliverable_rejects_bad_figures_by_name(kwargs, needle):
 
 def test_step_and_units():
     d = deliverable(cores=4, per_core_images_s=650, bytes_per_image=CROP, data_nic_gbps=1.25)
-    assert network.images_to_gbps(d.images_per_s, CROP) == pytest.approx(1.25)
-    assert network.step_s(d, 256, 1, 0.1) == pytest.approx(256 / d.images_per_s)
-    assert network.step_s(d, 8, 1, 0.1) == 0.1
+    assert network.images_to_gbps(d.items_s, CROP) == pytest.approx(1.25)
     assert network.bytes_per_image_from_stats(150_528 * 64, 2, 32) == 150_528
     assert network.bytes_per_image_from_stats(0, 0, 32) is None
     assert network.uint8_bytes({"image_size": 160}) == 160 * 160 * 3 and network.uint8_bytes({}) == CROP
@@ -233,9 +231,9 @@ def test_bench_report_takes_bytes_from_the_data_servers_and_names_the_binding(tm
     assert s["network"]["bytes_source"] == "the profiled batches' tensors" and s["network"]["aws"]["binding"] == "gpu"
 
 
-# -- the live advice (launcher/advice_model.py): the same model with the window's figures --------------------------
+# -- the live advice (launcher/advice/model.py): the same model with the window's figures --------------------------
 def _live(servers, bytes_per_batch, data_nic=None, dnn_nic=None, flow=None, ranks=1, step=0.2, wait=0.1):
-    from launcher.advice_model import LiveFigures
+    from launcher.advice.model import LiveFigures
 
     return LiveFigures(step, wait, ranks, tuple(servers), 1000, "ml.c5.xlarge", "ml.g5.xlarge", 1,
                        bytes_per_batch=bytes_per_batch, data_nic_gbps=data_nic, dnn_nic_gbps=dnn_nic,
@@ -251,7 +249,7 @@ def _live(servers, bytes_per_batch, data_nic=None, dnn_nic=None, flow=None, rank
     ("DNN NIC", 0.25, 0.5, None, 1, "DNN NIC"),             # the DNN takes 5/s: 2 nodes reach it, more do not help
 ])
 def test_live_advice_names_the_binding_resource(case, nic, dnn, flow, change, binding):
-    from launcher.advice_model import ServerFigures, advise
+    from launcher.advice.model import ServerFigures, advise
     from launcher.metric_lines import advice_line
 
     a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], 12_500_000, nic, dnn, flow))
@@ -266,7 +264,7 @@ def test_live_advice_names_the_binding_resource(case, nic, dnn, flow, change, bi
 
 
 def test_live_advice_without_network_figures_is_unchanged():
-    from launcher.advice_model import ServerFigures, advise
+    from launcher.advice.model import ServerFigures, advise
     from launcher.metric_lines import advice_line
 
     a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], None, 0.25, 0.5, 0.5))
@@ -276,7 +274,7 @@ def test_live_advice_without_network_figures_is_unchanged():
 
 
 def test_advisor_measures_bytes_per_batch_between_snapshots_of_data_nodes_only():
-    from launcher.live_advisor import Snapshot, window_bytes_per_batch
+    from launcher.advice.advisor import Snapshot, window_bytes_per_batch
 
     before = {"a": Snapshot(100, 10, 0.5, 10, 1000), "own": Snapshot(100, 10, 0.5, 10, 1000)}
     after = {"a": Snapshot(110, 30, 0.5, 30, 5000), "own": Snapshot(110, 40, 0.5, 40, 9_000_000),
@@ -295,9 +293,9 @@ def test_advice_network_hyperparameter_and_its_check():
     with pytest.raises(ConfigError, match="advice_network=.*must be NIC baselines in Gbps"):
         LaunchConfig.from_hyperparameters({"advice_network": '{"ml.c5.xlarge": -1}'})
     with pytest.raises(ConfigError, match="advice_flow_gbps=-1"):
-        LaunchConfig(advice_flow_gbps=-1).check()
+        LaunchConfig.from_hyperparameters({"advice_flow_gbps": -1})
     cfg = LaunchConfig.from_hyperparameters({"advice_network": hp["advice_network"], "advice_flow_gbps": "10"})
-    assert cfg.advice_network["ml.g5.xlarge"] == 2.5 and cfg.advice_flow_gbps == 10
+    assert cfg.advice.advice_network["ml.g5.xlarge"] == 2.5 and cfg.advice.advice_flow_gbps == 10
 
 
 # -- the sizing table (hetero/planning/sizing.py, hetero plan --sizing) ----------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hetero.local import EXIT_STOPPED, LocalJob, run_local
-from launcher import checkpoint
+from launcher.train import checkpoint
 
 from _launcher_helpers import SYNTHETIC_HPS
 from test_resume import audit_batches, logs_of
@@ -34,7 +34,7 @@ def every_batch_once(audit: Path) -> tuple[int, int, int]:
 def test_a_checkpoint_of_2_ranks_resumes_on_1_and_on_3(tmp_path):
     ckpt, audit = tmp_path / "ckpt", tmp_path / "audit.jsonl"
     first = run_local(local_job(tmp_path, "two", ckpt, audit, 2,
-                                sigterm_on=r"rank 0 INFO launcher.step_stats: step 10:"))
+                                sigterm_on=r"rank 0 INFO launcher.train.step_stats: step 10:"))
     assert first.stopped, logs_of(first)
     saved = checkpoint.load(str(ckpt))
     assert saved["world_size"] == 2 and len(saved["data"]) == 2

@@ -11,11 +11,11 @@ import torch
 from data_service.errors import ConfigError
 from dnn_worker.resume.state import VERSION
 from hetero.local import EXIT_STOPPED, LocalJob, run_local
-from launcher import checkpoint, faults
-from launcher import trainer as trainer_mod
+from launcher.train import checkpoint, faults
+from launcher.train import trainer as trainer_mod
 from launcher.config import LaunchConfig
-from launcher.dnn_node import install_sigterm_handler, run_trainers
-from launcher.trainer import TrainJob
+from launcher.train.dnn_node import install_sigterm_handler, run_trainers
+from launcher.train.trainer import TrainJob
 
 from _launcher_helpers import FAST_HPS, SYNTHETIC_HPS, read_json, synth_data
 
@@ -46,8 +46,9 @@ def sigterm_handler():
 
 
 def inprocess_job(tmp_path: Path, **hps) -> TrainJob:
-    cfg = LaunchConfig(**{"pipeline_options": {"batch_size": 8, "blur_kernel": 3}, "loader_workers": 1,
-                          "evaluate": "", "log_every": 20, "audit_path": str(tmp_path / "audit.jsonl"), **hps})
+    cfg = LaunchConfig.from_hyperparameters({"pipeline_options": {"batch_size": 8, "blur_kernel": 3}, "loader_workers": 1,
+                                             "evaluate": "", "log_every": 20, "audit_path": str(tmp_path / "audit.jsonl"),
+                                             **hps})
     return TrainJob(cfg=cfg, mode="homogeneous", host="algo-1", dnn_hosts=("algo-1",), node_rank=0, nprocs=1,
                     master_addr="127.0.0.1", model_dir=str(tmp_path / "model"), output_dir=str(tmp_path / "out"),
                     checkpoint_dir=str(tmp_path / "ckpt"))
@@ -58,7 +59,7 @@ def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, m
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(synth_data(tmp_path / "data", 800, 0)))  # 100 batches of 8
     monkeypatch.setattr(faults, "SIGTERM_AT_STEP", 30)
     monkeypatch.setitem(faults._sigterm_calls, "n", 0)
-    job = inprocess_job(tmp_path, step="launcher.faults:sigterm_step")
+    job = inprocess_job(tmp_path, step="launcher.train.faults:sigterm_step")
 
     assert run_trainers(job, 300) == EXIT_STOPPED
     ckpt = checkpoint.load(job.checkpoint_dir)
@@ -77,8 +78,8 @@ def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, m
     from data_service.contract.pipeline import PipelineSpec
     net = Net()
     opt = trainer_mod.make_optimizer(job.cfg, net.parameters())
-    loader = ResumableLoader(torch.utils.data.DataLoader(LocalDataset(PipelineSpec(job.cfg.pipeline,
-                                                                                    job.cfg.pipeline_options)),
+    loader = ResumableLoader(torch.utils.data.DataLoader(LocalDataset(PipelineSpec(job.cfg.data.pipeline,
+                                                                                    job.cfg.data.pipeline_options)),
                                                          batch_size=None))
     info = trainer_mod._resume(job, 0, net, opt, loader, loader.dataset.num_batches_per_epoch())
     assert info["steps"] == 30 and loader.state_dict()["position"] == 30
@@ -116,8 +117,8 @@ def test_a_failing_step_leaves_no_loader_worker_behind(tmp_path, monkeypatch, fr
     import logging
     import multiprocessing
 
-    from launcher import dnn_node
-    from launcher.dnn_node import EXIT_TRAINING_FAILED
+    from launcher.train import dnn_node
+    from launcher.train.dnn_node import EXIT_TRAINING_FAILED
 
     kept: list[logging.LogRecord] = []
 
@@ -152,7 +153,7 @@ def crash_at_step_12(model, batch, optimizer, device) -> float:
 
 def test_checkpoint_every_leaves_the_last_multiple_on_disk_when_a_step_crashes(tmp_path, monkeypatch,
                                                                               fresh_forkserver):
-    from launcher.dnn_node import EXIT_TRAINING_FAILED
+    from launcher.train.dnn_node import EXIT_TRAINING_FAILED
 
     monkeypatch.setattr(crash_at_step_12, "calls", 0, raising=False)
     job = inprocess_job(tmp_path, step="test_resume:crash_at_step_12", pipeline="examples.synthetic:build_pipeline",
@@ -218,7 +219,7 @@ def test_ddp_ranks_stop_at_the_same_step_and_resume_exactly(tmp_path):
     hps = {**SYNTHETIC_HPS, "pipeline.size": 1600, "emulate_step_s": 0.01, "log_every": 20, "procs_per_node": 2,
            "loader_workers": 0}
     first = run_local(local_job(tmp_path, "run1", ckpt, audit, hps, data_nodes=1, dnn_nodes=2,
-                                sigterm_on=r"rank 0 INFO launcher.step_stats: step 20:"))
+                                sigterm_on=r"rank 0 INFO launcher.train.step_stats: step 20:"))
     assert first.stopped and first.exit_codes["algo-1"] == first.exit_codes["algo-2"] == EXIT_STOPPED, logs_of(first)
     saved = checkpoint.load(str(ckpt))
     positions = {s["dp_rank"]: s["position"] for s in saved["data"]}

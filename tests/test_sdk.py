@@ -187,14 +187,14 @@ def test_bad_jobs_fail_before_any_call(aws, changes, message):
 def test_hyperparameters_are_made_shell_safe_as_the_launcher_reads_them():
     from hetero.sagemaker.sdk import sdk_hyperparameters
     from launcher.config import LaunchConfig
-    from launcher.sm_env import decode_hyperparameters
+    from launcher.job.sm_env import decode_hyperparameters
 
     hps = {"epochs": "2", "pipeline.size": "400", "pipeline.shape": "[1, 28, 28]", "model.width": "8",
            "pipeline.name": "a b"}
     out = sdk_hyperparameters(hps)
     assert set(out) == {"epochs", "pipeline_options", "model_options"}
     cfg = LaunchConfig.from_hyperparameters(decode_hyperparameters(out))
-    assert cfg.pipeline_options == {"size": 400, "shape": [1, 28, 28], "name": "a b"} and cfg.model_options == {"width": 8}
+    assert cfg.data.pipeline_options == {"size": 400, "shape": [1, 28, 28], "name": "a b"} and cfg.model.model_options == {"width": 8}
     assert cfg == LaunchConfig.from_hyperparameters(decode_hyperparameters(hps))  # the same job either way
     with pytest.raises(SubmitError, match="'lr-decay' cannot pass through"):
         sdk_hyperparameters({"lr-decay": "1"})

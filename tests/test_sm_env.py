@@ -1,10 +1,10 @@
-"""launcher.sm_env: real resourceconfig.json samples, hyperparameter quoting, errors."""
+"""launcher.job.sm_env: real resourceconfig.json samples, hyperparameter quoting, errors."""
 import json
 
 import pytest
 
 from data_service.errors import ConfigError
-from launcher.sm_env import decode_hyperparameters, load_env
+from launcher.job.sm_env import decode_hyperparameters, load_env
 
 # As seen in a real heterogeneous job's log (2022), key order kept.
 HETERO = {"current_host": "algo-1", "current_instance_type": "ml.c5.9xlarge", "current_group_name": "data_group",

@@ -332,7 +332,7 @@ def test_a_launched_job_decodes_and_names_its_encoding_in_metrics_json(folder, t
     import json
 
     from hetero.ports import free_port
-    from launcher import trainer
+    from launcher.train import trainer
     from launcher.config import LaunchConfig
 
     cfg = LaunchConfig.from_hyperparameters({

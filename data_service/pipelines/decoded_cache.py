@@ -35,7 +35,7 @@ import torch
 
 from ..contract.pipeline import count_reread
 from ..errors import ConfigError
-from ..shards.crc_inplace import crc32c_inplace as _crc32c
+from ..crc32c import crc32c as _crc32c
 from ..storage.filecache import FileCache
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..storage import LocalStore
-from .crc_inplace import crc32c_inplace
+from ..crc32c import crc32c as crc32c_inplace
 
 MAGIC = b"PAR1"
 BLOCK = b"HPQBLK2\n"  # a decoded row group: n, offsets (n + 1), labels (n), CRC32C of each row (n), the images

@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import ConfigError, DataServiceError
 from ..storage import StoreError, open_store
 from . import parquet_meta as pm
-from .crc_inplace import crc32c_inplace
+from ..crc32c import crc32c as crc32c_inplace
 
 log = logging.getLogger(__name__)
 

@@ -128,10 +128,13 @@ def markdown(summary: dict) -> str:
                      + (f"; the other profile (before/after the runs) gave "
                         f"{', '.join(f'{o * 1000:.1f}' for o in others)} ms." if others else "."))
     if "homogeneous" in pred:
-        parts = [f"{mode} {pred[mode]['step_s']:.4f} s predicted ({pred[mode]['cores']} core(s), data wait "
-                 f"{pred[mode]['data_wait_fraction']:.0%}) vs {_f(pred[mode]['measured_step_s'], '.4f')} s measured"
+        parts = [f"{mode} {pred[mode]['step_s']:.4f} s predicted ({_f(pred[mode].get('cores_had'), '.2f')} of "
+                 f"{pred[mode]['cores']} pinned core(s) had, data wait {pred[mode]['data_wait_fraction']:.0%}; "
+                 f"{_f(pred[mode].get('pinned_step_s'), '.4f')} s on whole cores) vs "
+                 f"{_f(pred[mode]['measured_step_s'], '.4f')} s measured "
+                 f"({_f(pred[mode]['measured_over_predicted'], '.2f')}x)"
                  for mode in MODES]
-        own = [f"finish stage {pred['trainer_s_per_batch'] * 1000:.1f} ms"] if pred.get("trainer_s_per_batch") else []
+        own = [f"finish stage {pred['trainer_s_per_batch'] * 1000:.1f} ms of CPU"] if pred.get("trainer_s_per_batch") else []
         if pred.get("loader_handoff_s_per_batch"):
             own.append(f"loader hand-off {pred['loader_handoff_s_per_batch'] * 1000:.1f} ms")
         lines.append("Planner: " + "; ".join(parts) + "."

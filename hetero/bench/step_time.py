@@ -228,7 +228,7 @@ def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -
     # The finish stage runs on the trainer's CPU cores unless a GPU takes it.
     import torch
 
-    add_prediction(cfg, summary, prof.median_s, 0.0 if torch.cuda.is_available() else prof.finish_s, prof.handoff_s)
+    add_prediction(cfg, summary, prof, runs, on_gpu=torch.cuda.is_available())
     add_network(cfg, summary, table, runs, prof.median_s, prof.bytes_per_sample)
     if cfg.consumer_cpu:
         from .consumer_cpu import measure

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import asdict
 
 from ..planning.network import SINGLE_FLOW_GBPS, NetworkError, bytes_per_image_from_stats, images_to_gbps
-from ..planning.planner import predict_network_step, predict_step
+from ..planning.planner import predict_fed_step, predict_network_step
 
 from .cpu_monitor import cpu_list_text
 from .records import MODES, BenchConfig, RunResult
@@ -128,33 +128,68 @@ def add_costs(cfg: BenchConfig, summary: dict, table) -> None:
                          "data_instance": asdict(table.info(cfg.data_instance))}
 
 
-def add_prediction(cfg: BenchConfig, summary: dict, preprocess_s: float | None, trainer_s: float = 0.0,
-                   handoff_s: float = 0.0) -> None:
-    """The planner's step-time prediction for both layouts, beside the measured medians.
+def cores_had(run: RunResult, cpus: list[int]) -> float | None:
+    """Core-seconds per second ``cpus`` gave the run's nodes pinned to them: the cores, less the
+    share other processes took of them over the run (None: not measured)."""
+    nodes = [n for n in run.cpu if n.get("cpus") and set(n["cpus"]) <= set(cpus) and "cpu_s" in n and n.get("wall_s")]
+    busy = [run.core_busy.get(c, run.core_busy.get(str(c))) for c in cpus]  # str keys: read back from JSON
+    if not nodes or not cpus or any(b is None for b in busy):
+        return None
+    wall = max(n["wall_s"] for n in nodes)
+    ours = sum(n["cpu_s"] for n in nodes) / (wall * len(cpus))
+    others = min(1.0, max(0.0, sum(busy) / len(cpus) - ours))
+    return len(cpus) * (1.0 - others)
 
-    ``trainer_s``: the trainer's own CPU seconds per batch on its cores (the finish stage when
-    training runs on the CPU; 0 where it runs on a GPU). ``handoff_s``: a DataLoader worker's
-    hand-off of one batch to the trainer, paid where the trainer has loader workers (heterogeneous
-    with ``--loader-workers``; a homogeneous node's own data server hands batches over as a data node does).
+
+def _median_cores(runs: list[RunResult], mode: str, cpus: list[int]) -> float:
+    """The median over ``mode``'s good runs of what ``cpus`` gave them (all of ``cpus`` when unmeasured)."""
+    had = [c for r in runs if r.mode == mode and r.ok and (c := cores_had(r, cpus)) is not None]
+    return statistics.median(had) if had else float(len(cpus))
+
+
+def add_prediction(cfg: BenchConfig, summary: dict, prof, runs: list[RunResult], on_gpu: bool = False) -> None:
+    """The capacity model's step for both layouts (:func:`hetero.planning.planner.predict_fed_step`),
+    beside the measured medians.
+
+    Its figures: the profile's CPU seconds per batch built and, where the trainer runs on the CPU
+    (not ``on_gpu``), of its finish stage (plus a DataLoader worker's hand-off of each batch where
+    the heterogeneous trainer has loader workers; a homogeneous node's own data server hands
+    batches over as a data node does); the cores each node had during the runs of that layout:
+    its pinned cores less what other processes took of them (on a shared machine the cores a run
+    is pinned to are not all its own). ``pinned_step_s`` is the same model given whole pinned
+    cores and the profile's wall seconds, as on a quiet machine.
     """
-    if preprocess_s is None or not cfg.emulate_step_s or cfg.emulate_step_s <= 0:
+    if prof is None or not cfg.emulate_step_s or cfg.emulate_step_s <= 0:
         summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}
         return
-    homo_cores = len(cfg.trainer_cpus)
-    het_cores = len(cfg.data_cpus) + (homo_cores if cfg.local_server else 0)
-    pred = {"preprocess_s_per_batch_one_core": preprocess_s, "trainer_s_per_batch": trainer_s,
-            "loader_handoff_s_per_batch": handoff_s if cfg.loader_workers > 0 else 0.0,
+    build_s = prof.cpu_s or prof.median_s
+    finish_s = 0.0 if on_gpu else (prof.finish_cpu_s or prof.finish_s)
+    pred = {"preprocess_s_per_batch_one_core": prof.median_s, "preprocess_cpu_s_per_batch": build_s,
+            "trainer_s_per_batch": finish_s,
+            "loader_handoff_s_per_batch": prof.handoff_s if cfg.loader_workers > 0 else 0.0,
             "gpu_step_s": cfg.emulate_step_s}
-    for mode, cores in (("homogeneous", homo_cores), ("heterogeneous", het_cores)):
-        # Without a local server the trainer's cores only train: the data cores alone build batches.
-        shared = mode == "homogeneous" or cfg.local_server
-        loaders = mode == "heterogeneous" and cfg.loader_workers > 0
-        own = (trainer_s + (handoff_s if loaders else 0.0)) if shared else 0.0
-        p = predict_step(preprocess_s, cfg.emulate_step_s, cores, trainer_s=own)
+    basis = [r for r in runs if r.round in summary.get("quiet_rounds", [])] or runs
+    for mode in MODES:
+        homo = mode == "homogeneous"
+        loaders = not homo and cfg.loader_workers > 0
+        data_cpus = [] if homo else cfg.data_cpus
+        # The trainer's work lands on its own cores whether or not they also build batches.
+        own_work = finish_s + (prof.handoff_s if loaders else 0.0)
+        trainer = _median_cores(basis, mode, cfg.trainer_cpus)
+        data = _median_cores(basis, mode, data_cpus) if data_cpus else 0.0
+        serves = homo or cfg.local_server
+        p = predict_fed_step(build_s, cfg.emulate_step_s, trainer, data_cores=data, data_nodes=cfg.data_nodes,
+                             local_server=serves, trainer_s=own_work)
+        pinned = predict_fed_step(prof.median_s, cfg.emulate_step_s, len(cfg.trainer_cpus),
+                                  data_cores=len(data_cpus), data_nodes=cfg.data_nodes, local_server=serves,
+                                  trainer_s=0.0 if on_gpu else prof.finish_s + (prof.handoff_s if loaders else 0.0))
         measured = summary["modes"][mode]["step_time_s"]["median"]
-        pred[mode] = {"cores": cores, "step_s": p.step_s, "data_wait_fraction": p.data_wait_fraction,
-                      "measured_step_s": measured,
-                      "measured_over_predicted": measured / p.step_s if measured else None}
+        pred[mode] = {"cores": len(cfg.trainer_cpus) + len(data_cpus), "cores_had": trainer + data,
+                      "trainer_cores_had": trainer, "data_cores_had": data, "step_s": p.step_s,
+                      "data_wait_fraction": p.data_wait_fraction, "binding": p.binding,
+                      "pinned_step_s": pinned.step_s, "measured_step_s": measured,
+                      "measured_over_predicted": measured / p.step_s if measured else None,
+                      "measured_over_pinned": measured / pinned.step_s if measured else None}
     summary["prediction"] = pred
 
 

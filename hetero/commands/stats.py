@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-_ADVICE = "launcher.live_advisor: advice at step"
+_ADVICE = "launcher.advice.advisor: advice at step"
 _AUTOSCALE = "launcher.autoscale.controller: autoscale at step"
-_WINDOW = re.compile(r"launcher\.step_stats: step \d+: avg step time")
+_WINDOW = re.compile(r"launcher\.train\.step_stats: step \d+: avg step time")
 
 
 def register(sub) -> None:

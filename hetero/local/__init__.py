@@ -47,7 +47,7 @@ class LocalJob:
     registry: Path | None = None            # a folder: servers started with `hetero serve --join` join the job
 
 
-EXIT_STOPPED = 143  # the DNN node's exit code after a SIGTERM stop (launcher.trainer.EXIT_STOPPED)
+EXIT_STOPPED = 143  # the DNN node's exit code after a SIGTERM stop (launcher.train.trainer.EXIT_STOPPED)
 
 
 @dataclass

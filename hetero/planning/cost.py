@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from launcher.capacity import usd_per_step
+
 DEFAULT_PATH = Path(__file__).with_name("prices.json")
 ENV_VAR = "HETERO_PRICES"
 
@@ -122,7 +124,7 @@ class PriceTable:
 
     def cost_per_step(self, cluster: Cluster, step_time_s: float) -> float:
         """Dollars one training step costs when a step takes ``step_time_s`` seconds."""
-        return self.cluster_hourly(cluster) * _positive(step_time_s, "step_time_s") / 3600.0
+        return usd_per_step(self.cluster_hourly(cluster), _positive(step_time_s, "step_time_s"))
 
     def cost_per_1000_steps(self, cluster: Cluster, step_time_s: float) -> float:
         """Dollars per 1000 steps."""

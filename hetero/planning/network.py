@@ -1,6 +1,7 @@
-"""What the network lets a data group deliver: NIC baselines, the single-flow cap and bytes per image.
+"""What the network lets a data group deliver, in images: the capacity model's network
+(:mod:`launcher.capacity`) for the planner, and the wire encodings' bytes and CPU per image.
 
-The model (images per second, all consumers together):
+The model (images per second, all consumers together; :func:`deliverable`):
 
 * a data node builds ``cores x per_core_images_s`` images/s and its NIC carries
   ``baseline_gbps * goodput / (8 * bytes_per_image)`` of them; it delivers the smaller;
@@ -22,19 +23,18 @@ A wire encoding (``WIRE_ENCODINGS``) scales those bytes and adds CPU per image o
 
 Example:
     >>> d = deliverable(cores=4, per_core_images_s=650, bytes_per_image=150_528, data_nic_gbps=1.25)
-    >>> d.binding, round(d.images_per_s)
+    >>> d.binding, round(d.items_s)
     ('data NIC', 1038)
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-SINGLE_FLOW_GBPS = 5.0            # one 5-tuple flow between instances outside a cluster placement group
-PLACEMENT_GROUP_FLOW_GBPS = 10.0  # ... and inside one
+from launcher import capacity
+from launcher.capacity import BINDINGS, NETWORK_BINDINGS, PLACEMENT_GROUP_FLOW_GBPS, SINGLE_FLOW_GBPS
+
 UINT8_CROP_BYTES = 224 * 224 * 3  # one 224 x 224 RGB uint8 crop: 150,528 bytes
-BINDINGS = ("cores", "data NIC", "DNN NIC", "flow")
-NETWORK_BINDINGS = BINDINGS[1:]
 
 
 class NetworkError(ValueError):
@@ -73,7 +73,7 @@ WIRE_ENCODINGS: dict[str, WireEncoding] = {
     "jpeg:90": WireEncoding("jpeg:90", 0.088, 0.00024, 0.00027, _MEASURED + "; PSNR 40.05 dB"),
     "jpeg:95": WireEncoding("jpeg:95", 0.124, 0.00024, 0.00027, _MEASURED + _JPEG_CPU + "; PSNR 42.5 dB"),
 }
-COMPACT = "jpeg:90"  # the compact encoding the planner recommends when the network binds
+COMPACT = capacity.COMPACT_WIRE  # the compact encoding the planner recommends when the network binds
 WIRE_BYTES_RATIO = {name: w.bytes_ratio for name, w in WIRE_ENCODINGS.items()}
 
 
@@ -115,40 +115,24 @@ def wire_encoding(name: str, bytes_measured: bool = False) -> WireEncoding:
     return WireEncoding(canonical, None, jpeg.encode_s, jpeg.decode_s, "bytes as measured; CPU as jpeg:90's")
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """Images per second a data group delivers to all consumers, and what sets it.
-
-    ``limits`` holds each resource's own ceiling in images/s (unbounded ones left out);
-    ``binding`` names the smallest.
-    """
-
-    images_per_s: float
-    binding: str
-    limits: dict[str, float] = field(default_factory=dict)
+Delivery = capacity.Delivery
 
 
 def gbps_to_images(gbps: float, bytes_per_image: float, goodput: float = 1.0) -> float:
     """Images/s a link of ``gbps`` (1e9 bit/s) carries at ``bytes_per_image``."""
-    return gbps * 1e9 * goodput / (8.0 * bytes_per_image)
+    return capacity.gbps_to_items(gbps, bytes_per_image, goodput)
 
 
 def images_to_gbps(images_per_s: float, bytes_per_image: float) -> float:
     """Gbps ``images_per_s`` images of ``bytes_per_image`` need."""
-    return images_per_s * bytes_per_image * 8.0 / 1e9
-
-
-def _check_gbps(name: str, value: float | None) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise NetworkError(f"{name}={value!r} must be a positive number of Gbps (or None: not limited)")
+    return capacity.items_to_gbps(images_per_s, bytes_per_image)
 
 
 def deliverable(cores: float, per_core_images_s: float, bytes_per_image: float, data_nic_gbps: float | None, *,
                 data_nodes: int = 1, consumers: int = 1, dnn_nic_gbps: float | None = None, dnn_nodes: int = 1,
                 flow_gbps: float | None = None, goodput: float = 1.0, local_images_s: float = 0.0) -> Delivery:
-    """Images/s ``data_nodes`` data nodes deliver to ``consumers`` ranks, and the binding resource.
+    """Images/s ``data_nodes`` data nodes deliver to ``consumers`` ranks, and the binding resource
+    (:func:`launcher.capacity.remote`, in images).
 
     Args:
         cores: cores building images on ONE data node.
@@ -173,29 +157,17 @@ def deliverable(cores: float, per_core_images_s: float, bytes_per_image: float, 
     for name, value in (("data_nodes", data_nodes), ("consumers", consumers), ("dnn_nodes", dnn_nodes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise NetworkError(f"{name}={value!r} must be an integer >= 1")
-    _check_gbps("data_nic_gbps", data_nic_gbps)
-    _check_gbps("dnn_nic_gbps", dnn_nic_gbps)
-    _check_gbps("flow_gbps", flow_gbps)
-    if not 0 < goodput <= 1:
-        raise NetworkError(f"goodput={goodput!r} must be a share in (0, 1]")
     if not local_images_s >= 0:
         raise NetworkError(f"local_images_s={local_images_s!r} must be >= 0")
-    per_node = {"cores": cores * per_core_images_s}
-    if data_nic_gbps is not None:
-        per_node["data NIC"] = gbps_to_images(data_nic_gbps, bytes_per_image, goodput)
-    if flow_gbps is not None:
-        per_node["flow"] = consumers * gbps_to_images(flow_gbps, bytes_per_image, goodput)
-    limits = {k: data_nodes * v for k, v in per_node.items()}
-    if dnn_nic_gbps is not None:
-        limits["DNN NIC"] = dnn_nodes * gbps_to_images(dnn_nic_gbps, bytes_per_image, goodput)
-    # ties go to the earlier name in BINDINGS: cores before the network, the sender's NIC before the receiver's
-    binding = min(limits, key=lambda k: (limits[k], BINDINGS.index(k)))
-    return Delivery(limits[binding] + local_images_s, binding, {k: v + local_images_s for k, v in limits.items()})
-
-
-def step_s(delivery: Delivery, batch_size: int, consumers: int, gpu_step_s: float) -> float:
-    """The steady-state step: ``max(gpu_step_s, consumers x batch_size / images_per_s)``."""
-    return max(gpu_step_s, consumers * batch_size / delivery.images_per_s)
+    layout = capacity.Layout(consumers, 1.0, capacity.uniform(data_nodes, cores * per_core_images_s),
+                             network=capacity.Network(bytes_per_image, data_nic_gbps, dnn_nic_gbps, flow_gbps, goodput),
+                             dnn_nodes=dnn_nodes)
+    try:
+        layout.check()
+    except capacity.CapacityError as exc:
+        raise NetworkError(str(exc)) from None
+    d = capacity.remote(layout)
+    return Delivery(d.items_s + local_images_s, d.binding, {k: v + local_images_s for k, v in d.limits.items()})
 
 
 def bytes_per_image_from_stats(bytes_sent: int, batches_sent: int, batch_size: int) -> float | None:
@@ -217,4 +189,4 @@ def uint8_bytes(options: dict) -> int:
 
 __all__ = ["BINDINGS", "NETWORK_BINDINGS", "Delivery", "NetworkError", "PLACEMENT_GROUP_FLOW_GBPS", "SINGLE_FLOW_GBPS",
            "UINT8_CROP_BYTES", "COMPACT", "WIRE_BYTES_RATIO", "WIRE_ENCODINGS", "WireEncoding", "bytes_per_image_from_stats",
-           "canonical_wire", "deliverable", "gbps_to_images", "images_to_gbps", "step_s", "uint8_bytes", "wire_encoding"]
+           "canonical_wire", "deliverable", "gbps_to_images", "images_to_gbps", "uint8_bytes", "wire_encoding"]

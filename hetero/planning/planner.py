@@ -30,6 +30,8 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 
+from launcher import capacity
+
 from .cost import Cluster, InstancePrice, PriceError, PriceTable
 from .network import SINGLE_FLOW_GBPS, deliverable, images_to_gbps
 
@@ -56,20 +58,12 @@ def _seconds(name: str, value: float, per: str = "") -> None:
         raise PlanError(f"{name} must be >= 0 seconds{per}, got {value!r}")
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """Predicted steady-state step of one cluster layout."""
-
-    step_s: float
-    data_s: float
-    data_wait_fraction: float
-    bound: str  # "gpu" or "data"
-    binding: str = ""  # "gpu", "cores", "data NIC", "DNN NIC" or "flow"
+Prediction = capacity.Prediction  # step, data time, data wait, bound ("gpu" or "data") and binding
 
 
 def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers: int = 1,
                  efficiency: float = 1.0, trainer_s: float = 0.0) -> Prediction:
-    """Step time when ``cores`` CPU cores feed ``consumers`` accelerators.
+    """Step time when ``cores`` CPU cores feed ``consumers`` accelerators (no network between them).
 
     Args:
         preprocess_s: seconds one core needs to build one batch.
@@ -80,11 +74,12 @@ def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers
         trainer_s: CPU seconds the trainer itself spends per batch on those same cores (the
             finish stage where training runs on the CPU, as with an emulated step here; about 0
             on a GPU, where the finish stage runs on the device). Cores that both build batches
-            and train, as a homogeneous node's or a heterogeneous trainer node with its own data
-            server, share the two kinds of work.
+            and train, as a homogeneous node's, share the two kinds of work.
 
     Returns:
-        The predicted step time, data time per step, data wait share and what bounds the step.
+        The predicted step time, data time per step, data wait share and what bounds the step
+        (:func:`launcher.capacity.predict`: ``data_s = consumers x (preprocess_s + trainer_s) /
+        (cores x efficiency)``).
     """
     _positive("preprocess_s", preprocess_s)
     _positive("gpu_step_s", gpu_step_s)
@@ -93,10 +88,8 @@ def predict_step(preprocess_s: float, gpu_step_s: float, cores: float, consumers
     if not isinstance(consumers, int) or consumers < 1:
         raise PlanError(f"consumers must be an integer >= 1, got {consumers!r}")
     _seconds("trainer_s", trainer_s)
-    data_s = consumers * (preprocess_s + trainer_s) / (cores * efficiency)
-    step_s = max(gpu_step_s, data_s)
-    bound = "data" if data_s > gpu_step_s else "gpu"
-    return Prediction(step_s, data_s, (step_s - gpu_step_s) / step_s, bound, "cores" if bound == "data" else "gpu")
+    own = capacity.OwnCores(cores * efficiency, preprocess_s, trainer_s, serves=True)
+    return capacity.predict(capacity.Layout(consumers, gpu_step_s, own=own))
 
 
 @dataclass(frozen=True)
@@ -141,8 +134,31 @@ class Plan:
                 "recommended": asdict(self.recommended) if self.recommended else None}
 
 
+def predict_fed_step(preprocess_s: float, gpu_step_s: float, own_cores: float, *, data_cores: float = 0.0,
+                     data_nodes: int = 1, consumers: int = 1, local_server: bool = True,
+                     trainer_s: float = 0.0) -> Prediction:
+    """Step time of a DNN node fed by its own cores and by ``data_nodes`` data nodes that share
+    ``data_cores``, over no network (``hetero bench``: every node on this machine).
+
+    Args:
+        preprocess_s: core-seconds one batch costs to build.
+        own_cores: the DNN node's cores (core-seconds per second: the cores it is pinned to, less
+            what other processes take of them). Its trainers spend ``trainer_s`` of them per batch
+            they take; with ``local_server`` the rest builds batches.
+        data_cores: the data nodes' cores, counted alike.
+    """
+    _positive("preprocess_s", preprocess_s)
+    _positive("gpu_step_s", gpu_step_s)
+    _seconds("trainer_s", trainer_s)
+    if own_cores < 0 or data_cores < 0:
+        raise PlanError(f"own_cores={own_cores!r} and data_cores={data_cores!r} must be >= 0")
+    nodes = capacity.uniform(data_nodes, data_cores / data_nodes / preprocess_s) if data_cores > 0 else ()
+    own = capacity.OwnCores(own_cores, preprocess_s, trainer_s, serves=local_server)
+    return capacity.predict(capacity.Layout(consumers, gpu_step_s, nodes, own))
+
+
 def predict_network_step(preprocess_s: float, gpu_step_s: float, batch_size: int, consumers: int,
-                         node_cores: float, data_nodes: int, bytes_per_sample: float,
+                         node_cores: float, data_nodes: int, bytes_per_sample: float | None,
                          data_nic_gbps: float | None, dnn_nic_gbps: float | None = None, dnn_nodes: int = 1,
                          flow_gbps: float | None = SINGLE_FLOW_GBPS, encode_s: float = 0.0, efficiency: float = 1.0,
                          local_cores: float = 0.0, goodput: float = 1.0) -> Prediction:
@@ -151,7 +167,7 @@ def predict_network_step(preprocess_s: float, gpu_step_s: float, batch_size: int
     Args:
         preprocess_s: seconds one core needs to build one batch of ``batch_size`` samples.
         encode_s: seconds one core adds per sample for the wire encoding.
-        bytes_per_sample: bytes one sample takes on the wire.
+        bytes_per_sample: bytes one sample takes on the wire (None: the network is not modelled).
         data_nic_gbps, dnn_nic_gbps: the nodes' NIC baselines (None: not limited).
         flow_gbps: one rank's flow to one data node (None: not limited).
         local_cores: the DNN nodes' own cores building batches (``local_server``), over no NIC.
@@ -162,14 +178,18 @@ def predict_network_step(preprocess_s: float, gpu_step_s: float, batch_size: int
     _positive("gpu_step_s", gpu_step_s)
     _share("efficiency", efficiency)
     _seconds("encode_s", encode_s, per=" per sample")
-    per_core = batch_size / (preprocess_s + batch_size * encode_s)
-    d = deliverable(node_cores * efficiency, per_core, bytes_per_sample, data_nic_gbps, data_nodes=data_nodes,
-                    consumers=consumers, dnn_nic_gbps=dnn_nic_gbps, dnn_nodes=dnn_nodes, flow_gbps=flow_gbps,
-                    goodput=goodput, local_images_s=local_cores * efficiency * per_core)
-    data_s = consumers * batch_size / d.images_per_s
-    step_s = max(gpu_step_s, data_s)
-    bound = "data" if data_s > gpu_step_s else "gpu"
-    return Prediction(step_s, data_s, (step_s - gpu_step_s) / step_s, bound, d.binding if bound == "data" else "gpu")
+    per_batch_s = preprocess_s + batch_size * encode_s
+    network = None
+    if bytes_per_sample is not None:
+        # deliverable checks the network's figures and names a bad one as the planner always has
+        deliverable(node_cores * efficiency, batch_size / per_batch_s, bytes_per_sample, data_nic_gbps,
+                    data_nodes=data_nodes, consumers=consumers, dnn_nic_gbps=dnn_nic_gbps, dnn_nodes=dnn_nodes,
+                    flow_gbps=flow_gbps, goodput=goodput)
+        network = capacity.Network(bytes_per_sample * batch_size, data_nic_gbps, dnn_nic_gbps, flow_gbps, goodput)
+    own = capacity.OwnCores(local_cores * efficiency, per_batch_s, serves=local_cores > 0)
+    layout = capacity.Layout(consumers, gpu_step_s, capacity.uniform(data_nodes, node_cores * efficiency / per_batch_s),
+                             own, network, dnn_nodes)
+    return capacity.predict(layout)
 
 
 def _check_plan(target_wait: float, batch_size: int, dnn_count: int, max_count: int, reserve_cpus: int) -> None:
@@ -259,11 +279,8 @@ class _Layouts:
 
     def _gbps_per_node(self, pred: Prediction, n: int) -> float:
         """What each of ``n`` data nodes sends at ``pred``'s step, without what the DNN nodes' own servers build."""
-        per_core = self.batch_size / (self.preprocess_s + self.batch_size * self.encode_s)
-        local = (self.own_cores if self.local_server else 0) * self.efficiency * per_core
-        capacity = self.images_per_step / pred.data_s
         # every server is taken to run at the same share of what it can build, the data nodes included
-        sent = self.images_per_step / pred.step_s * max(0.0, capacity - local) / capacity
+        sent = self.images_per_step / pred.step_s * pred.network_items_s / pred.items_s
         return images_to_gbps(sent / n, self.bytes_per_sample)
 
     def workload(self, reserve_cpus: int, max_count: int, wire: str) -> dict:
@@ -358,4 +375,5 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
                 sorted(candidates, key=lambda c: c.usd_per_step), _cheapest([homo] + candidates))
 
 
-__all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "plan", "predict_network_step", "predict_step"]
+__all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "plan", "predict_fed_step", "predict_network_step",
+           "predict_step"]

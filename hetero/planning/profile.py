@@ -2,7 +2,10 @@
 
 Builds a few batches with ``data_service.contract.pipeline.build_batch`` (the function data servers
 and DataLoader workers run) in this process, confined to one core, one torch thread.
-The first ``warmup`` batches (imports, caches) are timed but left out of the median. The
+The first ``warmup`` batches (imports, caches) are timed but left out of the median. Each batch's
+CPU seconds (the process's, every thread's) are taken beside its wall seconds: on a core other
+processes share, the wall seconds grow with their load and the CPU seconds hardly move, so a
+prediction for a shared machine takes the CPU seconds and the share of the cores the job had. The
 pipeline's finish stage (the trainer's per-batch work, e.g. uint8 -> normalised float32) is
 timed on each built batch too, on the CPU: where the trainer runs on the CPU (no GPU, an
 emulated step), it takes that time from the cores that would otherwise build batches. So is the
@@ -52,20 +55,24 @@ class ProfileResult:
     finish_s: float = 0.0   # median seconds of the finish stage per batch on this core (0: none)
     handoff_s: float = 0.0  # median seconds for a loader worker to hand a batch to its trainer
     bytes_per_sample: float = 0.0  # tensor bytes per sample of the built batches: what a server sends, as encoded
+    cpu_s: float = 0.0      # median CPU seconds per batch built (this process, every thread)
+    finish_cpu_s: float = 0.0  # median CPU seconds of the finish stage per batch
 
 
-def _time_finish(finish, built: list) -> list[float]:
-    """Seconds of ``finish`` on each built batch, back to back as a trainer runs it, in its steady
-    state: earlier passes pay for the allocator's first touch of the output buffers, a long run
-    does not."""
+def _time_finish(finish, built: list) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of ``finish`` on each built batch, back to back as a trainer runs it, in
+    its steady state: earlier passes pay for the allocator's first touch of the output buffers, a
+    long run does not."""
     times: list[float] = []
+    cpu: list[float] = []
     for _ in range(FINISH_PASSES if finish.fn is not None else 0):
-        times = []
+        times, cpu = [], []
         for batch in built:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             finish(batch)
             times.append(time.perf_counter() - start)
-    return times
+            cpu.append(time.process_time() - start_cpu)
+    return times, cpu
 
 
 def _time_handoff(batch) -> float:
@@ -118,16 +125,17 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     if available < batches + warmup:
         raise ValueError(f"the pipeline has {available} batches per epoch; profiling needs {batches + warmup}")
     finish = FinishStage.load(pipe.finish_target(), pipe.finish_dtypes)
-    times, built = [], []
+    times, cpu_times, built = [], [], []
     with pinned([cpu]):
         for i in range(warmup + batches):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             built.append(build_batch(pipe, plan, 0, 0, i))
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - start_cpu)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # one core: more threads would only take turns on it
         try:
-            finish_times = _time_finish(finish, built)
+            finish_times, finish_cpu = _time_finish(finish, built)
             handoff_times = [_time_handoff(batch) for batch in built]
         finally:
             torch.set_num_threads(threads)
@@ -138,8 +146,10 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     per_sample = sum(batch_bytes(b) for b in built) / (len(built) * pipe.batch_size)
     result = ProfileResult(target, dict(options or {}), cpu, pipe.batch_size, statistics.median(kept), min(kept),
                            max(kept), warmup, times, statistics.median(finish_times) if finish_times else 0.0,
-                           statistics.median(handoff_times[warmup:]), per_sample)
-    log.info("profile %s: %.1f ms/batch median on CPU %d (%d batches, min %.1f, max %.1f ms); finish stage %.1f ms, "
-             "loader hand-off %.1f ms", target, 1000 * result.median_s, cpu, batches, 1000 * result.min_s,
-             1000 * result.max_s, 1000 * result.finish_s, 1000 * result.handoff_s)
+                           statistics.median(handoff_times[warmup:]), per_sample, statistics.median(cpu_times[warmup:]),
+                           statistics.median(finish_cpu) if finish_cpu else 0.0)
+    log.info("profile %s: %.1f ms/batch median on CPU %d (%.1f ms of CPU; %d batches, min %.1f, max %.1f ms); finish "
+             "stage %.1f ms (%.1f ms of CPU), loader hand-off %.1f ms", target, 1000 * result.median_s, cpu,
+             1000 * result.cpu_s, batches, 1000 * result.min_s, 1000 * result.max_s, 1000 * result.finish_s,
+             1000 * result.finish_cpu_s, 1000 * result.handoff_s)
     return result

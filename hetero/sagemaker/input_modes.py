@@ -29,9 +29,9 @@ ATTRIBUTE = "input_modes"
 def pipeline_of(spec: JobSpec) -> str:
     """The ``package.module:function`` the job's data servers will build (the launcher's default
     when the ``pipeline`` hyperparameter is not given)."""
-    from launcher.config import LaunchConfig
+    from launcher.config import DataSection
 
-    return str(spec.hyperparameters.get("pipeline") or LaunchConfig.pipeline)
+    return str(spec.hyperparameters.get("pipeline") or DataSection.pipeline)
 
 
 def supported_modes(builder) -> tuple[str, ...]:

@@ -59,8 +59,8 @@ def run_part(root: str = "/opt/ml", environ=None) -> int:
     from data_service.storage import open_store
     from data_service.prepare.writer import merge_parts, prepare
     from data_service.prepare.plan import PLAN, finished, read_plan
-    from launcher.roles import host_key
-    from launcher.sm_env import load_env
+    from launcher.job.roles import host_key
+    from launcher.job.sm_env import load_env
 
     env = load_env(root, os.environ if environ is None else environ)
     hps = env.hyperparameters

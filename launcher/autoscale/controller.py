@@ -1,6 +1,6 @@
 """The autoscaler: the live advice in, the policy's decision out, acted on and logged.
 
-:class:`Autoscaler` sits beside rank 0's live advisor (``launcher/live_advisor.py``). Each periodic
+:class:`Autoscaler` sits beside rank 0's live advisor (``launcher/advice/advisor.py``). Each periodic
 advice becomes a :class:`~launcher.autoscale.policy.Demand`; the policy's decision is logged at
 once as an ``autoscale`` line with its figures (``launcher.metric_lines.autoscale_line``, read by
 the job's ``MetricDefinitions`` and ``hetero stats``) and kept for ``metrics.json``; in mode

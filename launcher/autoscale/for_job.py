@@ -29,15 +29,15 @@ def make_actuator(settings: Settings, *, pipeline: str, pipeline_options: dict, 
 
 
 def advice_and_autoscaler(job, rank: int):
-    """Rank 0's ``(LiveAdvisor or None, Autoscaler or None)`` for a ``launcher.trainer.TrainJob``:
+    """Rank 0's ``(LiveAdvisor or None, Autoscaler or None)`` for a ``launcher.train.trainer.TrainJob``:
     no advice in ``autoscale.mode=off``, an autoscaler only in ``act`` (and only with advice).
 
     Raises:
         ConfigError: see :func:`autoscaler_for`.
     """
-    from ..live_advisor import live_advisor
+    from ..advice.advisor import live_advisor
 
-    mode = str((getattr(job.cfg, "autoscale_options", {}) or {}).get("mode", "advise"))
+    mode = str((job.cfg.advice.autoscale_options or {}).get("mode", "advise"))
     advisor = None if mode == "off" else live_advisor(job, rank)
     if advisor is None or mode != "act":
         return advisor, None
@@ -46,16 +46,16 @@ def advice_and_autoscaler(job, rank: int):
 
 
 def autoscaler_for(job, fixed_data_nodes: Sequence[str], prices: Mapping[str, float]) -> Autoscaler:
-    """Rank 0's autoscaler for a ``launcher.trainer.TrainJob`` in mode ``act``.
+    """Rank 0's autoscaler for a ``launcher.train.trainer.TrainJob`` in mode ``act``.
 
     Raises:
         ConfigError: bad settings, or the starting data group costs more than the $/h cap.
     """
     cfg = job.cfg
-    settings = Settings.from_options(cfg.autoscale_options, registry=cfg.registry)
-    actuator = make_actuator(settings, pipeline=cfg.pipeline, pipeline_options=cfg.pipeline_options,
-                             token=job.token, registry=cfg.registry)
-    scaler = Autoscaler(settings, actuator, cfg.registry, job.token, fixed=fixed_data_nodes)
+    settings = Settings.from_options(cfg.advice.autoscale_options, registry=cfg.elastic.registry)
+    actuator = make_actuator(settings, pipeline=cfg.data.pipeline, pipeline_options=cfg.data.pipeline_options,
+                             token=job.token, registry=cfg.elastic.registry)
+    scaler = Autoscaler(settings, actuator, cfg.elastic.registry, job.token, fixed=fixed_data_nodes)
     kind = job.extra.get("data_instance_type", "")
     try:
         scaler.check_start(len(fixed_data_nodes), prices.get(kind), kind)

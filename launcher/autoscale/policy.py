@@ -57,7 +57,7 @@ class Demand:
 
     @classmethod
     def from_advice(cls, advice: Mapping[str, Any]) -> "Demand":
-        """The figures of one ``launcher.advice_model.Advice.to_dict()`` (or an advice line's dict)."""
+        """The figures of one ``launcher.advice.model.Advice.to_dict()`` (or an advice line's dict)."""
         change = advice.get("change")
         nodes = int(advice.get("data_nodes") or 0)
         return cls(nodes=nodes, advised_nodes=None if change is None else nodes + int(change),

@@ -6,15 +6,13 @@ the wait for the batch (the *data wait*) plus the compute. The first ``warmup`` 
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from typing import Any
 
 import torch
 
-from .metric_lines import window_line
+from ..metric_lines import window_line
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +35,7 @@ class StepStats:
         warmup: first steps left out of the averages.
         log_every: steps between window lines.
         label: prefix of the window lines.
-        advisor: rank 0's ``launcher.live_advisor.LiveAdvisor`` (None elsewhere): told every step, asked
+        advisor: rank 0's ``launcher.advice.advisor.LiveAdvisor`` (None elsewhere): told every step, asked
             for the end-of-training advice by :meth:`summary`.
         autoscaler: rank 0's ``launcher.autoscale.Autoscaler`` (None: none): given every periodic
             advice the advisor makes; its summary goes into the end-of-training advice.
@@ -152,13 +150,3 @@ def job_metrics(rank_summaries: list[dict], base: dict[str, Any]) -> dict[str, A
         "nodes": list(nodes.values()) + list(base.get("nodes", [])),
     })
     return out
-
-
-def write_json(path: str, data: dict[str, Any]) -> None:
-    """Write atomically (temp file + rename)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)

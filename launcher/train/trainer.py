@@ -34,17 +34,16 @@ import torch.distributed as dist
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
 
-from . import checkpoint, log_setup as logs
-from .autoscale import advice_and_autoscaler
-from .config import LaunchConfig, load_object
-from .metric_lines import summary_line
-from .step_stats import StepStats, StepTimer, job_metrics, write_json
+from .. import log_setup as logs
+from ..autoscale import advice_and_autoscaler
+from ..config import OPTIMIZERS, LaunchConfig, load_object
+from ..job.output_files import write_json
+from ..metric_lines import summary_line
+from . import checkpoint
+from .step_stats import StepStats, StepTimer, job_metrics
 from .train_loop import STOP, Run, gathered, loader_and_feeder, log_outcome, run_epochs, save_checkpoint
 
 log = logging.getLogger(__name__)
-
-OPTIMIZERS = {"adadelta": "torch.optim:Adadelta", "sgd": "torch.optim:SGD", "adam": "torch.optim:Adam",
-              "adamw": "torch.optim:AdamW"}
 
 
 @dataclass(frozen=True)
@@ -87,28 +86,28 @@ def make_dataset(job: TrainJob, rank: int):
     cfg = job.cfg
     # The outermost consumer stage (DeviceFeeder) writes the audit: batches the loop trained on.
     # Knowing the epochs lets the dataset fetch the next epoch's first batches before this one ends.
-    common = dict(seed=cfg.seed, rank=rank, world_size=job.world_size, audit_path=cfg.audit_path or None,
-                  epochs=cfg.epochs)
+    common = dict(seed=cfg.train.seed, rank=rank, world_size=job.world_size, audit_path=cfg.train.audit_path or None,
+                  epochs=cfg.train.epochs)
     if job.servers:  # heterogeneous, or a homogeneous node's own data server
         from dnn_worker import RemoteDataset
         # pinned receive buffers only help without loader workers (a worker's tensors are copied
         # into shared memory; the DataLoader pins those in the trainer instead)
         # with a registry, servers that join the job are used too (the job's pipeline only)
-        elastic = dict(registry=cfg.registry, fingerprint=PipelineSpec(cfg.pipeline, cfg.pipeline_options).fingerprint()
-                       ) if cfg.registry and job.mode == "heterogeneous" else {}
-        return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.connect_timeout_s,
-                             pin_memory=torch.cuda.is_available() and cfg.workers_for(job.mode) == 0, **elastic,
+        elastic = dict(registry=cfg.elastic.registry, fingerprint=PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).fingerprint()
+                       ) if cfg.elastic.registry and job.mode == "heterogeneous" else {}
+        return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.dnn.connect_timeout_s,
+                             pin_memory=torch.cuda.is_available() and cfg.data.workers_for(job.mode) == 0, **elastic,
                              **common)
     from dnn_worker import LocalDataset
-    return LocalDataset(PipelineSpec(cfg.pipeline, cfg.pipeline_options), **common)
+    return LocalDataset(PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options), **common)
 
 
 def make_optimizer(cfg: LaunchConfig, params) -> torch.optim.Optimizer:
-    cls = load_object(OPTIMIZERS.get(cfg.optimizer.lower(), cfg.optimizer), "optimizer")
+    cls = load_object(cfg.model.optimizer_path(), "optimizer")
     try:
-        return cls(params, lr=cfg.lr)
+        return cls(params, lr=cfg.model.lr)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"optimizer={cfg.optimizer!r} with lr={cfg.lr}: {exc}; use one of "
+        raise ConfigError(f"optimizer={cfg.model.optimizer!r} with lr={cfg.model.lr}: {exc}; use one of "
                           f"{sorted(OPTIMIZERS)} or an import path such as torch.optim:AdamW") from exc
 
 
@@ -145,7 +144,7 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
     as ``(local_rank, status)`` when given."""
     cfg = job.cfg
     rank = job.node_rank * job.nprocs + local_rank
-    logs.setup("trainer", job.host, rank, cfg.log_level)
+    logs.setup("trainer", job.host, rank, cfg.job.log_level)
     if results is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)  # a spawned rank: the DNN node forwards SIGTERM
     cuda = torch.cuda.is_available()
@@ -154,18 +153,18 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
         torch.cuda.set_device(device)
     else:
         # intra-op threads share the node's CPUs with the other ranks and the loader workers
-        builders = cfg.workers_for(job.mode)
+        builders = cfg.data.workers_for(job.mode)
         if job.mode == "homogeneous":
-            builders += cfg.homogeneous_server_workers(job.nprocs)
+            builders += cfg.data.homogeneous_server_workers(job.nprocs)
         free = len(os.sched_getaffinity(0)) - builders
         torch.set_num_threads(max(1, free // job.nprocs))
-    if job.world_size > 1 or cfg.ddp_backend != "auto":  # a chosen backend runs even on one rank
+    if job.world_size > 1 or cfg.dnn.ddp_backend != "auto":  # a chosen backend runs even on one rank
         from dnn_worker.device.ddp import resolve_backend
 
-        backend = resolve_backend(cfg.ddp_backend, cuda)
-        dist.init_process_group(backend, init_method=f"tcp://{job.master_addr}:{cfg.master_port}",
+        backend = resolve_backend(cfg.dnn.ddp_backend, cuda)
+        dist.init_process_group(backend, init_method=f"tcp://{job.master_addr}:{cfg.dnn.master_port}",
                                 rank=rank, world_size=job.world_size,
-                                timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
+                                timeout=datetime.timedelta(seconds=cfg.dnn.dist_timeout_s))
         log.info("DDP process group: backend %s, %d rank(s)", backend, job.world_size)
     try:
         summary = _train(job, rank, local_rank, device)
@@ -180,17 +179,17 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
 def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> dict[str, Any]:
     cfg = job.cfg
     started = time.time()
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.train.seed)
     dataset = make_dataset(job, rank)
     finish = dataset.finish_stage()
     loader, feeder = loader_and_feeder(job, dataset, finish, device)
-    plain = load_object(cfg.model, "model")(**cfg.model_options).to(device)
+    plain = load_object(cfg.model.model, "model")(**cfg.model.model_options).to(device)
     optimizer = make_optimizer(cfg, plain.parameters())
     resumed = _resume(job, rank, plain, optimizer, feeder, dataset.num_batches_per_epoch())
     run = _run(job, rank, local_rank, device, plain, optimizer, feeder, resumed)
     log.info("%s training: %d rank(s) on %d host(s), %s step, pipeline %s, finish stage %s on %s",
              job.mode, job.world_size, len(job.dnn_hosts),
-             f"emulated {cfg.emulate_step_s}s" if run.step_fn is None else cfg.step, cfg.pipeline,
+             f"emulated {cfg.emulate.emulate_step_s}s" if run.step_fn is None else cfg.model.step, cfg.data.pipeline,
              finish.target or "none", device)
     try:
         run_epochs(run)
@@ -221,10 +220,10 @@ def _run(job: TrainJob, rank: int, local_rank: int, device: torch.device, plain,
     if dist.is_initialized():
         model = torch.nn.parallel.DistributedDataParallel(
             plain, device_ids=[local_rank] if device.type == "cuda" else None)
-    step_fn = None if cfg.emulate_step_s > 0 else load_object(cfg.step, "step")
-    writer = _tensorboard(job) if cfg.tensorboard and rank == 0 else None
+    step_fn = None if cfg.emulate.emulate_step_s > 0 else load_object(cfg.model.step, "step")
+    writer = _tensorboard(job) if cfg.train.tensorboard and rank == 0 else None
     advisor, autoscaler = advice_and_autoscaler(job, rank)
-    stats = StepStats(cfg.warmup_steps, cfg.log_every, advisor=advisor, autoscaler=autoscaler)
+    stats = StepStats(cfg.train.warmup_steps, cfg.train.log_every, advisor=advisor, autoscaler=autoscaler)
     return Run(job, rank, device, plain, model, optimizer, feeder, step_fn, writer, stats, StepTimer(stats),
                done_before=resumed["steps"] if resumed else 0)
 
@@ -233,20 +232,20 @@ def _resume(job: TrainJob, rank: int, model, optimizer, data, epoch_batches: int
     """Load model, optimizer and this rank's data position from the checkpoint, when there is one
     (from every rank's, dealt again, when the checkpoint has another number of ranks)."""
     cfg = job.cfg
-    if not cfg.checkpoint or not job.checkpoint_dir:
+    if not cfg.checkpoints.checkpoint or not job.checkpoint_dir:
         return None
     ckpt = checkpoint.load(job.checkpoint_dir)
     path = checkpoint.checkpoint_path(job.checkpoint_dir)
     if ckpt is None:
         log.info("no checkpoint in %s: starting afresh", job.checkpoint_dir)
         return None
-    checkpoint.check_compatible(ckpt, path, seed=cfg.seed, pipeline=cfg.pipeline,
-                                pipeline_options=cfg.pipeline_options, model=cfg.model)
+    checkpoint.check_compatible(ckpt, path, seed=cfg.train.seed, pipeline=cfg.data.pipeline,
+                                pipeline_options=cfg.data.pipeline_options, model=cfg.model.model)
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"checkpoint {path} does not fit model={cfg.model!r} / optimizer={cfg.optimizer!r} "
+        raise ConfigError(f"checkpoint {path} does not fit model={cfg.model.model!r} / optimizer={cfg.model.optimizer!r} "
                           f"({exc}); resume with the same model and optimizer, or use another checkpoint_dir") from exc
     if ckpt["world_size"] == job.world_size:
         data.load_state_dict(ckpt["data"][rank])
@@ -276,17 +275,17 @@ def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emula
     cfg = job.cfg
     stopped = status == "stopped"
     accuracy = None
-    if cfg.evaluate and not emulated and not stopped:  # a stop has ~120 s: no evaluation
-        accuracy = load_object(cfg.evaluate, "evaluate")(plain, device)
+    if cfg.model.evaluate and not emulated and not stopped:  # a stop has ~120 s: no evaluation
+        accuracy = load_object(cfg.model.evaluate, "evaluate")(plain, device)
     os.makedirs(job.model_dir, exist_ok=True)
     torch.save(plain.state_dict(), os.path.join(job.model_dir, "model.pt"))  # also when stopped: an artifact
     data_nodes = _data_node_stats(job) if job.mode == "heterogeneous" and not stopped else []
     metrics = job_metrics(summaries, {
         "mode": job.mode, "step_kind": "emulated" if emulated else "real",
-        "emulate_step_s": cfg.emulate_step_s if emulated else None, "test_accuracy": accuracy,
+        "emulate_step_s": cfg.emulate.emulate_step_s if emulated else None, "test_accuracy": accuracy,
         "final_loss": loss, "world_size": job.world_size,
-        "ddp_backend": dist.get_backend() if dist.is_initialized() else None, "epochs": cfg.epochs, "seed": cfg.seed,
-        "pipeline": cfg.pipeline, "pipeline_options": cfg.pipeline_options, "wire_encoding": wire, "model": cfg.model,
+        "ddp_backend": dist.get_backend() if dist.is_initialized() else None, "epochs": cfg.train.epochs, "seed": cfg.train.seed,
+        "pipeline": cfg.data.pipeline, "pipeline_options": cfg.data.pipeline_options, "wire_encoding": wire, "model": cfg.model.model,
         "dnn_hosts": list(job.dnn_hosts), "data_servers": list(job.servers),
         "wall_time_s": time.time() - started, "nodes": data_nodes, "status": status,
         "resumed_from_steps": resumed["steps"] if resumed else None, "checkpoint": ckpt_path, **job.extra})

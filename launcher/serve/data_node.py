@@ -19,12 +19,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from data_service.contract.pipeline import PipelineSpec
-from data_service.server import DataServer, ServerOptions
+from data_service.server import DataServer
 
-from .config import LaunchConfig
-from .metric_lines import RATE_EVERY_S, rate_line
-from .step_stats import write_json
+from ..config import LaunchConfig
+from ..job.output_files import write_json
+from ..metric_lines import RATE_EVERY_S, rate_line
+from .server import advertised_address, start_server
 
 log = logging.getLogger(__name__)
 
@@ -100,22 +100,6 @@ class RateMeter:
         return (batches_sent / seconds if seconds > 0 else None), seconds
 
 
-def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = None, workers: int = 0,
-                 beside_trainer: bool = False) -> DataServer:
-    """Start a data server for the job's pipeline on ``port`` with ``workers`` worker processes
-    (0: ``data_workers``, else one per usable CPU). ``beside_trainer``: the server shares the
-    node's cores with its trainers (homogeneous mode, ``dnn_local_server``): its workers run at
-    ``local_server_nice``, so they build in the cycles the trainers leave. Raises ConfigError."""
-    options = ServerOptions(host=host or cfg.bind_host, port=port, bulk_port=cfg.bulk_port,
-                            num_workers=workers or cfg.data_workers or usable_cpus(),
-                            worker_nice=cfg.local_server_nice if beside_trainer else 0)
-    return DataServer(PipelineSpec(cfg.pipeline, cfg.pipeline_options), token, options).start()
-
-
 def serve_until_shutdown(server: DataServer, watchdog: Watchdog, poll_s: float = 1.0,
                          meter: RateMeter | None = None) -> tuple[int, str]:
     """Block until the server stops (0) or the watchdog fires (non-zero); returns (code, reason).
@@ -140,27 +124,12 @@ def serve_until_shutdown(server: DataServer, watchdog: Watchdog, poll_s: float =
     return 0, "shut down"
 
 
-def advertised_address(cfg: LaunchConfig, host: str, port: int) -> str:
-    """The address this node's registry entry gives: ``advertise_host`` if set; for a node of the
-    job itself, the address its own trainers dial (so both name one server); for a node joining
-    another job, this machine's IP (the other job cannot resolve this job's host names)."""
-    from data_service.membership.joining import default_advertise_host
-
-    from .roles import host_map, resolve
-
-    if cfg.advertise_host:
-        return f"{cfg.advertise_host}:{port}"
-    if cfg.join:
-        return f"{default_advertise_host(cfg.bind_host)}:{port}"
-    return f"{resolve(host, cfg.data_port, host_map(os.environ))[0]}:{port}"
-
-
 def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, host: str) -> int:
     """Serve until shutdown; write ``data_node.json`` (server stats) to ``output_dir``."""
     server = start_server(cfg, token, port)
-    log.info("healthy: serving %s on %s (%d workers); waiting for the DNN nodes", cfg.pipeline,
+    log.info("healthy: serving %s on %s (%d workers); waiting for the DNN nodes", cfg.data.pipeline,
              server.address, server.options.num_workers)
-    uri = cfg.join or cfg.registry
+    uri = cfg.elastic.join or cfg.elastic.registry
     if uri:
         from data_service.membership.joining import join
 
@@ -170,7 +139,7 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
         except Exception:
             server.shutdown(grace_s=1.0, reason="could not register")
             raise
-        log.info("registered in %s as %s%s", uri, address, " (joined another job)" if cfg.join else "")
+        log.info("registered in %s as %s%s", uri, address, " (joined another job)" if cfg.elastic.join else "")
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -182,8 +151,8 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
             signal.signal(sig, on_signal)
     meter = RateMeter()
     try:
-        code, reason = serve_until_shutdown(server, Watchdog(cfg.watchdog_connect_s, cfg.watchdog_idle_s,
-                                                             joined=bool(cfg.join)), meter=meter)
+        code, reason = serve_until_shutdown(server, Watchdog(cfg.serve.watchdog_connect_s, cfg.serve.watchdog_idle_s,
+                                                             joined=bool(cfg.elastic.join)), meter=meter)
     finally:
         if uri:  # however serving ended, the entry goes (a no-op after a clean leave)
             from data_service.membership.registry import RegistryError, unregister

@@ -19,7 +19,7 @@ from typing import Mapping
 
 from data_service.errors import ConfigError
 
-from .config import LaunchConfig
+from ..config import LaunchConfig
 from .sm_env import SageMakerEnv
 
 DATA, DNN, HOMOGENEOUS, IDLE = "data", "dnn", "homogeneous", "idle"
@@ -76,27 +76,27 @@ def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
         ConfigError: the current group is neither a data nor a dnn group; a named group is
             missing or empty; a job whose only group is a data group.
     """
-    data_names, dnn_names = cfg.group_list("data_group"), cfg.group_list("dnn_group")
+    data_names, dnn_names = cfg.roles.group_list("data_group"), cfg.roles.group_list("dnn_group")
     overlap = set(data_names) & set(dnn_names)
     if overlap:
         raise ConfigError(f"group(s) {sorted(overlap)} named both data_group and dnn_group; name each once")
-    if cfg.join:  # a data-only job: every node serves another job's registry
+    if cfg.elastic.join:  # a data-only job: every node serves another job's registry
         hosts = tuple(sorted(env.hosts, key=host_key))
         return NodePlan(DATA, env.current_host, hosts, (), -1)
     if len(env.groups) == 1:
         only = env.groups[0]
         if only.name in data_names:
             raise ConfigError(f"the job's only instance group {only.name!r} is a data group (data_group="
-                              f"{cfg.data_group!r}); add a dnn group {cfg.dnn_group!r}, rename the group, or set join= to "
+                              f"{cfg.roles.data_group!r}); add a dnn group {cfg.roles.dnn_group!r}, rename the group, or set join= to "
                               "serve another job's registry")
         hosts = tuple(sorted(only.hosts, key=host_key))
         return NodePlan(HOMOGENEOUS, env.current_host, (), hosts, hosts.index(env.current_host))
     if env.current_group not in data_names + dnn_names:
         raise ConfigError(f"this node's group {env.current_group!r} is neither a data group "
-                          f"(data_group={cfg.data_group!r}) nor a dnn group (dnn_group={cfg.dnn_group!r}); "
+                          f"(data_group={cfg.roles.data_group!r}) nor a dnn group (dnn_group={cfg.roles.dnn_group!r}); "
                           f"the job's groups are {env.group_names()}: set data_group / dnn_group to match")
     dnn_hosts = _hosts_of(env, dnn_names, "dnn_group")
-    if cfg.homogeneous:
+    if cfg.roles.homogeneous:
         if env.current_group in data_names:
             return NodePlan(IDLE, env.current_host, (), dnn_hosts, -1)
         return NodePlan(HOMOGENEOUS, env.current_host, (), dnn_hosts, dnn_hosts.index(env.current_host))
@@ -135,6 +135,6 @@ def resolve(host: str, default_port: int, mapping: Mapping[str, str]) -> tuple[s
 def data_addresses(plan: NodePlan, cfg: LaunchConfig, mapping: Mapping[str, str]) -> list[str]:
     """gRPC ``address:port`` of every data server the trainers read from."""
     hosts = list(plan.data_hosts)
-    if cfg.dnn_local_server and plan.role == DNN:
+    if cfg.serve.dnn_local_server and plan.role == DNN:
         hosts.append(plan.host)
-    return ["%s:%d" % resolve(h, cfg.data_port, mapping) for h in hosts]
+    return ["%s:%d" % resolve(h, cfg.serve.data_port, mapping) for h in hosts]

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from data_service.errors import ServerUnavailableError
 from dnn_worker import ControlClient
 
-from . import log_setup as logs
+from .. import log_setup as logs
 from . import trainer as trainer_mod
 from .trainer import EXIT_STOPPED, TrainJob, train
 
@@ -116,7 +116,7 @@ def run_trainers(job: TrainJob, timeout_s: float) -> int:
             log.exception("training failed")
             return EXIT_TRAINING_FAILED
         finally:
-            logs.setup("dnn", job.host, level=job.cfg.log_level)  # train() set the rank's format
+            logs.setup("dnn", job.host, level=job.cfg.job.log_level)  # train() set the rank's format
     results = mp.get_context("spawn").SimpleQueue()
     context = mp.start_processes(train, args=(job, results), nprocs=job.nprocs, join=False, start_method="spawn")
     _trainer_pids[:] = context.pids()
@@ -182,16 +182,16 @@ def run_dnn_node(job: TrainJob, data_wait_s: float, local_server=None) -> int:
             log.warning("SIGTERM before training started: nothing trained, nothing to checkpoint")
             rc = EXIT_STOPPED
         else:
-            rc = run_trainers(job, job.cfg.train_timeout_s)
+            rc = run_trainers(job, job.cfg.dnn.train_timeout_s)
     except Exception:
         log.exception("DNN node failed before training finished")
         rc = EXIT_TRAINING_FAILED
     finally:
         if job.mode == "heterogeneous":
             remote = [a for h, a in zip(job.server_hosts, servers) if h != job.host]
-            if job.cfg.registry:  # servers that joined through the registry leave with the job's own
+            if job.cfg.elastic.registry:  # servers that joined through the registry leave with the job's own
                 from dnn_worker.fetch.registry_watch import registered_servers
-                remote += [a for a in registered_servers(job.cfg.registry, job.token) if a not in remote]
+                remote += [a for a in registered_servers(job.cfg.elastic.registry, job.token) if a not in remote]
             if rc == EXIT_STOPPED:
                 shutdown_servers(remote, job.token, f"training stopped by SIGTERM on {job.host} (checkpoint written)")
             elif rc != 0:

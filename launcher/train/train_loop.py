@@ -1,9 +1,9 @@
 """One rank's epochs: batches through the step, the stop every rank agrees on, checkpoints on the way.
 
-:mod:`launcher.trainer` sets a run up (data, model, process group) and writes its results; this
+:mod:`launcher.train.trainer` sets a run up (data, model, process group) and writes its results; this
 module runs it: a :class:`Run` holds what the loop trains and how far it got, and
 :func:`run_epochs` drives it from the feeder's epoch to the end, ``max_steps`` or a stop.
-``job`` is always the rank's ``launcher.trainer.TrainJob`` (not imported: that module imports this one).
+``job`` is always the rank's ``launcher.train.trainer.TrainJob`` (not imported: that module imports this one).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from . import checkpoint
 from .step_stats import StepStats, StepTimer, batch_size_of
 
 # The trainer's logger: its lines keep the name they are known (and grepped) by.
-log = logging.getLogger("launcher.trainer")
+log = logging.getLogger("launcher.train.trainer")
 
 # Set by SIGTERM (or request_stop): finish the current step, checkpoint, stop.
 STOP = threading.Event()
@@ -45,7 +45,7 @@ def loader_and_feeder(job, dataset, finish, device: torch.device):
     # forkserver, not fork: this process has used gRPC (Hello), and a forked child of a gRPC
     # process can deadlock on its first call. Persistent workers keep their connections to the
     # data servers from one epoch to the next.
-    workers = job.cfg.workers_for(job.mode)
+    workers = job.cfg.data.workers_for(job.mode)
     loader = ResumableLoader(DataLoader(dataset, batch_size=None, num_workers=workers,
                                         pin_memory=cuda and workers > 0, persistent_workers=workers > 0,
                                         worker_init_fn=_ignore_sigterm if workers else None,
@@ -78,14 +78,14 @@ class Run:
 
     def at_max_steps(self) -> bool:
         """Whether ``max_steps`` (when set) is reached."""
-        max_steps = self.job.cfg.max_steps
+        max_steps = self.job.cfg.train.max_steps
         return bool(max_steps and self.steps_done() >= max_steps)
 
 
 def run_epochs(run: Run) -> None:
     """Train from the feeder's epoch on, until the last epoch, ``max_steps`` or an agreed stop."""
     first_epoch = True
-    for epoch in range(run.feeder.epoch, run.job.cfg.epochs):
+    for epoch in range(run.feeder.epoch, run.job.cfg.train.epochs):
         if run.stopped or run.at_max_steps():
             break
         _epoch(run, epoch, first_epoch)
@@ -143,7 +143,7 @@ def _next_batch(run: Run, batches):
 def _step(run: Run, batch, bar) -> None:
     cfg = run.job.cfg
     if run.step_fn is None:
-        time.sleep(cfg.emulated_step_s(run.steps_done()))
+        time.sleep(cfg.emulate.emulated_step_s(run.steps_done()))
     else:
         run.loss = run.step_fn(run.model, batch, run.optimizer, run.device)
     run.timer.done(batch_size_of(batch))
@@ -151,7 +151,7 @@ def _step(run: Run, batch, bar) -> None:
         bar.update(1)
     if run.writer is not None and run.loss is not None:
         run.writer.add_scalar("loss", run.loss, run.steps_done())
-    if cfg.checkpoint_every and run.steps_done() % cfg.checkpoint_every == 0:
+    if cfg.checkpoints.checkpoint_every and run.steps_done() % cfg.checkpoints.checkpoint_every == 0:
         save_checkpoint(run.job, run.rank, run.plain, run.optimizer, run.feeder, run.steps_done(), "running")
 
 
@@ -169,15 +169,15 @@ def _stop_agreed(job, device: torch.device) -> bool:
 def save_checkpoint(job, rank: int, model, optimizer, data, steps: int, status: str) -> str | None:
     """Every rank's data position to rank 0, which writes the checkpoint (a collective call)."""
     cfg = job.cfg
-    if not cfg.checkpoint or not job.checkpoint_dir:
+    if not cfg.checkpoints.checkpoint or not job.checkpoint_dir:
         return None
     states = gathered(job, data.state_dict())
     if rank != 0:
         return None
     path = checkpoint.save(job.checkpoint_dir, {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": states, "steps": steps,
-        "status": status, "world_size": job.world_size, "seed": cfg.seed, "pipeline": cfg.pipeline,
-        "pipeline_options": dict(cfg.pipeline_options), "model_target": cfg.model, "epochs": cfg.epochs,
+        "status": status, "world_size": job.world_size, "seed": cfg.train.seed, "pipeline": cfg.data.pipeline,
+        "pipeline_options": dict(cfg.data.pipeline_options), "model_target": cfg.model.model, "epochs": cfg.train.epochs,
         "host": job.host, "job_name": job.extra.get("job_name", "")})
     log.info("checkpoint (%s) written to %s after %d steps; data position of rank 0: epoch %d, batch %d",
              status, path, steps, states[0]["epoch"], states[0]["position"])
@@ -193,7 +193,7 @@ def log_outcome(run: Run, resumed: dict | None) -> None:
     elif resumed and run.stats.steps == 0:
         log.warning("the checkpoint in %s had nothing left to train (epochs=%d, max_steps=%d); raise epochs "
                     "to train more, or use another checkpoint_dir to start afresh", run.job.checkpoint_dir,
-                    cfg.epochs, cfg.max_steps)
+                    cfg.train.epochs, cfg.train.max_steps)
 
 
 def gathered(job, mine: Any) -> list:

@@ -1,33 +1,33 @@
 """Live advice: how many data nodes a running job should add, or could drop, and what that costs.
 
-The planner's model (``hetero/planning/planner.py``, ``predict_step``) with live figures in place
-of a profile:
+The capacity model (:mod:`launcher.capacity`, the one ``hetero plan`` predicts with) fed with
+live figures in place of a profile:
 
 * each of the job's ``R`` ranks takes one batch per step and needs ``compute_s`` of its own per
   step: the measured step time minus the measured data wait, plus the CPU time the rank spent
   inside that wait receiving its batch (more data nodes do not take that work off the rank);
-* the data servers together build ``S`` batches per second: each server's batches built per
-  second divided by its workers' busy share over the window (a starved job keeps them busy, so
-  this is what they make; a server with idle workers has that much headroom), and at least what
-  it delivered (all of it when its busy share is unknown);
-* step time ``= max(compute_s, R / S)``; with ``k`` more data nodes of the mean capacity ``c``
-  of the job's data nodes, ``max(compute_s, R / (S + k c))``.
+* each data server builds what it built per second divided by its workers' busy share over the
+  window (a starved job keeps them busy, so this is what they make; a server with idle workers
+  has that much headroom), and at least what it delivered (all of it when its busy share is
+  unknown). The data nodes are the model's data nodes; a DNN host's own server
+  (``dnn_local_server``) is the DNN nodes' own cores, at what it was measured to build;
+* the model gives the step for the data nodes there are, and for ``k`` more of the mean capacity
+  of the job's data nodes (or ``r`` fewer).
 
 ``k`` is the fewest nodes whose capacity covers the ranks' demand ``R / compute_s`` with
 ``headroom`` to spare (10 % by default: servers run near full load only with bursts of waiting,
 as batch times and fetches vary); when the servers have more than that, the advice is how many
-data nodes could go (always keeping one) with that headroom kept. Costs come from
-a price map (instance type -> $/h): the change in $/h, the changed nodes' cost over one epoch at
-the predicted step time, and the whole job's $/epoch before and after when the DNN instance's
-price is known too. Nothing here measures or talks to a server: ``launcher/live_advisor.py`` gathers
+data nodes could go (always keeping one) with that headroom kept. Costs come from a price map
+(instance type -> $/h): the change in $/h, the changed nodes' cost over one epoch at the
+predicted step time, and the whole job's $/epoch before and after when the DNN instance's price
+is known too. Nothing here measures or talks to a server: ``launcher/advice/advisor.py`` gathers
 the figures.
 
-The network (the planner's ``hetero/planning/network.py`` model, with the bytes per batch the
-servers sent in the window): a data node delivers at most its NIC baseline and, to each rank, one
-flow's cap; the DNN nodes' NICs bound what all data nodes together deliver. The advice names the
-binding resource (``cores``, ``data NIC``, ``DNN NIC`` or ``flow``) and, when the network binds,
-says what helps: more data nodes only while their NICs bind, otherwise a compact wire encoding or
-instances with more bandwidth.
+The network (the model's, with the bytes per batch the servers sent in the window): a data node
+delivers at most its NIC baseline and, to each rank, one flow's cap; the DNN nodes' NICs bound
+what all data nodes together deliver. The advice names the binding resource (``cores``, ``data
+NIC``, ``DNN NIC`` or ``flow``) and, when the network binds, says what helps: more data nodes
+only while their NICs bind, otherwise a compact wire encoding or instances with more bandwidth.
 """
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
+from .. import capacity
+from ..capacity import COMPACT_WIRE
+
 HEADROOM = 0.10           # spare capacity the advice keeps over the ranks' demand
 MIN_BUSY = 0.05           # below this busy share a server's headroom is not extrapolated further
 MIN_COMPUTE_SHARE = 0.01  # a step that is (almost) all data wait: take compute as this share of it
 MAX_CHANGE = 256          # the most nodes one piece of advice adds
-SINGLE_FLOW_GBPS = 5.0    # one TCP flow between EC2 instances outside a cluster placement group
-COMPACT_WIRE = "jpeg:90"  # the wire encoding the advice names when the network binds
 
 
 @dataclass(frozen=True)
@@ -147,56 +148,54 @@ def server_capacity(server: ServerFigures) -> float:
     return max(delivered, built / min(1.0, max(MIN_BUSY, server.busy_fraction)))
 
 
-def total_capacity(servers: Sequence[ServerFigures], node_limit: float | None = None) -> tuple[float, float | None]:
-    """(batches/s all servers could deliver, the mean capacity of one data node; None: unknown).
+def data_node_rates(servers: Sequence[ServerFigures],
+                    node_limit: float | None = None) -> tuple[tuple[float, ...], float | None]:
+    """(each data node's batches/s, the mean capacity of one data node; None: unknown).
 
     The node unit is the mean over the data nodes whose capacity was measured (busy share known),
     else over those present the whole window (as delivered). A data node not measured yet counts
     at that unit when some were measured (it is taken to be like them), one that joined during the
-    window always does (what it delivered since its start is no rate); other servers count at
-    their own figures. ``node_limit``: batches/s one data node's network carries (None: not limited).
+    window always does (what it delivered since its start is no rate). ``node_limit``: batches/s
+    one data node's network carries (None: not limited).
     """
     def cap(s: ServerFigures) -> float:
         own = server_capacity(s)
-        return min(own, node_limit) if s.data_node and node_limit is not None else own
+        return own if node_limit is None else min(own, node_limit)
 
-    measured = [cap(s) for s in servers if s.data_node and not s.new and s.busy_fraction is not None]
-    present = [cap(s) for s in servers if s.data_node and not s.new]
+    nodes = [s for s in servers if s.data_node]
+    measured = [cap(s) for s in nodes if not s.new and s.busy_fraction is not None]
+    present = [cap(s) for s in nodes if not s.new]
     pool = [c for c in (measured or present) if c > 0]
     unit = sum(pool) / len(pool) if pool else None
-    total = 0.0
-    for s in servers:
-        own = cap(s)
-        if s.data_node and unit is not None and (s.new or (measured and s.busy_fraction is None)):
-            own = unit
-        total += own
-    return total, unit
+    rates = tuple(unit if unit is not None and (s.new or (measured and s.busy_fraction is None)) else cap(s)
+                  for s in nodes)
+    return rates, unit
 
 
-def network_limits(figures: LiveFigures) -> tuple[dict[str, float], float | None]:
-    """({"data NIC" / "flow": batches/s one data node's network carries}, batches/s the DNN NICs take
-    from all data nodes together, or None): empty / None where a figure is unknown."""
+def network_of(figures: LiveFigures) -> capacity.Network | None:
+    """The window's network in the capacity model's terms (items are batches); None where the bytes
+    per batch are unknown (the network is left out)."""
     if not figures.bytes_per_batch or figures.bytes_per_batch <= 0:
-        return {}, None
+        return None
+    return capacity.Network(figures.bytes_per_batch, figures.data_nic_gbps or None, figures.dnn_nic_gbps or None,
+                            figures.flow_gbps or None)
 
-    def batches(gbps: float) -> float:
-        return gbps * 1e9 / 8.0 / figures.bytes_per_batch
 
-    node: dict[str, float] = {}
-    if figures.data_nic_gbps:
-        node["data NIC"] = batches(figures.data_nic_gbps)
-    if figures.flow_gbps:
-        node["flow"] = figures.ranks * batches(figures.flow_gbps)
-    dnn = figures.dnn_count * batches(figures.dnn_nic_gbps) if figures.dnn_nic_gbps else None
-    return node, dnn
+def layout_of(figures: LiveFigures, compute_s: float, rates: Sequence[float]) -> capacity.Layout:
+    """The job as the capacity model sees it: data nodes building ``rates`` batches/s, the DNN
+    hosts' own servers (``data_node=False``) at what they were measured to build."""
+    local = sum(server_capacity(s) for s in figures.servers if not s.data_node)
+    return capacity.Layout(figures.ranks, compute_s, tuple(rates), capacity.OwnCores(local, 1.0, serves=True),
+                           network_of(figures), figures.dnn_count)
 
 
 def predicted_step(compute_s: float, ranks: int, capacity_per_s: float) -> float:
-    """``max(compute_s, ranks / capacity)``: the planner's ``predict_step`` with one "core" per
-    batch/s of capacity (``preprocess_s = 1``, ``cores = capacity``, ``consumers = ranks``)."""
+    """``max(compute_s, ranks / capacity)``: the capacity model's step for ``capacity_per_s``
+    batches/s, whoever builds them."""
     if capacity_per_s <= 0:
         return math.inf
-    return max(compute_s, ranks / capacity_per_s)
+    own = capacity.OwnCores(capacity_per_s, 1.0, serves=True)
+    return capacity.step_s(capacity.Layout(ranks, compute_s, own=own))
 
 
 def _wait_share(step_s: float, compute_s: float) -> float:
@@ -231,51 +230,60 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
     own = step - figures.data_wait_s + min(max(0.0, figures.fetch_cpu_s), figures.data_wait_s)
     compute = max(own, MIN_COMPUTE_SHARE * step)
     note = "the step is almost all data wait: compute time taken as 1% of it" if own < MIN_COMPUTE_SHARE * step else ""
-    node_net, dnn_net = network_limits(figures)
-    node_limit = min(node_net.values()) if node_net else None
-    capacity, node_cap = total_capacity(figures.servers, node_limit)
-    local = sum(server_capacity(s) for s in figures.servers if not s.data_node)
-
-    def delivered(remote: float) -> float:  # what the ranks receive from ``remote`` batches/s of data nodes
-        return local + (remote if dnn_net is None else min(remote, dnn_net))
-
-    remote = capacity - local
-    capacity = delivered(remote)
-    nodes = sum(1 for s in figures.servers if s.data_node)
+    network = network_of(figures)
+    node_net = network.node_limits(ranks) if network is not None else {}
+    rates, node_cap = data_node_rates(figures.servers, min(node_net.values()) if node_net else None)
+    sent = capacity.remote(layout_of(figures, compute, rates))
+    now = capacity.predict(layout_of(figures, compute, rates))
+    local, remote = now.local_items_s, sent.nodes_s    # remote: what the data nodes send, before the DNN NICs
+    dnn_net = sent.limits.get("DNN NIC")
+    nodes = len(rates)
     needed = ranks * (1 + headroom) / compute   # batches/s the ranks take, plus the headroom
     change: int | None = None
     if node_cap is None:
         note = note or "no data node delivered a batch in this window: nothing to size a node by"
-    elif capacity < needed:
+    elif now.items_s < needed:
         reach = needed if dnn_net is None else min(needed, local + dnn_net)  # the DNN NIC caps what more nodes add
         change = max(0, min(MAX_CHANGE, math.ceil((reach - local - remote) / node_cap - 1e-9)))
     else:
         # what the data nodes send beyond the DNN NIC's share is spare as well: local + remote - needed either way
         change = -min(max(0, nodes - 1), math.floor(max(0.0, local + remote - needed) / node_cap + 1e-9))
-    new_capacity = delivered(remote + (change or 0) * (node_cap or 0.0))
+    pred = capacity.predict(layout_of(figures, compute, _changed(rates, change, node_cap or 0.0)))
     binding, network_note = _binding(figures, node_net, dnn_net, remote, node_cap, change)
-    pred = predicted_step(compute, ranks, new_capacity)
     price, dnn_price = prices.get(figures.data_instance), prices.get(figures.dnn_instance)
     steps = figures.steps_per_epoch
+    after = pred.step_s
     change_h = change * price if change is not None and price is not None else None
-    change_epoch = (change_h * steps * pred / 3600.0 if change_h is not None and steps and math.isfinite(pred)
-                    else None)
+    change_epoch = (capacity.usd_per_epoch(change_h, after, steps) if change_h is not None and steps
+                    and math.isfinite(after) else None)
     job_now = job_after = None
     if price is not None and dnn_price is not None and steps:
         dnn_h = figures.dnn_count * dnn_price
-        job_now = (dnn_h + nodes * price) * steps * step / 3600.0
-        if change is not None and math.isfinite(pred):
-            job_after = (dnn_h + (nodes + change) * price) * steps * pred / 3600.0
+        job_now = capacity.usd_per_epoch(dnn_h + nodes * price, step, steps)
+        if change is not None and math.isfinite(after):
+            job_after = capacity.usd_per_epoch(dnn_h + (nodes + change) * price, after, steps)
     return Advice(change=change, data_nodes=nodes, data_instance=figures.data_instance, step_s=step,
-                  compute_s=compute, data_wait_fraction=wait_share, predicted_step_s=pred,
-                  predicted_wait_fraction=_wait_share(pred, compute), ranks=ranks,
-                  delivered_per_s=sum(s.batches_per_s for s in figures.servers), capacity_per_s=capacity,
+                  compute_s=compute, data_wait_fraction=wait_share, predicted_step_s=after,
+                  predicted_wait_fraction=_wait_share(after, compute), ranks=ranks,
+                  delivered_per_s=sum(s.batches_per_s for s in figures.servers), capacity_per_s=now.items_s,
                   node_capacity_per_s=node_cap, node_usd_per_hour=price, change_usd_per_hour=change_h,
                   change_usd_per_epoch=change_epoch, job_usd_per_epoch=job_now,
                   predicted_job_usd_per_epoch=job_after, steps_per_epoch=steps, note=note, binding=binding,
                   bytes_per_sample=(figures.bytes_per_batch / figures.batch_size
                                     if figures.bytes_per_batch and figures.batch_size > 0 else None),
                   network_note=network_note)
+
+
+def _changed(rates: tuple[float, ...], change: int | None, node_cap: float) -> tuple[float, ...]:
+    """The data nodes' batches/s after ``change``: added nodes at ``node_cap`` each; the nodes left
+    after a drain at the mean of what the group then builds (each drained node takes ``node_cap``,
+    whichever it is)."""
+    if not change:
+        return rates
+    if change > 0:
+        return rates + (node_cap,) * change
+    left = len(rates) + change
+    return (max(0.0, sum(rates) + change * node_cap) / left,) * left
 
 
 def _binding(figures: LiveFigures, node_net: dict[str, float], dnn_net: float | None, remote: float,

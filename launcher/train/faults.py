@@ -1,6 +1,6 @@
 """Fault injection for tests and drills: a training step that fails part-way.
 
-``--hp step=launcher.faults:crash_step`` trains normally for ``CRASH_AT_STEP - 1`` steps with
+``--hp step=launcher.train.faults:crash_step`` trains normally for ``CRASH_AT_STEP - 1`` steps with
 the MNIST step, then raises, as a trainer bug or an out-of-memory error would mid-run.
 The MNIST step is the launcher's default ``step`` option, loaded by import path like any user's step.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import load_object
+from ..config import load_object
 
 MNIST_STEP = "examples.mnist:train_step"
 
@@ -24,7 +24,7 @@ def crash_step(model: torch.nn.Module, batch, optimizer: torch.optim.Optimizer, 
     """The MNIST step until step ``CRASH_AT_STEP``, where it raises ``InjectedFault``."""
     _calls["n"] += 1
     if _calls["n"] >= CRASH_AT_STEP:
-        raise InjectedFault(f"injected trainer failure at step {_calls['n']} (launcher.faults:crash_step)")
+        raise InjectedFault(f"injected trainer failure at step {_calls['n']} (launcher.train.faults:crash_step)")
     return load_object(MNIST_STEP, "step")(model, batch, optimizer, device)
 
 

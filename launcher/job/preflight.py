@@ -18,7 +18,7 @@ from typing import Any, Callable
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
 
-from .config import LaunchConfig, load_object
+from ..config import LaunchConfig, load_object
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +54,20 @@ def preflight(cfg: LaunchConfig, role: str) -> None:
     Raises:
         ConfigError: naming the option, its value and what is wrong.
     """
-    builder = PipelineSpec(cfg.pipeline, cfg.pipeline_options).resolve()
-    check_call(builder, dict(cfg.pipeline_options), "pipeline", cfg.pipeline)
-    check_call(_callable(cfg.model, "model"), dict(cfg.model_options), "model", cfg.model)
-    _callable(cfg.step, "step")
-    if cfg.evaluate:
-        _callable(cfg.evaluate, "evaluate")
-    from .trainer import OPTIMIZERS
+    builder = PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).resolve()
+    check_call(builder, dict(cfg.data.pipeline_options), "pipeline", cfg.data.pipeline)
+    check_call(_callable(cfg.model.model, "model"), dict(cfg.model.model_options), "model", cfg.model.model)
+    _callable(cfg.model.step, "step")
+    if cfg.model.evaluate:
+        _callable(cfg.model.evaluate, "evaluate")
 
-    _callable(OPTIMIZERS.get(cfg.optimizer.lower(), cfg.optimizer), "optimizer")
+    _callable(cfg.model.optimizer_path(), "optimizer")
     if role in ("dnn", "homogeneous"):
         from dnn_worker.device.ddp import resolve_backend
 
-        resolve_backend(cfg.ddp_backend)  # nccl without CUDA, smddp without its library: fail now
+        resolve_backend(cfg.dnn.ddp_backend)  # nccl without CUDA, smddp without its library: fail now
     if role == "homogeneous":
         # the pipeline runs here: build it now (values, data, finish stage), not at the first batch
-        PipelineSpec(cfg.pipeline, cfg.pipeline_options).load().finish_target()
-    log.info("options checked: pipeline %s, model %s, step %s, evaluate %s, optimizer %s", cfg.pipeline,
-             cfg.model, cfg.step, cfg.evaluate or "(none)", cfg.optimizer)
+        PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).load().finish_target()
+    log.info("options checked: pipeline %s, model %s, step %s, evaluate %s, optimizer %s", cfg.data.pipeline,
+             cfg.model.model, cfg.model.step, cfg.model.evaluate or "(none)", cfg.model.optimizer)

@@ -1,10 +1,10 @@
 """Rank 0's live advice: every ``advice_every`` steps and at the end, how many data nodes to add.
 
-:class:`LiveAdvisor` sits in rank 0's :class:`launcher.step_stats.StepStats`. After the warm-up it
+:class:`LiveAdvisor` sits in rank 0's :class:`launcher.train.step_stats.StepStats`. After the warm-up it
 takes a snapshot of every data server's counters (the authenticated ``GetStats`` call the DNN
 node already uses for ``metrics.json``); every ``advice_every`` steps it takes another, turns the
 differences into each server's batches/s and workers' busy share over the window, pairs them with
-the window's mean step time and data wait, and logs :func:`launcher.advice_model.advise`'s answer as an
+the window's mean step time and data wait, and logs :func:`launcher.advice.model.advise`'s answer as an
 advice line (``launcher.metric_lines.advice_line``, read by the job's ``MetricDefinitions``). The
 end-of-training advice goes into ``metrics.json`` under ``advice``, the advice lines before it
 under ``advice.history``.
@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from .advice_model import LiveFigures, ServerFigures, advise, steps_per_epoch
-from .metric_lines import advice_line
+from ..metric_lines import advice_line
+from .model import LiveFigures, ServerFigures, advise, steps_per_epoch
 
 log = logging.getLogger(__name__)
 
@@ -284,11 +284,11 @@ def live_advisor(job, rank: int) -> LiveAdvisor | None:
     """The advisor of a heterogeneous job's rank 0 (``advice_every`` > 0), else None.
 
     Args:
-        job: the rank's ``launcher.trainer.TrainJob``.
+        job: the rank's ``launcher.train.trainer.TrainJob``.
         rank: the global rank.
     """
     cfg = job.cfg
-    every = int(getattr(cfg, "advice_every", 0) or 0)
+    every = int(cfg.advice.advice_every or 0)
     if rank != 0 or job.mode != "heterogeneous" or every <= 0 or not job.servers:
         return None
     own = {a for h, a in zip(job.server_hosts, job.servers) if h in job.dnn_hosts}
@@ -297,12 +297,12 @@ def live_advisor(job, rank: int) -> LiveAdvisor | None:
     def servers() -> list[tuple[str, bool]]:
         return fixed
 
-    network = dict(getattr(cfg, "advice_network", {}) or {})
+    network = dict(cfg.advice.advice_network or {})
     # the flow cap is an EC2 figure: a job given no NIC figures (hetero local, loopback) is not held to it
-    flow = float(getattr(cfg, "advice_flow_gbps", 0.0) or 0.0) if network else 0.0
-    return LiveAdvisor(servers, job.token, job.world_size, every, cfg.warmup_steps,
+    flow = float(cfg.advice.advice_flow_gbps or 0.0) if network else 0.0
+    return LiveAdvisor(servers, job.token, job.world_size, every, cfg.train.warmup_steps,
                        data_instance=job.extra.get("data_instance_type", ""),
                        dnn_instance=job.extra.get("dnn_instance_type", ""), dnn_count=len(job.dnn_hosts),
-                       prices=dict(getattr(cfg, "advice_prices", {}) or {}),
-                       registry=str(getattr(cfg, "registry", "") or ""),
+                       prices=dict(cfg.advice.advice_prices or {}),
+                       registry=str(cfg.elastic.registry or ""),
                        network=network, flow_gbps=flow or None)

@@ -14,11 +14,16 @@ counts whole samples missing besides the damaged ones.
 The places: ``local`` (``hetero prepare`` shards, flips and cuts), ``wds`` (WebDataset tars indexed
 by ``hetero index``), ``index`` (index.bin's per-sample columns, damaged before the servers open
 it), ``cache`` (a block of S3 shards in the node's cache), ``s3`` (the S3 object itself, read
-through the S3 fault proxy, which answers 503 once per trial), ``parquet`` (a row group's pages)
-``dataplane`` (a byte of what one server sends, flipped by a proxy), ``label_manifest`` (a label
+through the S3 fault proxy, which answers 503 once per trial), ``parquet`` (a row group's pages),
+``decoded`` (an entry of the decoded-image cache, between epochs), ``parquet-plain`` (a row group's
+pages in a file written with pyarrow's defaults, no page CRCs, checked by the row checksums ``hetero
+index`` writes), ``dataplane`` (a byte of what one server sends, flipped by a proxy), ``label_manifest`` (a label
 changed in a part's manifest before ``hetero prepare --merge``; every other trial the manifest's
-own checksum made to match, so the per-sample checksum must see it) and ``label_index`` (a label changed
-in index.bin under servers that opened it and read every sample once). Servers are started once
+own checksum made to match, so the per-sample checksum must see it), ``label_index`` (a label changed
+in index.bin under servers that opened it and read every sample once) and ``request`` (a byte of what
+the consumer sends one server: its hello, requests, hints; each trial's seconds are kept, since a
+damaged request must be asked again at once, not after ``batch_timeout``:
+``benchmarks/common/request_place.py``). Servers are started once
 per data set and reused: damage is done in place, so the files they hold open see it, and undone
 after the trial; where a first read has already cached the clean bytes (the S3 block cache, decoded
 Parquet row groups), the cached copy is damaged alike, as a first read of the damaged source would
@@ -36,11 +41,12 @@ import time
 
 from benchmarks.common import cli, report
 from benchmarks.common import corrupt as cc
+from benchmarks.common import request_place
 
 BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "drop_last": True}
 SHARE = {"local": 0.25, "wds": 0.15, "index": 0.05, "cache": 0.2, "s3": 0.1, "parquet": 0.05, "dataplane": 0.2,
-         "label_manifest": 0.05, "label_index": 0.05}
-STORED = ("local", "wds", "index", "cache", "s3", "parquet",
+         "label_manifest": 0.05, "label_index": 0.05, "request": 0.1, "decoded": 0.1, "parquet-plain": 0.05}
+STORED = ("local", "wds", "index", "cache", "s3", "parquet", "decoded", "parquet-plain",
           "label_manifest", "label_index")  # places whose bytes carry a checksum
 OUTCOMES = ("detected", "silent", "reread", "harmless")
 
@@ -58,7 +64,7 @@ def _stats(servers) -> tuple[int, int]:
 
 
 class _Named(logging.Handler):
-    """Keeps the first warning that names a batch failing its CRC-32, or a frame that does not parse
+    """Keeps the first warning that names a batch failing its checksum, or a frame that does not parse
     (the consumer then asks for the batch again)."""
 
     def __init__(self) -> None:
@@ -68,7 +74,7 @@ class _Named(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         # a flip in a frame's length or header ends the connection as a protocol error instead
-        if not self.said and ("CRC-32" in message or "ProtocolError" in message or "DecodeError" in message):
+        if not self.said and ("CRC32C" in message or "CRC-32" in message or "ProtocolError" in message or "DecodeError" in message):
             self.said = message[:300]
 
 
@@ -79,7 +85,7 @@ def epoch(servers, ref: list[str], seed: int, audit: str, damaged: int = 0) -> d
 
     before = _stats(servers)
     error, short, silent, got = "", 0, 0, 0
-    named = _Named()  # the consumer's own detection: a batch that fails its CRC-32 on arrival
+    named = _Named()  # the consumer's own detection: a batch that fails its CRC32C on arrival
     logging.getLogger("dnn_worker").addHandler(named)
     try:
         ds = RemoteDataset([s.address for s in servers], servers[0].token, seed=seed, audit_path=audit,
@@ -255,6 +261,7 @@ def run(trials: int = 200, seed: int = 0, images: int = 96, work: str = "", only
         _run_pair(opts, opts, {p: counts[p] for p in ("local", "dataplane")}, local, seed, audit, results)
         _index_trials(counts["index"], rng, opts, seed, audit, results)
         _label_trials(counts, rng, opts, files, os.path.join(work, "photos"), work, seed, audit, results)
+        request_place.trials(counts["request"], rng, opts, seed, audit, results, _pair, epoch)
         opts = dict(BASE, shards=wds, on_corrupt="fail")
         _run_pair(opts, opts, {"wds": counts["wds"]}, lambda p, f: cc.shard_damage(rng, wds), seed, audit,
                   results)
@@ -286,9 +293,36 @@ def run(trials: int = 200, seed: int = 0, images: int = 96, work: str = "", only
 
         _run_pair(opts, dict(BASE, parquet=pqfile), {"parquet": counts["parquet"]},
                   lambda p, f: cc.parquet_damage(rng, pqfile, pcache), seed, audit, results, after=fresh)
+        _cached_images_and_plain_parquet(counts, rng, files, shards, work, tmp, seed, audit, results)
     if trace is not None:
         trace.extend(results)
     return summarize(results)
+
+
+def _cached_images_and_plain_parquet(counts, rng, files, shards, work, tmp, seed, audit, results) -> None:
+    """The ``decoded`` trials (an entry of the decoded-image cache damaged between epochs: each must be
+    re-read) and the ``parquet-plain`` ones (a file without page CRCs, its rows checked by the
+    checksums ``hetero index`` wrote; ``on_corrupt=skip``, so each damaged row is a counted skip)."""
+    opts = dict(BASE, shards=shards, on_corrupt="skip", decoded_cache_bytes="64MB",
+                decoded_cache_dir=os.path.join(tmp, "decoded"))
+    _run_pair(opts, opts, {"decoded": counts["decoded"]},
+              lambda p, f: cc.decoded_damage(rng, os.path.join(tmp, "decoded")), seed, audit, results)
+    if not counts["parquet-plain"]:
+        return
+    plain = cc.plain_parquet(files, os.path.join(work, "pq-plain"))
+    cache = os.path.join(tmp, "pq-plain-cache")
+    opts = dict(BASE, parquet=plain, cache_dir=cache, on_corrupt="skip", unchecked="refuse")
+
+    def fresh(servers):  # a row found damaged stays marked in the node's cache: start clean
+        import shutil
+
+        for s in servers:
+            s.stop()
+        shutil.rmtree(cache, ignore_errors=True)
+        return _pair(opts)[0]
+
+    _run_pair(opts, dict(BASE, parquet=plain), {"parquet-plain": counts["parquet-plain"]},
+              lambda p, f: cc.plain_parquet_damage(rng, plain, cache), seed, audit, results, after=fresh)
 
 
 def summarize(results: list[dict]) -> dict:
@@ -311,15 +345,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--images", type=int, default=96)
-    p.add_argument("--only", default="", help=f"comma-separated places to damage (default all: {', '.join(SHARE)})")
+    p.add_argument("--only", default="", metavar="PLACE,...",
+                   help=f"run only these places' trials (of {', '.join(SHARE)}), --trials spread over them")
     cli.add_json(p)
     args = p.parse_args(argv)
-    start = time.monotonic()
-    only = tuple(p.strip() for p in args.only.split(",") if p.strip())
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
     unknown = [x for x in only if x not in SHARE]
     if unknown:
-        raise SystemExit(f"--only {args.only!r}: no place {unknown[0]!r}; choose among {', '.join(SHARE)}")
-    table = run(args.trials, args.seed, args.images, only=only)
+        p.error(f"--only {args.only}: no place {', '.join(unknown)}; the places are {', '.join(SHARE)}")
+    start = time.monotonic()
+    trace: list[dict] = []
+    table = run(args.trials, args.seed, args.images, only=only, trace=trace)
     print(f"{report.command('python -m benchmarks.corruption', argv)}  ({report.stamp()}, "
           f"{time.monotonic() - start:.0f} s)")
     print(f"{'place':<14} {'trials':>6} {'detected':>8} {'silent':>6} {'re-read':>7} {'harmless':>8} {'lost':>4}")
@@ -329,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     for place, row in table.items():
         for e in row["errors"][:1] if place in SHARE else []:
             print(f"  {place}: e.g. {e}")
+    if request_place.times(trace):
+        print(request_place.times(trace))
     report.write_json(args.json, {"benchmark": "corruption", "date": report.stamp(), "table": table,
+                                  "request_seconds": [r["seconds"] for r in trace if r["place"] == "request"],
                                   "command": report.command("python -m benchmarks.corruption", argv)})
     return 1 if table["total"]["silent"] or table["total"]["lost"] else 0
 

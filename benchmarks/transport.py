@@ -2,6 +2,7 @@
 
     python -m benchmarks.transport [--sizes 1,4,16,32] [--seconds 3] [--json out.json]
     python -m benchmarks.transport --local-shm      # same-host shared memory vs memcpy
+    python -m benchmarks.transport --baseline-root OTHER_CHECKOUT   # this checkout's service vs another's
 
 Both paths run in the same run, sender and receiver in separate processes.
 Default: raw TCP on loopback (sendall of a ready buffer / recv_into a
@@ -13,6 +14,10 @@ its shared-memory slot; the consumer's tensors are views of that slot, leased
 until it drops them) against a single-threaded memcpy of the same bytes: one buffer into
 one (at a few MB both stay in the CPU cache), one into as many buffers as the worker has
 slots (the working set of the worker's own copy), and rotating over 128 MB (cold).
+``--baseline-root``: the service of this checkout and of another one, side by side in one run:
+both measured by benchmarks/_dataplane_probe.py with ``PYTHONPATH`` at their checkout (server and
+consumer each run that checkout's code), in turn, the order swapped every repeat; the table adds
+the baseline's GB/s and this / baseline, the median of the ratios pair by pair, and their range.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from .common import cli, report, servers
 
@@ -128,6 +134,30 @@ def service(size: int, seconds: float, workers: int, shm: bool = False, slots: i
     return got / elapsed / 1e9, extra
 
 
+def compared(size: int, args) -> tuple[dict, str]:
+    """One batch size, this checkout's service against ``args.baseline_root``'s: the row and its line."""
+    from .dataplane import probe  # dataplane imports this module's baselines: imported when used
+
+    roots = {"this": Path(__file__).resolve().parent.parent, "baseline": Path(args.baseline_root).resolve()}
+    raw, runs = [], {name: [] for name in roots}
+    for i in range(args.repeats):  # interleaved, the order swapped each time, so drift hits all alike
+        raw.append(memcpy(size, args.seconds) if args.local_shm else raw_tcp(size, args.seconds))
+        for name in (("this", "baseline") if i % 2 == 0 else ("baseline", "this")):
+            runs[name].append(probe(roots[name], "stream", batch_bytes=size, seconds=args.seconds,
+                                    shm=args.local_shm, workers=args.workers)["gbps"])
+    r, v, b = statistics.median(raw), statistics.median(runs["this"]), statistics.median(runs["baseline"])
+    pairs = [t / o for t, o in zip(runs["this"], runs["baseline"])]
+    ratio = statistics.median(pairs)
+    row = {"batch_mb": size / MB, "baseline": "memcpy" if args.local_shm else "raw TCP", "baseline_gbps": round(r, 3),
+           "service_gbps": round(v, 3), "ratio": round(v / r, 3), "old_service_gbps": round(b, 3),
+           "old_ratio": round(b / r, 3), "new_over_old": round(ratio, 3),
+           "new_over_old_runs": [round(x, 3) for x in pairs], "raw_runs": [round(x, 3) for x in raw],
+           "service_runs": [round(x, 3) for x in runs["this"]], "old_service_runs": [round(x, 3) for x in runs["baseline"]]}
+    line = (f"| {size / MB:g} | {r:.2f} | {v:.2f} | {b:.2f} | {v / r:.2f} | {b / r:.2f} | "
+            f"**{ratio:.2f}** ({min(pairs):.2f}-{max(pairs):.2f}) |")
+    return row, line
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__)
     parser.add_argument("--sizes", default="1,4,16,32", help="batch sizes in MB")
@@ -136,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=4, help="server slots per worker (--slots-per-worker; server default 4)")
     cli.add_json(parser)
     parser.add_argument("--local-shm", action="store_true", help="same-host shared memory vs memcpy")
+    parser.add_argument("--baseline-root", default="", help="another checkout of this repository: its service "
+                                                            "measured beside this one's")
     args = parser.parse_args(argv)
+    if args.baseline_root and not (Path(args.baseline_root) / "benchmarks" / "_dataplane_probe.py").is_file():
+        parser.error(f"--baseline-root {args.baseline_root!r} is not a checkout of this repository with "
+                     "benchmarks/_dataplane_probe.py: pass the root of one (git worktree add DIR COMMIT)")
     sizes = [int(float(s) * MB) for s in args.sizes.split(",")]
     rows = []
     base_name = "memcpy" if args.local_shm else "raw TCP"
@@ -145,9 +180,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.seconds}s per point, {args.workers} server worker(s) x {args.slots} slots", flush=True)
     cold_cols = (f" memcpy into {args.slots} slots GB/s | service / that | cold memcpy GB/s | service / cold memcpy |"
                  if args.local_shm else "")
-    print(f"| batch MB | {base_name} GB/s | service GB/s | service / {base_name} |{cold_cols}")
-    print("|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if args.local_shm else ""))
+    if args.baseline_root:
+        print(f"this checkout against {Path(args.baseline_root).resolve()} (baseline)")
+        print(f"| batch MB | {base_name} GB/s | service GB/s | baseline service GB/s | service / {base_name} | "
+              f"baseline / {base_name} | service / baseline (range) |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+    else:
+        print(f"| batch MB | {base_name} GB/s | service GB/s | service / {base_name} |{cold_cols}")
+        print("|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if args.local_shm else ""))
     for size in sizes:
+        if args.baseline_root:
+            row, line = compared(size, args)
+            rows.append(row)
+            print(line, flush=True)
+            continue
         raw, svc, cold, slotted, extra = [], [], [], [], {}
         for _ in range(args.repeats):  # interleaved so drift hits both paths alike
             raw.append(memcpy(size, args.seconds) if args.local_shm else raw_tcp(size, args.seconds))
@@ -171,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
     report.write_json(args.json, {"benchmark": "transport", "path": path, "cores": os.cpu_count(),
                                   "seconds": args.seconds, "repeats": args.repeats, "workers": args.workers,
-                                  "slots": args.slots, "rows": rows})
+                                  "slots": args.slots, "baseline_root": args.baseline_root, "rows": rows})
     return 0
 
 

@@ -1,124 +1,214 @@
-"""Data workers forked from the pool's warm parent against spawned: memory, start-up, replacement.
+"""Data workers as users meet them: memory while batches stream, a killed worker's gap, start-up.
 
-Each point runs in a fresh process holding one data server (synthetic pipeline) with N workers:
-USS and RSS per worker and of the server's main process (psutil ``memory_full_info``), server start
-to first batch (set beside a bare ``import torch`` and ``import torch, torchvision`` timed in
-fresh interpreters in the same run), CPU seconds the workers (and the warm parent) spent
-starting, and the time from killing a worker to its replacement being ready. The warm parent's
-own memory is shown apart: it holds torch and the pipeline module once for all the workers it
-forks; "all PSS" adds the proportional memory of the server, its workers and the warm parent:
-what the group costs the node.
+Each point is ``hetero serve`` of one pipeline with N workers, started from a checkout (``--trees``:
+old and new side by side, the points alternated), and a consumer in this process streaming its
+batches as fast as they come. It reports:
 
-Each figure is the median of ``--repeats`` fresh runs, the points interleaved.
+* start to first batch: from starting ``hetero serve`` to the consumer holding batch 0 (the server
+  builds its probe batch first, as by default), against a bare ``python -c "import torch,
+  torchvision"`` timed the same way in the same run;
+* after the stream has run ``--stream-s`` seconds: each worker's USS, the warm parent's and the
+  main process's, and the PSS of them all; the marginal memory of one more worker is the PSS of
+  the N=2 point less that of the N=1 point;
+* the workers' CPU seconds per batch over the stream (after its first seconds);
+* with one worker: the longest gap between two batches when that worker is killed -9 mid-stream,
+  against the median gap before.
 
-    python -m benchmarks.worker_start [--workers 1,2,4] [--repeats 3] [--json worker_start.json]
+Pipelines: the image pipeline on a folder of photo-like JPEGs (``python -m benchmarks.photos DIR``)
+with batches of 32 224-px crops, and ``examples.synthetic``. The new checkout also runs spawned
+workers (one per pipeline), for the CPU per batch of a forked worker against a spawned one. And a
+user's script that starts a server through the Python API under ``if __name__ == "__main__":``
+says how its workers started, in each checkout.
+
+    python -m benchmarks.worker_start --photos DIR [--trees old=PATH,new=.] [--stream-s 10] [--json FILE]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.common import cli, report
+from benchmarks.common.node_tree import node_tree, tree_memory
 from benchmarks.common.proc import usage
 
-MODES = ("spawn", "warm")
-OPTS = {"size": 256, "batch_size": 8}
-MB = 1 << 20
+TOKEN = "b" * 32
+SYNTHETIC = {"size": 1024, "batch_size": 32, "shape": [3, 64, 64]}
+KILL_WATCH_S = 4.0  # how long the stream is watched after the kill
+USER_SCRIPT = '''
+import json, sys
+from data_service import DataServer, PipelineSpec, ServerOptions
 
-
-def _point(mode: str, workers: int) -> dict:
-    """In a fresh process: one server, its memory, start-up and one replacement."""
+if __name__ == "__main__":
+    server = DataServer(PipelineSpec("examples.synthetic:build_pipeline", {"size": 64}), "t" * 32,
+                        ServerOptions(num_workers=1, probe=False)).start()
+    pids = server.pool.worker_pids()
     import psutil
+    print(json.dumps({"method": server.pool.launcher.method,
+                      "parent_is_server": psutil.Process(pids[0]).ppid() == psutil.Process().pid}))
+    server.shutdown(grace_s=0.5)
+'''
 
-    from data_service.contract.pipeline import PipelineSpec
-    from data_service.protocol.generated import pb
-    from data_service.server import DataServer, ServerOptions
-    from dnn_worker.fetch.fetch_options import FetchOptions
-    from dnn_worker.fetch.fetcher import Fetcher
 
-    token = "b" * 32
-    t0 = time.perf_counter()
-    server = DataServer(PipelineSpec("examples.synthetic:build_pipeline", OPTS), token,
-                        ServerOptions(num_workers=workers, probe=False, worker_start=mode)).start()
+def _pipeline(name: str, photos: str) -> tuple[str, dict]:
+    if name == "image":
+        return "data_service.pipelines.images:build_pipeline", {"data_dir": photos, "batch_size": 32}
+    return "examples.synthetic:build_pipeline", SYNTHETIC
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"the server did not listen within {timeout:.0f}s")
+
+
+def _num_batches(address: str) -> int:
+    from dnn_worker import ControlClient
+
+    with ControlClient(address, TOKEN) as ctl:
+        info = ctl.wait_hello(60).dataset
+    return info.num_samples // info.batch_size if info.drop_last else -(-info.num_samples // info.batch_size)
+
+
+def point(tree: str, name: str, workers: int, start: str, stream_s: float, photos: str, log: Path) -> dict:
+    """One server from checkout ``tree``; the figures listed in the module docstring."""
+    from benchmarks.common.stream import Stream
+
+    target, opts = _pipeline(name, photos)
+    port, bulk = _free_port(), _free_port()
+    cmd = [sys.executable, "-m", "hetero", "--log-level", "WARNING", "serve", target, "--host", "127.0.0.1",
+           "--port", str(port), "--bulk-port", str(bulk), "--workers", str(workers),
+           "--token", TOKEN, "--worker-start", start]
+    cmd += [a for k, v in opts.items() for a in ("-o", f"{k}={json.dumps(v)}")]
+    with open(log, "a") as out:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=tree, env=dict(os.environ, PYTHONPATH=tree), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    stream = None
     try:
-        fetcher = Fetcher([server.address], [pb.BatchRef(seed=1, epoch=0, index=0)],
-                          FetchOptions(token, window=1, batch_timeout=60))
-        next(iter(fetcher))
-        first = time.perf_counter() - t0
-        warm = [server.pool.launcher.parent.process.pid] if server.pool.launcher.parent else []
-        start_cpu = usage(server.pool.worker_pids() + warm)[0]
-        parent = psutil.Process(warm[0]).memory_full_info() if warm else None
-        mem = [psutil.Process(p).memory_full_info() for p in server.pool.worker_pids()]
-        main = psutil.Process().memory_full_info()
-        victim = server.pool.worker_pids()[0]
-        t1 = time.perf_counter()
-        os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            pids = server.pool.worker_pids()
-            if len(pids) == workers and victim not in pids and server.pool.state.replacing == 0:
-                break
-            time.sleep(0.005)
-        replace = time.perf_counter() - t1
-        return {"mode": server.pool.launcher.method, "workers": workers, "first_batch_s": first,
-                "start_cpu_s": start_cpu, "replace_s": replace,
-                "worker_uss_mb": sum(m.uss for m in mem) / len(mem) / MB,
-                "worker_rss_mb": sum(m.rss for m in mem) / len(mem) / MB,
-                "main_uss_mb": main.uss / MB, "main_rss_mb": main.rss / MB,
-                "parent_uss_mb": parent.uss / MB if parent else 0.0,
-                "parent_rss_mb": parent.rss / MB if parent else 0.0,
-                "total_pss_mb": (sum(m.pss for m in mem) + main.pss + (parent.pss if parent else 0)) / MB}
+        _wait_port(port, proc, 300)
+        address = f"127.0.0.1:{port}"
+        stream = Stream(address, TOKEN, _num_batches(address))
+        first = stream.wait_first(120)
+        nodes = node_tree(proc.pid)
+        warmup = first + min(3.0, stream_s / 3)
+        time.sleep(max(0.0, warmup - time.monotonic()))
+        cpu0, t1 = usage(list(nodes.workers))[0], time.monotonic()
+        time.sleep(max(0.0, first + stream_s - time.monotonic()))
+        cpu1, t2 = usage(list(nodes.workers))[0], time.monotonic()
+        built = stream.count(t1, t2)
+        row = {"tree": Path(tree).name, "pipeline": name, "workers": workers,
+               "start": "warm" if nodes.parent else "spawn", "first_batch_s": round(first - t0, 2),
+               "batches_per_s": round(built / (t2 - t1), 1),
+               "cpu_ms_per_batch": round(1000 * (cpu1 - cpu0) / max(built, 1), 1), **tree_memory(nodes)}
+        if workers == 1:
+            before = stream.median_gap(t1, t2)
+            kill = time.monotonic()
+            os.kill(nodes.workers[0], signal.SIGKILL)
+            time.sleep(KILL_WATCH_S)
+            row.update(median_gap_s=round(before, 3),
+                       kill_gap_s=round(stream.longest_gap_after(kill, kill + KILL_WATCH_S), 3))
+        if stream.error is not None:
+            raise RuntimeError(f"the stream failed: {stream.error!r}")
+        return row
     finally:
-        server.shutdown(grace_s=0.5)
+        if stream is not None:
+            stream.stop()
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
-def _bare_import(modules: str) -> float:
-    code = f"import time; t = time.perf_counter(); import {modules}; print(time.perf_counter() - t)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    return float(out.stdout.strip())
+def bare_import(modules: str = "torch, torchvision") -> float:
+    """Wall seconds of a fresh ``python -c "import <modules>"``, interpreter start included."""
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", f"import {modules}"], check=True, timeout=300)
+    return time.monotonic() - t0
 
 
-def _run_point(mode: str, workers: int) -> dict:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.worker_start", "--point", mode, str(workers)],
-                         capture_output=True, text=True, timeout=300)
+def user_script(tree: str) -> dict:
+    """How a server started through the Python API in a user's script starts its workers."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "train.py"
+        script.write_text(USER_SCRIPT)
+        out = subprocess.run([sys.executable, str(script)], cwd=tmp, capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, PYTHONPATH=tree))
     if out.returncode != 0:
-        raise SystemExit(f"the {mode} point with {workers} workers failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"the user's script failed in {tree}:\n{out.stderr[-2000:]}")
+    return {"tree": Path(tree).name, **json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def _trees(text: str) -> dict[str, str]:
+    return {k: str(Path(v).resolve()) for k, v in (pair.split("=", 1) for pair in text.split(","))}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser(__doc__, "python -m benchmarks.worker_start")
-    p.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
-    p.add_argument("--repeats", type=int, default=3, help="fresh runs per point; medians are reported")
-    p.add_argument("--point", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)  # one point, in a fresh process
+    p.add_argument("--photos", required=True, help="a folder of photo-like JPEGs (python -m benchmarks.photos DIR)")
+    p.add_argument("--trees", default="new=.", help="label=checkout pairs, comma-separated (old=../old,new=.)")
+    p.add_argument("--stream-s", type=float, default=10.0, help="seconds of streaming before memory is read")
+    p.add_argument("--pipelines", default="image,synthetic")
+    p.add_argument("--log", default="", help="the servers' output (default: a temporary file)")
     cli.add_json(p)
     args = p.parse_args(argv)
-    if args.point:
-        print(json.dumps(_point(args.point[0], int(args.point[1]))))
-        return 0
-    counts = [int(n) for n in args.workers.split(",")]
-    bare = {m: report.medians([{"s": _bare_import(m)} for _ in range(args.repeats)])["s"]
-            for m in ("torch", "torch, torchvision")}
-    runs = {(n, mode): [] for n in counts for mode in MODES}
-    for _ in range(args.repeats):  # interleaved, so that the machine's other load falls on both alike
-        for n, mode in runs:
-            runs[n, mode].append(_run_point(mode, n))
-    rows = [{**r[0], **report.medians(r, [k for k in r[0] if k not in ("mode", "workers")])} for r in runs.values()]
-    print(f"{report.command('python -m benchmarks.worker_start', argv)}  ({report.stamp()})")
-    print("bare " + ", ".join(f"`import {m}`: {t:.2f} s" for m, t in bare.items()))
-    print(f"{'workers':>7} {'start':>6} | {'worker USS':>10} {'RSS':>7} | {'main USS':>8} {'RSS':>7} MB | "
-          f"{'parent USS':>10} {'RSS':>7} | {'all PSS':>7} MB | {'1st batch':>9} {'start CPU':>9} {'replace':>8} s")
+    trees, names = _trees(args.trees), args.pipelines.split(",")
+    log = Path(args.log or tempfile.mkstemp(prefix="worker_start-", suffix=".log")[1])
+    bare, rows = [], []
+    newest = list(trees.values())[-1]
+    for name in names:
+        for workers in (1, 2):
+            for label, tree in trees.items():  # alternated, so that the machine's other load falls on both alike
+                if workers == 1:
+                    bare.append(bare_import())
+                rows.append({**point(tree, name, workers, "warm", args.stream_s, args.photos, log), "tree": label})
+        rows.append({**point(newest, name, 1, "spawn", args.stream_s, args.photos, log), "tree": list(trees)[-1]})
+    api = [{**user_script(tree), "tree": label} for label, tree in trees.items()]
+    bare_s = report.medians([{"s": s} for s in bare])["s"]
+    pss = {(r["tree"], r["pipeline"], r["workers"]): r["all_pss_mb"] for r in rows if r["start"] == "warm"}
     for r in rows:
-        print(f"{r['workers']:>7} {r['mode']:>6} | {r['worker_uss_mb']:>10.1f} {r['worker_rss_mb']:>7.1f} | "
-              f"{r['main_uss_mb']:>8.1f} {r['main_rss_mb']:>7.1f}    | {r['parent_uss_mb']:>10.1f} "
-              f"{r['parent_rss_mb']:>7.1f} | {r['total_pss_mb']:>7.1f}    | {r['first_batch_s']:>9.2f} "
-              f"{r['start_cpu_s']:>9.2f} {r['replace_s']:>8.3f}")
-    report.write_json(args.json, {"date": report.stamp(), "bare_import_s": bare, "points": rows})
+        one = pss.get((r["tree"], r["pipeline"], 1))
+        if r["workers"] == 2 and one is not None and r["start"] == "warm":
+            r["marginal_mb"] = round(r["all_pss_mb"] - one, 1)
+        r["first_vs_bare"] = round(r["first_batch_s"] / bare_s, 2)
+    print(f"{report.command('python -m benchmarks.worker_start', argv)}  ({report.stamp()})")
+    print(f"bare `import torch, torchvision` (fresh interpreter): {bare_s:.2f} s (median of {len(bare)})")
+    print(f"{'tree':>5} {'pipeline':>9} {'N':>2} {'start':>5} | {'worker USS':>12} {'parent':>6} {'main':>5} "
+          f"{'all PSS':>7} {'+1 worker':>9} MB | {'1st batch':>9} {'x bare':>6} | {'batch/s':>7} {'CPU/batch':>9} ms | "
+          f"{'kill gap':>8} {'median':>6} s")
+    for r in rows:
+        uss = "/".join(f"{u:.0f}" for u in r["worker_uss_mb"])
+        marginal = f"{r['marginal_mb']:.0f}" if "marginal_mb" in r else "-"
+        gap = f"{r['kill_gap_s']:>8.3f} {r['median_gap_s']:>6.3f}" if "kill_gap_s" in r else f"{'-':>8} {'-':>6}"
+        print(f"{r['tree']:>5} {r['pipeline']:>9} {r['workers']:>2} {r['start']:>5} | {uss:>12} "
+              f"{r['parent_uss_mb']:>6.0f} {r['main_uss_mb']:>5.0f} {r['all_pss_mb']:>7.0f} {marginal:>9}    | "
+              f"{r['first_batch_s']:>9.2f} {r['first_vs_bare']:>6.2f} | {r['batches_per_s']:>7.1f} "
+              f"{r['cpu_ms_per_batch']:>9.1f}    | {gap}")
+    for a in api:
+        print(f"Python API under `if __name__ == '__main__':` ({a['tree']}): workers {a['method']}"
+              f"{', children of the server' if a['parent_is_server'] else ', forked from the warm parent'}")
+    report.write_json(args.json, {"date": report.stamp(), "bare_import_s": bare_s, "points": rows, "python_api": api})
     return 0
 
 

@@ -16,6 +16,7 @@ errors; never the server or the pool (tests/test_layering.py).
 """
 from .errors import (
     BatchBuildError,
+    BatchFailedError,
     ConfigError,
     DataServiceError,
     PermissionDeniedError,
@@ -40,6 +41,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "BatchBuildError",
+    "BatchFailedError",
     "ConfigError",
     "DataServer",
     "DataServiceError",

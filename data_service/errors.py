@@ -47,3 +47,22 @@ class BatchBuildError(DataServiceError):
             f"building epoch {epoch}, batch {index}{sample} failed{where}: {message}\n"
             f"--- original traceback (data worker) ---\n{remote_traceback}"
         )
+
+
+class BatchFailedError(DataServiceError):
+    """One batch failed on ``batch_attempts`` attempts in a row (its bytes failed their checksum,
+    a server answered it with an error, or the connection ended before it came): the iteration
+    ends instead of asking again forever.
+
+    Carries the batch (``epoch``, ``index``), ``servers`` (the server of each attempt, in order)
+    and ``checksums`` (``(expected, got)`` CRC-32 pairs of the attempts whose bytes arrived
+    damaged).
+    """
+
+    def __init__(self, message: str, *, epoch: int, index: int, servers: list[str],
+                 checksums: list[tuple[int, int]]) -> None:
+        self.epoch = epoch
+        self.index = index
+        self.servers = servers
+        self.checksums = checksums
+        super().__init__(message)

@@ -72,8 +72,10 @@ class ResumableLoader:
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
         if epoch != self.epoch:
-            self.dataset._start_epoch(epoch)
+            dealt = self.dataset._dealt
+            self.dataset._start_epoch(epoch)  # shared as usual: an epoch dealt on resuming is dealt no more
             self._consumed = 0
+            self._restart_if_redealt(dealt)
 
     def __len__(self) -> int:
         """Batches left in the current epoch (all of the next one after a finished epoch)."""
@@ -139,8 +141,14 @@ class ResumableLoader:
         dealt = self.dataset._dealt
         self.dataset.load_state_dict(state)
         self._consumed = 0
+        self._restart_if_redealt(dealt)
+
+    def _restart_if_redealt(self, dealt: tuple[int, list] | None) -> None:
+        """Stop persistent workers that hold a copy of the dataset made under deal ``dealt``, another
+        than the dataset's now: the epoch and resume point reach them through shared memory, the
+        deal does not, and they would yield another share than the one this loader audits."""
         if self.dataset._dealt != dealt and self.persistent and self.loader._iterator is not None:
-            self.close()  # persistent workers hold a copy of the dataset made before (or under) another deal
+            self.close()
 
 
 def _shutdown(it: Any) -> None:

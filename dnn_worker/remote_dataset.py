@@ -38,6 +38,7 @@ from .fetch.registry_watch import RegistryWatcher, watcher_for
 from .resume.sharding import ShardedBatches
 
 SMALL_WINDOW = 8  # default window for batches of at most 1 MB (scheduler.SMALL_BATCH_BYTES)
+HELLO_MIN_S = 0.1  # the shortest a Hello may take once the deadline is (almost) up: one round trip
 
 
 class RemoteDataset(ShardedBatches):
@@ -49,8 +50,13 @@ class RemoteDataset(ShardedBatches):
         token: the job token (the servers refuse anything else).
         window: outstanding requests per server per loader worker (default: each server's
             own, from its worker processes: docs/consumer.md).
-        connect_timeout: seconds to wait for a first server, and while none is usable.
-        batch_timeout: seconds a server may stall before its batches go elsewhere.
+        connect_timeout: the longest the consumer waits while no server is usable: for a first
+            server's Hello, and at any time of an epoch; then ``ServerUnavailableError``.
+        batch_timeout: the longest a server may owe batches without delivering one; it is then
+            dropped, its batches asked of others, and each counts a failed attempt.
+        batch_attempts: failed attempts in a row after which a batch ends the iteration with
+            ``BatchFailedError`` naming it, the servers tried and the checksums seen (default 3;
+            docs/consumer.md, "Deadlines and retries").
         pin_memory: receive straight into pinned host memory.
         shared_memory: take batches through shared memory from servers on this host (chosen
             automatically; False forces TCP).
@@ -66,7 +72,8 @@ class RemoteDataset(ShardedBatches):
     """
 
     def __init__(self, servers: str | Sequence[str] | None = None, token: str = "", *, window: int | None = None,
-                 connect_timeout: float = 60.0, batch_timeout: float = 300.0, pin_memory: bool = False,
+                 connect_timeout: float = 60.0, batch_timeout: float = 300.0, batch_attempts: int = 3,
+                 pin_memory: bool = False,
                  max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, shared_memory: bool = True,
                  tls_ca: str = "", tls_server_name: str = "", registry: str | None = None,
                  registry_poll_s: float | None = None, fingerprint: str | None = None, **kwargs: Any) -> None:
@@ -89,10 +96,14 @@ class RemoteDataset(ShardedBatches):
             raise ConfigError("token='' : pass the job token the data servers were started with")
         if window is not None and window < 1:
             raise ConfigError(f"window={window} must be >= 1")
+        if batch_attempts < 1:
+            raise ConfigError(f"batch_attempts={batch_attempts} must be >= 1 (failed attempts at one batch that end "
+                              "the iteration; 3 by default)")
         self.token = token
         self.window = window
         self.connect_timeout = connect_timeout
         self.batch_timeout = batch_timeout
+        self.batch_attempts = batch_attempts
         self.pin_memory = pin_memory
         self.max_batch_bytes = max_batch_bytes
         self.client_version = client_version
@@ -172,6 +183,7 @@ class RemoteDataset(ShardedBatches):
         refs = BatchRefs(self.seed, BatchList.of(items))
         options = FetchOptions(self.token, window=self.window, small_window=0 if self.window else SMALL_WINDOW,
                                connect_timeout=self.connect_timeout, batch_timeout=self.batch_timeout,
+                               batch_attempts=self.batch_attempts,
                                client_id=client_id(self.dp_rank), fingerprint=info.dataset.fingerprint,
                                pin_memory=self.pin_memory, max_batch_bytes=self.max_batch_bytes,
                                client_version=self.client_version, shared_memory=self.shared_memory,
@@ -202,9 +214,13 @@ def first_hello(servers: Sequence[str], token: str, deadline_s: float,
     errors: dict[str, str] = {}
     while True:
         for address in servers:
+            left = deadline_s - (time.monotonic() - start)
+            if left <= 0 and errors:  # the deadline passed during this round: the rest are not waited for
+                errors.setdefault(address, "not asked: connect_timeout ran out first")
+                continue
             with ControlClient(address, token, client_id(0), client_version, tls_ca, tls_server_name) as ctl:
-                try:
-                    return ctl.hello(timeout=2.0)
+                try:  # a server that accepts and never answers costs at most what is left of the deadline
+                    return ctl.hello(timeout=min(2.0, max(HELLO_MIN_S, left)))
                 except grpc.RpcError as err:
                     errors[address] = f"{err.code().name}: {err.details()}"
         waited = time.monotonic() - start
@@ -236,10 +252,12 @@ def registry_hello(watcher: RegistryWatcher, fingerprint: str | None, deadline_s
         for entry in watcher.proved():
             if fingerprint and entry.fingerprint != fingerprint:
                 continue
+            if deadline_s - (time.monotonic() - start) <= 0 and errors:
+                break  # the deadline passed during this round: the rest are not waited for
             with ControlClient(entry.address, watcher.token, client_id(0), client_version, tls_ca,
                                tls_server_name) as ctl:
                 try:
-                    info = ctl.hello(timeout=2.0)
+                    info = ctl.hello(timeout=min(2.0, max(HELLO_MIN_S, deadline_s - (time.monotonic() - start))))
                 except (grpc.RpcError, DataServiceError) as err:
                     errors[entry.address] = f"{err.code().name}: {err.details()}" if isinstance(
                         err, grpc.RpcError) else str(err)

@@ -172,6 +172,12 @@ def build_pipeline(batch_size: int = 64, blur_kernel: int = 11, augment_repeats:
                     drop_last=drop_last, shuffle=True, finish=finish, finish_dtypes=FINISH_DTYPES)
 
 
+# What a worker imports while it builds the pipeline (Augment): a data node's warm parent imports
+# it once, before forking its workers, so they share it (optional: what the first worker imports
+# is shared with the others anyway; declaring it saves that worker its private copy).
+build_pipeline.worker_imports = ("torchvision.transforms.v2",)
+
+
 def prepare(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalised float images, labels) on ``device``, from a finished batch (the trainer's
     ``DeviceFeeder`` already ran :func:`finish`) or a raw uint8 one (finished here).

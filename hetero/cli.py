@@ -12,7 +12,7 @@ import sys
 
 # Subcommand modules, in --help order. A module that fails to import (an optional
 # extra missing) only disables its own command.
-COMMANDS = ("serve", "local", "launch", "synth", "prepare", "index", "bench", "plan", "prices", "submit", "autoscale",
+COMMANDS = ("serve", "local", "launch", "synth", "prepare", "index", "bench", "plan", "prices", "submit", "sweep", "autoscale",
             "stats", "shutdown")
 
 

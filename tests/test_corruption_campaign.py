@@ -27,6 +27,16 @@ def test_damaged_shards_cache_blocks_and_data_plane_never_train_silently_and_los
     assert table["cache"]["reread"] == table["cache"]["trials"] > 0, trace
 
 
+@pytest.mark.slow
+def test_damaged_decoded_cache_entries_and_plain_parquet_rows_never_train_silently(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(6, seed=7, images=48, work=str(tmp_path), only=("decoded", "parquet-plain"), trace=trace)
+    assert table["total"]["silent"] == 0 and table["total"]["lost"] == 0, trace
+    # every damaged entry is read (every image, every epoch), fails its CRC32C and is decoded again
+    assert table["decoded"]["reread"] == table["decoded"]["trials"] > 0, trace
+    assert table["parquet-plain"]["trials"] > 0, trace
+
+
 def _shards(tmp_path) -> str:
     cc.photos(str(tmp_path / "photos"), 12)
     return cc.prepared(str(tmp_path / "photos"), str(tmp_path / "shards"))
@@ -79,3 +89,11 @@ def test_labels_changed_in_a_manifest_or_under_running_servers_never_train_silen
     # the first manifest trial is named at the merge, the second (its own checksum made to match) at the read
     manifest = [r for r in trace if r["place"] == "label_manifest"]
     assert "fails its checksum" in manifest[0]["error"] and "fails its checksum" not in manifest[1]["error"], manifest
+
+
+def test_damaged_requests_never_train_silently_nor_stall(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(6, seed=2, images=48, work=str(tmp_path), only=("request",), trace=trace)
+    assert table["request"]["trials"] == 6 and table["request"]["silent"] == 0 and table["request"]["lost"] == 0, trace
+    # a damaged request is asked again at once: no trial waits out the consumer's batch_timeout (20 s)
+    assert all(r["seconds"] < 20 / 2 for r in trace), [r["seconds"] for r in trace]

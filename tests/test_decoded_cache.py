@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import io
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec, build_batch, seed_everything
 from data_service.pipelines.crop_decode import CachedCropDecode
-from data_service.pipelines.decoded_cache import DecodedCache
+from data_service.pipelines.decoded_cache import HEADER, DecodedCache
 from data_service.pipelines.images import decode_bytes
 from data_service.server import DataServer, ServerOptions
 from tests._odd_images import _photo
@@ -36,7 +40,7 @@ def folder(tmp_path):
 
 
 def test_put_get_and_the_budget_across_instances(tmp_path):
-    a = DecodedCache(str(tmp_path / "c"), budget=3 * (8 + 10 * 10 * 3))
+    a = DecodedCache(str(tmp_path / "c"), budget=3 * (HEADER.size + 10 * 10 * 3))
     b = DecodedCache(str(tmp_path / "c"), budget=a.budget)  # another worker process of the same server
     images = [torch.randint(0, 255, (10, 10, 3), dtype=torch.uint8) for _ in range(4)]
     keys = [DecodedCache.key(bytes([i]) * 100) for i in range(4)]
@@ -46,8 +50,8 @@ def test_put_get_and_the_budget_across_instances(tmp_path):
     for k, im in zip(keys[:3], images):
         assert torch.equal(b.get(k), im)
     assert b.get(keys[3]) is None
-    assert a.stats() == {"decoded_cache_bytes": 3 * 308.0, "decoded_cache_images": 3.0,
-                         "decoded_cache_budget_bytes": float(a.budget)}
+    assert a.stats() == {"decoded_cache_bytes": 3 * (HEADER.size + 300.0), "decoded_cache_images": 3.0,
+                         "decoded_cache_budget_bytes": float(a.budget), "decoded_cache_damaged": 0.0}
     a.remove()
     assert not (tmp_path / "c").exists() and b.get(keys[0]) is None
 
@@ -186,3 +190,80 @@ def test_a_server_leaving_keeps_the_cache_of_the_servers_that_stay(folder, tmp_p
         leaving.shutdown(grace_s=2.0)
         staying.shutdown(grace_s=2.0)
     assert not list((tmp_path / "shm").iterdir())  # the last server to leave removes the folder
+
+
+def _entries(folder) -> list:
+    """The cache's entry files (not its locks, counters or files being written)."""
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and "." not in p.name)
+
+
+def _zero(path, at: int, length: int = 4096) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[at:at + length] = bytes(min(length, len(raw) - at))
+    path.write_bytes(bytes(raw))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.integers(0, 10 ** 9), mask=st.integers(1, 255), cut=st.booleans())
+def test_an_entry_with_any_byte_changed_or_cut_is_never_returned(tmp_path, at, mask, cut):
+    root = tempfile.mkdtemp(dir=tmp_path)  # one folder per example: tmp_path is shared by them
+    cache = DecodedCache(root, budget=1 << 20)
+    image = torch.randint(0, 255, (7, 9, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(at % 97))
+    key = cache.key(b"%d" % at)
+    assert cache.put(key, image) and torch.equal(cache.get(key), image)
+    path = Path(root) / key
+    raw = bytearray(path.read_bytes())
+    at %= len(raw)
+    if cut:
+        del raw[at:]
+    else:
+        raw[at] ^= mask
+    path.write_bytes(bytes(raw))
+    assert cache.get(key) is None  # a miss: the caller decodes the image again from its source
+    assert not path.exists() and cache.stats()["decoded_cache_damaged"] == 1  # dropped, counted
+    assert cache.put(key, image) and torch.equal(cache.get(key), image)  # the fresh decode is kept again
+    cache.remove()
+
+
+def test_an_entry_damaged_between_epochs_trains_the_clean_crop_and_is_counted(folder, tmp_path):
+    from data_service.contract.pipeline import samples_reread
+
+    opts = {"data_dir": str(folder), "batch_size": 4, "image_size": 48, "decoded_cache_bytes": "16MB"}
+    warm = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "a")}).load()
+    cold = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "b")}).load()
+    cfg = warm.plan_config()
+    for index in range(cfg.num_batches):  # epoch 0 fills the warm cache
+        build_batch(warm, cfg, 3, 0, index)
+    folder_a = next((tmp_path / "a").iterdir())
+    entries = _entries(folder_a)
+    assert len(entries) == 16
+    _zero(entries[5], 3000)  # 4 KiB of one decoded image zeroed, as by a bad page of host memory
+    before = samples_reread()
+    for index in range(cfg.num_batches):
+        a, b = build_batch(warm, cfg, 3, 1, index), build_batch(cold, cfg, 3, 1, index)
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
+    assert warm.transform.counts == {"cache miss": 17, "cache hit": 15}  # decoded again from its source
+    assert samples_reread() - before == 1 and warm.stats()["decoded_cache_damaged"] == 1
+    assert len(_entries(folder_a)) == 16  # the fresh decode is stored again
+    warm.close()
+    cold.close()
+
+
+def test_the_data_server_counts_a_damaged_entry_in_its_stats(folder, tmp_path):
+    from dnn_worker import RemoteDataset
+
+    spec = PipelineSpec(TARGET, {"data_dir": str(folder), "batch_size": 4, "image_size": 32,
+                                 "decoded_cache_bytes": "8MB", "decoded_cache_dir": str(tmp_path / "shm")})
+    server = DataServer(spec, "tok", ServerOptions(num_workers=1)).start()
+    try:
+        ds = RemoteDataset([server.address], "tok", seed=0, connect_timeout=30.0)
+        first = list(ds)
+        for entry in _entries(next((tmp_path / "shm").iterdir()))[:2]:
+            _zero(entry, 100)
+        ds.set_epoch(0)
+        assert all(torch.equal(x["image"], y["image"]) for x, y in zip(first, list(ds)))
+        figures = dict(server.stats.snapshot().pipeline)
+        assert figures["decoded_cache_damaged"] == 2 and figures["samples_reread"] == 2
+        assert figures["decoded_cache_images"] == 16
+    finally:
+        server.shutdown(grace_s=2.0)

@@ -668,7 +668,7 @@ def test_sigterm_to_the_trainer_checkpoints_and_the_job_resumes_the_epoch(tmp_pa
 
 
 def test_a_worker_killed_while_its_replacement_loads_is_replaced_again(tmp_path):
-    server = ServerProc(OPTS, workers=1, token=TOKEN).start()
+    server = ServerProc(OPTS, workers=1, token=TOKEN, spare_worker=False).start()  # replacements load when needed
     try:
         first = server.worker_pids()
         assert len(first) == 1
@@ -717,7 +717,7 @@ def test_a_worker_that_dies_on_every_start_fails_the_server_with_a_clear_error(t
     with pytest.raises(RuntimeError, match="exited with"):
         server.start(timeout=90)
     text = log.read_text()
-    assert "data worker 0 exited with code -9 while loading the pipeline; gave up after 4 attempts" in text, text
+    assert "data worker 0 was killed by SIGKILL (-9) while loading the pipeline; gave up after 4 attempts" in text, text
     assert len(os.listdir(deaths)) == 4
 
 
@@ -729,7 +729,7 @@ def test_a_server_whose_workers_cannot_be_replaced_says_not_serving_and_refuses_
 
     monkeypatch.setattr(lifecycle, "RESPAWN_BACKOFF_S", (0.1,))  # two replacement attempts
     opts, deaths = _dying_loads(tmp_path, 100, armed=False)  # the first worker loads fine
-    server = server_factory(opts, num_workers=1)
+    server = server_factory(opts, num_workers=1, spare_worker=False)  # no spare loaded before the fault
     deaths.mkdir()  # armed: every replacement dies
     os.kill(server.pool.worker_pids()[0], signal.SIGKILL)
     wait_until(lambda: server.pool.no_workers, 60, "the server gives up replacing its worker")

@@ -21,6 +21,7 @@ from data_service.contract import tensor_layout
 from data_service.protocol import framing
 from data_service.errors import ProtocolError
 from data_service.protocol.generated import pb, pb_grpc
+from data_service.protocol.version import PROTOCOL_VERSION
 from dnn_worker import RemoteDataset
 from dnn_worker.transport.connection import BulkConnection
 from hetero.testing import ServerProc
@@ -48,7 +49,7 @@ def test_control_calls_without_the_token_are_denied(shared_server, metadata):
     before = stats(shared_server.address).auth_failures
     with grpc.insecure_channel(shared_server.address) as ch:
         stub = pb_grpc.DataServiceStub(ch)
-        for call, req in ((stub.Hello, pb.HelloRequest(client_version="1.0")), (stub.GetStats, pb.StatsRequest()),
+        for call, req in ((stub.Hello, pb.HelloRequest(client_version=PROTOCOL_VERSION)), (stub.GetStats, pb.StatsRequest()),
                           (stub.Shutdown, pb.ShutdownRequest(grace_s=1))):
             with pytest.raises(grpc.RpcError) as info:
                 call(req, metadata=metadata, timeout=5)
@@ -64,7 +65,7 @@ def test_data_plane_with_a_wrong_or_missing_proof_is_denied(shared_server, proof
     raw = RawBulk(bulk_port(shared_server.address))
     try:
         raw.challenge()
-        framing.send_frame(raw.sock, pb.BulkFrame(hello=pb.BulkHello(client_version="1.0", proof=proof)))
+        framing.send_frame(raw.sock, pb.BulkFrame(hello=pb.BulkHello(client_version=PROTOCOL_VERSION, proof=proof)))
         reply = framing.recv_frame(raw.sock)
         assert reply.WhichOneof("kind") == "error" and reply.error.kind == pb.PERMISSION_DENIED
         assert raw.closed_by_peer()
@@ -96,18 +97,21 @@ def test_fetch_before_hello_is_refused(shared_server):
 
 # ------------------------------------------------------------------ protocol versions
 
-@pytest.mark.parametrize("version", ["2.0", "0.9", "garbage", "", "1", "-1.0", "99999999999999999999.0"])
+@pytest.mark.parametrize("version", ["2.0", "0.9", "garbage", "", "1", "1.0", "1.x", "1.1.1", "1.99", "-1.0",
+                                     "99999999999999999999.0"])
 def test_version_mismatch_or_garbage_on_both_planes(shared_server, version):
     from dnn_worker import ControlClient
 
-    ok = version in ("1",)  # same major, no minor: compatible
+    ok = version == "1.99"  # a later minor version of the same major: compatible
     with ControlClient(shared_server.address, TOKEN, client_version=version) as ctl:
         if ok:
-            assert ctl.hello().server_version == "1.0"
+            assert ctl.hello().server_version == PROTOCOL_VERSION
         else:
             with pytest.raises(Exception, match="version") as info:
                 ctl.hello()
-            assert repr(version) in str(info.value) and "'1.0'" in str(info.value)
+            assert repr(version) in str(info.value) and repr(PROTOCOL_VERSION) in str(info.value)
+            if version in ("1", "1.0"):  # same major, but it would not check the batches' CRC32C
+                assert "does not check" in str(info.value) and "CRC32C" in str(info.value)
     raw = RawBulk(bulk_port(shared_server.address))
     try:
         reply = raw.login(version=version)
@@ -161,7 +165,7 @@ def test_an_oversized_grpc_message_is_refused(shared_server):
     with grpc.insecure_channel(shared_server.address, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
         stub = pb_grpc.DataServiceStub(ch)
         with pytest.raises(grpc.RpcError) as info:
-            stub.Hello(pb.HelloRequest(client_version="1.0", client_id="x" * (8 << 20)),
+            stub.Hello(pb.HelloRequest(client_version=PROTOCOL_VERSION, client_id="x" * (8 << 20)),
                        metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=20)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     serves_normally(shared_server)

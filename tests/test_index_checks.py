@@ -13,6 +13,7 @@ import pytest
 from data_service.errors import ConfigError
 from data_service.shards import format as shard_format
 from data_service.shards.dataset import ShardDataset
+from data_service.shards.entries import CorruptEntryError
 from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME, ShardIndex, ShardInfo
 from data_service.shards.indexfile import PREFIX, IndexWriter, _aligned, open_index_file, read_index, verify
 
@@ -66,13 +67,22 @@ def prefix(tmp_path):
     return tmp_path, _prefix(tmp_path)
 
 
-def _refused(folder, i: int, message: str) -> str:
-    """Opening succeeds (no per-sample read); the first use of sample ``i``'s shard is refused with ``message``."""
+def _refused(folder, bad, message: str) -> str:
+    """Opening succeeds (no per-sample read); sample ``bad`` (or each of the samples ``bad``) is refused,
+    the first with ``message``; every other sample of the index reads (a bad entry refuses its own sample)."""
+    bad = (bad,) if isinstance(bad, int) else bad
     index = read_index(str(folder))
-    with pytest.raises(ConfigError, match=message) as e:
-        index.sample(i)
+    with pytest.raises(CorruptEntryError, match=message) as e:
+        index.sample(bad[0])
     text = str(e.value)
     assert str(folder / INDEX_NAME) in text and "hetero index" in text and "hetero prepare" in text, text
+    assert e.value.sample == bad[0] and e.value.shard in text
+    for i in range(len(index)):
+        if i in bad:
+            with pytest.raises(CorruptEntryError, match=f"sample {i} "):
+                index.sample(i)
+        else:
+            assert index.sample(i)
     with pytest.raises(ConfigError, match="checksum mismatch"):  # verify reads the whole file: the CRCs first
         verify(str(folder / INDEX_NAME))
     return text
@@ -96,7 +106,7 @@ def test_a_good_index_opens_and_reads_the_same_bytes_and_labels(prefix):
 def test_a_flipped_label_byte_is_refused_naming_the_label_and_the_classes(prefix, value, byte, label):
     folder, _ = prefix
     _poke(folder / INDEX_NAME, "labels", 4, value, byte)
-    text = _refused(folder, 5, rf"sample 4 of shard shard-000002.tar has label {label}, outside 0..2 \(3 classes\)")
+    text = _refused(folder, 4, rf"sample 4 of shard shard-000002.tar has label {label}, outside 0..2 \(3 classes\)")
     assert "corrupt" in text
 
 
@@ -104,14 +114,14 @@ def test_an_offset_past_the_shard_s_end_is_refused_naming_offset_length_and_size
     folder, _ = prefix
     size = (folder / "shard-000000.tar").stat().st_size
     _poke(folder / INDEX_NAME, "offsets", 2, size - 10)
-    _refused(folder, 0, rf"sample 2 \(offset {size - 10}, length 174: bytes up to {size + 164}\) lies past the "
+    _refused(folder, 2, rf"sample 2 \(offset {size - 10}, length 174: bytes up to {size + 164}\) lies past the "
                         rf"end of shard shard-000000.tar \({size} bytes\)")
 
 
 def test_a_negative_offset_is_refused(prefix):
     folder, _ = prefix
     _poke(folder / INDEX_NAME, "offsets", 0, -512)
-    _refused(folder, 1, r"sample 0 of shard shard-000000.tar starts at offset -512, before the shard's first byte")
+    _refused(folder, 0, r"sample 0 of shard shard-000000.tar starts at offset -512, before the shard's first byte")
 
 
 def test_two_overlapping_samples_are_refused_naming_both(prefix):
@@ -119,7 +129,7 @@ def test_two_overlapping_samples_are_refused_naming_both(prefix):
     index = open_index_file(str(folder / INDEX_NAME))
     start, length = int(index.offsets[3]), int(index.lengths[3])
     _poke(folder / INDEX_NAME, "offsets", 4, start + 1)  # inside sample 3, still within the shard
-    _refused(folder, 6, rf"sample 3 of shard shard-000002.tar \(bytes {start}..{start + length}\) runs into "
+    _refused(folder, (3, 4), rf"sample 3 of shard shard-000002.tar \(bytes {start}..{start + length}\) runs into "
                         rf"sample 4, which starts at byte {start + 1}")
 
 
@@ -128,7 +138,7 @@ def test_samples_out_of_byte_order_are_refused(prefix):
     index = open_index_file(str(folder / INDEX_NAME))
     first = int(index.offsets[0])
     _poke(folder / INDEX_NAME, "offsets", 2, first)  # before sample 1, on sample 0's bytes
-    _refused(folder, 2, r"sample 1 of shard shard-000000.tar .* runs into sample 2, which starts at byte "
+    _refused(folder, (1, 2), r"sample 1 of shard shard-000000.tar .* runs into sample 2, which starts at byte "
                         rf"{first}")
 
 
@@ -188,9 +198,10 @@ def test_a_shard_is_checked_once_at_its_first_use_and_others_still_read(prefix):
     assert index.sample(5)[3] == samples[5][1]  # shard 2 is sound
     assert index.sample(6)[3] == samples[6][1]
     assert len(reads) == 3  # its three columns, read once
-    for i in (0, 2):
-        with pytest.raises(ConfigError, match="sample 0 of shard shard-000000.tar has label 3"):
-            index.sample(i)
+    with pytest.raises(CorruptEntryError, match="sample 0 of shard shard-000000.tar has label 3"):
+        index.sample(0)
+    assert index.sample(2)[3] == samples[2][1]  # the bad entry refuses its own sample only
+    assert len(reads) == 6
 
 
 def test_an_index_json_with_a_bad_label_is_refused_when_read(tmp_path):
@@ -208,7 +219,7 @@ def test_an_index_without_class_names_needs_labels_of_0_and_up(tmp_path):
     assert read_index(str(tmp_path)).sample(1)[3] == 41
     _poke(tmp_path / INDEX_NAME, "labels", 0, -1)
     with pytest.raises(ConfigError, match=r"sample 0 of shard a.tar has label -1, outside 0 and up"):
-        read_index(str(tmp_path)).sample(1)
+        read_index(str(tmp_path)).sample(0)
 
 
 def test_overlapping_samples_are_refused_when_written(tmp_path):

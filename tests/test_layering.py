@@ -23,6 +23,7 @@ MODEL_CODE = {"data_service": ("torchvision.models",)}
 # Inside data_service: what each room may import besides itself (``errors`` is the top-level
 # errors.py; the top-level __init__ is the public face and may name any room lazily).
 ROOMS = {
+    "crc32c": set(),
     "protocol": {"errors"},
     "contract": {"errors", "protocol"},
     "storage": {"errors"},
@@ -33,8 +34,11 @@ ROOMS = {
     "pool": {"errors", "contract", "protocol"},
     "server": {"errors", "contract", "protocol", "pool", "storage", "membership"},
 }
+# The CRC32C (data_service/crc32c) lies below every room, beside the errors: any room may sum bytes.
+for _room in ROOMS.keys() - {"crc32c"}:
+    ROOMS[_room].add("crc32c")
 # What the consumer may import of data_service: the shared rooms, never the server's own.
-CONSUMER = {"errors", "contract", "protocol", "membership", "storage"}
+CONSUMER = {"errors", "crc32c", "contract", "protocol", "membership", "storage"}
 # Inside dnn_worker: what each room may import of the consumer besides itself. The top level (the
 # datasets, the loader, Lightning) composes the rooms and may import any of them.
 CONSUMER_ROOMS = {

@@ -105,6 +105,21 @@ def test_bad_resume_states_name_the_fix():
         ResumableLoader(DataLoader(torch.utils.data.TensorDataset(torch.zeros(2))))
 
 
+@pytest.mark.parametrize("position", [7, 30, -1])
+def test_a_position_past_the_rank_s_share_is_refused_at_load_naming_it(position):
+    # rank 1 of 2 holds 6 of the 12 batches: position 7 is another job's checkpoint
+    loader = DeviceFeeder(ResumableLoader(DataLoader(dataset(rank=1, world_size=2), batch_size=None)), "cpu")
+    state = {"epoch": 0, "seed": 5, "position": position, "dp_rank": 1, "dp_size": 2}
+    match = (r"position=-1, not an int >= 0" if position < 0 else
+             rf"position={position} of epoch 0, past this rank's share of 6 batches \(dp_rank 1 of 2, 12 batches an "
+             r"epoch\).*batch_size")
+    with pytest.raises(ConfigError, match=match):
+        loader.load_state_dict(state)
+    assert loader.state_dict()["position"] == 0  # nothing was loaded
+    loader.load_state_dict(dict(state, position=6))  # its whole share trained: the next epoch
+    assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (1, 0)
+
+
 @pytest.mark.parametrize("workers, persistent", [(0, False), (1, True), (1, False)])
 def test_the_next_epochs_first_batches_are_fetched_ahead_and_used(server_factory, fresh_forkserver, workers,
                                                                   persistent):

@@ -1,15 +1,23 @@
 """A byte flipped between a data worker and the consumer is named and the batch asked for again:
-never trained on (the batch's CRC-32 covers its identity, layout and payload)."""
+never trained on (the batch's CRC32C covers its identity, layout and payload)."""
 from __future__ import annotations
 
 import logging
+import zlib
 
+import google_crc32c
+import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.common.corrupt import FlipProxy
+from data_service.contract import tensor_layout
 from data_service.contract.tensor_layout import batch_digest
 from data_service.protocol.generated import pb
-from data_service.protocol.integrity import batch_crc
+from data_service.protocol import integrity
+from data_service.protocol.integrity import Mismatch, batch_crc
 from dnn_worker import RemoteDataset
 from hetero.testing import Reference, ServerProc, free_port
 from hetero.testing.processes import PIPELINE
@@ -32,6 +40,46 @@ def test_the_crc_covers_identity_layout_and_payload():
     assert batch_crc(other, payload) != crc
     payload[500] ^= 0x10
     assert batch_crc(header, payload) != crc
+
+
+def _header() -> pb.BatchHeader:
+    header = pb.BatchHeader(ref=pb.BatchRef(seed=1, epoch=2, index=3), payload_bytes=1000, raw_bytes=1000)
+    header.tensors.add(dtype="uint8", shape=[1000])
+    return header
+
+
+def test_the_checksum_is_the_crc32c_of_identity_then_payload():
+    """What both sides compute: a fixed definition, not whatever the installed code happens to do."""
+    header, payload = _header(), bytes(range(256)) * 4
+    identity = pb.BatchHeader(ref=header.ref, tensors=header.tensors, payload_bytes=1000, raw_bytes=1000)
+    want = google_crc32c.extend(google_crc32c.value(identity.SerializeToString(deterministic=True)), payload[:1000])
+    assert batch_crc(header, payload) == want
+    integrity.seal(header, bytearray(payload))
+    assert header.payload_crc32c == want and not header.HasField("payload_crc32") and integrity.sealed(header)
+
+
+def test_a_sealed_batch_passes_in_place_and_a_flip_is_named():
+    header, payload = _header(), bytearray(range(256)) * 4
+    assert not integrity.sealed(header) and integrity.mismatch(header, payload) is None  # nothing to check
+    integrity.seal(header, memoryview(payload))
+    assert integrity.mismatch(header, payload) is None
+    payload[999] ^= 1
+    bad = integrity.mismatch(header, payload)
+    assert bad == Mismatch("CRC32C", batch_crc(header, payload), header.payload_crc32c) and bad.got != bad.want
+    payload[999] ^= 1
+    payload[1000] ^= 1  # past the payload: not the batch's
+    assert integrity.mismatch(header, payload) is None
+
+
+def test_a_protocol_1_0_servers_crc32_is_still_checked():
+    """A 1.0 data server wrote zlib's CRC-32 into payload_crc32: a newer consumer checks that one."""
+    header, payload = _header(), bytearray(range(256)) * 4
+    identity = pb.BatchHeader(ref=header.ref, tensors=header.tensors, payload_bytes=1000, raw_bytes=1000)
+    header.payload_crc32 = zlib.crc32(payload[:1000], zlib.crc32(identity.SerializeToString(deterministic=True)))
+    assert integrity.sealed(header) and integrity.mismatch(header, payload) is None
+    payload[0] ^= 0x80
+    bad = integrity.mismatch(header, payload)
+    assert bad is not None and bad.checksum == "CRC-32" and bad.want == header.payload_crc32
 
 
 @pytest.fixture
@@ -58,4 +106,27 @@ def test_a_flipped_payload_byte_is_named_and_the_batch_fetched_again(flipped_ser
     assert proxy.flipped == 1
     assert got == ref  # every batch as built in-process: the damaged copy was not trained on
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert "fail their CRC-32" in said and "the batch is asked for again" in said, said
+    assert "fail their CRC32C" in said and "the batch is asked for again" in said, said
+
+
+_DTYPES = [torch.uint8, torch.bool, torch.float32, torch.bfloat16, torch.int64, torch.complex64]
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 70), max_size=3)), min_size=1, max_size=4),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_worker_sums_the_payload_as_it_writes_it(shapes, seed):
+    """write_summed_payload lays out the same bytes as write_payload, and its CRC32C covers the whole
+    payload, the alignment gaps between tensors included (whatever an earlier batch left there)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = {f"t{i}": torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).to(_DTYPES[d])
+             for i, (d, shape) in enumerate(shapes)}
+    structure, metas, tensors, size = tensor_layout.plan_layout(batch)
+    stale = np.random.default_rng(seed).integers(0, 256, size + 4096, dtype=np.uint8).tobytes()
+    want, got = bytearray(stale), bytearray(stale)  # a slot that held an earlier batch
+    tensor_layout.write_payload(metas, tensors, want)
+    header = pb.BatchHeader(ref=pb.BatchRef(seed=1, epoch=0, index=seed % 100), structure=structure, tensors=metas,
+                            payload_bytes=size, raw_bytes=size)
+    crc = tensor_layout.write_summed_payload(metas, tensors, got, integrity.header_crc(header))
+    assert got == want
+    assert crc == batch_crc(header, want)

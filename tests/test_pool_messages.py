@@ -8,6 +8,7 @@ import time
 import pytest
 
 from data_service.pool import messages as pm
+from data_service.pool.fork_safety import Hazards
 
 MESSAGES = [
     pm.TaskMsg(1, 2**64 - 1, 3, 4, 5, True),
@@ -15,6 +16,9 @@ MESSAGES = [
     pm.DoneMsg(8, 2, None, b"", 0, 0, 0.0, 0.0, 0),
     pm.ErrorMsg(9, 1, "ValueError: bad sample", "Traceback ...\n" * 20_000, 17),
     pm.ReadyMsg(1234),
+    pm.ReadyMsg(1234, None, ("torchvision", "torchvision.io"), Hazards(("worker-pool",), True, 2)),
+    pm.ImportedMsg(("PIL.Image",), Hazards()),
+    pm.PromoteMsg(3),
     pm.FatalMsg("ImportError: no module", "Traceback ..."),
     pm.StopMsg(),
 ]

@@ -218,6 +218,25 @@ def test_without_access_it_says_so_exits_2_and_writes_nothing(monkeypatch, capsy
     assert not (tmp_path / "cache").exists()
 
 
+def test_aws_out_of_reach_is_one_line_giving_its_advice_once(monkeypatch, capsys, tmp_path):
+    from botocore.exceptions import EndpointConnectionError
+
+    session = botocore.session.Session()
+    session.set_credentials("AKIDEXAMPLE", "secret")
+
+    def unreachable(request, **kwargs):
+        raise EndpointConnectionError(endpoint_url=request.url)
+    session.register("before-send", unreachable)
+    monkeypatch.setattr(prices_cmd, "make_clients", lambda region: (
+        session.create_client("pricing", region_name="us-east-1", config=aws_prices.client_config()),
+        session.create_client("ec2", region_name=region, config=aws_prices.client_config())))
+    assert cli.main(["prices", "--refresh", "--region", REGION]) == 1
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1 and "pricing GetProducts failed: Could not connect" in out, out
+    assert out.count("try again") == 1 and out.count("bundled") == 1, out
+    assert not (tmp_path / "cache").exists()
+
+
 def test_a_region_without_prices_writes_nothing(monkeypatch, capsys, tmp_path):
     code, out = _refresh_cli(monkeypatch, capsys, [[]], ["--types", "ml.c5.xlarge,ml.zz9.huge"])
     assert code == 2 and "no SageMaker training price in region 'us-west-2'" in out and "check --region" in out

@@ -16,6 +16,7 @@ pytest.importorskip("moto.server")
 
 from data_service.shards import ShardDataset  # noqa: E402
 from data_service.shards.parquet import ParquetDataset  # noqa: E402
+from data_service.shards.parquet_sums import PAGE_HEAD, Check, index_parquet  # noqa: E402
 from data_service.shards.wds_index import index_tars  # noqa: E402
 from data_service.storage import S3Store  # noqa: E402
 from _s3_env import s3_with_bucket  # noqa: E402
@@ -78,8 +79,12 @@ def test_a_parquet_export_in_s3_each_row_group_fetched_once_per_node(s3, tmp_pat
     ds = ParquetDataset(f"s3://{BUCKET}/hf", block_samples=16, cache_dir=str(tmp_path))
     assert [ds[i] for i in range(len(ds))] == rows and ds.classes == ["0", "1", "2", "3", "4"]
     read = s3.proxy.counters()["path_bytes"]
-    assert sum(n for p, n in read.items() if p.endswith(".parquet")) <= len(buf.getvalue())  # each byte once
+    # each byte once, and the first page header once more (does the file carry page CRCs?)
+    assert sum(n for p, n in read.items() if p.endswith(".parquet")) <= len(buf.getvalue()) + PAGE_HEAD
     s3.proxy.reset_counters()
     again = ParquetDataset(f"s3://{BUCKET}/hf", block_samples=16, cache_dir=str(tmp_path))  # another worker
     assert [again[i] for i in range(len(again))] == rows
     assert s3.proxy.counters()["requests"].get("GET", 0) == 1  # its LIST; footers and row groups from the cache
+    assert index_parquet(f"s3://{BUCKET}/hf").rows == 50  # row checksums for a file without page CRCs, beside it
+    checked = ParquetDataset(f"s3://{BUCKET}/hf", block_samples=16, cache_dir=str(tmp_path), unchecked="refuse")
+    assert [checked[i] for i in range(len(checked))] == rows and list(checked.checks) == [Check.ROW_SUMS]

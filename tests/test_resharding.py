@@ -13,7 +13,7 @@ from data_service.contract.sampler import rank_share
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
 from dnn_worker import DeviceFeeder, LocalDataset, ResumableLoader
-from dnn_worker.resume.batch_list import BatchList
+from dnn_worker.resume.batch_list import BatchList, rank_stride
 from dnn_worker.resume.resharding import deal, dealt_share, merge_states, remaining
 from dnn_worker.resume.state import VERSION
 
@@ -102,6 +102,14 @@ def test_a_position_beyond_the_share_names_rank_and_share():
         dealt_share(25, point["earlier_worlds"], 0, 2)
 
 
+def test_a_position_beyond_an_earlier_rank_s_share_is_refused_at_load():
+    ld = loaders(3)[0]
+    with pytest.raises(ConfigError, match=r"rank 1 of 2 is at position=13, outside its share of 0..12 batches"):
+        ld.load_state_dict([{"epoch": 0, "seed": 3, "position": p, "dp_rank": r, "dp_size": 2}
+                            for r, p in enumerate([12, 13])])
+    assert "earlier_worlds" not in ld.state_dict()  # nothing was loaded
+
+
 def test_a_rank_that_finished_its_share_counts_as_having_trained_all_of_it():
     states = [{"epoch": 1, "seed": 0, "position": 0, "dp_rank": 0, "dp_size": 2},
               {"epoch": 0, "seed": 0, "position": 10, "dp_rank": 1, "dp_size": 2}]
@@ -138,6 +146,24 @@ def test_persistent_workers_restart_to_see_the_deal(fresh_forkserver):
         for _ in ld:
             got.append(ld.last_yielded[1])
         assert got == list(dealt_share(25, [{"dp_size": 3, "positions": [5, 5, 5]}], 0, 2))
+    finally:
+        ld.close()
+
+
+def test_persistent_workers_restart_when_set_epoch_leaves_a_dealt_epoch(fresh_forkserver):
+    # a rank of 3 resumed from a 4-rank checkpoint trains the dealt rest of epoch 0, then epoch 0
+    # again from its start: its workers must drop the deal they were started with
+    ld = ResumableLoader(DataLoader(dataset(0, 3), batch_size=None, num_workers=2, persistent_workers=True,
+                                    multiprocessing_context="forkserver"))
+    try:
+        ld.load_state_dict([{"epoch": 0, "seed": 3, "position": 2, "dp_rank": r, "dp_size": 4} for r in range(4)])
+        ref = reference(0)
+        dealt = [(ld.last_yielded[1], batch_digest(b)) for b in ld]
+        assert dealt == [(i, ref[i]) for i in (8, 11, 14, 17, 20)]
+        ld.set_epoch(0)
+        again = [(ld.last_yielded[1], batch_digest(b)) for b in ld]
+        assert again == [(i, ref[i]) for i in rank_stride(25, 0, 3, "drop")]  # the batches the audit names
+        assert ld.state_dict() == {"version": VERSION, "epoch": 1, "seed": 3, "position": 0, "dp_rank": 0, "dp_size": 3}
     finally:
         ld.close()
 

@@ -264,11 +264,13 @@ def test_the_fetcher_goes_on_while_a_failed_hedged_copy_s_twin_is_owed():
     from types import SimpleNamespace
 
     from data_service.errors import BatchBuildError
+    from dnn_worker.fetch.attempts import Attempts
     from dnn_worker.fetch.fetcher import Fetcher
 
     def handle(sched, address, ev_kind, ref, out, kind=pb.TRANSFORM_FAILED):
         drained = []
-        fetcher = SimpleNamespace(_scheduler=sched, _set=SimpleNamespace(drain=lambda a, why: drained.append(a)))
+        fetcher = SimpleNamespace(_scheduler=sched, _set=SimpleNamespace(drain=lambda a, why: drained.append(a)),
+                                  _attempts=Attempts(3))
         server = SimpleNamespace(address=address, conn="conn")
         ev = SimpleNamespace(kind=ev_kind, conn="conn", ref=ref, batch=f"batch {ref.index}", nbytes=10,
                              error=pb.BatchError(ref=ref, kind=kind, message="decode failed"))

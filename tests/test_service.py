@@ -16,6 +16,7 @@ from data_service.errors import (BatchBuildError, ConfigError, PermissionDeniedE
 from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from data_service.protocol.generated import pb
+from data_service.protocol.version import PROTOCOL_VERSION
 from dnn_worker import ControlClient, LocalDataset, RemoteDataset
 from dnn_worker.transport.connection import BulkConnection
 from dnn_worker.fetch.fetch_options import FetchOptions
@@ -101,12 +102,12 @@ def test_wrong_token_is_denied_and_server_keeps_serving(shared_server):
 
 def test_version_mismatch_names_both_versions(shared_server):
     with ControlClient(shared_server.address, TOKEN, client_version="2.0") as ctl:
-        with pytest.raises(VersionMismatchError, match=r"'2.0'.*'1.0'"):
+        with pytest.raises(VersionMismatchError, match=rf"'2.0'.*'{PROTOCOL_VERSION}'"):
             ctl.hello()
     with ControlClient(shared_server.address, TOKEN) as ctl:
         port = ctl.hello().bulk_port
     conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, client_version="2.0")
-    with pytest.raises(VersionMismatchError, match=r"'2.0'.*'1.0'"):
+    with pytest.raises(VersionMismatchError, match=rf"'2.0'.*'{PROTOCOL_VERSION}'"):
         conn.open()
 
 

@@ -24,6 +24,7 @@ from data_service.errors import BatchBuildError, ConfigError  # noqa: E402
 from data_service.contract.pipeline import PipelineSpec  # noqa: E402
 from data_service.server import DataServer, ServerOptions  # noqa: E402
 from data_service.shards import ShardDataset  # noqa: E402
+from data_service.shards.checksum import CorruptSampleError  # noqa: E402
 from data_service.shards.format import INDEX_NAME  # noqa: E402
 from data_service.storage import S3Store  # noqa: E402
 from dnn_worker import LocalDataset, RemoteDataset  # noqa: E402
@@ -294,16 +295,16 @@ def _index_with_a_long_sample(local: Path, dest: Path, block_samples: int) -> in
 
 
 def test_a_sample_over_its_neighbours_is_refused_naming_it_and_the_fix(world, tmp_path):
-    """A damaged index entry running over the next samples' bytes never returns them: the first use of
-    its shard fails naming the sample, the shard, the bytes, the sample it runs into and the fix, and
-    reaches the consumer as a BatchBuildError."""
+    """A damaged index entry running over the next samples' bytes never returns them: its checksum
+    fails, naming the sample, the shard, the bytes, the sample it runs into and the fix, and reaches
+    the consumer as a BatchBuildError; the sample it runs into reads its own bytes."""
     local, _ = world
     bad = _index_with_a_long_sample(local, tmp_path / "index", 32)
     ds = ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path / "cache"), index=str(tmp_path / "index"))
-    for i in (bad, bad + 1):  # its shard is checked whole at its first use
-        with pytest.raises(ConfigError, match=rf"sample {bad} of shard shard-.*runs into sample {bad + 1}"
-                                              r".*hetero index"):
-            ds[i]
+    with pytest.raises(CorruptSampleError, match=rf"sample {bad} of shard s3://.*has CRC32C .*runs into sample "
+                                                 rf"{bad + 1}.*the index is corrupt.*hetero index"):
+        ds[bad]
+    assert ds[bad + 1] == ShardDataset(str(local), block_samples=32)[bad + 1]
     os.environ["HETERO_CACHE_DIR"] = str(tmp_path / "cache")
     try:
         consumer = LocalDataset(PipelineSpec(PIPELINE, {**BASE, "shards": URL, "index": str(tmp_path / "index")}),

@@ -76,6 +76,9 @@ def test_the_warm_parent_holds_no_thread_grpc_or_socket_of_the_server_and_only_w
     server = _server("examples.synthetic:build_pipeline")
     try:
         warm = psutil.Process(server.pool.launcher.parent.process.pid)
+        deadline = time.monotonic() + 60
+        while server.pool.launcher.spare_pid is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the spare's fork request passes its pipe's end through the warm parent
         assert "grpc" in sys.modules and psutil.Process().num_threads() > 1  # what the server holds
         assert warm.num_threads() == 1
         with open(f"/proc/{warm.pid}/maps") as f:
@@ -126,6 +129,24 @@ def test_a_pipeline_module_that_cannot_be_preloaded_falls_back_to_spawn_saying_w
         said = [r.getMessage() for r in caplog.records if "spawn" in r.getMessage()]
         assert said and "_unpreloadable_pipeline" in said[0] and "device context" in said[0], said
         assert _digests(server, 0) == Reference("examples.synthetic:build_pipeline", OPTS, 5).digests(0)
+    finally:
+        server.shutdown(grace_s=0.5)
+
+
+@pytest.mark.parametrize("method", ["warm", "spawn"])
+def test_a_killed_worker_s_log_line_names_the_signal_even_when_its_pipe_broke_first(caplog, tmp_path, method):
+    caplog.set_level(logging.WARNING, logger="data_service.pool.worker_pool")
+    opts = {"die_at": 5, "marker": str(tmp_path / "died")}
+    server = _server("_dying_pipeline:build_pipeline", opts, workers=1, worker_start=method)
+    try:
+        victim = server.pool.worker_pids()[0]
+        got = _batches(server, 0, count=4)  # batch 1 holds sample 5: its worker dies, a new one builds it
+        assert sorted(got) == [0, 1, 2, 3] and got[1]["x"].tolist() == [4, 5, 6, 7]
+        deadline = time.monotonic() + 10  # the line comes once the status is known, from another thread
+        while time.monotonic() < deadline and not [r for r in caplog.records if f"(pid {victim})" in r.getMessage()]:
+            time.sleep(0.05)
+        said = [r.getMessage() for r in caplog.records if f"(pid {victim})" in r.getMessage()]
+        assert said == [f"data worker 0 (pid {victim}) was killed by SIGKILL (-9) while building epoch 0 batch 1"]
     finally:
         server.shutdown(grace_s=0.5)
 

@@ -1,11 +1,14 @@
 """What the corruption campaign (``python -m benchmarks.corruption``) damages, and how.
 
 The data sets (photo-like JPEGs as ``hetero prepare`` shards, as WebDataset tars indexed by
-``hetero index``, as a Parquet file with page CRCs); :class:`Damage`, a byte flip or cut done in
-place (so servers holding the file open see it) and undone after the trial; one function per
-place choosing the damage at random (``shard_damage``, ``index_damage``, ``cached_damage``,
-``parquet_damage``, ``label_manifest_damage``, ``label_index_damage``); and :class:`FlipProxy`, a loopback TCP proxy that flips one byte of what a
-data server sends.
+``hetero index``, as a Parquet file with page CRCs, and as one written with pyarrow's defaults, no
+page CRCs, checksummed by ``hetero index``); :class:`Damage`, a byte flip or cut done in place (so
+servers holding the file open see it) and undone after the trial, and :class:`Zeroed`, a run of
+bytes zeroed; one function per place choosing the damage at random (``shard_damage``,
+``index_damage``, ``cached_damage``, ``parquet_damage``, ``decoded_damage``,
+``plain_parquet_damage``, ``label_manifest_damage``, ``label_index_damage``); and :class:`FlipProxy`,
+a loopback TCP proxy that flips one byte of what a data server sends, or of what its consumer sends
+(its requests), on one connection or on every one.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import random
 import socket
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
@@ -100,20 +104,36 @@ class Damage:
 
 class FlipProxy:
     """Forwards 127.0.0.1:<port> to ``target``; once armed, flips the byte at ``offset`` of the next
-    connection's server -> client stream (``mask`` XORed), then forwards faithfully again."""
+    connection's server -> client stream (``mask`` XORed; ``requests``: of its client -> server
+    stream), then forwards faithfully again; with ``every``, the same byte of every connection
+    from then on (a link that damages each one alike).
+
+    ``flipped`` counts flips and ``flipped_at`` holds their ``time.monotonic()``; ``sent`` is the
+    client -> server bytes of the latest connection so far, and ``head`` their first
+    ``HEAD_BYTES`` (where a request's frames lie)."""
+
+    HEAD_BYTES = 4096
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self._lst = socket.create_server(("127.0.0.1", 0))
         self.port = self._lst.getsockname()[1]
         self._lock = threading.Lock()
-        self._armed: tuple[int, int] | None = None
+        self._armed: tuple[int, int, bool] | None = None
+        self._every = False
         self.flipped = 0
+        self.flipped_at: list[float] = []
+        self.sent = 0
+        self.head = bytearray()
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, offset: int, mask: int) -> None:
+    def arm(self, offset: int, mask: int, requests: bool = False, every: bool = False) -> None:
         with self._lock:
-            self._armed = (offset, mask)
+            self._armed, self._every = (offset, mask, requests), every
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed, self._every = None, False
 
     def _accept(self) -> None:
         while True:
@@ -124,11 +144,17 @@ class FlipProxy:
             except OSError:
                 return
             with self._lock:
-                armed, self._armed = self._armed, None
-            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, armed), daemon=True).start()
+                armed = self._armed
+                if not self._every:
+                    self._armed = None
+                self.sent, self.head = 0, bytearray()
+            flip = armed[:2] if armed else None
+            up, down = (flip, None) if armed and armed[2] else (None, flip)
+            threading.Thread(target=self._pipe, args=(client, upstream, up, self.head), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, down, None), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, flip: tuple[int, int] | None) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, flip: tuple[int, int] | None,
+              head: bytearray | None) -> None:
         seen = 0
         try:
             while True:
@@ -139,6 +165,10 @@ class FlipProxy:
                     data = bytearray(data)
                     data[flip[0] - seen] ^= flip[1]
                     self.flipped += 1
+                    self.flipped_at.append(time.monotonic())
+                if head is not None and head is self.head:  # the latest connection's requests
+                    head += data[:max(0, self.HEAD_BYTES - len(head))]
+                    self.sent += len(data)
                 seen += len(data)
                 dst.sendall(data)
         except OSError:
@@ -311,3 +341,79 @@ def label_index_damage(rng: random.Random, folder: str) -> tuple[list, int]:
               enumerate(zip(old.to_bytes(4, "little", signed=True), new.to_bytes(4, "little", signed=True))) if b != c]
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     return damage, 1
+
+
+def plain_parquet(files: list[tuple[str, int]], dest: str, row_group: int = 16) -> str:
+    """One Parquet file of ``files`` as pyarrow writes it by default (snappy, dictionary pages, no page
+    CRCs), with the row checksums ``hetero index`` writes beside it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from data_service.shards.parquet_sums import index_parquet
+
+    os.makedirs(dest, exist_ok=True)
+    path = os.path.join(dest, "train-00000.parquet")
+    table = pa.table({"image": pa.array([Path(p).read_bytes() for p, _ in files], pa.binary()),
+                      "label": pa.array([y for _, y in files], pa.int64())})
+    pq.write_table(table, path, row_group_size=row_group)
+    index_parquet(path, overwrite=True)
+    return path
+
+
+class Zeroed:
+    """``length`` bytes of ``path`` from ``at`` zeroed in place (a bad page of memory), undone by
+    :meth:`undo` where the file is still the one damaged."""
+
+    def __init__(self, path: str, at: int, length: int) -> None:
+        self.path, self.at, self.inode = path, at, os.stat(path).st_ino
+        with open(path, "r+b") as f:
+            f.seek(at)
+            self.tail = f.read(length)
+            f.seek(at)
+            f.write(bytes(len(self.tail)))
+
+    def undo(self) -> None:
+        try:
+            if os.stat(self.path).st_ino != self.inode:
+                return
+        except FileNotFoundError:
+            return
+        with open(self.path, "r+b") as f:
+            f.seek(self.at)
+            f.write(self.tail)
+
+
+def decoded_damage(rng: random.Random, folder: str) -> tuple[list, int]:
+    """One entry of the decoded-image cache under ``folder`` damaged between epochs: 4 KiB zeroed from
+    a random offset (1 in 2), else one bit flipped anywhere (its header included); no sample is lost."""
+    entries = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs
+                     if not f.startswith(".") and "." not in f)
+    path = rng.choice(entries)
+    size = os.path.getsize(path)
+    if rng.random() < 0.5:
+        return [Zeroed(path, rng.randrange(size), 4096)], 0
+    return [Damage(path, rng.randrange(size), 1 << rng.randrange(8))], 0
+
+
+def plain_parquet_damage(rng: random.Random, path: str, cache: str) -> tuple[list, int]:
+    """A flip in a row group's pages (dictionary page included) of a file without page CRCs; the node's
+    decoded copy of that row group is flipped too, so the servers decode it again from the damaged
+    file. The samples it damages: the rows that decode otherwise, or all of the row group's when it
+    no longer decodes."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(path)
+    g = rng.randrange(meta.num_row_groups)
+    cols = [meta.row_group(g).column(j) for j in range(meta.row_group(g).num_columns)]
+    starts = [c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
+              for c in cols]
+    lo, hi = min(starts), max(s + c.total_compressed_size for s, c in zip(starts, cols))
+    clean = pq.ParquetFile(path).read_row_group(g).to_pylist()
+    damage = [Damage(path, rng.randrange(lo, hi), 1 << rng.randrange(8))]
+    try:
+        hit = sum(a != b for a, b in zip(clean, pq.ParquetFile(path).read_row_group(g).to_pylist()))
+    except Exception:  # pyarrow's errors for pages that no longer decode: the whole row group
+        hit = len(clean)
+    damage += [Damage(os.path.join(d, f), os.path.getsize(os.path.join(d, f)) - 1, 0x40)
+               for d, _, fs in os.walk(cache) for f in fs if f == f"rg-{g:08d}.blk"]
+    return damage, hit

@@ -6,6 +6,7 @@ so nothing user-defined is ever pickled or sent over the network.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import importlib
 import json
@@ -282,8 +283,23 @@ class SkipSample(Exception):
 
     The batch comes out that many samples shorter; the drop is logged with the message and
     counted (``Pipeline.samples_skipped``, the data server's ``samples_skipped`` stat). The
-    message should name what was skipped and why.
+    message should name what was skipped and why; ``where`` the file or shard it came from, which
+    the error for a batch whose every sample was skipped names.
     """
+
+    def __init__(self, message: str = "", *, where: str = "") -> None:
+        super().__init__(message)
+        self.where = where
+
+
+def all_skipped(skips: list[SkipSample]) -> ValueError:
+    """The error for a batch whose every sample was skipped: how many, from which files or shards, the first reason."""
+    places = collections.Counter(s.where for s in skips if s.where)
+    named = ", ".join(f"{n} from {where}" for where, n in places.most_common(4))
+    more = f" and {len(places) - 4} more places" if len(places) > 4 else ""
+    source = f" ({named}{more})" if places else ""
+    return ValueError(f"every one of the {len(skips)} samples of this batch was skipped{source}; the first: "
+                      f"{skips[0]} (see the skipped-sample warnings in the data node's log)")
 
 
 class SampleError(Exception):
@@ -330,7 +346,7 @@ def build_batch(pipe: Pipeline, cfg: PlanConfig, seed: int, epoch: int, index: i
         torch.set_num_threads(1)
     try:
         seed_everything(derive_seed(seed, epoch, index))
-        samples = []
+        samples, skipped = [], []
         for sample_index in indices:
             try:
                 sample = pipe.dataset[sample_index]
@@ -338,14 +354,14 @@ def build_batch(pipe: Pipeline, cfg: PlanConfig, seed: int, epoch: int, index: i
                     sample = pipe.transform(sample)
             except SkipSample as exc:
                 pipe.samples_skipped += 1
+                skipped.append(exc)
                 log.warning("epoch %d, batch %d: skipped sample %d: %s", epoch, index, sample_index, exc)
                 continue
             except Exception as exc:  # user code: carried to the consumer with context
                 raise SampleError(sample_index, exc) from exc
             samples.append(sample)
         if not samples:
-            raise SampleError(-1, ValueError(f"every one of the {len(indices)} samples of this batch was skipped "
-                                             "(see the skipped-sample warnings in the data node's log)"))
+            raise SampleError(-1, all_skipped(skipped))
         try:
             batch = (pipe.collate_fn or default_collate)(samples)
             # encoded here, in the one function every mode uses: homogeneous and heterogeneous

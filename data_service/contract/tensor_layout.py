@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..crc32c import copy_crc32c, crc32c
 from ..errors import ConfigError, ProtocolError
 from ..protocol.generated import pb
 
@@ -93,6 +94,20 @@ def write_payload(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor
             continue
         dst = torch.frombuffer(buf, dtype=torch.uint8, count=meta.nbytes, offset=meta.offset)
         dst.copy_(t.reshape(-1).view(torch.uint8))
+
+
+def write_summed_payload(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch.Tensor], buf, crc: int) -> int:
+    """:func:`write_payload`, and the CRC32C of the whole payload as laid out in ``buf`` (the alignment
+    gaps included), continuing ``crc``: each tensor is summed as it is copied (``copy_crc32c``), so
+    the payload is not read from memory a second time to sum it."""
+    pos = 0
+    with memoryview(buf) as view:
+        for meta, t in zip(metas, tensors):
+            crc = crc32c(view[pos:meta.offset], crc)  # the gap before it
+            src = t.reshape(-1).resolve_conj().resolve_neg().view(torch.uint8).numpy()
+            crc = copy_crc32c(view[meta.offset:meta.offset + meta.nbytes], src, crc)
+            pos = meta.offset + meta.nbytes
+        return crc32c(view[pos:_align(pos)], crc)  # the gap after the last
 
 
 def encode(batch: Any) -> tuple[int, list[pb.TensorMeta], bytearray]:

@@ -6,6 +6,8 @@ from the decoded-image cache when there is one. :func:`collate` stacks the crops
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from .crop_decode import CachedCropDecode, CropDecode, stack
@@ -55,7 +57,9 @@ class FusedAugment:
         try:
             return self.crop_decode(sample)
         except CorruptImageError as exc:
-            corrupt(exc, self.on_corrupt)
+            name = sample[0][1]  # a file's path, or "sample N of <shard>" (sources.ShardImages)
+            shard = re.fullmatch(r"sample \d+ of (.+)", name, re.S)
+            corrupt(exc, self.on_corrupt, shard.group(1) if shard else name)
 
 
 def collate(samples) -> dict:

@@ -19,6 +19,7 @@ ON_CORRUPT = {"fail": "stop, naming the file", "skip": "drop the sample, counted
 FINISH_ON = {"device": "uint8 on the wire, normalised on the training device", "server": "float32 on the wire"}
 DECODE = {"fused": "decode only the random crop", "whole": "decode every image whole, then crop"}
 DCT_SCALING = {"pow2": "large crops decoded at 1/2, 1/4 or 1/8 scale", "none": "full scale"}
+UNCHECKED = {"warn": "read it, saying so once per file", "refuse": "stop at start, naming the file and the fix"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class ImageOptions:
     parquet: str = ""
     image_column: str = "image"
     label_column: str = "label"
+    unchecked: str = "warn"
     fused: bool = field(init=False, repr=False)
     decoded_budget: int = field(init=False, repr=False)
     shard_cache_budget: int = field(init=False, repr=False)
@@ -91,13 +93,15 @@ class ImageOptions:
         _integer("decoded_side", self.decoded_side, 0, hint=" (pixels; 0 = 1.15 x image_size)")
         _text("decoded_cache_dir", self.decoded_cache_dir, "a folder on a tmpfs such as /dev/shm")
         _text("shards", self.shards, "a folder of shards or an s3://bucket/prefix")
-        _text("index", self.index, "the folder or s3:// prefix holding the shards' index.bin (hetero index --to)")
+        _text("index", self.index, "the folder or s3:// prefix holding the shards' index.bin or the Parquet files' "
+                                   "row checksums (hetero index --to)")
         _text("parquet", self.parquet, "a Parquet file, or a folder or s3:// prefix of .parquet files")
         _text("image_column", self.image_column, "the Parquet column of image bytes (binary, or a struct with bytes)")
         _text("label_column", self.label_column, "the Parquet column of integer labels")
-        if self.index and not self.shards:
-            raise ConfigError(f"index={self.index!r} names where the shards' index lives: pass shards= too "
-                              "(the folder or s3:// prefix holding the tars)")
+        _choice("unchecked", self.unchecked, UNCHECKED)
+        if self.index and not self.shards and not self.parquet:
+            raise ConfigError(f"index={self.index!r} names where the shards' index (or the Parquet files' row "
+                              "checksums) lives: pass shards= (the folder or s3:// prefix holding the tars) or parquet=")
         if self.shards and self.parquet:
             raise ConfigError(f"shards={self.shards!r} and parquet={self.parquet!r}: read one source; pass only one")
         _integer("shuffle_block", self.shuffle_block, 0,

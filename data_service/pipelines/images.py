@@ -28,8 +28,9 @@ import torch
 
 from ..contract.pipeline import Pipeline, ServerSide
 from ..errors import ConfigError
+from ..storage.parsing import is_s3_url
 from .augment import Augment, FusedAugment, collate
-from .decoded_cache import DecodedCache
+from .decoded_cache import MAGIC as ENTRY_FORMAT, DecodedCache
 from .image_options import DEFAULT_BLOCK_BATCHES, DEFAULT_INTERLEAVE, ImageOptions
 from .sources import (IMAGE_EXTENSIONS, CorruptImageError, ImageFolder, ShardImages, count_classes, data_root,
                       decode, decode_bytes, scan)
@@ -98,12 +99,16 @@ def build_pipeline(**options) -> Pipeline:
         decoded_cache_dir: the tmpfs the cache lives in (a folder per pipeline is made there).
         decoded_side: short side of the images kept (0 = 1.15 x ``image_size``).
         index: with ``shards``, where their ``index.bin`` lives when not beside them (``hetero index
-            SRC --to DEST`` for tars in a read-only place: ``shards=SRC``, ``index=DEST``).
+            SRC --to DEST`` for tars in a read-only place: ``shards=SRC``, ``index=DEST``); with
+            ``parquet``, where the row checksums ``hetero index SRC --to DEST`` wrote live.
         parquet: read a Parquet data set in place instead (a file, or a folder or ``s3://`` prefix of
             ``.parquet`` files; :mod:`data_service.shards.parquet`), a shuffle block per run of rows.
         image_column: its column of image bytes (binary, or a struct with a ``bytes`` field as
             Hugging Face ``datasets`` writes); ``"image"``.
         label_column: its column of integer labels; ``"label"``.
+        unchecked: with ``parquet``, a file with neither page CRCs nor the row checksums ``hetero
+            index`` writes: ``"warn"`` reads it, saying so once per file; ``"refuse"`` stops the data
+            server at start, naming the file and the fix.
         wire_encoding: how the crops travel to the DNN nodes (:mod:`data_service.contract.wire_encoding`):
             ``"uint8"`` as built; ``"up-zstd"``, lossless, about half the bytes on photographs;
             ``"jpeg:Q"``, each crop re-encoded as JPEG quality ``Q`` (``"jpeg"`` = ``"jpeg:90"``, about
@@ -141,7 +146,23 @@ def server_side(**options) -> ServerSide:
                       close=cache.close if cache else None)
 
 
+def worker_imports(**options) -> list[str]:
+    """What a data worker of these options imports while it builds and runs the pipeline (kept out
+    of this module's imports: a data server's main process imports it too, and needs none of it).
+    A data node's warm parent imports them once, before it forks its workers."""
+    opts = ImageOptions.from_kwargs(**options)
+    names = ["torchvision.io", "torchvision.transforms.v2"]
+    if opts.shards:
+        names.append("data_service.shards")
+    if opts.parquet:
+        names += ["data_service.shards.parquet", "pyarrow.parquet"]
+    if is_s3_url(opts.shards or opts.parquet):
+        names += ["boto3", "botocore.config"]
+    return names
+
+
 build_pipeline.server_side = server_side
+build_pipeline.worker_imports = worker_imports
 # The signature the launcher's checks and help see: ImageOptions' fields and defaults.
 build_pipeline.__signature__ = inspect.Signature(
     [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
@@ -167,7 +188,7 @@ def _shards(opts: ImageOptions):
         from ..shards.parquet import ParquetDataset
 
         return ParquetDataset(opts.parquet, image_column=opts.image_column, label_column=opts.label_column,
-                              on_corrupt=opts.on_corrupt, **common)
+                              on_corrupt=opts.on_corrupt, index=opts.index, unchecked=opts.unchecked, **common)
     from ..shards import ShardDataset
 
     return ShardDataset(opts.shards, index=opts.index, **common)
@@ -175,7 +196,9 @@ def _shards(opts: ImageOptions):
 
 def _decoded_cache(opts: ImageOptions, root: str) -> DecodedCache:
     # one folder per pipeline (its data and image options) and host, shared by its servers' processes
-    keys = [opts.shards or opts.parquet or os.path.abspath(str(root)), opts.limit, opts.image_size, opts.side]
+    # (and entry format: a release that writes entries another way keeps its own folder)
+    keys = [opts.shards or opts.parquet or os.path.abspath(str(root)), opts.limit, opts.image_size, opts.side,
+            ENTRY_FORMAT.decode().strip()]
     keys += [opts.index] if opts.index else []  # another index numbers the samples differently
     tag = hashlib.blake2b(json.dumps(keys, sort_keys=True).encode(), digest_size=8).hexdigest()
     return DecodedCache(os.path.join(opts.decoded_cache_dir, f"hetero-decoded-{tag}"), opts.decoded_budget)

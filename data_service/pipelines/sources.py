@@ -24,6 +24,9 @@ import torch
 from ..contract.pipeline import SkipSample
 from ..errors import ConfigError
 from ..shards.checksum import CorruptSampleError
+from ..shards.entries import CorruptEntryError
+
+DAMAGED = (CorruptSampleError, CorruptEntryError)  # a sample the source refuses to hand to training
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
@@ -89,15 +92,16 @@ def _some(names: list[str], n: int = 3) -> str:
 def count_classes(data_dir: str | None = None, shards: str = "", *, index: str = "", parquet: str = "",
                   image_column: str = "image", label_column: str = "label") -> int:
     """Classes of ``shards`` (from its index, or from ``index`` when it lives elsewhere), of the
-    ``parquet`` data set, else class folders under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
-    if shards or index:
+    ``parquet`` data set (its row checksums in ``index`` when not beside it), else class folders
+    under ``data_dir`` (default ``SM_CHANNEL_TRAINING``)."""
+    if shards or (index and not parquet):
         from ..shards.indexfile import read_index
 
         return len(read_index(index or shards).classes)
     if parquet:
         from ..shards.parquet import ParquetDataset
 
-        return len(ParquetDataset(parquet, image_column=image_column, label_column=label_column).classes)
+        return len(ParquetDataset(parquet, image_column=image_column, label_column=label_column, index=index).classes)
     return len(scan(data_root(data_dir))[0])
 
 
@@ -130,10 +134,11 @@ def decode_bytes(data: bytes, name: str) -> torch.Tensor:
         raise CorruptImageError(f"{name} does not decode as an image ({reason})") from None
 
 
-def corrupt(exc: CorruptImageError, on_corrupt: str):
-    """Raise what ``on_corrupt`` asks for a sample that does not decode: SkipSample, or the error with the fix."""
+def corrupt(exc: CorruptImageError, on_corrupt: str, where: str = ""):
+    """Raise what ``on_corrupt`` asks for a sample that does not decode: SkipSample (from file or shard
+    ``where``), or the error with the fix."""
     if on_corrupt == "skip":
-        raise SkipSample(str(exc)) from None
+        raise SkipSample(str(exc), where=where) from None
     raise CorruptImageError(f"{exc}; replace or remove the file, or pass pipeline.on_corrupt=skip to "
                             "drop such samples (counted in the data server's samples_skipped)") from None
 
@@ -166,7 +171,7 @@ class ImageFolder:
         try:
             return decode(path), label
         except CorruptImageError as exc:
-            corrupt(exc, self.on_corrupt)
+            corrupt(exc, self.on_corrupt, path)
 
 
 class ShardImages:
@@ -189,16 +194,22 @@ class ShardImages:
     def __len__(self) -> int:
         return self.length
 
+    def where(self, i: int) -> str:
+        """The shard or file holding sample ``i`` (the source's own answer; else the data set)."""
+        where = getattr(self.shards, "where", None)
+        return where(i) if where is not None else str(self.root)
+
     def __getitem__(self, i: int):
         try:
             data, label = self.shards[i]
-        except CorruptSampleError as exc:  # its bytes failed their checksum twice: never handed to training
-            if self.on_corrupt == "skip":
-                raise SkipSample(str(exc)) from None
+        except DAMAGED as exc:  # bytes that failed their checksum twice, a shard cut short, a corrupt index
+            if self.on_corrupt == "skip":  # entry: never handed to training
+                raise SkipSample(str(exc), where=self.where(i)) from None
             raise
+        name = f"sample {i} of {self.where(i)}"
         if not self.decoded:
-            return (data, f"sample {i} of {self.root}"), label
+            return (data, name), label
         try:
-            return decode_bytes(data, f"sample {i} of {self.root}"), label
+            return decode_bytes(data, name), label
         except CorruptImageError as exc:
-            corrupt(exc, self.on_corrupt)
+            corrupt(exc, self.on_corrupt, self.where(i))

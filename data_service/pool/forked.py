@@ -1,5 +1,5 @@
-"""The server's side of a pool's warm parent (warm_parent.py): starting it, asking it to fork
-workers, and the handle of each forked worker.
+"""The server's side of a pool's warm parent (warm_parent.py): starting it, asking it to import
+what the workers import and to fork workers, and the handle of each forked worker.
 
 ``WarmParent.Process`` stands in for ``multiprocessing.get_context("spawn").Process`` (what
 lifecycle.py calls): the handle has ``start``, ``pid``, ``sentinel``, ``exitcode``, ``is_alive``,
@@ -10,17 +10,21 @@ on a status pipe from the warm parent, which reaps it.
 from __future__ import annotations
 
 import io
+import json
 import multiprocessing as mp
 import os
 import pickle
 import select
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import weakref
+from multiprocessing import spawn
 from multiprocessing.connection import Connection
 
-from . import warm_parent
+from .preload import BASE
 from .warm_parent import CODE, recv_msg, send_msg
 
 ANSWER_TIMEOUT_S = 30.0  # a fork takes milliseconds; this long means the warm parent is stuck
@@ -36,21 +40,37 @@ def _readable(fd, timeout: float | None) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
 
 
-class WarmParent:
-    """One pool's warm parent: a spawned process that imports ``preload`` and then forks workers."""
+# The warm parent's interpreter runs this, not multiprocessing's spawn entry (which would import
+# the server's __main__ again): the server's sys.path first (-c itself adds only ""), then its body.
+_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+         "from data_service.pool.warm_parent import boot; boot(int(sys.argv[2]))")
 
-    def __init__(self, preload: list[str]) -> None:
+
+class WarmParent:
+    """One pool's warm parent: a fresh interpreter that imports what the workers of pipeline
+    ``spec_json`` will import (preload.py), then forks them."""
+
+    def __init__(self, spec_json: str, base: tuple[str, ...] = BASE) -> None:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._lock = threading.Lock()  # one request and its answer at a time (start-up and replacements)
         self.gone = False
-        self.process = mp.get_context("spawn").Process(
-            target=warm_parent.main, args=(theirs, list(preload)), name="hetero-warm-parent", daemon=True)
-        self.process.start()
-        theirs.close()
+        try:
+            self.process = subprocess.Popen(
+                [spawn.get_executable(), *subprocess._args_from_interpreter_flags(), "-c", _BOOT,
+                 json.dumps(sys.path), str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        send_msg(self._sock, {"spec": spec_json, "names": list(base)})
+        self.spec = json.loads(spec_json)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def ready(self, timeout: float) -> dict | None:
-        """What the warm parent reported once it preloaded (pid, error, threads, grpc); None if it
-        did not within ``timeout`` seconds.
+        """What the warm parent reported once it preloaded (pid; error: the pipeline's module did
+        not import; unsafe: the module that left a hazard, and what; failed: declared modules that
+        did not import); None if it did not within ``timeout`` seconds.
 
         Raises:
             WarmParentGone: it exited before reporting.
@@ -62,9 +82,42 @@ class WarmParent:
         except (OSError, EOFError):
             report = None
         if report is None:
-            self.process.join(1.0)
-            raise WarmParentGone(f"the warm parent exited with code {self.process.exitcode} while preloading")
+            raise WarmParentGone(f"the warm parent exited with code {self._exit_code(1.0)} while preloading")
         return report
+
+    def _exit_code(self, timeout: float) -> int | None:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def preload(self, names: list[str], why: str, timeout: float) -> dict:
+        """Have the warm parent import ``names`` (what a worker imported), so that later forks
+        share them; its report (imported, failed, unsafe). An unsafe report leaves it refusing
+        forks: workers are spawned from then on.
+
+        Raises:
+            WarmParentGone: the warm parent exited, or did not answer within ``timeout`` seconds.
+        """
+        with self._lock:
+            if self.gone:
+                raise WarmParentGone("the warm parent was closed")
+            try:
+                send_msg(self._sock, {"op": "import", "names": list(names), "why": why})
+                if not _readable(self._sock, timeout):
+                    raise WarmParentGone(f"the warm parent did not import {len(names)} modules within {timeout:.0f}s")
+                report, _ = recv_msg(self._sock)
+            except (OSError, EOFError) as exc:
+                report = None
+                why_gone = str(exc)
+            else:
+                why_gone = "it exited"
+            if report is None:
+                self.gone = True
+                raise WarmParentGone(f"the warm parent cannot import what the workers did: {why_gone}")
+            if report["unsafe"]:
+                self.gone = True
+            return report
 
     def Process(self, target, name: str, args: tuple = (), daemon: bool = True):  # noqa: N802 (multiprocessing's name)
         """A handle like ``multiprocessing.Process``; once this warm parent is gone, a spawned one."""
@@ -110,10 +163,33 @@ class WarmParent:
         with self._lock:  # a fork under way finishes first
             self.gone = True
             self._sock.close()
-        self.process.join(timeout)
-        if self.process.is_alive():
+        if self._exit_code(timeout) is None:
             self.process.kill()
-            self.process.join(2.0)
+            self._exit_code(2.0)
+
+
+_EARLY: list[WarmParent] = []  # started by prestart(), not yet adopted by a pool
+_EARLY_LOCK = threading.Lock()
+
+
+def prestart(spec_json: str) -> None:
+    """Start the warm parent of pipeline ``spec_json`` now, before this process imports the rest
+    of a data server (grpc, numpy: half a second of CPU), so that the warm parent's imports run
+    beside them. The pool that starts next with the same spec adopts it (``adopt``); one never
+    adopted exits with this process."""
+    with _EARLY_LOCK:
+        _EARLY.append(WarmParent(spec_json))
+
+
+def adopt(spec_json: str) -> WarmParent | None:
+    """A warm parent ``prestart`` started for the same pipeline spec (the same JSON value), or None."""
+    wanted = json.loads(spec_json)
+    with _EARLY_LOCK:
+        for parent in _EARLY:
+            if parent.spec == wanted:
+                _EARLY.remove(parent)
+                return parent
+    return None
 
 
 class _FdPickler(pickle.Pickler):

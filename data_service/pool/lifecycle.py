@@ -20,6 +20,7 @@ from .messages import FatalMsg, ReadyMsg, StopMsg, message_connection
 from .slots import SlotTable
 from .forked import WarmParentGone
 from .process import worker_main
+from .results import exit_status
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,8 @@ def launch(ctx, w: WorkerHandle, cfg: WorkerConfig) -> None:
     w.child_end = None
 
 
-def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> object:
-    """Wait until ``w`` has loaded the pipeline; returns the PipelineInfo it reported.
+def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> ReadyMsg:
+    """Wait until ``w`` has loaded the pipeline; returns what it reported (``.info``: its PipelineInfo).
 
     Raises:
         ConfigError: the pipeline failed to load, or took longer than ``start_timeout``.
@@ -106,22 +107,22 @@ def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> objec
                 msg = w.conn.recv()
             except EOFError:
                 w.process.join(1.0)
-                raise DiedLoading(f"data worker {w.wid} exited with code {w.process.exitcode} "
+                raise DiedLoading(f"data worker {w.wid} {exit_status(w.process.exitcode)} "
                                   "while loading the pipeline") from None
             if isinstance(msg, ReadyMsg):
-                return msg.info
+                return msg
             if isinstance(msg, FatalMsg):
                 raise ConfigError(f"data worker could not load the pipeline: {msg.message}\n{msg.traceback}")
             raise ConfigError(f"data worker {w.wid} sent {type(msg).__name__} before it was ready")
         if not w.process.is_alive() and not w.conn.poll():
-            raise DiedLoading(f"data worker {w.wid} exited with code {w.process.exitcode} "
+            raise DiedLoading(f"data worker {w.wid} {exit_status(w.process.exitcode)} "
                               "while loading the pipeline")
 
 
 def start_with_retry(ctx, w: WorkerHandle, deadline: float, cfg: WorkerConfig,
-                     on_respawn: Callable[[WorkerHandle], None]) -> object:
+                     on_respawn: Callable[[WorkerHandle], None]) -> ReadyMsg:
     """Wait until worker ``w`` is ready, starting it again if it dies while loading; returns
-    the PipelineInfo it reported.
+    what it reported.
 
     ``on_respawn`` gets each new process before the wait on it, so a caller that gives up
     stops the newest one.
@@ -142,25 +143,31 @@ def start_with_retry(ctx, w: WorkerHandle, deadline: float, cfg: WorkerConfig,
 
 
 def start_all(ctx, handles: list[WorkerHandle], cfg: WorkerConfig, deadline: float,
-              on_respawn: Callable[[int, WorkerHandle], None]) -> object:
-    """Wait until every worker of ``handles`` (loading side by side since they were spawned)
-    is ready, each started again as ``start_with_retry`` does (``on_respawn(k, new)``).
+              on_respawn: Callable[[int, WorkerHandle], None],
+              after_first: Callable[[ReadyMsg, list[WorkerHandle]], None] = lambda ready, rest: None) -> object:
+    """Wait until every worker of ``handles`` is ready, each started again as ``start_with_retry``
+    does (``on_respawn(k, new)``). Those not launched yet are launched by ``after_first``, which
+    gets the first worker's report once it is ready, and the others' handles.
 
     Returns the PipelineInfo they all reported.
 
     Raises:
         ConfigError: a worker could not load the pipeline, or two built different ones.
     """
-    infos = [start_with_retry(ctx, w, deadline, cfg, lambda new, k=k: on_respawn(k, new))
-             for k, w in enumerate(handles)]
+    first = start_with_retry(ctx, handles[0], deadline, cfg, lambda new: on_respawn(0, new))
+    after_first(first, handles[1:])
+    infos = [first.info] + [start_with_retry(ctx, w, deadline, cfg, lambda new, k=k: on_respawn(k, new)).info
+                            for k, w in enumerate(handles[1:], start=1)]
     if any(i != infos[0] for i in infos):
         raise ConfigError(f"the data workers built different pipelines from one spec ({infos}); the builder "
                           "must depend on its options only (not on the process, the time or a changing folder)")
     return infos[0]
 
 
-def spawn_replacement(ctx, wid: int, cfg: WorkerConfig, stopping: Callable[[], bool]) -> WorkerHandle | None:
-    """Start a replacement for dead worker ``wid``, retrying with back-off.
+def spawn_replacement(ctx, wid: int, cfg: WorkerConfig, stopping: Callable[[], bool],
+                      take_spare: Callable[[int], WorkerHandle | None] = lambda wid: None) -> WorkerHandle | None:
+    """Start a replacement for dead worker ``wid``, retrying with back-off; a ready spare
+    (``take_spare``, spare.py) takes its place at once where there is one.
 
     Returns the ready worker; None when stopping.
 
@@ -170,6 +177,10 @@ def spawn_replacement(ctx, wid: int, cfg: WorkerConfig, stopping: Callable[[], b
     for attempt in range(len(RESPAWN_BACKOFF_S) + 1):
         if stopping():
             return None
+        spare = take_spare(wid) if attempt == 0 else None
+        if spare is not None:
+            log.info("data worker %d is replaced by the spare (pid %s)", wid, spare.process.pid)
+            return spare
         replacement = spawn(ctx, wid, cfg)
         try:
             await_ready(replacement, time.monotonic() + cfg.start_timeout, cfg.start_timeout)

@@ -3,7 +3,7 @@
 Each message is a small typed tuple sent over a pipe to a process the server itself spawned;
 nothing here ever crosses the network. ``MessageConnection`` packs the two messages every
 batch costs (``TaskMsg`` and ``DoneMsg``) with ``struct``, which is several times cheaper than
-pickling them; the rare ones (ready, fatal, error, stop) are pickled.
+pickling them; the rare ones (ready, imported, fatal, error, stop, promote) are pickled.
 """
 from __future__ import annotations
 
@@ -29,11 +29,35 @@ class StopMsg(NamedTuple):
     """Server -> worker: exit."""
 
 
+class PromoteMsg(NamedTuple):
+    """Server -> a spare worker (spare.py): you are worker ``wid`` now; tasks follow."""
+
+    wid: int
+
+
+SPARE_ID = -1            # the worker id a spare starts with, until a PromoteMsg gives it one
+SPARE_COMM = "hetero-spare"  # a spare's process name (/proc/PID/comm) while it waits, for tools
+
+
 class ReadyMsg(NamedTuple):
-    """Worker -> server: the pipeline is loaded; ``info`` is its ``PipelineInfo`` (plan, finish stage)."""
+    """Worker -> server: the pipeline is loaded; ``info`` is its ``PipelineInfo`` (plan, finish stage).
+
+    ``imported``: the modules the worker imported since it started, in order; ``hazard``: what it
+    holds that a fork must not copy (a ``fork_safety.Hazards``), after importing them. A warm
+    parent imports the first worker's too (preload.py), when the worker holds nothing unsafe.
+    """
 
     pid: int
     info: object = None
+    imported: tuple = ()
+    hazard: object = None
+
+
+class ImportedMsg(NamedTuple):
+    """Worker -> server, once, after its first batch: the modules building it imported (as ``ReadyMsg``)."""
+
+    names: tuple
+    hazard: object = None
 
 
 class FatalMsg(NamedTuple):
@@ -74,8 +98,8 @@ class ErrorMsg(NamedTuple):
     sample_index: int
 
 
-ToWorker = Union[TaskMsg, StopMsg]
-FromWorker = Union[ReadyMsg, FatalMsg, DoneMsg, ErrorMsg]
+ToWorker = Union[TaskMsg, StopMsg, PromoteMsg]
+FromWorker = Union[ReadyMsg, FatalMsg, DoneMsg, ErrorMsg, ImportedMsg]
 
 _TASK = struct.Struct("<cQQQQI?")           # tag, task_id, seed, epoch, index, slot, renew
 _DONE = struct.Struct("<cQIQQQddIIH")       # tag, task_id, slot, region capacity, payload, raw, build_s,

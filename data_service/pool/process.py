@@ -15,9 +15,14 @@ import signal
 import time
 import traceback
 
-from .messages import DoneMsg, ErrorMsg, FatalMsg, ReadyMsg, StopMsg, TaskMsg, message_connection
+from .fork_safety import hazards
+from .messages import (SPARE_COMM, SPARE_ID, DoneMsg, ErrorMsg, FatalMsg, ImportedMsg, PromoteMsg, ReadyMsg, StopMsg,
+                       TaskMsg, message_connection)
+from .preload import ImportRecorder
+from .warm_parent import rename
 from ..protocol.generated import pb
-from ..protocol.integrity import batch_crc
+from ..crc32c import copy_crc32c
+from ..protocol import integrity
 
 _PAGE = mmap.PAGESIZE
 
@@ -36,13 +41,20 @@ class _WorkerSlot:
 
 def worker_main(conn, spec_json: str, worker_id: int, num_slots: int,
                 log_level: int, compression_name: str = "", nice: int = 0) -> None:
-    """The process's body: load the pipeline, say ready, then build each task until told to stop."""
+    """The process's body: load the pipeline, say ready, then build each task until told to stop.
+
+    Says too what it imported while loading the pipeline and while building its first batch, and
+    whether it holds anything a fork must not copy: a warm parent imports the same for the
+    workers it forks next (preload.py).
+    """
+    imports = ImportRecorder()
     parent_pid = os.getppid()  # the server, or the warm parent that forked us (it exits with the server)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     if nice:
         os.nice(nice)
     conn = message_connection(conn)
-    logging.basicConfig(level=log_level, format=f"%(asctime)s data-worker[{worker_id}] %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level, format=_log_format(worker_id))
+    comm = rename(SPARE_COMM) if worker_id == SPARE_ID else None  # a spare waits under its own name
     import torch
 
     torch.set_num_threads(1)
@@ -50,18 +62,22 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int,
     if loaded is None:
         return
     pipe, info = loaded
-    conn.send(ReadyMsg(os.getpid(), info))
+    conn.send(ReadyMsg(os.getpid(), info, imports.take(), hazards(own_sockets=1)))  # its pipe
     slots = _Slots(num_slots)
-    while (msg := _next_task(conn, parent_pid)) is not None:
+    while (msg := _next_task(conn, parent_pid, comm)) is not None:
         if msg.renew:
             # The server handed this slot's region to a consumer for good (a lease that
             # outlived its connection): never write into it again, build into a new one.
             slots.drop(msg.slot)
         done = _build(conn, pipe, info.plan, msg, slots, compression_name)
-        if done is None:
-            continue
         try:
-            conn.send(done)
+            if imports is not None:  # after the first batch only
+                if imported := imports.take():
+                    conn.send(ImportedMsg(imported, hazards(own_sockets=1)))
+                imports.remove()
+                imports = None
+            if done is not None:
+                conn.send(done)
         except OSError:
             return
 
@@ -78,8 +94,13 @@ def _load(conn, spec_json: str):
         return None
 
 
-def _next_task(conn, parent_pid: int) -> TaskMsg | None:
-    """The next task from the server; None when told to stop, the server went away or died."""
+def _log_format(worker_id: int) -> str:
+    return f"%(asctime)s data-worker[{'spare' if worker_id == SPARE_ID else worker_id}] %(levelname)s %(message)s"
+
+
+def _next_task(conn, parent_pid: int, comm: str | None) -> TaskMsg | None:
+    """The next task from the server; None when told to stop, the server went away or died.
+    A spare (``comm``: its name before it became one) takes its worker id on the way."""
     while True:
         if not conn.poll(1.0):
             if os.getppid() != parent_pid:
@@ -89,6 +110,12 @@ def _next_task(conn, parent_pid: int) -> TaskMsg | None:
             msg = conn.recv()
         except (EOFError, OSError):
             return None  # the server went away
+        if isinstance(msg, PromoteMsg):
+            for handler in logging.getLogger().handlers:
+                handler.setFormatter(logging.Formatter(_log_format(msg.wid)))
+            if comm is not None:
+                rename(comm)
+            continue
         if isinstance(msg, StopMsg) or not isinstance(msg, TaskMsg):
             return None
         return msg
@@ -150,17 +177,18 @@ def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) 
         compress_s = time.perf_counter() - t1
         size = len(packed)
     slot, new = slots.fit(msg.slot, size)
-    if packed is None:
-        tensor_layout.write_payload(metas, tensors, slot.map)
-    else:
-        slot.map[:size] = packed
-    build_s = time.perf_counter() - t0 - compress_s
     skipped = pipe.samples_skipped - skipped_before
     header = pb.BatchHeader(
         ref=pb.BatchRef(seed=msg.seed, epoch=msg.epoch, index=msg.index), structure=structure, tensors=metas,
         payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
-        build_s=build_s, samples_skipped=skipped)
-    # checked where the batch arrives over the network (protocol/integrity.py)
-    header.payload_crc32 = batch_crc(header, slot.map)
+        samples_skipped=skipped)
+    # The checksum a consumer checks where the batch arrives over the network (protocol/integrity.py),
+    # summed as the payload is copied into the slot: its bytes are read from memory once.
+    if packed is None:
+        crc = tensor_layout.write_summed_payload(metas, tensors, slot.map, integrity.header_crc(header))
+    else:
+        crc = copy_crc32c(memoryview(slot.map)[:size], packed, integrity.header_crc(header))
+    header.payload_crc32c = crc
+    build_s = header.build_s = time.perf_counter() - t0 - compress_s
     return DoneMsg(msg.task_id, msg.slot, new, header.SerializeToString(), size, raw_size, build_s, compress_s,
                    skipped, samples_reread() - reread_before)

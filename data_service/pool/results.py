@@ -12,6 +12,7 @@ turns each into the state's event of that name and then gives the workers more t
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,7 +40,7 @@ class Death:
     """What became of a dead worker's tasks."""
 
     building: Task | None    # the batch it was building, for the log
-    failures: list[Failure]  # a batch that killed too many workers
+    crashed: list[Task]      # a batch that killed too many workers: fails with the exit status
     replace: bool            # start a replacement (the pool is not stopping)
 
 
@@ -51,10 +52,23 @@ class GaveUp:
     no_workers: str          # why no worker is left; "" while one is
 
 
+def exit_status(code: int | None) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it; None: not known)."""
+    if code is None:
+        return "ended (its exit status was not known yet)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} ({code})"
+    return f"exited with code {code}"
+
+
 def crashed_too_often(task: Task, exit_code: int | None) -> Failure:
     """``task`` killed ``MAX_ATTEMPTS`` workers (state.py): reported, not retried forever."""
     return Failure(task, pb.INTERNAL,
-                   f"{task.attempts} data workers died building this batch (last exit code {exit_code}); "
+                   f"{task.attempts} data workers died building this batch (the last {exit_status(exit_code)}); "
                    "the pipeline crashes the process on it (segfault or out of memory?)")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .lifecycle import WorkerHandle
 from .messages import DoneMsg, ErrorMsg, TaskMsg
-from .results import SHUTTING_DOWN, Death, Failure, GaveUp, crashed_too_often, no_workers_left, unmappable
+from .results import SHUTTING_DOWN, Death, Failure, GaveUp, no_workers_left, unmappable
 from .slots import ServerSlot
 from .task_queue import TaskQueue
 from .tasks import Task
@@ -186,7 +186,7 @@ class PoolState:
                 return task, []
         return task, [unmappable(task, w.wid, error)]
 
-    def worker_died(self, w: WorkerHandle, exit_code: int | None) -> Death | None:
+    def worker_died(self, w: WorkerHandle) -> Death | None:
         """Worker ``w``'s process ended or its pipe broke (None: already handled). Its slots close once
         released; its tasks go first in line again, but one that killed ``MAX_ATTEMPTS`` workers fails."""
         with self._lock:
@@ -200,14 +200,14 @@ class PoolState:
             replace = not self.stopping
             self.replacing += replace  # counted with the death, so no one sees a gap
             building = tasks[0] if tasks else None  # the rest were queued behind it
-            failures = []
+            crashed = []
             if building is not None and not building.cancelled:
                 building.attempts += 1
                 if building.attempts >= MAX_ATTEMPTS:
-                    failures.append(crashed_too_often(building, exit_code))
+                    crashed.append(building)
                     tasks = tasks[1:]
             self._queue.extendleft(t for t in reversed(tasks) if not t.cancelled)
-        return Death(building, failures, replace)
+        return Death(building, crashed, replace)
 
     # -- replacements (a replacement thread)
     def worker_replaced(self, dead: WorkerHandle, new: WorkerHandle | None) -> bool:
@@ -281,7 +281,7 @@ class PoolState:
 
     def pids(self) -> list[int]:
         with self._lock:
-            return [w.process.pid for w in self._workers if w.alive]
+            return [w.process.pid for w in self._workers if w.alive and w.process is not None]  # launched
 
     @property
     def queue_depth(self) -> int:

@@ -1,18 +1,27 @@
-"""The warm parent: a small process that imports torch and the pipeline module once, then forks
-data workers on request (the server's side is forked.py).
+"""The warm parent: a small process that imports what the data workers will import, once, then
+forks them on request (the server's side is forked.py).
 
-It is started with spawn, so it holds nothing of the server: no gRPC, no thread, no socket but
-its control socket to the server. Each request carries the server's environment of that moment,
-the worker's pickled target and arguments, and the worker's pipe ends as descriptors
-(``socket.send_fds``). The child applies the environment first, then unpickles and runs the
-target; the parent answers with the child's pid and a pidfd, and writes the child's exit code to
-the request's status pipe once it reaps it. It exits when the server closes the socket (or dies).
+It is started as a fresh interpreter (``python -c``, given the server's ``sys.path``), never
+through multiprocessing's spawn: spawn imports the server's ``__main__`` again, and a user's
+script (or torchrun's, or Lightning's) imports grpc at its top, which a fork must not copy.
+So it holds nothing of the server: no gRPC, no thread, no socket but its control socket.
 
-Only the standard library is imported here at module level: the parent must not load the worker
-module, which imports the generated gRPC stubs; a forked child imports it for itself.
+Its first request says what to preload (preload.py: torch, the worker's code path, the
+pipeline's module and what its builder declares); later requests are forks, or more modules to
+import (what the first worker imported while building). Each fork request carries the server's
+environment of that moment, the worker's pickled target and arguments, and the worker's pipe
+ends as descriptors (``socket.send_fds``). The child applies the environment first, then
+unpickles and runs the target; the parent answers with the child's pid and a pidfd, and writes
+the child's exit code to the request's status pipe once it reaps it. Before each fork it checks
+that it holds nothing unsafe (fork_safety.py) and freezes its objects out of the garbage
+collector's reach, so that a worker's collections do not write to (and so copy) the pages it
+shares. It exits when the server closes the socket (or dies).
+
+Only the standard library is imported here at module level.
 """
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -22,6 +31,9 @@ import socket
 import struct
 import sys
 import traceback
+
+from .fork_safety import hazards
+from .preload import BASE, declared, import_all
 
 HEADER = struct.Struct("!I")  # the length of the pickled message that follows
 CODE = struct.Struct("!i")    # an exit code on a status pipe
@@ -55,39 +67,67 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def threads() -> list[str]:
-    """The names of this process's threads (the kernel's view: native ones count too)."""
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            continue  # ended meanwhile
-    return names
+def boot(fd: int) -> None:
+    """The entry of the warm parent's ``python -c`` (forked.py), ``fd``: its control socket."""
+    main(socket.socket(fileno=fd))
 
 
-def main(ctrl: socket.socket, preload: list[str]) -> None:
-    """The warm parent's body (the target of its spawned process)."""
+def main(ctrl: socket.socket) -> None:
+    """The warm parent's body: preload as the first request says, report, then serve forks."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
-    comm = _rename(COMM)
+    comm = rename(COMM)
     # OpenBLAS starts a thread pool when numpy loads; a parent with threads could fork one while
     # another holds a lock. Data workers run torch on one thread each (process.py) anyway.
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    error = None
-    for name in preload:
-        try:
-            __import__(name)
-        except BaseException as exc:  # the pipeline's own import error: the server logs it and spawns
-            error = f"importing {name!r} failed: " + "".join(traceback.format_exception_only(exc)).strip()
-            break
-    send_msg(ctrl, {"pid": os.getpid(), "error": error, "threads": threads(), "grpc": "grpc" in sys.modules})
-    if error is None:
+    _server_as_parent()
+    msg, _ = recv_msg(ctrl)
+    if msg is None:
+        return  # the server went away before it asked
+    report = _preload(msg["spec"], msg.get("names", BASE))
+    send_msg(ctrl, {"pid": os.getpid(), **report})
+    if report["error"] is None and report["unsafe"] is None:
         _serve(ctrl, comm)
 
 
-def _rename(name: str) -> str:
-    """Set this process's name; returns the one it had."""
+def _server_as_parent() -> None:
+    """``multiprocessing.parent_process()`` in the workers forked from here is the server, as in a
+    spawned worker (pipelines tell a worker from the server's own process by it). Its sentinel is
+    a pidfd: readable once the server exits."""
+    from multiprocessing import process
+
+    server = os.getppid()
+    process._parent_process = process._ParentProcess("MainProcess", server, os.pidfd_open(server))
+
+
+def _preload(spec_json: str, base) -> dict:
+    """Import ``base``, the pipeline's module and what its builder declares; the merged report."""
+    done = import_all(base, required=frozenset(base), why=" (which every data worker imports)")
+    module, names, bad = None, [], None
+    if done.error is None and done.unsafe is None:
+        module = declared(spec_json)[0]
+        if module:
+            more = import_all([module], required=frozenset([module]), why=" (the pipeline's module)")
+            done.imported += more.imported
+            done.error, done.unsafe = more.error, more.unsafe
+    if done.error is None and done.unsafe is None and module:
+        _, names, bad = declared(spec_json)
+        more = import_all(names, why=" (in the pipeline builder's worker_imports)")
+        done.imported += more.imported
+        done.failed.update(more.failed)
+        done.unsafe = more.unsafe
+    _freeze()
+    return {**done.report(), "declared": names, "declared_error": bad}
+
+
+def _freeze() -> None:
+    """Move every object this process holds out of the collector's generations: a forked
+    worker's collections then never write to the pages it shares with this parent."""
+    gc.collect()
+    gc.freeze()
+
+
+def rename(name: str) -> str:
+    """Set this process's name (``/proc/self/comm``); returns the one it had."""
     try:
         with open("/proc/self/comm", "r+") as f:
             old = f.read().strip()
@@ -114,7 +154,17 @@ def _serve(ctrl: socket.socket, comm: str) -> None:
             msg, fds = recv_msg(ctrl)
             if msg is None:
                 return  # the server is done with us, or gone
-            _fork(ctrl, msg, fds, children, (wake_r, wake_w), comm)
+            if msg.get("op") == "import":
+                _import(ctrl, msg)
+            else:
+                _fork(ctrl, msg, fds, children, (wake_r, wake_w), comm)
+
+
+def _import(ctrl: socket.socket, msg: dict) -> None:
+    """Import more modules (what a worker imported while building), so later forks share them."""
+    done = import_all(msg["names"], why=msg.get("why", ""))
+    _freeze()
+    send_msg(ctrl, done.report())
 
 
 def _reap(children: dict[int, int]) -> None:
@@ -137,12 +187,13 @@ def _reap(children: dict[int, int]) -> None:
 def _fork(ctrl: socket.socket, msg: dict, fds: list[int], children: dict[int, int], own: tuple, comm: str) -> None:
     """Fork one worker for request ``msg``; ``fds``: its status pipe's write end, then its pipe ends."""
     status_w, passed = fds[0], fds[1:]
-    names = threads()
-    if len(names) > 1:  # never fork beside another thread (it may hold a lock the child would inherit held)
-        send_msg(ctrl, {"error": f"the warm parent runs {len(names)} threads ({', '.join(names)})"})
+    found = hazards(own_sockets=1 + len(passed))  # its control socket, and the worker's pipe ends
+    if not found.clean:  # e.g. a thread may hold a lock the child would inherit held, for good
+        send_msg(ctrl, {"error": f"the warm parent {found}"})
         for fd in fds:
             os.close(fd)
         return
+    gc.freeze()  # what the last request left behind, too
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -164,7 +215,7 @@ def _child(msg: dict, passed: list[int], ctrl: socket.socket, inherited: list[in
     try:
         os.environ.clear()
         os.environ.update(msg["env"])
-        _rename(comm)  # named as a spawned worker is
+        rename(comm)  # named as a spawned worker is
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         ctrl.close()

@@ -1,20 +1,24 @@
 """How a pool starts its data workers: forked from a warm parent, or spawned.
 
-A spawned worker imports torch and the pipeline module itself (seconds of CPU, a few hundred MB
-of private memory each). With ``worker_start="warm"`` (the default) each pool starts one warm
-parent (warm_parent.py, itself spawned, so no gRPC or thread of the server crosses a fork) that
-imports torch and the pipeline's module (whatever that module imports, nothing else), then forks
+A spawned worker imports torch and the pipeline itself (seconds of CPU, a few hundred MB of
+private memory each). With ``worker_start="warm"`` (the default) each pool starts one warm
+parent (warm_parent.py: a fresh interpreter, so nothing of the server crosses a fork, and never
+the server's ``__main__``) that imports what the workers will import (preload.py), then forks
 each worker in milliseconds, sharing those pages copy-on-write; a replacement for a dead worker
 is forked by the same parent. Each fork gets the server's environment of that moment, as a
 spawned worker would.
 
-The pool falls back to spawn, with a log line saying why, when the pipeline module cannot be
-imported in the warm parent, or importing it left a thread running or loaded grpc there (a fork
-would copy them half-way); and, for the workers still to start, when the warm parent has died.
+The first worker is forked alone. Once it has built the pipeline, the warm parent imports what
+it imported doing so (a builder that imports inside its body), then forks the others; what a
+worker imports while building its first batch is imported there too, for the replacements.
+
+The pool falls back to spawn, with a log line naming the cause, when the pipeline module cannot
+be imported in the warm parent or a module it imports there left a thread, grpc or a socket
+behind (a fork would copy them half-way: the line names that module); and, for the workers
+still to start, when the warm parent has died.
 """
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing as mp
 import threading
@@ -22,43 +26,28 @@ import time
 from typing import Callable
 
 from ..errors import ConfigError
-from .forked import WarmParent, WarmParentGone
+from .forked import WarmParent, WarmParentGone, adopt
+from .messages import ImportedMsg, ReadyMsg
+from .spare import Spare
 
 log = logging.getLogger(__name__)
 
 START_METHODS = ("warm", "spawn")
-# What every worker imports whatever its pipeline (process.py), without grpc or a thread.
-BASE_PRELOAD = ("torch", "data_service.contract.pipeline")
 
 
 def check_start_method(value: str) -> str:
     if value not in START_METHODS:
         raise ConfigError(f"worker_start={value!r} must be one of {', '.join(START_METHODS)} "
-                          "(warm: fork workers from a parent that imported torch and the pipeline module; "
+                          "(warm: fork workers from a parent that imported torch and the pipeline once; "
                           "spawn: each worker imports them itself)")
     return value
 
 
-def pipeline_module(spec_json: str) -> str | None:
-    """The module of the spec's ``module:builder`` target (read from the JSON, so as to import
-    nothing before the warm parent starts); None for a spec that does not parse (the workers
-    then report what is wrong with it, as they load it)."""
-    try:
-        return json.loads(spec_json)["target"].partition(":")[0] or None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def unclean(report: dict, module: str | None) -> str | None:
+def unclean(report: dict) -> str | None:
     """Why workers must not be forked from the warm parent that sent ``report``; None if they may."""
     if report["error"]:
-        return f"pipeline module {module!r} cannot be preloaded: {report['error']}"
-    if report["grpc"]:
-        return f"importing {module!r} loaded grpc, whose threads and sockets a fork would copy half-way"
-    if len(report["threads"]) > 1:
-        return (f"importing {module!r} left {len(report['threads'])} threads running ({', '.join(report['threads'])}); "
-                "a fork copies only one, with whatever locks the others held")
-    return None
+        return f"the pipeline cannot be preloaded: {report['error']}"
+    return report["unsafe"]
 
 
 class Launcher:
@@ -66,25 +55,27 @@ class Launcher:
     its own: it imports torch before it forks anything, and meanwhile the server's main thread
     imports the builder's module, as it does while spawned workers load."""
 
-    def __init__(self, method: str, cfg, stopping: Callable[[], bool]) -> None:
+    def __init__(self, method: str, cfg, stopping: Callable[[], bool], spare: bool = True) -> None:
         self.method = check_start_method(method)  # "spawn" once it fell back
         self.ctx = None     # what the workers start with, once known: a WarmParent or spawn's context
         self.parent: WarmParent | None = None
-        self._module: str | None = None
         self._cfg, self._stopping, self._handles, self._deadline = cfg, stopping, [], 0.0
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self._known: set[str] = set()  # modules the warm parent was asked to import after start-up
+        self._spare = Spare(cfg, stopping)
+        self._keeps_spare = spare
         self._thread = threading.Thread(target=self._run, name="worker-launch", daemon=True)
 
     def start(self, handles: list) -> None:
-        """Start the processes of ``handles``: at once with spawn; from a warm parent, started here
-        (the earlier, the sooner the first batch), on the thread that waits for it to import."""
+        """Start the processes of ``handles``: all at once with spawn; from a warm parent, started
+        here (the earlier, the sooner the first batch), the first one only, on the thread that
+        waits for it to import (``after_first`` starts the others)."""
         self._handles, self._deadline = handles, time.monotonic() + self._cfg.start_timeout
         if self.method == "spawn":
             self._run()
             return
-        self._module = pipeline_module(self._cfg.spec_json)
-        self.parent = WarmParent(list(BASE_PRELOAD) + ([self._module] if self._module else []))
+        self.parent = adopt(self._cfg.spec_json) or WarmParent(self._cfg.spec_json)
         self._thread.start()
 
     def _run(self) -> None:
@@ -92,7 +83,7 @@ class Launcher:
 
         try:
             self.ctx = self._context()
-            for w in self._handles:
+            for w in self._handles[:1] if self.method == "warm" else self._handles:
                 if self._stopping():
                     break  # the pool stopped without waiting for this thread: start nothing it will not stop
                 launch(self.ctx, w, self._cfg)
@@ -102,7 +93,7 @@ class Launcher:
     def _context(self):
         if self.method == "spawn":
             return mp.get_context("spawn")
-        module, parent = self._module, self.parent
+        parent = self.parent
         if parent is None:
             raise ConfigError("the data workers' warm parent was stopped before they started")
         try:
@@ -111,15 +102,73 @@ class Launcher:
             report, reason = None, str(exc)
         else:
             if report is None:
-                raise ConfigError(f"the data workers' warm parent did not import {module!r} within "
+                raise ConfigError(f"the data workers' warm parent did not import the pipeline within "
                                   f"{self._cfg.start_timeout:.0f}s; raise the start-up timeout")
-            reason = unclean(report, module)
+            reason = unclean(report)
         if reason is None:
+            if report["declared_error"] or report["failed"]:
+                log.warning("the data workers' warm parent could not import all the pipeline declares: %s",
+                            report["declared_error"] or report["failed"])
             return parent
         log.warning("starting data workers with spawn, not from a warm parent: %s", reason)
         self.method = "spawn"
         self.close(5.0)
         return mp.get_context("spawn")
+
+    def after_first(self, ready: ReadyMsg, rest: list) -> None:
+        """The first worker is ready: the warm parent imports what it imported while building the
+        pipeline, then the others of ``rest`` not started yet are (on the caller's thread)."""
+        from .lifecycle import launch
+
+        if self.method == "warm":
+            self._learn(ready.imported, ready.hazard, "while building the pipeline")
+        for w in rest:
+            if w.process is None and not self._stopping():
+                launch(self.ctx, w, self._cfg)
+
+    def keep_spare(self) -> None:
+        """Keep a loaded spare worker forked from the warm parent from now on (spare.py), for a
+        dead worker's place; nothing with spawned workers."""
+        if self.method == "warm" and self._keeps_spare:
+            self._spare.fill(self.ctx)
+
+    @property
+    def spare_pid(self) -> int | None:
+        """The pid of the spare worker waiting to replace one; None while there is none."""
+        return self._spare.pid
+
+    def take_spare(self, wid: int):
+        """The spare worker, ready, as worker ``wid``; None when there is none to take."""
+        return self._spare.take(wid, self.ctx) if self.method == "warm" else None
+
+    def learn(self, msg: ImportedMsg) -> None:
+        """A worker built its first batch, importing ``msg.names``: the warm parent imports them
+        too, for the workers it forks later (on a thread of its own: imports take seconds)."""
+        if self.method == "warm" and msg.names:
+            threading.Thread(target=self._learn, args=(msg.names, msg.hazard, "while building its first batch"),
+                             name="warm-preload", daemon=True).start()
+
+    def _learn(self, names, hazard, when: str) -> None:
+        parent = self.parent
+        with self._lock:
+            names = [n for n in names if n not in self._known]
+            self._known.update(names)
+        if not names or parent is None or parent.gone:
+            return
+        if hazard is not None and not hazard.clean:
+            log.info("a data worker %s after importing %d modules %s; the warm parent does not import them (name "
+                     "them in the pipeline builder's worker_imports to share them)", hazard, len(names), when)
+            return
+        try:
+            report = parent.preload(names, f" (which a data worker imported {when})",
+                                    max(self._cfg.start_timeout, 1.0))
+        except WarmParentGone as exc:
+            log.warning("data workers are spawned from now on, not forked from the warm parent: %s", exc)
+            return
+        if report["unsafe"]:
+            log.warning("data workers are spawned from now on, not forked from the warm parent: %s", report["unsafe"])
+        else:
+            log.debug("the warm parent imported %d modules a data worker imported %s", report["imported"], when)
 
     def wait(self):
         """What the workers were started with (a WarmParent, or spawn's context), once all started.
@@ -143,7 +192,8 @@ class Launcher:
             self._thread.join(timeout)
 
     def close(self, timeout: float) -> None:
-        """Stop the warm parent, if any (after the pool stopped the workers it forked)."""
+        """Stop the spare and the warm parent, if any (after the pool stopped the workers it forked)."""
+        self._spare.close(timeout)
         with self._lock:
             parent, self.parent = self.parent, None
         if parent is not None:

@@ -30,8 +30,8 @@ from typing import Callable
 
 from ..errors import ConfigError
 from .lifecycle import WorkerConfig, WorkerHandle, spawn_replacement, start_all, stop_workers, unstarted
-from .messages import DoneMsg, ErrorMsg, StopMsg
-from .results import Failure, GaveUp, built, failed
+from .messages import DoneMsg, ErrorMsg, ImportedMsg, StopMsg
+from .results import Death, Failure, GaveUp, built, crashed_too_often, exit_status, failed
 from .slots import ServerSlot
 from .state import MAX_ATTEMPTS, TASKS_AHEAD, PoolState
 from .tasks import Result, Task
@@ -40,6 +40,8 @@ from .warm_start import Launcher
 __all__ = ["MAX_ATTEMPTS", "TASKS_AHEAD", "Result", "Task", "WorkerPool"]
 
 log = logging.getLogger(__name__)
+
+EXIT_WAIT_S = 2.0  # from a worker's pipe breaking to its exit status, at most (a killed one: milliseconds)
 
 
 def _check_sizes(num_workers: int, slots_per_worker: int) -> None:
@@ -57,11 +59,11 @@ class WorkerPool:
 
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
                  start_timeout: float = 120.0, log_level: int = logging.INFO, compression: str = "", nice: int = 0,
-                 worker_start: str = "warm") -> None:
+                 worker_start: str = "warm", spare: bool = True) -> None:
         _check_sizes(num_workers, slots_per_worker)
         self._num_workers = num_workers
         self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, compression, nice)
-        self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping)  # method: how they start
+        self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping, spare)  # method: how they start
         self.state = PoolState(num_workers)
         # Held from deciding a worker's tasks to writing them, so that each worker reads its
         # tasks in the order the state recorded them and two threads' frames never interleave.
@@ -110,11 +112,13 @@ class WorkerPool:
         self.spawn()
         try:
             self.info = start_all(self.launcher.wait(), self.state.workers(), self._cfg,
-                                  self._spawned_at + self._cfg.start_timeout, self.state.worker_respawned)
+                                  self._spawned_at + self._cfg.start_timeout, self.state.worker_respawned,
+                                  self.launcher.after_first)
         except ConfigError:
             self.stop(0)
             raise
         self.state.workers_ready()
+        self.launcher.keep_spare()
         self.started_at = time.monotonic()
         if own_thread:
             self._thread = threading.Thread(target=self._loop, name="worker-pool", daemon=True)
@@ -228,6 +232,9 @@ class WorkerPool:
         if isinstance(msg, ErrorMsg):
             self._fail(self.state.batch_failed(w, msg))
             return
+        if isinstance(msg, ImportedMsg):
+            self.launcher.learn(msg)  # the warm parent imports them too, off this thread
+            return
         if not isinstance(msg, DoneMsg):
             log.error("data worker %d sent an unexpected %s", w.wid, type(msg).__name__)
             return
@@ -267,19 +274,31 @@ class WorkerPool:
     # -- deaths and replacements
     def _died(self, w: WorkerHandle) -> None:
         code = w.process.exitcode
-        death = self.state.worker_died(w, code)
+        death = self.state.worker_died(w)
         if death is None:
             return
-        task = death.building
-        log.warning("data worker %d (pid %s) died with exit code %s%s", w.wid, w.process.pid, code,
-                    f" while building epoch {task.epoch} batch {task.index}" if task else "")
-        self._fail(death.failures)
         if death.replace:  # off the polling thread: a spawn takes seconds
             threading.Thread(target=self._replace, args=(w,), name="worker-replace", daemon=True).start()
+        if code is None:  # its pipe broke before it was reaped: the status comes a moment later, off this thread
+            threading.Thread(target=self._report_death, args=(w, death), name="worker-death", daemon=True).start()
+        else:
+            self._report_death(w, death, code)
+
+    def _report_death(self, w: WorkerHandle, death: Death, code: int | None = None) -> None:
+        """Log how worker ``w`` ended and fail the batch that killed too many workers, once its exit
+        status is known (waited for up to ``EXIT_WAIT_S``)."""
+        if code is None:
+            w.process.join(EXIT_WAIT_S)
+            code = w.process.exitcode
+        task = death.building
+        log.warning("data worker %d (pid %s) %s%s", w.wid, w.process.pid, exit_status(code),
+                    f" while building epoch {task.epoch} batch {task.index}" if task else "")
+        self._fail([crashed_too_often(t, code) for t in death.crashed])
 
     def _replace(self, dead: WorkerHandle) -> None:
         try:
-            new = spawn_replacement(self.launcher.ctx, dead.wid, self._cfg, lambda: self.state.stopping)
+            new = spawn_replacement(self.launcher.ctx, dead.wid, self._cfg, lambda: self.state.stopping,
+                                    self.launcher.take_spare)
         except ConfigError as exc:
             self._gave_up(self.state.replacement_gave_up(str(exc)))
             return

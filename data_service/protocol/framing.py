@@ -6,6 +6,7 @@ import os
 import hashlib
 import socket
 import struct
+import zlib
 
 from ..errors import ProtocolError
 from .generated import pb
@@ -46,6 +47,28 @@ def frame_bytes(frame: pb.BulkFrame) -> bytes:
     """``frame`` as it goes on the wire: its length, then its bytes."""
     head = frame.SerializeToString()
     return _LEN.pack(len(head)) + head
+
+
+_SEAL_TAG = bytes([(pb.BulkFrame.DESCRIPTOR.fields_by_name["crc32"].number << 3) | 5])  # fixed32
+SEAL_BYTES = len(_SEAL_TAG) + 4
+
+
+def seal(frame: pb.BulkFrame) -> bytes:
+    """``frame`` as a sealed client sends it: its length, its bytes, then ``crc32`` over those
+    bytes as the frame's last field. A byte damaged anywhere in it (length included: the frame
+    then ends elsewhere) fails ``unseal`` instead of reading as another valid request."""
+    body = frame.SerializeToString()
+    body += _SEAL_TAG + zlib.crc32(body).to_bytes(4, "little")
+    return _LEN.pack(len(body)) + body
+
+
+def unseal(body) -> bytes | None:
+    """The frame bytes of a sealed frame's ``body`` (its bytes after the length) without the
+    seal, or None when the seal is missing or does not match them."""
+    if len(body) < SEAL_BYTES or body[-SEAL_BYTES:-4] != _SEAL_TAG:
+        return None
+    inner = bytes(body[:-SEAL_BYTES])
+    return inner if zlib.crc32(inner) == int.from_bytes(body[-4:], "little") else None
 
 
 def send_frame(sock: socket.socket, frame: pb.BulkFrame, payload=None) -> int:

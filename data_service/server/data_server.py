@@ -34,6 +34,8 @@ from .probe import probe_batch
 from .block_prefetch import PrefetchOnce
 from ..contract.pipeline import PipelineSpec, ServerSide
 from .session_host import SessionSettings
+from .batch_window import BatchWindow
+from .shared_builds import BatchIdentity, SharedBuilds
 from .stats import ServerStats
 from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
 from ..protocol.generated import pb, pb_grpc
@@ -81,7 +83,7 @@ class DataServer:
         self.pool = WorkerPool(spec.to_json(), self.options.num_workers, self.options.slots_per_worker,
                                self.options.start_timeout_s, log_level=logging.getLogger().level or logging.INFO,
                                compression=self.options.compression, nice=self.options.worker_nice,
-                               worker_start=self.options.worker_start)
+                               worker_start=self.options.worker_start, spare=self.options.spare_worker)
         self.pool.on_no_workers = self._no_workers
         self.stats = ServerStats(self.pool)
         self.plan = None
@@ -101,6 +103,7 @@ class DataServer:
         self._tls_context = None
         self._prefetch: PrefetchOnce | None = None  # the pipeline's block prefetcher, once per block
         self._pipeline_close = None
+        self.shared: SharedBuilds | None = None  # the batch window, with batch_window_bytes
 
     @property
     def address(self) -> str:
@@ -144,6 +147,11 @@ class DataServer:
                 wire_encoding=info.wire_encoding.name)
             if side.prefetcher is not None:
                 self._prefetch = PrefetchOnce(side.prefetcher, self.plan)
+            if self.options.batch_window_bytes:
+                self.shared = SharedBuilds(self.pool, BatchWindow(self.options.batch_window_bytes),
+                                           BatchIdentity(self.dataset_info.fingerprint, info.wire_encoding,
+                                                         self.options.compression), self.plan.num_batches)
+                self.stats.window_figures = self.shared.figures
             if self.options.probe:
                 probe_batch(self.pool, self.spec.target, self.options.max_batch_bytes,
                             self.options.start_timeout_s, info.wire_encoding)
@@ -151,9 +159,10 @@ class DataServer:
         except BaseException:
             self.pool.stop(0)
             raise
-        log.info("data server %s serving %s (%d samples, %d batches/epoch) on %s, data plane port %d, %d workers",
+        log.info("data server %s serving %s (%d samples, %d batches/epoch) on %s, data plane port %d, %d workers%s",
                  self.server_id, self.spec.target, self.plan.num_samples, self.plan.num_batches,
-                 self.address, self.bulk_port, self.options.num_workers)
+                 self.address, self.bulk_port, self.options.num_workers,
+                 f", batch window {self.options.batch_window_bytes} bytes" if self.shared is not None else "")
         return self
 
     def _open_ports(self) -> None:
@@ -184,7 +193,8 @@ class DataServer:
                               "pick another --bulk-port or 0 for a free one") from exc
         self._listener.listen(1024)
         self.bulk_port = self._listener.getsockname()[1]
-        self._dataplane = DataPlane(self._listener, self.pool, self._session_settings(), self, self._tls_context)
+        self._dataplane = DataPlane(self._listener, self.pool, self._session_settings(), self, self._tls_context,
+                                    builds=self.shared)
         self._dataplane.start()
         self._grpc.start()
         for name in ("", SERVICE_NAME):
@@ -276,6 +286,8 @@ class DataServer:
         elif self._listener is not None:
             self._listener.close()
         self.pool.stop(timeout=5.0)
+        if self.shared is not None:
+            self.shared.close()
         if self._grpc is not None:
             self._grpc.stop(grace=1.0).wait(5.0)
         if self._pipeline_close is not None:

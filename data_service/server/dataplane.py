@@ -57,12 +57,15 @@ class DataPlane:
         settings: what every session follows.
         server: the data server, for its stats, whether it is shutting down, and its prefetcher.
         tls_context: server-side ``ssl.SSLContext``, or None for plain TCP.
+        builds: what the sessions' requests go to (``submit``, ``cancel``): the batch window
+            (shared_builds.SharedBuilds), or None for the pool itself.
     """
 
     def __init__(self, listener: socket.socket, pool: WorkerPool, settings: SessionSettings,
-                 server: Server, tls_context=None) -> None:
+                 server: Server, tls_context=None, builds=None) -> None:
         self._listener = listener
         self._pool = pool
+        self._builds = builds if builds is not None else pool
         self._server = server
         self.settings = settings
         self.stats = server.stats
@@ -142,10 +145,10 @@ class DataPlane:
 
     # -- what sessions ask of their host (session_host.SessionHost)
     def submit(self, task: Task) -> None:
-        self._pool.submit(task)
+        self._builds.submit(task)
 
     def cancel(self, tasks: list[Task]) -> None:
-        self._pool.cancel(tasks)
+        self._builds.cancel(tasks)
 
     def shutting_down(self) -> bool:
         return self._server.shutting_down

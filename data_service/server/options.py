@@ -32,8 +32,13 @@ class ServerOptions:
     tls_key: str = ""
     worker_start: str = "warm"    # "warm": workers fork from a parent that imported torch and the pipeline
                                   # module (ms, shared pages); "spawn": each imports them (seconds)
+    spare_worker: bool = True     # with "warm": keep one loaded worker forked ahead, to take a dead one's
+                                  # place at once (its cost: an idle worker's private memory)
     worker_nice: int = 0          # raise the workers' nice value by this much (0-19): a server on cores a
                                   # trainer also uses builds in the cycles the trainer leaves, never delaying it
+    batch_window_bytes: int = 0   # built batches kept for every job that asks (a sweep's jobs of one seed),
+                                  # within this many bytes; 0: none, each request is built for itself
+                                  # (shared_builds.py, docs/sweep.md)
 
     def __post_init__(self) -> None:
         for name in ("port", "bulk_port"):
@@ -51,6 +56,12 @@ class ServerOptions:
             raise ConfigError(f"send_timeout_s={self.send_timeout_s!r} must be > 0 seconds")
         if isinstance(self.worker_nice, bool) or not isinstance(self.worker_nice, int) or not 0 <= self.worker_nice <= 19:
             raise ConfigError(f"worker_nice={self.worker_nice!r} must be an integer 0..19 (0: the server's own priority)")
+        if isinstance(self.batch_window_bytes, bool) or not isinstance(self.batch_window_bytes, int) \
+                or self.batch_window_bytes < 0:
+            raise ConfigError(f"batch_window_bytes={self.batch_window_bytes!r} must be a number of bytes >= 0 "
+                              "(0: no batch window; hetero serve --batch-window takes sizes such as 2GB)")
         check_start_method(self.worker_start)
+        if not isinstance(self.spare_worker, bool):
+            raise ConfigError(f"spare_worker={self.spare_worker!r} must be True or False")
         if self.tls_cert or self.tls_key:
             tls.server_files(self.tls_cert, self.tls_key)

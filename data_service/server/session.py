@@ -17,6 +17,12 @@ slot in place and sends ``Release`` when done. A slot with a lease (``BatchHeade
 stays the consumer's until it drops the batch (zero copy); slots still held when the
 connection ends are retired, never rewritten, because the consumer may still be reading them.
 
+A consumer whose hello says ``sealed`` ends every frame with its CRC-32 (request_reader.py). A
+frame that fails it, does not parse, breaks the protocol, or stays incomplete too long (a damaged
+length announces bytes that never come) is answered at once: an error frame without a ref names
+the reason, then the connection closes, and the consumer asks again on a new one. Nothing a
+damaged request might have meant is built.
+
 Everything here runs on the loop's thread, except ``_on_result``, which the worker pool may
 call from another thread: it hands the result to the loop.
 """
@@ -31,6 +37,7 @@ import time
 from ..protocol import framing
 from ..protocol.framing import frame_bytes
 from ..errors import ProtocolError
+from .request_reader import RequestReader
 from .send_queue import SendQueue
 from .session_host import SessionHost, hello_refusal
 from ..protocol.version import PROTOCOL_VERSION
@@ -60,7 +67,7 @@ class Session:
         self._tls = isinstance(sock, ssl.SSLSocket)
         self._tls_done = not self._tls
         self._nonce = os.urandom(32)
-        self._rbuf = bytearray()
+        self._reader = RequestReader()
         self._out = SendQueue(sock, host.stats, lambda: host.flush_later(self), lambda on: host.want_write(self, on))
         self._close_when_sent = False
         self._tasks: dict[int, Task] = {}
@@ -110,6 +117,8 @@ class Session:
             log.warning("data plane: dropping %s (%s): took no data for %.0fs", self.peer, self.client_id,
                         self._settings.send_timeout_s)
             self.close()
+        elif not self._close_when_sent and (why := self._reader.stalled(now)):
+            self._end(why)
 
     # -- events from the loop
     def on_readable(self) -> None:
@@ -122,8 +131,22 @@ class Session:
         except (framing.PeerClosed, ConnectionError, OSError):
             self.close()
         except ProtocolError as exc:
-            log.warning("data plane: dropping %s (%s): %s", self.peer, self.client_id, exc)
+            self._end(str(exc))
+
+    def _end(self, reason: str) -> None:
+        """The consumer broke the protocol (a damaged frame, most likely): a sealed consumer is
+        told why, in an error frame without a ref, then the connection closes; nothing more it
+        sent is read, nothing more is built for it."""
+        log.warning("data plane: dropping %s (%s): %s", self.peer, self.client_id, reason)
+        if not self._reader.sealed or self.closed:
             self.close()
+            return
+        self._close_when_sent = True
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        self.host.cancel(tasks)
+        error = pb.BatchError(kind=pb.BAD_REQUEST, message=reason, sample_index=-1)
+        self._queue(frame_bytes(pb.BulkFrame(error=error)))
 
     def on_writable(self) -> None:
         if not self._tls_done:
@@ -156,38 +179,19 @@ class Session:
                 return
             if not data:
                 raise framing.PeerClosed(f"{self.peer} closed the connection")
-            self._rbuf += data
-            self._parse()
+            if self._close_when_sent:
+                continue  # refused, or ending: what else it sends is not read
+            self._reader.buf += data
+            for frame in self._reader.frames(lambda: self.authenticated):
+                self._on_frame(frame)
+                if self.closed or self._close_when_sent:
+                    break  # refused, or ending: the rest is not read
             if len(data) < READ_CHUNK and not self._tls:
                 return  # the socket is empty: no failing recv (the loop reports what comes next)
-
-    def _parse(self) -> None:
-        buf = self._rbuf
-        pos = 0
-        size = framing._LEN.size
-        try:
-            while not self.closed and len(buf) - pos >= size:
-                (n,) = framing._LEN.unpack_from(buf, pos)
-                if n > framing.MAX_FRAME:
-                    raise ProtocolError(f"frame header of {n} bytes exceeds the {framing.MAX_FRAME}-byte limit: "
-                                        "not a heterodata.v1 peer?")
-                if len(buf) - pos - size < n:
-                    break
-                frame = pb.BulkFrame()
-                try:
-                    frame.ParseFromString(bytes(buf[pos + size:pos + size + n]))
-                except Exception as exc:  # protobuf raises DecodeError; anything else is garbage too
-                    raise ProtocolError(f"unparsable frame header ({n} bytes): {exc}") from None
-                pos += size + n
-                self._on_frame(frame)
-        finally:
-            del buf[:pos]
 
     def _on_frame(self, frame: pb.BulkFrame) -> None:
         kind = frame.WhichOneof("kind")
         if not self.authenticated:
-            if self._close_when_sent:
-                return  # refused; the reply is on its way
             if kind != "hello":
                 raise ProtocolError(f"expected a hello frame, got {kind!r}")
             self._on_hello(frame.hello)
@@ -259,14 +263,14 @@ class Session:
 
     def _deliver(self, result: Result) -> None:
         self._tasks.pop(id(result.task), None)
-        if self.closed:
+        if self.closed or self._close_when_sent:
             result.release()
             return
         if result.error is not None:
             self._queue(frame_bytes(pb.BulkFrame(error=result.error)))
             return
         figures = (result.raw_bytes, result.payload_bytes, result.compress_s)
-        if self.shm:
+        if self.shm and result.shm_path:  # a batch window's copy has no slot: it goes as TCP bytes
             task = result.task
             extra = pb.BatchHeader(shm_path=result.shm_path, shm_size=result.shm_size, shm_inode=result.shm_inode,
                                    shm_lease=result.lease()).SerializeToString()

@@ -25,6 +25,7 @@ class ServerStats:
         self._pool = pool
         self._lock = threading.Lock()
         self.pipeline_stats = None  # the pipeline's stats() (Pipeline.stats), set by the server
+        self.window_figures = None  # the batch window's figures (SharedBuilds.figures), set by the server
         self.started = time.monotonic()
         self.batches_sent = 0
         self.bytes_sent = 0
@@ -95,6 +96,8 @@ class ServerStats:
         # samples_reread rides in this map: Stats has no field of its own for it, and a new one
         # would change the protocol for a figure only people read
         figures = {"samples_reread": float(getattr(self._pool, "samples_reread", 0))}
+        if self.window_figures is not None:  # the batch window's counters ride here too (window_*)
+            figures.update(self.window_figures())
         if self.pipeline_stats is None:
             return figures
         try:

@@ -9,8 +9,8 @@ checksum agree on can be worked back (:func:`label_of`): a reader tells a damage
 damaged bytes. A reader that finds other bytes drops the copy it read (an S3 block in the node's
 cache), reads the source once more, and only then reports the sample: :class:`CorruptSampleError`
 naming the shard, sample, byte range and both checksums, which the image pipeline turns into an
-error or, with ``on_corrupt="skip"``, a counted skip. ``google-crc32c`` computes it with the
-CPU's CRC instruction (a few GB/s), so a check costs far less than a decode.
+error or, with ``on_corrupt="skip"``, a counted skip. ``data_service.crc32c`` computes it with the
+CPU's CRC instruction over the bytes where they lie, so a check costs far less than a decode.
 
 Version 3 checksums cover the bytes alone: :func:`check_labels` compares its labels column with
 the CRC-32 its header holds, once per node and index file, and a reader says once that labels
@@ -28,6 +28,7 @@ import zlib
 
 import numpy as np
 
+from ..crc32c import crc32c  # of any buffer in place; the shards' readers and writers import it from here
 from ..errors import ConfigError, DataServiceError
 from ..storage import LocalStore
 from .format import FIX, INDEX_NAME, Coverage
@@ -42,14 +43,6 @@ _warned_lock = threading.Lock()
 
 class CorruptSampleError(DataServiceError, ValueError):
     """A sample's bytes do not match the checksum its index holds, after a second read from the source."""
-
-
-def crc32c(data, crc: int = 0) -> int:
-    """The CRC32C of ``data`` (bytes-like), continuing ``crc`` (that of the bytes before it)."""
-    # imported here: only readers and writers of checksummed indexes need the extension
-    import google_crc32c
-
-    return google_crc32c.extend(crc, data if isinstance(data, bytes) else bytes(data))  # it takes bytes only
 
 
 def sample_crc(data_crc: int, label: int) -> int:

@@ -15,7 +15,11 @@ then reads it from there, and a later epoch reads nothing from S3 while the cach
 set. Every sample's bytes are checked against the CRC32C its index holds (:mod:`.checksum`): a
 mismatch drops the cached block (or reads the local shard again) and reads once more; bytes still
 wrong are a :class:`~.checksum.CorruptSampleError` naming the shard, sample, byte range and both
-checksums. A ``ShardDataset`` is a :class:`~data_service.contract.pipeline.BlockPrefetcher`: a pipeline's
+checksums. A shard cut short after it was indexed is one for each sample past its new end; the
+samples before the cut read as ever (from S3, a block that meets the cut is read sample by
+sample instead of cached). A sample whose index entry is corrupt is a
+:class:`~.entries.CorruptEntryError`; its shard's other samples read. A ``ShardDataset`` is a
+:class:`~data_service.contract.pipeline.BlockPrefetcher`: a pipeline's
 ``server_side`` hands one to the data server, whose main process calls :meth:`ShardDataset.prefetch_block`
 once per block a consumer hints at or asks for, so blocks arrive before the workers reach them.
 """
@@ -32,6 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from ..contract.pipeline import count_reread
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
+from ..storage.base import StoreError
+from . import entries
 from .cache import BlockCache, default_dir
 from .checksum import (CorruptSampleError, check_labels, crc32c, label_of, note_labels_unchecked, note_unchecked,
                        sample_crc)
@@ -41,6 +47,7 @@ from .indexfile import read_index
 log = logging.getLogger(__name__)
 
 OPEN_BLOCKS = 32  # block files a process keeps open (an interleaved epoch reads a few at a time)
+CUT = frozenset({"InvalidRange", "416"})  # a store's codes for a read past an object's end
 
 
 class ShardDataset:
@@ -104,6 +111,7 @@ class ShardDataset:
         self._pool: ThreadPoolExecutor | None = None
         self._prefetcher: ThreadPoolExecutor | None = None
         self._prefetched: set[int] = set()
+        self._cut: set[int] = set()  # blocks a shard cut short keeps out of the cache: read sample by sample
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self.rereads = 0  # samples whose first read failed their checksum and were read again
@@ -155,6 +163,8 @@ class ShardDataset:
             note_labels_unchecked(where, self._index_folder)
         data = self._read(i, shard, start, length)
         got = crc32c(data)
+        if got != expected and entries.overlap(self.index, i):
+            raise self._mismatch(i, shard, start, length, got, expected)  # the entry is wrong: no copy to blame
         if (sample_crc(got, label) if covered else got) != expected:
             if covered:
                 self._check_label(i, shard, label, got, expected)
@@ -172,12 +182,7 @@ class ShardDataset:
             if covered:
                 got = sample_crc(got, label)
             if got != expected:
-                raise CorruptSampleError(
-                    f"sample {i} of shard {self.store.key_url(self.index.shards.name(shard))} (bytes "
-                    f"{start}..{start + length}) has CRC32C {got:08x}, the index says {expected:08x}, read twice "
-                    "from the source: the shard was damaged or overwritten after it was indexed; copy it again "
-                    "(or write the prefix again with `hetero prepare` / `hetero index`), or pass "
-                    "pipeline.on_corrupt=skip to drop such samples (counted in samples_skipped)")
+                raise self._mismatch(i, shard, start, length, got, expected)
         return data, label
 
     def _check_label(self, i: int, shard: int, label: int, data_crc: int, expected: int) -> None:
@@ -192,18 +197,71 @@ class ShardDataset:
                 f"label {meant}: the index's labels column was damaged after it was written; {FIX} (or pass "
                 "pipeline.on_corrupt=skip to drop such samples, counted in samples_skipped)")
 
+    def _mismatch(self, i: int, shard: int, start: int, length: int, got: int, expected: int) -> CorruptSampleError:
+        url = self.store.key_url(self.index.shards.name(shard))
+        said = (f"sample {i} of shard {url} (bytes {start}..{start + length}) has CRC32C {got:08x}, the index says "
+                f"{expected:08x}, read twice from the source")
+        overlap = entries.overlap(self.index, i)
+        if overlap:  # the entry, not the shard, is what is wrong
+            return CorruptSampleError(f"{said}: {overlap}; the index is corrupt: {FIX}, or pass "
+                                      "pipeline.on_corrupt=skip to drop such samples (counted in samples_skipped)")
+        return CorruptSampleError(
+            f"{said}: the shard was damaged or overwritten after it was indexed; copy it again (or write the "
+            "prefix again with `hetero prepare` / `hetero index`), or pass pipeline.on_corrupt=skip to drop such "
+            "samples (counted in samples_skipped)")
+
+    def where(self, i: int) -> str:
+        """The shard holding sample ``i``, as a path or ``s3://`` URL (for messages)."""
+        return self.store.key_url(self.index.shards.name(self.index.shard_at(i)))
+
     def _read(self, i: int, shard: int, start: int, length: int) -> bytes:
-        """Sample ``i``'s bytes: from the shard in place, or from its block in the node's cache."""
-        if self.local:
-            return self.store.read(self.index.shards[shard].name, start, start + length)
+        """Sample ``i``'s bytes: from the shard in place, or from its block in the node's cache.
+
+        Raises:
+            CorruptSampleError: the shard ends before the sample does (it was cut short).
+        """
+        name = self.index.shards.name(shard)
+        try:
+            if self.local or i // self.block_samples in self._cut:
+                return self.store.read(name, start, start + length)
+            return self._cached(i, shard, start, length)
+        except StoreError as exc:
+            if exc.code not in CUT:
+                raise
+            raise self._cut_short(i, shard, start, length) from None
+
+    def _cut_short(self, i: int, shard: int, start: int, length: int) -> CorruptSampleError:
+        name = self.index.shards.name(shard)
+        try:
+            now = f"it holds {self.store.size(name)} bytes now"
+        except StoreError:
+            now = "it is shorter now"
+        return CorruptSampleError(
+            f"sample {i} of shard {self.store.key_url(name)} (bytes {start}..{start + length}) lies past the "
+            f"shard's end: {now}, the index says {int(self.index.shards.sizes[shard])}; the shard was cut short "
+            "after it was indexed (the samples before the cut still read): copy it again (or write the prefix "
+            "again with `hetero prepare` / `hetero index`), or pass pipeline.on_corrupt=skip to drop such samples "
+            "(counted in samples_skipped)")
+
+    def _cached(self, i: int, shard: int, start: int, length: int) -> bytes:
+        """Sample ``i``'s bytes from its block in the node's cache; a block whose fetch met the end of a
+        shard cut short is not cached, and its samples are read from the store one by one (the ones
+        before the cut whole)."""
         block = i // self.block_samples
-        fd, where = self._block(block)
+        try:
+            fd, where = self._block(block)
+        except StoreError as exc:
+            if exc.code not in CUT:
+                raise
+            with self._lock:
+                self._cut.add(block)
+            log.warning("shard block %d cannot be cached (%s); reading its samples one by one", block, exc)
+            return self.store.read(self.index.shards.name(shard), start, start + length)
         part_start, part_stop, pos = where[shard]
-        if start < part_start or start + length > part_stop:  # past the part: another shard's or sample's bytes
-            raise ConfigError(f"{self.index.shards.where or 'index'}: sample {i} ({start}..{start + length}) of shard "
-                              f"{self.index.shards.name(shard)} lies outside the range block {block} caches from "
-                              f"that shard ({part_start}..{part_stop}); the index is corrupt: {FIX} "
-                              "(data_service.shards.indexfile.verify checks every entry of an index.bin)")
+        if start < part_start or start + length > part_stop:
+            # an entry out of byte order with its neighbours (an index with checksums leaves it to the
+            # checksum, see .entries): its bytes are not in the block, and are read for the check alone
+            return self.store.read(self.index.shards.name(shard), start, start + length)
         data = os.pread(fd, length, pos + start - part_start)
         if len(data) != length:
             raise OSError(f"cached block of sample {i} is short ({len(data)} of {length} bytes)")
@@ -280,7 +338,7 @@ class ShardDataset:
         if self.local:
             return
         with self._lock:
-            if block in self._prefetched or self.cache.cached(self._name(block)):
+            if block in self._prefetched or block in self._cut or self.cache.cached(self._name(block)):
                 return
             self._prefetched.add(block)
             if self._prefetcher is None:
@@ -293,6 +351,13 @@ class ShardDataset:
                 parts = self.block_parts(block)
                 size = sum(stop - start for _, start, stop in parts)
                 os.close(self.cache.open(self._name(block), size, lambda out: self._fetch(parts, out)))
+        except StoreError as exc:
+            if exc.code not in CUT:
+                log.warning("prefetch of shard block %d failed: %s", block, exc)
+                return
+            with self._lock:  # a shard cut short: the workers read the block's samples one by one
+                self._cut.add(block)
+            log.warning("shard block %d cannot be cached (%s); not prefetching it again", block, exc)
         except Exception as exc:  # the worker that needs the block fetches it again and reports the error
             log.warning("prefetch of shard block %d failed: %s", block, exc)
         finally:

@@ -15,10 +15,10 @@ block (``data_service.contract.sampler``) is a handful of large ranged reads.
 maps from one file: a process's memory and its time to open the index do not grow with the
 number of samples. A shard's entries are checked when the shard is first used (its samples lie
 within it in byte order without overlapping, its labels within the classes; vectorised over the
-shard, once per process): a corrupt entry is a ConfigError naming the index, shard, sample, value
-and fix, never bytes or a label handed to training. ``index.json`` (version 1: the columns in
-base64 in one JSON document, parsed into each process) is still read; ``hetero index
---from-json`` writes its ``index.bin``.
+shard, once per process, :mod:`.entries`): a corrupt entry refuses its sample with a ConfigError
+naming the index, shard, sample, value and fix, never bytes or a label handed to training.
+``index.json`` (version 1: the columns in base64 in one JSON document, parsed into each process)
+is still read; ``hetero index --from-json`` writes its ``index.bin``.
 
 Shard names are paths relative to the prefix: ``a/b.tar`` is allowed, ``..``, an absolute path,
 an empty part or a backslash is not.
@@ -29,6 +29,7 @@ import base64
 import enum
 import hashlib
 import json
+import logging
 import operator
 import os
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from . import entries
+from .entries import CorruptEntryError
+
+log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.bin"  # what ``hetero prepare`` writes and a reader looks for first
 JSON_INDEX_NAME = "index.json"  # version 1, still read
@@ -177,9 +182,10 @@ class ShardIndex:
         self.id = id
         self.max_stride = 0  # bytes from a sample's data to the next one's, at most (0: not known)
         self.reader: "ColumnReader | None" = None  # set for an index.bin: per-sample reads without the mapping
-        # one flag per shard: its entries passed check_shard (the columns are not checked whole at
-        # open, which would cost every process about a second at 100 M samples)
+        # one flag per shard: check_shard looked at its entries (the columns are not checked whole at
+        # open, which would cost every process about a second at 100 M samples); bad: what it found
         self.checked = np.zeros(len(self.shards), dtype=bool)
+        self.bad: dict[int, entries.BadEntries] = {}
 
     def _at(self, column: str, i: int) -> int:
         """Entry ``i`` of ``column`` ("offsets", "lengths", "labels")."""
@@ -220,15 +226,21 @@ class ShardIndex:
 
         Raises:
             IndexError: ``i`` outside ``0..n-1``.
-            ConfigError: an entry of its shard is corrupt (checked at the shard's first use).
+            CorruptEntryError: sample ``i``'s entry is corrupt (its shard is checked at first use;
+                the shard's other samples still read).
         """
         s = self.shard_at(i)
-        if not self.checked[s]:
-            self.check_shard(s)
+        bad = self.bad_entries(s)
+        if len(bad):
+            why = bad.reason(i)
+            if why is not None:
+                raise CorruptEntryError(f"{self.shards.where or 'index'}: {entries.describe(self, i, why)}; the index "
+                                        f"is corrupt: {FIX}", sample=i, shard=self.shards.name(s))
         return s, self._at("offsets", i), self._at("lengths", i), self._at("labels", i)
 
     def parts(self, first: int, end: int) -> list[tuple[int, int, int]]:
-        """The byte ranges holding samples ``first..end-1``: ``(shard, start, stop)``, one per shard touched."""
+        """The byte ranges holding samples ``first..end-1``: ``(shard, start, stop)``, one per shard touched
+        that holds a sample with a sound entry (bad entries are left out: nothing reads their bytes)."""
         if not 0 <= first < end <= len(self):
             raise IndexError(f"samples {first}..{end - 1} are outside 0..{len(self) - 1}: the index holds "
                              f"{len(self)} samples")
@@ -236,17 +248,37 @@ class ShardIndex:
         i = first
         while i < end:
             s = self.shard_at(i)
-            if not self.checked[s]:
-                self.check_shard(s)
+            bad = self.bad_entries(s)
             last = min(end, int(self.shards.first[s + 1])) - 1
-            start = self._at("offsets", i)
-            out.append((s, start, self._at("offsets", last) + self._at("lengths", last)))
+            if not len(bad):
+                start = self._at("offsets", i)
+                out.append((s, start, self._at("offsets", last) + self._at("lengths", last)))
+            else:  # the sound entries' span (an entry left to its checksum may lie out of order)
+                good = ~bad.mask(i, last + 1)
+                if good.any():
+                    offsets = self._column_range("offsets", i, last + 1)[good]
+                    ends = offsets + self._column_range("lengths", i, last + 1)[good].astype(np.int64)
+                    out.append((s, int(offsets.min()), int(ends.max())))
             i = last + 1
         return out
 
+    def bad_entries(self, s: int) -> entries.BadEntries:
+        """Shard ``s``'s corrupt entries (checked at its first use, once per process: :mod:`.entries`)."""
+        if not self.checked[s]:
+            self.check_shard(s)
+        return self.bad.get(s, entries.NONE)
+
     def check_shard(self, s: int) -> None:
-        """Check shard ``s``'s entries (see :meth:`check`) once; ConfigError naming the first bad one."""
-        self._check_samples(int(self.shards.first[s]), int(self.shards.first[s + 1]))
+        """Find shard ``s``'s corrupt entries (see :meth:`check`; overlaps only without checksums, which
+        otherwise tell the wrong sample of the two) and log them once; :meth:`sample` refuses them."""
+        first, end = int(self.shards.first[s]), int(self.shards.first[s + 1])
+        bad = entries.find(self, first, end, overlaps=self.checksums is None, chunk=CHECK_CHUNK)
+        if len(bad):
+            self.bad[s] = bad
+            i = int(bad.samples[0])
+            log.warning("%s: %d sample(s) of shard %s have corrupt entries, refused (the first: %s); %s",
+                        self.shards.where or "index", len(bad), self.shards.name(s),
+                        entries.describe(self, i, int(bad.why[0])), FIX)
         self.checked[s] = True
 
     def check(self) -> None:
@@ -257,57 +289,17 @@ class ShardIndex:
         Raises:
             ConfigError: naming the index, the shard, the sample, the bad value and the fix.
         """
-        self._check_samples(0, len(self))
-        self.checked[:] = True
+        bad = entries.find(self, 0, len(self), overlaps=True, chunk=CHECK_CHUNK, first_only=True)
+        if len(bad):
+            i = int(bad.samples[0])
+            raise ConfigError(f"{self.shards.where or 'index'}: {entries.describe(self, i, int(bad.why[0]))}; "
+                              f"the index is corrupt: {FIX}")
+        self.checked[:] = True  # no entry of any shard is bad, overlaps included
 
     def _column_range(self, column: str, first: int, end: int) -> np.ndarray:
         if self.reader is not None:
             return self.reader.values(column, first, end)
         return np.asarray(getattr(self, column)[first:end])
-
-    def _check_samples(self, first: int, end: int) -> None:
-        bounds, sizes = self.shards.first, self.shards.sizes
-        classes = len(self.classes)
-        for a in range(first, end, CHECK_CHUNK):
-            lo, b = max(first, a - 1), min(end, a + CHECK_CHUNK)  # from the sample before: its end bounds ours
-            offsets = self._column_range("offsets", lo, b)
-            lengths = self._column_range("lengths", lo, b).astype(np.int64)
-            labels = self._column_range("labels", lo, b)
-            s0, s1 = (int(np.searchsorted(bounds, j, side="right")) - 1 for j in (lo, b - 1))
-            if s0 == s1:
-                owner, limit = None, int(sizes[s0])
-            else:
-                counts = np.diff(np.clip(bounds[s0:s1 + 2], lo, b))
-                owner = np.repeat(np.arange(s0, s1 + 1), counts)
-                limit = np.asarray(sizes, dtype=np.int64)[owner]
-            ends = offsets + lengths
-            bad = {"offset": offsets < 0, "end": ends > limit,
-                   "label": (labels < 0) | (labels >= classes) if classes else labels < 0}
-            follows = ends[:-1] > offsets[1:]  # sample j's end past sample j+1's start (same shard only)
-            bad["overlap"] = np.append(follows & (owner[1:] == owner[:-1]) if owner is not None else follows, False)
-            hits = {why: np.flatnonzero(mask) for why, mask in bad.items()}
-            hits = {why: int(at[0]) for why, at in hits.items() if len(at)}
-            if hits:
-                why, j = min(hits.items(), key=lambda kv: (kv[1], kv[0] == "overlap"))
-                self._refuse(why, lo + j, int(offsets[j]), int(lengths[j]), int(labels[j]),
-                             int(offsets[j + 1]) if why == "overlap" else 0)
-
-    def _refuse(self, why: str, i: int, offset: int, length: int, label: int, after: int) -> None:
-        s = int(np.searchsorted(self.shards.first, i, side="right")) - 1
-        where, name, size = self.shards.where or "index", self.shards.name(s), int(self.shards.sizes[s])
-        if why == "offset":
-            what = f"sample {i} of shard {name} starts at offset {offset}, before the shard's first byte"
-        elif why == "end":
-            what = (f"sample {i} (offset {offset}, length {length}: bytes up to {offset + length}) lies past the "
-                    f"end of shard {name} ({size} bytes)")
-        elif why == "overlap":
-            what = (f"sample {i} of shard {name} (bytes {offset}..{offset + length}) runs into sample {i + 1}, "
-                    f"which starts at byte {after} (a shard's samples follow one another in byte order "
-                    "without overlapping)")
-        else:
-            span = f"0..{len(self.classes) - 1} ({len(self.classes)} classes)" if self.classes else "0 and up"
-            what = f"sample {i} of shard {name} has label {label}, outside {span}"
-        raise ConfigError(f"{where}: {what}; the index is corrupt: {FIX}")
 
     # -- version 1: index.json
     def to_json(self) -> bytes:

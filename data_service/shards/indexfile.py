@@ -21,10 +21,9 @@ are read. A shard's per-sample entries are checked when a process first uses the
 without overlapping, labels within the classes; read with ``pread``, vectorised): checking all of
 them at open would cost every process about 0.9 s at 100 M samples (``python -m
 benchmarks.index_scale --work /tmp/index-scale --samples 100000000 --json '' --check``), a
-shard's first use 0.1 ms. A
-corrupt entry is a ConfigError naming the file, shard, sample, value and fix. From S3 the file is
-fetched once per node into the node's cache (ranged GETs in parallel, one process fetching while
-the others wait) and mapped from there.
+shard's first use 0.1 ms. A corrupt entry refuses its own sample (:mod:`.entries`) naming the
+file, shard, sample, value and fix. From S3 the file is fetched once per node into the node's
+cache (ranged GETs in parallel, one process fetching while the others wait) and mapped from there.
 
 :class:`IndexWriter` writes one shard at a time (the columns go to temporary files, never all in
 memory), so an index of a billion samples is written in bounded memory; :func:`write_index`

@@ -28,9 +28,14 @@ so is a row without a label. The failure is kept in the cache like a decoded row
 are read once either way.
 
 Page CRCs (pyarrow's ``write_page_checksum=True``) are verified as pages decode: a mismatch reads
-the row group once more from the source before it counts as not decoding. A decoded row's CRC32C
-(image bytes and label) is checked on every read from the cache: a bad cached copy is dropped and
-decoded again. Both re-reads count in the data server's ``samples_reread``.
+the row group once more from the source before it counts as not decoding. Files without them
+(pyarrow's default) are checked by the row checksums ``hetero index`` writes (:mod:`.parquet_sums`):
+each decoded row is compared with its checksum, a mismatch reads the row group once more from the
+source, and a row still unlike its checksum fails (naming the file and row) or with
+``on_corrupt="skip"`` is skipped alone. A file with neither is read unchecked, said once per file
+at start, or with ``unchecked="refuse"`` refused at start. A decoded row's CRC32C (image bytes and
+label) is checked on every read from the cache: a bad cached copy is dropped and decoded again.
+Every re-read counts in the data server's ``samples_reread``.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ from ..contract.pipeline import count_reread
 from ..errors import ConfigError, DataServiceError
 from ..storage import open_store
 from . import parquet_meta as pm
+from . import parquet_sums as ps
 from .cache import BlockCache, default_dir
 
 log = logging.getLogger(__name__)
@@ -71,18 +77,27 @@ class ParquetDataset:
         cache_dir, cache_bytes, request_timeout_s: as :class:`~.dataset.ShardDataset`.
         readers: parallel ranged reads: footers when opening, ranges of a large row group.
         range_bytes: the most one read asks for; a larger row group is read in ranges of this size.
+        index: the folder or ``s3://`` prefix holding the row checksums (``hetero index LOCATION --to
+            INDEX``); "" = beside the files.
+        unchecked: a file with neither page CRCs nor row checksums: ``"warn"`` reads it, saying so
+            once per file; ``"refuse"`` is a ConfigError naming it and the fix.
 
     Raises:
-        ConfigError: no Parquet files, a missing or mistyped column, a file that is not Parquet.
+        ConfigError: no Parquet files, a missing or mistyped column, a file that is not Parquet, a
+            damaged row-checksum file, an unchecked file with ``unchecked="refuse"``.
     """
 
     def __init__(self, location: str, *, block_samples: int = 1024, image_column: str = "image",
                  label_column: str = "label", on_corrupt: str = "fail", cache_dir: str = "", cache_bytes: int = 0,
-                 request_timeout_s: float = 60.0, readers: int = 8, range_bytes: int = 16 << 20) -> None:
+                 request_timeout_s: float = 60.0, readers: int = 8, range_bytes: int = 16 << 20, index: str = "",
+                 unchecked: str = "warn") -> None:
         if isinstance(block_samples, bool) or not isinstance(block_samples, int) or block_samples < 1:
             raise ConfigError(f"block_samples={block_samples!r} must be an integer >= 1")
         if on_corrupt not in ("fail", "skip"):
             raise ConfigError(f"on_corrupt={on_corrupt!r} must be 'fail' or 'skip'")
+        if unchecked not in ps.UNCHECKED:
+            raise ConfigError(f"unchecked={unchecked!r} must be " +
+                              " or ".join(f"{k!r} ({why})" for k, why in ps.UNCHECKED.items()))
         try:
             import pyarrow.parquet  # noqa: F401
         except ImportError:
@@ -107,8 +122,12 @@ class ParquetDataset:
 
             listed = list_objects(self.store, ".parquet", versions=True)
         self.files = [(name, size) for name, size, _ in listed]
-        # the cache is keyed by what was listed: a file written again is read again
-        listing = json.dumps([location, listed, image_column, label_column]).encode()
+        _, sums_folder, self.sums_key = ps.place(location, index)
+        self.sums_store = open_store(index, what="parquet index", request_timeout_s=request_timeout_s) if index \
+            else self.store
+        self.sums = ps.identity(self.sums_store, self.sums_key)  # None: no row checksums
+        # the cache is keyed by what was listed: a file (or its checksums) written again is read again
+        listing = json.dumps([location, listed, image_column, label_column, sums_folder, self.sums]).encode()
         self.cache = BlockCache(os.path.join(cache_dir or default_dir(),
                                              f"parquet-{hashlib.sha256(listing).hexdigest()[:16]}"), cache_bytes)
         self._lock = threading.Lock()
@@ -122,30 +141,46 @@ class ParquetDataset:
             table = np.load(io.BytesIO(os.pread(fd, os.fstat(fd).st_size, 0)))
         finally:
             os.close(fd)
-        self.first, self.group_file, self.group_index, self.spans = (
-            table[k] for k in ("first", "group_file", "group_index", "spans"))
+        self.first, self.group_file, self.group_index, self.spans, self.sums_at, self.checks = (
+            table[k] for k in ("first", "group_file", "group_index", "spans", "sums_at", "checks"))
         self.classes = [str(c) for c in json.loads(bytes(table["classes"]))]
+        notes = json.loads(bytes(table["notes"]))
+        ps.say_unchecked([(self._url(k), notes[k]) for k in range(len(self.files)) if self.checks[k] == ps.Check.NONE],
+                         location, index, unchecked)
 
     def _table(self, readers: int) -> bytes:
-        """The row groups of every file as columns (first row, file, index in the file, byte span) and
-        the classes: made once per node from the footers, then loaded by every process."""
+        """The row groups of every file as columns (first row, file, index in the file, byte span, where
+        its row checksums are), what checks each file, and the classes: made once per node from the
+        footers (and the first page header of a file without row checksums), then loaded by every process."""
+        sidecar = ps.Sidecar.read(self.sums_store, self.sums_key) if self.sums is not None else None
         with ThreadPoolExecutor(readers, thread_name_prefix="parquet-footer") as pool:
-            metas = list(pool.map(self._metadata, range(len(self.files))))
-        return pm.group_table(metas, self.image_column, self.label_column, [self._url(k) for k in range(len(metas))],
-                              self.location)
+            found = list(pool.map(lambda k: self._checks(k, sidecar), range(len(self.files))))
+        return pm.group_table([meta for meta, _ in found], self.image_column, self.label_column,
+                              [self._url(k) for k in range(len(found))], self.location, [c for _, c in found])
 
-    def _metadata(self, k: int):
-        """File ``k``'s footer, read once per node into the cache, parsed (the last few kept per process)."""
-        meta = self._meta.get(k)
-        if meta is not None:
-            return meta
+    def _checks(self, k: int, sidecar: "ps.Sidecar | None") -> tuple:
+        """(file ``k``'s footer parsed, (what checks it, where its row checksums start or -1, why unchecked))."""
+        footer = self._footer(k)
+        meta = pm.parse_footer(footer, self._url(k))
+        return meta, ps.file_check(self.store, *self.files[k], footer, meta, (self.image_column, self.label_column),
+                                   self._url(k), sidecar, self.sums_store.key_url(self.sums_key))
+
+    def _footer(self, k: int) -> bytes:
+        """File ``k``'s footer, read once per node into the cache."""
         name, size = self.files[k]
         fd = self.cache.made(f"footer-{k:06d}", lambda: [pm.read_footer(self.store, name, size, self._url(k))],
                              "a Parquet footer")
         try:
-            meta = pm.parse_footer(os.pread(fd, os.fstat(fd).st_size, 0), self._url(k))
+            return os.pread(fd, os.fstat(fd).st_size, 0)
         finally:
             os.close(fd)
+
+    def _metadata(self, k: int):
+        """File ``k``'s footer parsed (the last few kept per process)."""
+        meta = self._meta.get(k)
+        if meta is not None:
+            return meta
+        meta = pm.parse_footer(self._footer(k), self._url(k))
         with self._lock:
             self._meta[k] = meta
             while len(self._meta) > 4:
@@ -170,11 +205,13 @@ class ParquetDataset:
             data, label = self._checked(i, g, row)
             if label >= 0:
                 return data, label
-            failed = f"{self._where(g)}: row {row} has no label"
+            failed = f"{self._where(g)}: row {row} has no label" if label == pm.NO_LABEL else \
+                f"{self._where(g)}: row {row} differs from its checksum (written by `hetero index`), read twice from " \
+                "the source: the file was damaged after it was indexed (or written again: then index it again)"
         if self.on_corrupt == "skip":
             from ..contract.pipeline import SkipSample
 
-            raise SkipSample(f"sample {i}: {failed}")
+            raise SkipSample(f"sample {i}: {failed}", where=self.where(i))
         raise ParquetReadError(f"{failed}; replace the file, or pass pipeline.on_corrupt=skip to drop such rows "
                                "(counted in the data server's samples_skipped)")
 
@@ -234,38 +271,60 @@ class ParquetDataset:
         return self.cache.made(f"rg-{g:08d}.blk", lambda: self._decode(g), "a decoded row group")
 
     def _decode(self, g: int) -> list[bytes]:
-        """Row group ``g`` read (the span of its two column chunks, once) and decoded into a cache entry."""
-        import pyarrow.parquet as pq
-
+        """Row group ``g`` read (the span of its two column chunks, once) and decoded into a cache entry,
+        its rows compared with their checksums where ``hetero index`` wrote them; a page CRC or a row
+        checksum that does not match reads it once more from the source (a transfer's damage)."""
         k, index = int(self.group_file[g]), int(self.group_index[g])
         name, size = self.files[k]
         start, stop = (int(x) for x in self.spans[g])
         meta = self._metadata(k)
         paths = pm.columns(meta.schema.to_arrow_schema(), self.image_column, self.label_column, self._url(k))
-        try:
-            for attempt in range(2):
-                raw = self._read(name, start, stop)  # a store error propagates: retried later, never cached
-                try:
-                    table = pq.ParquetFile(pm.Window(size, start, raw), metadata=meta,
-                                           page_checksum_verification=True).read_row_group(
-                        index, columns=list(paths), use_threads=False)
-                    break
-                except OSError as exc:
-                    if pm.PAGE_CRC not in str(exc) or attempt:
-                        raise
-                    # a page CRC mismatch may be the transfer's: the source is read once more
-                    self.rereads += 1
-                    count_reread()
-                    log.warning("%s: a page fails its CRC (%s); reading the row group again", self._where(g), exc)
-            return pm.entry(table)
-        except Exception as exc:  # pyarrow's errors for bytes that do not decode
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            if pm.PAGE_CRC in reason:
-                reason = f"a page fails its CRC, read twice from the source: the file was damaged after it was " \
-                         f"written ({reason})"
-            message = f"{self._where(g)}: column {self.image_column!r} or {self.label_column!r} cannot be read " \
-                      f"({reason})"
-            return pm.failed_entry(message)
+        want = self._sums(g)  # a store error propagates, as from the reads: retried later, never cached
+        attempt = 0
+        while True:
+            raw = self._read(name, start, stop)
+            try:
+                cols = pm.decoded(pm.read_group(meta, size, start, raw, index, paths))
+            except Exception as exc:  # pyarrow's errors for bytes that do not decode
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                if pm.PAGE_CRC not in reason or attempt:
+                    return pm.failed_entry(self._undecodable(g, reason))
+                why = f"a page fails its CRC ({reason})"
+            else:
+                crcs = pm.row_crcs(*cols)
+                bad = np.flatnonzero(crcs != want) if want is not None else ()
+                if not len(bad) or attempt:
+                    return self._entry(g, cols, crcs, bad)
+                why = f"{len(bad)} row(s) differ from their checksums (rows {', '.join(map(str, bad[:5]))})"
+            attempt += 1
+            self.rereads += 1
+            count_reread()
+            log.warning("%s: %s; reading the row group again", self._where(g), why)
+
+    def _sums(self, g: int) -> np.ndarray | None:
+        """The row checksums ``hetero index`` wrote for row group ``g``, or None."""
+        at = int(self.sums_at[g])
+        if at < 0:
+            return None
+        rows = int(self.first[g + 1] - self.first[g])
+        return np.frombuffer(self.sums_store.read(self.sums_key, at, at + 4 * rows), dtype="<u4")
+
+    def _entry(self, g: int, cols: tuple, crcs: np.ndarray, bad) -> list[bytes]:
+        """The cache entry of decoded row group ``g``; rows ``bad`` (unlike their checksums twice) marked."""
+        offsets, data, labels = cols
+        if len(bad):
+            log.warning("%s: %d row(s) differ from their checksums, read twice from the source (rows %s): they are "
+                        "never handed to training", self._where(g), len(bad), ", ".join(map(str, bad[:5])))
+            labels = labels.copy()
+            labels[bad] = pm.BAD_ROW
+            crcs = pm.row_crcs(offsets, data, labels)
+        return pm.entry(offsets, data, labels, crcs)
+
+    def _undecodable(self, g: int, reason: str) -> str:
+        if pm.PAGE_CRC in reason:
+            reason = f"a page fails its CRC, read twice from the source: the file was damaged after it was " \
+                     f"written ({reason})"
+        return f"{self._where(g)}: column {self.image_column!r} or {self.label_column!r} cannot be read ({reason})"
 
     def _read(self, name: str, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of ``name``: one read, or ranges of ``range_bytes`` read in parallel."""
@@ -307,6 +366,10 @@ class ParquetDataset:
 
     def _url(self, k: int) -> str:
         return f"{self.store.url.rstrip('/')}/{self.files[k][0]}"
+
+    def where(self, i: int) -> str:
+        """The file holding sample ``i`` (for messages)."""
+        return self._url(int(self.group_file[self.group_of(i)]))
 
     def _where(self, g: int) -> str:
         return (f"{self._url(int(self.group_file[g]))} row group {int(self.group_index[g])} "

@@ -8,7 +8,8 @@ read; :func:`class_names` finds the ``ClassLabel`` names Hugging Face ``datasets
 schema. :class:`Window` lets pyarrow decode a row group from the bytes of that span alone.
 
 A decoded row group's entry in the node's cache (:func:`entry`, :func:`open_entry`, :func:`read_row`)
-carries a CRC32C over each row's image bytes and label, checked on every read of a row.
+carries a CRC32C over each row's image bytes and label (:func:`row_crcs`), checked on every read of
+a row.
 """
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..storage import LocalStore
-from .checksum import crc32c
+from .crc_inplace import crc32c_inplace
 
 MAGIC = b"PAR1"
 BLOCK = b"HPQBLK2\n"  # a decoded row group: n, offsets (n + 1), labels (n), CRC32C of each row (n), the images
 FAILED = b"HPQFAIL\n"  # a row group that does not decode: the message follows
 HEAD = struct.Struct("<8sQ")
 PAGE_CRC = "CRC checksum verification failed"  # pyarrow's message for a page whose CRC does not match
+NO_LABEL, BAD_ROW = -1, -2  # labels of a decoded row: no label; bytes unlike the row checksum `hetero index` wrote
 
 
 @dataclass(frozen=True)
@@ -110,18 +112,25 @@ def row_groups(meta, paths: tuple[str, str], where: str) -> list[RowGroup]:
     return out
 
 
-def group_table(metas, image_column: str, label_column: str, urls: list[str], location: str) -> bytes:
+def group_table(metas, image_column: str, label_column: str, urls: list[str], location: str,
+                checks: list[tuple[int, int, str]] | None = None) -> bytes:
     """The row groups of every file (``metas``: their footers) as columns (first row, file, index in
-    the file, byte span) and the classes, saved with ``numpy.savez``."""
-    firsts, files, groups, spans, label_max, names = [0], [], [], [], -1, None
+    the file, byte span, where its rows' checksums start in the sidecar or -1) and, per file, what
+    checks it and why not (``checks``: (check, offset of its first row's checksum or -1, why)) and
+    the classes, saved with ``numpy.savez``."""
+    checks = checks or [(0, -1, "")] * len(metas)
+    firsts, files, groups, spans, sums_at, label_max, names = [0], [], [], [], [], -1, None
     for k, meta in enumerate(metas):
         schema = meta.schema.to_arrow_schema()
         paths = columns(schema, image_column, label_column, urls[k])
+        at = checks[k][1]
         for g, rg in enumerate(row_groups(meta, paths, urls[k])):
             firsts.append(firsts[-1] + rg.rows)
             files.append(k)
             groups.append(g)
             spans.append((rg.start, rg.stop))
+            sums_at.append(at)
+            at = at + 4 * rg.rows if at >= 0 else -1
             label_max = max(label_max, rg.label_max)
         names = names or class_names(schema, label_column)
     if firsts[-1] == 0:
@@ -129,6 +138,8 @@ def group_table(metas, image_column: str, label_column: str, urls: list[str], lo
     out = io.BytesIO()
     np.savez(out, first=np.array(firsts, dtype=np.int64), group_file=np.array(files, dtype=np.int32),
              group_index=np.array(groups, dtype=np.int32), spans=np.array(spans, dtype=np.int64).reshape(-1, 2),
+             sums_at=np.array(sums_at, dtype=np.int64), checks=np.array([c for c, _, _ in checks], dtype=np.int8),
+             notes=np.frombuffer(json.dumps([why for _, _, why in checks]).encode(), dtype=np.uint8),
              classes=np.frombuffer(json.dumps(names or [str(c) for c in range(label_max + 1)]).encode(),
                                    dtype=np.uint8))
     return out.getvalue()
@@ -174,6 +185,20 @@ class Window(io.RawIOBase):
         return n
 
 
+def read_group(meta, size: int, start: int, raw: bytes, index: int, paths: tuple[str, str]):
+    """Row group ``index`` of a file of ``size`` bytes (``meta``: its footer) decoded from ``raw``, the
+    bytes of its columns ``paths`` from ``start``: an Arrow table, page CRCs verified where present.
+
+    Raises:
+        OSError, ValueError: pyarrow's errors for bytes that do not decode (:data:`PAGE_CRC` in the
+            message of a page whose CRC does not match).
+    """
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(Window(size, start, raw), metadata=meta, page_checksum_verification=True).read_row_group(
+        index, columns=list(paths), use_threads=False)
+
+
 def version(store, key: str) -> str:
     """What changes when the file ``key`` is written again (a folder's file: inode and mtime; S3: "")."""
     if isinstance(store, LocalStore):
@@ -184,22 +209,32 @@ def version(store, key: str) -> str:
 
 def row_crc(data, label: int) -> int:
     """CRC32C of a decoded row: its image bytes, then its label (8 bytes, little-endian)."""
-    return crc32c(label.to_bytes(8, "little", signed=True), crc32c(data))
+    return crc32c_inplace(label.to_bytes(8, "little", signed=True), crc32c_inplace(data))
 
 
-def entry(table) -> list[bytes]:
-    """The cache entry of a decoded row group (an Arrow table: the image column, then the labels)."""
+def row_crcs(offsets, data, labels) -> np.ndarray:
+    """:func:`row_crc` of every row of decoded columns (:func:`decoded`), as ``<u4``."""
+    return np.array([row_crc(data[int(offsets[r]):int(offsets[r + 1])], int(labels[r])) for r in range(len(labels))],
+                    dtype="<u4")
+
+
+def decoded(table) -> tuple[np.ndarray, memoryview, np.ndarray]:
+    """``(offsets, image bytes back to back, labels)`` of a decoded row group (an Arrow table: the
+    image column, then the labels); a null image is empty, a null label :data:`NO_LABEL`."""
     images = table.column(0).combine_chunks()
     if images.type.num_fields:  # the struct: its bytes field (flatten: a null struct is a null image)
         images = images.flatten()[images.type.get_field_index("bytes")]
     offsets, data = _binary(images)
     labels = table.column(1).to_numpy(zero_copy_only=False)
-    if labels.dtype.kind == "f":  # nulls came out as NaN: -1 marks a row without a label
-        labels = np.where(np.isnan(labels), -1, labels)
-    labels = labels.astype("<i8")
-    crcs = np.array([row_crc(data[int(offsets[r]):int(offsets[r + 1])], int(labels[r])) for r in range(len(labels))],
-                    dtype="<i8")
-    return [HEAD.pack(BLOCK, len(labels)), offsets.tobytes(), labels.tobytes(), crcs.tobytes(), data]
+    if labels.dtype.kind == "f":  # nulls came out as NaN
+        labels = np.where(np.isnan(labels), NO_LABEL, labels)
+    return offsets, data, labels.astype("<i8")
+
+
+def entry(offsets, data, labels, crcs=None) -> list[bytes]:
+    """The cache entry of decoded columns (:func:`decoded`) and their row CRCs (computed when None)."""
+    crcs = row_crcs(offsets, data, labels) if crcs is None else crcs
+    return [HEAD.pack(BLOCK, len(labels)), offsets.tobytes(), labels.tobytes(), crcs.astype("<i8").tobytes(), data]
 
 
 def failed_entry(message: str) -> list[bytes]:

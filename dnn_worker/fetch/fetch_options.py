@@ -34,9 +34,17 @@ class FetchOptions:
             least 4, each server's own).
         small_window: outstanding requests per server while batches are at most
             ``scheduler.SMALL_BATCH_BYTES`` (0: always the window).
-        connect_timeout: seconds to wait while no server is usable.
-        batch_timeout: seconds a server may hold requests without delivering any before it is
-            treated as failed.
+        connect_timeout: the longest the iteration goes on while no server is usable (none
+            connected, or every one draining and owing nothing); then it raises
+            ``ServerUnavailableError`` naming each server's last error. It does not bound a
+            server that connects and then fails every batch: ``batch_attempts`` does.
+        batch_timeout: the longest a server may owe batches without delivering one; it is then
+            dropped (its batches go to the others, or to it again once reconnected) and each batch
+            it owed counts one failed attempt.
+        batch_attempts: failed attempts in a row after which one batch ends the iteration with
+            ``BatchFailedError`` (its bytes failed their checksum, a server answered it with an
+            error, or the connection ended before it came; hedged copies count; a reconnect resets
+            nothing; see ``attempts.py``).
         fingerprint: pipeline fingerprint every server must report ("" = take the first's).
         shared_memory: read batches from shared memory when a server runs on this host.
         tls_ca, tls_server_name: verify TLS servers against this CA bundle (data_service.protocol.tls).
@@ -47,6 +55,7 @@ class FetchOptions:
     small_window: int = 0
     connect_timeout: float = 60.0
     batch_timeout: float = 300.0
+    batch_attempts: int = 3
     client_id: str = ""
     fingerprint: str = ""
     pin_memory: bool = False
@@ -60,6 +69,12 @@ class FetchOptions:
     def __post_init__(self) -> None:
         if self.window is not None and self.window < 1:
             raise ConfigError(f"window={self.window} must be >= 1")
+        if self.batch_attempts < 1:
+            raise ConfigError(f"batch_attempts={self.batch_attempts} must be >= 1 (failed attempts at one batch "
+                              "that end the iteration; 3 by default)")
+        for name in ("connect_timeout", "batch_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         if self.small_window < 0:
             raise ConfigError(f"small_window={self.small_window} must be >= 0 (0: always the window)")
         if self.tls_ca and self.tls_context is None:

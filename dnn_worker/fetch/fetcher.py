@@ -13,10 +13,12 @@ The consumer decides which batches it needs; servers only build what they are as
 
 Each turn hands out what is ready, takes in servers that connected, joined or left, drops a
 server that holds requests without delivering for ``batch_timeout`` (its batches go to the
-others), sends the scheduler's requests, and waits for frames. Only when no server is usable for
-``connect_timeout`` seconds does iteration fail, naming every server and its last error. Every
-consumer yields exactly its own list, so servers coming and going never lose or repeat a batch;
-they only change who builds it.
+others), sends the scheduler's requests, and waits for frames. Every consumer yields exactly its
+own list, so servers coming and going never lose or repeat a batch; they only change who builds
+it. Iteration fails in two ways only, each naming what it saw: no server usable for
+``connect_timeout`` seconds (``ServerUnavailableError``, every server and its last error), or one
+batch failing ``batch_attempts`` attempts in a row (``BatchFailedError``: ``attempts.py``), so no
+fault makes it ask again forever.
 """
 from __future__ import annotations
 
@@ -24,11 +26,12 @@ import logging
 import time
 from typing import Any, Iterator, Sequence
 
-from data_service.errors import BatchBuildError, DataServiceError
+from data_service.errors import BatchBuildError, DataServiceError, ProtocolError
 from data_service.protocol.generated import pb
 
 from .affinity import Affinity
-from ..transport.connection import Event
+from .attempts import Attempts, Failure
+from ..transport.connection import CorruptPayload, Event
 from .fetch_options import FetchOptions
 from .in_order import InOrderBuffer
 from .lane import key
@@ -64,6 +67,7 @@ class Fetcher:
         self.options = options
         self._set = ServerSet(list(servers), options, registry)
         self._scheduler = Scheduler(refs, options.small_window, affinity)
+        self._attempts = Attempts(options.batch_attempts)
         self._keep_open = keep_open
         self._open = False  # connections left open by a complete iteration (keep_open)
         self.most_held = 0  # the most batches held at once while waiting for an earlier one
@@ -126,7 +130,7 @@ class Fetcher:
                 for s in connected:
                     self._admit(s)
                 for address in sched.stalled(now, self.options.batch_timeout):
-                    self._drop(address, f"no batch for {self.options.batch_timeout:.0f}s")
+                    self._drop(address, f"no batch for {self.options.batch_timeout:g}s (batch_timeout)", stalled=True)
                 owners = servers.owners()
                 orders = sched.plan(out.next, servers.usable(), owners, now, servers.hears_hints(owners))
                 for address, refs in orders.fetch.items():
@@ -164,30 +168,48 @@ class Fetcher:
         workers = s.hello.workers if s.hello is not None else 0
         self._scheduler.lane(s.address, self.options.window_for(s.hello), float(max(1, workers)))
 
-    def _drop(self, address: str, reason: str) -> None:
+    def _drop(self, address: str, reason: str, culprit: pb.BatchRef | None = None, exc: BaseException | None = None,
+              stalled: bool = False) -> None:
+        """Close ``address``'s connection, ask again for what it owed, and count the failed attempts
+        (``Scheduler.charged``); raises ``BatchFailedError`` when a batch failed too often."""
+        charged = self._scheduler.charged(address, culprit, stalled)
         self._set.drop(address, reason)
         n = self._scheduler.lost(address)
-        if n:
+        if n or isinstance(exc, ProtocolError):  # bytes damaged on the way are worth a line even when nothing was owed
             log.warning("data server %s failed (%s); asking others for its %d unfinished batches", address, reason, n)
+        for ref in charged:
+            if isinstance(exc, CorruptPayload) and ref == exc.ref:
+                failure = Failure(address, reason, expected=exc.expected, got=exc.got)
+            elif stalled:
+                failure = Failure(address, f"{reason}: dropped")
+            elif culprit is not None and ref == culprit:
+                failure = Failure(address, f"the connection ended while its bytes arrived ({reason})")
+            else:
+                failure = Failure(address, f"the connection ended before it came ({reason})")
+            self._attempts.failed(ref, failure)
 
     def _handle(self, s: Server, ev: Event, out: InOrderBuffer) -> None:
         if s.conn is not ev.conn:
             return  # a connection dropped earlier in this turn
         if ev.kind == "down":
-            self._drop(s.address, f"{type(ev.exc).__name__}: {ev.exc}")
+            self._drop(s.address, f"{type(ev.exc).__name__}: {ev.exc}", ev.ref, ev.exc)
             return
         sched = self._scheduler
         if ev.kind == "batch":
+            s.failures = 0  # it delivers: its reconnects start from the shortest back-off again
             if sched.arrived(s.address, ev.ref, ev.nbytes, time.monotonic()):
                 out.put(sched.pos[key(ev.ref)], ev.batch)
             return
         err = ev.error
+        attempt = err.kind != pb.SHUTTING_DOWN and sched.owes_needed(s.address, ev.ref)
         needed = sched.declined(s.address, ev.ref, requeue=err.kind == pb.SHUTTING_DOWN)
         if err.kind == pb.SHUTTING_DOWN:
             # drained even when another server owes this batch: the server takes nothing more
             self._set.drain(s.address, err.message or "shutting down")
             return
         if not needed:
+            if attempt:  # a hedged copy failed: an attempt, while the other copy may yet come
+                self._attempts.failed(ev.ref, Failure(s.address, f"{pb.ErrorKind.Name(err.kind)}: {err.message}"))
             return  # not ours, or a hedged batch whose other copy is still owed (or came)
         if err.kind == pb.TRANSFORM_FAILED:
             raise BatchBuildError(err.message, epoch=ev.ref.epoch, index=ev.ref.index,

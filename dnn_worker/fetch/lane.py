@@ -35,6 +35,7 @@ class Lane:
     window: int = 4
     weight: float = 1.0
     outstanding: dict[Key, pb.BatchRef] = field(default_factory=dict)
+    asked_at: dict[Key, float] = field(default_factory=dict)  # when each outstanding batch was asked for
     delivered: int = 0
     last_progress: float = 0.0  # its last batch, or when it was last given work while owing nothing
     busy_since: float = 0.0     # when it last went from owing nothing to owing something
@@ -47,7 +48,19 @@ class Lane:
             self.busy_since = now
             self.last_progress = now
         for ref in refs:
-            self.outstanding[key(ref)] = ref
+            k = key(ref)
+            self.outstanding[k] = ref
+            self.asked_at[k] = now
+
+    def settled(self, k: Key) -> pb.BatchRef | None:
+        """``k`` is no longer owed (it came, or was answered): its ref, None if it was not owed."""
+        self.asked_at.pop(k, None)
+        return self.outstanding.pop(k, None)
+
+    def forget_all(self) -> None:
+        """Owes nothing any more (its server failed)."""
+        self.outstanding.clear()
+        self.asked_at.clear()
 
     def arrived(self, now: float) -> None:
         """One of its batches arrived (the ref already taken out of ``outstanding``)."""

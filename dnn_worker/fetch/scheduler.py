@@ -30,6 +30,14 @@ unit-tested with fake servers and a fake clock (tests/test_scheduler.py).
   block; another server would read it all again) unless the helper built that block lately.
   Owners are told of their blocks ahead of the blocks' first batches (``block_hints.py``).
 * **Requeues.** What a failed or draining server owed goes back in order to the others.
+* **Failed attempts** (``charged``): when a server's connection fails, the batch it was failing
+  (bytes that failed their check, a payload cut short) counts one failed attempt; when no batch
+  is to blame (a connection broken between frames, a damaged request refused, a stall), every
+  batch it owes and delivered nothing since being asked for counts one (after a stall of
+  ``batch_timeout``, every batch it owes). A connection that delivered something after a batch
+  was asked made progress: that batch is not counted, so a link that breaks now and then never
+  ends an iteration, and one that breaks before every delivery does within a few attempts
+  (``attempts.py``).
 """
 from __future__ import annotations
 
@@ -115,11 +123,33 @@ class Scheduler:
             return 0
         refs = [r for k, r in lane.outstanding.items() if k not in self._spare]
         self._spare.difference_update(lane.outstanding)
-        lane.outstanding.clear()
+        lane.forget_all()
         if refs:
             self.failovers += 1
             self._requeue(refs)
         return len(refs)
+
+    def charged(self, address: str, culprit: pb.BatchRef | None = None, stalled: bool = False) -> list[pb.BatchRef]:
+        """The batches that count a failed attempt now that ``address``'s connection failed (ask
+        before ``lost``): ``culprit`` alone when it owes it (the batch whose bytes failed their
+        check, or whose payload was arriving); else each batch it owes and delivered nothing since
+        it was asked for; with ``stalled`` (no batch for ``batch_timeout``) each batch it owes.
+        Batches another server already delivered are never counted (module docstring)."""
+        lane = self.lanes.get(address)
+        if lane is None:
+            return []
+        owed = {k: r for k, r in lane.outstanding.items() if k not in self._spare}
+        if culprit is not None and key(culprit) in owed:
+            return [owed[key(culprit)]]
+        if stalled:
+            return list(owed.values())
+        return [r for k, r in owed.items() if lane.asked_at.get(k, 0.0) >= lane.last_batch]
+
+    def owes_needed(self, address: str, ref: pb.BatchRef) -> bool:
+        """``address`` owes ``ref`` and no copy of it came yet (a failure of it counts an attempt)."""
+        lane = self.lanes.get(address)
+        k = key(ref)
+        return lane is not None and k in lane.outstanding and k not in self._spare
 
     def declined(self, address: str, ref: pb.BatchRef, requeue: bool) -> bool:
         """``address`` answered ``ref`` with an error: True when it is a batch the consumer still
@@ -128,7 +158,7 @@ class Scheduler:
         is still owed is False: the other copy may yet come, and its own failure decides."""
         k = key(ref)
         lane = self.lanes.get(address)
-        if lane is None or lane.outstanding.pop(k, None) is None:
+        if lane is None or lane.settled(k) is None:
             return False
         if k in self._spare:
             self._spare.discard(k)
@@ -154,7 +184,7 @@ class Scheduler:
         """A batch came from ``address``: True when it is one the consumer still needs."""
         k = key(ref)
         lane = self.lanes.get(address)
-        if lane is None or lane.outstanding.pop(k, None) is None:
+        if lane is None or lane.settled(k) is None:
             return False  # not ours (already asked of another, or an earlier iteration's)
         lane.arrived(now)
         if k in self._spare:  # a hedged batch's second copy: the first was used

@@ -20,8 +20,8 @@ from typing import Callable
 import grpc
 
 from data_service.protocol.addresses import split_address
-from data_service.errors import (ConfigError, DataServiceError, PermissionDeniedError, ServerUnavailableError,
-                                 VersionMismatchError)
+from data_service.errors import (ConfigError, DataServiceError, PermissionDeniedError, ProtocolError,
+                                 ServerUnavailableError, VersionMismatchError)
 from data_service.protocol.generated import pb
 
 from ..transport.connection import LOWAT_CHECK_S, BulkConnection, Event
@@ -42,7 +42,7 @@ class Server:
     hello: pb.HelloResponse | None = None
     attempt: Attempt | None = None  # a connection attempt in flight
     draining: bool = False
-    failures: int = 0
+    failures: int = 0           # connections in a row that failed before delivering a batch
     retry_at: float = 0.0
     last_error: str = "never connected"
     watching: int = 0           # selector events registered for its connection
@@ -121,6 +121,9 @@ class ServerSet:
             raise exc  # refused for good: retrying cannot help
         if isinstance(exc, (grpc.RpcError, OSError, DataServiceError)):
             self._failed(s, getattr(exc, "details", lambda: None)() or f"{type(exc).__name__}: {exc}", now)
+            if isinstance(exc, ProtocolError):  # the server refused a damaged hello, or spoke garbage: say so
+                log.warning("data server %s: connection attempt failed (%s); trying again in %.1fs", s.address,
+                            s.last_error, s.retry_at - now)
             return False
         if exc is not None:
             raise exc
@@ -151,7 +154,9 @@ class ServerSet:
             conn.close()
             self._failed(s, f"{type(exc).__name__}: {exc}", now)
             return False
-        s.conn, s.hello, s.draining, s.failures = conn, hello, s.retired or bool(s.refused), 0
+        # ``failures`` stays until the connection delivers (Fetcher): one that breaks before every
+        # batch backs off further each time instead of reconnecting every 0.2 s
+        s.conn, s.hello, s.draining = conn, hello, s.retired or bool(s.refused)
         s.watching = selectors.EVENT_READ
         log.debug("connected to data server %s", s.address)
         return True

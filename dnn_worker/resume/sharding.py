@@ -145,8 +145,20 @@ class ShardedBatches(IterableDataset):
                               f"dp_size={self.dp_size}; pass every rank's state (a list) to deal the rest of the "
                               "epoch to this job's ranks (dnn_worker.resume.resharding), or resume with the same number "
                               "of data-parallel ranks")
-        self._dealt = (parsed.epoch, parsed.earlier_worlds) if parsed.dealt else None
-        self._seek(parsed.epoch, parsed.position)
+        epoch, position = parsed.epoch, parsed.position
+        before, self._dealt = self._dealt, ((epoch, parsed.earlier_worlds) if parsed.dealt else None)
+        try:  # checked now, not at the first state_dict() or batch: the share checks each earlier world's positions
+            share = len(self._share_of(epoch))
+            if position > share:
+                raise ConfigError(
+                    f"the checkpoint is at position={position} of epoch {epoch}, past this rank's share of {share} "
+                    f"batches (dp_rank {self.dp_rank} of {self.dp_size}, {self.num_batches_per_epoch()} batches an "
+                    "epoch): it was taken with another data set, batch_size, drop_last or remainder; resume with "
+                    "those of the job that wrote it, or start afresh without the checkpoint")
+        except BaseException:
+            self._dealt = before
+            raise
+        self._seek(epoch, position)
 
     def _start_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``, shared among this job's ranks as usual."""
@@ -177,7 +189,7 @@ class ShardedBatches(IterableDataset):
         epoch resumed on another number of ranks had left."""
         n = self.num_batches_per_epoch()
         worlds = self.earlier_worlds(epoch)
-        key = (n, epoch if worlds is not None else None)
+        key = (n, (epoch, repr(worlds)) if worlds is not None else None)
         if self._share is None or self._share[0] != key:
             share = (dealt_share(n, worlds, self.dp_rank, self.dp_size, self.remainder) if worlds is not None
                      else rank_stride(n, self.dp_rank, self.dp_size, self.remainder))

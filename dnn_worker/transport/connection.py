@@ -36,11 +36,11 @@ from data_service.protocol import framing
 from data_service.errors import ProtocolError
 from data_service.protocol.version import PROTOCOL_VERSION
 from data_service.protocol.generated import pb
-from data_service.protocol.integrity import batch_crc
+from data_service.protocol import integrity
 
 from .buffers import BufferPool
 from .handshake import handshake
-from .outbox import WOULD_BLOCK, Outbox, frame_bytes
+from .outbox import WOULD_BLOCK, Outbox
 from .recv_buffer import RecvBuffer
 from .slot_maps import LowWater, SlotMaps
 
@@ -55,7 +55,7 @@ MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, othe
 class Event:
     kind: str                 # "batch" | "error" | "down"
     conn: "BulkConnection"
-    ref: pb.BatchRef | None = None
+    ref: pb.BatchRef | None = None  # "down": the batch whose payload failed or was arriving, if any
     batch: Any = None
     nbytes: int = 0
     error: pb.BatchError | None = None
@@ -65,14 +65,22 @@ class Event:
 class _Payload:
     """A TCP batch whose bytes are still arriving."""
 
-    __slots__ = ("header", "buf", "view", "got", "packed")
+    __slots__ = ("header", "buf", "view", "got", "packed", "running")
 
-    def __init__(self, header: pb.BatchHeader, buf: torch.Tensor, packed: bytearray | None) -> None:
+    def __init__(self, header: pb.BatchHeader, buf: torch.Tensor, packed: bytearray | None,
+                 running: integrity.Running | None) -> None:
         self.header = header
         self.buf = buf
         self.packed = packed  # compressed bytes land here first
         self.view = memoryview(packed) if packed is not None else memoryview(buf.numpy())
         self.got = 0
+        self.running = running  # its checksum, summed as its bytes arrive (None: unchecked here)
+
+    def arrived(self, k: int) -> None:
+        """``k`` more bytes are in: sum them while the CPU cache holds them."""
+        if self.running is not None and k:
+            self.running.update(self.view[self.got:self.got + k])
+        self.got += k
 
 
 def _check_header(address: str, header: pb.BatchHeader, max_bytes: int, agreed_compression: str) -> None:
@@ -91,23 +99,30 @@ def _check_header(address: str, header: pb.BatchHeader, max_bytes: int, agreed_c
                             f"raw_bytes={header.raw_bytes} without compression")
 
 
-def _check_payload(address: str, header: pb.BatchHeader, payload) -> None:
+def _check_payload(address: str, header: pb.BatchHeader, running: integrity.Running) -> None:
     """Refuse a payload whose bytes changed between the data worker and here.
 
     Raises:
-        CorruptPayload: its CRC-32 (``protocol.integrity``) differs from the one the worker wrote
-        into its header (the connection then ends, and the batch is asked of a server again).
+        CorruptPayload: its checksum (``protocol.integrity``), summed as it arrived, differs from the
+        one the worker wrote into its header (the connection then ends, and the batch is asked of a
+        server again).
     """
-    got = batch_crc(header, payload)
-    if got != header.payload_crc32:
+    bad = running.mismatch()
+    if bad is not None:
         ref = header.ref
         raise CorruptPayload(f"{address} sent epoch {ref.epoch} batch {ref.index} whose header and {header.payload_bytes} "
-                             f"payload bytes fail their CRC-32 ({got:#010x} here, {header.payload_crc32:#010x} from the data "
-                             "worker): damaged on the way; the batch is asked for again")
+                             f"payload bytes fail their {bad.checksum} ({bad.got:#010x} here, {bad.want:#010x} from the "
+                             "data worker): damaged on the way; the batch is asked for again",
+                             ref=ref, expected=bad.want, got=bad.got)
 
 
 class CorruptPayload(ProtocolError):
-    """A batch's payload arrived with other bytes than its data worker wrote."""
+    """A batch's payload arrived with other bytes than its data worker wrote: ``ref`` (as its
+    header says), ``expected`` (the data worker's CRC-32) and ``got`` (that of what arrived)."""
+
+    def __init__(self, message: str, *, ref: pb.BatchRef, expected: int, got: int) -> None:
+        super().__init__(message)
+        self.ref, self.expected, self.got = ref, expected, got
 
 
 class BulkConnection:
@@ -184,13 +199,13 @@ class BulkConnection:
         """Ask for batches; raises OSError if the connection is gone."""
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._outbox.send(frame_bytes(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
+        self._outbox.send(framing.seal(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
 
     def hint(self, refs: list[pb.BatchRef]) -> None:
         """Tell the server which batches will be asked for later (it may fetch their data ahead)."""
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._outbox.send(frame_bytes(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
+        self._outbox.send(framing.seal(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
 
     @property
     def wants_write(self) -> bool:
@@ -225,7 +240,9 @@ class BulkConnection:
         try:
             self._read(events)
         except BaseException as exc:  # any failure ends this connection; the fetcher fails over
-            events.append(Event("down", self, exc=exc))
+            culprit = exc.ref if isinstance(exc, CorruptPayload) else (
+                self._payload.header.ref if self._payload is not None else None)
+            events.append(Event("down", self, ref=culprit, exc=exc))
             self.close()
         # Bytes already read (or decrypted) wait in our buffers, where no selector sees them.
         self.backlog = len(events) >= MAX_EVENTS_PER_READ and not self.closed
@@ -266,7 +283,7 @@ class BulkConnection:
             if p is not None:
                 need = p.header.payload_bytes - p.got
                 k = self._rbuf.take(p.view[p.got:], need)  # its first bytes came in with its header
-                p.got += k
+                p.arrived(k)
                 need -= k
                 if need:
                     try:
@@ -278,7 +295,7 @@ class BulkConnection:
                     if k == 0:
                         raise framing.PeerClosed(f"{self.address} closed the connection after {p.got} of "
                                                  f"{p.header.payload_bytes} payload bytes")
-                    p.got += k
+                    p.arrived(k)
                     if p.got < p.header.payload_bytes:
                         continue
                 self._payload = None
@@ -286,8 +303,8 @@ class BulkConnection:
                     self._lowat.set(sock, 1)
                 p.view.release()
                 buf = p.buf
-                if plain and p.header.HasField("payload_crc32"):  # TLS authenticates every record itself
-                    _check_payload(self.address, p.header, p.packed if p.packed is not None else buf.numpy())
+                if p.running is not None:
+                    _check_payload(self.address, p.header, p.running)
                 if p.packed is not None:
                     compression.decompress_into(p.header.compression, p.packed, memoryview(buf.numpy()))
                 events.append(self._batch_event(p.header, buf))
@@ -318,6 +335,9 @@ class BulkConnection:
     def _on_frame(self, frame: pb.BulkFrame, events: list[Event]) -> None:
         kind = frame.WhichOneof("kind")
         if kind == "error":
+            if not frame.error.HasField("ref"):  # about the connection (a damaged request): it ends
+                raise ProtocolError(f"{self.address} ended the connection: {pb.ErrorKind.Name(frame.error.kind)}: "
+                                    f"{frame.error.message}")
             events.append(Event("error", self, ref=frame.error.ref, error=frame.error))
             return
         if kind != "batch":
@@ -331,7 +351,9 @@ class BulkConnection:
         if not header.payload_bytes:
             events.append(self._batch_event(header, buf))
             return
-        self._payload = _Payload(header, buf, bytearray(header.payload_bytes) if header.compression else None)
+        # TLS authenticates every record itself: the checksum is checked over plain TCP only
+        running = integrity.Running(header) if self._tls is None and integrity.sealed(header) else None
+        self._payload = _Payload(header, buf, bytearray(header.payload_bytes) if header.compression else None, running)
 
     def _batch_event(self, header: pb.BatchHeader, buf: torch.Tensor) -> Event:
         self.bytes_received += header.payload_bytes

@@ -27,8 +27,8 @@ def handshake(sock: socket.socket, address: str, token: str, client_id: str, ver
     hello = pb.BulkHello(client_version=version, client_id=client_id,
                          proof=framing.token_proof(token, frame.challenge.nonce),
                          accept_compressions=compression.available(), accept_shm=want_shm,
-                         host_key=framing.host_key() if want_shm else "")
-    framing.send_frame(sock, pb.BulkFrame(hello=hello))
+                         host_key=framing.host_key() if want_shm else "", sealed=True)
+    sock.sendall(framing.seal(pb.BulkFrame(hello=hello)))  # every frame sealed: a damaged one is refused
     reply = framing.recv_frame(sock)
     kind = reply.WhichOneof("kind")
     if kind == "error":

@@ -13,7 +13,7 @@ import socket
 import ssl
 import threading
 
-from data_service.protocol.framing import frame_bytes
+from data_service.protocol.framing import seal
 from data_service.protocol.generated import pb
 
 WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
@@ -41,7 +41,7 @@ class Outbox:
             return False
         try:
             while self._releases:
-                self._out += frame_bytes(pb.BulkFrame(release=pb.Release(ref=self._releases.popleft())))
+                self._out += seal(pb.BulkFrame(release=pb.Release(ref=self._releases.popleft())))
             self._out += data
             while self._out:
                 try:
@@ -56,7 +56,7 @@ class Outbox:
     def release(self, ref: pb.BatchRef, wait: bool) -> None:
         """Send ``ref``'s ``Release``; with ``wait=False`` (a finalizer) it waits for the next send
         when one is under way."""
-        if not self.send(frame_bytes(pb.BulkFrame(release=pb.Release(ref=ref))), wait):
+        if not self.send(seal(pb.BulkFrame(release=pb.Release(ref=ref))), wait):
             self._releases.append(ref)
 
     def drop_releases(self) -> None:

@@ -10,6 +10,9 @@ else beside the shards. Train on them with ``--hp pipeline.shards=SRC`` (and
 ``hetero prepare`` wrote to ``index.bin``, reading the shards once for the per-sample checksums.
 ``hetero index --upgrade SRC [--to DEST]`` rewrites an earlier release's ``index.bin`` so each
 sample's checksum covers its label too (the shards are read only when it holds no checksums).
+
+``hetero index SRC`` where SRC holds Parquet files (and no tars) writes their rows' checksums
+instead (:mod:`.index_parquet`).
 """
 from __future__ import annotations
 
@@ -17,16 +20,21 @@ import argparse
 
 
 def register(sub) -> None:
-    p = sub.add_parser("index", help="index WebDataset tar shards written by other tools, to read them in place",
+    p = sub.add_parser("index", help="index WebDataset tar shards written by other tools, to read them in place; "
+                                     "write row checksums for Parquet files",
                        description="Reads each .tar shard under SRC once, front to back, and writes index.bin "
                                    "(where each sample's image lies, and its label) to DEST or beside the shards. "
                                    "A sample is the members sharing a key (the path up to the first dot of its "
                                    "name); its image is the .jpg/.jpeg/.png/.webp member, its label read by --label. "
-                                   "The shards are never rewritten.")
+                                   "The shards are never rewritten. Where SRC holds .parquet files (and no tars), "
+                                   "reads every row group once and writes a CRC32C of each row (image bytes and "
+                                   "label) to parquet-rows.crc32c at DEST or beside them: the check that files "
+                                   "written without page CRCs (pyarrow's default) lack.")
     p.add_argument("src", help="folder or s3://bucket/prefix of .tar shards, or a pattern: "
-                               "s3://b/p/shard-{000000..000099}.tar")
+                               "s3://b/p/shard-{000000..000099}.tar; or a .parquet file, folder or prefix of them")
     p.add_argument("--to", dest="dest", default="", metavar="DEST",
-                   help="where to write index.bin (a folder or s3:// prefix; default: SRC itself)")
+                   help="where to write index.bin or the Parquet row checksums (a folder or s3:// prefix; "
+                        "default: SRC itself)")
     p.add_argument("--label", default="cls",
                    help="where each sample's label is: cls (default; the <key>.cls member), txt, any other "
                         "extension, or json:FIELD (a field of <key>.json, dotted for nested fields)")
@@ -50,6 +58,10 @@ def register(sub) -> None:
                    help="rewrite SRC's index.bin of an earlier release (checksums over the samples' bytes alone, or "
                         "none) so each sample's checksum covers its bytes and its label; the old index is checked "
                         "whole first, the shards read only when it holds no checksums")
+    p.add_argument("--image-column", default="image",
+                   help="Parquet: the column of image bytes the checksums cover (default image)")
+    p.add_argument("--label-column", default="label",
+                   help="Parquet: the column of labels the checksums cover (default label)")
     p.set_defaults(func=run)
 
 
@@ -57,10 +69,16 @@ def run(args: argparse.Namespace) -> int:
     from data_service.errors import DataServiceError
     from data_service.shards.wds_index import index_tars, split_source
 
+    from .index_parquet import is_parquet
+
     if args.from_json:
         return _from_json(args)
     if args.upgrade:
         return _upgrade(args)
+    if is_parquet(args.src):
+        from . import index_parquet
+
+        return index_parquet.run(args)
     from tqdm import tqdm
 
     bar = tqdm(unit="B", unit_scale=True, desc="indexing shards", disable=args.quiet)

@@ -61,6 +61,8 @@ def register(sub) -> None:
                    "ImageNet epoch (hetero/planning/sizing.py)")
     p.add_argument("--per-core-rate", type=float, default=None,
                    help="with --sizing: images one vCPU crops and decodes per second (default: the rate measured here)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="price a sweep of N such jobs: N data groups, or one shared by all (docs/sweep.md)")
     p.add_argument("--json", type=Path, default=None, help="write the plan here")
     p.set_defaults(func=run)
 
@@ -284,6 +286,14 @@ def run(args: argparse.Namespace) -> int:
                         enc.decode_s))
     for kv, other_s, other in compared:
         print(compare_line(kv, preprocess_s, result, other_s, other))
+    if args.jobs != 1:
+        from hetero.planning.sweep_cost import format_sweep, sweep_prices
+
+        try:
+            print("\n" + format_sweep(sweep_prices(table, result, args.jobs), args.jobs))
+        except PlanError as exc:
+            print(f"hetero plan: --jobs {args.jobs}: {exc}")
+            return 2
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")

@@ -50,8 +50,12 @@ def do_refresh(region: str, types: list[str]) -> int:
     except AwsAccessError as exc:
         print(f"hetero prices: {exc}")
         return 2
-    except (AwsPricesError, ClientError) as exc:  # AWS answered, but not with a table
-        print(f"hetero prices: reading prices from AWS failed: {exc}; try again, or keep using the bundled table")
+    except AwsPricesError as exc:  # AWS out of reach, or an answer that is not a table: it says what to do
+        print(f"hetero prices: reading prices from AWS failed: {exc}")
+        return 1
+    except ClientError as exc:  # AWS refused for another reason than access
+        print(f"hetero prices: reading prices from AWS failed: {exc}; try again, or keep using the bundled price "
+              "table")
         return 1
     priced = [n for n, e in doc["instances"].items() if "usd_per_hour" in e]
     if not priced:

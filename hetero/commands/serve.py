@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 
@@ -48,16 +49,34 @@ def register(sub) -> None:
                    help="warm: fork workers (and their replacements) from a parent that imported torch and the "
                         "pipeline module (milliseconds, shared memory); spawn: each worker imports them itself "
                         "(falls back to it, with a log line, when the module cannot be preloaded)")
+    p.add_argument("--no-spare-worker", action="store_true",
+                   help="with --worker-start warm: keep no loaded spare worker to take a dead worker's place at once "
+                        "(saves an idle worker's private memory; a replacement is then forked and loaded when needed)")
+    p.add_argument("--batch-window", default="0", metavar="SIZE",
+                   help="keep built batches for every job that asks, within SIZE bytes (e.g. 2GB): the jobs of a "
+                        "sweep with one seed get each batch built once; a job that falls behind gets its batches "
+                        "built again (docs/sweep.md). 0: off")
+    p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="shut down once no consumer has been connected for SECONDS, after one came: a sweep's "
+                        "data group ends when its last job leaves (0: serve until shut down)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="on SIGTERM: seconds to finish the requests already taken before stopping")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetero.options import parse_kv
+
+    if args.worker_start == "warm":  # its imports (torch, the pipeline) run beside this process's own
+        from data_service.pool.forked import prestart
+
+        try:
+            prestart(json.dumps({"target": args.pipeline, "options": parse_kv(args.option)}))
+        except ConfigError:
+            pass  # the same options are checked, and the error said, below
     from data_service.contract.pipeline import PipelineSpec
     from data_service.server import DataServer, ServerOptions
     from launcher.log_setup import setup_logging
-    from hetero.options import parse_kv
 
     setup_logging("data-server", args.log_level)
     token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")
@@ -70,13 +89,22 @@ def run(args: argparse.Namespace) -> int:
             check_uri(args.join, "--join")
             if args.ttl is not None and not 0 <= args.ttl < float("inf"):
                 raise ConfigError(f"--ttl {args.ttl} must be >= 0 seconds (0: no heartbeat)")
+        from data_service.server.batch_window import window_budget
+
+        idle = None
+        if args.idle_timeout:
+            from data_service.server.idle_exit import IdleExit
+
+            idle = IdleExit(args.idle_timeout)
         spec = PipelineSpec(args.pipeline, parse_kv(args.option))
         options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
                                 slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
                                 compression=args.compression, shared_memory=not args.no_shared_memory,
                                 advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
                                 tls_key=args.tls_key, probe=not args.no_probe,
-                                send_timeout_s=args.send_timeout, worker_start=args.worker_start)
+                                send_timeout_s=args.send_timeout, worker_start=args.worker_start,
+                                spare_worker=not args.no_spare_worker,
+                                batch_window_bytes=window_budget(args.batch_window))
         server = DataServer(spec, token, options).start()
     except ConfigError as exc:
         print(f"hetero serve: {exc}")
@@ -96,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             server.shutdown(grace_s=1.0, reason="could not join")
             print(f"hetero serve: --join {args.join}: {exc}")
             return 2
+    watch = idle.watch(server) if idle is not None else None
     if args.port_file:
         tmp = args.port_file + ".tmp"
         with open(tmp, "w") as f:
@@ -108,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         while not server.wait(timeout=1.0):
             pass
+        if watch is not None and watch.reason:
+            print(f"hetero serve: stopped: {watch.reason}", flush=True)
     finally:
         if args.join:  # however it ended, its entry goes (a no-op after a clean leave)
             from data_service.membership.registry import RegistryError, unregister

@@ -36,7 +36,7 @@ DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "Unr
 
 
 class AwsPricesError(RuntimeError):
-    """An answer from AWS that cannot be turned into a price table."""
+    """An answer from AWS that cannot be turned into a price table (the message ends with the advice)."""
 
 
 class AwsAccessError(AwsPricesError):
@@ -109,7 +109,7 @@ def _training_price(item, region: str) -> tuple[str, float] | None:
         attrs = doc["product"]["attributes"]
     except (TypeError, ValueError, KeyError) as exc:
         raise AwsPricesError(f"a GetProducts PriceList item is not the JSON product AWS documents ({exc}): "
-                             f"{str(item)[:120]!r}") from None
+                             f"{str(item)[:120]!r}; try again, or keep using the bundled price table") from None
     usage = str(attrs.get("usagetype", ""))
     training = attrs.get("component") == "Training" or "Train" in usage
     if not training or "Spot" in usage or attrs.get("regionCode", region) != region:

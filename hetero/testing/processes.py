@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from data_service.pool.messages import SPARE_COMM
 from data_service.pool.warm_parent import COMM as WARM_PARENT
 from hetero.ports import free_port
 
@@ -129,13 +130,16 @@ class ServerProc(_ProcessGroup):
         log_path: the server's output is appended here (kept in a temporary file when None).
         env: variables added to its environment (``HETERO_CACHE_DIR``, ``AWS_ENDPOINT_URL``, ...).
         worker_start: ``hetero serve --worker-start`` (``"warm"``, the default, or ``"spawn"``).
+        spare_worker: False: ``hetero serve --no-spare-worker`` (a dead worker's replacement is forked then).
+        batch_window: ``hetero serve --batch-window`` (a size such as ``"64MB"``; None: no window).
     """
 
     def __init__(self, options: dict, *, port: int | None = None, bulk_port: int | None = None,
                  advertise_bulk_port: int = 0, workers: int = 1, slots: int = 2, token: str = TOKEN,
                  pipeline: str = PIPELINE, log_path: str | os.PathLike | None = None, probe: bool = False,
                  send_timeout_s: float | None = None, env: dict[str, str] | None = None,
-                 worker_start: str | None = None) -> None:
+                 worker_start: str | None = None, spare_worker: bool = True,
+                 batch_window: str | int | None = None) -> None:
         self.options = dict(options)
         self.env = dict(env or {})
         self.port = port or free_port()
@@ -155,6 +159,10 @@ class ServerProc(_ProcessGroup):
             self.cmd += ["--send-timeout", str(send_timeout_s)]
         if worker_start is not None:
             self.cmd += ["--worker-start", worker_start]
+        if not spare_worker:
+            self.cmd.append("--no-spare-worker")
+        if batch_window is not None:
+            self.cmd += ["--batch-window", str(batch_window)]
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
 
@@ -193,7 +201,8 @@ class ServerProc(_ProcessGroup):
         self._terminate(timeout)
 
     def worker_pids(self) -> list[int]:
-        """PIDs of the server's worker processes (its multiprocessing children, or its warm parent's)."""
+        """PIDs of the server's worker processes (its multiprocessing children, or its warm parent's
+        but the spare waiting to replace one)."""
         import psutil
 
         if not self.alive:
@@ -210,7 +219,7 @@ class ServerProc(_ProcessGroup):
                 continue
             if name == WARM_PARENT:  # the workers are the warm parent's children
                 try:
-                    out.extend(w.pid for w in k.children())
+                    out.extend(w.pid for w in k.children() if w.name() != SPARE_COMM)
                 except psutil.Error:
                     continue
             elif "multiprocessing" in cmd and "resource_tracker" not in cmd:

@@ -195,20 +195,22 @@ class Challenge(_message.Message):
     def __init__(self, server_version: _Optional[str] = ..., nonce: _Optional[bytes] = ...) -> None: ...
 
 class BulkHello(_message.Message):
-    __slots__ = ("client_version", "proof", "client_id", "accept_compressions", "host_key", "accept_shm")
+    __slots__ = ("client_version", "proof", "client_id", "accept_compressions", "host_key", "accept_shm", "sealed")
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_COMPRESSIONS_FIELD_NUMBER: _ClassVar[int]
     HOST_KEY_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_SHM_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     client_version: str
     proof: bytes
     client_id: str
     accept_compressions: _containers.RepeatedScalarFieldContainer[str]
     host_key: str
     accept_shm: bool
-    def __init__(self, client_version: _Optional[str] = ..., proof: _Optional[bytes] = ..., client_id: _Optional[str] = ..., accept_compressions: _Optional[_Iterable[str]] = ..., host_key: _Optional[str] = ..., accept_shm: bool = ...) -> None: ...
+    sealed: bool
+    def __init__(self, client_version: _Optional[str] = ..., proof: _Optional[bytes] = ..., client_id: _Optional[str] = ..., accept_compressions: _Optional[_Iterable[str]] = ..., host_key: _Optional[str] = ..., accept_shm: bool = ..., sealed: bool = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("server_id", "compression", "shm")
@@ -249,7 +251,7 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "compression", "build_s", "compress_s", "shm_path", "shm_size", "shm_lease", "shm_inode", "samples_skipped", "payload_crc32")
+    __slots__ = ("ref", "structure", "tensors", "payload_bytes", "raw_bytes", "compression", "build_s", "compress_s", "shm_path", "shm_size", "shm_lease", "shm_inode", "samples_skipped", "payload_crc32", "payload_crc32c")
     REF_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +266,7 @@ class BatchHeader(_message.Message):
     SHM_INODE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_CRC32_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_CRC32C_FIELD_NUMBER: _ClassVar[int]
     ref: BatchRef
     structure: Structure
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
@@ -278,7 +281,8 @@ class BatchHeader(_message.Message):
     shm_inode: int
     samples_skipped: int
     payload_crc32: int
-    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compression: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: bool = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., payload_crc32: _Optional[int] = ...) -> None: ...
+    payload_crc32c: int
+    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., structure: _Optional[_Union[Structure, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compression: _Optional[str] = ..., build_s: _Optional[float] = ..., compress_s: _Optional[float] = ..., shm_path: _Optional[str] = ..., shm_size: _Optional[int] = ..., shm_lease: bool = ..., shm_inode: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., payload_crc32: _Optional[int] = ..., payload_crc32c: _Optional[int] = ...) -> None: ...
 
 class BatchError(_message.Message):
     __slots__ = ("ref", "kind", "message", "traceback", "sample_index")
@@ -295,7 +299,7 @@ class BatchError(_message.Message):
     def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., kind: _Optional[_Union[ErrorKind, str]] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
 class BulkFrame(_message.Message):
-    __slots__ = ("challenge", "hello", "welcome", "fetch", "batch", "error", "release")
+    __slots__ = ("challenge", "hello", "welcome", "fetch", "batch", "error", "release", "crc32")
     CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +307,7 @@ class BulkFrame(_message.Message):
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
     challenge: Challenge
     hello: BulkHello
     welcome: Welcome
@@ -310,4 +315,5 @@ class BulkFrame(_message.Message):
     batch: BatchHeader
     error: BatchError
     release: Release
-    def __init__(self, challenge: _Optional[_Union[Challenge, _Mapping]] = ..., hello: _Optional[_Union[BulkHello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., batch: _Optional[_Union[BatchHeader, _Mapping]] = ..., error: _Optional[_Union[BatchError, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    crc32: int
+    def __init__(self, challenge: _Optional[_Union[Challenge, _Mapping]] = ..., hello: _Optional[_Union[BulkHello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., batch: _Optional[_Union[BatchHeader, _Mapping]] = ..., error: _Optional[_Union[BatchError, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., crc32: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,204 @@
+"""A sweep of 4 jobs on one data node of 2 cores: batches shared through the batch window, or not.
+
+    flock /tmp/bench.lock python -m benchmarks.sweep --images-dir /tmp/sweep-photos --seconds 30
+
+One ``hetero serve`` with 2 workers builds the image pipeline (photo-like JPEGs, fused crop
+decode, flip, ``--image-size`` px crops, batches of 32) for 4 jobs. Each job is a training loop
+(``RemoteDataset`` over TCP, as from a GPU node, its audit log on) that sleeps an emulated
+accelerator step after each batch: half of one core's CPU time per batch, so one job alone asks
+as fast as the node's 2 cores build. Per case, the two layouts run side by side in one run, on
+the same cores, for ``--seconds`` each (rounds alternate them):
+
+* **shared**: ``--batch-window`` of ``--window-batches`` batches; the jobs share each batch built;
+* **not shared**: no window; each job's batches are built for it.
+
+Cases: ``equal`` (4 jobs, one seed, one step); ``half`` (one of them at half speed: its step
+twice as long); ``own-seeds`` (4 seeds, so no batch is shared: shared means the decoded-image
+cache, ``decoded_cache_bytes``, against the plain fused pipeline). Reported: aggregate images/s
+over the measured span (from the moment every job has its first batch), each job's step time
+and data wait, batches built and built again, the window's largest size against its budget, and
+each job's audit against its own in-process run (delivered, wrong, skipped, duplicated).
+
+The bound printed beside the half-speed figure is the model in docs/sweep.md: while the slow job
+is within the window (the first 2W/C seconds, W window batches, C the node's batches/s) the
+sweep runs at 3.5x; after it, the node builds for the fast jobs and, again, for the slow one,
+2.0x; over D seconds: 2 + 3W/(C D), at most 3.5.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks.common import cli, report
+from benchmarks.common.sweep_jobs import JobRecord, References, audit, run_job
+
+PIPELINE = "data_service.pipelines.images:build_pipeline"
+JOBS = 4
+WORKERS = 2
+
+
+def layouts(case: str, base: dict, window_bytes: int) -> dict[str, tuple[dict, str | None, list[int]]]:
+    """Per layout: (pipeline options, --batch-window, each job's seed)."""
+    if case == "own-seeds":
+        cached = {**base, "decoded_cache_bytes": "256MB"}
+        return {"shared": (cached, None, [1, 2, 3, 4]), "not shared": (base, None, [1, 2, 3, 4])}
+    return {"shared": (base, str(window_bytes), [1] * JOBS), "not shared": (base, None, [1] * JOBS)}
+
+
+def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[float], seconds: float,
+               tmp: str, tag: str) -> dict:
+    """One layout: a server, 4 jobs for ``seconds`` after all have their first batch; figures."""
+    from dnn_worker import ControlClient
+    from hetero.testing.processes import TOKEN, ServerProc
+
+    server = ServerProc(options, workers=WORKERS, slots=4, pipeline=PIPELINE, batch_window=window,
+                        log_path=Path(tmp) / f"server-{tag}.log")
+    server.start(timeout=300)
+    records = [JobRecord(f"job{k}", seeds[k], steps[k], str(Path(tmp) / f"audit-{tag}-{k}.jsonl"))
+               for k in range(JOBS)]
+    barrier = threading.Barrier(JOBS)
+    threads = [threading.Thread(target=run_job, args=(r, server.address, TOKEN, barrier), daemon=True)
+               for r in records]
+    try:
+        with ControlClient(server.address, TOKEN) as ctl:
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 300
+            while not all(r.arrivals or r.error for r in records):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{tag}: a job had no first batch within 300 s; server log "
+                                       f"{server.log_path}")
+                time.sleep(0.05)
+            start = time.monotonic()
+            before = ctl.stats()
+            end = start + seconds
+            most = 0.0
+            while time.monotonic() < end:
+                most = max(most, ctl.stats().pipeline.get("window_bytes", 0.0))
+                time.sleep(0.25)
+            after = ctl.stats()
+    finally:
+        for r in records:  # each job stops after its current step
+            r.stop_at = 0.0
+        for t in threads:
+            t.join(60)
+        server.stop()
+    built = after.batches_built - before.batches_built
+    again = after.pipeline.get("batches_built_again", 0.0) - before.pipeline.get("batches_built_again", 0.0)
+    jobs = [{"name": r.name, "seed": r.seed, "step_s": r.step_s, "error": r.error, **r.figures(start, end)}
+            for r in records]
+    return {"jobs": jobs, "records": records, "batches": sum(j["batches"] for j in jobs), "seconds": seconds,
+            "built": built, "built_again": again, "window_max_bytes": most,
+            "window_budget": after.pipeline.get("window_budget_bytes", 0.0)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = cli.parser(__doc__, prog="python -m benchmarks.sweep")
+    ap.add_argument("--images-dir", default="/tmp/sweep-photos")
+    ap.add_argument("--images", type=int, default=1024)
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds per layout and round")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds per case (layouts alternate); medians reported")
+    ap.add_argument("--window-batches", type=int, default=64)
+    ap.add_argument("--cases", default="equal,half,own-seeds")
+    ap.add_argument("--step-s", type=float, default=0.0, help="fast jobs' emulated step (0: half of one core's "
+                    "CPU seconds per batch)")
+    cli.add_json(ap)
+    args = ap.parse_args(argv)
+    from benchmarks.photos import write_photo_folder
+
+    write_photo_folder(args.images_dir, args.images)
+    base = {"data_dir": args.images_dir, "limit": args.images, "batch_size": args.batch_size,
+            "image_size": args.image_size}
+    cpu_batch = cpu_seconds_per_batch_of(base)
+    step = args.step_s or round(cpu_batch / WORKERS, 4)
+    batch_bytes = args.batch_size * args.image_size ** 2 * 3 + args.batch_size * 8 + 1024  # payload + header
+    window_bytes = args.window_batches * batch_bytes
+    per_epoch = args.images // args.batch_size
+    print(f"{report.stamp()}: {JOBS} jobs, one data node of {WORKERS} workers on this machine's "
+          f"{len(os.sched_getaffinity(0))} cores, {args.images} photo-like JPEGs, batches of {args.batch_size} x "
+          f"{args.image_size} px ({batch_bytes} bytes); one core's CPU per batch {cpu_batch * 1000:.1f} ms; fast "
+          f"jobs' step {step * 1000:.1f} ms; window {args.window_batches} batches = {window_bytes} bytes; "
+          f"{args.seconds:g} s per layout; load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    refs = References(PIPELINE)
+    summary: dict = {"command": report.command("python -m benchmarks.sweep", argv), "date": report.stamp(),
+                     "cpu_batch_s": cpu_batch, "step_s": step, "window_bytes": window_bytes, "cases": {}}
+    try:
+        with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
+            for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
+                summary["cases"][case] = run_case(case, args, base, step, window_bytes, per_epoch, refs, tmp)
+    finally:
+        refs.close()
+    report.write_json(args.json, summary, default=str)
+    return 0
+
+
+def run_case(case: str, args, base: dict, step: float, window_bytes: int, per_epoch: int, refs: References,
+             tmp: str) -> dict:
+    """Both layouts of one case, ``args.rounds`` times alternated; prints its table, returns its figures."""
+    steps = [step] * JOBS
+    if case == "half":
+        steps[-1] = 2 * step
+    runs: dict[str, list[dict]] = {}
+    for r in range(args.rounds):
+        for name, (options, window, seeds) in layouts(case, base, window_bytes).items():
+            res = run_layout(options, window, seeds, steps, args.seconds, tmp, f"{case}-{name}-{r}")
+            res["audits"] = [audit(rec, options, refs, per_epoch) for rec in res.pop("records")]
+            runs.setdefault(name, []).append(res)
+            print(f"  {case} round {r + 1} {name}: {res['batches'] * args.batch_size / args.seconds:.1f} images/s",
+                  flush=True)
+    return show(case, runs, args, window_bytes)
+
+
+def cpu_seconds_per_batch_of(options: dict) -> float:
+    """One core's CPU seconds per batch of the pipeline (not stretched by other processes' load)."""
+    import statistics as st
+
+    from data_service.contract.pipeline import PipelineSpec, build_batch
+
+    pipe = PipelineSpec(PIPELINE, options).load()
+    cfg = pipe.plan_config()
+    times = []
+    for i in range(9):
+        t0 = time.process_time()
+        build_batch(pipe, cfg, 99, 0, i % cfg.num_batches)
+        times.append(time.process_time() - t0)
+    return st.median(times[1:])
+
+
+def show(case: str, runs: dict[str, list[dict]], args, window_bytes: int) -> dict:
+    """Print the case's table and audits; return its figures."""
+    rate = {name: statistics.median(r["batches"] * args.batch_size / r["seconds"] for r in rs)
+            for name, rs in runs.items()}
+    ratio = rate["shared"] / rate["not shared"] if rate["not shared"] else float("nan")
+    c = rate["not shared"] / args.batch_size  # the node's batches/s, each built for one job
+    bound = {"equal": "4.0x (each batch built once for 4 jobs)",
+             "half": f"{min(3.5, 2 + 3 * args.window_batches / (c * args.seconds)):.2f}x for W={args.window_batches}, "
+                     f"C={c:.1f} batches/s, D={args.seconds:g} s (2 + 3W/(C D); 2.0x in the long run)",
+             "own-seeds": "per image: one decode and 4 cached crops against 4 fused decodes"}[case]
+    print(f"\n### {case}: shared {rate['shared']:.1f} images/s, not shared {rate['not shared']:.1f} images/s: "
+          f"**{ratio:.2f}x**; bound {bound}\n")
+    print("| layout | job | seed | step ms (emulated) | step ms | data wait ms | batches | audit: delivered / wrong / "
+          "skipped / duplicated |\n|---|---|---|---|---|---|---|---|")
+    for name, rs in runs.items():
+        last = rs[-1]
+        for job, a in zip(last["jobs"], last["audits"]):
+            print(f"| {name} | {job['name']} | {job['seed']} | {job['step_s'] * 1000:.1f} | {job['step_ms']:.1f} | "
+                  f"{job['wait_ms']:.1f} | {job['batches']} | {a['delivered']} / {a['wrong']} / {a['skipped']} / "
+                  f"{a['duplicated']} |{' ' + job['error'] if job['error'] else ''}")
+    print("\n| layout | batches built | built again | window max bytes / budget |\n|---|---|---|---|")
+    for name, rs in runs.items():
+        last = rs[-1]
+        print(f"| {name} | {last['built']} | {last['built_again']:.0f} | "
+              f"{last['window_max_bytes']:.0f} / {last['window_budget']:.0f} |")
+    return {"images_per_s": rate, "ratio": ratio, "bound": bound, "runs": runs}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Batches built once for every job that asks: the batch window between the sessions and the pool.
+
+With a batch window (``ServerOptions.batch_window_bytes`` > 0) the data plane hands each
+requested batch to ``SharedBuilds.submit`` instead of the worker pool:
+
+* held by the window (batch_window.py): it is sent from there (a hit); no worker builds it;
+* being built for another request: the request waits for that build (joined): a wait of one
+  build, never of another job's progress;
+* else a worker builds it (a miss); once built, a copy goes into the window, the worker's slot
+  goes back, and every request that waits for it gets it.
+
+A job that falls behind the window finds its batches gone and they are built again: exactly the
+same bytes, since a batch is a pure function of (pipeline, seed, epoch, index). Nothing is
+skipped, and no job waits for another to move. Sent from the window, a batch travels as TCP
+bytes even to a consumer on this host (the window is this process's memory, not a worker's
+slot). A batch the window cannot take (larger than its budget, or its budget pinned by sends
+under way) goes to every request that waits for it from the worker's slot, released after the
+last send.
+
+Thread safety: sessions submit and cancel on the data plane's loop; the pool reports builds on
+its poller (the same loop) or, while stopping, on another thread; a sent batch is released on
+the loop. One lock guards the window and the builds in flight; callbacks run outside it.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from ..pool.tasks import Result, Task
+from .batch_window import BatchKey, BatchWindow, Entry
+from .build_record import BuildRecord
+
+
+@dataclass(frozen=True)
+class BatchIdentity:
+    """What every batch of this server shares in its ``BatchKey``: the pipeline's fingerprint and
+    how its batches are encoded and compressed."""
+
+    fingerprint: str
+    wire_encoding: str
+    compression: str
+
+    def key(self, task: Task) -> BatchKey:
+        return BatchKey(self.fingerprint, self.wire_encoding, self.compression, task.seed, task.epoch, task.index)
+
+
+@dataclass
+class _Build:
+    """One batch being built, and the requests waiting for it."""
+
+    key: BatchKey
+    task: Task
+    waiters: list[Task] = field(default_factory=list)
+
+
+@dataclass
+class WindowCounts:
+    """The window's figures, as the server's stats report them."""
+
+    misses: int = 0          # requests that started a build
+    hits: int = 0            # requests sent from the window
+    joined: int = 0          # requests that waited for a build another request started
+    built: int = 0           # builds finished
+    built_again: int = 0     # builds of a batch this server had built before
+    unwindowed: int = 0      # builds sent from their slot: the window could not take them
+
+
+class SharedBuilds:
+    """The window between the data plane and the worker pool; see the module docstring.
+
+    Args:
+        pool: what builds batches (``submit``, ``cancel``: the worker pool).
+        window: the batch window.
+        identity: the server's part of every ``BatchKey``.
+        num_batches: batches per epoch (for the record of what was built).
+    """
+
+    def __init__(self, pool, window: BatchWindow, identity: BatchIdentity, num_batches: int) -> None:
+        self._pool = pool
+        self.window = window
+        self.identity = identity
+        self.counts = WindowCounts()
+        self._record = BuildRecord(num_batches)
+        self._lock = threading.Lock()
+        self._building: dict[BatchKey, _Build] = {}
+        self._waiting: dict[int, _Build] = {}  # id(request) -> the build it waits for
+
+    # -- what the data plane asks (the loop's thread)
+    def submit(self, task: Task) -> None:
+        """Answer ``task`` from the window, from a build in flight, or from a new build."""
+        key = self.identity.key(task)
+        start = None
+        with self._lock:
+            entry = self.window.get(key)
+            if entry is not None:
+                self.counts.hits += 1
+            else:
+                build = self._building.get(key)
+                if build is not None:
+                    self.counts.joined += 1
+                else:
+                    self.counts.misses += 1
+                    start = Task(task.seed, task.epoch, task.index, None, owner=task.owner)
+                    build = self._building[key] = _Build(key, start)
+                    start.on_result = lambda result, build=build: self._built(build, result)
+                build.waiters.append(task)
+                self._waiting[id(task)] = build
+        if entry is not None:
+            task.on_result(self._from_entry(task, entry))
+        elif start is not None:
+            self._pool.submit(start)  # outside the lock: a refusal answers at once, on this thread
+
+    def cancel(self, tasks: list[Task]) -> None:
+        """Requests whose connection ended: they wait no more; a build nobody waits for is cancelled."""
+        idle = []
+        with self._lock:
+            for task in tasks:
+                build = self._waiting.pop(id(task), None)
+                if build is None:
+                    continue
+                build.waiters = [w for w in build.waiters if w is not task]
+                if not build.waiters and self._building.get(build.key) is build:
+                    del self._building[build.key]
+                    idle.append(build.task)
+        if idle:
+            self._pool.cancel(idle)
+
+    # -- the pool's report (its poller's thread)
+    def _built(self, build: _Build, result: Result) -> None:
+        with self._lock:
+            if self._building.get(build.key) is build:
+                del self._building[build.key]
+            waiters = build.waiters
+            for w in waiters:
+                self._waiting.pop(id(w), None)
+            entry = None
+            if result.error is None:
+                self.counts.built += 1
+                if self._record.built(build.key.seed, build.key.epoch, build.key.index):
+                    self.counts.built_again += 1
+                if waiters:
+                    entry = self.window.put(build.key, result.header_bytes, result.payload or b"", result.raw_bytes)
+                    if entry is not None:
+                        self.window.pin(entry, len(waiters) - 1)  # one pin per send; put pinned the first
+                    else:
+                        self.counts.unwindowed += 1
+        if result.error is not None:
+            for w in waiters:
+                w.on_result(Result(task=w, error=result.error))
+            return
+        if not waiters:
+            result.release()  # cancelled while it was being delivered to us
+            return
+        if entry is not None:
+            result.release()  # the window holds a copy: the worker's slot goes back now
+            for w in waiters:
+                w.on_result(self._from_entry(w, entry))
+            return
+        for w, share in zip(waiters, _share(result, waiters)):
+            w.on_result(share)
+
+    def _from_entry(self, task: Task, entry: Entry) -> Result:
+        """A result for ``task`` sent from the window's copy (pinned until it is released)."""
+        def unpin() -> None:
+            with self._lock:
+                self.window.unpin(entry)
+
+        return Result(task=task, header_bytes=entry.header, payload=memoryview(entry.data),
+                      payload_bytes=len(entry.data), raw_bytes=entry.raw_bytes, _release=unpin, _retire=unpin)
+
+    def figures(self) -> dict[str, float]:
+        """The window's counters and bytes (for the server's stats)."""
+        c, w = self.counts, self.window
+        return {"window_budget_bytes": float(w.budget), "window_bytes": float(w.held_bytes),
+                "window_batches": float(len(w)), "window_hits": float(c.hits), "window_joined": float(c.joined),
+                "window_misses": float(c.misses), "window_evicted": float(w.evicted),
+                "window_unwindowed": float(c.unwindowed), "batches_built_again": float(c.built_again)}
+
+    def close(self) -> None:
+        """Drop the window's batches (the server stops); those being sent go with their last send."""
+        with self._lock:
+            self.window.clear()
+
+
+def _share(result: Result, waiters: list[Task]) -> list[Result]:
+    """``result`` for each of ``waiters``: the slot released (or retired, if any of them was)
+    after the last of them. One request takes ``result`` itself (zero copy, a lease as usual)."""
+    n = len(waiters)
+    if n == 1:
+        result.task = waiters[0]
+        return [result]
+    left = [n]
+    retired = [False]
+
+    def end(retire: bool) -> None:
+        retired[0] |= retire
+        left[0] -= 1
+        if left[0] == 0:
+            result.retire() if retired[0] else result.release()
+
+    return [Result(task=w, header_bytes=result.header_bytes, payload=memoryview(result.payload)
+                   if result.payload is not None else None, shm_path=result.shm_path, shm_size=result.shm_size,
+                   shm_inode=result.shm_inode, payload_bytes=result.payload_bytes, raw_bytes=result.raw_bytes,
+                   compress_s=result.compress_s if k == 0 else 0.0,
+                   _release=lambda: end(False), _retire=lambda: end(True))
+            for k, w in enumerate(waiters)]

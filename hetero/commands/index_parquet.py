@@ -1,0 +1,54 @@
+"""``hetero index LOCATION`` on Parquet: the row checksums that files without page CRCs lack.
+
+LOCATION is a ``.parquet`` file, or a folder or ``s3://`` prefix of them (subfolders included).
+Every row group is read once and a CRC32C of each row (its image bytes and label) is written to
+``parquet-rows.crc32c`` beside the files (``<name>.crc32c`` beside a single file), or to ``--to
+DEST`` (then ``--hp pipeline.index=DEST``). The logic is :mod:`data_service.shards.parquet_sums`.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def is_parquet(src: str) -> bool:
+    """Whether ``hetero index SRC`` names Parquet: a ``.parquet`` file, or a location holding
+    ``.parquet`` files and no ``.tar`` shards."""
+    if src.endswith(".parquet"):
+        return True
+    if "{" in src or src.endswith(".tar"):
+        return False
+    from data_service.errors import ConfigError
+    from data_service.shards.wds_index import list_objects
+    from data_service.storage import open_store
+
+    try:
+        store = open_store(src, what="source")
+        return not list_objects(store, ".tar", empty_ok=True) and bool(list_objects(store, ".parquet", empty_ok=True))
+    except ConfigError:
+        return False  # the tar path names what is wrong with the location
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from data_service.errors import DataServiceError
+    from data_service.shards.parquet_sums import index_parquet
+
+    bar = tqdm(unit="B", unit_scale=True, desc="checksumming Parquet rows", disable=args.quiet)
+    try:
+        summary = index_parquet(args.src, args.dest, image_column=args.image_column, label_column=args.label_column,
+                                workers=args.workers, overwrite=args.overwrite, progress=bar.update)
+    except DataServiceError as exc:
+        bar.close()
+        print(f"hetero index: {exc}")
+        return 2
+    bar.close()
+    for line in summary.lines():
+        print(line)
+    hint = f" --hp pipeline.index={args.dest}" if args.dest else ""
+    columns = "".join(f" --hp pipeline.{k}={v}" for k, v in (("image_column", args.image_column),
+                                                               ("label_column", args.label_column))
+                      if v != k.split("_")[0])
+    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.parquet={args.src}"
+          f"{hint}{columns} (add --hp pipeline.unchecked=refuse to refuse any file left unchecked)")
+    return 0

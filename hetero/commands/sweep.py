@@ -1,0 +1,138 @@
+"""``hetero sweep``: one data-only SageMaker job serving N DNN-only jobs, each with its own hyperparameters.
+
+    hetero sweep --job-name lr-sweep --data-group ml.c5.9xlarge:1 --dnn-group ml.g5.xlarge:1 \\
+        --vary lr=0.1,0.03,0.01,0.003 --hyperparameters pipeline=... epochs=10 seed=1 \\
+        --batch-window 8GB --idle-timeout 600 --subnet subnet-... --security-group sg-... \\
+        --role ... --image ... --output s3://bucket/sweeps --input s3://bucket/train
+
+The jobs of one seed share each batch the data group builds (its batch window); jobs with other
+seeds share its decoded images when the pipeline keeps them (``decoded_cache_bytes``). Every
+request is built and checked against botocore's service model before the first is sent; the
+data job goes first. See docs/sweep.md (what AWS itself must confirm is listed there).
+Exit codes: 0 submitted (or printed), 1 AWS refused a call, 2 bad input (nothing was sent).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROLE_ENV = "HETERO_SAGEMAKER_ROLE"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="submit a sweep: one data-only job serving N DNN-only jobs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job-name", required=True, help="the sweep's name: jobs <name>-data, <name>-0, ... (the job "
+                   "token is derived from it)")
+    p.add_argument("--data-group", required=True, metavar="TYPE:COUNT", help="the data job's nodes")
+    p.add_argument("--dnn-group", required=True, metavar="TYPE:COUNT", help="each DNN job's nodes")
+    p.add_argument("--jobs", type=int, default=0, help="DNN jobs with no hyperparameters of their own")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="one DNN job per value (repeatable: every combination)")
+    p.add_argument("--job", action="append", default=[], metavar="K=V[,K=V...]",
+                   help="one DNN job with these hyperparameters of its own (repeatable; instead of --vary)")
+    p.add_argument("--hyperparameters", nargs="+", action="extend", default=[], metavar="K=V",
+                   help="every job's: the pipeline and its options, the model, epochs, seed, ...")
+    p.add_argument("--batch-window", default="4GB", help="the data nodes' batch window (default 4GB; 0: off)")
+    p.add_argument("--idle-timeout", type=float, default=600.0,
+                   help="seconds the data job stays once the last DNN job has gone (default 600)")
+    p.add_argument("--registry", metavar="S3URI", help="the sweep's registry (default <output>/<name>/registry)")
+    p.add_argument("--role", default=os.environ.get(ROLE_ENV), help=f"execution role ARN (default ${ROLE_ENV})")
+    p.add_argument("--image", help="training image URI")
+    p.add_argument("--framework-version", help="the AWS PyTorch training image of this version")
+    p.add_argument("--output", required=True, help="S3 URI for the jobs' outputs")
+    p.add_argument("--input", action="append", default=[], metavar="[NAME=]S3URI", help="the data job's channel")
+    p.add_argument("--subnet", action="append", default=[], metavar="ID")
+    p.add_argument("--security-group", action="append", default=[], metavar="ID")
+    p.add_argument("--max-run", default="24h")
+    p.add_argument("--spot", action="store_true", help="managed spot training for the DNN jobs")
+    p.add_argument("--volume-size", type=int, default=30)
+    p.add_argument("--job-secret", default=None)
+    p.add_argument("--job-secret-arn", default=None, metavar="ARN")
+    p.add_argument("--source-dir", default=None)
+    p.add_argument("--code-uri", metavar="S3URI")
+    p.add_argument("--no-source", action="store_true")
+    p.add_argument("--tag", action="append", default=[], metavar="K=V")
+    p.add_argument("--dry-run", action="store_true", help="print the requests as JSON; no AWS call")
+    p.add_argument("--region", default=None)
+    p.add_argument("--endpoint-url", default=None)
+    p.set_defaults(func=run)
+
+
+def specs_from_args(args: argparse.Namespace) -> list:
+    """The sweep's JobSpecs; raises SubmitError before any AWS call."""
+    from data_service.errors import ConfigError
+    from data_service.server.batch_window import window_budget
+    from hetero.sagemaker.client import resolve_region
+    from hetero.sagemaker.source import source_uri
+    from hetero.sagemaker.spec import (DATA, DNN, Group, JobSpec, SubmitError, check_s3_uri, parse_duration,
+                                       parse_input, parse_strings, parse_type_count, parse_vpc)
+    from hetero.sagemaker.sweep import Sweep, grid, sweep_specs
+
+    from .submit_spec import image_of, job_secrets, with_secret
+
+    if not args.role:
+        raise SubmitError(f"missing role: pass --role arn:aws:iam::ACCOUNT:role/NAME or set ${ROLE_ENV}")
+    try:
+        window_budget(args.batch_window)
+    except ConfigError as exc:
+        raise SubmitError(f"--batch-window: {exc}") from None
+    if args.job and (args.vary or args.jobs):
+        raise SubmitError("give the jobs one way: --job (repeatable), or --vary / --jobs")
+    own = [parse_strings(j.split(","), "--job") for j in args.job] or grid(args.vary, args.jobs)
+    output = check_s3_uri(args.output, "--output")
+    region = resolve_region(args.region)
+    data = Group("data_group", *parse_type_count(args.data_group, "--data-group"), DATA)
+    dnn = Group("dnn_group", *parse_type_count(args.dnn_group, "--dnn-group"), DNN)
+    image = image_of(args, region, [data, dnn], None)
+    hps = parse_strings(args.hyperparameters, "--hyperparameters")
+    env: dict = {}
+    secret, secret_arn = job_secrets(args, hps, env)
+    registry = check_s3_uri(args.registry, "--registry") if args.registry else f"{output}/{args.job_name}/registry"
+    base = JobSpec(job_name=args.job_name, role=args.role, image=image, groups=[dnn], output=output, region=region,
+                   channels=[parse_input(text) for text in args.input], hyperparameters=hps,
+                   max_run_s=parse_duration(args.max_run, "--max-run"), volume_gb=args.volume_size,
+                   source_s3=None if args.no_source else source_uri(
+                       check_s3_uri(args.code_uri, "--code-uri") if args.code_uri else output, args.job_name),
+                   tags=parse_strings(args.tag, "--tag"), vpc=parse_vpc(args.subnet, args.security_group))
+    (base,) = with_secret(base, False, None, secret, secret_arn)
+    sweep = Sweep(args.job_name, registry, str(args.batch_window), args.idle_timeout,
+                  tuple(tuple(sorted(o.items())) for o in own))
+    specs = sweep_specs(base, data, dnn, sweep)
+    for spec in specs[1:]:
+        spec.spot = args.spot  # the data job serves the whole sweep: no spot interruption for it
+    if len({dict(o).get("seed", hps.get("seed")) for o in sweep.jobs}) > 1:
+        print("hetero sweep: the jobs have different seeds: they share decoded images (decoded_cache_bytes), "
+              "not batches (docs/sweep.md)", file=sys.stderr)
+    return specs
+
+
+def run(args: argparse.Namespace) -> int:
+    from hetero.sagemaker.client import Clients, exit_status, prepare, submit
+    from hetero.sagemaker.request import masked, secret_notice
+    from hetero.sagemaker.spec import SubmitError
+
+    try:
+        specs = specs_from_args(args)
+        requests = prepare(specs)
+    except SubmitError as exc:
+        print(f"hetero sweep: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(json.dumps([masked(r) for r in requests], indent=2))
+        print(f"hetero sweep: {secret_notice(specs[0])}", file=sys.stderr)
+        return 0
+    from launcher.log_setup import setup_logging
+
+    setup_logging("sweep", args.log_level)
+    clients = Clients(specs[0].region, args.endpoint_url)
+
+    def send() -> int:
+        for spec, arn in zip(specs, submit(specs, clients, args.source_dir)):
+            print(f"submitted {spec.job_name}: {arn}", flush=True)
+        print(f"hetero sweep: {secret_notice(specs[0])}", file=sys.stderr)
+        return 0
+
+    return exit_status("hetero sweep", send, (SubmitError,))

@@ -1,0 +1,113 @@
+"""A sweep's price: N training jobs with a data group each, or one data group shared by all of them.
+
+Given one job's plan (``planner.plan``: its DNN group and the cheapest data group that keeps it
+fed), ``sweep_prices`` prices N such jobs three ways, with the planner's own step model:
+
+* **separate**: each job with its own data group (N x the plan's cluster);
+* **shared, within the window**: the N jobs of one seed read one data group with a batch window
+  and stay within it, so each batch is built once for all of them: the cores build one job's
+  batches, the NICs carry N jobs' (``preprocess_s / N`` per batch delivered, N x the consumers);
+* **shared, jobs apart**: the same group when the jobs drift further apart than the window holds
+  (or run their own seeds without a decoded cache): every batch is built for each job, as N jobs
+  on one group; and the cheapest count of the same type that keeps the target even then.
+
+A job's dollars are its DNN group's plus its share (1/N) of a shared data group, over its steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cost import PriceTable
+from .planner import Option, Plan, PlanError, Prediction, predict_network_step, predict_step
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One way to run the sweep: its data group, each job's step, and what it costs."""
+
+    label: str
+    data_instance: str
+    data_nodes: int            # in all, for the whole sweep
+    step_s: float              # each job's predicted step
+    data_wait_fraction: float
+    binding: str
+    usd_per_hour: float        # the whole sweep
+    usd_per_job_1000_steps: float
+    usd_per_job_epoch: float | None
+    meets_target: bool
+
+
+def _predict(w: dict, preprocess_s: float, consumers: int, cores_per_node: float, nodes: int,
+             table: PriceTable, data_instance: str) -> Prediction:
+    if w.get("bytes_per_sample") is None:
+        return predict_step(preprocess_s, w["gpu_step_s"], cores_per_node * nodes, consumers, w["efficiency"])
+    row = table.info(data_instance)
+    return predict_network_step(preprocess_s, w["gpu_step_s"], w["batch_size"], consumers, cores_per_node, nodes,
+                                w["bytes_per_sample"], row.baseline_gbps, w["dnn_baseline_gbps"],
+                                w["dnn_count"] * (consumers // w["consumers"]), w["flow_gbps"], w["encode_s"],
+                                w["efficiency"], 0.0, w["goodput"])
+
+
+def _row(label: str, table: PriceTable, w: dict, jobs: int, data_instance: str, nodes: int, pred: Prediction,
+         separate: bool) -> SweepRow:
+    dnn_hourly = table.cluster_hourly([(w["dnn_instance"], w["dnn_count"])])
+    data_hourly = table.cluster_hourly([(data_instance, nodes)])
+    per_job_hourly = dnn_hourly + (data_hourly if separate else data_hourly / jobs)
+    per_step = per_job_hourly * pred.step_s / 3600.0
+    epoch = w.get("steps_per_epoch")
+    return SweepRow(label, data_instance, nodes * (jobs if separate else 1), pred.step_s, pred.data_wait_fraction,
+                    pred.binding, per_job_hourly * jobs, 1000 * per_step, epoch * per_step if epoch else None,
+                    pred.data_wait_fraction <= w["target_wait"] + 1e-12)
+
+
+def sweep_prices(table: PriceTable, one: Plan, jobs: int, max_count: int = 64) -> list[SweepRow]:
+    """The sweep of ``jobs`` jobs like ``one``'s, priced the three ways of the module docstring.
+
+    Raises:
+        PlanError: ``jobs`` below 2, or a plan with no data group to share.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 2:
+        raise PlanError(f"jobs={jobs!r} must be an integer >= 2: a sweep of one job is the plan itself")
+    group: Option | None = one.data_group or next((c for c in one.candidates if c.data_instance), None)
+    if group is None:
+        raise PlanError("the plan has no data group to share: give --data-types with at least one CPU instance type")
+    w = one.workload
+    data_instance, n = group.data_instance, group.data_count
+    cores = table.info(data_instance).vcpus
+    c, p = w["consumers"], w["preprocess_s"]
+    separate = _predict(w, p, c, cores, n, table, data_instance)
+    within = _predict(w, p / jobs, jobs * c, cores, n, table, data_instance)
+    apart = _predict(w, p, jobs * c, cores, n, table, data_instance)
+    rows = [_row(f"{jobs} separate groups of {n} x {data_instance}", table, w, jobs, data_instance, n, separate, True),
+            _row(f"1 shared group of {n} x {data_instance}, jobs within the window", table, w, jobs,
+                 data_instance, n, within, False),
+            _row(f"1 shared group of {n} x {data_instance}, jobs apart", table, w, jobs, data_instance, n, apart, False)]
+    for k in range(n + 1, max_count + 1):  # the group that keeps the target even when every batch is built again
+        pred = _predict(w, p, jobs * c, cores, k, table, data_instance)
+        if pred.data_wait_fraction <= w["target_wait"] + 1e-12:
+            rows.append(_row(f"1 shared group of {k} x {data_instance}, sized for jobs apart", table, w, jobs,
+                             data_instance, k, pred, False))
+            break
+        if pred.binding == "DNN NIC":
+            break  # more data nodes cannot help: the DNN nodes' NICs bind
+    return rows
+
+
+def format_sweep(rows: list[SweepRow], jobs: int) -> str:
+    """The sweep's rows as Markdown, with the saving per job of the shared group."""
+    lines = [f"Sweep of {jobs} jobs (hetero plan --jobs {jobs}; docs/sweep.md):", "",
+             "| layout | data nodes in all | step each (s) | data wait | binds | sweep $/h | $ per job per 1000 steps | "
+             "$ per job per epoch | meets target |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        epoch = "n/a" if r.usd_per_job_epoch is None else f"{r.usd_per_job_epoch:.4f}"
+        lines.append(f"| {r.label} | {r.data_nodes} | {r.step_s:.4f} | {r.data_wait_fraction:.1%} | {r.binding} | "
+                     f"{r.usd_per_hour:.3f} | {r.usd_per_job_1000_steps:.4f} | {epoch} | "
+                     f"{'yes' if r.meets_target else 'no'} |")
+    sep, within = rows[0], rows[1]
+    ratio = sep.usd_per_job_1000_steps / within.usd_per_job_1000_steps
+    verdict = (f"{ratio:.2f}x less per job than" if ratio >= 1 else
+               f"{1 / ratio:.2f}x more per job than")  # a shared group's NIC may carry N jobs' bytes too slowly
+    lines += ["", f"Shared within the window: {verdict} separate groups, each job's step {within.step_s:.4f} s "
+                  f"against {sep.step_s:.4f} s (binding: {within.binding}). Jobs that drift further apart than the "
+                  "window holds have their batches built again: the 'jobs apart' rows price that case."]
+    return "\n".join(lines)

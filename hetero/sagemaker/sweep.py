@@ -1,0 +1,103 @@
+"""A sweep on SageMaker: one data-only training job serving N DNN-only training jobs, each with its own
+hyperparameters, through one registry.
+
+``hetero sweep`` (hetero/commands/sweep.py) turns its options into these ``JobSpec``s:
+
+* ``<sweep>-data``: one instance group of data nodes, hyperparameters ``join=<registry>`` (its
+  servers register there), ``batch_window`` (each batch built once for the jobs of one seed) and
+  ``watchdog_idle_s`` (it exits once the last job has been gone that long: a data-only job never
+  bills idle for long), plus the sweep's common hyperparameters (the pipeline and its options);
+* ``<sweep>-<k>``: one instance group of DNN nodes each, ``registry=<registry>`` (their consumers
+  use every server registered there), the common hyperparameters and the job's own.
+
+All of them carry ``job_name=<sweep>`` and the same job secret, so every node derives the same
+job token (HMAC of the secret and the sweep's name) and the data servers accept the jobs' ranks.
+They run in one VPC (the jobs' ranks dial the data nodes across jobs). A job's own
+hyperparameters must leave the pipeline alone: the data group serves one pipeline, and a
+consumer refuses servers of another fingerprint.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from hetero.sagemaker.spec import DATA, DNN, Group, JobSpec, SubmitError
+
+PIPELINE_KEYS = ("pipeline", "pipeline_options")
+MAX_JOBS = 100
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What makes a sweep of one ``JobSpec``: its name (the token's), registry, the data group's
+    batch window and idle timeout, and each DNN job's own hyperparameters."""
+
+    name: str
+    registry: str
+    batch_window: str
+    idle_s: float
+    jobs: tuple[tuple[tuple[str, str], ...], ...]  # each job's own hyperparameters, as (key, value) pairs
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.jobs) <= MAX_JOBS:
+            raise SubmitError(f"a sweep of {len(self.jobs)} jobs: give 1 to {MAX_JOBS} (--jobs N, --vary K=V1,V2 "
+                              "or --job K=V)")
+        if not self.idle_s > 0:
+            raise SubmitError(f"--idle-timeout {self.idle_s:g} must be > 0 seconds: the data job exits once the last "
+                              "job has been gone that long")
+        for own in self.jobs:
+            touched = [k for k, _ in own if k in PIPELINE_KEYS or k.startswith("pipeline.")]
+            if touched:
+                raise SubmitError(f"job hyperparameters {touched} change the pipeline, but the sweep's data group "
+                                  "serves one pipeline: set it for all with --hyperparameters, or run another sweep")
+
+
+def grid(vary: list[str], jobs: int = 0) -> list[dict[str, str]]:
+    """Each job's own hyperparameters: every combination of ``--vary KEY=V1,V2,...`` values, or,
+    with none, ``jobs`` jobs with none of their own."""
+    axes = []
+    for item in vary:
+        key, sep, values = item.partition("=")
+        options = [v for v in values.split(",") if v != ""]
+        if not sep or not key or not options:
+            raise SubmitError(f"--vary {item!r} must look like KEY=V1,V2,... e.g. lr=0.1,0.01")
+        axes.append([(key, v) for v in options])
+    if axes:
+        if jobs and jobs != len(list(itertools.product(*axes))):
+            raise SubmitError(f"--jobs {jobs} but --vary makes {len(list(itertools.product(*axes)))} jobs; give one")
+        return [dict(combo) for combo in itertools.product(*axes)]
+    if jobs < 1:
+        raise SubmitError("how many jobs? give --jobs N, --vary KEY=V1,V2,... or --job K=V[,K=V]")
+    return [{} for _ in range(jobs)]
+
+
+def sweep_specs(base: JobSpec, data_group: Group, dnn_group: Group, sweep: Sweep) -> list[JobSpec]:
+    """The data-only job, then one DNN-only job per entry of ``sweep.jobs``, made from ``base`` (its
+    role, image, output, code, secret, VPC, stopping condition, common hyperparameters; its channels
+    go to the data job, which reads the data set).
+
+    Raises:
+        SubmitError: no VPC, or a group of the wrong role.
+    """
+    if not base.vpc:
+        raise SubmitError("a sweep runs in a VPC: the jobs' ranks dial the data job's nodes across jobs; give "
+                          "--subnet subnet-... --security-group sg-... (see docs/elastic.md for the network set-up)")
+    if data_group.role != DATA or dnn_group.role != DNN:
+        raise SubmitError("a sweep needs a data group (--data-group) and a DNN group (--dnn-group)")
+    width = len(str(len(sweep.jobs) - 1))
+    common = {**base.hyperparameters, "job_name": sweep.name}
+    data = base.copy(job_name=f"{sweep.name}-data", groups=[data_group],
+                     hyperparameters={**common, "join": sweep.registry, "batch_window": sweep.batch_window,
+                                      "watchdog_idle_s": f"{sweep.idle_s:g}"},
+                     tags={**base.tags, "hetero:mode": "sweep-data", "hetero:sweep": sweep.name})
+    specs = [data]
+    for k, own in enumerate(sweep.jobs):
+        specs.append(base.copy(job_name=f"{sweep.name}-{k:0{width}d}", groups=[dnn_group], channels=[],
+                               hyperparameters={**common, "registry": sweep.registry, **dict(own)},
+                               tags={**base.tags, "hetero:mode": "sweep-dnn", "hetero:sweep": sweep.name}))
+    for spec in specs[1:]:  # one secret for all: every node derives the sweep's token
+        spec.job_secret, spec.job_secret_arn = data.job_secret, data.job_secret_arn
+    too_long = [s.job_name for s in specs if len(s.job_name) > 63]
+    if too_long:
+        raise SubmitError(f"job names {too_long} are longer than SageMaker's 63 characters: give a shorter --job-name")
+    return specs

@@ -24,7 +24,10 @@ class ShardTar:
         self.k, self.name = k, SHARD_PATTERN.format(k)
         self.path = os.path.join(folder, self.name)
         self.tar = tarfile.open(self.path, "w", format=tarfile.USTAR_FORMAT)
-        self.offsets, self.lengths, self.labels, self.checksums = [], [], [], []
+        self.offsets: list[int] = []
+        self.lengths: list[int] = []
+        self.labels: list[int] = []
+        self.checksums: list[int] = []
         self.skipped: list[tuple[str, str]] = []
         self.reencoded = 0
 

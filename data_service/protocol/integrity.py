@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from ..crc32c import crc32c
 from .generated import pb
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ def _identity(header: pb.BatchHeader) -> bytes:
     identity = pb.BatchHeader(ref=header.ref, structure=header.structure, tensors=header.tensors,
                               payload_bytes=header.payload_bytes, raw_bytes=header.raw_bytes,
                               compression=header.compression)
-    return identity.SerializeToString(deterministic=True)
+    serialized: bytes = identity.SerializeToString(deterministic=True)
+    return serialized
 
 
 def header_crc(header: pb.BatchHeader) -> int:
@@ -45,20 +50,20 @@ def header_crc(header: pb.BatchHeader) -> int:
     return crc32c(_identity(header))
 
 
-def batch_crc(header: pb.BatchHeader, payload) -> int:
+def batch_crc(header: pb.BatchHeader, payload: Buffer) -> int:
     """CRC32C of ``header``'s identity and layout, then of the first ``header.payload_bytes`` bytes of
     ``payload`` (any buffer, read in place: the worker's slot, the consumer's receive buffer)."""
     return crc32c(memoryview(payload)[:header.payload_bytes], header_crc(header))
 
 
-def seal(header: pb.BatchHeader, payload) -> None:
+def seal(header: pb.BatchHeader, payload: Buffer) -> None:
     """Write ``payload``'s checksum into ``header`` (the data worker, once the batch is in its slot)."""
     header.payload_crc32c = batch_crc(header, payload)
 
 
 def sealed(header: pb.BatchHeader) -> bool:
     """The header carries a checksum to check (CRC32C, or a 1.0 server's CRC-32)."""
-    return header.HasField("payload_crc32c") or header.HasField("payload_crc32")
+    return bool(header.HasField("payload_crc32c") or header.HasField("payload_crc32"))
 
 
 class Running:
@@ -67,6 +72,7 @@ class Running:
     __slots__ = ("_crc", "_fn", "_name", "_want")
 
     def __init__(self, header: pb.BatchHeader) -> None:
+        self._fn: Callable[[Buffer, int], int]
         if header.HasField("payload_crc32c"):
             self._fn, self._name, self._want = crc32c, "CRC32C", header.payload_crc32c
         elif header.HasField("payload_crc32"):  # a server of protocol 1.0
@@ -76,7 +82,7 @@ class Running:
                              "check integrity.sealed(header) first")
         self._crc = self._fn(_identity(header))
 
-    def update(self, piece) -> None:
+    def update(self, piece: Buffer) -> None:
         """Add the next bytes of the payload (any buffer, read in place)."""
         self._crc = self._fn(piece, self._crc)
 
@@ -85,7 +91,7 @@ class Running:
         return None if self._crc == self._want else Mismatch(self._name, self._crc, self._want)
 
 
-def mismatch(header: pb.BatchHeader, payload) -> Mismatch | None:
+def mismatch(header: pb.BatchHeader, payload: Buffer) -> Mismatch | None:
     """How ``payload`` (with ``header``) fails the checksum its data worker wrote; None when it passes
     or the header carries none."""
     if not sealed(header):

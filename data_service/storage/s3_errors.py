@@ -9,7 +9,7 @@ a range past the end, an endpoint that cannot be reached (and the variable it ca
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from .base import NOT_FOUND, StoreError, StoreWriteError
 from .parsing import join_key
@@ -124,7 +124,7 @@ def permanent(where: Where, e: BaseException, key: str, doing: str, error: type[
     url = where.key_url(key)
     bucket = where.bucket
     code, status = error_code(e)
-    kw = {"bucket": bucket, "key": key, "code": code}
+    kw: dict[str, Any] = {"bucket": bucket, "key": key, "code": code}
     if isinstance(e, bx.NoCredentialsError):
         return error(f"no AWS credentials found for {url}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                      f"a profile (AWS_PROFILE), or run with an instance role", **kw)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 import secrets
+from typing import Any
 from datetime import datetime, timezone
 
 from hetero.sagemaker.spec import (DATA, DNN, ENTRY_POINT, SECRET_ARN_ENV, SECRET_ENV, SECRET_HP, Channel, Group,
@@ -55,7 +56,7 @@ def default_job_name(kind: str) -> str:
 
 
 def _channel(channel: Channel, homogeneous: bool) -> dict:
-    source = {"S3DataType": "S3Prefix", "S3Uri": channel.s3_uri, "S3DataDistributionType": "FullyReplicated"}
+    source: dict[str, Any] = {"S3DataType": "S3Prefix", "S3Uri": channel.s3_uri, "S3DataDistributionType": "FullyReplicated"}
     if channel.groups:
         if homogeneous:
             raise SubmitError(f"input channel {channel.name!r} is restricted to {'+'.join(channel.groups)}, "
@@ -135,9 +136,9 @@ def build_request(spec: JobSpec) -> dict:
         resources = {"InstanceGroups": [{"InstanceType": g.instance_type, "InstanceCount": g.count,
                                          "InstanceGroupName": g.name} for g in spec.groups]}
     resources["VolumeSizeInGB"] = spec.volume_gb
-    stopping = {"MaxRuntimeInSeconds": spec.max_run_s}
+    stopping: dict[str, Any] = {"MaxRuntimeInSeconds": spec.max_run_s}
     hps = hyperparameters(spec)
-    request = {
+    request: dict[str, Any] = {
         "TrainingJobName": spec.job_name,
         "RoleArn": spec.role,
         "AlgorithmSpecification": {"TrainingImage": spec.image, "TrainingInputMode": "File",

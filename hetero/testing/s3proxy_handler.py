@@ -12,6 +12,7 @@ import select
 import socket
 import struct
 import time
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                "te", "trailer", "transfer-encoding", "upgrade", "expect"}
@@ -41,7 +42,7 @@ class _Reset(Exception):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    owner: object  # the S3FaultProxy (s3proxy.py) this handler serves: faults, counters, limits
+    owner: Any  # the S3FaultProxy (s3proxy.py) this handler serves: faults, counters, limits
 
     def setup(self) -> None:
         super().setup()

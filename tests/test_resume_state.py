@@ -14,7 +14,7 @@ from data_service.errors import ConfigError
 from dnn_worker import LocalDataset
 from dnn_worker.resume.resharding import deal, merge_states
 from dnn_worker.resume.state import VERSION, EarlierWorld, Remainder, ResumeState
-from launcher import checkpoint
+from launcher.train import checkpoint
 
 DATA = Path(__file__).parent / "data"
 

@@ -91,6 +91,7 @@ def test_labels_changed_in_a_manifest_or_under_running_servers_never_train_silen
     assert "fails its checksum" in manifest[0]["error"] and "fails its checksum" not in manifest[1]["error"], manifest
 
 
+@pytest.mark.slow
 def test_damaged_requests_never_train_silently_nor_stall(tmp_path):
     trace: list[dict] = []
     table = corruption.run(6, seed=2, images=48, work=str(tmp_path), only=("request",), trace=trace)

@@ -134,11 +134,13 @@ class Session:
             self._end(str(exc))
 
     def _end(self, reason: str) -> None:
-        """The consumer broke the protocol (a damaged frame, most likely): a sealed consumer is
-        told why, in an error frame without a ref, then the connection closes; nothing more it
-        sent is read, nothing more is built for it."""
+        """The consumer broke the protocol (a damaged frame, most likely): it is told why, in an
+        error frame without a ref, then the connection closes; nothing more it sent is read,
+        nothing more is built for it. After the handshake only a sealed consumer is told (one
+        from before sealing would take the error for one about a batch); during it every
+        consumer reads an error as the handshake's answer."""
         log.warning("data plane: dropping %s (%s): %s", self.peer, self.client_id, reason)
-        if not self._reader.sealed or self.closed:
+        if self.closed or not self._tls_done or (self.authenticated and not self._reader.sealed):
             self.close()
             return
         self._close_when_sent = True

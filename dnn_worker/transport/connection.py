@@ -1,7 +1,9 @@
 """The consumer's data-plane connection to one server, driven by the caller's thread.
 
 ``open()`` does the handshake (version check, token proof) and leaves the socket
-non-blocking; ``fetch()`` asks for batches. The connection has no thread of its own: whoever
+non-blocking; ``fetch()`` asks for batches. Every frame it sends is sealed with its CRC-32
+(``framing.seal``): a server that finds one damaged says so in an error without a ref and
+closes, which ends the connection here (the fetcher asks again on a new one). The connection has no thread of its own: whoever
 iterates (the ``Fetcher``, one selector over every server) calls ``read_events()`` when the
 socket is readable. Frames are parsed from a receive buffer, and each TCP batch's payload is
 received straight into a pooled buffer (one copy, kernel to user; pinned memory when asked),

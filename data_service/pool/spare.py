@@ -3,7 +3,7 @@
 A replacement forked only once a worker died costs the stream its fork, its pipeline build and
 its first batch, in a row. The spare has done the first two already: when a worker dies, the
 pool gives the spare the dead one's place (``take``), and forks the next spare in the
-background. A spare holds no slot and builds nothing while it waits: its cost is the private
+background (a moment later: the batches the dead worker owed come first). A spare holds no slot and builds nothing while it waits: its cost is the private
 memory of a loaded, idle worker (a few MB when forked; docs/benchmarks.md).
 
 A spare started under another environment than the server's now is dropped rather than taken
@@ -24,6 +24,8 @@ from .lifecycle import WorkerConfig, WorkerHandle, await_ready, spawn, stop_work
 from .messages import SPARE_ID, PromoteMsg
 
 log = logging.getLogger(__name__)
+
+REFILL_AFTER_S = 2.0  # after a take, the next spare waits this long: the stream's catch-up gets the CPU first
 
 
 class Spare:
@@ -93,7 +95,9 @@ class Spare:
             self.fill(ctx)
             return None
         handle.wid = wid
-        self.fill(ctx)
+        refill = threading.Timer(REFILL_AFTER_S, self.fill, (ctx,))
+        refill.daemon = True
+        refill.start()
         return handle
 
     def close(self, timeout: float) -> None:

@@ -18,9 +18,8 @@ import os
 import threading
 import time
 
-from ..errors import ConfigError
-from .forked import ForkedProcess, WarmParent
-from .lifecycle import WorkerConfig, WorkerHandle, await_ready, spawn, stop_workers
+from .forked import WarmParent
+from .lifecycle import WorkerConfig, WorkerHandle, await_ready, launch, stop_workers, unstarted
 from .messages import SPARE_ID, PromoteMsg
 
 log = logging.getLogger(__name__)
@@ -53,13 +52,12 @@ class Spare:
         handle = None
         try:
             env = dict(os.environ)
-            handle = spawn(ctx, SPARE_ID, self._cfg)
-            if not isinstance(handle.process, ForkedProcess):
-                raise ConfigError("the warm parent is gone")  # a spawned spare: not worth its memory
+            handle = unstarted(SPARE_ID, self._cfg)
+            launch(ctx, handle, self._cfg, spawn_if_gone=False)  # a spawned spare is not worth its memory
             await_ready(handle, time.monotonic() + self._cfg.start_timeout, self._cfg.start_timeout)
-        except (ConfigError, OSError) as exc:  # the pool's own workers will say why, if it matters
+        except Exception as exc:  # the pool's own workers will say why, if it matters
             log.info("no spare data worker: %s", exc)
-            if handle is not None and handle.process is not None:
+            if handle is not None and handle.process is not None and handle.process.pid is not None:
                 stop_workers([handle], 1.0)
             handle = None
         with self._lock:

@@ -73,15 +73,19 @@ def unstarted(wid: int, cfg: WorkerConfig) -> WorkerHandle:
     return WorkerHandle(wid, None, message_connection(parent), SlotTable(cfg.num_slots), child_end=child)
 
 
-def launch(ctx, w: WorkerHandle, cfg: WorkerConfig) -> None:
+def launch(ctx, w: WorkerHandle, cfg: WorkerConfig, spawn_if_gone: bool = True) -> None:
     """Start the process of unstarted handle ``w`` with ``ctx``: spawn's context, or a warm parent
-    (warm_start.py) that forks it; spawned after all if that parent has died."""
+    (warm_start.py) that forks it; spawned after all if that parent has died (else, without
+    ``spawn_if_gone``, WarmParentGone is raised)."""
     args = (w.child_end, cfg.spec_json, w.wid, cfg.num_slots, cfg.log_level, cfg.compression, cfg.nice)
     name = f"hetero-data-worker-{w.wid}"
     w.process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
     try:
         w.process.start()
     except WarmParentGone as exc:  # ctx.Process gives spawned ones from now on
+        if not spawn_if_gone:
+            w.child_end.close()
+            raise
         log.warning("data worker %d is spawned, not forked: %s", w.wid, exc)
         w.process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
         w.process.start()

@@ -3,7 +3,7 @@
 A replacement forked only once a worker died costs the stream its fork, its pipeline build and
 its first batch, in a row. The spare has done the first two already: when a worker dies, the
 pool gives the spare the dead one's place (``take``), and forks the next spare in the
-background. A spare holds no slot and builds nothing while it waits: its cost is the private
+background (a moment later: the batches the dead worker owed come first). A spare holds no slot and builds nothing while it waits: its cost is the private
 memory of a loaded, idle worker (a few MB when forked; docs/benchmarks.md).
 
 A spare started under another environment than the server's now is dropped rather than taken
@@ -18,12 +18,13 @@ import os
 import threading
 import time
 
-from ..errors import ConfigError
-from .forked import ForkedProcess, WarmParent
-from .lifecycle import WorkerConfig, WorkerHandle, await_ready, spawn, stop_workers
+from .forked import WarmParent
+from .lifecycle import WorkerConfig, WorkerHandle, await_ready, launch, stop_workers, unstarted
 from .messages import SPARE_ID, PromoteMsg
 
 log = logging.getLogger(__name__)
+
+REFILL_AFTER_S = 2.0  # after a take, the next spare waits this long: the stream's catch-up gets the CPU first
 
 
 class Spare:
@@ -51,13 +52,12 @@ class Spare:
         handle = None
         try:
             env = dict(os.environ)
-            handle = spawn(ctx, SPARE_ID, self._cfg)
-            if not isinstance(handle.process, ForkedProcess):
-                raise ConfigError("the warm parent is gone")  # a spawned spare: not worth its memory
+            handle = unstarted(SPARE_ID, self._cfg)
+            launch(ctx, handle, self._cfg, spawn_if_gone=False)  # a spawned spare is not worth its memory
             await_ready(handle, time.monotonic() + self._cfg.start_timeout, self._cfg.start_timeout)
-        except (ConfigError, OSError) as exc:  # the pool's own workers will say why, if it matters
+        except Exception as exc:  # the pool's own workers will say why, if it matters
             log.info("no spare data worker: %s", exc)
-            if handle is not None and handle.process is not None:
+            if handle is not None and handle.process is not None and handle.process.pid is not None:
                 stop_workers([handle], 1.0)
             handle = None
         with self._lock:
@@ -93,7 +93,9 @@ class Spare:
             self.fill(ctx)
             return None
         handle.wid = wid
-        self.fill(ctx)
+        refill = threading.Timer(REFILL_AFTER_S, self.fill, (ctx,))
+        refill.daemon = True
+        refill.start()
         return handle
 
     def close(self, timeout: float) -> None:

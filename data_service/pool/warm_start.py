@@ -171,7 +171,8 @@ class Launcher:
             log.debug("the warm parent imported %d modules a data worker imported %s", report["imported"], when)
 
     def wait(self):
-        """What the workers were started with (a WarmParent, or spawn's context), once all started.
+        """What the workers were started with (a WarmParent, or spawn's context), once those this
+        launcher starts by itself are (all when spawned; the first when forked).
 
         Raises:
             ConfigError: the warm parent or a worker did not start within the start-up timeout.

@@ -1,13 +1,16 @@
 """A sweep of 4 jobs on one data node of 2 cores: batches shared through the batch window, or not.
 
-    flock /tmp/bench.lock python -m benchmarks.sweep --images-dir /tmp/sweep-photos --seconds 30
+    flock /tmp/bench.lock python -m benchmarks.sweep --images-dir /tmp/sweep-photos --seconds 20 --rounds 2
 
 One ``hetero serve`` with 2 workers builds the image pipeline (photo-like JPEGs, fused crop
 decode, flip, ``--image-size`` px crops, batches of 32) for 4 jobs. Each job is a training loop
 (``RemoteDataset`` over TCP, as from a GPU node, its audit log on) that sleeps an emulated
-accelerator step after each batch: half of one core's CPU time per batch, so one job alone asks
-as fast as the node's 2 cores build. Per case, the two layouts run side by side in one run, on
-the same cores, for ``--seconds`` each (rounds alternate them):
+accelerator step after each batch: the node's time per batch as one job alone measures it first
+(no step, ``--calibrate-seconds``), so one job alone keeps the node's cores busy. The data node
+and the jobs share this machine's cores (and with whatever else runs on it): the table says how
+many cores each used, and the images each CPU second of the data node gave. Per case, the two
+layouts run side by side in one run, on the same cores, for ``--seconds`` each (rounds alternate
+them):
 
 * **shared**: ``--batch-window`` of ``--window-batches`` batches; the jobs share each batch built;
 * **not shared**: no window; each job's batches are built for it.
@@ -35,6 +38,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import cli, report
+from benchmarks.common.proc import tree_cpu
 from benchmarks.common.sweep_jobs import JobRecord, References, audit, run_job
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
@@ -52,7 +56,7 @@ def layouts(case: str, base: dict, window_bytes: int) -> dict[str, tuple[dict, s
 
 def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[float], seconds: float,
                tmp: str, tag: str) -> dict:
-    """One layout: a server, 4 jobs for ``seconds`` after all have their first batch; figures."""
+    """One layout: a server, a job per seed for ``seconds`` after all have their first batch; figures."""
     from dnn_worker import ControlClient
     from hetero.testing.processes import TOKEN, ServerProc
 
@@ -60,8 +64,8 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
                         log_path=Path(tmp) / f"server-{tag}.log")
     server.start(timeout=300)
     records = [JobRecord(f"job{k}", seeds[k], steps[k], str(Path(tmp) / f"audit-{tag}-{k}.jsonl"))
-               for k in range(JOBS)]
-    barrier = threading.Barrier(JOBS)
+               for k in range(len(seeds))]
+    barrier = threading.Barrier(len(seeds))
     threads = [threading.Thread(target=run_job, args=(r, server.address, TOKEN, barrier), daemon=True)
                for r in records]
     try:
@@ -76,12 +80,14 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
                 time.sleep(0.05)
             start = time.monotonic()
             before = ctl.stats()
+            node0, jobs0, load0 = tree_cpu(server.proc.pid), time.process_time(), os.getloadavg()[0]
             end = start + seconds
             most = 0.0
             while time.monotonic() < end:
                 most = max(most, ctl.stats().pipeline.get("window_bytes", 0.0))
                 time.sleep(0.25)
             after = ctl.stats()
+            node_cpu, jobs_cpu = tree_cpu(server.proc.pid) - node0, time.process_time() - jobs0
     finally:
         for r in records:  # each job stops after its current step
             r.stop_at = 0.0
@@ -94,7 +100,10 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
             for r in records]
     return {"jobs": jobs, "records": records, "batches": sum(j["batches"] for j in jobs), "seconds": seconds,
             "built": built, "built_again": again, "window_max_bytes": most,
-            "window_budget": after.pipeline.get("window_budget_bytes", 0.0)}
+            "window_budget": after.pipeline.get("window_budget_bytes", 0.0),
+            # where the machine's cores went: the data node (server and workers), the 4 jobs (this
+            # process), and how loaded the machine was (other people's work included)
+            "node_cores": node_cpu / seconds, "jobs_cores": jobs_cpu / seconds, "load": (load0, os.getloadavg()[0])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="rounds per case (layouts alternate); medians reported")
     ap.add_argument("--window-batches", type=int, default=64)
     ap.add_argument("--cases", default="equal,half,own-seeds")
-    ap.add_argument("--step-s", type=float, default=0.0, help="fast jobs' emulated step (0: half of one core's "
-                    "CPU seconds per batch)")
+    ap.add_argument("--step-s", type=float, default=0.0, help="fast jobs' emulated step (0: the node's time per "
+                    "batch, measured with one job alone for --calibrate-seconds)")
+    ap.add_argument("--calibrate-seconds", type=float, default=8.0)
     cli.add_json(ap)
     args = ap.parse_args(argv)
     from benchmarks.photos import write_photo_folder
@@ -117,7 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     base = {"data_dir": args.images_dir, "limit": args.images, "batch_size": args.batch_size,
             "image_size": args.image_size}
     cpu_batch = cpu_seconds_per_batch_of(base)
-    step = args.step_s or round(cpu_batch / WORKERS, 4)
+    step = args.step_s
+    if not step:  # one job alone keeps the node busy: its step is the node's time per batch, measured
+        with tempfile.TemporaryDirectory(prefix="sweep-calibrate-") as tmp:
+            alone = run_layout(base, None, [0], [0.0], args.calibrate_seconds, tmp, "calibrate")
+        step = round(args.calibrate_seconds / max(alone["batches"], 1), 4)
+        print(f"one job alone, no step: {alone['batches'] / args.calibrate_seconds:.1f} batches/s from the node: "
+              f"the fast jobs' step is {step * 1000:.1f} ms", flush=True)
     batch_bytes = args.batch_size * args.image_size ** 2 * 3 + args.batch_size * 8 + 1024  # payload + header
     window_bytes = args.window_batches * batch_bytes
     per_epoch = args.images // args.batch_size
@@ -192,12 +208,20 @@ def show(case: str, runs: dict[str, list[dict]], args, window_bytes: int) -> dic
             print(f"| {name} | {job['name']} | {job['seed']} | {job['step_s'] * 1000:.1f} | {job['step_ms']:.1f} | "
                   f"{job['wait_ms']:.1f} | {job['batches']} | {a['delivered']} / {a['wrong']} / {a['skipped']} / "
                   f"{a['duplicated']} |{' ' + job['error'] if job['error'] else ''}")
-    print("\n| layout | batches built | built again | window max bytes / budget |\n|---|---|---|---|")
+    print("\n| layout | round | images/s | batches built | built again | window max bytes / budget | data node cores | "
+          "jobs' cores | images per data-node CPU s | load average |\n|---|---|---|---|---|---|---|---|---|---|")
     for name, rs in runs.items():
-        last = rs[-1]
-        print(f"| {name} | {last['built']} | {last['built_again']:.0f} | "
-              f"{last['window_max_bytes']:.0f} / {last['window_budget']:.0f} |")
-    return {"images_per_s": rate, "ratio": ratio, "bound": bound, "runs": runs}
+        for r, res in enumerate(rs, 1):
+            images = res["batches"] * args.batch_size
+            print(f"| {name} | {r} | {images / res['seconds']:.1f} | {res['built']} | {res['built_again']:.0f} | "
+                  f"{res['window_max_bytes']:.0f} / {res['window_budget']:.0f} | {res['node_cores']:.2f} | "
+                  f"{res['jobs_cores']:.2f} | {images / max(res['node_cores'] * res['seconds'], 1e-9):.0f} | "
+                  f"{res['load'][0]:.1f}-{res['load'][1]:.1f} |")
+    per_cpu = {name: statistics.median(r["batches"] * args.batch_size / max(r["node_cores"] * r["seconds"], 1e-9)
+                                       for r in rs) for name, rs in runs.items()}
+    print(f"\nImages per data-node CPU second: shared {per_cpu['shared']:.0f}, not shared "
+          f"{per_cpu['not shared']:.0f}: {per_cpu['shared'] / per_cpu['not shared']:.2f}x")
+    return {"images_per_s": rate, "ratio": ratio, "bound": bound, "images_per_node_cpu_s": per_cpu, "runs": runs}
 
 
 if __name__ == "__main__":

@@ -241,3 +241,21 @@ def test_a_bad_window_size_names_the_value_and_the_form(value):
 def test_server_options_refuse_a_negative_window():
     with pytest.raises(ConfigError, match=r"batch_window_bytes=-1 must be .*--batch-window"):
         ServerOptions(batch_window_bytes=-1)
+
+
+def test_a_consumer_keeps_only_a_batch_it_asked_for_by_its_identity():
+    """The consumer's side of "never another job's batch": a batch whose (seed, epoch, index) it
+    did not ask of that server is dropped, whatever its bytes."""
+    from data_service.protocol.generated import pb
+    from dnn_worker.scheduler import Scheduler
+
+    mine = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4)]
+    sched = Scheduler(mine)
+    sched.lane("a:1", window=4)
+    orders = sched.plan(0, ["a:1"], ("a:1",), 0.0)
+    assert [r.index for r in orders.fetch["a:1"]] == [0, 1, 2, 3]
+    for other in (pb.BatchRef(seed=2, epoch=0, index=0), pb.BatchRef(seed=1, epoch=1, index=0),
+                  pb.BatchRef(seed=1, epoch=0, index=9)):
+        assert not sched.arrived("a:1", other, 10, 0.1)  # another seed's, epoch's or index's batch
+    assert not sched.arrived("b:1", mine[0], 10, 0.1)  # not asked of that server
+    assert sched.arrived("a:1", mine[0], 10, 0.1) and not sched.arrived("a:1", mine[0], 10, 0.2)  # once

@@ -165,3 +165,44 @@ def test_a_data_node_killed_under_a_shared_sweep_leaves_every_job_exact(tmp_path
     finally:
         for node in nodes:
             node.kill()
+
+
+def test_a_job_resumed_on_another_rank_count_beside_another_job_trains_its_epoch_once(window_server):
+    """Job B trains 3 steps on 2 ranks, then resumes its epoch on 1 rank, while job A (same seed)
+    reads the whole epoch from the same window: B's batches are its epoch exactly once, and both
+    jobs' bytes are their in-process run's."""
+    from torch.utils.data import DataLoader
+
+    from dnn_worker import ResumableLoader
+
+    expected = Reference(PIPELINE, OPTIONS, 21).digests(0)
+    got_a: list[str] = []
+    other = threading.Thread(target=lambda: got_a.extend(job(window_server.address, seed=21, step_s=0.01)))
+    other.start()
+
+    def loader(rank: int, world: int) -> ResumableLoader:
+        ds = RemoteDataset([window_server.address], TOKEN, seed=21, rank=rank, world_size=world, shared_memory=False)
+        return ResumableLoader(DataLoader(ds, batch_size=None))
+
+    trained: list[tuple[int, str]] = []
+    first = [loader(r, 2) for r in range(2)]
+    iters = [iter(ld) for ld in first]
+    for _ in range(3):  # lockstep, as DDP steps
+        for ld, it in zip(first, iters):
+            trained.append(_step(ld, it))
+    states = [ld.state_dict() for ld in first]
+    for it in iters:
+        it.close()
+    second = loader(0, 1)
+    second.load_state_dict(states)  # both old ranks' states: the rest of the epoch is dealt to one rank
+    for batch in second:
+        trained.append((second.last_yielded[1], batch_digest(batch)))
+    other.join(120)
+    assert sorted(i for i, _ in trained) == list(range(len(expected)))
+    assert all(expected[i] == d for i, d in trained)
+    assert got_a == expected
+
+
+def _step(ld, it) -> tuple[int, str]:
+    batch = next(it)
+    return ld.last_yielded[1], batch_digest(batch)

@@ -39,12 +39,14 @@ def test_a_job_records_its_step_and_data_wait_within_the_measured_span():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # five data servers start, on two cores shared with the rest of the suite
 def test_a_short_run_prints_both_layouts_and_every_audit_clean(tmp_path, capsys):
     from benchmarks.sweep import main
 
     out = tmp_path / "sweep.json"
-    assert main(["--images-dir", str(tmp_path / "photos"), "--images", "128", "--seconds", "3", "--cases",
-                 "equal,own-seeds", "--window-batches", "8", "--json", str(out)]) == 0
+    assert main(["--images-dir", str(tmp_path / "photos"), "--images", "128", "--seconds", "3",
+                 "--calibrate-seconds", "2", "--cases", "equal,own-seeds", "--window-batches", "8",
+                 "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "### equal" in text and "### own-seeds" in text
     figures = json.loads(out.read_text())

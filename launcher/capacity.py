@@ -10,9 +10,9 @@ The model (a steady-state pipeline: batches are built while the accelerators ste
 * every rank takes one item per step; the step is ``max(compute_s, ranks / delivered)``
   (``compute_s``: the step with its batch already resident) and the data wait its share above
   ``compute_s``;
-* each data node builds ``node_items_s`` (its cores), carries at most its NIC's baseline and, to
-  each rank, one flow's cap (one TCP flow per rank and server); the DNN nodes' NICs bound what
-  all data nodes deliver together (:class:`Network`). The *binding resource* is the smallest of
+* each data node builds what its cores build (``Layout.nodes``), carries at most its NIC's
+  baseline and, to each rank, one flow's cap (one TCP flow per rank and server); the DNN nodes'
+  NICs bound what all data nodes deliver together (:class:`Network`). The *binding resource* is the smallest of
   ``cores``, ``data NIC``, ``DNN NIC`` and ``flow``;
 * the DNN nodes' own cores (:class:`OwnCores`) give ``cores`` core-seconds per second: the cores
   they are given, less what other processes take of them (contention). The trainers take

@@ -13,7 +13,7 @@ from hetero.bench import report as bench_report
 from hetero.bench import step_time
 from hetero.bench.cpu_monitor import NodeCpuMonitor, parse_cpu_list
 from hetero.bench.records import BenchConfig, RunResult
-from hetero.bench.summary import add_costs, add_prediction, summarize
+from hetero.bench.summary import add_costs, add_prediction, cores_had, summarize
 from hetero.cli import main as hetero_main
 from hetero.planning.cost import load_prices
 from hetero.planning.profile import ProfileResult
@@ -333,3 +333,29 @@ def test_cpu_per_step_is_the_steady_state_between_logged_windows(tmp_path):
     assert s["cpu_per_step_ratio"] == pytest.approx(0.043 / 0.040)
     assert "**CPU per batch**" in bench_report.markdown(s) and "data_group 33.0 + dnn_group 10.0" in \
         bench_report.markdown(s)
+
+
+def test_the_cores_a_run_had_are_measured_in_its_steady_state(tmp_path):
+    import datetime
+
+    from hetero.bench.cpu_monitor import NodeUsage
+
+    base = datetime.datetime(2026, 11, 28, 12, 0, 0)
+    stamp = lambda s: (base + datetime.timedelta(seconds=s)).strftime("%Y-%m-%d %H:%M:%S,%f")[:23]  # noqa: E731
+    log = tmp_path / "algo-1.log"
+    log.write_text(f"{stamp(10)} algo-1 launcher.train.step_stats: step 20: avg step time 0.5 s over the last 10 steps\n"
+                   f"{stamp(30)} algo-1 launcher.train.step_stats: step 60: avg step time 0.5 s over the last 40 steps\n")
+    t0 = base.timestamp()
+    mon = NodeCpuMonitor()
+    # over the steady state (10 s to 30 s) core 0 is busy all the time, 0.5 of it the trainer's node; core 1 is
+    # busy 0.9 of the time, 0.9 the data node's; before it (start-up) others had both cores to themselves
+    mon.nodes = {1: NodeUsage("algo-1", "dnn_group", [0], 0.0, series=[(t0, 0.0), (t0 + 10, 1.0), (t0 + 30, 11.0)]),
+                 2: NodeUsage("algo-2", "data_group", [1], 0.0, series=[(t0, 0.0), (t0 + 10, 1.0), (t0 + 30, 19.0)])}
+    mon.core_series = [(t0, [0.0, 0.0]), (t0 + 10, [10.0, 10.0]), (t0 + 20, [20.0, 19.0]), (t0 + 30, [30.0, 28.0])]
+    others = step_time.others_in_steady_state(log, warmup=10, monitor=mon)
+    assert others == {0: pytest.approx(0.5), 1: pytest.approx(0.0)}
+    run = _run("heterogeneous", 0, 0.1)
+    run.others_steady = {str(c): o for c, o in others.items()}   # as read back from the JSON file
+    assert cores_had(run, [0]) == pytest.approx(0.5) and cores_had(run, [1]) == pytest.approx(1.0)
+    run.others_steady = {}                                        # not measured: the whole run's share
+    assert cores_had(run, [0]) is None                            # (these fake nodes carry no CPU seconds)

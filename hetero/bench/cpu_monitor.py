@@ -114,6 +114,7 @@ class NodeCpuMonitor:
         self.root = root or psutil.Process()
         self.nodes: dict[int, NodeUsage] = {}
         self.core_busy: dict[int, float] = {}
+        self.core_series: list[tuple[float, list[float]]] = []  # (wall clock, each core's busy seconds) per sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="node-cpu-monitor", daemon=True)
         self._cores_start = None
@@ -151,6 +152,8 @@ class NodeCpuMonitor:
         except psutil.Error:
             return
         now = time.monotonic()
+        self.core_series.append((time.time(), [sum(t) - t.idle - getattr(t, "iowait", 0.0)
+                                               for t in psutil.cpu_times(percpu=True)]))
         for proc in children:
             usage = self.nodes.get(proc.pid)
             if usage is None:
@@ -172,6 +175,24 @@ class NodeCpuMonitor:
         while not self._stop.is_set():
             self.sample()
             self._stop.wait(self.interval_s)
+
+    def others_between(self, t0: float, t1: float) -> dict[int, float]:
+        """Each core's share of the wall-clock span ``t0``..``t1`` that processes other than the
+        nodes used (its busy share less the nodes' CPU on it; a node's CPU split evenly over its
+        cores). Empty when the samples do not span it."""
+        inside = [(t, busy) for t, busy in self.core_series if t0 <= t <= t1]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return {}
+        (a, first), (b, last) = inside[0], inside[-1]
+        ours = [0.0] * len(first)
+        for usage in self.nodes.values():
+            c0, c1 = usage.cpu_at(a), usage.cpu_at(b)
+            if c0 is None or c1 is None or not usage.cpus:
+                continue
+            for cpu in usage.cpus:
+                if cpu < len(ours):
+                    ours[cpu] += (c1 - c0) / len(usage.cpus)
+        return {cpu: min(1.0, max(0.0, (last[cpu] - first[cpu] - ours[cpu]) / (b - a))) for cpu in range(len(first))}
 
     def summary(self) -> list[dict]:
         """Per node: host, role (instance group), CPUs, wall and CPU seconds, busy shares."""

@@ -120,6 +120,7 @@ class RunResult:
     busy_before: float | None = None      # the cores' busy share (others) just before the run
     boundaries: list[dict] = field(default_factory=list)  # epoch boundaries: their window vs the steady state
     cpu_per_step_s: dict = field(default_factory=dict)    # "role host" -> CPU seconds per step, steady state
+    others_steady: dict = field(default_factory=dict)     # core -> share other processes used, steady state
 
     @property
     def step_s(self) -> float | None:

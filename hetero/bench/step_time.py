@@ -61,14 +61,13 @@ _STAMPED_WINDOW = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*step (\d
                              r"steps", re.M)
 
 
-def cpu_per_step(log_path: Path, warmup: int, monitor) -> dict[str, float]:
-    """Each node's CPU seconds per step in the steady state: between the end of the first logged
-    window after the warm-up and the end of the last one (wall-clock stamps of the trainer's log,
-    each node's CPU interpolated from the monitor's samples). Empty when it cannot be measured."""
+def steady_window(log_path: Path, warmup: int) -> tuple[tuple[float, int], tuple[float, int]] | None:
+    """(wall-clock time, step) at the end of the first logged window after the warm-up and at the
+    end of the last one: the run's steady state (None: fewer than two such windows)."""
     import datetime
 
     if not log_path.is_file():
-        return {}
+        return None
     marks = []
     for m in _STAMPED_WINDOW.finditer(log_path.read_text(errors="replace")):
         last, n = int(m.group(2)), int(m.group(3))
@@ -76,14 +75,29 @@ def cpu_per_step(log_path: Path, warmup: int, monitor) -> dict[str, float]:
             when = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
             marks.append((when, last))
     if len(marks) < 2 or marks[-1][1] <= marks[0][1]:
+        return None
+    return marks[0], marks[-1]
+
+
+def cpu_per_step(log_path: Path, warmup: int, monitor) -> dict[str, float]:
+    """Each node's CPU seconds per step in the steady state (:func:`steady_window`; each node's CPU
+    interpolated from the monitor's samples). Empty when it cannot be measured."""
+    window = steady_window(log_path, warmup)
+    if window is None:
         return {}
-    (t0, s0), (t1, s1) = marks[0], marks[-1]
+    (t0, s0), (t1, s1) = window
     out = {}
     for usage in monitor.nodes.values():
         c0, c1 = usage.cpu_at(t0), usage.cpu_at(t1)
         if c0 is not None and c1 is not None:
             out[f"{usage.role} {usage.host}"] = (c1 - c0) / (s1 - s0)
     return out
+
+
+def others_in_steady_state(log_path: Path, warmup: int, monitor) -> dict[int, float]:
+    """Each core's share other processes used in the run's steady state (empty: not measured)."""
+    window = steady_window(log_path, warmup)
+    return {} if window is None else monitor.others_between(window[0][0], window[1][0])
 
 
 def step_windows_at(log_path: Path) -> list[tuple[int, int, float]]:
@@ -167,7 +181,8 @@ def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunR
     return RunResult(mode, round_no, result.ok, wall, result.metrics, nodes, monitor.core_busy,
                      step_windows(trainer_log, cfg.warmup), foreign, waited, before,
                      boundary_costs(trainer_log, cfg.epoch_batches, cfg.warmup),
-                     cpu_per_step(trainer_log, cfg.warmup, monitor))
+                     cpu_per_step(trainer_log, cfg.warmup, monitor),
+                     others_in_steady_state(trainer_log, cfg.warmup, monitor))
 
 
 def choose_step(cfg: BenchConfig, batch_s: float) -> tuple[BenchConfig, dict]:

@@ -130,9 +130,13 @@ def add_costs(cfg: BenchConfig, summary: dict, table) -> None:
 
 def cores_had(run: RunResult, cpus: list[int]) -> float | None:
     """Core-seconds per second ``cpus`` gave the run's nodes pinned to them: the cores, less the
-    share other processes took of them over the run (None: not measured)."""
+    share other processes took of them in the run's steady state (over the whole run where the
+    steady state was not measured; None: neither was)."""
+    steady = [run.others_steady.get(c, run.others_steady.get(str(c))) for c in cpus]  # str keys: read back from JSON
+    if cpus and all(o is not None for o in steady):
+        return sum(1.0 - o for o in steady)
     nodes = [n for n in run.cpu if n.get("cpus") and set(n["cpus"]) <= set(cpus) and "cpu_s" in n and n.get("wall_s")]
-    busy = [run.core_busy.get(c, run.core_busy.get(str(c))) for c in cpus]  # str keys: read back from JSON
+    busy = [run.core_busy.get(c, run.core_busy.get(str(c))) for c in cpus]
     if not nodes or not cpus or any(b is None for b in busy):
         return None
     wall = max(n["wall_s"] for n in nodes)
@@ -155,9 +159,9 @@ def add_prediction(cfg: BenchConfig, summary: dict, prof, runs: list[RunResult],
     (not ``on_gpu``), of its finish stage (plus a DataLoader worker's hand-off of each batch where
     the heterogeneous trainer has loader workers; a homogeneous node's own data server hands
     batches over as a data node does); the cores each node had during the runs of that layout:
-    its pinned cores less what other processes took of them (on a shared machine the cores a run
-    is pinned to are not all its own). ``pinned_step_s`` is the same model given whole pinned
-    cores and the profile's wall seconds, as on a quiet machine.
+    its pinned cores less what other processes took of them in each run's steady state (on a
+    shared machine the cores a run is pinned to are not all its own). ``pinned_step_s`` is the
+    same model given whole pinned cores and the profile's wall seconds, as on a quiet machine.
     """
     if prof is None or not cfg.emulate_step_s or cfg.emulate_step_s <= 0:
         summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}

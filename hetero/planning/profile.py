@@ -126,19 +126,21 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
         raise ValueError(f"the pipeline has {available} batches per epoch; profiling needs {batches + warmup}")
     finish = FinishStage.load(pipe.finish_target(), pipe.finish_dtypes)
     times, cpu_times, built = [], [], []
-    with pinned([cpu]):
-        for i in range(warmup + batches):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            built.append(build_batch(pipe, plan, 0, 0, i))
-            times.append(time.perf_counter() - start)
-            cpu_times.append(time.process_time() - start_cpu)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # one core: more threads would only take turns on it
-        try:
+    threads = torch.get_num_threads()
+    # one core, one torch thread, as a data worker builds (more threads would only take turns on
+    # the core, and their spinning counts as CPU) and as the trainer's finish stage runs
+    torch.set_num_threads(1)
+    try:
+        with pinned([cpu]):
+            for i in range(warmup + batches):
+                start, start_cpu = time.perf_counter(), time.process_time()
+                built.append(build_batch(pipe, plan, 0, 0, i))
+                times.append(time.perf_counter() - start)
+                cpu_times.append(time.process_time() - start_cpu)
             finish_times, finish_cpu = _time_finish(finish, built)
             handoff_times = [_time_handoff(batch) for batch in built]
-        finally:
-            torch.set_num_threads(threads)
+    finally:
+        torch.set_num_threads(threads)
     if pipe.close is not None:
         pipe.close()  # what the pipeline keeps outside this process (a decoded-image cache's tmpfs folder)
     kept = times[warmup:]

@@ -300,7 +300,7 @@ def _binding(figures: LiveFigures, node_net: dict[str, float], dnn_net: float | 
                            f"encoding (wire_encoding={COMPACT_WIRE}) or a DNN instance with more bandwidth")
     plain = [server_capacity(s) for s in figures.servers if s.data_node and not s.new and s.batches_per_s > 0]
     if node_net and plain and max(plain) > min(node_net.values()) * (1 - 1e-9):
-        which = min(node_net, key=node_net.get)
+        which = min(node_net, key=lambda k: node_net[k])
         kind = figures.data_instance or "data node"
         if which == "flow":
             return "flow", (f"one flow per rank carries {figures.flow_gbps:g} Gbps ({node_net['flow']:.1f} batches/s "

@@ -48,7 +48,7 @@ class LaunchConfig:
         return {f.name: f.default_factory for f in dataclasses.fields(cls)}  # type: ignore[misc]
 
     @classmethod
-    def hyperparameters(cls) -> dict[str, tuple[str, dataclasses.Field]]:
+    def hyperparameters(cls) -> dict[str, tuple[str, dataclasses.Field[Any]]]:
         """Every hyperparameter's name -> (its section, its field)."""
         return {f.name: (name, f) for name, kind in cls.sections().items() for f in dataclasses.fields(kind)}
 
@@ -61,7 +61,7 @@ class LaunchConfig:
         """
         known = cls.hyperparameters()
         values: dict[str, dict[str, Any]] = {name: {} for name in cls.sections()}
-        extra: dict[str, dict] = {options: {} for options in PREFIXED.values()}
+        extra: dict[str, dict[str, Any]] = {options: {} for options in PREFIXED.values()}
         for key, value in hps.items():
             if key.startswith("sagemaker_") or key.startswith("_"):
                 continue
@@ -105,7 +105,7 @@ def _maybe_json(value: Any) -> Any:
 
 
 def _coerce(key: str, value: Any, kind: str) -> Any:
-    kind = kind.split("|")[0].strip()
+    kind = kind.split("|")[0].split("[")[0].strip()  # "dict[str, float]" -> "dict"
     try:
         if kind == "bool":
             if isinstance(value, str):

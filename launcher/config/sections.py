@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from data_service.errors import ConfigError
 
@@ -61,7 +62,7 @@ class DataSection:
     batches reach the trainers."""
 
     pipeline: str = "examples.mnist:build_pipeline"
-    pipeline_options: dict = field(default_factory=dict, hash=False)
+    pipeline_options: dict[str, Any] = field(default_factory=dict, hash=False)
     loader_workers: int = -1                # -1: 2 in homogeneous mode, 0 in heterogeneous (see workers_for)
     homogeneous_loader: str = "server"      # homogeneous mode: "server" (the node's own data server, the
                                             # data nodes' code) or "dataloader" (LocalDataset in DataLoader workers)
@@ -173,7 +174,7 @@ class ModelSection:
     """The user's training code, by import path, and its optimizer."""
 
     model: str = "examples.mnist:Net"
-    model_options: dict = field(default_factory=dict, hash=False)
+    model_options: dict[str, Any] = field(default_factory=dict, hash=False)
     step: str = "examples.mnist:train_step"
     evaluate: str = "examples.mnist:evaluate"   # "" disables
     optimizer: str = "adadelta"
@@ -260,10 +261,10 @@ class AdviceSection:
     autoscaler acting on it (``autoscale.*``, launcher/autoscale/settings.py)."""
 
     advice_every: int = 200                 # 0: no advice
-    advice_prices: dict = field(default_factory=dict, hash=False)  # instance type -> $/h, for the costs
-    advice_network: dict = field(default_factory=dict, hash=False)  # instance type -> NIC baseline Gbps
+    advice_prices: dict[str, float] = field(default_factory=dict, hash=False)  # instance type -> $/h, for the costs
+    advice_network: dict[str, float] = field(default_factory=dict, hash=False)  # instance type -> NIC baseline Gbps
     advice_flow_gbps: float = 5.0           # one flow's cap: 5 Gbps, 10 in a cluster placement group; 0: none
-    autoscale_options: dict = field(default_factory=dict, hash=False)  # autoscale.mode=act, ...
+    autoscale_options: dict[str, Any] = field(default_factory=dict, hash=False)  # autoscale.mode=act, ...
 
     def check(self) -> None:
         _at_least(self, ("advice_every",), 0)

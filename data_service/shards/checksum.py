@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import struct
 import threading
 import zlib
 
@@ -35,6 +36,7 @@ from .format import FIX, INDEX_NAME, Coverage
 
 log = logging.getLogger(__name__)
 
+_LABEL = struct.Struct("<i")  # a label as the labels column holds it
 RANGE = 64 << 20  # bytes per read when a shard is read back to compute its checksums
 
 _warned: set[str] = set()
@@ -48,7 +50,7 @@ class CorruptSampleError(DataServiceError, ValueError):
 def sample_crc(data_crc: int, label: int) -> int:
     """A sample's checksum in index.bin version 4: the CRC32C of its bytes (``data_crc``) continued
     over its label as 4 little-endian bytes (``<i4``, as the labels column holds it)."""
-    return crc32c(int(label).to_bytes(4, "little", signed=True), int(data_crc))
+    return crc32c(_LABEL.pack(label), int(data_crc))
 
 
 class _Tables:

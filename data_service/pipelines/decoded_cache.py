@@ -19,8 +19,8 @@ Each entry carries a CRC32C over its shape and pixels, checked on every hit: an 
 (host memory or a tmpfs page gone bad, a process that wrote past its buffer) is dropped, counted
 (``decoded_cache_damaged``, and the sample in the data server's ``samples_reread``) and reads as a
 miss, so the image is decoded again from its source, whose bytes the sample source has checked.
-The check reads the entry in place (no copy): about 35 us for a 258 x 344 image on this 2-core VM,
-a few percent of a hit's crop and resize (docs/images.md, "Decoded-image cache").
+The check reads the entry in place (no copy): about 40 us for a 258 x 344 image, +6 % of a batch
+served from the cache (docs/images.md, "Decoded-image cache"; ``benchmarks.decoded_cache_cost``).
 """
 from __future__ import annotations
 

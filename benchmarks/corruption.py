@@ -1,6 +1,6 @@
 """The corruption campaign: bytes flipped or cut in every place a sample passes, and what training sees.
 
-    python -m benchmarks.corruption [--trials 200] [--seed 0] [--images 96] [--json out.json]
+    python -m benchmarks.corruption [--trials 200] [--seed 0] [--images 96] [--only PLACE,...] [--json out.json]
 
 Each trial damages one place, runs one epoch of the image pipeline from two data servers (``hetero
 serve`` processes) into one in-process consumer with an audit log, and compares each batch's
@@ -14,9 +14,12 @@ counts whole samples missing besides the damaged ones.
 The places: ``local`` (``hetero prepare`` shards, flips and cuts), ``wds`` (WebDataset tars indexed
 by ``hetero index``), ``index`` (index.bin's per-sample columns, damaged before the servers open
 it), ``cache`` (a block of S3 shards in the node's cache), ``s3`` (the S3 object itself, read
-through the S3 fault proxy, which answers 503 once per trial), ``parquet`` (a row group's pages)
-and ``dataplane`` (a byte of what one server sends, flipped by a proxy). Servers are started once
-per data set and reused: damage is done in place, so the files they hold open see it, and undone
+through the S3 fault proxy, which answers 503 once per trial), ``parquet`` (a row group's pages),
+``dataplane`` (a byte of what one server sends, flipped by a proxy) and ``running`` (a shard cut
+short mid-epoch under running servers, ``on_corrupt=skip``: :mod:`benchmarks.common.corrupt_running`,
+where a short batch is compared with the in-process build from the cut shards and **lost** counts
+every whole sample the consumer did not get, an epoch stopped by an error included). ``--only``
+runs the named places alone. Servers are started once per data set and reused: damage is done in place, so the files they hold open see it, and undone
 after the trial; where a first read has already cached the clean bytes (the S3 block cache, decoded
 Parquet row groups), the cached copy is damaged alike, as a first read of the damaged source would
 have left it. **stored** sums the places whose bytes carry a checksum; the data plane's frames carry
@@ -33,9 +36,11 @@ import time
 
 from benchmarks.common import cli, report
 from benchmarks.common import corrupt as cc
+from benchmarks.common import corrupt_running
 
 BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "drop_last": True}
-SHARE = {"local": 0.25, "wds": 0.15, "index": 0.05, "cache": 0.2, "s3": 0.1, "parquet": 0.05, "dataplane": 0.2}
+SHARE = {"local": 0.25, "wds": 0.15, "index": 0.05, "cache": 0.2, "s3": 0.1, "parquet": 0.05, "dataplane": 0.2,
+         corrupt_running.PLACE: 0.1}
 STORED = ("local", "wds", "index", "cache", "s3", "parquet")  # places whose bytes carry a checksum
 OUTCOMES = ("detected", "silent", "reread", "harmless")
 
@@ -239,6 +244,7 @@ def run(trials: int = 200, seed: int = 0, images: int = 96, work: str = "", only
 
         _run_pair(opts, dict(BASE, parquet=pqfile), {"parquet": counts["parquet"]},
                   lambda p, f: cc.parquet_damage(rng, pqfile, pcache), seed, audit, results, after=fresh)
+        corrupt_running.trials(counts[corrupt_running.PLACE], rng, shards, work, BASE, seed, audit, results)
     if trace is not None:
         trace.extend(results)
     return summarize(results)
@@ -264,10 +270,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--images", type=int, default=96)
+    p.add_argument("--only", default="", help=f"comma-separated places to run alone (of {', '.join(SHARE)})")
     cli.add_json(p)
     args = p.parse_args(argv)
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = [x for x in only if x not in SHARE]
+    if unknown:
+        p.error(f"--only {','.join(unknown)}: no such place; the places are {', '.join(SHARE)}")
     start = time.monotonic()
-    table = run(args.trials, args.seed, args.images)
+    table = run(args.trials, args.seed, args.images, only=only)
     print(f"{report.command('python -m benchmarks.corruption', argv)}  ({report.stamp()}, "
           f"{time.monotonic() - start:.0f} s)")
     print(f"{'place':<10} {'trials':>6} {'detected':>8} {'silent':>6} {'re-read':>7} {'harmless':>8} {'lost':>4}")

@@ -20,7 +20,9 @@ pages in a file written with pyarrow's defaults, no page CRCs, checked by the ro
 index`` writes), ``dataplane`` (a byte of what one server sends, flipped by a proxy), ``label_manifest`` (a label
 changed in a part's manifest before ``hetero prepare --merge``; every other trial the manifest's
 own checksum made to match, so the per-sample checksum must see it), ``label_index`` (a label changed
-in index.bin under servers that opened it and read every sample once) and ``request`` (a byte of what
+in index.bin under servers that opened it and read every sample once), ``running`` (a shard cut
+short mid-epoch under running servers, ``on_corrupt=skip``: :mod:`benchmarks.common.corrupt_running`)
+and ``request`` (a byte of what
 the consumer sends one server: its hello, requests, hints; each trial's seconds are kept, since a
 damaged request must be asked again at once, not after ``batch_timeout``:
 ``benchmarks/common/request_place.py``). Servers are started once
@@ -41,11 +43,12 @@ import time
 
 from benchmarks.common import cli, report
 from benchmarks.common import corrupt as cc
-from benchmarks.common import request_place
+from benchmarks.common import corrupt_running, request_place
 
 BASE = {"batch_size": 8, "image_size": 32, "shuffle_block": 32, "drop_last": True}
 SHARE = {"local": 0.25, "wds": 0.15, "index": 0.05, "cache": 0.2, "s3": 0.1, "parquet": 0.05, "dataplane": 0.2,
-         "label_manifest": 0.05, "label_index": 0.05, "request": 0.1, "decoded": 0.1, "parquet-plain": 0.05}
+         "label_manifest": 0.05, "label_index": 0.05, "request": 0.1, "decoded": 0.1, "parquet-plain": 0.05,
+         corrupt_running.PLACE: 0.1}
 STORED = ("local", "wds", "index", "cache", "s3", "parquet", "decoded", "parquet-plain",
           "label_manifest", "label_index")  # places whose bytes carry a checksum
 OUTCOMES = ("detected", "silent", "reread", "harmless")
@@ -294,6 +297,7 @@ def run(trials: int = 200, seed: int = 0, images: int = 96, work: str = "", only
         _run_pair(opts, dict(BASE, parquet=pqfile), {"parquet": counts["parquet"]},
                   lambda p, f: cc.parquet_damage(rng, pqfile, pcache), seed, audit, results, after=fresh)
         _cached_images_and_plain_parquet(counts, rng, files, shards, work, tmp, seed, audit, results)
+        corrupt_running.trials(counts[corrupt_running.PLACE], rng, shards, work, BASE, seed, audit, results)
     if trace is not None:
         trace.extend(results)
     return summarize(results)

@@ -37,6 +37,17 @@ def test_damaged_decoded_cache_entries_and_plain_parquet_rows_never_train_silent
     assert table["parquet-plain"]["trials"] > 0, trace
 
 
+@pytest.mark.slow
+def test_shards_cut_short_under_running_servers_are_counted_skips_that_keep_every_whole_sample(tmp_path):
+    trace: list[dict] = []
+    table = corruption.run(4, seed=3, images=48, work=str(tmp_path), only=("running",), trace=trace)
+    row = table["running"]
+    assert row["trials"] == 4 and row["silent"] == 0 and row["lost"] == 0, trace
+    # skip means skip: no epoch stopped, but by a batch whose every sample lay past the cut (named)
+    assert all(r["emptied"] and "shard-" in r["error"] for r in trace if r["error"]), trace
+    assert any(r["skipped"] for r in trace), trace  # a cut was met, and counted
+
+
 def _shards(tmp_path) -> str:
     cc.photos(str(tmp_path / "photos"), 12)
     return cc.prepared(str(tmp_path / "photos"), str(tmp_path / "shards"))

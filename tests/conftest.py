@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +14,12 @@ from data_service.server import DataServer, ServerOptions
 from hetero.testing import TOKEN, ServerProc
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# An environment that sets PYTHONDONTWRITEBYTECODE makes every pytest-xdist worker rewrite every
+# test module's asserts again, and every server and worker process compile the product again: the
+# cached bytecode halves collection time.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # A server stopping in the background may log after pytest closed its capture stream;
 # that is not an error of the code under test.

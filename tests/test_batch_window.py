@@ -247,7 +247,7 @@ def test_a_consumer_keeps_only_a_batch_it_asked_for_by_its_identity():
     """The consumer's side of "never another job's batch": a batch whose (seed, epoch, index) it
     did not ask of that server is dropped, whatever its bytes."""
     from data_service.protocol.generated import pb
-    from dnn_worker.scheduler import Scheduler
+    from dnn_worker.fetch.scheduler import Scheduler
 
     mine = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4)]
     sched = Scheduler(mine)

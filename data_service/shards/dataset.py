@@ -162,18 +162,19 @@ class ShardDataset:
         if not covered:
             note_labels_unchecked(where, self._index_folder)
         data = self._read(i, shard, start, length)
-        got = crc32c(data)
+        raw = crc32c(data)
+        got = sample_crc(raw, label) if covered else raw
         if got != expected and entries.overlap(self.index, i):
             raise self._mismatch(i, shard, start, length, got, expected)  # the entry is wrong: no copy to blame
-        if (sample_crc(got, label) if covered else got) != expected:
+        if got != expected:
             if covered:
-                self._check_label(i, shard, label, got, expected)
+                self._check_label(i, shard, label, raw, expected)
             # a bad copy (a cache block written while a disk failed, a page flipped) is dropped and the
             # source read once more; only bytes wrong at the source are reported
             self.rereads += 1
             count_reread()
             log.warning("sample %d of shard %s: checksum %08x, the index says %08x; %s", i,
-                        self.index.shards.name(shard), sample_crc(got, label) if covered else got, expected,
+                        self.index.shards.name(shard), got, expected,
                         "reading the shard again" if self.local else "dropping the cached block, reading S3 again")
             if not self.local:
                 self._drop(i // self.block_samples)

@@ -132,9 +132,17 @@ def overlap(index, i: int) -> str:
     """How sample ``i``'s entry overlaps a neighbour of its shard ("" when it does not): what a checksum
     mismatch blames on the index rather than on the shard."""
     s = index.shard_at(i)
-    first, end = int(index.shards.first[s]), int(index.shards.first[s + 1])
-    if i + 1 < end and index._at("offsets", i) + index._at("lengths", i) > index._at("offsets", i + 1):
+    first, end, size = int(index.shards.first[s]), int(index.shards.first[s + 1]), int(index.shards.sizes[s])
+
+    def inside(j: int) -> bool:  # an entry outside its shard is the wrong one, and implicates no neighbour
+        return 0 <= index._at("offsets", j) and index._at("offsets", j) + index._at("lengths", j) <= size
+
+    if not inside(i):
+        return ""
+    if i + 1 < end and inside(i + 1) and \
+            index._at("offsets", i) + index._at("lengths", i) > index._at("offsets", i + 1):
         return describe(index, i, OVERLAP)
-    if i > first and index._at("offsets", i - 1) + index._at("lengths", i - 1) > index._at("offsets", i):
+    if i > first and inside(i - 1) and \
+            index._at("offsets", i - 1) + index._at("lengths", i - 1) > index._at("offsets", i):
         return describe(index, i, OVERLAPPED)
     return ""

@@ -104,7 +104,7 @@ class ResumeState:
             if name == "seed" and value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"resume state's {name}={value!r} must be an int >= 0; pass what state_dict() "
+                raise ConfigError(f"resume state's {name}={value!r}, not an int >= 0; pass what state_dict() "
                                   "returned")
         if (self.dp_rank is None) != (self.dp_size is None):
             raise ConfigError(f"resume state has dp_rank={self.dp_rank} and dp_size={self.dp_size}: both or neither")
@@ -152,6 +152,8 @@ class ResumeState:
             return cls(epoch=_int(state, "epoch"), position=_int(state, "position"), seed=_int(state, "seed", None),
                        dp_rank=_int(state, "dp_rank", None), dp_size=_int(state, "dp_size", None),
                        earlier_worlds=tuple(EarlierWorld.from_dict(w) for w in state.get(WORLDS) or ()))
+        except ConfigError:
+            raise
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"data state {dict(state)!r} cannot be read ({exc}); pass what state_dict() "
                               "returned") from exc

@@ -147,6 +147,7 @@ def test_a_batch_damaged_on_every_connection_ends_the_iteration_naming_it(flippi
     assert took < ds.batch_timeout  # ended by its attempts, not by waiting out a deadline
 
 
+@pytest.mark.slow
 def test_a_batch_no_server_delivers_ends_after_batch_attempts_times_batch_timeout(server_factory):
     # Each batch takes 8 s to build; batch_timeout 0.5 s: every attempt is dropped as stalled.
     server = server_factory({"size": 64, "batch_size": 4, "sleep_ms": 2000}, num_workers=1)

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, TOKEN
 
 
@@ -14,6 +16,7 @@ def hetero(*args, env=None, timeout=60):
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
+@pytest.mark.slow
 def test_serve_stats_and_authenticated_shutdown(server_process):
     server = server_process({"size": 40, "batch_size": 8}).start()
     stats = hetero("stats", server.address, "--token", TOKEN)
@@ -26,6 +29,7 @@ def test_serve_stats_and_authenticated_shutdown(server_process):
     assert server.proc.wait(30) == 0
 
 
+@pytest.mark.slow
 def test_serve_reports_bad_pipeline_before_serving():
     out = hetero("serve", "nowhere.at_all:build", "--port", "0", "--token", "t")
     assert out.returncode == 2 and "cannot import module 'nowhere.at_all'" in out.stdout

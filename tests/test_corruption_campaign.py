@@ -15,11 +15,12 @@ from data_service.shards import ShardDataset
 from data_service.shards.indexfile import PREFIX
 
 
+@pytest.mark.slow
 def test_damaged_shards_cache_blocks_and_data_plane_never_train_silently_and_lose_no_whole_sample(tmp_path):
     trace: list[dict] = []
-    table = corruption.run(8, seed=5, images=48, work=str(tmp_path), only=("local", "cache", "dataplane"),
+    table = corruption.run(6, seed=5, images=48, work=str(tmp_path), only=("local", "cache", "dataplane"),
                            trace=trace)
-    assert table["total"]["trials"] == 8
+    assert table["total"]["trials"] == 6
     assert table["total"]["silent"] == 0 and table["total"]["lost"] == 0, trace
     assert table["dataplane"]["silent"] == 0 and table["dataplane"]["trials"] > 0, trace
     # every cache flip lands in a sample's bytes: the block is dropped and S3 read again, which the
@@ -30,7 +31,7 @@ def test_damaged_shards_cache_blocks_and_data_plane_never_train_silently_and_los
 @pytest.mark.slow
 def test_damaged_decoded_cache_entries_and_plain_parquet_rows_never_train_silently(tmp_path):
     trace: list[dict] = []
-    table = corruption.run(6, seed=7, images=48, work=str(tmp_path), only=("decoded", "parquet-plain"), trace=trace)
+    table = corruption.run(4, seed=7, images=48, work=str(tmp_path), only=("decoded", "parquet-plain"), trace=trace)
     assert table["total"]["silent"] == 0 and table["total"]["lost"] == 0, trace
     # every damaged entry is read (every image, every epoch), fails its CRC32C and is decoded again
     assert table["decoded"]["reread"] == table["decoded"]["trials"] > 0, trace

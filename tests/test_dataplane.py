@@ -72,6 +72,7 @@ def test_unknown_compression_names_the_choices():
         ServerOptions(compression="snappy")
 
 
+@pytest.mark.slow
 def test_shared_memory_leaves_nothing_in_dev_shm_even_after_kill(server_process):
     before = shm_files()
     server = server_process({"size": 60, "batch_size": 6, "shape": [3, 32, 32]}).start()
@@ -129,6 +130,7 @@ def test_consumer_that_vanishes_holding_leases_does_not_corrupt_the_next(server_
     assert [batch_digest(b) for b in held] == reference()[:3]
 
 
+@pytest.mark.slow
 def test_loader_workers_copy_out_of_leased_slots(server_factory):
     import torch
 

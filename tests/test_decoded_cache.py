@@ -157,6 +157,7 @@ def test_without_the_compiled_part_cached_batches_are_the_stacked_crops(folder, 
 
 
 @pytest.mark.parametrize("leave", ["shutdown", "drain"])
+@pytest.mark.slow
 def test_a_server_leaving_keeps_the_cache_of_the_servers_that_stay(folder, tmp_path, leave):
     from dnn_worker import RemoteDataset
     from dnn_worker.transport.control import ControlClient

@@ -97,6 +97,7 @@ def exactly_once(audit, world: int) -> None:
     assert counts["delivered"] == 96 // world * world
 
 
+@pytest.mark.slow
 def test_a_server_that_joins_mid_epoch_serves_every_rank_within_5s(servers, tmp_path):
     reg = str(tmp_path / "registry")
     a = servers()
@@ -114,6 +115,7 @@ def test_a_server_that_joins_mid_epoch_serves_every_rank_within_5s(servers, tmp_
     assert b.stats.snapshot().batches_sent > 0
 
 
+@pytest.mark.slow
 def test_drain_mid_epoch_unregisters_first_and_loses_nothing(servers, tmp_path):
     from hetero.commands import shutdown
 
@@ -150,6 +152,7 @@ def test_hetero_serve_join_registers_and_unregisters_on_sigterm(tmp_path):
     assert registry.read_entries(str(reg)) == ([], [])
 
 
+@pytest.mark.slow
 def test_entries_without_the_token_or_of_another_pipeline_are_refused(servers, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     reg = str(tmp_path / "registry")

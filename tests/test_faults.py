@@ -84,6 +84,7 @@ def test_server_kill9_mid_epoch_then_the_restarted_server_rejoins(tmp_path, slow
 # ------------------------------------------------------------------ client disconnect, consumer restart
 
 @pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_consumer_killed_mid_stream_frees_the_stream_and_resumes_from_its_audit(tmp_path, slow):
     server = ServerProc(OPTS, token=TOKEN).start()
     audit = tmp_path / "audit.jsonl"
@@ -134,6 +135,7 @@ def test_slow_consumer_keeps_server_memory_within_its_bound(tmp_path):
 
 
 @pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shared-memory"])
+@pytest.mark.slow
 def test_a_consumer_that_stops_reading_does_not_starve_the_others(shm):
     # 4 MB batches, one worker with 2 slots. Consumer A asks for 16 batches, then takes none and
     # stays connected (over TCP its socket fills up; with shared memory it never releases). Its
@@ -174,6 +176,7 @@ def test_a_consumer_that_stops_reading_does_not_starve_the_others(shm):
         server.kill()
 
 
+@pytest.mark.slow
 def test_ranks_holding_their_windows_of_shared_memory_batches_do_not_starve_the_rank_behind():
     # DDP in lock step: three ranks got ahead, hold a full window (8) of leased or copied-out-later
     # shared-memory batches each and wait in an all-reduce for the fourth, which needs the server's
@@ -240,6 +243,7 @@ def test_a_consumer_holding_its_own_zero_copy_batch_still_gets_the_worker_from_a
 
 
 @pytest.mark.parametrize("shared_memory", [False, True], ids=["tcp", "shared-memory"])
+@pytest.mark.slow
 def test_an_iterator_broken_off_and_kept_alive_does_not_stall_the_next_one(shared_memory):
     # A training loop that breaks out of one epoch's iterator and starts another without closing
     # the first: the first one's requested batches must not hold the server's only worker. (8 MB
@@ -344,6 +348,7 @@ def test_a_worker_that_crashes_on_one_batch_on_two_servers_loses_nothing(server_
 # ------------------------------------------------------------------ transform raising on one sample
 
 @pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_transform_raising_on_one_sample_names_it_and_the_servers_stay_clean(server_factory, slow):
     rnd = random.Random(5)
     opts = {"size": 96, "batch_size": 4}
@@ -414,6 +419,7 @@ def test_servers_never_starting_is_a_clean_error_within_the_deadline():
         mute.close()
 
 
+@pytest.mark.slow
 def test_every_server_gone_mid_epoch_is_a_clean_error_naming_each(tmp_path):
     a, b = ServerProc(SLOW_OPTS, token=TOKEN), ServerProc(SLOW_OPTS, token=TOKEN)
     a.start(wait=False), b.start(wait=False)
@@ -451,6 +457,7 @@ def _proxied_servers(server_factory, opts, n=2, **proxy_kw):
 
 
 @pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_proxy_drops_connections_mid_stream(server_factory, tmp_path, slow):
     proxies, servers = _proxied_servers(server_factory, SLOW_OPTS)
     audit = tmp_path / "audit.jsonl"
@@ -569,6 +576,7 @@ def test_a_slow_pipeline_is_not_hedged_at_the_end_of_the_list(server_factory, mo
 
 # ------------------------------------------------------------------ resume and the audit log
 
+@pytest.mark.slow
 def test_resume_with_loader_workers_audits_each_batch_once(server_factory, tmp_path):
     from torch.utils.data import DataLoader
 
@@ -697,6 +705,7 @@ def _dying_loads(tmp_path, times: int, armed: bool = True):
     return {**OPTS, "die_loading": times, "die_loading_dir": str(deaths)}, deaths
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_the_server_starts_is_started_again(tmp_path):
     opts, deaths = _dying_loads(tmp_path, 2)
     server = ServerProc(opts, workers=1, token=TOKEN).start()  # raises if the server gives up
@@ -710,6 +719,7 @@ def test_a_worker_killed_while_the_server_starts_is_started_again(tmp_path):
         server.kill()
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_on_every_start_fails_the_server_with_a_clear_error(tmp_path):
     opts, deaths = _dying_loads(tmp_path, 100)
     log = tmp_path / "server.log"
@@ -721,6 +731,7 @@ def test_a_worker_that_dies_on_every_start_fails_the_server_with_a_clear_error(t
     assert len(os.listdir(deaths)) == 4
 
 
+@pytest.mark.slow
 def test_a_server_whose_workers_cannot_be_replaced_says_not_serving_and_refuses_at_once(
         server_factory, tmp_path, monkeypatch):
     from grpc_health.v1 import health_pb2

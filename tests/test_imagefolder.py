@@ -67,6 +67,7 @@ def test_synthetic_folder_layout_and_sizes(tmp_path):
         write_image_folder(tmp_path, classes=9)
 
 
+@pytest.mark.slow
 def test_hetero_synth_images_cli(tmp_path):
     run = subprocess.run([sys.executable, "-m", "hetero", "synth", "--images", str(tmp_path / "imgs"), "--classes",
                           "2", "--per-class", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -170,6 +171,7 @@ def test_a_batch_with_every_sample_skipped_is_an_error(folder):
         build_batch(pipe, pipe.plan_config(), 0, 0, 0)
 
 
+@pytest.mark.slow
 def test_corrupt_image_reaches_the_consumer_with_the_file_name(tmp_path, folder):
     from dnn_worker import RemoteDataset
 
@@ -194,6 +196,7 @@ def test_resnet18_counts_classes_or_asks_for_them(folder, monkeypatch):
         imagefolder.resnet18()
 
 
+@pytest.mark.slow
 def test_resnet18_trains_through_a_data_server(folder):
     """ResNet-18 (no pretrained weights) on 32 px crops, 6 steps through a real data server: loss falls."""
     from torch.utils.data import DataLoader

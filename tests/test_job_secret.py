@@ -60,6 +60,7 @@ def test_both_variables_or_a_bad_arn_are_refused():
         region_of("arn:aws:s3:::bucket")
 
 
+@pytest.mark.slow
 def test_a_local_job_whose_nodes_read_the_secret_from_secrets_manager(tmp_path, monkeypatch):
     """Two real node processes, each told only the ARN and a Secrets Manager endpoint (a moto server):
     both fetch the secret, derive the same token and the job completes."""

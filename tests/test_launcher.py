@@ -203,6 +203,7 @@ def run_data_node_only(tmp_path, base=SYNTHETIC_HPS, bare=False, **hps):
     return cluster, data
 
 
+@pytest.mark.slow
 def test_data_node_whose_consumer_never_comes_exits_nonzero(tmp_path):
     # the MNIST pipeline in a bare container: it finds its channel from the files alone
     cluster, data = run_data_node_only(tmp_path, base=FAST_HPS, bare=True, watchdog_connect_s=3)

@@ -121,6 +121,7 @@ def test_a_position_past_the_rank_s_share_is_refused_at_load_naming_it(position)
 
 
 @pytest.mark.parametrize("workers, persistent", [(0, False), (1, True), (1, False)])
+@pytest.mark.slow
 def test_the_next_epochs_first_batches_are_fetched_ahead_and_used(server_factory, fresh_forkserver, workers,
                                                                   persistent):
     from _fault_helpers import wait_until

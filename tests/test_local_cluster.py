@@ -64,6 +64,7 @@ def test_two_data_nodes_share_the_work_with_an_emulated_step(tmp_path):
     assert set(result.exit_codes.values()) == {0}
 
 
+@pytest.mark.slow
 def test_trainer_crash_still_shuts_the_data_nodes_down(tmp_path):
     data = synth_data(tmp_path / "data", train=800, test=0)
     start = time.monotonic()

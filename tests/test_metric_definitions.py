@@ -26,6 +26,7 @@ def points(text: str) -> dict[str, list[float]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_metric_is_found_in_a_real_jobs_logs_with_its_summary_value(tmp_path):
     data = synth_data(tmp_path / "data", train=480, test=80)  # 60 steps of 8 images
     hps = {**FAST_HPS, "log_every": 20, "advice_prices": {"ml.local": 0.5}}

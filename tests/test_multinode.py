@@ -59,6 +59,7 @@ def test_data_parallel_groups_share_batches(two_servers):
     assert got[0] == got[1] and got[2] == got[3] and got[0] != got[2]
 
 
+@pytest.mark.slow
 def test_server_killed_mid_epoch_its_batches_come_from_the_others(server_process, tmp_path):
     opts = {"size": 96, "batch_size": 4, "work_ms": 15}  # ~60 ms per batch per worker
     a, b = server_process(opts).start(), server_process(opts).start()
@@ -146,6 +147,7 @@ def _ddp_consumer(rank, world, init, address, audit):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ddp_ranks_over_gloo_get_equal_disjoint_shares(two_servers, tmp_path):
     audit = str(tmp_path / "audit.jsonl")
     init = f"tcp://127.0.0.1:{free_port()}"

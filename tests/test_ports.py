@@ -28,6 +28,7 @@ def test_without_a_known_range_the_kernel_picks(monkeypatch):
         s.bind(("127.0.0.1", port))
 
 
+@pytest.mark.slow
 def test_a_server_that_cannot_start_says_why_without_a_log_file():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -93,6 +93,7 @@ def test_homogeneous_node_checks_the_finish_stage_before_training(node_main):
     assert "finish='examples.synthetic:nope': module 'examples.synthetic' has no callable 'nope'" in failure
 
 
+@pytest.mark.slow
 def test_local_run_stops_every_node_when_one_fails_and_says_why(tmp_path):
     """batch_size=0 only fails when the pipeline is built (data node); the DNN node would wait."""
     data = synth_data(tmp_path / "data", 400, 0)
@@ -106,6 +107,7 @@ def test_local_run_stops_every_node_when_one_fails_and_says_why(tmp_path):
     assert elapsed < 45, f"{elapsed:.0f}s: the DNN node was left waiting"
 
 
+@pytest.mark.slow
 def test_hetero_local_prints_the_failing_nodes_error_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "HETERO_"))}
     cmd = [sys.executable, "-m", "hetero", "local", "--quiet", "--synth-train", "200", "--synth-test", "0",

@@ -136,6 +136,7 @@ def test_resumed_twice_in_one_epoch_and_through_every_stage():
     assert len(got) == len(set(got)) and len(got) == 8 + 6 + (25 - 14) // 3 * 3
 
 
+@pytest.mark.slow
 def test_persistent_workers_restart_to_see_the_deal(fresh_forkserver):
     ld = ResumableLoader(DataLoader(dataset(0, 2), batch_size=None, num_workers=2, persistent_workers=True,
                                     multiprocessing_context="forkserver"))
@@ -150,6 +151,7 @@ def test_persistent_workers_restart_to_see_the_deal(fresh_forkserver):
         ld.close()
 
 
+@pytest.mark.slow
 def test_persistent_workers_restart_when_set_epoch_leaves_a_dealt_epoch(fresh_forkserver):
     # a rank of 3 resumed from a 4-rank checkpoint trains the dealt rest of epoch 0, then epoch 0
     # again from its start: its workers must drop the deal they were started with

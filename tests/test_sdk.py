@@ -110,6 +110,7 @@ def spec(**kw) -> JobSpec:
     return JobSpec(**base)
 
 
+@pytest.mark.slow
 def test_a_vpc_reaches_the_request(aws):
     fake, session = aws
     vpc = {"Subnets": ["subnet-0aaa"], "SecurityGroupIds": ["sg-0ccc"]}
@@ -154,6 +155,7 @@ def test_heterogeneous_job_from_the_sdk(aws):
     assert not any(".venv" in f or "__pycache__" in f or f.startswith("tests/") for f in files)
 
 
+@pytest.mark.slow
 def test_homogeneous_job_and_the_secret_arn(aws):
     fake, session = aws
     hom = spec(groups=[Group("homogeneousCluster", "ml.p3.2xlarge", 2)], homogeneous=True,
@@ -222,6 +224,7 @@ def _namespaces_work() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 def test_two_nodes_run_the_sdks_own_sm_train_sh_with_a_real_opt_ml(aws, tmp_path):
     """End to end as SageMaker runs a ModelTrainer job, minus the container image: each node gets
     its own real /opt/ml (a private mount namespace), holding the config files SageMaker writes and

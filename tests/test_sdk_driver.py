@@ -47,6 +47,7 @@ def _sdk_environ(node, hps: dict, source: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_launcher_trains_under_the_sdk_driver(tmp_path):
     from hetero.local.tree import build_nodes
     from hetero.sagemaker.sdk import stage_source

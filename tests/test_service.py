@@ -43,6 +43,7 @@ def test_remote_batches_are_bit_identical_to_in_process(shared_server, shm):
 
 
 @pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
+@pytest.mark.slow
 def test_loader_workers_take_disjoint_parts_in_order(shared_server, shm):
     single = digests(RemoteDataset([shared_server.address], TOKEN, seed=1, shared_memory=shm), epoch=0)
     multi = digests(RemoteDataset([shared_server.address], TOKEN, seed=1, shared_memory=shm), epoch=0, num_workers=2)

@@ -104,6 +104,7 @@ def _open_cost(path) -> tuple[int, int]:
     return peak, objects
 
 
+@pytest.mark.slow
 def test_opening_costs_the_same_at_4_thousand_and_4_million_samples(tmp_path):
     _write_big(tmp_path / "small.bin", 4_000)
     _write_big(tmp_path / "big.bin", 4_000_000)

@@ -152,6 +152,7 @@ def test_s3_faults_while_reading_blocks_are_retried_without_changing_a_byte(worl
         srv.proxy.clear_faults()
 
 
+@pytest.mark.slow
 def test_a_data_server_retries_s3_faults_and_serves_the_same_batches(world, tmp_path):
     local, srv = world
     ref = reference(local)
@@ -186,6 +187,7 @@ def test_access_denied_fails_at_start_naming_the_permission(world, tmp_path):
         srv.proxy.clear_faults()
 
 
+@pytest.mark.slow
 def test_a_read_that_keeps_failing_reaches_the_consumer_naming_the_object(world, tmp_path):
     _, srv = world
     servers = serve(1, tmp_path, {**BASE, "shards": URL, "request_timeout_s": 0.2})

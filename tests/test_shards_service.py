@@ -47,6 +47,7 @@ def test_every_cluster_shape_gives_the_in_process_batches(shard_dir, tmp_path, n
     assert sum(1 for b in built if b > 1) >= min(nservers, 2), built  # affinity spreads blocks over servers
 
 
+@pytest.mark.slow
 def test_each_block_is_built_by_its_owner_only(shard_dir):
     """With every server up, a block's batches all come from one server, the same on every rank.
 

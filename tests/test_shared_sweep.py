@@ -120,6 +120,7 @@ def test_without_a_window_each_job_gets_its_own_builds(server_factory):
     assert "window_hits" not in figures(server)
 
 
+@pytest.mark.slow
 def test_a_data_node_killed_under_a_shared_sweep_leaves_every_job_exact(tmp_path):
     """Three jobs of one seed on two data nodes with batch windows; one node is killed -9 mid-epoch
     (its window and the builds it owed gone) and comes back at the same address: each job's

@@ -19,6 +19,7 @@ PIPELINE = "examples.synthetic:build_pipeline"
 OPTIONS = {"size": 96, "batch_size": 8}  # 12 batches
 
 
+@pytest.mark.slow
 def test_a_job_joining_a_running_group_starts_its_own_epoch_and_the_group_ends_after_the_last(
         server_process, tmp_path):
     registry = tmp_path / "registry"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -14,6 +16,7 @@ def doc_examples() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "testing.md").read_text(), re.S)
 
 
+@pytest.mark.slow
 def test_the_documented_kill_and_cut_example_loses_and_duplicates_nothing():
     example = next(code for code in doc_examples() if "a.kill()" in code)
     out = subprocess.run([sys.executable, "-c", example], cwd=ROOT, capture_output=True, text=True, timeout=300)

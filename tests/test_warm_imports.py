@@ -95,6 +95,7 @@ def test_a_module_that_leaves_a_hazard_in_the_warm_parent_is_named_and_nothing_i
         parent.close(5)
 
 
+@pytest.mark.slow
 def test_a_pipeline_module_that_loads_grpc_falls_back_to_spawn_naming_that_module(caplog):
     caplog.set_level(logging.WARNING, logger="data_service.pool.warm_start")
     server = _server("_grpc_pipeline:build_pipeline", {"size": 16, "batch_size": 4}, workers=1)
@@ -142,6 +143,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_server_started_through_the_python_api_in_a_users_script_forks_its_workers(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(USER_SCRIPT)
@@ -204,6 +206,7 @@ def test_the_image_pipeline_declares_what_its_workers_import_for_its_options(opt
     assert wanted <= set(names) and not unwanted & set(names), names
 
 
+@pytest.mark.slow
 def test_hetero_serve_starts_its_warm_parent_first_and_the_pool_adopts_that_one(tmp_path):
     from hetero.testing import ServerProc
 

@@ -121,6 +121,7 @@ def test_spawn_when_asked_makes_the_workers_children_of_the_server():
         server.shutdown(grace_s=0.5)
 
 
+@pytest.mark.slow
 def test_a_pipeline_module_that_cannot_be_preloaded_falls_back_to_spawn_saying_why(caplog):
     caplog.set_level(logging.WARNING, logger="data_service.pool.warm_start")
     server = _server("_unpreloadable_pipeline:build_pipeline")
@@ -134,6 +135,7 @@ def test_a_pipeline_module_that_cannot_be_preloaded_falls_back_to_spawn_saying_w
 
 
 @pytest.mark.parametrize("method", ["warm", "spawn"])
+@pytest.mark.slow
 def test_a_killed_worker_s_log_line_names_the_signal_even_when_its_pipe_broke_first(caplog, tmp_path, method):
     caplog.set_level(logging.WARNING, logger="data_service.pool.worker_pool")
     opts = {"die_at": 5, "marker": str(tmp_path / "died")}

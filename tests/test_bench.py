@@ -33,7 +33,7 @@ def _summary(tmp_path, runs) -> dict:
     cfg = BenchConfig([0], [1], repeats=3, output=tmp_path, max_foreign=0.25, emulate_step_s=0.05)
     s = summarize(cfg, runs)
     add_costs(cfg, s, load_prices())
-    add_prediction(cfg, s, ProfileResult("p", {}, 1, 64, 0.16, 0.15, 0.2, 1), runs)
+    add_prediction(cfg, s, [ProfileResult("p", {}, 1, 64, 0.16, 0.15, 0.2, 1)], runs)
     s["config"] = {**vars(cfg), "output": str(tmp_path)}
     s["profile"] = {"median_s": 0.16, "min_s": 0.15, "max_s": 0.2, "cpu": 1, "times_s": [0.2] + [0.16] * 8,
                     "warmup_batches": 1}
@@ -67,6 +67,9 @@ def test_summary_medians_spread_speedup_and_costs(tmp_path):
 def test_the_prediction_counts_the_cores_each_node_had_and_the_trainers_work(tmp_path):
     cfg = BenchConfig([0], [1], repeats=1, output=tmp_path, emulate_step_s=0.02)
     prof = ProfileResult("p", {}, 1, 64, 0.30, 0.25, 0.35, 1, finish_s=0.06, cpu_s=0.10, finish_cpu_s=0.02)
+    # with the trainer's core busy meanwhile a batch costs more CPU on the data core, the finish stage too
+    beside = [ProfileResult("p", {}, 1, 64, 0.30, 0.25, 0.35, 1, finish_s=0.06, cpu_s=c, finish_cpu_s=f, busy_cpus=[0])
+              for c, f in ((0.12, 0.024), (0.13, 0.026))]
 
     def run(mode, busy, cpu):  # each node used cpu_s of its 100 s; the cores were ``busy`` (anyone's)
         nodes = [{"host": f"algo-{i}", "role": role, "cpus": [c], "wall_s": 100.0, "cpu_s": cpu[i], "busy_share": cpu[i] / 100}
@@ -78,18 +81,21 @@ def test_the_prediction_counts_the_cores_each_node_had_and_the_trainers_work(tmp
     # others took 60 % of core 0 and 50 % of core 1 while the runs used the rest
     runs = [run("homogeneous", [1.0], [40.0]), run("heterogeneous", [1.0, 1.0], [40.0, 50.0])]
     s = summarize(cfg, runs)
-    add_prediction(cfg, s, prof, runs)
+    add_prediction(cfg, s, [prof], runs, beside=beside)
     homo, het = s["prediction"]["homogeneous"], s["prediction"]["heterogeneous"]
     assert homo["cores_had"] == pytest.approx(0.4) and het["trainer_cores_had"] == pytest.approx(0.4)
     assert het["data_cores_had"] == pytest.approx(0.5)
-    # CPU seconds: 100 ms a batch, 20 ms of finish stage on the trainer's core for every batch
+    # homogeneous, the other core idle: 100 ms a batch, 20 ms of finish stage on the trainer's core
     assert homo["step_s"] == pytest.approx(0.12 / 0.4)
-    assert het["step_s"] == pytest.approx(0.12 / 0.9)          # (0.5 / 0.1 x 0.1 + 0.4) / 0.12 batches/s
+    # heterogeneous, both cores busy (the mean of the profiles beside the trainer's busy core):
+    # 125 ms a batch, 25 ms of finish stage for every batch, whoever built it
+    assert het["build_cpu_s"] == pytest.approx(0.125) and het["trainer_s"] == pytest.approx(0.025)
+    assert het["step_s"] == pytest.approx(0.15 / 0.9)          # (0.5 / 0.125 x 0.125 + 0.4) / 0.15 batches/s
     assert het["pinned_step_s"] == pytest.approx(0.36 / 2)     # whole cores, wall seconds
     no_local = BenchConfig([0], [1], repeats=1, output=tmp_path, emulate_step_s=0.02, local_server=False)
     s = summarize(no_local, runs)
-    add_prediction(no_local, s, prof, runs)
-    assert s["prediction"]["heterogeneous"]["step_s"] == pytest.approx(0.1 / 0.5)   # the data core alone
+    add_prediction(no_local, s, [prof], runs, beside=beside)
+    assert s["prediction"]["heterogeneous"]["step_s"] == pytest.approx(0.125 / 0.5)   # the data core alone
 
 
 def test_contended_rounds_are_left_out_of_the_headline_but_kept(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -151,6 +152,20 @@ def test_profile_times_batches_on_one_core():
     assert prof.batch_size == 4 and len(prof.times_s) == 4 and prof.warmup_batches == 1
     assert prof.median_s >= 0.018                                      # 4 samples x 5 ms of busy work
     assert prof.finish_s == 0.0                                        # this pipeline has no finish stage
+
+
+@pytest.mark.slow  # a spawned neighbour imports torch
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (the profile's and its neighbour's)")
+def test_profile_beside_busy_cores_counts_cpu_and_leaves_no_neighbour_behind():
+    import multiprocessing
+
+    cpus = sorted(os.sched_getaffinity(0))
+    prof = profile_pipeline("examples.synthetic:build_pipeline", {"size": 64, "batch_size": 4, "work_ms": 5},
+                            batches=3, cpu=cpus[1], busy_cpus=cpus[:1])
+    # 4 samples x 5 ms of busy work each, on one thread: CPU seconds up to the wall seconds (less where
+    # another process takes turns on the core)
+    assert prof.busy_cpus == cpus[:1] and prof.median_s >= 0.018 and 0 < prof.cpu_s <= prof.median_s * 1.05
+    assert not [p for p in multiprocessing.active_children() if p.name == "profile-neighbour"]
 
 
 def test_profile_times_the_finish_stage_too(tmp_path):

@@ -135,6 +135,10 @@ def markdown(summary: dict) -> str:
                  f"({_f(pred[mode]['measured_over_predicted'], '.2f')}x)"
                  for mode in MODES]
         own = [f"finish stage {pred['trainer_s_per_batch'] * 1000:.1f} ms of CPU"] if pred.get("trainer_s_per_batch") else []
+        if pred.get("preprocess_cpu_s_per_batch"):
+            lines.append(f"CPU per batch built: {pred['preprocess_cpu_s_per_batch'] * 1000:.1f} ms with the other cores "
+                         f"idle, {pred.get('preprocess_cpu_s_per_batch_cores_busy', 0.0) * 1000:.1f} ms with the "
+                         "trainer's cores busy (profiles before and after the runs).")
         if pred.get("loader_handoff_s_per_batch"):
             own.append(f"loader hand-off {pred['loader_handoff_s_per_batch'] * 1000:.1f} ms")
         lines.append("Planner: " + "; ".join(parts) + "."

@@ -220,13 +220,17 @@ def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -
         write_synthetic(data_dir, images, 0, seed=0)
     options = {**cfg.pipeline_options(), "data_dir": str(data_dir.resolve())}
 
-    def profile():
+    def profile(busy: list[int] | None = None):
         if cfg.quiet_wait_s:
-            wait_for_quiet(cfg.data_cpus[:1], cfg.max_foreign, cfg.quiet_wait_s)
-        return profile_pipeline(cfg.pipeline, options, batches=cfg.profile_batches, cpu=cfg.data_cpus[0])
+            wait_for_quiet(cfg.data_cpus[:1] + (busy or []), cfg.max_foreign, cfg.quiet_wait_s)
+        return profile_pipeline(cfg.pipeline, options, batches=cfg.profile_batches, cpu=cfg.data_cpus[0],
+                                busy_cpus=busy)
 
+    # a batch's cost on one core with the trainer's cores idle (the homogeneous runs leave the data
+    # cores idle alike) and with them busy (the heterogeneous runs keep every core busy)
     profiles = [profile()]
     cfg, step = choose_step(cfg, profiles[0].median_s)
+    beside = [profile(cfg.trainer_cpus)]
     log.info("%s", report.step_note(step))
     if echo is not None:
         echo(report.step_note(step))
@@ -236,21 +240,24 @@ def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -
         for mode in (MODES if i % 2 == 0 else MODES[::-1]):
             runs.append(run_mode(cfg, mode, i, data_dir))
     profiles.append(profile())
-    # Other processes only ever slow a profile down: the faster of the two is the better estimate.
+    beside.append(profile(cfg.trainer_cpus))
+    # Other processes only ever slow a profile's wall seconds down: the faster of the two is the
+    # better estimate of them (the prediction takes the CPU seconds of both, add_prediction).
     prof = min(profiles, key=lambda p: p.median_s)
     summary = summarize(cfg, runs)
     add_costs(cfg, summary, table)
     # The finish stage runs on the trainer's CPU cores unless a GPU takes it.
     import torch
 
-    add_prediction(cfg, summary, prof, runs, on_gpu=torch.cuda.is_available())
+    add_prediction(cfg, summary, profiles, runs, on_gpu=torch.cuda.is_available(), beside=beside)
     add_network(cfg, summary, table, runs, prof.median_s, prof.bytes_per_sample)
     if cfg.consumer_cpu:
         from .consumer_cpu import measure
 
         summary["consumer_cpu"] = measure(batch_size=cfg.batch_size)
     summary.update(config={**asdict(cfg), "output": str(cfg.output)}, emulated_step=step, profile=asdict(prof),
-                   profiles=[asdict(p) for p in profiles], runs=[asdict(r) for r in runs], started_unix=started,
+                   profiles=[asdict(p) for p in profiles], profiles_beside=[asdict(p) for p in beside],
+                   runs=[asdict(r) for r in runs], started_unix=started,
                    machine=_machine())
     return summary
 

@@ -151,47 +151,63 @@ def _median_cores(runs: list[RunResult], mode: str, cpus: list[int]) -> float:
     return statistics.median(had) if had else float(len(cpus))
 
 
-def add_prediction(cfg: BenchConfig, summary: dict, prof, runs: list[RunResult], on_gpu: bool = False) -> None:
+def _cpu_per_batch(profiles: list, on_gpu: bool) -> tuple[float, float]:
+    """(CPU seconds per batch built, of the finish stage where the trainer runs on the CPU): the mean
+    of ``profiles`` (taken before and after the runs: the machine's speed drifts between them)."""
+    build = statistics.mean(p.cpu_s or p.median_s for p in profiles)
+    finish = 0.0 if on_gpu else statistics.mean(p.finish_cpu_s or p.finish_s for p in profiles)
+    return build, finish
+
+
+def add_prediction(cfg: BenchConfig, summary: dict, profiles: list, runs: list[RunResult], on_gpu: bool = False,
+                   beside: list | None = None) -> None:
     """The capacity model's step for both layouts (:func:`hetero.planning.planner.predict_fed_step`),
     beside the measured medians.
 
-    Its figures: the profile's CPU seconds per batch built and, where the trainer runs on the CPU
+    Its figures: the profiles' CPU seconds per batch built and, where the trainer runs on the CPU
     (not ``on_gpu``), of its finish stage (plus a DataLoader worker's hand-off of each batch where
     the heterogeneous trainer has loader workers; a homogeneous node's own data server hands
-    batches over as a data node does); the cores each node had during the runs of that layout:
-    its pinned cores less what other processes took of them in each run's steady state (on a
-    shared machine the cores a run is pinned to are not all its own). ``pinned_step_s`` is the
-    same model given whole pinned cores and the profile's wall seconds, as on a quiet machine.
+    batches over as a data node does); for the homogeneous layout those of ``profiles`` (the
+    other cores idle, as its runs leave them), for the heterogeneous one those of ``beside`` (the
+    trainer's cores busy meanwhile, as its runs keep every core); and the cores each node had
+    during the runs of that layout: its pinned cores less what other processes took of them in
+    each run's steady state (on a shared machine the cores a run is pinned to are not all its
+    own). ``pinned_step_s`` is the same model given whole pinned cores and the faster profile's
+    wall seconds, as on a quiet machine whose cores do not slow each other.
     """
-    if prof is None or not cfg.emulate_step_s or cfg.emulate_step_s <= 0:
+    if not profiles or not cfg.emulate_step_s or cfg.emulate_step_s <= 0:
         summary["prediction"] = {"note": "needs a profile and an emulated step (the GPU step time)"}
         return
-    build_s = prof.cpu_s or prof.median_s
-    finish_s = 0.0 if on_gpu else (prof.finish_cpu_s or prof.finish_s)
-    pred = {"preprocess_s_per_batch_one_core": prof.median_s, "preprocess_cpu_s_per_batch": build_s,
-            "trainer_s_per_batch": finish_s,
-            "loader_handoff_s_per_batch": prof.handoff_s if cfg.loader_workers > 0 else 0.0,
+    fastest = min(profiles, key=lambda p: p.median_s)
+    handoff = fastest.handoff_s
+    alone = _cpu_per_batch(profiles, on_gpu)
+    busy = _cpu_per_batch(beside, on_gpu) if beside else alone
+    pred = {"preprocess_s_per_batch_one_core": fastest.median_s, "preprocess_cpu_s_per_batch": alone[0],
+            "preprocess_cpu_s_per_batch_cores_busy": busy[0], "trainer_s_per_batch": alone[1],
+            "trainer_s_per_batch_cores_busy": busy[1],
+            "loader_handoff_s_per_batch": handoff if cfg.loader_workers > 0 else 0.0,
             "gpu_step_s": cfg.emulate_step_s}
     basis = [r for r in runs if r.round in summary.get("quiet_rounds", [])] or runs
     for mode in MODES:
         homo = mode == "homogeneous"
+        build_s, finish_s = alone if homo else busy
         loaders = not homo and cfg.loader_workers > 0
         data_cpus = [] if homo else cfg.data_cpus
         # The trainer's work lands on its own cores whether or not they also build batches.
-        own_work = finish_s + (prof.handoff_s if loaders else 0.0)
+        own_work = finish_s + (handoff if loaders else 0.0)
         trainer = _median_cores(basis, mode, cfg.trainer_cpus)
         data = _median_cores(basis, mode, data_cpus) if data_cpus else 0.0
         serves = homo or cfg.local_server
         p = predict_fed_step(build_s, cfg.emulate_step_s, trainer, data_cores=data, data_nodes=cfg.data_nodes,
                              local_server=serves, trainer_s=own_work)
-        pinned = predict_fed_step(prof.median_s, cfg.emulate_step_s, len(cfg.trainer_cpus),
+        pinned = predict_fed_step(fastest.median_s, cfg.emulate_step_s, len(cfg.trainer_cpus),
                                   data_cores=len(data_cpus), data_nodes=cfg.data_nodes, local_server=serves,
-                                  trainer_s=0.0 if on_gpu else prof.finish_s + (prof.handoff_s if loaders else 0.0))
+                                  trainer_s=0.0 if on_gpu else fastest.finish_s + (handoff if loaders else 0.0))
         measured = summary["modes"][mode]["step_time_s"]["median"]
         pred[mode] = {"cores": len(cfg.trainer_cpus) + len(data_cpus), "cores_had": trainer + data,
-                      "trainer_cores_had": trainer, "data_cores_had": data, "step_s": p.step_s,
-                      "data_wait_fraction": p.data_wait_fraction, "binding": p.binding,
-                      "pinned_step_s": pinned.step_s, "measured_step_s": measured,
+                      "trainer_cores_had": trainer, "data_cores_had": data, "build_cpu_s": build_s,
+                      "trainer_s": own_work, "step_s": p.step_s, "data_wait_fraction": p.data_wait_fraction,
+                      "binding": p.binding, "pinned_step_s": pinned.step_s, "measured_step_s": measured,
                       "measured_over_predicted": measured / p.step_s if measured else None,
                       "measured_over_pinned": measured / pinned.step_s if measured else None}
     summary["prediction"] = pred

@@ -5,7 +5,11 @@ and DataLoader workers run) in this process, confined to one core, one torch thr
 The first ``warmup`` batches (imports, caches) are timed but left out of the median. Each batch's
 CPU seconds (the process's, every thread's) are taken beside its wall seconds: on a core other
 processes share, the wall seconds grow with their load and the CPU seconds hardly move, so a
-prediction for a shared machine takes the CPU seconds and the share of the cores the job had. The
+prediction for a shared machine takes the CPU seconds and the share of the cores the job had.
+Cores of one machine also slow each other when all are busy (shared execution units, caches,
+memory bandwidth; on this project's 2-vCPU VM a batch costs about a quarter more CPU with the
+other vCPU busy): with ``busy_cpus`` a second process builds batches of the same pipeline on those
+cores meanwhile, so the figures are a batch's cost in a layout that keeps them all busy. The
 pipeline's finish stage (the trainer's per-batch work, e.g. uint8 -> normalised float32) is
 timed on each built batch too, on the CPU: where the trainer runs on the CPU (no GPU, an
 emulated step), it takes that time from the cores that would otherwise build batches. So is the
@@ -57,6 +61,7 @@ class ProfileResult:
     bytes_per_sample: float = 0.0  # tensor bytes per sample of the built batches: what a server sends, as encoded
     cpu_s: float = 0.0      # median CPU seconds per batch built (this process, every thread)
     finish_cpu_s: float = 0.0  # median CPU seconds of the finish stage per batch
+    busy_cpus: list[int] = field(default_factory=list)  # cores a neighbour kept busy meanwhile
 
 
 def _time_finish(finish, built: list) -> tuple[list[float], list[float]]:
@@ -93,8 +98,52 @@ def batch_bytes(batch) -> int:
     return sum(t.numel() * t.element_size() for _, t in flatten(batch)[1])
 
 
+def _keep_building(target: str, options: dict, cpus: list[int], ready, stop) -> None:
+    """A neighbour's load: build batches of the pipeline on ``cpus`` until ``stop`` is set."""
+    import torch
+
+    from data_service.contract.pipeline import PipelineSpec, build_batch
+
+    os.sched_setaffinity(0, set(cpus))
+    torch.set_num_threads(1)
+    pipe = PipelineSpec(target, options).load()
+    plan = pipe.plan_config()
+    count = max(1, plan.num_samples // plan.batch_size)
+    ready.set()
+    i = 0
+    while not stop.is_set():
+        build_batch(pipe, plan, 1, 0, i % count)
+        i += 1
+
+
+@contextlib.contextmanager
+def neighbour(target: str, options: dict, cpus: list[int] | None, start_timeout_s: float = 120.0) -> Iterator[None]:
+    """Run the block while another process keeps ``cpus`` busy building batches (nothing when None)."""
+    if not cpus:
+        yield
+        return
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_keep_building, args=(target, options, cpus, ready, stop), daemon=True,
+                       name="profile-neighbour")
+    proc.start()
+    try:
+        if not ready.wait(start_timeout_s):
+            raise ValueError(f"the profile's neighbour on CPUs {cpus} did not load the pipeline within "
+                             f"{start_timeout_s:.0f}s; profile without busy_cpus")
+        yield
+    finally:
+        stop.set()
+        proc.join(30.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5.0)
+
+
 def profile_pipeline(target: str, options: dict | None = None, batches: int = 8, cpu: int | None = None,
-                     warmup: int = 1) -> ProfileResult:
+                     warmup: int = 1, busy_cpus: list[int] | None = None) -> ProfileResult:
     """Time ``batches`` batches of the pipeline ``target`` built on one core.
 
     Args:
@@ -103,6 +152,7 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
         batches: batches timed after the warm-up ones.
         cpu: core to run on (default: the first this process may use).
         warmup: batches built first and left out of the figures.
+        busy_cpus: cores another process keeps busy building batches meanwhile (None: left idle).
 
     Returns:
         Median, min and max seconds per batch, and every timing.
@@ -131,7 +181,7 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     # the core, and their spinning counts as CPU) and as the trainer's finish stage runs
     torch.set_num_threads(1)
     try:
-        with pinned([cpu]):
+        with pinned([cpu]), neighbour(target, dict(options or {}), busy_cpus):
             for i in range(warmup + batches):
                 start, start_cpu = time.perf_counter(), time.process_time()
                 built.append(build_batch(pipe, plan, 0, 0, i))
@@ -149,9 +199,10 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
     result = ProfileResult(target, dict(options or {}), cpu, pipe.batch_size, statistics.median(kept), min(kept),
                            max(kept), warmup, times, statistics.median(finish_times) if finish_times else 0.0,
                            statistics.median(handoff_times[warmup:]), per_sample, statistics.median(cpu_times[warmup:]),
-                           statistics.median(finish_cpu) if finish_cpu else 0.0)
-    log.info("profile %s: %.1f ms/batch median on CPU %d (%.1f ms of CPU; %d batches, min %.1f, max %.1f ms); finish "
-             "stage %.1f ms (%.1f ms of CPU), loader hand-off %.1f ms", target, 1000 * result.median_s, cpu,
+                           statistics.median(finish_cpu) if finish_cpu else 0.0, list(busy_cpus or []))
+    log.info("profile %s: %.1f ms/batch median on CPU %d%s (%.1f ms of CPU; %d batches, min %.1f, max %.1f ms); "
+             "finish stage %.1f ms (%.1f ms of CPU), loader hand-off %.1f ms", target, 1000 * result.median_s, cpu,
+             f" beside busy CPUs {busy_cpus}" if busy_cpus else "",
              1000 * result.cpu_s, batches, 1000 * result.min_s, 1000 * result.max_s, 1000 * result.finish_s,
              1000 * result.finish_cpu_s, 1000 * result.handoff_s)
     return result

@@ -42,6 +42,16 @@ class Stream:
             time.sleep(0.005)
         return self.arrivals[0]
 
+    def wait_after(self, moment: float, timeout: float) -> float:
+        """When the first batch after ``moment`` arrived (or ``moment + timeout``, none did)."""
+        deadline = moment + timeout
+        while time.monotonic() < deadline and self.error is None:
+            after = [t for t in list(self.arrivals[-64:]) if t > moment]
+            if after:
+                return after[0]
+            time.sleep(0.01)
+        return deadline
+
     def count(self, since: float, until: float) -> int:
         return sum(1 for t in list(self.arrivals) if since <= t < until)
 

@@ -12,7 +12,8 @@ batches as fast as they come. It reports:
   of its USS), the warm parent's, the spare's and the main process's USS, and the PSS of them
   all; one more worker's memory is its own memory, and beside it the PSS of the N=2 point less
   that of the N=1 point (separate runs: a few MB of noise);
-* the workers' CPU seconds per batch over the stream (after its first seconds);
+* the workers' CPU seconds per batch over the stream (after its first seconds); and the CPU seconds
+  the spare worker spent loading (once, not per batch);
 * with one worker: the longest gap between two batches when that worker is killed -9 mid-stream
   (from the last batch before the kill to a second after the first one after it), against the
   median gap before.
@@ -122,7 +123,8 @@ def point(tree: str, name: str, workers: int, start: str, stream_s: float, photo
         row = {"tree": Path(tree).name, "pipeline": name, "workers": workers,
                "start": "warm" if nodes.parent else "spawn", "first_batch_s": round(first - t0, 2),
                "batches_per_s": round(built / (t2 - t1), 1),
-               "cpu_ms_per_batch": round(1000 * (cpu1 - cpu0) / max(built, 1), 1), **tree_memory(nodes)}
+               "cpu_ms_per_batch": round(1000 * (cpu1 - cpu0) / max(built, 1), 1), **tree_memory(nodes),
+               "spare_cpu_s": round(usage([nodes.spare])[0], 2) if nodes.spare else 0.0}
         if workers == 1:
             before = stream.median_gap(t1, t2)
             kill = time.monotonic()

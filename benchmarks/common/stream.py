@@ -42,13 +42,14 @@ class Stream:
             time.sleep(0.005)
         return self.arrivals[0]
 
-    def wait_after(self, moment: float, timeout: float) -> float:
-        """When the first batch after ``moment`` arrived (or ``moment + timeout``, none did)."""
+    def wait_after(self, moment: float, count: int, timeout: float) -> float:
+        """When the ``count``-th batch after ``moment`` arrived (or ``moment + timeout``, if it did
+        not): batches already built, queued or in flight when a worker died can still arrive first."""
         deadline = moment + timeout
         while time.monotonic() < deadline and self.error is None:
-            after = [t for t in list(self.arrivals[-64:]) if t > moment]
-            if after:
-                return after[0]
+            after = [t for t in list(self.arrivals) if t > moment]
+            if len(after) >= count:
+                return after[count - 1]
             time.sleep(0.01)
         return deadline
 

@@ -225,3 +225,21 @@ def test_spare_worker_must_be_a_bool_and_the_error_names_the_value():
 
     with pytest.raises(ConfigError, match=r"spare_worker='no' must be True or False"):
         ServerOptions(spare_worker="no")
+
+
+def test_the_image_pipelines_warm_parent_holds_torchvision_and_pil_for_every_worker(tmp_path):
+    from hetero.synthetic.images import write_image_folder
+
+    write_image_folder(tmp_path, per_class=4, classes=2, seed=1, min_side=64, max_side=96)
+    server = _server("data_service.pipelines.images:build_pipeline",
+                     {"data_dir": str(tmp_path), "batch_size": 4, "image_size": 32}, workers=2)
+    try:
+        parent = server.pool.launcher.parent.pid
+        with open(f"/proc/{parent}/maps") as f:
+            maps = f.read()
+        assert "torchvision/image.so" in maps and "PIL/_imaging" in maps, "imported by each worker instead"
+        assert "cygrpc" not in maps
+        assert {psutil.Process(p).ppid() for p in server.pool.worker_pids()} == {parent}
+        assert len(_batches(server, 0, 2)) == 2
+    finally:
+        server.shutdown(grace_s=0.5)

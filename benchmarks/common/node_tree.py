@@ -45,6 +45,9 @@ def node_tree(server_pid: int) -> NodeTree:
     return NodeTree(server_pid, parent, tuple(workers), spare)
 
 
+SLOT = "memfd:hetero-slot"  # a worker's output slots (data_service/pool/process.py)
+
+
 def memory(pid: int) -> tuple[float, float]:
     """(USS, PSS) of ``pid`` in MB; (0, 0) once it is gone."""
     import psutil
@@ -56,13 +59,43 @@ def memory(pid: int) -> tuple[float, float]:
     return info.uss / MB, info.pss / MB
 
 
+def slots(pid: int) -> tuple[float, float]:
+    """(resident, private) MB of worker ``pid``'s output slots: memory it adds to the node whether
+    or not the server or a consumer maps it too (then it is not in the worker's USS)."""
+    rss = private = 0
+    in_slot = False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if not head.endswith(":") or "-" in head:  # a mapping's first line
+                    in_slot = SLOT in line
+                elif in_slot and head == "Rss:":
+                    rss += int(line.split()[1])
+                elif in_slot and head in ("Private_Clean:", "Private_Dirty:"):
+                    private += int(line.split()[1])
+    except OSError:
+        return 0.0, 0.0
+    return rss / 1024, private / 1024
+
+
+def own(pid: int) -> float:
+    """What worker ``pid`` adds to the node, in MB: its private pages, and its output slots whole."""
+    uss, _ = memory(pid)
+    rss, private = slots(pid)
+    return uss - private + rss
+
+
 def tree_memory(tree: NodeTree) -> dict:
-    """Each worker's USS, the warm parent's, the spare's and the main process's, and the PSS of them all
-    (what the node pays for the server: shared pages counted once), in MB."""
+    """Each worker's USS, its own memory (``own``: its USS, and its slots whole) and its slots, the
+    warm parent's, the spare's and the main process's USS, and the PSS of them all (what the node
+    pays for the server: shared pages counted once), in MB."""
     workers = [memory(p) for p in tree.workers]
     parent = memory(tree.parent) if tree.parent else (0.0, 0.0)
     spare = memory(tree.spare) if tree.spare else (0.0, 0.0)
     main = memory(tree.main)
-    return {"worker_uss_mb": [round(u, 1) for u, _ in workers], "parent_uss_mb": round(parent[0], 1),
+    return {"worker_uss_mb": [round(u, 1) for u, _ in workers],
+            "worker_own_mb": [round(own(p), 1) for p in tree.workers],
+            "worker_slots_mb": [round(slots(p)[0], 1) for p in tree.workers], "parent_uss_mb": round(parent[0], 1),
             "spare_uss_mb": round(spare[0], 1), "main_uss_mb": round(main[0], 1),
             "all_pss_mb": round(main[1] + parent[1] + spare[1] + sum(p for _, p in workers), 1)}

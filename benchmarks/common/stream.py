@@ -42,6 +42,17 @@ class Stream:
             time.sleep(0.005)
         return self.arrivals[0]
 
+    def wait_after(self, moment: float, count: int, timeout: float) -> float:
+        """When the ``count``-th batch after ``moment`` arrived (or ``moment + timeout``, if it did
+        not): batches already built, queued or in flight when a worker died can still arrive first."""
+        deadline = moment + timeout
+        while time.monotonic() < deadline and self.error is None:
+            after = [t for t in list(self.arrivals) if t > moment]
+            if len(after) >= count:
+                return after[count - 1]
+            time.sleep(0.01)
+        return deadline
+
     def count(self, since: float, until: float) -> int:
         return sum(1 for t in list(self.arrivals) if since <= t < until)
 

@@ -247,6 +247,7 @@ def test_one_pinned_homogeneous_run(tmp_path):
 
 
 @two_cpus
+@pytest.mark.slow
 def test_hetero_bench_derives_its_step_from_the_batch_it_profiled_and_says_so(tmp_path, capsys, monkeypatch):
     # The runs themselves are the slow tier's (test_hetero_faster_than_homo_on_a_cpu_bound_pipeline):
     # here each returns at once with the configuration it was given.

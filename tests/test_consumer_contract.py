@@ -138,6 +138,7 @@ def check_kill_and_resume(env, tmp: Path, comp: dict, frac: float, every: int) -
 
 @FAST
 @given(comp=compositions, frac=st.floats(0, 1))
+@pytest.mark.slow
 def test_stop_after_any_batch_and_resume_in_a_fresh_process(env, tmp_path_factory, comp, frac):
     check_stop_and_resume(env, tmp_path_factory.mktemp("run"), comp, frac)
 

@@ -44,6 +44,7 @@ def test_same_host_consumer_gets_shared_memory_automatically(server_factory):
 
 @pytest.mark.parametrize("compression", ["lz4", "zstd"])
 @pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
+@pytest.mark.slow
 def test_compressed_batches_are_bit_identical_and_counted(server_factory, compression, shm):
     server = server_factory(OPTS, num_workers=1, compression=compression)
     got = [batch_digest(b) for b in RemoteDataset([server.address], TOKEN, shared_memory=shm)]

@@ -377,6 +377,7 @@ def test_transform_raising_on_one_sample_names_it_and_the_servers_stay_clean(ser
 
 # ------------------------------------------------------------------ late start, never start
 
+@pytest.mark.slow
 def test_servers_starting_late_at_different_times(tmp_path):
     late = [ServerProc(OPTS, token=TOKEN), ServerProc(OPTS, token=TOKEN)]
     timers = [threading.Timer(d, s.start, kwargs={"wait": False}) for d, s in zip((1.0, 4.0), late)]
@@ -517,6 +518,7 @@ def test_a_delayed_and_a_silently_stalled_link(server_factory, tmp_path):
             p.close()
 
 
+@pytest.mark.slow
 def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_piling_batches_up(server_factory):
     # One of two links goes silent (no RST) early in a 200-batch list; batch_timeout is far off.
     # (Shared memory: the server keeps a slot until the consumer releases it, copies dropped too.)

@@ -50,6 +50,7 @@ def test_datamodule_serves_remote_batches_sharded_by_rank(server_factory):
 # mid-epoch 0 (the resume crosses the epoch boundary) and mid-epoch 1; a loader without len makes
 # Lightning fetch a batch ahead of the step, which the module's position must not count
 @pytest.mark.parametrize("stop_at, sized", [(5, True), (17, True), (7, False)])
+@pytest.mark.slow
 def test_trainer_stops_mid_epoch_and_resumes_from_its_checkpoint_exactly_once(server_factory, tmp_path, stop_at,
                                                                                  sized):
     server = server_factory(OPTS, num_workers=1)

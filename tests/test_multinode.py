@@ -91,6 +91,7 @@ def test_restarted_server_is_used_again(server_process):
         assert ctl.stats().batches_sent > 0  # the new process served part of the epoch
 
 
+@pytest.mark.slow
 def test_late_server_is_waited_for(server_process):
     late = server_process({"size": 96, "batch_size": 4})
     threading.Timer(2.0, late.start, kwargs={"wait": False}).start()

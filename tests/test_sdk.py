@@ -118,6 +118,7 @@ def test_a_vpc_reaches_the_request(aws):
     assert fake.job()["VpcConfig"] == vpc
 
 
+@pytest.mark.slow
 def test_heterogeneous_job_from_the_sdk(aws):
     fake, session = aws
     model_trainer(spec(), boto_session=session).train(wait=False, logs=False)

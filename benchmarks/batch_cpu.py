@@ -29,7 +29,7 @@ def in_process(options: dict, n: int) -> tuple[float, float]:
     from data_service.contract.pipeline import PipelineSpec, build_batch
 
     pipe = PipelineSpec(PIPELINE, options).load()
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     torch.set_num_threads(1)
     for i in range(5):
         build_batch(pipe, cfg, 1, 0, i)

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         pipes = {}
         for name, folder in (("unchecked", unchecked), ("checked", checked)):
             pipe = PipelineSpec(PIPELINE, {"shards": folder, "batch_size": args.batch_size, "drop_last": True}).load()
-            pipes[name] = (pipe, pipe.plan_config())
+            pipes[name] = (pipe, pipe.epoch_shape())
         batches = pipes["checked"][1].num_batches
         seconds = {name: 0.0 for name in pipes}
         with pinned([sorted(os.sched_getaffinity(0))[0]]):

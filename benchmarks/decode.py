@@ -51,7 +51,7 @@ def _ours(files: list[str], kind: str):
     pipe = images.build_pipeline(batch_size=BATCH, image_size=SIZE, min_scale=MIN_SCALE,
                                  decode="whole" if kind == "whole" else "fused",
                                  data_dir=str(Path(files[0]).parent.parent), limit=len(files), **cache)
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     batches = len(files) // BATCH
 
     def run() -> int:

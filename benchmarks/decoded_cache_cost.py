@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                    "decoded_cache_bytes": "4GB", "decoded_cache_dir": shm}
         pipes = {name: PipelineSpec(PIPELINE, options).load() for name in ("length only", "checked")}
         pipes["length only"].transform.crop_decode.cache.__class__ = _length_only()
-        cfg = pipes["checked"].plan_config()
+        cfg = pipes["checked"].epoch_shape()
         seconds = {name: 0.0 for name in pipes}
         with pinned([sorted(os.sched_getaffinity(0))[0]]):
             for i in range(cfg.num_batches):  # epoch 0 fills the cache (both variants share its folder)

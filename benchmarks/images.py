@@ -52,7 +52,7 @@ def cpu_seconds_per_batch(images: str, batch_size: int, batches: int) -> float:
     from hetero.planning.profile import pinned
 
     pipe = PipelineSpec(PIPELINE, {"data_dir": images, "batch_size": batch_size}).load()
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     times = []
     with pinned([sorted(os.sched_getaffinity(0))[0]]):
         for i in range(batches + 1):

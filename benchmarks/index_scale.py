@@ -98,7 +98,7 @@ def fill_first_batches(folder: Path, options: dict, batches: int, seed: int) -> 
     from data_service.shards.indexfile import read_index
 
     pipe = PipelineSpec(PIPELINE, {**options, "shards": str(folder)}).load()
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     index = read_index(str(folder))
     data = _jpeg()
     wanted = sorted({i for b in range(min(batches, cfg.num_batches)) for i in batch_indices(cfg, seed, 0, b)})

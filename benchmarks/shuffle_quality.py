@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.common import cli, report
-from data_service.contract.sampler import PlanConfig, batch_indices
+from data_service.contract.sampler import EpochShape, batch_indices
 
 
-def _order(cfg: PlanConfig, epoch: int) -> list[list[int]]:
+def _order(cfg: EpochShape, epoch: int) -> list[list[int]]:
     return [batch_indices(cfg, 0, epoch, i) for i in range(cfg.num_batches)]
 
 
@@ -57,11 +57,11 @@ def measure(classes: int, per_class: int, batch: int, blocks: list[int], sorted_
     if not sorted_layout:
         labels = labels[np.random.default_rng(0).permutation(n)]
     rows = []
-    full = PlanConfig(n, batch, True, True)
+    full = EpochShape(n, batch, True, True)
     e0 = _order(full, 0)
     base = {"entropy": _entropy(labels, e0, classes), "neighbours": _neighbours(labels, e0)}
     for k in [0, *blocks]:
-        cfg = full if not k else PlanConfig(n, batch, True, True, k * batch, 8)
+        cfg = full if not k else EpochShape(n, batch, True, True, k * batch, 8)
         e0, e1 = _order(cfg, 0), _order(cfg, 1)
         rows.append({"block_batches": k, "entropy": _entropy(labels, e0, classes) / base["entropy"],
                      "neighbours": _neighbours(labels, e0) / base["neighbours"], "again": _again(n, e0, e1)})

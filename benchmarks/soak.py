@@ -237,7 +237,7 @@ def run_soak(batches: int, max_seconds: float, nservers: int = 3, seed: int = 0,
     work = Path(workdir or tempfile.mkdtemp(prefix="hetero-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     options = options or {"size": 512, "batch_size": 4, "shape": [3, 16, 16]}
-    per_epoch = PipelineSpec(PIPELINE, options).load().plan_config().num_batches
+    per_epoch = PipelineSpec(PIPELINE, options).load().epoch_shape().num_batches
     world = 2
     epochs = max(1, -(-batches // (per_epoch // world * world))) + 1
     soak = Soak(options, nservers, world, epochs, seed, work, rnd, fault_gap, kinds, log)

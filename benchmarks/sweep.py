@@ -185,7 +185,7 @@ def cpu_seconds_per_batch_of(options: dict) -> float:
     from data_service.contract.pipeline import PipelineSpec, build_batch
 
     pipe = PipelineSpec(PIPELINE, options).load()
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     times = []
     for i in range(9):
         t0 = time.process_time()

@@ -42,7 +42,7 @@ def crops(images_dir: str, count: int, seed: int = 0) -> list[dict]:
     from data_service.pipelines import images
 
     pipe = images.build_pipeline(batch_size=BATCH, image_size=SIZE, data_dir=images_dir, limit=count)
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     return [build_batch(pipe, cfg, seed, 0, i) for i in range(cfg.num_batches)]
 
 
@@ -236,7 +236,7 @@ def build_cost(images_dir: str, count: int, repeats: int) -> list[dict]:
     for name in ("uint8", "up-zstd", COMPACT):
         pipe = images.build_pipeline(batch_size=BATCH, image_size=SIZE, data_dir=images_dir, limit=count,
                                      wire_encoding=name)
-        cfg = pipe.plan_config()
+        cfg = pipe.epoch_shape()
         s, _ = cpu_s(lambda: [build_batch(pipe, cfg, 0, 0, i) for i in range(cfg.num_batches)], repeats)
         rows.append({"encoding": name, "build_cpu_ms": s / (cfg.num_batches * BATCH) * 1e3})
     return rows

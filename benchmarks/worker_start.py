@@ -55,7 +55,7 @@ if __name__ == "__main__":
                         ServerOptions(num_workers=1, probe=False)).start()
     pids = server.pool.worker_pids()
     import psutil
-    print(json.dumps({"method": server.pool.launcher.method,
+    print(json.dumps({"method": (getattr(server.pool, "starter", None) or server.pool.launcher).method,
                       "parent_is_server": psutil.Process(pids[0]).ppid() == psutil.Process().pid}))
     server.shutdown(grace_s=0.5)
 '''

@@ -39,7 +39,7 @@ class LocalDataset(ShardedBatches):
 
     def num_batches_per_epoch(self) -> int:
         if self._num_batches is None:
-            self._num_batches = self.pipeline().plan_config().num_batches
+            self._num_batches = self.pipeline().epoch_shape().num_batches
         return self._num_batches
 
     def __getstate__(self) -> dict:
@@ -50,7 +50,7 @@ class LocalDataset(ShardedBatches):
 
     def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         pipe = self.pipeline()
-        cfg = pipe.plan_config()
+        cfg = pipe.epoch_shape()
         for epoch, index in items:
             try:
                 batch = build_batch(pipe, cfg, self.seed, epoch, index)

@@ -254,7 +254,7 @@ def wire_bytes_per_sample(data_dir: str | os.PathLike, batch_size: int = 64, bat
     for finish_on in ("server", "device"):
         options = {"batch_size": batch_size, "data_dir": str(data_dir), "finish_on": finish_on}
         pipe = PipelineSpec("examples.mnist:build_pipeline", options).load()
-        cfg = pipe.plan_config()
+        cfg = pipe.epoch_shape()
         if cfg.num_batches < batches:
             raise ConfigError(f"{data_dir} holds {cfg.num_batches} batches of {batch_size}; need {batches}")
         total = sum(plan_layout(build_batch(pipe, cfg, 0, 0, i))[3] for i in range(batches))

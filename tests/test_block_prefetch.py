@@ -11,7 +11,7 @@ from conftest import TOKEN
 from data_service.server.block_prefetch import PrefetchOnce
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
-from data_service.contract.sampler import PlanConfig
+from data_service.contract.sampler import EpochShape
 from data_service.server import DataServer, ServerOptions
 from dnn_worker import RemoteDataset
 
@@ -66,7 +66,7 @@ def test_a_later_epoch_prefetches_its_blocks_again_once():
             self.calls.append(block)
 
     log = Log()
-    plan = PlanConfig(64, 4, False, True, 8, 2)
+    plan = EpochShape(64, 4, False, True, 8, 2)
     once = PrefetchOnce(log, plan)
     for epoch in (0, 0, 1):  # epoch 0 named twice (hints, then requests), epoch 1 once
         for index in range(plan.num_batches):

@@ -169,7 +169,7 @@ def test_fused_and_whole_pipelines_build_the_same_batches(tmp_path):
     fused = images.build_pipeline(decode="fused", dct_scaling="none", **kw)
     whole = images.build_pipeline(decode="whole", **kw)
     for index in range(3):
-        a = build_batch(fused, fused.plan_config(), 7, 1, index)
-        b = build_batch(whole, whole.plan_config(), 7, 1, index)
+        a = build_batch(fused, fused.epoch_shape(), 7, 1, index)
+        b = build_batch(whole, whole.epoch_shape(), 7, 1, index)
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
     assert fused.transform.counts["fused"] == 12

@@ -178,7 +178,7 @@ def test_no_slot_is_handed_out_while_it_still_holds_a_batch(monkeypatch):
     slow_header_parse(monkeypatch, lambda header: 0.003)
     spec = PipelineSpec("examples.synthetic:build_pipeline", {"size": 64, "batch_size": 4})
     pipe, n = spec.load(), 16
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     expected = {i: bytes(tensor_layout.encode(build_batch(pipe, cfg, 0, 0, i))[2]) for i in range(n)}
     pool = workers.WorkerPool(spec.to_json(), 1, slots_per_worker=2)
     pool.start()

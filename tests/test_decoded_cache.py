@@ -81,7 +81,7 @@ def test_batches_do_not_depend_on_what_the_cache_held(folder, tmp_path):
     opts = {"data_dir": str(folder), "batch_size": 4, "image_size": 48, "decoded_cache_bytes": "16MB"}
     warm = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "a")}).load()
     cold = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "b")}).load()
-    cfg = warm.plan_config()
+    cfg = warm.epoch_shape()
     for index in range(cfg.num_batches):  # epoch 0 fills the warm cache
         build_batch(warm, cfg, 3, 0, index)
     assert warm.stats()["decoded_cache_images"] == 16
@@ -145,7 +145,7 @@ def test_without_the_compiled_part_cached_batches_are_the_stacked_crops(folder, 
     cold = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "b")}).load()
     plain = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "c")}).load()
     plain.transform.crop_decode.deferred = False  # each crop a finished tensor, torch.stack'ed
-    cfg = warm.plan_config()
+    cfg = warm.epoch_shape()
     for epoch in range(2):  # epoch 0 fills the warm cache, epoch 1 crops from it
         for index in range(cfg.num_batches):
             a = build_batch(warm, cfg, 3, epoch, index)
@@ -165,7 +165,7 @@ def test_a_server_leaving_keeps_the_cache_of_the_servers_that_stay(folder, tmp_p
     opts = {"data_dir": str(folder), "batch_size": 4, "image_size": 32, "decoded_cache_bytes": "8MB"}
     spec = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "shm")})
     reference = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "ref")}).load()
-    cfg = reference.plan_config()
+    cfg = reference.epoch_shape()
     leaving = DataServer(spec, "tok", ServerOptions(num_workers=1)).start()
     staying = DataServer(spec, "tok", ServerOptions(num_workers=1)).start()
     try:
@@ -232,7 +232,7 @@ def test_an_entry_damaged_between_epochs_trains_the_clean_crop_and_is_counted(fo
     opts = {"data_dir": str(folder), "batch_size": 4, "image_size": 48, "decoded_cache_bytes": "16MB"}
     warm = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "a")}).load()
     cold = PipelineSpec(TARGET, {**opts, "decoded_cache_dir": str(tmp_path / "b")}).load()
-    cfg = warm.plan_config()
+    cfg = warm.epoch_shape()
     for index in range(cfg.num_batches):  # epoch 0 fills the warm cache
         build_batch(warm, cfg, 3, 0, index)
     folder_a = next((tmp_path / "a").iterdir())

@@ -21,7 +21,7 @@ BLOB = {"size": 16, "batch_bytes": 1 << 20}
 
 def _expected(index: int) -> bytes:
     pipe = PipelineSpec("examples.synthetic:build_blob_pipeline", BLOB).load()
-    return bytes(tensor_layout.encode(build_batch(pipe, pipe.plan_config(), 0, 0, index))[2])
+    return bytes(tensor_layout.encode(build_batch(pipe, pipe.epoch_shape(), 0, 0, index))[2])
 
 
 def _read_slowly(sock: socket.socket, n: int, chunk: int = 32 << 10, pause: float = 0.002) -> bytes:

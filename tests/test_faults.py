@@ -23,7 +23,7 @@ from data_service.protocol import framing
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import BatchBuildError, ServerUnavailableError
 from data_service.contract.pipeline import PipelineSpec
-from data_service.contract.sampler import PlanConfig, batch_indices
+from data_service.contract.sampler import EpochShape, batch_indices
 from data_service.protocol.generated import pb
 from dnn_worker import RemoteDataset
 from dnn_worker.fetch.fetch_options import FetchOptions
@@ -357,7 +357,7 @@ def test_transform_raising_on_one_sample_names_it_and_the_servers_stay_clean(ser
         o = {**opts, "fail_at": bad_sample}
         servers = [server_factory(o, probe=False, num_workers=1) for _ in range(2)]
         epoch = rnd.randrange(5)
-        cfg = PlanConfig(96, 4)
+        cfg = EpochShape(96, 4)
         bad_batch = next(i for i in range(24) if bad_sample in batch_indices(cfg, 9, epoch, i))
         ds = RemoteDataset([s.address for s in servers], TOKEN, seed=9)
         with pytest.raises(BatchBuildError) as info:

@@ -32,7 +32,7 @@ def load(folder: Path, **options):
 
 def test_batches_are_uint8_crops_finished_on_the_device(folder):
     pipe = load(folder, batch_size=6, image_size=32)
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     batch = build_batch(pipe, cfg, seed=3, epoch=0, index=1)
     assert batch["image"].shape == (6, 3, 32, 32) and batch["image"].dtype == torch.uint8
     assert batch["label"].dtype == torch.int64 and set(batch["label"].tolist()) <= {0, 1, 2}
@@ -46,8 +46,8 @@ def test_batches_are_uint8_crops_finished_on_the_device(folder):
 
 
 def test_float32_on_the_wire_is_four_times_the_bytes(folder):
-    device = build_batch(*(lambda p: (p, p.plan_config()))(load(folder, batch_size=4, image_size=32)), 0, 0, 0)
-    server = build_batch(*(lambda p: (p, p.plan_config()))(load(folder, batch_size=4, image_size=32,
+    device = build_batch(*(lambda p: (p, p.epoch_shape()))(load(folder, batch_size=4, image_size=32)), 0, 0, 0)
+    server = build_batch(*(lambda p: (p, p.epoch_shape()))(load(folder, batch_size=4, image_size=32,
                                                                    finish_on="server")), 0, 0, 0)
     assert server["image"].dtype == torch.float32
     assert server["image"].nbytes == 4 * device["image"].nbytes == 4 * 4 * 3 * 32 * 32
@@ -128,7 +128,7 @@ def test_corrupt_jpeg_fails_naming_the_file(tmp_path, folder):
     root, bad = _with_corrupt(tmp_path, folder)
     pipe = load(root, batch_size=24, image_size=16)
     with pytest.raises(SampleError) as info:
-        build_batch(pipe, pipe.plan_config(), 0, 0, 0)
+        build_batch(pipe, pipe.epoch_shape(), 0, 0, 0)
     assert isinstance(info.value.cause, imagefolder.CorruptImageError)
     text = str(info.value)
     assert str(bad) in text and "does not decode" in text and "on_corrupt=skip" in text
@@ -141,7 +141,7 @@ def test_corrupt_jpeg_is_skipped_and_counted_in_server_stats(tmp_path, folder):
     root, bad = _with_corrupt(tmp_path, folder)
     # in-process: the batch holding the file comes out one shorter
     pipe = load(root, batch_size=8, image_size=16, on_corrupt="skip")
-    sizes = [len(build_batch(pipe, pipe.plan_config(), 0, 0, i)["label"]) for i in range(3)]
+    sizes = [len(build_batch(pipe, pipe.epoch_shape(), 0, 0, i)["label"]) for i in range(3)]
     assert sorted(sizes) == [7, 8, 8] and pipe.samples_skipped == 1
     # through a real data server: the stat adds the workers' counts up
     spec = PipelineSpec(TARGET, {"data_dir": str(root), "batch_size": 8, "image_size": 16, "on_corrupt": "skip"})
@@ -168,7 +168,7 @@ def test_a_batch_with_every_sample_skipped_is_an_error(folder):
 
     pipe = Pipeline(dataset=Skipping(), batch_size=2)
     with pytest.raises(SampleError, match="every one of the 2 samples of this batch was skipped"):
-        build_batch(pipe, pipe.plan_config(), 0, 0, 0)
+        build_batch(pipe, pipe.epoch_shape(), 0, 0, 0)
 
 
 @pytest.mark.slow

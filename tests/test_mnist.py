@@ -53,7 +53,7 @@ def test_pipeline_batches_are_reproducible(tmp_path, monkeypatch):
     synthetic_mnist.write_synthetic(tmp_path, train=64, test=0, gz=True)
     monkeypatch.setenv("SM_CHANNEL_TRAINING", str(tmp_path))
     pipe = PipelineSpec("examples.mnist:build_pipeline", {"batch_size": 16, "augment_repeats": 2}).load()
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     batch = build_batch(pipe, cfg, seed=5, epoch=1, index=2)
     images, labels = batch["image"], batch["label"]
     assert images.shape == (16, 1, 28, 28) and images.dtype == torch.uint8 and labels.dtype == torch.int64
@@ -99,9 +99,9 @@ def test_uint8_on_the_wire_and_finished_on_the_device_matches_the_server_path(tm
     server_pipe = PipelineSpec("examples.mnist:build_pipeline", {"batch_size": 16, "finish_on": "server"}).load()
     assert device_pipe.finish_target() == "examples.mnist:finish" and device_pipe.finish_dtypes == {"image": "float32"}
     assert server_pipe.finish_target() == ""
-    cfg = device_pipe.plan_config()
+    cfg = device_pipe.epoch_shape()
     raw = build_batch(device_pipe, cfg, seed=1, epoch=0, index=1)
-    served = build_batch(server_pipe, server_pipe.plan_config(), seed=1, epoch=0, index=1)
+    served = build_batch(server_pipe, server_pipe.epoch_shape(), seed=1, epoch=0, index=1)
     assert raw["image"].dtype == torch.uint8 and served["image"].dtype == torch.float32
     stage = FinishStage.load(device_pipe.finish_target(), device_pipe.finish_dtypes)
     [finished] = list(DeviceFeeder([raw], "cpu", finish=stage))

@@ -45,7 +45,7 @@ def test_fingerprint_tracks_target_and_options():
 def test_augmentation_is_seeded_per_batch_not_per_process():
     spec = PipelineSpec("examples.synthetic:build_pipeline", {"size": 50, "batch_size": 5})
     pipe = spec.load()
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     first = build_batch(pipe, cfg, 1, 0, 3)
     torch.manual_seed(999)  # global RNG state must not leak into batches
     build_batch(pipe, cfg, 1, 0, 4)
@@ -57,5 +57,5 @@ def test_augmentation_is_seeded_per_batch_not_per_process():
 def test_failing_sample_is_named():
     pipe = PipelineSpec("examples.synthetic:build_pipeline", {"size": 10, "batch_size": 10, "fail_at": 7}).load()
     with pytest.raises(SampleError) as info:
-        build_batch(pipe, pipe.plan_config(), 0, 0, 0)
+        build_batch(pipe, pipe.epoch_shape(), 0, 0, 0)
     assert info.value.sample_index == 7 and isinstance(info.value.cause, ValueError)

@@ -34,8 +34,8 @@ def test_a_dying_worker_whose_exit_status_is_late_stalls_the_loop_for_no_more_th
     spec = PipelineSpec("examples.synthetic:build_pipeline", {"size": 64, "batch_size": 4})
     pool = workers.WorkerPool(spec.to_json(), 1, slots_per_worker=2, worker_start="warm", spare=False)
     pool.start(own_thread=False)
-    parent = pool.launcher.parent
-    if pool.launcher.method != "warm" or parent is None:
+    parent = pool.starter.parent
+    if pool.starter.method != "warm" or parent is None:
         pytest.skip("the data workers were spawned here: no warm parent to hold the exit status back")
     try:
         done: list = []

@@ -6,10 +6,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from data_service.contract.sampler import PlanConfig, batch_block, batch_indices, derive_seed
+from data_service.contract.sampler import EpochShape, batch_block, batch_indices, derive_seed
 
 
-def _rows(cfg: PlanConfig, seed: int, epoch: int) -> list[tuple[int, int]]:
+def _rows(cfg: EpochShape, seed: int, epoch: int) -> list[tuple[int, int]]:
     """(block, batch within it) of every batch: the plan written out in full, as a reference."""
     rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, 0xB10C)))
     blocks = rng.permutation(cfg.num_blocks)
@@ -33,7 +33,7 @@ def _rows(cfg: PlanConfig, seed: int, epoch: int) -> list[tuple[int, int]]:
     (4097, 16, 256, 5, False), (12, 4, 4, 1, True), (130, 8, 64, 2, False), (129, 8, 64, 2, True),
 ])
 def test_every_batch_is_where_the_full_table_puts_it(n, batch, block, interleave, drop_last):
-    cfg = PlanConfig(n, batch, drop_last, True, block, interleave)
+    cfg = EpochShape(n, batch, drop_last, True, block, interleave)
     for seed, epoch in ((0, 0), (7, 3), (123, 1)):
         rows = _rows(cfg, seed, epoch)
         assert len(rows) == cfg.num_batches
@@ -45,7 +45,7 @@ def test_every_batch_is_where_the_full_table_puts_it(n, batch, block, interleave
 
 
 def test_a_batch_of_a_100_million_sample_plan_costs_no_table_of_batches():
-    cfg = PlanConfig(100_000_000, 32, False, True, 1024, 4)
+    cfg = EpochShape(100_000_000, 32, False, True, 1024, 4)
     tracemalloc.start()
     last = batch_indices(cfg, 5, 0, cfg.num_batches - 1)
     some = batch_block(cfg, 5, 0, 1_234_567)

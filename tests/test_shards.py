@@ -14,7 +14,7 @@ import torch
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec, build_batch
 from data_service.pipelines.images import CorruptImageError, decode, decode_bytes
-from data_service.contract.sampler import PlanConfig, batch_block, batch_indices, block_range
+from data_service.contract.sampler import EpochShape, batch_block, batch_indices, block_range
 from data_service.shards import ShardDataset
 from data_service.shards.cache import BlockCache
 from data_service.shards.checksum import CorruptSampleError
@@ -138,7 +138,7 @@ def test_bad_shard_folders_fail_at_start_naming_the_fix(shapes, tmp_path):
 @pytest.mark.parametrize("n, batch, block, interleave, drop_last",
                          [(1000, 8, 64, 4, False), (1000, 8, 64, 4, True), (96, 8, 32, 8, False), (50, 5, 50, 1, False)])
 def test_block_plan_covers_every_sample_once_each_batch_from_one_block(n, batch, block, interleave, drop_last):
-    cfg = PlanConfig(n, batch, drop_last, True, block, interleave)
+    cfg = EpochShape(n, batch, drop_last, True, block, interleave)
     seen = []
     for i in range(cfg.num_batches):
         idx = batch_indices(cfg, 7, 2, i)
@@ -151,9 +151,9 @@ def test_block_plan_covers_every_sample_once_each_batch_from_one_block(n, batch,
 
 
 def test_block_plan_is_a_pure_function_of_seed_and_epoch_and_interleaves_blocks():
-    cfg = PlanConfig(4096, 16, False, True, 256, 4)
+    cfg = EpochShape(4096, 16, False, True, 256, 4)
     first = [batch_indices(cfg, 1, 0, i) for i in range(cfg.num_batches)]
-    assert first == [batch_indices(PlanConfig(4096, 16, False, True, 256, 4), 1, 0, i) for i in range(cfg.num_batches)]
+    assert first == [batch_indices(EpochShape(4096, 16, False, True, 256, 4), 1, 0, i) for i in range(cfg.num_batches)]
     assert first != [batch_indices(cfg, 1, 1, i) for i in range(cfg.num_batches)]
     blocks = [batch_block(cfg, 1, 0, i) for i in range(8)]
     assert len(set(blocks[:4])) == 4 and blocks[:4] == blocks[4:8]  # 4 blocks alternate
@@ -161,13 +161,13 @@ def test_block_plan_is_a_pure_function_of_seed_and_epoch_and_interleaves_blocks(
 
 def test_block_plan_rejects_blocks_that_split_batches():
     with pytest.raises(ConfigError, match="block_samples=.*multiple of batch_size"):
-        PlanConfig(100, 8, block_samples=12)
+        EpochShape(100, 8, block_samples=12)
 
 
 def test_pipeline_rounds_the_shuffle_block_to_whole_batches(shapes):
     pipe = PipelineSpec(PIPELINE, {"shards": str(shapes), "batch_size": 8, "shuffle_block": 20,
                                    "image_size": 32}).load()
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     assert cfg.block_samples == 24 and pipe.dataset.shards.block_samples == 24
     batch = build_batch(pipe, cfg, 1, 0, 0)
     assert batch["image"].shape == (8, 3, 32, 32)

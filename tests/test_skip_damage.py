@@ -189,6 +189,6 @@ def test_the_all_skipped_error_counts_the_samples_of_each_place():
 
     pipe = Pipeline(dataset=Skipping(), batch_size=6, shuffle=False)
     with pytest.raises(SampleError) as got:
-        build_batch(pipe, pipe.plan_config(), 0, 0, 0)
+        build_batch(pipe, pipe.epoch_shape(), 0, 0, 0)
     assert ("every one of the 6 samples of this batch was skipped (3 from shard-0.tar, 2 from shard-1.tar); "
             "the first: sample 0 unreadable") in str(got.value)

@@ -58,7 +58,7 @@ def test_the_warm_parent_imports_what_the_first_worker_did_and_forks_workers_wit
     monkeypatch.setenv(MARKS, str(tmp_path))
     server = _server(FACTS, {"batch_size": 4}, workers=3)
     try:
-        parent = server.pool.launcher.parent.pid
+        parent = server.pool.starter.parent.pid
         workers = server.pool.worker_pids()
         # Built by the first worker, then imported once by the warm parent before it forked the others.
         built = importers(tmp_path, "_marked_at_build")
@@ -100,7 +100,7 @@ def test_a_pipeline_module_that_loads_grpc_falls_back_to_spawn_naming_that_modul
     caplog.set_level(logging.WARNING, logger="data_service.pool.warm_start")
     server = _server("_grpc_pipeline:build_pipeline", {"size": 16, "batch_size": 4}, workers=1)
     try:
-        assert server.pool.launcher.method == "spawn"
+        assert server.pool.starter.method == "spawn"
         said = [r.getMessage() for r in caplog.records if "spawn" in r.getMessage()]
         assert said and "importing '_grpc_pipeline' (the pipeline's module) loaded grpc" in said[0], said
     finally:
@@ -111,8 +111,8 @@ def test_what_a_worker_imported_beside_a_thread_it_started_is_not_imported_by_th
     monkeypatch.setenv(MARKS, str(tmp_path))
     server = _server(FACTS, {"batch_size": 4, "thread": True}, workers=2)
     try:
-        parent = server.pool.launcher.parent.pid
-        assert server.pool.launcher.method == "warm"
+        parent = server.pool.starter.parent.pid
+        assert server.pool.starter.method == "warm"
         assert {psutil.Process(p).ppid() for p in server.pool.worker_pids()} == {parent}
         assert psutil.Process(parent).num_threads() == 1
         assert parent not in importers(tmp_path, "_marked_at_build")  # each worker imported it for itself
@@ -135,8 +135,8 @@ if __name__ == "__main__":
                         ServerOptions(num_workers=2, probe=False)).start()
     try:
         parents = {psutil.Process(pid).ppid() for pid in server.pool.worker_pids()}
-        warm = server.pool.launcher.parent
-        print(json.dumps({"method": server.pool.launcher.method,
+        warm = server.pool.starter.parent
+        print(json.dumps({"method": server.pool.starter.method,
                           "forked": warm is not None and parents == {warm.pid}}))
     finally:
         server.shutdown(grace_s=0.5)
@@ -156,15 +156,15 @@ def test_a_server_started_through_the_python_api_in_a_users_script_forks_its_wor
 def test_a_killed_worker_is_replaced_by_the_spare_and_a_new_spare_is_loaded():
     server = _server("examples.synthetic:build_pipeline", {"size": 32, "batch_size": 4}, workers=1)
     try:
-        launcher = server.pool.launcher
-        spare = _wait(lambda: launcher.spare_pid, 60, "no spare worker was loaded")
+        starter = server.pool.starter
+        spare = _wait(lambda: starter.spare_pid, 60, "no spare worker was loaded")
         assert psutil.Process(spare).name() == "hetero-spare" and spare not in server.pool.worker_pids()
         victim = server.pool.worker_pids()[0]
         os.kill(victim, signal.SIGKILL)
         _wait(lambda: server.pool.worker_pids() == [spare], 30, f"the spare {spare} did not replace {victim}")
         assert psutil.Process(spare).name() != "hetero-spare"  # it took a worker's name back
         assert len(_batches(server, 0, 8)) == 8
-        _wait(lambda: launcher.spare_pid not in (None, spare), 60, "no new spare after the first was taken")
+        _wait(lambda: starter.spare_pid not in (None, spare), 60, "no new spare after the first was taken")
     finally:
         server.shutdown(grace_s=0.5)
 
@@ -234,7 +234,7 @@ def test_the_image_pipelines_warm_parent_holds_torchvision_and_pil_for_every_wor
     server = _server("data_service.pipelines.images:build_pipeline",
                      {"data_dir": str(tmp_path), "batch_size": 4, "image_size": 32}, workers=2)
     try:
-        parent = server.pool.launcher.parent.pid
+        parent = server.pool.starter.parent.pid
         with open(f"/proc/{parent}/maps") as f:
             maps = f.read()
         assert "torchvision/image.so" in maps and "PIL/_imaging" in maps, "imported by each worker instead"

@@ -61,8 +61,8 @@ def test_workers_fork_from_the_warm_parent_and_a_killed_one_is_replaced_from_it(
     ref = Reference("examples.synthetic:build_pipeline", OPTS, 5)
     server = _server("examples.synthetic:build_pipeline")
     try:
-        warm = server.pool.launcher.parent.process.pid
-        assert server.pool.launcher.method == "warm" and _parents(server) == {warm}
+        warm = server.pool.starter.parent.process.pid
+        assert server.pool.starter.method == "warm" and _parents(server) == {warm}
         assert _digests(server, 0) == ref.digests(0)
         _kill_and_wait_replaced(server, 2)
         assert _parents(server) == {warm}
@@ -75,9 +75,9 @@ def test_workers_fork_from_the_warm_parent_and_a_killed_one_is_replaced_from_it(
 def test_the_warm_parent_holds_no_thread_grpc_or_socket_of_the_server_and_only_what_the_pipeline_imports():
     server = _server("examples.synthetic:build_pipeline")
     try:
-        warm = psutil.Process(server.pool.launcher.parent.process.pid)
+        warm = psutil.Process(server.pool.starter.parent.process.pid)
         deadline = time.monotonic() + 60
-        while server.pool.launcher.spare_pid is None and time.monotonic() < deadline:
+        while server.pool.starter.spare_pid is None and time.monotonic() < deadline:
             time.sleep(0.05)  # the spare's fork request passes its pipe's end through the warm parent
         assert "grpc" in sys.modules and psutil.Process().num_threads() > 1  # what the server holds
         assert warm.num_threads() == 1
@@ -104,7 +104,7 @@ def test_each_worker_gets_the_servers_environment_of_when_it_starts(monkeypatch)
     monkeypatch.setenv(VAR, "2")  # a second server in the same process
     second = _server("_env_pipeline:build_pipeline", {"batch_size": 4}, workers=1)
     try:
-        assert second.pool.launcher.method == "warm"
+        assert second.pool.starter.method == "warm"
         assert marks(second, 0) == {2}
         monkeypatch.setenv(VAR, "3")  # changed while the pool runs: the replacement sees it, as a spawned one would
         _kill_and_wait_replaced(second, 1)
@@ -116,7 +116,7 @@ def test_each_worker_gets_the_servers_environment_of_when_it_starts(monkeypatch)
 def test_spawn_when_asked_makes_the_workers_children_of_the_server():
     server = _server("examples.synthetic:build_pipeline", worker_start="spawn")
     try:
-        assert server.pool.launcher.method == "spawn" and _parents(server) == {os.getpid()}
+        assert server.pool.starter.method == "spawn" and _parents(server) == {os.getpid()}
     finally:
         server.shutdown(grace_s=0.5)
 
@@ -126,7 +126,7 @@ def test_a_pipeline_module_that_cannot_be_preloaded_falls_back_to_spawn_saying_w
     caplog.set_level(logging.WARNING, logger="data_service.pool.warm_start")
     server = _server("_unpreloadable_pipeline:build_pipeline")
     try:
-        assert server.pool.launcher.method == "spawn" and _parents(server) == {os.getpid()}
+        assert server.pool.starter.method == "spawn" and _parents(server) == {os.getpid()}
         said = [r.getMessage() for r in caplog.records if "spawn" in r.getMessage()]
         assert said and "_unpreloadable_pipeline" in said[0] and "device context" in said[0], said
         assert _digests(server, 0) == Reference("examples.synthetic:build_pipeline", OPTS, 5).digests(0)

@@ -96,7 +96,7 @@ def _empty(pipe, seed: int, index: int) -> bool:
     from data_service.contract.pipeline import SampleError, build_batch
 
     try:
-        build_batch(pipe, pipe.plan_config(), seed, 0, index)
+        build_batch(pipe, pipe.epoch_shape(), seed, 0, index)
     except SampleError as exc:
         return ALL_SKIPPED in str(exc)
     return False
@@ -112,7 +112,7 @@ def _compare(got: list, ref: list[str], pipe, seed: int, batch_size: int) -> tup
     from data_service.contract.pipeline import SampleError, build_batch
     from data_service.contract.tensor_layout import batch_digest
 
-    cfg = pipe.plan_config()
+    cfg = pipe.epoch_shape()
     silent = raced = lost = 0
     for b in range(len(ref)):
         batch = got[b] if b < len(got) else None

@@ -84,7 +84,7 @@ class References:
         if key not in self._digests:
             if tag not in self._pipes:
                 pipe = PipelineSpec(self.pipeline, options).load()
-                self._pipes[tag] = (pipe, pipe.plan_config())
+                self._pipes[tag] = (pipe, pipe.epoch_shape())
             pipe, cfg = self._pipes[tag]
             self._digests[key] = batch_digest(build_batch(pipe, cfg, seed, epoch, index))
         return self._digests[key]

@@ -20,7 +20,7 @@ import numpy as np
 from .wire import WireEncoding
 from .wire import parse as parse_wire
 from ..errors import ConfigError
-from .sampler import PlanConfig, batch_indices, derive_seed
+from .sampler import EpochShape, batch_indices, derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Pipeline:
             raise ConfigError(f"the pipeline's finish stage: {exc}".replace("pipeline=", "finish=", 1)) from None
         return target
 
-    def plan_config(self) -> PlanConfig:
+    def epoch_shape(self) -> EpochShape:
         if not hasattr(self.dataset, "__getitem__") or not hasattr(self.dataset, "__len__"):
             raise ConfigError(
                 f"dataset of type {type(self.dataset).__name__} is not map-style: it needs "
@@ -132,7 +132,7 @@ class Pipeline:
                               "0 = a full shuffle)")
         if block:
             block = -(-block // self.batch_size) * self.batch_size if isinstance(self.batch_size, int) else block
-        return PlanConfig(len(self.dataset), self.batch_size, self.drop_last, self.shuffle,
+        return EpochShape(len(self.dataset), self.batch_size, self.drop_last, self.shuffle,
                           block, self.interleave if block else 1)
 
 
@@ -178,7 +178,7 @@ class ServerSide:
 class PipelineInfo:
     """What a data server needs of a pipeline its workers built: each worker reports it when ready."""
 
-    plan: PlanConfig
+    plan: EpochShape
     finish: str                      # the finish stage's import path ("" : none)
     finish_dtypes: Mapping[str, str]
     hooks: tuple[str, ...] = ()      # which of Pipeline's stats and close the builder set
@@ -192,7 +192,7 @@ class PipelineInfo:
 
         wire = parse_wire(pipe.wire_encoding)
         wire_encoding.check_encoder(wire)
-        return cls(pipe.plan_config(), pipe.finish_target(), dict(pipe.finish_dtypes or {}),
+        return cls(pipe.epoch_shape(), pipe.finish_target(), dict(pipe.finish_dtypes or {}),
                    tuple(name for name in ("stats", "close") if getattr(pipe, name) is not None), wire)
 
 
@@ -274,7 +274,7 @@ class PipelineSpec:
                 f"pipeline={self.target!r} returned {type(pipe).__name__}; it must return "
                 "data_service.Pipeline(dataset=..., batch_size=...)"
             )
-        pipe.plan_config()  # validates dataset and batch size now, not mid-epoch
+        pipe.epoch_shape()  # validates dataset and batch size now, not mid-epoch
         return pipe
 
 
@@ -322,7 +322,7 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % (2**32))
 
 
-def build_batch(pipe: Pipeline, cfg: PlanConfig, seed: int, epoch: int, index: int) -> Any:
+def build_batch(pipe: Pipeline, cfg: EpochShape, seed: int, epoch: int, index: int) -> Any:
     """Build batch ``index`` of ``epoch``: the one function every mode uses.
 
     Random augmentation is seeded from (seed, epoch, index) and the thread

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
-class PlanConfig:
+class EpochShape:
     """The shape of every epoch of one pipeline.
 
     Args:
@@ -91,7 +91,7 @@ def _permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return rng.permutation(num_samples).astype(np.int64)
 
 
-def batch_indices(cfg: PlanConfig, seed: int, epoch: int, index: int) -> list[int]:
+def batch_indices(cfg: EpochShape, seed: int, epoch: int, index: int) -> list[int]:
     """Sample indices of batch ``index`` of epoch ``epoch``.
 
     Raises:
@@ -113,7 +113,7 @@ def batch_indices(cfg: PlanConfig, seed: int, epoch: int, index: int) -> list[in
     return perm[start:start + cfg.batch_size].tolist()
 
 
-def batch_block(cfg: PlanConfig, seed: int, epoch: int, index: int) -> int:
+def batch_block(cfg: EpochShape, seed: int, epoch: int, index: int) -> int:
     """The shuffle block batch ``index`` of ``epoch`` draws from (0 for a full shuffle).
 
     Raises:
@@ -128,7 +128,7 @@ def batch_block(cfg: PlanConfig, seed: int, epoch: int, index: int) -> int:
     return int(_block_order(cfg, seed, epoch)[index][0])
 
 
-def block_range(cfg: PlanConfig, block: int) -> range:
+def block_range(cfg: EpochShape, block: int) -> range:
     """Sample indices of shuffle block ``block``."""
     size = cfg.block_samples or cfg.num_samples
     return range(block * size, min((block + 1) * size, cfg.num_samples))
@@ -144,7 +144,7 @@ class _BlockOrder:
     has millions of batches; its order costs 8 bytes a block).
     """
 
-    def __init__(self, cfg: PlanConfig, seed: int, epoch: int) -> None:
+    def __init__(self, cfg: EpochShape, seed: int, epoch: int) -> None:
         rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, 0xB10C)))
         self.blocks = rng.permutation(cfg.num_blocks)
         self.group = cfg.interleave
@@ -178,7 +178,7 @@ class _BlockOrder:
 
 
 @lru_cache(maxsize=8)
-def _block_order(cfg: PlanConfig, seed: int, epoch: int) -> _BlockOrder:
+def _block_order(cfg: EpochShape, seed: int, epoch: int) -> _BlockOrder:
     return _BlockOrder(cfg, seed, epoch)
 
 

@@ -50,7 +50,7 @@ def unclean(report: dict) -> str | None:
     return report["unsafe"]
 
 
-class Launcher:
+class WorkerStarter:
     """Starts a pool's unstarted worker handles (lifecycle.py). With the warm parent on a thread of
     its own: it imports torch before it forks anything, and meanwhile the server's main thread
     imports the builder's module, as it does while spawned workers load."""
@@ -172,7 +172,7 @@ class Launcher:
 
     def wait(self):
         """What the workers were started with (a WarmParent, or spawn's context), once those this
-        launcher starts by itself are (all when spawned; the first when forked).
+        starter starts by itself are (all when spawned; the first when forked).
 
         Raises:
             ConfigError: the warm parent or a worker did not start within the start-up timeout.

@@ -35,7 +35,7 @@ from .results import Death, Failure, GaveUp, built, crashed_too_often, exit_stat
 from .slots import ServerSlot
 from .state import MAX_ATTEMPTS, TASKS_AHEAD, PoolState
 from .tasks import Result, Task
-from .warm_start import Launcher
+from .warm_start import WorkerStarter
 
 __all__ = ["MAX_ATTEMPTS", "TASKS_AHEAD", "Result", "Task", "WorkerPool"]
 
@@ -66,7 +66,7 @@ class WorkerPool:
         _check_sizes(num_workers, slots_per_worker)
         self._num_workers = num_workers
         self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, compression, nice)
-        self.launcher = Launcher(worker_start, self._cfg, lambda: self.state.stopping, spare)  # method: how they start
+        self.starter = WorkerStarter(worker_start, self._cfg, lambda: self.state.stopping, spare)  # method: how they start
         self.state = PoolState(num_workers)
         # Held from deciding a worker's tasks to writing them, so that each worker reads its
         # tasks in the order the state recorded them and two threads' frames never interleave.
@@ -101,7 +101,7 @@ class WorkerPool:
         if not self.state.workers():
             self.state.workers_spawned(handles := [unstarted(w, self._cfg) for w in range(self._num_workers)])
             self._spawned_at = time.monotonic()
-            self.launcher.start(handles)
+            self.starter.start(handles)
 
     def start(self, own_thread: bool = True) -> None:
         """Start the workers; wait until each has loaded the pipeline; ``info`` is then what they
@@ -116,14 +116,14 @@ class WorkerPool:
         """
         self.spawn()
         try:
-            self.info = start_all(self.launcher.wait(), self.state.workers(), self._cfg,
+            self.info = start_all(self.starter.wait(), self.state.workers(), self._cfg,
                                   self._spawned_at + self._cfg.start_timeout, self.state.worker_respawned,
-                                  self.launcher.after_first)
+                                  self.starter.after_first)
         except ConfigError:
             self.stop(0)
             raise
         self.state.workers_ready()
-        self.launcher.keep_spare()
+        self.starter.keep_spare()
         self.started_at = time.monotonic()
         if own_thread:
             self._thread = threading.Thread(target=self._loop, name="worker-pool", daemon=True)
@@ -133,11 +133,11 @@ class WorkerPool:
         """Stop every worker (politely, then SIGKILL after ``timeout``)."""
         failures = self.state.stop()
         self._wake()
-        self.launcher.join(max(timeout, 1.0))
+        self.starter.join(max(timeout, 1.0))
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(timeout, 1.0))
         stop_workers(self.state.workers(), timeout)
-        self.launcher.close(max(timeout, 1.0))  # after its workers: it forks no replacement now
+        self.starter.close(max(timeout, 1.0))  # after its workers: it forks no replacement now
         self._fail(failures)
 
     # -- public API
@@ -242,7 +242,7 @@ class WorkerPool:
             self._fail(self.state.batch_failed(w, msg))
             return
         if isinstance(msg, ImportedMsg):
-            self.launcher.learn(msg)  # the warm parent imports them too, off this thread
+            self.starter.learn(msg)  # the warm parent imports them too, off this thread
             return
         if not isinstance(msg, DoneMsg):
             log.error("data worker %d sent an unexpected %s", w.wid, type(msg).__name__)
@@ -317,8 +317,8 @@ class WorkerPool:
 
     def _replace(self, dead: WorkerHandle) -> None:
         try:
-            new = spawn_replacement(self.launcher.ctx, dead.wid, self._cfg, lambda: self.state.stopping,
-                                    self.launcher.take_spare)
+            new = spawn_replacement(self.starter.ctx, dead.wid, self._cfg, lambda: self.state.stopping,
+                                    self.starter.take_spare)
         except ConfigError as exc:
             self._gave_up(self.state.replacement_gave_up(str(exc)))
             return

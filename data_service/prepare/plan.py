@@ -68,7 +68,7 @@ class Summary:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Split:
     """The split every part of one run shares (written to ``_prepare/plan.json``)."""
 
     samples: int
@@ -94,7 +94,7 @@ class Plan:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes, where: str) -> "Plan":
+    def from_json(cls, raw: bytes, where: str) -> "Split":
         try:
             doc = json.loads(raw)
             return cls(int(doc["samples"]), int(doc["per_shard"]), doc["seed"], int(doc["max_side"]),
@@ -184,11 +184,11 @@ def finished(store) -> set[int]:
     return done
 
 
-def read_plan(store) -> Plan | None:
+def read_plan(store) -> Split | None:
     try:
         if not store.exists(PLAN):
             return None
-        return Plan.from_json(store.read(PLAN), store.key_url(PLAN))
+        return Split.from_json(store.read(PLAN), store.key_url(PLAN))
     except StoreError as exc:
         raise ConfigError(str(exc)) from exc
 

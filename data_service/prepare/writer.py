@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..shards.format import INDEX_NAME, JSON_INDEX_NAME
 from ..storage import open_store
 
-from .plan import PLAN, WORK, Plan, Summary, finished, items_digest, merge, parse_part, per_shard, read_plan
+from .plan import PLAN, WORK, Split, Summary, finished, items_digest, merge, parse_part, per_shard, read_plan
 from .shard_files import write_shards
 log = logging.getLogger(__name__)
 
@@ -206,15 +206,15 @@ def _order(samples: int, shuffle_seed: int | None) -> np.ndarray:
 
 
 def _plan(src: str, classes: list[str], items: list[tuple[str, int]], order: np.ndarray, target: str,
-          options: dict, shard_size: int, shuffle_seed: int | None, max_side: int, verify: bool) -> Plan:
+          options: dict, shard_size: int, shuffle_seed: int | None, max_side: int, verify: bool) -> Split:
     """The run's plan: samples per shard from the source's sizes, and what identifies the source."""
     source = (items_digest(items, src) if not target
               else f"{target}:{len(items)}:{json.dumps(options, sort_keys=True)}")
-    return Plan(len(items), per_shard(shard_size, _sizes(items, order, target, options)), shuffle_seed, max_side,
+    return Split(len(items), per_shard(shard_size, _sizes(items, order, target, options)), shuffle_seed, max_side,
                 verify, tuple(classes), source)
 
 
-def _jobs(plan: Plan, shards, items: list[tuple[str, int]], order: np.ndarray, max_side: int,
+def _jobs(plan: Split, shards, items: list[tuple[str, int]], order: np.ndarray, max_side: int,
           verify: bool) -> list[tuple[int, str, int, int, bool]]:
     """``_convert``'s work for ``shards``: (position, path or item number, label, max_side, verify) per sample."""
     return [(pos, items[order[pos]][0], items[order[pos]][1], max_side, verify)
@@ -235,7 +235,7 @@ def merge_parts(dest) -> Summary:
     return summary
 
 
-def _claim(store, dest: str, plan: Plan, overwrite: bool) -> None:
+def _claim(store, dest: str, plan: Split, overwrite: bool) -> None:
     """Write ``plan`` to ``dest``, or check that the run already there has the same one."""
     names = [name for name, _ in store.list()]
     index = [name for name in names if name in (INDEX_NAME, JSON_INDEX_NAME)]

@@ -13,7 +13,7 @@ import collections
 import logging
 
 from ..contract.pipeline import BlockPrefetcher
-from ..contract.sampler import PlanConfig, batch_indices
+from ..contract.sampler import EpochShape, batch_indices
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ EPOCHS_KEPT = 4
 class PrefetchOnce:
     """Hands each block of ``plan`` to ``prefetcher`` once per (seed, epoch); see the module docstring."""
 
-    def __init__(self, prefetcher: BlockPrefetcher, plan: PlanConfig) -> None:
+    def __init__(self, prefetcher: BlockPrefetcher, plan: EpochShape) -> None:
         if not isinstance(prefetcher.block_samples, int) or prefetcher.block_samples < 1:
             raise ValueError(f"prefetcher.block_samples={prefetcher.block_samples!r} must be an integer >= 1")
         self.prefetcher = prefetcher

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 
-from data_service.contract.sampler import PlanConfig, batch_block
+from data_service.contract.sampler import EpochShape, batch_block
 from data_service.protocol.generated import pb
 
 
@@ -49,7 +49,7 @@ class Affinity:
     """
 
     def __init__(self, info: pb.DatasetInfo) -> None:
-        self.cfg = PlanConfig(int(info.num_samples), int(info.batch_size), bool(info.drop_last), bool(info.shuffle),
+        self.cfg = EpochShape(int(info.num_samples), int(info.batch_size), bool(info.drop_last), bool(info.shuffle),
                               int(info.block_samples), int(info.interleave) or 1)
         self.salt = info.fingerprint
         # Blocks starting this many places beyond what the consumer asks for are announced to their

@@ -107,7 +107,7 @@ def _keep_building(target: str, options: dict, cpus: list[int], ready, stop) -> 
     os.sched_setaffinity(0, set(cpus))
     torch.set_num_threads(1)
     pipe = PipelineSpec(target, options).load()
-    plan = pipe.plan_config()
+    plan = pipe.epoch_shape()
     count = max(1, plan.num_samples // plan.batch_size)
     ready.set()
     i = 0
@@ -170,7 +170,7 @@ def profile_pipeline(target: str, options: dict | None = None, batches: int = 8,
         raise ValueError(f"batches={batches} must be >= 1 and warmup={warmup} >= 0")
     cpu = sorted(os.sched_getaffinity(0))[0] if cpu is None else cpu
     pipe = PipelineSpec(target, dict(options or {})).load()
-    plan = pipe.plan_config()
+    plan = pipe.epoch_shape()
     available = plan.num_samples // plan.batch_size
     if available < batches + warmup:
         raise ValueError(f"the pipeline has {available} batches per epoch; profiling needs {batches + warmup}")

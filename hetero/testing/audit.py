@@ -146,6 +146,6 @@ def check_audit(paths: str | os.PathLike | Iterable[str | os.PathLike], options:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     rows = [r for p in paths for r in read_audit(p)]
-    per_epoch = PipelineSpec(pipeline, options).load().plan_config().num_batches
+    per_epoch = PipelineSpec(pipeline, options).load().epoch_shape().num_batches
     return account(rows, lambda r: rank_share(per_epoch, r, world, "drop"),
                    Reference(pipeline, options, seed) if verify else None, complete=complete)

@@ -27,7 +27,7 @@ HOST_MAP_VAR = "HETERO_HOST_MAP"
 
 
 @dataclass(frozen=True)
-class NodePlan:
+class NodeAssignment:
     """This node's part in the job.
 
     Attributes:
@@ -69,7 +69,7 @@ def _hosts_of(env: SageMakerEnv, names: list[str], option: str) -> tuple[str, ..
     return tuple(sorted(hosts, key=host_key))
 
 
-def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
+def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodeAssignment:
     """Decide this node's role.
 
     Raises:
@@ -82,7 +82,7 @@ def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
         raise ConfigError(f"group(s) {sorted(overlap)} named both data_group and dnn_group; name each once")
     if cfg.elastic.join:  # a data-only job: every node serves another job's registry
         hosts = tuple(sorted(env.hosts, key=host_key))
-        return NodePlan(DATA, env.current_host, hosts, (), -1)
+        return NodeAssignment(DATA, env.current_host, hosts, (), -1)
     if len(env.groups) == 1:
         only = env.groups[0]
         if only.name in data_names:
@@ -90,7 +90,7 @@ def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
                               f"{cfg.roles.data_group!r}); add a dnn group {cfg.roles.dnn_group!r}, rename the group, or set join= to "
                               "serve another job's registry")
         hosts = tuple(sorted(only.hosts, key=host_key))
-        return NodePlan(HOMOGENEOUS, env.current_host, (), hosts, hosts.index(env.current_host))
+        return NodeAssignment(HOMOGENEOUS, env.current_host, (), hosts, hosts.index(env.current_host))
     if env.current_group not in data_names + dnn_names:
         raise ConfigError(f"this node's group {env.current_group!r} is neither a data group "
                           f"(data_group={cfg.roles.data_group!r}) nor a dnn group (dnn_group={cfg.roles.dnn_group!r}); "
@@ -98,12 +98,12 @@ def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodePlan:
     dnn_hosts = _hosts_of(env, dnn_names, "dnn_group")
     if cfg.roles.homogeneous:
         if env.current_group in data_names:
-            return NodePlan(IDLE, env.current_host, (), dnn_hosts, -1)
-        return NodePlan(HOMOGENEOUS, env.current_host, (), dnn_hosts, dnn_hosts.index(env.current_host))
+            return NodeAssignment(IDLE, env.current_host, (), dnn_hosts, -1)
+        return NodeAssignment(HOMOGENEOUS, env.current_host, (), dnn_hosts, dnn_hosts.index(env.current_host))
     data_hosts = _hosts_of(env, data_names, "data_group")
     if env.current_group in data_names:
-        return NodePlan(DATA, env.current_host, data_hosts, dnn_hosts, -1)
-    return NodePlan(DNN, env.current_host, data_hosts, dnn_hosts, dnn_hosts.index(env.current_host))
+        return NodeAssignment(DATA, env.current_host, data_hosts, dnn_hosts, -1)
+    return NodeAssignment(DNN, env.current_host, data_hosts, dnn_hosts, dnn_hosts.index(env.current_host))
 
 
 def host_map(environ: Mapping[str, str]) -> dict[str, str]:
@@ -132,7 +132,7 @@ def resolve(host: str, default_port: int, mapping: Mapping[str, str]) -> tuple[s
     return entry, default_port
 
 
-def data_addresses(plan: NodePlan, cfg: LaunchConfig, mapping: Mapping[str, str]) -> list[str]:
+def data_addresses(plan: NodeAssignment, cfg: LaunchConfig, mapping: Mapping[str, str]) -> list[str]:
     """gRPC ``address:port`` of every data server the trainers read from."""
     hosts = list(plan.data_hosts)
     if cfg.serve.dnn_local_server and plan.role == DNN:

@@ -10,6 +10,7 @@ import re
 
 import torch
 
+from ..contract.on_corrupt import OnCorrupt
 from .crop_decode import CachedCropDecode, CropDecode, stack
 from .decoded_cache import DecodedCache
 from .sources import CorruptImageError, corrupt, decode_bytes
@@ -42,11 +43,11 @@ class FusedAugment:
             which writes them into the batch in one pass); False: always ``[3, S, S]`` tensors.
     """
 
-    def __init__(self, image_size: int, min_scale: float, on_corrupt: str = "fail", dct_scaling: str = "pow2",
+    def __init__(self, image_size: int, min_scale: float, on_corrupt: OnCorrupt | str = OnCorrupt.FAIL, dct_scaling: str = "pow2",
                  cache: DecodedCache | None = None, side: int = 0, deferred: bool = False) -> None:
         self.crop_decode = CachedCropDecode(image_size, min_scale, decode_bytes, cache, side, deferred) if cache \
             else CropDecode(image_size, min_scale, decode_bytes, dct_scaling, deferred)
-        self.on_corrupt = on_corrupt
+        self.on_corrupt = OnCorrupt.parse(on_corrupt)
 
     @property
     def counts(self) -> dict[str, int]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from ..contract import wire as wire_encoding
+from ..contract.on_corrupt import OnCorrupt
 from ..errors import ConfigError
 
 # Shard reading: a shuffle block of this many batches, and this many blocks alternating
 # (docs/shards.md, "Choosing the block size").
 DEFAULT_BLOCK_BATCHES = 32
 DEFAULT_INTERLEAVE = 8
-ON_CORRUPT = {"fail": "stop, naming the file", "skip": "drop the sample, counted in samples_skipped"}
 FINISH_ON = {"device": "uint8 on the wire, normalised on the training device", "server": "float32 on the wire"}
 DECODE = {"fused": "decode only the random crop", "whole": "decode every image whole, then crop"}
 DCT_SCALING = {"pow2": "large crops decoded at 1/2, 1/4 or 1/8 scale", "none": "full scale"}
@@ -37,7 +37,7 @@ class ImageOptions:
     batch_size: int = 32
     image_size: int = 224
     min_scale: float = 0.08
-    on_corrupt: str = "fail"
+    on_corrupt: OnCorrupt = OnCorrupt.FAIL  # a name ("fail", "skip") is parsed once, at construction
     limit: int = 0
     data_dir: str | None = None
     drop_last: bool = True
@@ -81,7 +81,7 @@ class ImageOptions:
         _integer("image_size", self.image_size, 8, 4096, " (pixels per side of the crop)")
         _number("min_scale", self.min_scale, "in (0, 1]: the smallest crop area as a share of the image",
                 lambda x: 0 < x <= 1)
-        _choice("on_corrupt", self.on_corrupt, ON_CORRUPT)
+        object.__setattr__(self, "on_corrupt", OnCorrupt.parse(self.on_corrupt))
         _choice("finish_on", self.finish_on, FINISH_ON)
         _integer("limit", self.limit, 0, hint=" (0 = every image)")
         _text("data_dir", self.data_dir, "a folder laid out as root/<class>/*.jpg (or unset: SM_CHANNEL_TRAINING)",

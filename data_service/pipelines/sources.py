@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..contract.on_corrupt import OnCorrupt
 from ..contract.pipeline import SkipSample
 from ..errors import ConfigError
 from ..shards.checksum import CorruptSampleError
@@ -134,10 +135,10 @@ def decode_bytes(data: bytes, name: str) -> torch.Tensor:
         raise CorruptImageError(f"{name} does not decode as an image ({reason})") from None
 
 
-def corrupt(exc: CorruptImageError, on_corrupt: str, where: str = ""):
+def corrupt(exc: CorruptImageError, on_corrupt: OnCorrupt, where: str = ""):
     """Raise what ``on_corrupt`` asks for a sample that does not decode: SkipSample (from file or shard
     ``where``), or the error with the fix."""
-    if on_corrupt == "skip":
+    if on_corrupt is OnCorrupt.SKIP:
         raise SkipSample(str(exc), where=where) from None
     raise CorruptImageError(f"{exc}; replace or remove the file, or pass pipeline.on_corrupt=skip to "
                             "drop such samples (counted in the data server's samples_skipped)") from None
@@ -152,12 +153,13 @@ class ImageFolder:
         decoded: False: sample i is ``((file bytes, path), label)``, for :class:`~.crop_decode.CropDecode`.
     """
 
-    def __init__(self, root: str, on_corrupt: str = "fail", limit: int = 0, decoded: bool = True) -> None:
+    def __init__(self, root: str, on_corrupt: OnCorrupt | str = OnCorrupt.FAIL, limit: int = 0,
+                 decoded: bool = True) -> None:
         self.root = root
         self.classes, self.samples = scan(root)
         if limit:
             self.samples = self.samples[:limit]
-        self.on_corrupt = on_corrupt
+        self.on_corrupt = OnCorrupt.parse(on_corrupt)
         self.decoded = decoded
 
     def __len__(self) -> int:
@@ -183,12 +185,13 @@ class ShardImages:
             :class:`ImageFolder`.
     """
 
-    def __init__(self, shards, on_corrupt: str = "fail", limit: int = 0, decoded: bool = True) -> None:
+    def __init__(self, shards, on_corrupt: OnCorrupt | str = OnCorrupt.FAIL, limit: int = 0,
+                 decoded: bool = True) -> None:
         self.shards = shards
         self.decoded = decoded
         self.root = shards.location
         self.classes = shards.classes
-        self.on_corrupt = on_corrupt
+        self.on_corrupt = OnCorrupt.parse(on_corrupt)
         self.length = min(limit, len(shards)) if limit else len(shards)
 
     def __len__(self) -> int:
@@ -203,7 +206,7 @@ class ShardImages:
         try:
             data, label = self.shards[i]
         except DAMAGED as exc:  # bytes that failed their checksum twice, a shard cut short, a corrupt index
-            if self.on_corrupt == "skip":  # entry: never handed to training
+            if self.on_corrupt is OnCorrupt.SKIP:  # entry: never handed to training
                 raise SkipSample(str(exc), where=self.where(i)) from None
             raise
         name = f"sample {i} of {self.where(i)}"

@@ -50,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..contract.on_corrupt import OnCorrupt
 from ..contract.pipeline import count_reread
 from ..errors import ConfigError, DataServiceError
 from ..storage import open_store
@@ -88,13 +89,12 @@ class ParquetDataset:
     """
 
     def __init__(self, location: str, *, block_samples: int = 1024, image_column: str = "image",
-                 label_column: str = "label", on_corrupt: str = "fail", cache_dir: str = "", cache_bytes: int = 0,
-                 request_timeout_s: float = 60.0, readers: int = 8, range_bytes: int = 16 << 20, index: str = "",
+                 label_column: str = "label", on_corrupt: OnCorrupt | str = OnCorrupt.FAIL, cache_dir: str = "",
+                 cache_bytes: int = 0, request_timeout_s: float = 60.0, readers: int = 8, range_bytes: int = 16 << 20, index: str = "",
                  unchecked: str = "warn") -> None:
         if isinstance(block_samples, bool) or not isinstance(block_samples, int) or block_samples < 1:
             raise ConfigError(f"block_samples={block_samples!r} must be an integer >= 1")
-        if on_corrupt not in ("fail", "skip"):
-            raise ConfigError(f"on_corrupt={on_corrupt!r} must be 'fail' or 'skip'")
+        on_corrupt = OnCorrupt.parse(on_corrupt)
         if unchecked not in ps.UNCHECKED:
             raise ConfigError(f"unchecked={unchecked!r} must be " +
                               " or ".join(f"{k!r} ({why})" for k, why in ps.UNCHECKED.items()))
@@ -208,7 +208,7 @@ class ParquetDataset:
             failed = f"{self._where(g)}: row {row} has no label" if label == pm.NO_LABEL else \
                 f"{self._where(g)}: row {row} differs from its checksum (written by `hetero index`), read twice from " \
                 "the source: the file was damaged after it was indexed (or written again: then index it again)"
-        if self.on_corrupt == "skip":
+        if self.on_corrupt is OnCorrupt.SKIP:
             from ..contract.pipeline import SkipSample
 
             raise SkipSample(f"sample {i}: {failed}", where=self.where(i))

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..contract.on_corrupt import OnCorrupt
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from .checksum import sample_crcs
@@ -162,7 +163,7 @@ def split_source(src: str) -> tuple[str, str]:
 class _Shard:
     """One tar's samples, walked once: columns for the index, skips counted."""
 
-    def __init__(self, name: str, size: int, rule: LabelRule, image_exts: tuple[str, ...], on_corrupt: str,
+    def __init__(self, name: str, size: int, rule: LabelRule, image_exts: tuple[str, ...], on_corrupt: OnCorrupt,
                  where: str, strict: bool = False) -> None:
         self.name, self.size, self.rule, self.image_exts, self.on_corrupt = name, size, rule, image_exts, on_corrupt
         self.where, self.strict = where, strict
@@ -198,14 +199,14 @@ class _Shard:
         cut = self._cut(damage, keys, repeated, last)
         if self.unended and cut:
             problem = self._problem(cut, keys[cut], repeated.get(cut, ""))
-            if self.on_corrupt != "skip":
+            if self.on_corrupt is not OnCorrupt.SKIP:
                 raise ConfigError(f"{problem}; the shard ends right after it without its end-of-archive blocks (cut "
                                   "short, as by an interrupted upload): upload the shard again, or pass --on-corrupt "
                                   "skip to index its whole samples") from None
             self._skip("cut short by their shard's end", f"{self.where} sample {cut!r} (the shard was cut short)")
         broken = None if self.unended else damage
         named = f" (sample {cut!r} is cut)" if cut else f" (after sample {last!r}, whole)" if last else ""
-        if broken is not None and self.on_corrupt != "skip":
+        if broken is not None and self.on_corrupt is not OnCorrupt.SKIP:
             raise ConfigError(f"{broken}{named}; replace the shard, leave it out with a pattern, or pass "
                               "--on-corrupt skip to index the whole samples before the damage") from None
         for k, parts in keys.items():
@@ -248,7 +249,7 @@ class _Shard:
         try:
             image, label = self._check(key, parts, repeated)
         except UnindexableSample as exc:
-            if self.on_corrupt != "skip":
+            if self.on_corrupt is not OnCorrupt.SKIP:
                 raise ConfigError(f"{exc}; fix the shard, or pass --on-corrupt skip to leave such samples out "
                                   "(counted)") from None
             self._skip(exc.reason, str(exc))
@@ -306,7 +307,7 @@ def _key(name: str) -> tuple[str, str]:
 
 
 def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", classes: list[str] | None = None,
-               image_exts: tuple[str, ...] = IMAGE_EXTS, on_corrupt: str = "fail", workers: int = 8,
+               image_exts: tuple[str, ...] = IMAGE_EXTS, on_corrupt: OnCorrupt | str = OnCorrupt.FAIL, workers: int = 8,
                overwrite: bool = False, strict: bool = False, request_timeout_s: float = 60.0,
                progress: Callable[[int, int], None] | None = None) -> IndexSummary:
     """Write ``index.bin`` for the WebDataset tars at ``src`` (a folder, an ``s3://`` prefix or a Store) to
@@ -327,8 +328,7 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
         ConfigError: no shards, a bad option, a bad sample or shard (``on_corrupt="fail"``), an index
             already at ``dest`` (without ``overwrite``), a location that cannot be read or written.
     """
-    if on_corrupt not in ("fail", "skip"):
-        raise ConfigError(f"on_corrupt={on_corrupt!r} must be 'fail' or 'skip'")
+    on_corrupt = OnCorrupt.parse(on_corrupt)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers={workers!r} must be an integer >= 1")
     bad = [e for e in image_exts if e.lower() not in IMAGE_EXTS]
@@ -387,7 +387,7 @@ def _labelled(rule: LabelRule, shard: _Shard, on_corrupt: str) -> tuple[list, li
         try:
             labels.append(rule.label(sample[2] or b"", sample[3]))
         except UnindexableSample as exc:
-            if on_corrupt != "skip":
+            if on_corrupt is not OnCorrupt.SKIP:
                 raise ConfigError(f"{exc}; fix the label, or pass --on-corrupt skip to leave such samples out "
                                   "(counted)") from None
             shard._skip(exc.reason, str(exc))

@@ -103,7 +103,8 @@ def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, ma
     from .train.dnn_node import local_procs, run_dnn_node
     from .train.trainer import TrainJob
 
-    servers, server_hosts = (), ()
+    servers: tuple[str, ...] = ()
+    server_hosts: tuple[str, ...] = ()
     local_server = None
     nprocs = local_procs(cfg.dnn.procs_per_node, env.num_gpus)
     if plan.role == HOMOGENEOUS and cfg.data.homogeneous_server_workers(nprocs):

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from dnn_worker import DeviceFeeder, ResumableLoader
 from dnn_worker.device.feeder import FinishStage
+from dnn_worker.resume.batch_list import BatchList
 from dnn_worker.resume.sharding import ShardedBatches
 
 
@@ -36,7 +37,7 @@ class _InMemory(ShardedBatches):
     def num_batches_per_epoch(self) -> int:
         return len(self.batches)
 
-    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
+    def _batches(self, items: BatchList) -> Iterator[tuple[int, int, Any]]:
         for epoch, index in items:
             yield epoch, index, self.batches[index]
 

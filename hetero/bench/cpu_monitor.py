@@ -17,6 +17,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import psutil
 
@@ -117,7 +118,7 @@ class NodeCpuMonitor:
         self.core_series: list[tuple[float, list[float]]] = []  # (wall clock, each core's busy seconds) per sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="node-cpu-monitor", daemon=True)
-        self._cores_start = None
+        self._cores_start: list | None = None  # each core's times at __enter__
 
     def __enter__(self) -> "NodeCpuMonitor":
         self._cores_start = psutil.cpu_times(percpu=True)
@@ -128,7 +129,7 @@ class NodeCpuMonitor:
         self._stop.set()
         self._thread.join(5.0)
         end = psutil.cpu_times(percpu=True)
-        for cpu, (a, b) in enumerate(zip(self._cores_start, end)):
+        for cpu, (a, b) in enumerate(zip(cast(list, self._cores_start), end)):
             total = sum(b) - sum(a)
             idle = (b.idle + getattr(b, "iowait", 0.0)) - (a.idle + getattr(a, "iowait", 0.0))
             self.core_busy[cpu] = 1.0 - idle / total if total > 0 else 0.0

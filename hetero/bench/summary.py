@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict
+from typing import Any, cast
 
 from ..planning.network import SINGLE_FLOW_GBPS, NetworkError, bytes_per_image_from_stats, images_to_gbps
 from ..planning.planner import predict_fed_step, predict_network_step
@@ -39,6 +40,8 @@ def quiet_rounds(runs: list[RunResult], max_foreign: float) -> list[int]:
 def mode_figures(runs: list[RunResult], mode: str, warmup: int) -> dict:
     """Step time, data wait, samples/s (median and spread) and CPU busy share per node of ``mode``."""
     good = [r for r in runs if r.mode == mode and r.ok and r.step_s is not None]
+    # a run with a step time has metrics: step_s is read from them
+    metrics = [cast(dict, r.metrics) for r in good]
     busy: dict[str, list[float]] = {}
     for r in good:
         for node in r.cpu:
@@ -46,15 +49,15 @@ def mode_figures(runs: list[RunResult], mode: str, warmup: int) -> dict:
             busy.setdefault(label, []).append(node["busy_share"])
     return {
         "runs": len(good), "failed_runs": sum(1 for r in runs if r.mode == mode and not r.ok),
-        "step_time_s": spread([r.step_s for r in good]),
+        "step_time_s": spread([cast(float, r.step_s) for r in good]),
         "step_time_windows_s": spread([w for r in good for w in r.windows_s]),
-        "data_wait_fraction": spread([r.metrics["data_wait_fraction"] for r in good]),
-        "samples_per_s": spread([r.metrics["samples_per_s"] for r in good]),
+        "data_wait_fraction": spread([m["data_wait_fraction"] for m in metrics]),
+        "samples_per_s": spread([m["samples_per_s"] for m in metrics]),
         "cpu_busy_share": {k: statistics.median(v) for k, v in busy.items()},
         "foreign_share": spread([r.foreign_share for r in good if r.foreign_share is not None]),
-        "warmup_steps_discarded": good[0].metrics["warmup_steps_discarded"] if good else warmup,
-        "steps_per_run": good[0].metrics["steps"] if good else 0,
-        "step_kind": good[0].metrics.get("step_kind") if good else None,
+        "warmup_steps_discarded": metrics[0]["warmup_steps_discarded"] if good else warmup,
+        "steps_per_run": metrics[0]["steps"] if good else 0,
+        "step_kind": metrics[0].get("step_kind") if good else None,
         "cpu_per_step_s": cpu_per_step(good),
     }
 
@@ -90,8 +93,8 @@ def summarize(cfg: BenchConfig, runs: list[RunResult]) -> dict:
     """Per mode figures over the quiet rounds (or all rounds if none is quiet), and the speed-up."""
     quiet = quiet_rounds(runs, cfg.max_foreign)
     basis_runs = [r for r in runs if r.round in quiet] if quiet else runs
-    out = {"basis": "quiet rounds" if quiet else "all rounds", "quiet_rounds": quiet,
-           "rounds": sorted({r.round for r in runs}), "max_foreign": cfg.max_foreign}
+    out: dict[str, Any] = {"basis": "quiet rounds" if quiet else "all rounds", "quiet_rounds": quiet,
+                           "rounds": sorted({r.round for r in runs}), "max_foreign": cfg.max_foreign}
     for key, subset in (("modes", basis_runs), ("modes_all_rounds", runs)):
         out[key] = {mode: mode_figures(subset, mode, cfg.warmup) for mode in MODES}
     for prefix, subset, key in (("", basis_runs, "modes"), ("all_rounds_", runs, "modes_all_rounds")):
@@ -133,11 +136,13 @@ def cores_had(run: RunResult, cpus: list[int]) -> float | None:
     share other processes took of them in the run's steady state (over the whole run where the
     steady state was not measured; None: neither was)."""
     steady = [run.others_steady.get(c, run.others_steady.get(str(c))) for c in cpus]  # str keys: read back from JSON
-    if cpus and all(o is not None for o in steady):
-        return sum(1.0 - o for o in steady)
+    steady_known = [o for o in steady if o is not None]
+    if cpus and len(steady_known) == len(steady):
+        return sum(1.0 - o for o in steady_known)
     nodes = [n for n in run.cpu if n.get("cpus") and set(n["cpus"]) <= set(cpus) and "cpu_s" in n and n.get("wall_s")]
-    busy = [run.core_busy.get(c, run.core_busy.get(str(c))) for c in cpus]
-    if not nodes or not cpus or any(b is None for b in busy):
+    busy_all = [run.core_busy.get(c, run.core_busy.get(str(c))) for c in cpus]
+    busy = [b for b in busy_all if b is not None]
+    if not nodes or not cpus or len(busy) < len(busy_all):
         return None
     wall = max(n["wall_s"] for n in nodes)
     ours = sum(n["cpu_s"] for n in nodes) / (wall * len(cpus))

@@ -16,6 +16,7 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
+from typing import cast
 
 
 def register(sub) -> None:
@@ -182,9 +183,10 @@ def network_inputs(args: argparse.Namespace, profiled_bytes: float | None) -> di
     if not isinstance(side, int) or side < 1:
         raise NetworkError(f"crop size {side!r} (--crop-size or -o image_size) must be a positive number of pixels")
     crop = side * side * 3
-    return {"bytes": crop * wire.bytes_ratio, "wire": wire, "flow_gbps": flow,
+    ratio = cast(float, wire.bytes_ratio)  # bytes not measured: wire_encoding gave a stored encoding, with a ratio
+    return {"bytes": crop * ratio, "wire": wire, "flow_gbps": flow,
             "source": f"assumed: a {side}x{side}x3 uint8 crop"
-                      + (f" x {wire.bytes_ratio:g} for {wire.name}" if wire.name != "uint8" else "")
+                      + (f" x {ratio:g} for {wire.name}" if wire.name != "uint8" else "")
                       + "; give --bytes-per-sample as measured, or --profile"}
 
 
@@ -281,9 +283,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"hetero plan: {exc}")
         return 2
     print(format_plan(result))
-    for enc, ratio, other in wires:
-        print(wire_line(enc.name, enc.bytes_ratio, enc.encode_s, enc.source.split("; ")[-1], other, result,
-                        enc.decode_s))
+    for enc, ratio, other in wires:  # stored encodings, each with a bytes ratio
+        print(wire_line(enc.name, cast(float, enc.bytes_ratio), enc.encode_s, enc.source.split("; ")[-1], other,
+                        result, enc.decode_s))
     for kv, other_s, other in compared:
         print(compare_line(kv, preprocess_s, result, other_s, other))
     if args.jobs != 1:

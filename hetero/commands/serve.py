@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import signal
+from typing import Any, cast
 
 from data_service.errors import ConfigError
 
@@ -124,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
             server.shutdown(grace_s=1.0, reason="could not join")
             print(f"hetero serve: --join {args.join}: {exc}")
             return 2
-    watch = idle.watch(server) if idle is not None else None
+    # IdleExit's server protocol declares a settable stats: object; DataServer's is a ServerStats, only read there
+    watch = idle.watch(cast(Any, server)) if idle is not None else None
     if args.port_file:
         tmp = args.port_file + ".tmp"
         with open(tmp, "w") as f:

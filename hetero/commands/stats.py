@@ -16,6 +16,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 _ADVICE = "launcher.advice.advisor: advice at step"
 _AUTOSCALE = "launcher.autoscale.controller: autoscale at step"
@@ -41,7 +42,7 @@ def latest_advice(logs: Path) -> dict | None:
     """
     from launcher.metric_lines import METRIC_DEFINITIONS
 
-    found = None
+    found: dict[str, Any] | None = None
     for path in sorted(logs.glob("*.log")):
         advice = step = scaled = None
         for line in path.read_text(errors="replace").splitlines():

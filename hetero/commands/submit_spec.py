@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import cast
 
 
 def cluster_of(args: argparse.Namespace) -> tuple[list, tuple[str, int] | None]:
@@ -74,7 +75,8 @@ def job_spec(args: argparse.Namespace, name: str, image: str, region: str, outpu
         raise SubmitError(f"--volume-size {args.volume_size}: give at least 1 (GB)")
     return JobSpec(
         job_name=name, role=args.role, image=image, region=region, output=output,
-        groups=groups or [Group("homogeneousCluster", *instance)], homogeneous=not groups,
+        # cluster_of gives an --instance whenever there are no groups
+        groups=groups or [Group("homogeneousCluster", *cast("tuple[str, int]", instance))], homogeneous=not groups,
         channels=apply_input_modes([parse_input(text) for text in args.input], args.input_mode),
         hyperparameters=hps,
         max_run_s=parse_duration(args.max_run, "--max-run"), spot=args.spot,

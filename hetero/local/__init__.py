@@ -12,7 +12,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from data_service.errors import ConfigError
 
@@ -134,7 +134,7 @@ def open_registry(job: LocalJob, hps: dict[str, Any], output: Path) -> dict[str,
 
     if job.homogeneous:
         raise ConfigError("--registry: a homogeneous job has no data servers to join")
-    registry = Path(job.registry).resolve()
+    registry = Path(cast(Path, job.registry)).resolve()  # called only for a job with a registry
     registry.mkdir(parents=True, exist_ok=True)
     hps["registry"] = str(registry)
     token = os.environ.get("HETERO_JOB_TOKEN", "")

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO, cast
 
 from .tree import Node, node_command, node_environ
 
@@ -84,7 +85,7 @@ class LocalCluster:
         prefix = f"[{node.host} {node.role}] "
         # line-buffered: `hetero stats --local` reads the logs while the job runs
         with open(self.log_dir / f"{node.host}.log", "w", buffering=1) as f:
-            for line in proc.stdout:
+            for line in cast(IO[str], proc.stdout):  # started with stdout=PIPE, text=True
                 f.write(line)
                 self._note_error(node.host, line)
                 if (self.sigterm_on is not None and node.role != "data" and not self.sigterm_sent.is_set()

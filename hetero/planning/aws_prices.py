@@ -165,9 +165,10 @@ def _describe(ec2, names: list[str]) -> dict[str, dict]:
 def _figures(t: dict) -> dict:
     cards = sorted(t.get("NetworkInfo", {}).get("NetworkCards") or [], key=lambda c: c.get("NetworkCardIndex", 0))
     first = cards[0] if cards else {}
-    out = {"vcpus": int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0)),
-           "gpus": sum(int(g.get("Count", 0)) for g in t.get("GpuInfo", {}).get("Gpus") or []),
-           "network_cards": len(cards)}
+    out: dict[str, int | float | str] = {
+        "vcpus": int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0)),
+        "gpus": sum(int(g.get("Count", 0)) for g in t.get("GpuInfo", {}).get("Gpus") or []),
+        "network_cards": len(cards)}
     gpus = t.get("GpuInfo", {}).get("Gpus") or []
     if gpus:
         out["gpu"] = str(gpus[0].get("Name", ""))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 from launcher import capacity
 
@@ -274,14 +275,14 @@ class _Layouts:
                                         row.vcpus, n, self.bytes_per_sample, row.baseline_gbps,
                                         self.dnn.baseline_gbps, self.dnn_count, self.flow_gbps, self.encode_s,
                                         self.efficiency, self.own_cores if self.local_server else 0.0, self.goodput)
-            gbps = self._gbps_per_node(pred, n)
+            gbps = self._gbps_per_node(pred, n, self.bytes_per_sample)
         return pred, self._priced(f"{n} x {data_type}", [(data_type, n)], data_type, n, cores, pred, gbps)
 
-    def _gbps_per_node(self, pred: Prediction, n: int) -> float:
+    def _gbps_per_node(self, pred: Prediction, n: int, bytes_per_sample: float) -> float:
         """What each of ``n`` data nodes sends at ``pred``'s step, without what the DNN nodes' own servers build."""
         # every server is taken to run at the same share of what it can build, the data nodes included
         sent = self.images_per_step / pred.step_s * pred.network_items_s / pred.items_s
-        return images_to_gbps(sent / n, self.bytes_per_sample)
+        return images_to_gbps(sent / n, bytes_per_sample)
 
     def workload(self, reserve_cpus: int, max_count: int, wire: str) -> dict:
         """The figures the plan was made for, as :attr:`Plan.workload` reports them."""
@@ -301,10 +302,11 @@ class _Layouts:
 
     def _priced(self, label: str, data: Cluster, data_instance: str | None, data_count: int, cores: float,
                 pred: Prediction, gbps_per_node: float | None = None) -> Option:
-        cluster = [(self.dnn_instance, self.dnn_count)] + data
+        cluster = [(self.dnn_instance, self.dnn_count), *data]
         hourly = self.table.cluster_hourly(cluster)
         per_step = self.table.cost_per_step(cluster, pred.step_s)
-        return Option(label, tuple(tuple(c) for c in cluster), data_instance, data_count, cores, pred.step_s,
+        as_tuples = tuple(cast("tuple[str, int]", tuple(c)) for c in cluster)  # a caller's pairs may be lists
+        return Option(label, as_tuples, data_instance, data_count, cores, pred.step_s,
                       pred.data_wait_fraction, hourly, per_step, 1000 * per_step,
                       self.steps_per_epoch * per_step if self.steps_per_epoch else None,
                       pred.data_wait_fraction <= self.target_wait + 1e-12, pred.binding,

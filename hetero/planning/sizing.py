@@ -16,6 +16,7 @@ Inputs, all stated in the table's header:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from .cost import PriceTable
 from .network import SINGLE_FLOW_GBPS, UINT8_CROP_BYTES, wire_encoding
@@ -94,7 +95,8 @@ def sizing(table: PriceTable, models=MODELS, dnn_types=DNN_TYPES, wires=WIRES, d
                 enc = wire_encoding(name)
                 p = plan(table, dnn, BATCH_PER_GPU / per_core_images_s, gpu_step_s, BATCH_PER_GPU,
                          data_types=data_types, max_count=max_count, target_wait=target_wait,
-                         bytes_per_sample=UINT8_CROP_BYTES * enc.bytes_ratio, encode_s=enc.encode_s,
+                         # a stored encoding (bytes not measured): it has a bytes ratio
+                         bytes_per_sample=UINT8_CROP_BYTES * cast(float, enc.bytes_ratio), encode_s=enc.encode_s,
                          flow_gbps=flow_gbps, wire=enc.name)
                 best = p.data_group or min(p.candidates, key=lambda c: (c.step_s, c.usd_per_step))
                 per_s = info.gpus * BATCH_PER_GPU / best.step_s

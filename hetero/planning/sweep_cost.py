@@ -16,6 +16,7 @@ A job's dollars are its DNN group's plus its share (1/N) of a shared data group,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from .cost import PriceTable
 from .planner import Option, Plan, PlanError, Prediction, predict_network_step, predict_step
@@ -72,7 +73,8 @@ def sweep_prices(table: PriceTable, one: Plan, jobs: int, max_count: int = 64) -
     if group is None:
         raise PlanError("the plan has no data group to share: give --data-types with at least one CPU instance type")
     w = one.workload
-    data_instance, n = group.data_instance, group.data_count
+    # a data group's, or a candidate's with a data instance: every candidate is a layout with data nodes
+    data_instance, n = cast(str, group.data_instance), group.data_count
     cores = table.info(data_instance).vcpus
     c, p = w["consumers"], w["preprocess_s"]
     separate = _predict(w, p, c, cores, n, table, data_instance)

@@ -9,7 +9,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 from hetero.sagemaker.input_modes import check_input_modes
 from hetero.sagemaker.request import build_request
@@ -122,7 +122,8 @@ def submit(specs: list[JobSpec], clients: Clients, source_root: str | Path | Non
     arns = []
     for spec, request in zip(specs, requests):
         if spec.source_s3 and spec.source_s3 not in uploaded:
-            upload_source(clients.s3, archive[0], spec.source_s3, archive[1])
+            data, digest = cast("tuple[bytes, str]", archive)  # built above: a spec has a source_s3
+            upload_source(clients.s3, data, spec.source_s3, digest)
             uploaded.add(spec.source_s3)
         response = clients.sagemaker.create_training_job(**request)
         log.info("created training job %s (%s)", spec.job_name, response["TrainingJobArn"])

@@ -11,7 +11,7 @@ import json
 import logging
 import tarfile
 import time
-from typing import Callable
+from typing import IO, Callable, cast
 
 from data_service.errors import DataServiceError
 from hetero.sagemaker.source import split_s3
@@ -87,8 +87,9 @@ def wait(clients, job_names: list[str], timeout_s: float, poll_s: float = 30.0,
             if status != last_status.get(name):
                 log.info("%s: %s", name, status)
                 last_status[name] = status
-            for line in tails[name].poll() if name in tails else []:
-                on_log(line)
+            if on_log is not None and name in tails:  # tails: made only with on_log
+                for line in tails[name].poll():
+                    on_log(line)
             if desc["TrainingJobStatus"] in TERMINAL:
                 final[name] = desc
         if len(final) == len(job_names):
@@ -127,7 +128,7 @@ def fetch_metrics(s3, desc: dict) -> dict | None:
             with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tar:
                 for member in tar.getmembers():
                     if member.isfile() and member.name.rsplit("/", 1)[-1] == "metrics.json":
-                        found.append(json.loads(tar.extractfile(member).read()))
+                        found.append(json.loads(cast(IO[bytes], tar.extractfile(member)).read()))  # a file: has one
         except (tarfile.TarError, json.JSONDecodeError) as exc:
             log.warning("cannot read metrics.json from %s: %s", uri, exc)
     timed = [m for m in found if step_time(m)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import cast
 
 from hetero.sagemaker.spec import Channel, Group, JobSpec, SubmitError, check_s3_uri
 
@@ -106,5 +107,5 @@ def submit(spec: JobSpec, region: str, dry_run: bool = False) -> tuple[dict, str
 
     clients = Clients(region)
     archive, digest = build_sourcedir()
-    upload_source(clients.s3, archive, spec.source_s3, digest)
+    upload_source(clients.s3, archive, cast(str, spec.source_s3), digest)  # prepare_spec sets it
     return request, clients.sagemaker.create_training_job(**request)["TrainingJobArn"]

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import logging
+import sys
 import tarfile
 from pathlib import Path
 
@@ -38,9 +39,9 @@ def requirements(root: Path) -> str:
     path = root / "pyproject.toml"
     if not path.exists():
         return ""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:  # Python 3.10
+    else:  # Python 3.10
         try:
             import tomli as tomllib
         except ImportError:

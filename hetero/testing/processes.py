@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO, Any
 
 from data_service.pool.messages import SPARE_COMM
 from data_service.pool.warm_parent import COMM as WARM_PARENT
@@ -39,7 +40,12 @@ class _ProcessGroup:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self._running is not None
+
+    @property
+    def _running(self) -> subprocess.Popen | None:
+        """The child while it runs (None: not started, or exited)."""
+        return self.proc if self.proc is not None and self.proc.poll() is None else None
 
     @property
     def pid(self) -> int | None:
@@ -49,6 +55,7 @@ class _ProcessGroup:
         """Start ``cmd`` from the repository root, output appended to ``log_path`` (or, without one, to
         an unnamed temporary file that goes with this object, so an early exit can still say why)."""
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(self.env or {}))
+        out: IO[Any]
         if self.log_path:
             out = open(self.log_path, "a")
         else:
@@ -79,10 +86,11 @@ class _ProcessGroup:
 
     def _terminate(self, timeout: float) -> None:
         """SIGTERM, wait up to ``timeout``, then kill -9 whatever is left of the group."""
-        if self.alive:
-            self.proc.terminate()
+        proc = self._running
+        if proc is not None:
+            proc.terminate()
             try:
-                self.proc.wait(timeout)
+                proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
@@ -186,11 +194,14 @@ class ServerProc(_ProcessGroup):
         """Return once the server answers health checks; raise if it exits or ``timeout`` passes."""
         from dnn_worker.transport.control import ControlClient
 
+        if self.proc is None:
+            raise RuntimeError("ServerProc.wait_ready() before start()")
+        proc = self.proc
         deadline = time.monotonic() + timeout
         with ControlClient(self.address, self.token) as ctl:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"data server {self.address} exited with {self.proc.returncode}; "
+                if proc.poll() is not None:
+                    raise RuntimeError(f"data server {self.address} exited with {proc.returncode}; "
                                        f"{f'log {self.log_path}' if self.log_path else 'its output'}:{self._log_tail()}")
                 if ctl.healthy(timeout=1.0):
                     return
@@ -205,13 +216,14 @@ class ServerProc(_ProcessGroup):
         but the spare waiting to replace one)."""
         import psutil
 
-        if not self.alive:
+        proc = self._running
+        if proc is None:
             return []
         try:
-            kids = psutil.Process(self.proc.pid).children()
+            kids = psutil.Process(proc.pid).children()
         except psutil.Error:
             return []
-        out = []
+        out: list[int] = []
         for k in kids:
             try:
                 cmd, name = " ".join(k.cmdline()), k.name()
@@ -230,10 +242,11 @@ class ServerProc(_ProcessGroup):
         """(RSS of the server process, summed RSS of its workers) in bytes; (0, 0) when down."""
         import psutil
 
-        if not self.alive:
+        proc = self._running
+        if proc is None:
             return 0, 0
         try:
-            main = psutil.Process(self.proc.pid)
+            main = psutil.Process(proc.pid)
             workers = 0
             for pid in self.worker_pids():
                 try:
@@ -292,10 +305,11 @@ class ConsumerProc(_ProcessGroup):
         """RSS of the consumer and all its descendants in bytes; 0 when down."""
         import psutil
 
-        if not self.alive:
+        proc = self._running
+        if proc is None:
             return 0
         try:
-            p = psutil.Process(self.proc.pid)
+            p = psutil.Process(proc.pid)
             return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
         except psutil.Error:
             return 0

@@ -12,7 +12,7 @@ import select
 import socket
 import struct
 import time
-from typing import Any
+from typing import Any, cast
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                "te", "trailer", "transfer-encoding", "upgrade", "expect"}
@@ -79,7 +79,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- one request -------------------------------------------------------------------------
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            parts = []
+            parts: list[bytes] = []
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip(), 16)
                 if size == 0:
@@ -120,14 +120,14 @@ class _Handler(BaseHTTPRequestHandler):
             if k.lower() not in _HOP_BY_HOP and not (data is not None and k.lower() == "content-length"):
                 self.send_header(k, v)
         if data is not None:
-            self.send_header("Content-Length", length)
+            self.send_header("Content-Length", str(len(data)))
         if resp.will_close:  # moto closes after this response: the next request reconnects upstream
             self._upstream_closing = True
         self.end_headers()
         if no_body:
             resp.read()
             return
-        total = int(length)
+        total = int(cast(str, length))  # a body without a length upstream was buffered and given one above
         if fault == "stall":
             self.wfile.flush()
             self._stall()
@@ -138,7 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
             if fault == "reset_body":
                 raise _Reset
             self.close_connection = True
-            self._upstream.close()
+            cast(http.client.HTTPConnection, self._upstream).close()  # _forward left the one it answered on
             self._upstream = None
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_WR)
@@ -152,7 +152,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _forward(self, method: str, body: bytes) -> http.client.HTTPResponse:
         for attempt in range(2):  # moto may have closed an idle keep-alive connection: reconnect once
             if self._upstream is None:
-                self._upstream = http.client.HTTPConnection(*self.owner.target, timeout=300)
+                host, port = self.owner.target
+                self._upstream = http.client.HTTPConnection(host, port, timeout=300)
             conn = self._upstream
             try:
                 conn.putrequest(method, self.path, skip_host=True, skip_accept_encoding=True)

@@ -128,7 +128,8 @@ class LiveAdvisor:
                  registry: str = "", client: Callable[..., Any] | None = None,
                  network: Mapping[str, float] | None = None, flow_gbps: float | None = None) -> None:
         if client is None:
-            from dnn_worker import ControlClient as client
+            from dnn_worker import ControlClient
+            client = ControlClient
         self._servers, self._token, self._client = servers, token, client
         self.ranks, self.every, self.warmup = ranks, every, warmup
         self.data_instance, self.dnn_instance, self.dnn_count = data_instance, dnn_instance, dnn_count

@@ -66,6 +66,13 @@ class Actuator(Protocol):
         """Stop watching what was started (started nodes keep serving until drained or the job ends)."""
 
 
+class DrainingActuator(Actuator, Protocol):
+    """An actuator that also scales in by itself (the controller's ``drain_by_actuator``)."""
+
+    def drain(self, count: int, ctx: ScaleContext) -> list[str]:
+        """Stop ``count`` of the nodes it started (each leaves the registry first); ids of those stopped."""
+
+
 class LocalActuator:
     """``hetero serve PIPELINE --join REGISTRY`` processes on this machine.
 

@@ -23,13 +23,13 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from data_service.errors import ConfigError
 from data_service.membership.registry import Entry, RegistryError, verified_entries
 
 from ..metric_lines import autoscale_line
-from .actuators import Actuator, PartialScaleOut, ScaleContext
+from .actuators import Actuator, DrainingActuator, PartialScaleOut, ScaleContext
 from .policy import HOLD, IN, OUT, Demand, State, decide
 from .settings import Settings
 from .state import HISTORY_KEEP, StateStore
@@ -82,7 +82,7 @@ class Autoscaler:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoscale")
         self._pending: list[Future] = []
-        if saved:
+        if saved and self.store is not None:  # saved: read from the store
             log.info("autoscale: resumed from %s (%d decision(s) taken, last %s)", self.store.url,
                      self.state.decisions, self.state.last_action or "none")
 
@@ -153,17 +153,18 @@ class Autoscaler:
 
     # -- acting (the autoscale thread) ------------------------------------------------------------
     def _act(self, action: str, count: int, ctx: ScaleContext) -> None:
+        actuator = cast(Actuator, self.actuator)  # _on_advice acts only with an actuator
         try:
             if action == OUT:
                 try:
-                    ids = self.actuator.scale_out(count, ctx)
+                    ids = actuator.scale_out(count, ctx)
                 except PartialScaleOut as exc:
                     self._record_started(exc.created, missing=exc.asked - len(exc.created))
                     raise
                 self._record_started(ids)
                 log.info("autoscale: started %d data node(s) (%s) joining %s", len(ids), ", ".join(ids), self.registry)
             elif action == IN and self.drain_by_actuator:
-                stopped = self.actuator.drain(count, ctx)
+                stopped = cast(DrainingActuator, actuator).drain(count, ctx)  # drain_by_actuator: one that drains
                 with self._lock:
                     self.drained += stopped
                     self._not_draining(count - len(stopped))
@@ -173,7 +174,7 @@ class Autoscaler:
             elif action == IN:
                 drained = self._drain(count)
                 if drained:
-                    self.actuator.scale_in(drained, ctx)
+                    actuator.scale_in(drained, ctx)
         except Exception:  # noqa: BLE001 - the job goes on; the next advice decides again
             log.exception("autoscale: scale-%s of %d failed", action, count)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 OUT, IN, HOLD = "out", "in", "hold"
 
@@ -104,7 +104,7 @@ class Limits:
 
     def cap_nodes(self, node_usd_per_hour: float | None) -> int | None:
         """The most nodes the $/h cap pays for (None: no cap, or no price to apply it with)."""
-        if not self.usd_per_hour or not priced(node_usd_per_hour):
+        if not self.usd_per_hour or node_usd_per_hour is None or not priced(node_usd_per_hour):
             return None
         return int(math.floor(self.usd_per_hour / node_usd_per_hour + 1e-9))
 
@@ -127,9 +127,10 @@ class Limits:
                              f"advice_prices='{{\"{example}\": 1.836}}', or drop the cap (usd_per_hour=0)")
         cap = self.cap_nodes(node_usd_per_hour)
         if cap is not None and nodes > cap:
+            price = cast(float, node_usd_per_hour)  # a cap comes only with a usable price
             raise ValueError(f"usd_per_hour={self.usd_per_hour:g} pays for {cap} data node(s) at "
-                             f"{node_usd_per_hour:g} $/h, the job starts with {nodes}: raise the cap to at least "
-                             f"{nodes * node_usd_per_hour:g} or start fewer data nodes")
+                             f"{price:g} $/h, the job starts with {nodes}: raise the cap to at least "
+                             f"{nodes * price:g} or start fewer data nodes")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from data_service.server import DataServer
 
@@ -86,7 +87,7 @@ class RateMeter:
             self.first = now
             self._mark = (now, batches_sent)
             return None
-        since, before = self._mark
+        since, before = cast("tuple[float, int]", self._mark)  # set with first
         if now - since < self.every_s:
             return None
         self._mark = (now, batches_sent)

@@ -83,10 +83,10 @@ class StepStats:
 
     def summary(self) -> dict[str, Any]:
         avg = self.total_s / self.counted if self.counted else None
-        out = {"steps": self.steps, "warmup_steps_discarded": min(self.warmup, self.steps),
-               "avg_step_time_s": avg,
-               "data_wait_fraction": (self.wait_s / self.total_s) if self.total_s > 0 else None,
-               "samples_per_s": (self.samples / self.total_s) if self.total_s > 0 else None}
+        out: dict[str, Any] = {"steps": self.steps, "warmup_steps_discarded": min(self.warmup, self.steps),
+                               "avg_step_time_s": avg,
+                               "data_wait_fraction": (self.wait_s / self.total_s) if self.total_s > 0 else None,
+                               "samples_per_s": (self.samples / self.total_s) if self.total_s > 0 else None}
         if self.advisor is not None:
             out["advice"] = self.advisor.final(self.steps)
             self.advisor = None  # asked once: the servers' channels are closed

@@ -86,15 +86,17 @@ def make_dataset(job: TrainJob, rank: int):
     cfg = job.cfg
     # The outermost consumer stage (DeviceFeeder) writes the audit: batches the loop trained on.
     # Knowing the epochs lets the dataset fetch the next epoch's first batches before this one ends.
-    common = dict(seed=cfg.train.seed, rank=rank, world_size=job.world_size, audit_path=cfg.train.audit_path or None,
-                  epochs=cfg.train.epochs)
+    common: dict[str, Any] = dict(seed=cfg.train.seed, rank=rank, world_size=job.world_size,
+                                  audit_path=cfg.train.audit_path or None, epochs=cfg.train.epochs)
     if job.servers:  # heterogeneous, or a homogeneous node's own data server
         from dnn_worker import RemoteDataset
         # pinned receive buffers only help without loader workers (a worker's tensors are copied
         # into shared memory; the DataLoader pins those in the trainer instead)
         # with a registry, servers that join the job are used too (the job's pipeline only)
-        elastic = dict(registry=cfg.elastic.registry, fingerprint=PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).fingerprint()
-                       ) if cfg.elastic.registry and job.mode == "heterogeneous" else {}
+        elastic: dict[str, Any] = dict(
+            registry=cfg.elastic.registry,
+            fingerprint=PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).fingerprint(),
+        ) if cfg.elastic.registry and job.mode == "heterogeneous" else {}
         return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.dnn.connect_timeout_s,
                              pin_memory=torch.cuda.is_available() and cfg.data.workers_for(job.mode) == 0, **elastic,
                              **common)

@@ -18,7 +18,7 @@ of the epoch is dealt to the new ranks (``dnn_worker.resume.resharding``).
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 from torch.utils.data import DataLoader
 
@@ -92,8 +92,8 @@ class ShardedDataModule(pl.LightningDataModule):
         if trainer is not None and trainer.training and self._pending:
             self._taken, record = self._pending.popleft()
             if record is not None:
-                (epoch, index), sha = record
-                self._audit.write(epoch, index, self._taken["dp_rank"], sha)
+                (epoch, index), sha = record  # a record is made only with an audit log (_TrainFeed)
+                cast(AuditLog, self._audit).write(epoch, index, self._taken["dp_rank"], sha)
         model = trainer.lightning_module if trainer is not None else None
         if model is not None and is_overridden("on_before_batch_transfer", model):
             batch = model.on_before_batch_transfer(batch, dataloader_idx)  # Lightning calls only one of the two
@@ -135,16 +135,22 @@ class _TrainFeed:
     def __init__(self, module: ShardedDataModule) -> None:
         self.module = module
 
+    def _loader(self) -> ResumableLoader:
+        loader = self.module.loader
+        if loader is None:  # train_dataloader() sets the module up before it makes this feed
+            raise RuntimeError("ShardedDataModule.loader is None: call setup() before iterating its train_dataloader()")
+        return loader
+
     def __len__(self) -> int:
         # The whole epoch: Lightning counts a resumed epoch's batches from where it stopped, and an
         # epoch dealt to another number of ranks from the steps taken before the deal.
-        dataset = self.module.loader.dataset
+        dataset = self._loader().dataset
         worlds = dataset.earlier_worlds(dataset.epoch)
         return (steps_before_deal(worlds) if worlds is not None else 0) + len(dataset._rank_share())
 
     def __iter__(self) -> Iterator[Any]:
         m = self.module
-        loader = m.loader
+        loader = self._loader()
         if m._taken is not None:  # Lightning fetched ahead of the step: continue after the trained batch
             loader.load_state_dict(m._taken)
         m._pending.clear()

@@ -19,7 +19,7 @@ dataset shares its epoch and resume point with them through shared memory.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from torch.utils.data import DataLoader
 
@@ -27,7 +27,7 @@ from data_service.errors import ConfigError
 
 from .resume.audit import AuditLog, digest, take_audit
 from .resume.sharding import ShardedBatches
-from .resume.state import ResumeState
+from .resume.state import EarlierWorld, ResumeState
 
 
 class ResumableLoader:
@@ -44,7 +44,7 @@ class ResumableLoader:
             self.dataset.share_with_workers()
         self.dataset._workers_persist = self.persistent
         self._consumed = 0  # batches yielded since the dataset's resume point
-        self._indices: list[int] = []
+        self._indices: Sequence[int] = []
         self.last_yielded: tuple[int, int] | None = None
         self._audit: AuditLog | None = take_audit(self.dataset)
         # A weak reference: the iteration refers to this loader, so a strong one back would make a
@@ -143,7 +143,7 @@ class ResumableLoader:
         self._consumed = 0
         self._restart_if_redealt(dealt)
 
-    def _restart_if_redealt(self, dealt: tuple[int, list] | None) -> None:
+    def _restart_if_redealt(self, dealt: tuple[int, tuple[EarlierWorld, ...]] | None) -> None:
         """Stop persistent workers that hold a copy of the dataset made under deal ``dealt``, another
         than the dataset's now: the epoch and resume point reach them through shared memory, the
         deal does not, and they would yield another share than the one this loader audits."""

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 from data_service.errors import BatchBuildError
 from data_service.contract.pipeline import Pipeline, PipelineSpec, SampleError, build_batch
 
+from .resume.batch_list import BatchList
 from .resume.sharding import ShardedBatches
 
 
@@ -48,7 +49,7 @@ class LocalDataset(ShardedBatches):
         state["_carry"] = {}
         return state
 
-    def _batches(self, items: list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
+    def _batches(self, items: BatchList) -> Iterator[tuple[int, int, Any]]:
         pipe = self.pipeline()
         cfg = pipe.epoch_shape()
         for epoch, index in items:

@@ -126,7 +126,10 @@ class RemoteDataset(ShardedBatches):
                 info = first_hello(self.servers, self.token, self.connect_timeout, self.client_version,
                                    self.tls_ca, self.tls_server_name)
             else:
-                info = registry_hello(self._watcher(), self.fingerprint, self.connect_timeout, self.client_version,
+                watcher = self._watcher()
+                if watcher is None:  # __init__ refuses a dataset with neither
+                    raise ConfigError("servers=[] : give at least one data server address 'host:port', or registry=")
+                info = registry_hello(watcher, self.fingerprint, self.connect_timeout, self.client_version,
                                       self.tls_ca, self.tls_server_name)
             if self.fingerprint and info.dataset.fingerprint != self.fingerprint:
                 raise ConfigError(f"data server {info.server_id} runs pipeline {info.dataset.pipeline!r} with "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sized, cast
 
 import torch
 
@@ -180,10 +180,10 @@ class DeviceFeeder:
         up.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return len(self.iterable)
+        return len(cast(Sized, self.iterable))  # a DataLoader or ResumableLoader; a bare iterable raises TypeError
 
     def __iter__(self) -> Iterator[Any]:
-        up = self.iterable
+        up: Any = self.iterable  # with ``_stateful``, a resumable stage (state_dict, load_state_dict)
         if self._stateful:
             if self._state is not None:  # the wrapped stage ran ahead of what was yielded
                 up.load_state_dict(self._state)
@@ -218,7 +218,8 @@ class DeviceFeeder:
                     self._state = state
                 if record is not None:
                     (epoch, index), sha = record
-                    audit.write(epoch, index, state["dp_rank"] if state else 0, sha)
+                    # a record is made only with an audit log (pull)
+                    cast(AuditLog, audit).write(epoch, index, state["dp_rank"] if state else 0, sha)
                 self.last_yielded = ident
                 yield out
         finally:

@@ -115,7 +115,11 @@ class StreamOps:
         # the host batch may be dropped and its buffer reused.
         self.cuda.synchronize(event)
         # The side stream allocated these; tell the caching allocator the compute stream uses them.
-        map_tensors(out, lambda n, t: (self.cuda.record_stream(t, current), t)[1])
+        def used_by_current(_: str, t: torch.Tensor) -> torch.Tensor:
+            self.cuda.record_stream(t, current)
+            return t
+
+        map_tensors(out, used_by_current)
         return out
 
 

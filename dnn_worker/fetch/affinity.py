@@ -56,7 +56,7 @@ class Affinity:
         # owners (a group of interleaved blocks: the next group's data arrives before it is reached).
         self.hint_ahead = self.cfg.interleave * max(1, self.cfg.block_samples // self.cfg.batch_size)
         self._blocks: dict[tuple[int, int, int], int] = {}
-        self._owners: dict[tuple[int, tuple[str, ...]], str] = {}
+        self._owners: dict[tuple[int, tuple[str, ...], tuple[float, ...] | None], str] = {}
 
     @classmethod
     def of(cls, info: pb.DatasetInfo) -> "Affinity | None":

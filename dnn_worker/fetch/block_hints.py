@@ -8,7 +8,7 @@ epoch of millions of batches at start.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 from data_service.protocol.generated import pb
 
@@ -55,4 +55,5 @@ class BlockHints:
             i = self._openers[self._next_opener]
             self._next_opener += 1
             if i >= limit and owners:  # nearer ones are asked for already, which starts their fetch too
-                hint[self.affinity.owner(self.refs[i], owners, weights)].append(self.refs[i])
+                owner = cast(str, self.affinity.owner(self.refs[i], owners, weights))  # owners is not empty
+                hint[owner].append(self.refs[i])

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 from data_service.errors import BatchBuildError, DataServiceError, ProtocolError
 from data_service.protocol.generated import pb
@@ -195,24 +195,25 @@ class Fetcher:
             self._drop(s.address, f"{type(ev.exc).__name__}: {ev.exc}", ev.ref, ev.exc)
             return
         sched = self._scheduler
+        ref = cast(pb.BatchRef, ev.ref)  # a "batch" or "error" event names its batch (BulkConnection)
         if ev.kind == "batch":
             s.failures = 0  # it delivers: its reconnects start from the shortest back-off again
-            if sched.arrived(s.address, ev.ref, ev.nbytes, time.monotonic()):
-                out.put(sched.pos[key(ev.ref)], ev.batch)
+            if sched.arrived(s.address, ref, ev.nbytes, time.monotonic()):
+                out.put(sched.pos[key(ref)], ev.batch)
             return
-        err = ev.error
-        attempt = err.kind != pb.SHUTTING_DOWN and sched.owes_needed(s.address, ev.ref)
-        needed = sched.declined(s.address, ev.ref, requeue=err.kind == pb.SHUTTING_DOWN)
+        err = cast(pb.BatchError, ev.error)  # set on every "error" event
+        attempt = err.kind != pb.SHUTTING_DOWN and sched.owes_needed(s.address, ref)
+        needed = sched.declined(s.address, ref, requeue=err.kind == pb.SHUTTING_DOWN)
         if err.kind == pb.SHUTTING_DOWN:
             # drained even when another server owes this batch: the server takes nothing more
             self._set.drain(s.address, err.message or "shutting down")
             return
         if not needed:
             if attempt:  # a hedged copy failed: an attempt, while the other copy may yet come
-                self._attempts.failed(ev.ref, Failure(s.address, f"{pb.ErrorKind.Name(err.kind)}: {err.message}"))
+                self._attempts.failed(ref, Failure(s.address, f"{pb.ErrorKind.Name(err.kind)}: {err.message}"))
             return  # not ours, or a hedged batch whose other copy is still owed (or came)
         if err.kind == pb.TRANSFORM_FAILED:
-            raise BatchBuildError(err.message, epoch=ev.ref.epoch, index=ev.ref.index,
+            raise BatchBuildError(err.message, epoch=ref.epoch, index=ref.index,
                                   sample_index=err.sample_index, remote_traceback=err.traceback, server=s.address)
-        raise DataServiceError(f"server {s.address} could not build epoch {ev.ref.epoch} batch {ev.ref.index}: "
+        raise DataServiceError(f"server {s.address} could not build epoch {ref.epoch} batch {ref.index}: "
                                f"{pb.ErrorKind.Name(err.kind)}: {err.message}")

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, cast
 
 from data_service.errors import ConfigError
 from data_service.protocol.generated import pb
@@ -213,9 +213,9 @@ class Scheduler:
         limit = nxt + AHEAD_WINDOWS * max(1, sum(lane.window for lane in self.lanes.values()))
         if self.affinity is not None:
             weights = tuple(self.lanes[a].weight if a in self.lanes else 1.0 for a in owners)
-            idle = self._plan_owned(orders, lanes, owners, weights, limit)
-            if hint_ready:
-                self._hints.announce(orders.hint, limit, owners, weights)
+            idle = self._plan_owned(self.affinity, orders, lanes, owners, weights, limit)
+            if hint_ready:  # made with the affinity (__init__)
+                cast(BlockHints, self._hints).announce(orders.hint, limit, owners, weights)
         else:
             idle = self._plan_fastest(orders, lanes, limit, now)
         for address, refs in orders.fetch.items():
@@ -259,15 +259,16 @@ class Scheduler:
                     self._requeue(group)
         return any(not ln.outstanding and not orders.fetch.get(ln.address) for ln in lanes)
 
-    def _plan_owned(self, orders: Orders, lanes: list[Lane], owners: tuple[str, ...],
+    def _plan_owned(self, affinity: Affinity, orders: Orders, lanes: list[Lane], owners: tuple[str, ...],
                     weights: tuple[float, ...], limit: int) -> bool:
         """Each server takes the batches of the blocks it owns; one with room and nothing of its
         own takes batches of blocks it built lately. Returns whether a server stays idle."""
         head = []
         while self.todo and self.todo.first_position() < limit:
             head.append(self.todo.popleft())
-        owner = {key(r): self.affinity.owner(r, owners, weights) for r in head}
-        mine: dict[str, list[pb.BatchRef]] = collections.defaultdict(list)
+        owner = {key(r): affinity.owner(r, owners, weights) for r in head}
+        # no owner (None) while no server owns blocks: those batches go back to the todo below
+        mine: dict[str | None, list[pb.BatchRef]] = collections.defaultdict(list)
         for ref in head:
             mine[owner[key(ref)]].append(ref)
         idle = False
@@ -280,7 +281,7 @@ class Scheduler:
             if len(take) < room and not lane.outstanding and lane.blocks:
                 # idle: batches of blocks it built lately cost no extra read; the earliest first
                 extra = sorted((r for a, refs in mine.items() if a != lane.address for r in refs
-                                if self.affinity.block(r) in lane.blocks), key=lambda r: self.pos[key(r)])
+                                if affinity.block(r) in lane.blocks), key=lambda r: self.pos[key(r)])
                 for r in extra[:room - len(take)]:
                     mine[owner[key(r)]].remove(r)
                     take.append(r)

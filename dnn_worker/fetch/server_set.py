@@ -15,7 +15,7 @@ import logging
 import selectors
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 import grpc
 
@@ -75,6 +75,8 @@ class ServerSet:
         if (other._sel is None or other.fixed != self.fixed or other.registry is not self.registry
                 or not all(s.address in self.fixed or s.registered for s in other.servers)):
             return False
+        if self._sel is None:
+            raise RuntimeError("ServerSet.take_over: this set is closed (its selector is None)")
         self._sel.close()
         self.servers, self._sel, self.fingerprint = other.servers, other._sel, other.fingerprint
         self._registry_version = other._registry_version
@@ -102,17 +104,18 @@ class ServerSet:
         connected now)."""
         connected = []
         for s in self.servers:
-            if s.attempt is not None and s.attempt.done:
-                if self._finish(s, now):
+            attempt = s.attempt
+            if attempt is not None and attempt.done:
+                if self._finish(s, attempt, now):
                     connected.append(s)
-            elif (s.attempt is None and s.conn is None and now >= s.retry_at
+            elif (attempt is None and s.conn is None and now >= s.retry_at
                   and not s.retired and not s.refused):
                 s.attempt = Attempt(s.address, self.options)
         return any(s.attempt is not None for s in self.servers), connected
 
-    def _finish(self, s: Server, now: float) -> bool:
-        """Take the finished attempt's connection in, or note why it failed."""
-        attempt, s.attempt = s.attempt, None
+    def _finish(self, s: Server, attempt: Attempt, now: float) -> bool:
+        """Take ``s``'s finished ``attempt``'s connection in, or note why it failed."""
+        s.attempt = None
         exc = attempt.exc
         if isinstance(exc, (PermissionDeniedError, VersionMismatchError, ConfigError)):
             if s.registered:  # a registry entry is not the user's configuration: refuse it, go on
@@ -127,7 +130,8 @@ class ServerSet:
             return False
         if exc is not None:
             raise exc
-        conn, hello = attempt.conn, attempt.hello
+        # an attempt that raised nothing set both (fetch_options.Attempt._run)
+        conn, hello = cast(BulkConnection, attempt.conn), cast(pb.HelloResponse, attempt.hello)
         fp = hello.dataset.fingerprint
         if self.fingerprint and fp != self.fingerprint:
             conn.close()
@@ -148,6 +152,8 @@ class ServerSet:
                 return False
             self._refuse(twin, f"it is the same server as {s.address}", quiet=True)
         s.server_id = hello.server_id or s.server_id
+        if self._sel is None:
+            raise RuntimeError("ServerSet.connect: this set is closed (its selector is None)")
         try:
             self._sel.register(conn, selectors.EVENT_READ, conn)
         except (OSError, ValueError, KeyError) as exc:
@@ -178,7 +184,10 @@ class ServerSet:
     def sync_registry(self, iterating: bool, owes: Callable[[str], bool]) -> list[str]:
         """Take in servers that joined the registry, retire those that left, close retired ones
         that owe nothing. Returns the addresses no longer known."""
-        version, entries = self.registry.snapshot()
+        registry = self.registry
+        if registry is None:
+            raise RuntimeError("ServerSet.sync_registry: this set has no registry (self.registry is None)")
+        version, entries = registry.snapshot()
         if version != self._registry_version:
             self._registry_version = version
             known = {s.address: s for s in self.servers}
@@ -189,7 +198,7 @@ class ServerSet:
                         continue  # a fixed server already connected under another address
                     self.servers.append(Server(address, registered=True, late=iterating, server_id=entry.server_id))
                     log.log(logging.INFO if iterating else logging.DEBUG, "data server %s joined (registry %s)",
-                            address, self.registry.uri)
+                            address, registry.uri)
                 elif s.registered and (s.retired or s.server_id != entry.server_id):
                     # back in the registry, or another server at the same address: a fresh start
                     s.retired = s.draining = False
@@ -198,7 +207,7 @@ class ServerSet:
                 if s.registered and s.address not in entries and not s.retired:
                     s.retired = s.draining = True
                     log.info("data server %s: left registry %s; asking it for nothing more", s.address,
-                             self.registry.uri)
+                             registry.uri)
         gone = []
         for s in [s for s in self.servers if (s.retired or s.refused) and not owes(s.address)]:
             self._close(s)
@@ -217,7 +226,8 @@ class ServerSet:
         s.refused, s.draining = reason, True
         s.last_error = f"refused: {reason}"
         if not quiet:
-            self.registry.refuse(s.address, s.server_id, reason)
+            # only registered servers are refused, and only a set with a registry has them
+            cast(RegistryWatcher, self.registry).refuse(s.address, s.server_id, reason)
 
     @staticmethod
     def _failed(s: Server, reason: str, now: float) -> None:
@@ -229,7 +239,8 @@ class ServerSet:
     def _close(self, s: Server) -> None:
         if s.conn is not None:
             try:
-                self._sel.unregister(s.conn)
+                if self._sel is not None:  # None once closed or taken over: nothing to unregister
+                    self._sel.unregister(s.conn)
             except (KeyError, ValueError, AttributeError):
                 pass
             s.conn.close()
@@ -248,6 +259,9 @@ class ServerSet:
 
     def wait(self, timeout: float) -> list[tuple[Server, Event]]:
         """Write what waits to be written, then read whatever the servers sent (up to ``timeout``)."""
+        sel = self._sel
+        if sel is None:
+            raise RuntimeError("ServerSet.wait: this set is closed (its selector is None)")
         events = []
         for s in self.servers:
             conn = s.conn
@@ -260,18 +274,18 @@ class ServerSet:
                 continue
             want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
             if want != s.watching:
-                self._sel.modify(conn, want, conn)
+                sel.modify(conn, want, conn)
                 s.watching = want
         if events:
             return events
-        if not self._sel.get_map():
+        if not sel.get_map():
             time.sleep(timeout)
             return events
         behind = [s.conn for s in self.servers if s.conn is not None and s.conn.backlog]
         held = [s.conn for s in self.servers if s.conn is not None and s.conn.lowat]
         if held:  # a payload rest the kernel holds back (low-water mark) is read anyway after a while
             timeout = min(timeout, LOWAT_CHECK_S)
-        ready = [key.data for key, _ in self._sel.select(0.0 if behind else timeout)]
+        ready = [key.data for key, _ in sel.select(0.0 if behind else timeout)]
         if held:
             now = time.monotonic()
             behind += [c for c in held if c.held_back(now)]
@@ -279,9 +293,9 @@ class ServerSet:
         by_conn = {id(s.conn): s for s in self.servers if s.conn is not None}
         for conn in ready:
             for event in conn.read_events():
-                s = by_conn.get(id(event.conn))
-                if s is not None and s.conn is event.conn:  # else an old connection's late event
-                    events.append((s, event))
+                owner = by_conn.get(id(event.conn))
+                if owner is not None and owner.conn is event.conn:  # else an old connection's late event
+                    events.append((owner, event))
         return events
 
     def close(self) -> None:

@@ -38,7 +38,7 @@ class Stride(Sequence[int]):
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             r = range(self.length)[i]
             return Stride(self.first + r.start * self.step, self.step * r.step, len(r), self.modulo)
@@ -57,7 +57,7 @@ class Stride(Sequence[int]):
     def __contains__(self, value: object) -> bool:
         return self._solve(value) is not None
 
-    def index(self, value: object, start: int = 0, stop: int | None = None) -> int:  # type: ignore[override]
+    def index(self, value: object, start: int = 0, stop: int | None = None) -> int:
         """The first ``j`` with ``self[j] == value`` (a linear congruence, solved), in ``start..stop``."""
         j = self._solve(value)
         if j is not None and (start or stop is not None):
@@ -111,7 +111,7 @@ class BatchList(Sequence[tuple[int, int]]):
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             r = range(len(self))[i]
             if r.step != 1:
@@ -146,7 +146,7 @@ class BatchList(Sequence[tuple[int, int]]):
             return False
         return True
 
-    def index(self, item: object, start: int = 0, stop: int | None = None) -> int:  # type: ignore[override]
+    def index(self, item: object, start: int = 0, stop: int | None = None) -> int:
         """Position of the first ``(epoch, index)`` pair equal to ``item``."""
         if start or stop is not None:
             raise ValueError("BatchList.index takes no start or stop")
@@ -187,7 +187,7 @@ class BatchRefs(Sequence[pb.BatchRef]):
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return BatchRefs(self.seed, self.batches[i])
         e, index = self.batches[i]
@@ -225,7 +225,7 @@ class IndexedRefs(Sequence[pb.BatchRef]):
     def __len__(self) -> int:
         return len(self._refs)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self._refs[i]
 
     def __iter__(self) -> Iterator[pb.BatchRef]:

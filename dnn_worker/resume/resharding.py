@@ -19,7 +19,7 @@ rank trains them does.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 
@@ -160,7 +160,7 @@ def _untrained(rest: Sequence[int], world: EarlierWorld) -> Sequence[int]:
     for r, p in enumerate(done):
         trained[(np.arange(p, dtype=np.int64) * size + r) % m] = True
     values = np.arange(rest.start, rest.stop, rest.step) if isinstance(rest, range) else np.asarray(rest)
-    return values[~trained]
+    return cast(Sequence[int], values[~trained])  # a sorted 1-d int array; numpy does not call it a Sequence
 
 
 def dealt_share(num_batches: int, worlds: Sequence[dict[str, Any] | EarlierWorld], dp_rank: int, dp_size: int,
@@ -183,7 +183,7 @@ class Picked(Sequence[int]):
     def __len__(self) -> int:
         return len(self.positions)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return Picked(self.base, self.positions[i])
         return int(self.base[self.positions[i]])
@@ -201,7 +201,7 @@ class Picked(Sequence[int]):
         if isinstance(base, range):
             if value not in base:
                 return None
-            where = base.index(value)
+            where = base.index(cast(int, value))  # an int or np.integer: range.index compares by value
         else:
             where = int(np.searchsorted(base, value))
             if where >= len(base) or base[where] != value:
@@ -211,7 +211,7 @@ class Picked(Sequence[int]):
     def __contains__(self, value: object) -> bool:
         return self._solve(value) is not None
 
-    def index(self, value: object, start: int = 0, stop: int | None = None) -> int:  # type: ignore[override]
+    def index(self, value: object, start: int = 0, stop: int | None = None) -> int:
         j = self._solve(value)
         if j is None or j < start or (stop is not None and j >= stop):
             raise ValueError(f"{value!r} is not in this share")

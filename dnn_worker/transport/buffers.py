@@ -14,10 +14,12 @@ copy it would otherwise make; those are never reused by us.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import torch
 from torch.utils.data import get_worker_info
 
+_use_count: Callable[[int], int] | None
 try:
     _use_count = torch._C._storage_Use_Count  # private, stable since torch 1.x; pooling is off without it
 except AttributeError:  # pragma: no cover

@@ -74,7 +74,8 @@ class _Payload:
         self.header = header
         self.buf = buf
         self.packed = packed  # compressed bytes land here first
-        self.view = memoryview(packed) if packed is not None else memoryview(buf.numpy())
+        # ignore: numpy's stubs make an ndarray a Buffer only for Python >= 3.12
+        self.view = memoryview(packed) if packed is not None else memoryview(buf.numpy())  # type: ignore[arg-type]
         self.got = 0
         self.running = running  # its checksum, summed as its bytes arrive (None: unchecked here)
 
@@ -237,10 +238,11 @@ class BulkConnection:
         ``"down"`` event (the connection is then closed) if it failed."""
         events: list[Event] = []
         self.backlog = False
-        if self.closed or self._sock is None:
+        sock = self._sock
+        if self.closed or sock is None:
             return events
         try:
-            self._read(events)
+            self._read(sock, events)
         except BaseException as exc:  # any failure ends this connection; the fetcher fails over
             culprit = exc.ref if isinstance(exc, CorruptPayload) else (
                 self._payload.header.ref if self._payload is not None else None)
@@ -258,6 +260,8 @@ class BulkConnection:
         """
         deadline = time.monotonic() + timeout
         pending = self._events
+        if self._sock is None:
+            raise ConnectionError(f"connection to {self.address} is not open (call open() first)")
         with selectors.DefaultSelector() as sel:
             sel.register(self._sock, selectors.EVENT_READ)
             while not pending:
@@ -272,8 +276,7 @@ class BulkConnection:
                     pending.extend(self.read_events())
         return pending.popleft()
 
-    def _read(self, events: list[Event]) -> None:
-        sock = self._sock
+    def _read(self, sock: socket.socket, events: list[Event]) -> None:
         # A plain socket that filled less of the frame buffer than asked is empty: stop there
         # instead of paying a failing recv (the selector reports what comes next). Payloads are
         # read until the socket says so: a large one keeps arriving while we copy. TLS keeps
@@ -307,8 +310,9 @@ class BulkConnection:
                 buf = p.buf
                 if p.running is not None:
                     _check_payload(self.address, p.header, p.running)
-                if p.packed is not None:
-                    compression.decompress_into(p.header.compression, p.packed, memoryview(buf.numpy()))
+                if p.packed is not None:  # ignore: numpy's stubs make an ndarray a Buffer only for Python >= 3.12
+                    compression.decompress_into(p.header.compression, p.packed,
+                                                memoryview(buf.numpy()))  # type: ignore[arg-type]
                 events.append(self._batch_event(p.header, buf))
                 del p, buf
                 continue

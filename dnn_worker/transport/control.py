@@ -35,8 +35,9 @@ class ControlClient:
         self._metadata = (bearer(token), (VERSION_KEY, client_version))
         # Reconnect at most RECONNECT_MS apart: with gRPC's default backoff (1 s, then x1.6 up to
         # 120 s) a client waiting for a server that is still starting saw it up to seconds late.
-        options = [("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", RECONNECT_MS),
-                   ("grpc.min_reconnect_backoff_ms", RECONNECT_MS), ("grpc.max_reconnect_backoff_ms", RECONNECT_MS)]
+        options: list[tuple[str, int | str]] = [
+            ("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", RECONNECT_MS),
+            ("grpc.min_reconnect_backoff_ms", RECONNECT_MS), ("grpc.max_reconnect_backoff_ms", RECONNECT_MS)]
         if tls_ca:
             from data_service.protocol.tls import _read
 

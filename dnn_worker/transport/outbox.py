@@ -12,6 +12,7 @@ import collections
 import socket
 import ssl
 import threading
+from typing import cast
 
 from data_service.protocol.framing import seal
 from data_service.protocol.generated import pb
@@ -43,9 +44,10 @@ class Outbox:
             while self._releases:
                 self._out += seal(pb.BulkFrame(release=pb.Release(ref=self._releases.popleft())))
             self._out += data
+            sock = cast(socket.socket, self.sock)  # set by BulkConnection.open, which comes before any send
             while self._out:
                 try:
-                    n = self.sock.send(self._out)
+                    n = sock.send(self._out)
                 except WOULD_BLOCK:
                     break
                 del self._out[:n]

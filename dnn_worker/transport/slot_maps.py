@@ -65,8 +65,8 @@ class SlotMaps:
         buf = pool.get(header.raw_bytes)
         src = memoryview(slot)[:header.payload_bytes]
         try:
-            if header.compression:
-                compression.decompress_into(header.compression, src, memoryview(buf.numpy()))
+            if header.compression:  # ignore: numpy's stubs make an ndarray a Buffer only for Python >= 3.12
+                compression.decompress_into(header.compression, src, memoryview(buf.numpy()))  # type: ignore[arg-type]
             elif header.payload_bytes:
                 np.copyto(buf.numpy(), np.frombuffer(src, dtype=np.uint8))
         finally:

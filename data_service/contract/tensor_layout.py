@@ -209,7 +209,7 @@ def batch_digest(batch: Any) -> str:
     for name, t in items:
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{DTYPE_NAMES[t.dtype]}|{list(t.shape)}|".encode())
-        if t.numel():
+        if t.numel():  # the ignore: numpy's stubs do not declare ndarray a buffer
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16
-                     else memoryview(t.numpy()).cast("B"))
+                     else memoryview(t.numpy()).cast("B"))  # type: ignore[arg-type]
     return h.hexdigest()

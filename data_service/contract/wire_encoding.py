@@ -292,7 +292,8 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 
 def jpeg_dims(data: torch.Tensor | bytes) -> tuple[int, int, int] | None:
     """(height, width, components) from a JPEG's frame header, without decoding; None if there is none."""
-    buf = memoryview(data.numpy() if isinstance(data, torch.Tensor) else data).cast("B")
+    # numpy's stubs do not declare ndarray a buffer
+    buf = memoryview(data.numpy() if isinstance(data, torch.Tensor) else data).cast("B")  # type: ignore[arg-type]
     if bytes(buf[:2]) != b"\xff\xd8":
         return None
     i = 2

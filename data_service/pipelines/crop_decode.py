@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 log = logging.getLogger(__name__)
 
-try:
+if TYPE_CHECKING:  # calls checked against _jpegcrop.pyi; None where not built, checked before every call
     from . import _jpegcrop
-except ImportError:  # built at install time when a C compiler and libjpeg-turbo's headers exist
-    _jpegcrop = None
+else:
+    try:
+        from . import _jpegcrop
+    except ImportError:  # built at install time when a C compiler and libjpeg-turbo's headers exist
+        _jpegcrop = None
 
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 DCT_SCALING = ("none", "pow2")
@@ -62,7 +66,7 @@ class BoxDraw:
             if 0 < w <= width and 0 < h <= height:
                 i = self._offset.random_(0, height - h + 1).item()
                 j = self._offset.random_(0, width - w + 1).item()
-                return i, j, h, w
+                return i, j, h, w  # type: ignore[return-value]  # torch's stubs: an int64 tensor's item() is an int
         in_ratio = float(width) / float(height)
         if in_ratio < min(self.ratio):
             w = width

@@ -23,6 +23,7 @@ import inspect
 import json
 import os
 from dataclasses import fields
+from typing import Any
 
 import torch
 
@@ -127,8 +128,9 @@ def build_pipeline(**options) -> Pipeline:
     augment = FusedAugment(opts.image_size, float(opts.min_scale), opts.on_corrupt, opts.dct_scaling, cache,
                            opts.side, deferred=True) if opts.fused \
         else Augment(opts.image_size, float(opts.min_scale))
-    hooks = {"stats": cache.stats, "close": cache.close} if cache is not None else {}
-    stage = {"collate_fn": collate_finished_on_server} if opts.finish_on == "server" else \
+    # keyword arguments of Pipeline, each dict of several of its fields' types
+    hooks: dict[str, Any] = {"stats": cache.stats, "close": cache.close} if cache is not None else {}
+    stage: dict[str, Any] = {"collate_fn": collate_finished_on_server} if opts.finish_on == "server" else \
         {"collate_fn": collate, "finish": finish, "finish_dtypes": FINISH_DTYPES}
     return Pipeline(dataset=dataset, batch_size=opts.batch_size, transform=augment, drop_last=opts.drop_last,
                     shuffle=True, shuffle_block=opts.block, interleave=opts.interleave,
@@ -161,16 +163,19 @@ def worker_imports(**options) -> list[str]:
     return names
 
 
-build_pipeline.server_side = server_side
-build_pipeline.worker_imports = worker_imports
+# What the data server, a warm parent and the launcher read off the builder, as attributes of the
+# function (which mypy types as a plain callable, without them).
+_builder: Any = build_pipeline
+_builder.server_side = server_side
+_builder.worker_imports = worker_imports
 # The signature the launcher's checks and help see: ImageOptions' fields and defaults.
-build_pipeline.__signature__ = inspect.Signature(
+_builder.__signature__ = inspect.Signature(
     [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
      for f in fields(ImageOptions) if f.init], return_annotation="Pipeline")
 # The folder is listed once when the builder runs and each file is read whole, once per epoch, and
 # never written: SageMaker's FastFile mode (files streamed from S3 on first read) serves it as well
 # as File mode (hetero submit --input-mode FastFile; see hetero/sagemaker/input_modes.py).
-build_pipeline.input_modes = ("File", "FastFile")
+_builder.input_modes = ("File", "FastFile")
 
 
 def _source(opts: ImageOptions):
@@ -182,8 +187,9 @@ def _source(opts: ImageOptions):
 
 def _shards(opts: ImageOptions):
     """The sample source behind ``shards`` (tar shards) or ``parquet``: (bytes, label) by index, read in blocks."""
-    common = {"block_samples": opts.block, "cache_dir": opts.cache_dir, "cache_bytes": opts.shard_cache_budget,
-              "request_timeout_s": float(opts.request_timeout_s)}
+    common: dict[str, Any] = {"block_samples": opts.block, "cache_dir": opts.cache_dir,
+                              "cache_bytes": opts.shard_cache_budget,
+                              "request_timeout_s": float(opts.request_timeout_s)}
     if opts.parquet:
         from ..shards.parquet import ParquetDataset
 

@@ -66,7 +66,8 @@ def scan(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
     if not classes:
         raise ConfigError(f"image folder {str(root)!r} is empty: expected one sub-folder per class holding "
                           f"{'/'.join(IMAGE_EXTENSIONS)} files (root/<class>/*.jpg)")
-    samples, others = [], []
+    samples: list[tuple[str, int]] = []
+    others: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
         for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))

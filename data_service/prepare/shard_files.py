@@ -10,7 +10,7 @@ import os
 import tarfile
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 from ..shards.checksum import crc32c, sample_crc
 from ..shards.format import SHARD_PATTERN, padded
@@ -89,7 +89,7 @@ class Uploads:
             raise self.errors[0]
 
 
-def write_shards(store, per_shard: int, results: Iterator[tuple], summary: Summary,
+def write_shards(store, per_shard: int, results: Generator[tuple, None, None], summary: Summary,
                  name_of: Callable[[int], str]) -> None:
     """File converted samples into their shards in ``store`` and count them in ``summary``.
 

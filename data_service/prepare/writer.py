@@ -20,6 +20,7 @@ import logging
 import multiprocessing as mp
 import os
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -117,6 +118,7 @@ def _converted(jobs: list, target: str, options: dict, workers: int, progress: b
         bar = tqdm(total=len(jobs), unit="img", desc="prepare", mininterval=0.5)
     try:
         with contextlib.ExitStack() as stack:
+            results: Iterator[tuple[int, str, bytes, int, str, bool]]
             if workers == 1:  # in this process: no pool to start
                 _init_worker(target, options)
                 results = map(_convert, jobs)

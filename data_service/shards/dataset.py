@@ -142,12 +142,19 @@ class ShardDataset:
     def _largest_block(self) -> int:
         """Bytes of the largest shuffle block, or a bound on them (from the index's largest sample stride)."""
         blocks = -(-len(self.index) // self.block_samples)
-        if self.index.max_stride and self.block_samples * self.index.max_stride <= self.cache.max_bytes:
+        if self.index.max_stride and self.block_samples * self.index.max_stride <= self._node_cache.max_bytes:
             return self.block_samples * self.index.max_stride
         return max(self.block_bytes(b) for b in range(blocks))
 
     def __len__(self) -> int:
         return len(self.index)
+
+    @property
+    def _node_cache(self) -> BlockCache:
+        """The node's cache of blocks; a folder's samples are read in place and have none."""
+        if self.cache is None:
+            raise RuntimeError(f"{self.store.url}: a folder's samples are read in place, not through a block cache")
+        return self.cache
 
     def __getitem__(self, i: int) -> tuple[bytes, int]:
         if not 0 <= i < len(self.index):
@@ -273,7 +280,7 @@ class ShardDataset:
         held = self._blocks.pop(block, None)
         if held is not None:
             os.close(held[0])
-        self.cache.drop(self._name(block))
+        self._node_cache.drop(self._name(block))
 
     # -- blocks
     def block_parts(self, block: int) -> list[tuple[int, int, int]]:
@@ -298,7 +305,7 @@ class ShardDataset:
         for shard, start, stop in parts:
             where[shard] = (start, stop, pos)
             pos += stop - start
-        fd = self.cache.open(self._name(block), pos, lambda out: self._fetch(parts, out))
+        fd = self._node_cache.open(self._name(block), pos, lambda out: self._fetch(parts, out))
         self._blocks[block] = (fd, where)
         while len(self._blocks) > OPEN_BLOCKS:
             old, _ = self._blocks.popitem(last=False)
@@ -339,7 +346,7 @@ class ShardDataset:
         if self.local:
             return
         with self._lock:
-            if block in self._prefetched or block in self._cut or self.cache.cached(self._name(block)):
+            if block in self._prefetched or block in self._cut or self._node_cache.cached(self._name(block)):
                 return
             self._prefetched.add(block)
             if self._prefetcher is None:
@@ -348,10 +355,10 @@ class ShardDataset:
 
     def _prefetch_one(self, block: int) -> None:
         try:
-            if not self.cache.cached(self._name(block)):
+            if not self._node_cache.cached(self._name(block)):
                 parts = self.block_parts(block)
                 size = sum(stop - start for _, start, stop in parts)
-                os.close(self.cache.open(self._name(block), size, lambda out: self._fetch(parts, out)))
+                os.close(self._node_cache.open(self._name(block), size, lambda out: self._fetch(parts, out)))
         except StoreError as exc:
             if exc.code not in CUT:
                 log.warning("prefetch of shard block %d failed: %s", block, exc)

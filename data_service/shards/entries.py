@@ -75,6 +75,7 @@ def find(index, first: int, end: int, *, overlaps: bool, chunk: int, first_only:
         lengths = index._column_range("lengths", lo, hi).astype(np.int64)
         labels = index._column_range("labels", lo, hi)
         s0, s1 = (int(np.searchsorted(bounds, j, side="right")) - 1 for j in (lo, hi - 1))
+        limit: int | np.ndarray  # one shard's size, or each sample's own shard's size
         if s0 == s1:
             owner, limit = None, int(sizes[s0])
         else:

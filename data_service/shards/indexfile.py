@@ -40,6 +40,7 @@ import struct
 import tempfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import numpy as np
 
@@ -161,10 +162,11 @@ class IndexWriter:
         for k in range(len(index.shards)):
             a, b = int(index.shards.first[k]), int(index.shards.first[k + 1])
             name, labels = index.shards.name(k), index.labels[a:b]
-            if index.coverage is Coverage.BYTES_LABEL:
-                sums = index.checksums[a:b]
+            sums: np.ndarray | None  # None: the shard is written unchecked
+            if index.coverage is Coverage.BYTES_LABEL:  # a covered index has its checksums column
+                sums = cast(np.ndarray, index.checksums)[a:b]
             elif index.coverage is Coverage.BYTES:
-                sums = sample_crcs(index.checksums[a:b], labels)
+                sums = sample_crcs(cast(np.ndarray, index.checksums)[a:b], labels)
             else:
                 sums = None if shards is None else \
                     sample_crcs(sample_checksums(shards, name, index.offsets[a:b], index.lengths[a:b]), labels)
@@ -179,7 +181,8 @@ class IndexWriter:
         small = {"shard_first": np.array(self.first, dtype="<i8"), "shard_size": np.array(self.sizes, dtype="<i8"),
                  "name_end": ends.astype("<i8"), "names": np.frombuffer(b"".join(self.names), dtype="|u1")}
         n = len(self)
-        columns, at, pieces = {}, 0, []
+        columns: dict[str, dict[str, Any]] = {}
+        at, pieces = 0, []
         version = VERSION if self.checksummed or self.checksummed is None else 2
         for name, dtype in SAMPLE_COLUMNS + SHARD_COLUMNS:
             if name == "checksums" and version == 2:
@@ -333,7 +336,7 @@ def _index(buf, header: dict, where: str) -> ShardIndex:
         raise ConfigError(f"{where}: malformed index ({type(exc).__name__}: {exc}); {FIX}") from None
     first, sizes, ends, names = (arrays[k] for k in ("shard_first", "shard_size", "name_end", "names"))
     for name in ("shard_first", "shard_size", "name_end", "names"):
-        if zlib.crc32(arrays[name]) != int(cols[name]["crc32"]):
+        if zlib.crc32(arrays[name]) != int(cols[name]["crc32"]):  # type: ignore[arg-type]  # numpy's stubs: a buffer
             raise ConfigError(f"{where}: the shard table ({name}) is corrupt (checksum mismatch); {FIX}")
     s = len(sizes)
     if (len(first) != s + 1 or len(ends) != s or int(first[0]) != 0 or int(first[-1]) != n

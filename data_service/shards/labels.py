@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -43,6 +44,7 @@ class LabelRule:
 
     def label(self, raw: bytes, where: str) -> int:
         """The label of a sample whose label member holds ``raw``; UnindexableSample when it holds none."""
+        value: Any  # parsed JSON: indexed by the rule's path, checked after
         try:
             value = json.loads(raw) if self.path else raw.decode("utf-8").strip()
             for part in self.path:

@@ -47,6 +47,7 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -231,7 +232,7 @@ class ParquetDataset:
                                        f"CRC32C twice; check the disk of the node's cache ({self.cache.dir})")
         return data, label
 
-    def _opened(self, g: int) -> tuple:
+    def _opened(self, g: int) -> tuple[int, Any, Any, Any]:
         fd, offsets, labels, failed, crcs = self._group(g)
         if failed:  # decoded again, the row group no longer decodes: the source changed
             raise ParquetReadError(f"{failed}; replace the file")
@@ -349,11 +350,14 @@ class ParquetDataset:
         with self._lock:
             todo = [g for g in self.block_groups(block)
                     if g not in self._prefetched and not self.cache.cached(f"rg-{g:08d}.blk")]
+            if not todo:
+                return
             self._prefetched.update(todo)
-            if todo and self._prefetcher is None:
+            if self._prefetcher is None:
                 self._prefetcher = ThreadPoolExecutor(2, thread_name_prefix="parquet-prefetch")
+            prefetcher = self._prefetcher
         for g in todo:
-            self._prefetcher.submit(self._prefetch_one, g)
+            prefetcher.submit(self._prefetch_one, g)
 
     def _prefetch_one(self, g: int) -> None:
         try:

@@ -148,6 +148,8 @@ def group_table(metas, image_column: str, label_column: str, urls: list[str], lo
 def class_names(schema, label: str) -> list[str] | None:
     """The ``ClassLabel`` names Hugging Face ``datasets`` keeps in the schema's metadata, if any."""
     raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return None
     try:
         feature = json.loads(raw)["info"]["features"][label]
         names = feature.get("names") if isinstance(feature, dict) else None

@@ -103,9 +103,9 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
             raise Unended(where, min(at, reader.size), "the file ends without its end-of-archive blocks (two "
                                                         "512-byte zero blocks): it was cut short")
         if at == 0:
-            for magic, kind in COMPRESSED.items():
+            for magic, codec in COMPRESSED.items():
                 if header.startswith(magic):
-                    raise TarError(where, 0, f"{kind}-compressed: ranged reads need a plain .tar; decompress the "
+                    raise TarError(where, 0, f"{codec}-compressed: ranged reads need a plain .tar; decompress the "
                                              "shards (or write them again with `hetero prepare`)")
         if len(header) < BLOCK:
             raise TarError(where, at, "truncated inside a tar header")

@@ -33,7 +33,7 @@ import collections
 import os
 import re
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -370,7 +370,7 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
 def _walked(store, shards, rule, image_exts, on_corrupt, base, workers, strict):
     """The shards walked ``workers`` at a time, in order; at most ``2 * workers`` held at once."""
     with ThreadPoolExecutor(workers, thread_name_prefix="tar-index") as pool:
-        pending = collections.deque()
+        pending: collections.deque[Future[_Shard]] = collections.deque()
         for name, size in shards:
             shard = _Shard(name, size, rule, image_exts, on_corrupt, f"{base}/{name}", strict)
             pending.append(pool.submit(shard.walk, store))

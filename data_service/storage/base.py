@@ -1,6 +1,7 @@
 """The storage interface every store implements, and the errors a store raises."""
 from __future__ import annotations
 
+import builtins
 import contextlib
 from typing import Iterator, Protocol
 
@@ -74,7 +75,7 @@ class Store(Protocol):
         version)``, the version changing whenever the object is written again. A missing location
         raises ConfigError; a missing ``under`` lists nothing."""
 
-    def list_timed(self, suffix: str = "", under: str = "") -> tuple[list[tuple], float | None]:
+    def list_timed(self, suffix: str = "", under: str = "") -> tuple[builtins.list[tuple], float | None]:
         """``(key, size, version, modified)`` of ``list(versions=True)`` with the time each object
         was last written, and the storage's own time now (None when it cannot tell), both Unix time
         on the storage's clock: an object's age without trusting any host's clock."""

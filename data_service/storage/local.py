@@ -1,6 +1,7 @@
 """A local folder as a store: a File/FastFile channel, a disk, a registry folder on shared storage."""
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import tempfile
@@ -117,7 +118,7 @@ class LocalStore:
             raise ConfigError(f"cannot list {folder} ({exc})") from None
         return sorted(out)
 
-    def list_timed(self, suffix: str = "", under: str = "") -> tuple[list[tuple], float | None]:
+    def list_timed(self, suffix: str = "", under: str = "") -> tuple[builtins.list[tuple], float | None]:
         """``(key, size, version, mtime)`` as ``list(versions=True)`` with each file's mtime, and the
         file system's own time now: the mtime of ``CLOCK_PROBE`` at the store's root, touched after
         the listing (None when the folder is read-only). On a network file system both come from

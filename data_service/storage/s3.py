@@ -25,6 +25,7 @@ those of attempts that broke off included), ``retries``.
 """
 from __future__ import annotations
 
+import builtins
 import tempfile
 from typing import Any
 
@@ -221,7 +222,7 @@ class S3Store:
         ETag third. Like ``check()``, called at start: raises ConfigError."""
         return _list_all(self, suffix, under, versions)[0]
 
-    def list_timed(self, suffix: str = "", under: str = "") -> tuple[list[tuple], float | None]:
+    def list_timed(self, suffix: str = "", under: str = "") -> tuple[builtins.list[tuple], float | None]:
         """``(key, size, ETag, LastModified)`` as ``list(versions=True)`` with each object's
         LastModified (Unix time), and S3's own time now: the Date header of the last LIST response
         (None when the endpoint sends none). Both come from S3's clock, so comparing them needs

@@ -55,6 +55,9 @@ def call(store: Retried, fn: Callable[[float], Any], key: str, doing: str, error
         try:
             return fn(deadline)
         except OutOfRange as e:
+            if rng is None:  # only a ranged read can be out of range
+                raise error(f"read of {store.key_url(key)} is out of range (size {e.total})", bucket=store.bucket,
+                            key=key, code="InvalidRange") from None
             raise error(f"byte range [{rng[0]}, {rng[1]}) is past the end of {store.key_url(key)} "
                         f"(size {e.total})", bucket=store.bucket, key=key, code="InvalidRange") from None
         except DeadlineExceeded as e:

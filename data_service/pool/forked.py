@@ -24,6 +24,7 @@ import time
 import weakref
 from multiprocessing import spawn
 from multiprocessing.connection import Connection
+from typing import cast
 
 from .preload import BASE
 from .warm_parent import CODE, recv_msg, send_msg
@@ -56,8 +57,9 @@ class WarmParent:
         self._lock = threading.Lock()  # one request and its answer at a time (start-up and replacements)
         self.gone = False
         try:
+            flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]  # private: no stub
             self.process = subprocess.Popen(
-                [spawn.get_executable(), *subprocess._args_from_interpreter_flags(), "-c", _BOOT,
+                [spawn.get_executable(), *flags, "-c", _BOOT,
                  json.dumps(sys.path), str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
@@ -212,7 +214,10 @@ class ForkedProcess:
 
     def __init__(self, parent: WarmParent, target, name: str, args: tuple) -> None:
         self._parent, self._target, self._args, self.name = parent, target, args, name
-        self.pid = self.sentinel = self._status = self._code = None
+        self.pid: int | None = None
+        self.sentinel: int | None = None  # the worker's pidfd, once started
+        self._status: int | None = None   # the read end of its status pipe, once started
+        self._code: int | None = None
 
     def start(self) -> None:
         self.pid, self.sentinel, self._status = self._parent.fork(self._target, self._args, self.name)
@@ -228,7 +233,7 @@ class ForkedProcess:
 
     def _read_code(self, timeout: float) -> None:
         if _readable(self._status, timeout):
-            data = os.read(self._status, CODE.size)
+            data = os.read(cast(int, self._status), CODE.size)  # readable: started
             # an empty read: the pipe closed without a code, the warm parent is gone
             self._code = CODE.unpack(data)[0] if len(data) == CODE.size else UNKNOWN_EXIT
         elif timeout >= CODE_WAIT_S:
@@ -255,7 +260,7 @@ class ForkedProcess:
     def _signal(self, sig: int) -> None:
         if self.is_alive():
             try:
-                signal.pidfd_send_signal(self.sentinel, sig)  # by pidfd: never a reused pid
+                signal.pidfd_send_signal(cast(int, self.sentinel), sig)  # by pidfd: never a reused pid
             except ProcessLookupError:
                 pass
 

@@ -12,15 +12,20 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing import connection as mp_connection
-from typing import Callable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Callable, Protocol, cast
 
 from ..errors import ConfigError
-from .messages import FatalMsg, ReadyMsg, StopMsg, message_connection
+from .messages import FatalMsg, MessageConnection, ReadyMsg, StopMsg, message_connection
 from .slots import SlotTable
 from .forked import WarmParentGone
 from .process import worker_main
 from .results import exit_status
+
+if TYPE_CHECKING:
+    from ..contract.pipeline import PipelineInfo
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +49,32 @@ class WorkerConfig:
     nice: int = 0  # added to each worker's nice value (os.nice) before it loads the pipeline
 
 
+class WorkerProcess(Protocol):
+    """What the pool uses of a worker's process: a ``multiprocessing.Process``, or a
+    ``forked.ForkedProcess`` that a warm parent forked (pid and sentinel are None until started)."""
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def sentinel(self) -> int | None: ...
+    @property
+    def exitcode(self) -> int | None: ...
+    def start(self) -> None: ...
+    def is_alive(self) -> bool: ...
+    def join(self, timeout: float | None = None) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass
 class WorkerHandle:
     """The server's view of one worker process. Once spawned, its task map, slot table and
     flags change in the pool's state's events only (state.py), under the pool's lock."""
 
     wid: int
-    process: object  # multiprocessing.Process or forked.ForkedProcess; None until launched (``launch``)
-    conn: object     # messages.MessageConnection
+    process: WorkerProcess | None  # None until launched (``launch``)
+    conn: MessageConnection
     table: SlotTable
-    child_end: object = None  # the worker's end of the pipe, until a process takes it
+    child_end: Connection | None = None  # the worker's end of the pipe, until a process takes it
     tasks: dict = field(default_factory=dict)  # task id -> (Task, slot), in the order sent
     ready: bool = False
     alive: bool = True
@@ -79,17 +100,20 @@ def launch(ctx, w: WorkerHandle, cfg: WorkerConfig, spawn_if_gone: bool = True) 
     ``spawn_if_gone``, WarmParentGone is raised)."""
     args = (w.child_end, cfg.spec_json, w.wid, cfg.num_slots, cfg.log_level, cfg.compression, cfg.nice)
     name = f"hetero-data-worker-{w.wid}"
-    w.process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
+    child_end = cast(Connection, w.child_end)  # set by ``unstarted``; only ``launch`` clears it
+    process: WorkerProcess = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
+    w.process = process
     try:
-        w.process.start()
+        process.start()
     except WarmParentGone as exc:  # ctx.Process gives spawned ones from now on
         if not spawn_if_gone:
-            w.child_end.close()
+            child_end.close()
             raise
         log.warning("data worker %d is spawned, not forked: %s", w.wid, exc)
-        w.process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
-        w.process.start()
-    w.child_end.close()
+        process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
+        w.process = process
+        process.start()
+    child_end.close()
     w.child_end = None
 
 
@@ -100,6 +124,7 @@ def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> Ready
         ConfigError: the pipeline failed to load, or took longer than ``start_timeout``.
         DiedLoading: the process ended without a Python error.
     """
+    process = cast(WorkerProcess, w.process)  # launched: ``spawn`` or ``launch`` came first
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -110,17 +135,17 @@ def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> Ready
             try:
                 msg = w.conn.recv()
             except EOFError:
-                w.process.join(1.0)
-                raise DiedLoading(f"data worker {w.wid} {exit_status(w.process.exitcode)} "
+                process.join(1.0)
+                raise DiedLoading(f"data worker {w.wid} {exit_status(process.exitcode)} "
                                   "while loading the pipeline") from None
             if isinstance(msg, ReadyMsg):
                 return msg
             if isinstance(msg, FatalMsg):
                 raise ConfigError(f"data worker could not load the pipeline: {msg.message}\n{msg.traceback}")
             raise ConfigError(f"data worker {w.wid} sent {type(msg).__name__} before it was ready")
-        if not w.process.is_alive() and not w.conn.poll():
-            w.process.join(1.0)  # its exit status (start-up: not on the data plane's loop)
-            raise DiedLoading(f"data worker {w.wid} {exit_status(w.process.exitcode)} "
+        if not process.is_alive() and not w.conn.poll():
+            process.join(1.0)  # its exit status (start-up: not on the data plane's loop)
+            raise DiedLoading(f"data worker {w.wid} {exit_status(process.exitcode)} "
                               "while loading the pipeline")
 
 
@@ -139,17 +164,17 @@ def start_with_retry(ctx, w: WorkerHandle, deadline: float, cfg: WorkerConfig,
             if pause is None:
                 raise ConfigError(f"{exc}; gave up after {attempt + 1} attempts (is the node out of memory?)") from None
             log.warning("%s; starting it again in %.1fs", exc, pause)
-        w.process.join(1.0)
+        cast(WorkerProcess, w.process).join(1.0)  # launched: ``await_ready`` waited on it
         time.sleep(pause)
         w = spawn(ctx, w.wid, cfg)
         on_respawn(w)
         deadline = time.monotonic() + cfg.start_timeout
-    return None  # not reached: the last attempt returns or raises
+    raise AssertionError("not reached: the last attempt returns or raises")
 
 
 def start_all(ctx, handles: list[WorkerHandle], cfg: WorkerConfig, deadline: float,
               on_respawn: Callable[[int, WorkerHandle], None],
-              after_first: Callable[[ReadyMsg, list[WorkerHandle]], None] = lambda ready, rest: None) -> object:
+              after_first: Callable[[ReadyMsg, list[WorkerHandle]], None] = lambda ready, rest: None) -> PipelineInfo:
     """Wait until every worker of ``handles`` is ready, each started again as ``start_with_retry``
     does (``on_respawn(k, new)``). Those not launched yet are launched by ``after_first``, which
     gets the first worker's report once it is ready, and the others' handles.
@@ -161,12 +186,12 @@ def start_all(ctx, handles: list[WorkerHandle], cfg: WorkerConfig, deadline: flo
     """
     first = start_with_retry(ctx, handles[0], deadline, cfg, lambda new: on_respawn(0, new))
     after_first(first, handles[1:])
-    infos = [first.info] + [start_with_retry(ctx, w, deadline, cfg, lambda new, k=k: on_respawn(k, new)).info
+    infos = [first.info] + [start_with_retry(ctx, w, deadline, cfg, partial(on_respawn, k)).info
                             for k, w in enumerate(handles[1:], start=1)]
     if any(i != infos[0] for i in infos):
         raise ConfigError(f"the data workers built different pipelines from one spec ({infos}); the builder "
                           "must depend on its options only (not on the process, the time or a changing folder)")
-    return infos[0]
+    return cast("PipelineInfo", infos[0])  # what every worker reports (process.py)
 
 
 def spawn_replacement(ctx, wid: int, cfg: WorkerConfig, stopping: Callable[[], bool],
@@ -184,15 +209,17 @@ def spawn_replacement(ctx, wid: int, cfg: WorkerConfig, stopping: Callable[[], b
             return None
         spare = take_spare(wid) if attempt == 0 else None
         if spare is not None:
-            log.info("data worker %d is replaced by the spare (pid %s)", wid, spare.process.pid)
+            pid = cast(WorkerProcess, spare.process).pid  # a ready spare was launched
+            log.info("data worker %d is replaced by the spare (pid %s)", wid, pid)
             return spare
         replacement = spawn(ctx, wid, cfg)
         try:
             await_ready(replacement, time.monotonic() + cfg.start_timeout, cfg.start_timeout)
             return replacement
         except ConfigError as exc:
-            replacement.process.kill()
-            replacement.process.join(5)
+            process = cast(WorkerProcess, replacement.process)  # ``spawn`` launched it
+            process.kill()
+            process.join(5)
             if attempt == len(RESPAWN_BACKOFF_S):
                 log.error("could not replace data worker %d after %d attempts: %s", wid, attempt + 1, exc)
                 raise ConfigError(f"{exc} ({attempt + 1} attempts)") from None
@@ -212,7 +239,8 @@ def stop_workers(handles: list[WorkerHandle], timeout: float) -> None:
             pass
     deadline = time.monotonic() + timeout
     for w in handles:
-        w.process.join(max(0.0, deadline - time.monotonic()))
-        if w.process.is_alive():
-            w.process.kill()
-            w.process.join(2.0)
+        process = cast(WorkerProcess, w.process)  # launched: the others were left out above
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(2.0)

@@ -11,7 +11,10 @@ import os
 import pickle
 import struct
 from multiprocessing.connection import Connection
-from typing import NamedTuple, Union
+from typing import TYPE_CHECKING, NamedTuple, Union
+
+if TYPE_CHECKING:
+    from ..protocol.generated import pb
 
 
 class TaskMsg(NamedTuple):
@@ -20,7 +23,7 @@ class TaskMsg(NamedTuple):
     task_id: int
     seed: int
     epoch: int
-    index: int
+    index: int  # type: ignore[assignment]  # mypy: a NamedTuple field may not share tuple.index's name
     slot: int
     renew: bool  # the slot's region was handed to a consumer for good: build into a new one
 
@@ -92,7 +95,7 @@ class ErrorMsg(NamedTuple):
     """Worker -> server: building the batch of ``task_id`` failed."""
 
     task_id: int
-    kind: int  # pb.ErrorKind
+    kind: pb.ErrorKind
     message: str
     traceback: str
     sample_index: int
@@ -169,7 +172,7 @@ class MessageConnection(Connection):
         buf = self._rbuf
         return len(buf) >= 4 and len(buf) - 4 >= _FRAME_LEN.unpack_from(buf)[0]
 
-    def poll(self, timeout: float = 0.0) -> bool:
+    def poll(self, timeout: float | None = 0.0) -> bool:
         return self.pending() or super().poll(timeout)
 
     def recv(self):

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 import traceback
+from typing import cast
 
 from .fork_safety import hazards
 from .messages import (SPARE_COMM, SPARE_ID, DoneMsg, ErrorMsg, FatalMsg, ImportedMsg, PromoteMsg, ReadyMsg, StopMsg,
@@ -47,6 +48,7 @@ def worker_main(conn, spec_json: str, worker_id: int, num_slots: int,
     whether it holds anything a fork must not copy: a warm parent imports the same for the
     workers it forks next (preload.py).
     """
+    imports: ImportRecorder | None  # None once the first batch was built
     imports = ImportRecorder()
     parent_pid = os.getppid()  # the server, or the warm parent that forked us (it exits with the server)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
@@ -129,8 +131,9 @@ class _Slots:
         self.scratch = bytearray(0)  # raw layout before compression
 
     def drop(self, k: int) -> None:
-        if self._slots[k] is not None:
-            self._slots[k].close()
+        old = self._slots[k]
+        if old is not None:
+            old.close()
             self._slots[k] = None
 
     def fit(self, k: int, size: int) -> tuple[_WorkerSlot, tuple[str, int] | None]:
@@ -179,7 +182,8 @@ def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) 
     slot, new = slots.fit(msg.slot, size)
     skipped = pipe.samples_skipped - skipped_before
     header = pb.BatchHeader(
-        ref=pb.BatchRef(seed=msg.seed, epoch=msg.epoch, index=msg.index), structure=structure, tensors=metas,
+        ref=pb.BatchRef(seed=msg.seed, epoch=msg.epoch, index=msg.index),
+        structure=cast("pb.Structure", structure), tensors=metas,  # plan_layout gives a Structure value, as an int
         payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
         samples_skipped=skipped)
     # The checksum a consumer checks where the batch arrives over the network (protocol/integrity.py),

@@ -29,7 +29,7 @@ class Failure:
     """A task that failed, and what its consumer is told."""
 
     task: Task
-    kind: int  # pb.ErrorKind
+    kind: pb.ErrorKind
     message: str
     traceback: str = ""
     sample_index: int = -1

@@ -87,8 +87,9 @@ class SlotTable:
         """
         self.reserved.discard(k)
         if region is not None:
-            if self.slots[k] is not None:
-                self.slots[k].close()
+            old = self.slots[k]
+            if old is not None:
+                old.close()
             self.slots[k] = region
         slot = self.slots[k]
         if slot is None:

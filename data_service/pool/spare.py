@@ -17,9 +17,10 @@ import logging
 import os
 import threading
 import time
+from typing import cast
 
 from .forked import WarmParent
-from .lifecycle import WorkerConfig, WorkerHandle, await_ready, launch, stop_workers, unstarted
+from .lifecycle import WorkerConfig, WorkerHandle, WorkerProcess, await_ready, launch, stop_workers, unstarted
 from .messages import SPARE_ID, PromoteMsg
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class Spare:
             self._filling = False
             keep = handle is not None and not self._closed and not self._stopping()
             if keep:
-                self._ready = (handle, env)
+                self._ready = (cast(WorkerHandle, handle), env)  # kept: there is one
         if handle is not None and not keep:
             stop_workers([handle], 1.0)
 
@@ -72,7 +73,7 @@ class Spare:
     def pid(self) -> int | None:
         """The ready spare's pid; None while there is none."""
         ready = self._ready
-        return ready[0].process.pid if ready is not None else None
+        return cast(WorkerProcess, ready[0].process).pid if ready is not None else None  # launched: ready
 
     def take(self, wid: int, ctx) -> WorkerHandle | None:
         """The spare, ready, as worker ``wid`` (a new one is started meanwhile); None when there is
@@ -82,7 +83,7 @@ class Spare:
         if ready is None:
             return None
         handle, env = ready
-        usable = handle.process.is_alive() and env == dict(os.environ)
+        usable = cast(WorkerProcess, handle.process).is_alive() and env == dict(os.environ)  # launched: ready
         if usable:
             try:
                 handle.conn.send(PromoteMsg(wid))

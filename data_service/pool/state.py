@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import cast
 
-from .lifecycle import WorkerHandle
+from .lifecycle import WorkerHandle, WorkerProcess
 from .messages import DoneMsg, ErrorMsg, TaskMsg
 from .results import SHUTTING_DOWN, Death, Failure, GaveUp, no_workers_left, unmappable
 from .slots import ServerSlot
@@ -271,17 +272,19 @@ class PoolState:
         with self._lock:
             return list(self._workers)
 
-    def poll_objects(self) -> list:
+    def poll_objects(self) -> list[object]:
         """Each live worker's pipe, then each one's process sentinel. Forgets replaced workers too:
         a poller calls this after dropping what it watched before."""
         with self._lock:
             self._gone.clear()
             live = [w for w in self._workers if w.alive]
-        return [w.conn for w in live] + [w.process.sentinel for w in live]
+        conns: list[object] = [w.conn for w in live]
+        return conns + [cast(WorkerProcess, w.process).sentinel for w in live]  # live ones were launched
 
     def pids(self) -> list[int]:
         with self._lock:
-            return [w.process.pid for w in self._workers if w.alive and w.process is not None]  # launched
+            # launched, so started: each has a pid
+            return cast("list[int]", [w.process.pid for w in self._workers if w.alive and w.process is not None])
 
     @property
     def queue_depth(self) -> int:

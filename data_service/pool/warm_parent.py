@@ -31,6 +31,7 @@ import socket
 import struct
 import sys
 import traceback
+from typing import Sequence
 
 from .fork_safety import hazards
 from .preload import BASE, declared, import_all
@@ -42,7 +43,7 @@ COMM = "hetero-warm"  # its process name (/proc/PID/comm), so that tools tell it
 PARENT_CHECK_S = 5.0  # how often an idle warm parent checks that the server is still its parent
 
 
-def send_msg(sock: socket.socket, obj, fds: list[int] = ()) -> None:
+def send_msg(sock: socket.socket, obj, fds: Sequence[int] = ()) -> None:
     body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     socket.send_fds(sock, [HEADER.pack(len(body))], list(fds))
     sock.sendall(body)
@@ -96,12 +97,15 @@ def _server_as_parent() -> None:
     from multiprocessing import process
 
     server = os.getppid()
-    process._parent_process = process._ParentProcess("MainProcess", server, os.pidfd_open(server))
+    # multiprocessing's internals, which the stubs leave out
+    process._parent_process = process._ParentProcess(  # type: ignore[attr-defined]
+        "MainProcess", server, os.pidfd_open(server))
 
 
 def _preload(spec_json: str, base) -> dict:
     """Import ``base``, the pipeline's module and what its builder declares; the merged report."""
     done = import_all(base, required=frozenset(base), why=" (which every data worker imports)")
+    names: list[str]
     module, names, bad = None, [], None
     if done.error is None and done.unsafe is None:
         module = declared(spec_json)[0]
@@ -145,8 +149,9 @@ def _serve(ctrl: socket.socket, comm: str) -> None:
     signal.set_wakeup_fd(wake_w)
     children: dict[int, int] = {}  # pid -> the write end of its status pipe
     server = os.getppid()
+    watched: list[socket.socket | int] = [ctrl, wake_r]
     while os.getppid() == server:  # a server killed with -9 closes the socket too; this is the backstop
-        ready, _, _ = select.select([ctrl, wake_r], [], [], PARENT_CHECK_S)
+        ready, _, _ = select.select(watched, [], [], PARENT_CHECK_S)
         if wake_r in ready:
             os.read(wake_r, 4096)
             _reap(children)

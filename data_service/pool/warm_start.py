@@ -23,12 +23,15 @@ import logging
 import multiprocessing as mp
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 from ..errors import ConfigError
 from .forked import WarmParent, WarmParentGone, adopt
 from .messages import ImportedMsg, ReadyMsg
 from .spare import Spare
+
+if TYPE_CHECKING:
+    from .lifecycle import WorkerHandle
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ class WorkerStarter:
         self.method = check_start_method(method)  # "spawn" once it fell back
         self.ctx = None     # what the workers start with, once known: a WarmParent or spawn's context
         self.parent: WarmParent | None = None
+        self._handles: list[WorkerHandle]
         self._cfg, self._stopping, self._handles, self._deadline = cfg, stopping, [], 0.0
         self._error: BaseException | None = None
         self._lock = threading.Lock()
@@ -96,6 +100,7 @@ class WorkerStarter:
         parent = self.parent
         if parent is None:
             raise ConfigError("the data workers' warm parent was stopped before they started")
+        reason: str | None
         try:
             report = parent.ready(max(0.0, self._deadline - time.monotonic()))
         except WarmParentGone as exc:
@@ -106,6 +111,7 @@ class WorkerStarter:
                                   f"{self._cfg.start_timeout:.0f}s; raise the start-up timeout")
             reason = unclean(report)
         if reason is None:
+            report = cast(dict, report)  # no reason: the warm parent reported
             if report["declared_error"] or report["failed"]:
                 log.warning("the data workers' warm parent could not import all the pipeline declares: %s",
                             report["declared_error"] or report["failed"])

@@ -26,16 +26,19 @@ import os
 import threading
 import time
 from multiprocessing.connection import wait as mp_wait
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 from ..errors import ConfigError
-from .lifecycle import WorkerConfig, WorkerHandle, spawn_replacement, start_all, stop_workers, unstarted
+from .lifecycle import WorkerConfig, WorkerHandle, WorkerProcess, spawn_replacement, start_all, stop_workers, unstarted
 from .messages import DoneMsg, ErrorMsg, ImportedMsg, StopMsg
 from .results import Death, Failure, GaveUp, built, crashed_too_often, exit_status, failed
 from .slots import ServerSlot
 from .state import MAX_ATTEMPTS, TASKS_AHEAD, PoolState
 from .tasks import Result, Task
 from .warm_start import WorkerStarter
+
+if TYPE_CHECKING:
+    from ..contract.pipeline import PipelineInfo
 
 __all__ = ["MAX_ATTEMPTS", "TASKS_AHEAD", "Result", "Task", "WorkerPool"]
 
@@ -74,7 +77,7 @@ class WorkerPool:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._spawned_at = 0.0
-        self.info = None  # the PipelineInfo the workers reported (start())
+        self.info: PipelineInfo | None = None  # the PipelineInfo the workers reported (start())
         # regions a worker reported that could not be mapped, decided later: (worker, task id, error, deadline)
         self._unmapped: list[tuple[WorkerHandle, int, str, float]] = []
         self.on_no_workers: Callable[[str], None] | None = None  # the server turns unhealthy
@@ -190,7 +193,8 @@ class WorkerPool:
                         self._read(w)
                         if not w.conn.pending():
                             break
-                elif obj == w.process.sentinel and w.alive and not w.conn.poll():
+                # polled, so launched: its process is there
+                elif obj == cast(WorkerProcess, w.process).sentinel and w.alive and not w.conn.poll():
                     self._died(w)
         if self._unmapped:
             self._settle_unmappable()
@@ -272,7 +276,7 @@ class WorkerPool:
         """Decide the regions that could not be mapped whose worker has died since, or has not."""
         now, waiting = time.monotonic(), []
         for w, task_id, error, deadline in self._unmapped:
-            dead = not w.process.is_alive()
+            dead = not cast(WorkerProcess, w.process).is_alive()  # it built a batch: launched
             if not dead and now < deadline:
                 waiting.append((w, task_id, error, deadline))
                 continue
@@ -293,7 +297,7 @@ class WorkerPool:
 
     # -- deaths and replacements
     def _died(self, w: WorkerHandle) -> None:
-        code = w.process.exitcode
+        code = cast(WorkerProcess, w.process).exitcode  # polled: launched
         death = self.state.worker_died(w)
         if death is None:
             return
@@ -307,11 +311,12 @@ class WorkerPool:
     def _report_death(self, w: WorkerHandle, death: Death, code: int | None = None) -> None:
         """Log how worker ``w`` ended and fail the batch that killed too many workers, once its exit
         status is known (waited for up to ``EXIT_WAIT_S``)."""
+        process = cast(WorkerProcess, w.process)  # it died: launched
         if code is None:
-            w.process.join(EXIT_WAIT_S)
-            code = w.process.exitcode
+            process.join(EXIT_WAIT_S)
+            code = process.exitcode
         task = death.building
-        log.warning("data worker %d (pid %s) %s%s", w.wid, w.process.pid, exit_status(code),
+        log.warning("data worker %d (pid %s) %s%s", w.wid, process.pid, exit_status(code),
                     f" while building epoch {task.epoch} batch {task.index}" if task else "")
         self._fail([crashed_too_often(t, code) for t in death.crashed])
 

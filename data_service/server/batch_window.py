@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..storage.parsing import parse_size
+
+if TYPE_CHECKING:
+    from ..contract.wire import WireEncoding
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class BatchKey:
     encoded and compressed on the wire, and which batch it is."""
 
     fingerprint: str
-    wire_encoding: str
+    wire_encoding: WireEncoding
     compression: str
     seed: int
     epoch: int

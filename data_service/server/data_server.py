@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 import uuid
 from concurrent import futures
+from typing import Callable, cast
 
 
 import grpc
@@ -32,7 +34,8 @@ from .dataplane import DataPlane
 from .options import ServerOptions
 from .probe import probe_batch
 from .block_prefetch import PrefetchOnce
-from ..contract.pipeline import PipelineSpec, ServerSide
+from ..contract.pipeline import PipelineInfo, PipelineSpec, ServerSide
+from ..contract.sampler import EpochShape
 from .session_host import SessionSettings
 from .batch_window import BatchWindow
 from .shared_builds import BatchIdentity, SharedBuilds
@@ -86,7 +89,7 @@ class DataServer:
                                worker_start=self.options.worker_start, spare=self.options.spare_worker)
         self.pool.on_no_workers = self._no_workers
         self.stats = ServerStats(self.pool)
-        self.plan = None
+        self.plan: EpochShape | None = None  # the pipeline's, once the workers reported it (start())
         self.dataset_info: pb.DatasetInfo | None = None
         self.port = 0
         self.bulk_port = 0
@@ -100,9 +103,9 @@ class DataServer:
         self._grpc: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
         self._listener: socket.socket | None = None
-        self._tls_context = None
+        self._tls_context: ssl.SSLContext | None = None
         self._prefetch: PrefetchOnce | None = None  # the pipeline's block prefetcher, once per block
-        self._pipeline_close = None
+        self._pipeline_close: Callable[[], None] | None = None
         self.shared: SharedBuilds | None = None  # the batch window, with batch_window_bytes
 
     @property
@@ -132,7 +135,7 @@ class DataServer:
         self._pipeline_close = side.close
         self.pool.start(own_thread=False)  # the data-plane loop reads the workers' pipes
         try:
-            info = self.pool.info
+            info = cast(PipelineInfo, self.pool.info)  # pool.start() set it, or raised
             if declared is None and info.hooks:
                 log.warning("pipeline %s sets Pipeline %s, which a data server does not call: declare the "
                             "builder's server_side (data_service.contract.pipeline.ServerSide) with them",
@@ -211,7 +214,7 @@ class DataServer:
         return SessionSettings(
             token=self.token, server_id=self.server_id, compression=self.options.compression,
             shared_memory=self.options.shared_memory, send_timeout_s=self.options.send_timeout_s,
-            num_batches=self.plan.num_batches)
+            num_batches=cast(EpochShape, self.plan).num_batches)  # start() set it before the ports open
 
     def prefetch(self, seed: int, epoch: int, index: int) -> None:
         """A consumer hints at or requests this batch: the pipeline's block prefetcher, if it has

@@ -12,16 +12,25 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..protocol.generated import pb
 
 log = logging.getLogger(__name__)
 
 
+class _Stats(Protocol):
+    def snapshot(self) -> pb.Stats: ...
+
+
 class _Server(Protocol):
     server_id: str
-    stats: object
+
+    @property
+    def stats(self) -> _Stats: ...
 
     def wait(self, timeout: float | None = None) -> bool: ...
     def shutdown(self, grace_s: float = 30.0, reason: str = "", block: bool = True) -> bool: ...

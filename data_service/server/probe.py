@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from multiprocessing.connection import wait as mp_wait
+from typing import cast
 
 from ..errors import ConfigError
+from ..protocol.generated import pb
 from ..pool.tasks import Result, Task
 from ..contract.wire import WireEncoding
 from ..pool.worker_pool import WorkerPool
@@ -26,7 +28,12 @@ def probe_batch(pool: WorkerPool, target: str, max_batch_bytes: int, start_timeo
     """
     done = threading.Event()
     box: list[Result] = []
-    pool.submit(Task(0, 0, 0, lambda r: (box.append(r), done.set())))
+
+    def finished(result: Result) -> None:
+        box.append(result)
+        done.set()
+
+    pool.submit(Task(0, 0, 0, finished))
     deadline = time.monotonic() + start_timeout_s
     while not done.is_set():
         left = deadline - time.monotonic()
@@ -47,7 +54,8 @@ def probe_batch(pool: WorkerPool, target: str, max_batch_bytes: int, start_timeo
         if wire_encoding.encoded:  # consumers decode it under the cap
             from ..contract import tensor_layout, wire_encoding as encodings  # torch: only once the workers were spawned
 
-            decoded = encodings.decoded_bytes(tensor_layout.decode(result.header, result.payload))
+            header = cast(pb.BatchHeader, result.header)  # no error: a built batch, which has one
+            decoded = encodings.decoded_bytes(tensor_layout.decode(header, result.payload))
             if decoded > max_batch_bytes:
                 raise ConfigError(
                     f"a batch decodes to {decoded} bytes on the DNN nodes ({size} bytes on the wire as "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import ssl
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 from ..pool.tasks import Result
 
@@ -41,7 +41,7 @@ class _Out:
         """The buffers still to write."""
         hl = len(self.head)
         if self.done >= hl:
-            return [self.payload[self.done - hl:]]
+            return [cast(memoryview, self.payload)[self.done - hl:]]  # unsent past the head: the payload
         head = memoryview(self.head)[self.done:] if self.done else self.head
         return [head] if self.payload is None else [head, self.payload]
 

@@ -33,6 +33,7 @@ import os
 import socket
 import ssl
 import time
+from typing import cast
 
 from ..protocol import framing
 from ..protocol.framing import frame_bytes
@@ -54,7 +55,7 @@ READ_CHUNK = 1 << 16
 class Session:
     """One data-plane connection; see the module docstring."""
 
-    def __init__(self, host: SessionHost, sock: socket.socket, peer: str) -> None:
+    def __init__(self, host: SessionHost[Session], sock: socket.socket, peer: str) -> None:
         self.host = host
         self._settings = host.settings
         self.sock = sock
@@ -159,7 +160,7 @@ class Session:
     # -- reading
     def _tls_step(self) -> None:
         try:
-            self.sock.do_handshake()
+            cast(ssl.SSLSocket, self.sock).do_handshake()  # a TLS session's socket is wrapped
         except ssl.SSLWantReadError:
             self._out.want_write(False)
             return
@@ -250,12 +251,12 @@ class Session:
         welcome = pb.Welcome(server_id=self._settings.server_id, compression=compression, shm=self.shm)
         self._queue(frame_bytes(pb.BulkFrame(welcome=welcome)))
 
-    def _refuse(self, kind: int, message: str) -> None:
+    def _refuse(self, kind: pb.ErrorKind, message: str) -> None:
         self._close_when_sent = True
         self._queue(frame_bytes(pb.BulkFrame(error=pb.BatchError(kind=kind, message=message, sample_index=-1))))
 
     # -- results
-    def _queue_error(self, ref: pb.BatchRef, kind: int, message: str) -> None:
+    def _queue_error(self, ref: pb.BatchRef, kind: pb.ErrorKind, message: str) -> None:
         error = pb.BatchError(ref=ref, kind=kind, message=message, sample_index=-1)
         self._queue(frame_bytes(pb.BulkFrame(error=error)))
 

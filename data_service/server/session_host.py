@@ -4,7 +4,7 @@ one narrow interface to the loop, the pool and the server (``SessionHost``, impl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 from ..pool.tasks import Task
 from ..protocol import framing
@@ -13,6 +13,10 @@ from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
 
 if TYPE_CHECKING:
     from .stats import ServerStats
+
+# the session type a host takes back (session.Session): a parameter, so that this module need
+# not import session.py, which imports it
+S_contra = TypeVar("S_contra", contravariant=True)
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,7 @@ class SessionSettings:
     num_batches: int        # batches per epoch of the plan
 
 
-class SessionHost(Protocol):
+class SessionHost(Protocol[S_contra]):
     """What a session asks of the data plane that runs it (dataplane.py): the server's settings
     and stats, the worker pool's tasks, and the loop's services."""
 
@@ -43,12 +47,12 @@ class SessionHost(Protocol):
     def prefetch(self, seed: int, epoch: int, index: int) -> None: ...
 
     def call_soon(self, fn: Callable, *args) -> None: ...  # from any thread: fn(*args) on the loop's
-    def closed(self, session: object) -> None: ...  # the loop forgets the session
-    def want_write(self, session: object, on: bool) -> None: ...  # (un)watch its socket for writability
-    def flush_later(self, session: object) -> None: ...  # session.flush() at the end of the loop's turn
+    def closed(self, session: S_contra) -> None: ...  # the loop forgets the session
+    def want_write(self, session: S_contra, on: bool) -> None: ...  # (un)watch its socket for writability
+    def flush_later(self, session: S_contra) -> None: ...  # session.flush() at the end of the loop's turn
 
 
-def hello_refusal(hello: pb.BulkHello, settings: SessionSettings, nonce: bytes) -> tuple[int, str] | None:
+def hello_refusal(hello: pb.BulkHello, settings: SessionSettings, nonce: bytes) -> tuple[pb.ErrorKind, str] | None:
     """Why a consumer's hello is refused, as (error kind, message); None when it is welcome."""
     if not compatible(hello.client_version, PROTOCOL_VERSION):
         return pb.VERSION_MISMATCH, mismatch_message(hello.client_version, PROTOCOL_VERSION)

@@ -25,10 +25,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Callable, cast
 
 from ..pool.tasks import Result, Task
 from .batch_window import BatchKey, BatchWindow, Entry
 from .build_record import BuildRecord
+
+if TYPE_CHECKING:
+    from ..contract.wire import WireEncoding
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class BatchIdentity:
     how its batches are encoded and compressed."""
 
     fingerprint: str
-    wire_encoding: str
+    wire_encoding: WireEncoding
     compression: str
 
     def key(self, task: Task) -> BatchKey:
@@ -100,9 +105,11 @@ class SharedBuilds:
                     self.counts.joined += 1
                 else:
                     self.counts.misses += 1
-                    start = Task(task.seed, task.epoch, task.index, None, owner=task.owner)
+                    # its on_result is set once its _Build exists (which holds it)
+                    start = Task(task.seed, task.epoch, task.index, cast("Callable[[Result], None]", None),
+                                 owner=task.owner)
                     build = self._building[key] = _Build(key, start)
-                    start.on_result = lambda result, build=build: self._built(build, result)
+                    start.on_result = partial(self._built, build)
                 build.waiters.append(task)
                 self._waiting[id(task)] = build
         if entry is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..protocol.generated import pb
 
@@ -24,8 +24,10 @@ class ServerStats:
     def __init__(self, pool: "WorkerPool") -> None:
         self._pool = pool
         self._lock = threading.Lock()
-        self.pipeline_stats = None  # the pipeline's stats() (Pipeline.stats), set by the server
-        self.window_figures = None  # the batch window's figures (SharedBuilds.figures), set by the server
+        # the pipeline's stats() (Pipeline.stats), set by the server
+        self.pipeline_stats: Callable[[], Mapping[str, float]] | None = None
+        # the batch window's figures (SharedBuilds.figures), set by the server
+        self.window_figures: Callable[[], Mapping[str, float]] | None = None
         self.started = time.monotonic()
         self.batches_sent = 0
         self.bytes_sent = 0

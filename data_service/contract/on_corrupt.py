@@ -20,10 +20,6 @@ class OnCorrupt(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-    @property
-    def skips(self) -> bool:
-        return self is OnCorrupt.SKIP
-
     @classmethod
     def parse(cls, value: object, name: str = "on_corrupt") -> "OnCorrupt":
         """``value`` as an OnCorrupt (an OnCorrupt, or its name).

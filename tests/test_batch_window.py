@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from data_service.errors import ConfigError
 from data_service.pool.tasks import Result, Task
 from data_service.server.batch_window import BatchKey, BatchWindow, window_budget
+from data_service.server.build_ahead import AheadPlan
 from data_service.server.build_record import BuildRecord
 from data_service.server.options import ServerOptions
 from data_service.server.shared_builds import BatchIdentity, SharedBuilds
@@ -110,6 +111,7 @@ class Builder:
     def __init__(self) -> None:
         self.pending: list[Task] = []
         self.cancelled: list[Task] = []
+        self.failed = 0
 
     def submit(self, task: Task) -> None:
         self.pending.append(task)
@@ -126,6 +128,7 @@ class Builder:
         if error:
             from data_service.protocol.generated import pb
 
+            self.failed += 1
             task.on_result(Result(task=task, error=pb.BatchError(kind=pb.TRANSFORM_FAILED, message="boom")))
             return
         data = bytearray(payload(key))
@@ -144,10 +147,10 @@ ops = st.lists(st.one_of(
 
 
 @FAST
-@given(budget=st.integers(1, 500), script=ops)
-def test_every_request_gets_its_own_batch_once_and_the_window_stays_within_budget(budget, script):
+@given(budget=st.integers(1, 500), script=ops, workers=st.integers(1, 3), lead=st.integers(0, 4))
+def test_every_request_gets_its_own_batch_once_and_the_window_stays_within_budget(budget, script, workers, lead):
     builder = Builder()
-    shared = SharedBuilds(builder, BatchWindow(budget), IDENTITY, num_batches=10)
+    shared = SharedBuilds(builder, BatchWindow(budget), IDENTITY, num_batches=10, workers=workers, lead=lead)
     answers: dict[int, list[Result]] = {}
     bytes_of: dict[int, bytes] = {}
     asked: dict[int, tuple[int, Task]] = {}
@@ -193,6 +196,7 @@ def test_every_request_gets_its_own_batch_once_and_the_window_stays_within_budge
     assert window.pinned_bytes == 0 and window.held_bytes == sum(e.size for e in window._index.values()) <= budget
     counts = shared.counts
     assert counts.hits + counts.joined + counts.misses == len(asked)
+    assert counts.built == counts.misses + counts.ahead - len(builder.cancelled) - builder.failed
 
 
 def test_a_batch_sent_from_the_window_is_its_own_bytes():
@@ -217,6 +221,78 @@ def test_a_batch_built_after_it_left_the_window_counts_as_built_again():
         builder.finish(0)
     assert shared.counts.built == 3 and shared.counts.built_again == 1
     assert shared.figures()["batches_built_again"] == 1.0
+
+
+def test_idle_workers_build_the_next_epochs_first_batches_which_the_jobs_then_find_in_the_window():
+    builder = Builder()
+    shared = SharedBuilds(builder, BatchWindow(10_000), IDENTITY, num_batches=10, workers=2, lead=3)
+    got: list[bytes] = []
+
+    def take(result: Result) -> None:
+        got.append(bytes(result.payload))
+        result.release()
+
+    for index in range(7):  # far from the epoch's end: nothing ahead
+        shared.submit(Task(1, 0, index, take))
+        builder.finish(0)
+    assert shared.counts.ahead == 0
+    shared.submit(Task(1, 0, 7, take))  # among the last 3: one worker builds it, the other is idle
+    assert [(t.epoch, t.index) for t in builder.pending] == [(0, 7), (1, 0)]
+    shared.submit(Task(1, 0, 8, take))
+    shared.submit(Task(1, 0, 9, take))
+    assert len(builder.pending) == 4  # both requests wait in line: nothing more ahead while workers are busy
+    while builder.pending:
+        builder.finish(0)
+    assert shared.counts.ahead == 3 and key_of(1, 1, 2) in shared.window and key_of(1, 1, 3) not in shared.window
+    for index in range(3):
+        shared.submit(Task(1, 1, index, take))
+    assert shared.counts.hits == 3 and shared.counts.ahead_used == 3 and not builder.pending
+    assert got[-3:] == [payload(key_of(1, 1, i)) for i in range(3)]
+    figures = shared.figures()
+    assert figures["window_built_ahead"] == 3.0 and figures["window_ahead_used"] == 3.0
+
+
+def test_a_build_ahead_that_a_job_asks_for_is_joined_and_without_a_window_lead_nothing_is_built_ahead():
+    builder = Builder()
+    shared = SharedBuilds(builder, BatchWindow(10_000), IDENTITY, num_batches=4, workers=2, lead=2)
+    seen: list[bytes] = []
+    shared.submit(Task(5, 0, 3, lambda r: seen.append(bytes(r.payload))))
+    assert [(t.epoch, t.index) for t in builder.pending] == [(0, 3), (1, 0)]
+    shared.submit(Task(5, 1, 0, lambda r: seen.append(bytes(r.payload))))  # asked while built ahead: joined
+    shared.cancel([])  # nothing to cancel
+    builder.finish(1)
+    assert shared.counts.joined == 1 and shared.counts.ahead_used == 1 and seen == [payload(key_of(5, 1, 0))]
+    off = SharedBuilds(Builder(), BatchWindow(10_000), IDENTITY, num_batches=4, workers=2, lead=0)
+    off.submit(Task(5, 0, 3, lambda r: None))
+    assert off.counts.ahead == 0 and len(off._pool.pending) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_batches=st.integers(0, 12), lead=st.integers(0, 6),
+       asks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 11)), max_size=40))
+def test_the_ahead_plan_names_only_the_next_epochs_first_batches_once_each(num_batches, lead, asks):
+    plan = AheadPlan(num_batches, lead)
+    front: dict[int, tuple[int, int]] = {}
+    started: set[tuple[int, int, int]] = set()
+    for seed, epoch, index in asks:
+        if index >= num_batches:
+            continue
+        plan.asked(seed, epoch, index)
+        if plan.lead:
+            front[seed] = max(front.get(seed, (epoch, index)), (epoch, index))
+        for s, e, i in plan.due():
+            fe, fi = front[s]
+            assert e == fe + 1 and 0 <= i < min(lead, num_batches) and fi >= num_batches - plan.lead
+            assert (s, e, i) not in started
+            started.add((s, e, i))
+            plan.started(s, e, i)
+    assert plan.lead == min(lead, num_batches)
+
+
+def test_build_ahead_is_checked():
+    with pytest.raises(ConfigError, match="build_ahead=-1 must be a number of batches >= 0"):
+        ServerOptions(build_ahead=-1)
+    assert ServerOptions(build_ahead=0).build_ahead == 0
 
 
 def test_the_build_record_forgets_the_oldest_epochs():

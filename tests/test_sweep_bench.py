@@ -46,9 +46,9 @@ def test_a_short_run_prints_both_layouts_and_every_audit_clean(tmp_path, capsys)
     out = tmp_path / "sweep.json"
     assert main(["--images-dir", str(tmp_path / "photos"), "--images", "128", "--seconds", "3",
                  "--calibrate-seconds", "2", "--cases", "equal,own-seeds", "--window-batches", "8",
-                 "--json", str(out)]) == 0
+                 "--without-build-ahead", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "### equal" in text and "### own-seeds" in text
+    assert "### equal" in text and "### own-seeds" in text and "Shared with build-ahead against shared without" in text
     figures = json.loads(out.read_text())
     for case in figures["cases"].values():
         for runs in case["runs"].values():
@@ -56,3 +56,36 @@ def test_a_short_run_prints_both_layouts_and_every_audit_clean(tmp_path, capsys)
                 assert audit_row["delivered"] > 0
                 assert (audit_row["wrong"], audit_row["skipped"], audit_row["duplicated"]) == (0, 0, 0)
             assert runs[-1]["window_max_bytes"] <= runs[-1]["window_budget"] or not runs[-1]["window_budget"]
+
+
+def test_a_cpu_split_puts_the_node_under_its_quota_and_the_jobs_beside_it():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks.common.cpu_split import CpuSplit
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: nothing to split")
+    before = Path("/proc/self/cgroup").read_text()
+    split = CpuSplit(cores - 0.5)
+    if not split.available:
+        split.close()
+        pytest.skip("no writable cgroup v1 cpu hierarchy here (root is needed)")
+    try:
+        with split.node():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert "-node" in Path(f"/proc/{child.pid}/cgroup").read_text()
+            assert "-jobs" in Path("/proc/self/cgroup").read_text()
+            assert (split._node / "cpu.cfs_quota_us").read_text().strip() == str(int((cores - 0.5) * 100_000))
+            assert (split._jobs / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        finally:
+            child.kill()
+            child.wait(10)
+    finally:
+        split.close()
+    assert Path("/proc/self/cgroup").read_text() == before
+    assert not split._node.exists() and not split._jobs.exists()

@@ -153,7 +153,8 @@ class DataServer:
             if self.options.batch_window_bytes:
                 self.shared = SharedBuilds(self.pool, BatchWindow(self.options.batch_window_bytes),
                                            BatchIdentity(self.dataset_info.fingerprint, info.wire_encoding,
-                                                         self.options.compression), self.plan.num_batches)
+                                                         self.options.compression), self.plan.num_batches,
+                                           workers=self.options.num_workers, lead=self._build_ahead())
                 self.stats.window_figures = self.shared.figures
             if self.options.probe:
                 probe_batch(self.pool, self.spec.target, self.options.max_batch_bytes,
@@ -167,6 +168,11 @@ class DataServer:
                  self.address, self.bulk_port, self.options.num_workers,
                  f", batch window {self.options.batch_window_bytes} bytes" if self.shared is not None else "")
         return self
+
+    def _build_ahead(self) -> int:
+        """Batches of the next epoch the window builds ahead: the option, else a consumer's default window."""
+        lead = self.options.build_ahead
+        return max(4, 2 * self.options.num_workers) if lead is None else lead
 
     def _open_ports(self) -> None:
         self._health = health.HealthServicer()

@@ -39,6 +39,9 @@ class ServerOptions:
     batch_window_bytes: int = 0   # built batches kept for every job that asks (a sweep's jobs of one seed),
                                   # within this many bytes; 0: none, each request is built for itself
                                   # (shared_builds.py, docs/sweep.md)
+    build_ahead: int | None = None  # with a batch window: the next epoch's first batches built by idle workers
+                                  # before any job asks (build_ahead.py); None: a consumer's default window,
+                                  # max(4, 2 x num_workers); 0: off
 
     def __post_init__(self) -> None:
         for name in ("port", "bulk_port"):
@@ -60,6 +63,10 @@ class ServerOptions:
                 or self.batch_window_bytes < 0:
             raise ConfigError(f"batch_window_bytes={self.batch_window_bytes!r} must be a number of bytes >= 0 "
                               "(0: no batch window; hetero serve --batch-window takes sizes such as 2GB)")
+        if self.build_ahead is not None and (isinstance(self.build_ahead, bool) or not isinstance(self.build_ahead, int)
+                                             or self.build_ahead < 0):
+            raise ConfigError(f"build_ahead={self.build_ahead!r} must be a number of batches >= 0 (0: off; "
+                              "None: max(4, 2 x num_workers))")
         check_start_method(self.worker_start)
         if not isinstance(self.spare_worker, bool):
             raise ConfigError(f"spare_worker={self.spare_worker!r} must be True or False")

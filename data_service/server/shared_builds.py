@@ -9,6 +9,9 @@ requested batch to ``SharedBuilds.submit`` instead of the worker pool:
 * else a worker builds it (a miss); once built, a copy goes into the window, the worker's slot
   goes back, and every request that waits for it gets it.
 
+Once the last batches of an epoch have been asked for, workers with nothing to build build the
+next epoch's first batches into the window before any job asks (build_ahead.py).
+
 A job that falls behind the window finds its batches gone and they are built again: exactly the
 same bytes, since a batch is a pure function of (pipeline, seed, epoch, index). Nothing is
 skipped, and no job waits for another to move. Sent from the window, a batch travels as TCP
@@ -23,6 +26,7 @@ the loop. One lock guards the window and the builds in flight; callbacks run out
 """
 from __future__ import annotations
 
+import collections
 import threading
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Callable, cast
 
 from ..pool.tasks import Result, Task
 from .batch_window import BatchKey, BatchWindow, Entry
+from .build_ahead import AheadPlan
 from .build_record import BuildRecord
 
 if TYPE_CHECKING:
@@ -46,7 +51,10 @@ class BatchIdentity:
     compression: str
 
     def key(self, task: Task) -> BatchKey:
-        return BatchKey(self.fingerprint, self.wire_encoding, self.compression, task.seed, task.epoch, task.index)
+        return self.key_of(task.seed, task.epoch, task.index)
+
+    def key_of(self, seed: int, epoch: int, index: int) -> BatchKey:
+        return BatchKey(self.fingerprint, self.wire_encoding, self.compression, seed, epoch, index)
 
 
 @dataclass
@@ -56,6 +64,7 @@ class _Build:
     key: BatchKey
     task: Task
     waiters: list[Task] = field(default_factory=list)
+    ahead: bool = False  # started before any job asked (build_ahead.py): kept in the window though nobody waits
 
 
 @dataclass
@@ -68,6 +77,8 @@ class WindowCounts:
     built: int = 0           # builds finished
     built_again: int = 0     # builds of a batch this server had built before
     unwindowed: int = 0      # builds sent from their slot: the window could not take them
+    ahead: int = 0           # builds started before any job asked (build_ahead.py)
+    ahead_used: int = 0      # requests answered by a batch built ahead (the first request of each)
 
 
 class SharedBuilds:
@@ -78,9 +89,13 @@ class SharedBuilds:
         window: the batch window.
         identity: the server's part of every ``BatchKey``.
         num_batches: batches per epoch (for the record of what was built).
+        workers: the pool's worker processes: batches are built ahead only while fewer builds
+            than this are in flight.
+        lead: batches of the next epoch built ahead (build_ahead.py; 0: none).
     """
 
-    def __init__(self, pool, window: BatchWindow, identity: BatchIdentity, num_batches: int) -> None:
+    def __init__(self, pool, window: BatchWindow, identity: BatchIdentity, num_batches: int, workers: int = 1,
+                 lead: int = 0) -> None:
         self._pool = pool
         self.window = window
         self.identity = identity
@@ -89,6 +104,9 @@ class SharedBuilds:
         self._lock = threading.Lock()
         self._building: dict[BatchKey, _Build] = {}
         self._waiting: dict[int, _Build] = {}  # id(request) -> the build it waits for
+        self._workers = max(1, workers)
+        self._ahead = AheadPlan(num_batches, lead)
+        self._ahead_unasked: collections.OrderedDict[BatchKey, None] = collections.OrderedDict()  # built ahead, not asked
 
     # -- what the data plane asks (the loop's thread)
     def submit(self, task: Task) -> None:
@@ -96,6 +114,10 @@ class SharedBuilds:
         key = self.identity.key(task)
         start = None
         with self._lock:
+            self._ahead.asked(task.seed, task.epoch, task.index)
+            if key in self._ahead_unasked:
+                del self._ahead_unasked[key]
+                self.counts.ahead_used += 1
             entry = self.window.get(key)
             if entry is not None:
                 self.counts.hits += 1
@@ -112,10 +134,34 @@ class SharedBuilds:
                     start.on_result = partial(self._built, build)
                 build.waiters.append(task)
                 self._waiting[id(task)] = build
+            ahead = self._start_ahead()
         if entry is not None:
             task.on_result(self._from_entry(task, entry))
         elif start is not None:
             self._pool.submit(start)  # outside the lock: a refusal answers at once, on this thread
+        for t in ahead:
+            self._pool.submit(t)
+
+    def _start_ahead(self) -> list[Task]:
+        """Under the lock: builds of the next epoch's first batches to start now, one per worker
+        with nothing to build (build_ahead.py); the caller submits them outside the lock."""
+        starts: list[Task] = []
+        for seed, epoch, index in self._ahead.due():
+            if len(self._building) >= self._workers:
+                break
+            self._ahead.started(seed, epoch, index)
+            key = self.identity.key_of(seed, epoch, index)
+            if key in self.window or key in self._building:
+                continue
+            task = Task(seed, epoch, index, cast("Callable[[Result], None]", None))
+            build = self._building[key] = _Build(key, task, ahead=True)
+            task.on_result = partial(self._built, build)
+            self.counts.ahead += 1
+            self._ahead_unasked[key] = None
+            while len(self._ahead_unasked) > 4096:
+                self._ahead_unasked.popitem(last=False)
+            starts.append(task)
+        return starts
 
     def cancel(self, tasks: list[Task]) -> None:
         """Requests whose connection ended: they wait no more; a build nobody waits for is cancelled."""
@@ -126,7 +172,7 @@ class SharedBuilds:
                 if build is None:
                     continue
                 build.waiters = [w for w in build.waiters if w is not task]
-                if not build.waiters and self._building.get(build.key) is build:
+                if not build.waiters and not build.ahead and self._building.get(build.key) is build:
                     del self._building[build.key]
                     idle.append(build.task)
         if idle:
@@ -145,18 +191,23 @@ class SharedBuilds:
                 self.counts.built += 1
                 if self._record.built(build.key.seed, build.key.epoch, build.key.index):
                     self.counts.built_again += 1
-                if waiters:
+                if waiters or build.ahead:
                     entry = self.window.put(build.key, result.header_bytes, result.payload or b"", result.raw_bytes)
-                    if entry is not None:
+                    if entry is not None and waiters:
                         self.window.pin(entry, len(waiters) - 1)  # one pin per send; put pinned the first
-                    else:
+                    elif entry is not None:
+                        self.window.unpin(entry)  # built ahead: held for the requests to come
+                    elif waiters:
                         self.counts.unwindowed += 1
+            ahead = self._start_ahead()  # a worker is free
+        for t in ahead:
+            self._pool.submit(t)
         if result.error is not None:
             for w in waiters:
                 w.on_result(Result(task=w, error=result.error))
             return
         if not waiters:
-            result.release()  # cancelled while it was being delivered to us
+            result.release()  # built ahead, or cancelled while it was being delivered to us
             return
         if entry is not None:
             result.release()  # the window holds a copy: the worker's slot goes back now
@@ -181,7 +232,8 @@ class SharedBuilds:
         return {"window_budget_bytes": float(w.budget), "window_bytes": float(w.held_bytes),
                 "window_batches": float(len(w)), "window_hits": float(c.hits), "window_joined": float(c.joined),
                 "window_misses": float(c.misses), "window_evicted": float(w.evicted),
-                "window_unwindowed": float(c.unwindowed), "batches_built_again": float(c.built_again)}
+                "window_unwindowed": float(c.unwindowed), "batches_built_again": float(c.built_again),
+                "window_built_ahead": float(c.ahead), "window_ahead_used": float(c.ahead_used)}
 
     def close(self) -> None:
         """Drop the window's batches (the server stops); those being sent go with their last send."""

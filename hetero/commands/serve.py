@@ -57,6 +57,10 @@ def register(sub) -> None:
                    help="keep built batches for every job that asks, within SIZE bytes (e.g. 2GB): the jobs of a "
                         "sweep with one seed get each batch built once; a job that falls behind gets its batches "
                         "built again (docs/sweep.md). 0: off")
+    p.add_argument("--build-ahead", type=int, default=None, metavar="BATCHES",
+                   help="with --batch-window: once an epoch's last batches are asked for, idle workers build the "
+                        "next epoch's first BATCHES before any job asks (default: max(4, 2 x --workers); 0: off; "
+                        "docs/sweep.md)")
     p.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
                    help="shut down once no consumer has been connected for SECONDS, after one came: a sweep's "
                         "data group ends when its last job leaves (0: serve until shut down)")
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                                 tls_key=args.tls_key, probe=not args.no_probe,
                                 send_timeout_s=args.send_timeout, worker_start=args.worker_start,
                                 spare_worker=not args.no_spare_worker,
-                                batch_window_bytes=window_budget(args.batch_window))
+                                batch_window_bytes=window_budget(args.batch_window), build_ahead=args.build_ahead)
         server = DataServer(spec, token, options).start()
     except ConfigError as exc:
         print(f"hetero serve: {exc}")

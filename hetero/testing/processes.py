@@ -140,6 +140,7 @@ class ServerProc(_ProcessGroup):
         worker_start: ``hetero serve --worker-start`` (``"warm"``, the default, or ``"spawn"``).
         spare_worker: False: ``hetero serve --no-spare-worker`` (a dead worker's replacement is forked then).
         batch_window: ``hetero serve --batch-window`` (a size such as ``"64MB"``; None: no window).
+        build_ahead: ``hetero serve --build-ahead`` (None: the server's default).
     """
 
     def __init__(self, options: dict, *, port: int | None = None, bulk_port: int | None = None,
@@ -147,7 +148,7 @@ class ServerProc(_ProcessGroup):
                  pipeline: str = PIPELINE, log_path: str | os.PathLike | None = None, probe: bool = False,
                  send_timeout_s: float | None = None, env: dict[str, str] | None = None,
                  worker_start: str | None = None, spare_worker: bool = True,
-                 batch_window: str | int | None = None) -> None:
+                 batch_window: str | int | None = None, build_ahead: int | None = None) -> None:
         self.options = dict(options)
         self.env = dict(env or {})
         self.port = port or free_port()
@@ -171,6 +172,8 @@ class ServerProc(_ProcessGroup):
             self.cmd.append("--no-spare-worker")
         if batch_window is not None:
             self.cmd += ["--batch-window", str(batch_window)]
+        if build_ahead is not None:
+            self.cmd += ["--build-ahead", str(build_ahead)]
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
 

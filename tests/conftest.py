@@ -21,6 +21,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the long tier (tests/tiers.py): slow tests that CI's run leaves out."""
+    from tiers import LONG
+
+    for item in items:
+        nodeid = item.nodeid.removeprefix("tests/")
+        if nodeid in LONG:
+            if item.get_closest_marker("slow") is None:
+                raise pytest.UsageError(f"{nodeid} is in tests/tiers.py's LONG but not marked slow: mark it slow")
+            item.add_marker(pytest.mark.long)
+
+
 # A server stopping in the background may log after pytest closed its capture stream;
 # that is not an error of the code under test.
 logging.raiseExceptions = False

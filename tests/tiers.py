@@ -5,7 +5,8 @@ these ``long`` as well. CI (``.ci/run``) runs the default tier and every slow te
 long; ``pytest -m long`` runs these (about 30 minutes on 2 cores), and docs/testing.md says when.
 Each scenario below keeps a smaller sibling in CI: the variant with fewer repeats (``[False]``
 of test_faults), the same fault on one node (test_multinode, test_shards_service), resume
-exactness through the consumer contract and Lightning, one corruption campaign.
+exactness through the consumer contract, Lightning and test_multinode's resume on another
+number of servers, the corruption campaign's places one by one in the default tier.
 """
 from __future__ import annotations
 
@@ -85,6 +86,15 @@ LONG = frozenset({
     "test_sdk_driver.py::test_launcher_trains_under_the_sdk_driver",
     "test_job_secret.py::test_a_local_job_whose_nodes_read_the_secret_from_secrets_manager",
     "test_bench.py::test_hetero_bench_derives_its_step_from_the_batch_it_profiled_and_says_so",
+    # covered in CI by their default-tier siblings (unit and single-server tests of the same rule)
+    "test_corruption_campaign.py::test_damaged_requests_never_train_silently_nor_stall",
+    "test_batch_attempts.py::test_a_batch_no_server_delivers_ends_after_batch_attempts_times_batch_timeout",
+    "test_shards_service.py::test_each_block_is_built_by_its_owner_only",
+    "test_imagefolder.py::test_corrupt_image_reaches_the_consumer_with_the_file_name",
+    "test_elastic.py::test_a_server_that_joins_mid_epoch_serves_every_rank_within_5s",
+    "test_decoded_cache.py::test_a_server_leaving_keeps_the_cache_of_the_servers_that_stay[shutdown]",
+    "test_service.py::test_loader_workers_take_disjoint_parts_in_order[shared-memory]",
+    "test_lightning.py::test_a_one_device_checkpoint_resumes_on_two_nodes_with_the_rest_dealt",
     # tests that measure speed (serial): benchmarks print these figures
     "test_bench.py::test_hetero_faster_than_homo_on_a_cpu_bound_pipeline",
     "test_bench.py::test_one_pinned_homogeneous_run",

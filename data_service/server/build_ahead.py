@@ -2,12 +2,11 @@
 
 Jobs of a sweep that read one seed in step reach an epoch's end together. Their last requests
 are built, and then the node's workers idle until the jobs have trained on what they hold and
-ask for the next epoch: with 4 jobs, each with a window of 4 requests, about 4 steps per epoch
-on every worker, the gap that kept a shared sweep of 128-batch epochs at 1.6 of the node's 2
-cores. A batch is a pure function of (pipeline, seed, epoch, index), and a job takes its epochs
-in order, so once the last ``lead`` batches of an epoch have been asked for, the server builds
-the first ``lead`` batches of the next epoch on workers that would otherwise idle, into the
-window, where the jobs' first requests of that epoch find them.
+ask for the next epoch. A batch is a pure function of (pipeline, seed, epoch, index), and a job
+takes its epochs in order, so once the last ``lead`` batches of an epoch have been asked for, the
+server builds the first ``lead`` batches of the next epoch on workers that would otherwise idle,
+into the window, where the jobs' first requests of that epoch find them. It pays where epochs are
+short (4 jobs, epochs of 32 batches: 1.07x the images/s; of 128: no change; docs/benchmarks.md).
 
 What it costs: a batch built ahead that no job asks of this server (every job stops at that
 epoch, or, with several data nodes, a job asks that batch of another node) is one build on a

@@ -156,3 +156,25 @@ def test_a_killed_worker_s_log_line_names_the_signal_even_when_its_pipe_broke_fi
 def test_an_unknown_start_method_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match=r"worker_start='fork'.*warm, spawn"):
         ServerOptions(worker_start="fork")
+
+
+def test_a_server_started_in_a_process_holding_over_a_thousand_descriptors_forks_its_workers():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1400:
+        pytest.skip(f"the descriptor limit here is {hard}: a process cannot hold 1,100 more")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # a trainer's files, a long test run's
+    try:
+        server = _server("examples.synthetic:build_pipeline")
+        try:
+            assert server.pool.starter.method == "warm"
+            assert len(_batches(server, 0, count=4)) == 4
+            assert os.getpid() not in _parents(server)  # forked from the warm parent, not spawned
+        finally:
+            server.shutdown(grace_s=0.5)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -39,7 +40,11 @@ class WarmParentGone(OSError):
 
 
 def _readable(fd, timeout: float | None) -> bool:
-    return bool(select.select([fd], [], [], timeout)[0])
+    """Is ``fd`` readable within ``timeout`` seconds? poll, not select: a server in a process that
+    holds a thousand descriptors (a trainer's files, a test run's) gets numbers select cannot take."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
 
 # The warm parent's interpreter runs this, not multiprocessing's spawn entry (which would import

@@ -149,13 +149,16 @@ def _serve(ctrl: socket.socket, comm: str) -> None:
     signal.set_wakeup_fd(wake_w)
     children: dict[int, int] = {}  # pid -> the write end of its status pipe
     server = os.getppid()
-    watched: list[socket.socket | int] = [ctrl, wake_r]
+    # poll, not select: the descriptors keep the numbers they had in the server, which may be past 1023
+    poller = select.poll()
+    poller.register(ctrl, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     while os.getppid() == server:  # a server killed with -9 closes the socket too; this is the backstop
-        ready, _, _ = select.select(watched, [], [], PARENT_CHECK_S)
+        ready = {fd for fd, _ in poller.poll(PARENT_CHECK_S * 1000)}
         if wake_r in ready:
             os.read(wake_r, 4096)
             _reap(children)
-        if ctrl in ready:
+        if ctrl.fileno() in ready:
             msg, fds = recv_msg(ctrl)
             if msg is None:
                 return  # the server is done with us, or gone

@@ -41,11 +41,18 @@ def test_damaged_decoded_cache_entries_and_plain_parquet_rows_never_train_silent
 @pytest.mark.slow
 def test_shards_cut_short_under_running_servers_are_counted_skips_that_keep_every_whole_sample(tmp_path):
     trace: list[dict] = []
-    table = corruption.run(4, seed=3, images=48, work=str(tmp_path), only=("running",), trace=trace)
-    row = table["running"]
-    assert row["trials"] == 4 and row["silent"] == 0 and row["lost"] == 0, trace
-    # skip means skip: no epoch stopped, but by a batch whose every sample lay past the cut (named)
-    assert all(r["emptied"] and "shard-" in r["error"] for r in trace if r["error"]), trace
+    # A cut the servers had read past already is harmless; on a loaded machine 4 trials may all be,
+    # so more rounds run (other seeds) until one cut is met, each round held to the same rules.
+    for round_seed in (3, 4, 5):
+        (tmp_path / str(round_seed)).mkdir()
+        table = corruption.run(4, seed=round_seed, images=48, work=str(tmp_path / str(round_seed)),
+                               only=("running",), trace=trace)
+        row = table["running"]
+        assert row["trials"] == 4 and row["silent"] == 0 and row["lost"] == 0, trace
+        # skip means skip: no epoch stopped, but by a batch whose every sample lay past the cut (named)
+        assert all(r["emptied"] and "shard-" in r["error"] for r in trace if r["error"]), trace
+        if any(r["skipped"] for r in trace):
+            break
     assert any(r["skipped"] for r in trace), trace  # a cut was met, and counted
 
 

@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     per_epoch = args.images // args.batch_size
     where = (f"{SPLIT.node_cores:g} of this machine's {cores} cores (a CPU quota; the jobs get the other "
              f"{SPLIT.jobs_cores:g})" if SPLIT is not None else f"this machine's {cores} cores, shared with the jobs")
-    print(f"{report.stamp()}: {JOBS} jobs, one data node of {WORKERS} workers on {where}, {args.images} photo-like JPEGs, batches of {args.batch_size} x "
+    print(f"{report.stamp()}: {JOBS} jobs, one data node of {WORKERS} workers on {where}, {args.images} photo-like "
+          f"JPEGs, batches of {args.batch_size} x "
           f"{args.image_size} px ({batch_bytes} bytes); one core's CPU per batch {cpu_batch * 1000:.1f} ms; fast "
           f"jobs' step {f'{args.step_s * 1000:.1f} ms' if args.step_s else 'measured per case'}; window "
           f"{args.window_batches} batches = {window_bytes} bytes; {args.seconds:g} s per layout; load average "

@@ -45,25 +45,21 @@ class CpuSplit:
         except OSError:
             self.close()
 
-    @contextlib.contextmanager
-    def node(self) -> Iterator[None]:
+    def node(self) -> contextlib.AbstractContextManager[None]:
         """Processes started inside this block run in the data node's cgroup."""
-        if not self.available:
-            yield
-            return
-        self._move(self._node)
-        try:
-            yield
-        finally:
-            self._move(self._jobs)
+        return self._inside(self._node)
+
+    def unlimited(self) -> contextlib.AbstractContextManager[None]:
+        """This process runs without the jobs' quota inside this block (work outside the measured span)."""
+        return self._inside(self._home)
 
     @contextlib.contextmanager
-    def unlimited(self) -> Iterator[None]:
-        """This process runs without the jobs' quota inside this block (work outside the measured span)."""
+    def _inside(self, group: Path) -> Iterator[None]:
+        """This process in ``group`` for the block, then back in the jobs' group (nothing where unavailable)."""
         if not self.available:
             yield
             return
-        self._move(self._home)
+        self._move(group)
         try:
             yield
         finally:

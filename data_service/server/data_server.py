@@ -41,6 +41,7 @@ from .batch_window import BatchWindow
 from .shared_builds import BatchIdentity, SharedBuilds
 from .stats import ServerStats
 from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
+from ..protocol.window import default_window
 from ..protocol.generated import pb, pb_grpc
 from ..pool.worker_pool import WorkerPool
 
@@ -172,7 +173,7 @@ class DataServer:
     def _build_ahead(self) -> int:
         """Batches of the next epoch the window builds ahead: the option, else a consumer's default window."""
         lead = self.options.build_ahead
-        return max(4, 2 * self.options.num_workers) if lead is None else lead
+        return default_window(self.options.num_workers) if lead is None else lead
 
     def _open_ports(self) -> None:
         self._health = health.HealthServicer()

@@ -37,6 +37,8 @@ from .batch_window import BatchKey, BatchWindow, Entry
 from .build_ahead import AheadPlan
 from .build_record import BuildRecord
 
+AHEAD_REMEMBERED = 4096  # batches built ahead and not yet asked for, remembered for ``ahead_used``
+
 if TYPE_CHECKING:
     from ..contract.wire import WireEncoding
 
@@ -158,7 +160,7 @@ class SharedBuilds:
             task.on_result = partial(self._built, build)
             self.counts.ahead += 1
             self._ahead_unasked[key] = None
-            while len(self._ahead_unasked) > 4096:
+            while len(self._ahead_unasked) > AHEAD_REMEMBERED:
                 self._ahead_unasked.popitem(last=False)
             starts.append(task)
         return starts

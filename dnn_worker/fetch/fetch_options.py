@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from data_service.protocol.addresses import split_address
 from data_service.errors import ConfigError
 from data_service.protocol.version import PROTOCOL_VERSION
+from data_service.protocol.window import default_window
 from data_service.protocol.generated import pb
 
 from ..transport.connection import BulkConnection
@@ -86,7 +87,7 @@ class FetchOptions:
         """The window of one server: the one given, else 2 x its worker processes, at least 4."""
         if self.window is not None:
             return self.window
-        return max(4, 2 * (hello.workers if hello is not None else 0))
+        return default_window(hello.workers if hello is not None else 0)
 
 
 def connect(address: str, options: FetchOptions) -> tuple[pb.HelloResponse, BulkConnection]:

@@ -223,10 +223,25 @@ class ForkedProcess:
         self.sentinel: int | None = None  # the worker's pidfd, once started
         self._status: int | None = None   # the read end of its status pipe, once started
         self._code: int | None = None
+        self._finalizer: weakref.finalize | None = None
 
     def start(self) -> None:
         self.pid, self.sentinel, self._status = self._parent.fork(self._target, self._args, self.name)
-        weakref.finalize(self, _close_fds, self.sentinel, self._status)
+        self._finalizer = weakref.finalize(self, _close_fds, self.sentinel, self._status)
+
+    def close(self) -> None:
+        """Close its pidfd and status pipe; ValueError while it runs (as ``multiprocessing.Process``).
+        Its exit code, unknown now if the warm parent has not told it, reads ``UNKNOWN_EXIT`` after."""
+        if self.sentinel is None:
+            return
+        if self.is_alive():
+            raise ValueError(f"data worker {self.name} (pid {self.pid}) still runs: it cannot be closed")
+        if self._code is None:
+            self._read_code(0)
+        self._code = UNKNOWN_EXIT if self._code is None else self._code
+        if self._finalizer is not None:  # set by start, as the sentinel is
+            self._finalizer()
+        self.sentinel = self._status = None
 
     @property
     def exitcode(self) -> int | None:

@@ -63,6 +63,7 @@ class WorkerProcess(Protocol):
     def is_alive(self) -> bool: ...
     def join(self, timeout: float | None = None) -> None: ...
     def kill(self) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -244,3 +245,20 @@ def stop_workers(handles: list[WorkerHandle], timeout: float) -> None:
         if process.is_alive():
             process.kill()
             process.join(2.0)
+
+
+def release(w: WorkerHandle) -> None:
+    """Close what the server holds of worker ``w``, which has ended (``stop_workers``): its pipe,
+    its process handle's descriptors, and its regions that no batch in flight holds (those close
+    when released). A server started and stopped in a long-lived process (a notebook, a test run)
+    leaves nothing open."""
+    w.table.orphan_all()
+    w.conn.close()
+    if w.child_end is not None:  # never launched
+        w.child_end.close()
+        w.child_end = None
+    if w.process is not None:
+        try:
+            w.process.close()
+        except ValueError:  # it could not be killed: its handle closes when collected
+            pass

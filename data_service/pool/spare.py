@@ -20,7 +20,7 @@ import time
 from typing import cast
 
 from .forked import WarmParent
-from .lifecycle import WorkerConfig, WorkerHandle, WorkerProcess, await_ready, launch, stop_workers, unstarted
+from .lifecycle import WorkerConfig, WorkerHandle, WorkerProcess, await_ready, launch, release, stop_workers, unstarted
 from .messages import SPARE_ID, PromoteMsg
 
 log = logging.getLogger(__name__)
@@ -106,3 +106,4 @@ class Spare:
             ready, self._ready = self._ready, None
         if ready is not None:
             stop_workers([ready[0]], timeout)
+            release(ready[0])

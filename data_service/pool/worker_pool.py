@@ -29,7 +29,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import TYPE_CHECKING, Callable, cast
 
 from ..errors import ConfigError
-from .lifecycle import WorkerConfig, WorkerHandle, WorkerProcess, spawn_replacement, start_all, stop_workers, unstarted
+from .lifecycle import WorkerConfig, WorkerHandle, WorkerProcess, release, spawn_replacement, start_all, stop_workers, unstarted
 from .messages import DoneMsg, ErrorMsg, ImportedMsg, StopMsg
 from .results import Death, Failure, GaveUp, built, crashed_too_often, exit_status, failed
 from .slots import ServerSlot
@@ -142,6 +142,12 @@ class WorkerPool:
         stop_workers(self.state.workers(), timeout)
         self.starter.close(max(timeout, 1.0))  # after its workers: it forks no replacement now
         self._fail(failures)
+        if self._wake_r >= 0 and (self._thread is None or not self._thread.is_alive()):  # nothing polls them now
+            for w in self.state.workers():
+                release(w)
+            wake_r, wake_w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
+            os.close(wake_r)
+            os.close(wake_w)
 
     # -- public API
     def submit(self, task: Task) -> Task:

@@ -77,6 +77,9 @@ class WorkerHandle:
     table: SlotTable
     child_end: Connection | None = None  # the worker's end of the pipe, until a process takes it
     tasks: dict = field(default_factory=dict)  # task id -> (Task, slot), in the order sent
+    # tasks it reported built into a region not yet opened (decided later): not what it was
+    # building should it die meanwhile
+    reported: set = field(default_factory=set)
     ready: bool = False
     alive: bool = True
 

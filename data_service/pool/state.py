@@ -169,12 +169,20 @@ class PoolState:
                 return []
         return [Failure(task, msg.kind, msg.message, msg.traceback, msg.sample_index)]
 
+    def region_reported(self, w: WorkerHandle, task_id: int) -> None:
+        """Worker ``w`` built task ``task_id``'s batch into a region the server could not open
+        (``region_unmappable`` decides later): should ``w`` die meanwhile, that batch did not kill it."""
+        with self._lock:
+            if task_id in w.tasks:
+                w.reported.add(task_id)
+
     def region_unmappable(self, w: WorkerHandle, task_id: int, dead: bool,
                           error: str) -> tuple[Task | None, list[Failure]]:
         """The server could not open the new region worker ``w`` built a batch into (``error``). A
         ``dead`` worker took it along (the /proc path went with it): the batch is built again
         elsewhere. Returns the task (None when stale) and what to fail."""
         with self._lock:
+            w.reported.discard(task_id)
             entry = w.tasks.pop(task_id, None)
             if entry is None:
                 return None, []
@@ -196,17 +204,19 @@ class PoolState:
             w.alive = False
             self.generation += 1
             tasks = [t for t, _ in w.tasks.values()]
+            # the first it had not reported built; the rest were queued behind it
+            building = next((t for tid, (t, _) in w.tasks.items() if tid not in w.reported), None)
             w.tasks.clear()
+            w.reported.clear()
             w.table.orphan_all()
             replace = not self.stopping
             self.replacing += replace  # counted with the death, so no one sees a gap
-            building = tasks[0] if tasks else None  # the rest were queued behind it
             crashed = []
             if building is not None and not building.cancelled:
                 building.attempts += 1
                 if building.attempts >= MAX_ATTEMPTS:
                     crashed.append(building)
-                    tasks = tasks[1:]
+                    tasks = [t for t in tasks if t is not building]
             self._queue.extendleft(t for t in reversed(tasks) if not t.cancelled)
         return Death(building, crashed, replace)
 

@@ -276,6 +276,7 @@ class WorkerPool:
         ``UNMAPPABLE_WAIT_S`` later means the server itself is short of something (descriptors).
         Decided on a later pass of the loop (``_settle_unmappable``), never by waiting here: this
         runs on the data plane's event loop."""
+        self.state.region_reported(w, task_id)
         self._unmapped.append((w, task_id, str(exc), time.monotonic() + UNMAPPABLE_WAIT_S))
 
     def _settle_unmappable(self) -> None:

@@ -58,12 +58,14 @@ WORKERS = 2
 Layout = tuple[dict, "str | None", list[int], "int | None"]  # options, --batch-window, seeds, --build-ahead
 
 
-def layouts(case: str, base: dict, window_bytes: int, without_ahead: bool = False) -> dict[str, Layout]:
-    """Per layout: (pipeline options, --batch-window, each job's seed, --build-ahead)."""
+def layouts(case: str, base: dict, window_bytes: int, without_ahead: bool = False,
+            ahead: int | None = None) -> dict[str, Layout]:
+    """Per layout: (pipeline options, --batch-window, each job's seed, --build-ahead: ``ahead``, None
+    for the server's default)."""
     if case == "own-seeds":
         cached = {**base, "decoded_cache_bytes": "256MB"}
         return {"shared": (cached, None, [1, 2, 3, 4], None), "not shared": (base, None, [1, 2, 3, 4], None)}
-    out: dict[str, Layout] = {"shared": (base, str(window_bytes), [1] * JOBS, None),
+    out: dict[str, Layout] = {"shared": (base, str(window_bytes), [1] * JOBS, ahead),
                               "not shared": (base, None, [1] * JOBS, None)}
     if without_ahead:
         out["shared, no build-ahead"] = (base, str(window_bytes), [1] * JOBS, 0)
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="equal,half,own-seeds")
     ap.add_argument("--without-build-ahead", action="store_true",
                     help="also run the shared layout with the server's --build-ahead 0 (same seed cases)")
+    ap.add_argument("--build-ahead", type=int, default=None,
+                    help="the shared layout's server --build-ahead (default: the server's own)")
     ap.add_argument("--step-s", type=float, default=0.0, help="fast jobs' emulated step (0: the node's time per "
                     "batch, measured with one job alone for --calibrate-seconds)")
     ap.add_argument("--calibrate-seconds", type=float, default=8.0)
@@ -217,8 +221,8 @@ def run_case(case: str, args, base: dict, step: float, window_bytes: int, per_ep
         steps[-1] = 2 * step
     runs: dict[str, list[dict]] = {}
     for r in range(args.rounds):
-        for name, (options, window, seeds, ahead) in layouts(case, base, window_bytes,
-                                                             args.without_build_ahead).items():
+        for name, (options, window, seeds, ahead) in layouts(case, base, window_bytes, args.without_build_ahead,
+                                                             args.build_ahead).items():
             res = run_layout(options, window, seeds, steps, args.seconds, tmp, f"{case}-{name}-{r}".replace(" ", ""),
                              ahead)
             with SPLIT.unlimited() if SPLIT is not None else contextlib.nullcontext():  # in-process references

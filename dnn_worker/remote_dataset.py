@@ -38,6 +38,10 @@ from .fetch.registry_watch import RegistryWatcher, watcher_for
 from .resume.sharding import ShardedBatches
 
 SMALL_WINDOW = 8  # default window for batches of at most 1 MB (scheduler.SMALL_BATCH_BYTES)
+# How long an epoch's connections stay open for the next epoch's iteration: reconnecting costs an
+# epoch's start tens of milliseconds (a gRPC Hello, a TCP handshake); a job that does not come back
+# within this (evaluating, saving, done) closes them, so its data servers see it gone (idle_exit).
+KEEP_OPEN_S = 10.0
 HELLO_MIN_S = 0.1  # the shortest a Hello may take once the deadline is (almost) up: one round trip
 
 
@@ -111,13 +115,20 @@ class RemoteDataset(ShardedBatches):
         self.tls_ca = tls_ca
         self.tls_server_name = tls_server_name
         self._info: pb.HelloResponse | None = None
-        self._fetcher: Fetcher | None = None  # the last epoch's, connections open when it fetched ahead
+        self._fetcher: Fetcher | None = None  # the last epoch's, its connections open for a while (KEEP_OPEN_S)
 
     @property
     def fetcher(self) -> Fetcher | None:
         """The ``Fetcher`` of the epoch in progress, or of the last one (None before the first):
         its ``servers``, ``stats()``, ``hedges`` and ``failovers`` say how batches were fetched."""
         return self._fetcher
+
+    def close(self) -> None:
+        """Close the connections the last epoch left open for the next one now (they close by
+        themselves ``KEEP_OPEN_S`` after it): training is over, the servers may see this job gone."""
+        fetcher = self._fetcher
+        if fetcher is not None:
+            fetcher.close_kept()
 
     def hello(self) -> pb.HelloResponse:
         """Dataset facts from the first server that answers (cached)."""
@@ -178,9 +189,9 @@ class RemoteDataset(ShardedBatches):
 
     def _batches(self, items: BatchList | list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
         info = self.hello()
-        # Connections stay open for the next epoch when this ends with its first batches fetched
-        # ahead (a next iteration of this object will come); otherwise they close with the epoch.
-        keep = bool(items) and items[-1][0] != self.epoch
+        # Connections stay open for the next epoch (for KEEP_OPEN_S) unless this is the last epoch
+        # of those training said it will run (``epochs``); they close with an epoch left early.
+        keep = bool(items) and (items[-1][0] != self.epoch or self.epochs is None)
         previous, self._fetcher = self._fetcher, None
         # computed per batch as the scheduler reaches it: nothing is built per batch of the epoch
         refs = BatchRefs(self.seed, BatchList.of(items))
@@ -198,6 +209,7 @@ class RemoteDataset(ShardedBatches):
         self._fetcher = fetcher
         for ref, batch in fetcher:
             yield ref.epoch, ref.index, batch
+        fetcher.linger(KEEP_OPEN_S)
 
 
 def client_id(rank: int) -> str:

@@ -100,7 +100,9 @@ def test_batches_held_zero_copy_are_never_overwritten_and_never_stall(server_fac
     # One worker with two slots: at most one can be leased, so a consumer that keeps every
     # batch still gets the rest (copied) instead of waiting forever for a slot.
     server = server_factory(OPTS, num_workers=1, slots_per_worker=2)
-    kept = list(RemoteDataset([server.address], TOKEN, batch_timeout=20))
+    first = RemoteDataset([server.address], TOKEN, batch_timeout=20)
+    kept = list(first)
+    first.close()  # its connection ends (else it would wait KEEP_OPEN_S for a next epoch)
     assert server.stats.snapshot().shm_leases >= 1
     again = [batch_digest(b) for b in RemoteDataset([server.address], TOKEN, seed=3, batch_timeout=20)]
     assert again == reference(seed=3)
@@ -108,6 +110,23 @@ def test_batches_held_zero_copy_are_never_overwritten_and_never_stall(server_fac
     # were not rewritten by the second epoch.
     assert [batch_digest(b) for b in kept] == reference()
     assert server.stats.snapshot().slots_retired >= 1
+
+
+def test_a_batch_asked_for_again_while_its_first_copy_is_kept_frees_only_the_copy_given_back(server_factory):
+    # One connection for both epochs (kept open between them): the first epoch's batches are all
+    # kept, zero-copy views among them; the same epoch again is dropped batch by batch. Each Release
+    # names its slot, so the server frees the second copies, never a slot the first copies still
+    # view: those keep their bytes, and the second pass never runs out of slots.
+    server = server_factory(OPTS, num_workers=1, slots_per_worker=4)
+    ds = RemoteDataset([server.address], TOKEN, batch_timeout=20)
+    kept = list(ds)
+    conn = ds.fetcher.servers[0].conn
+    assert server.stats.snapshot().shm_leases >= 1
+    ds.set_epoch(0)
+    again = [batch_digest(b) for b in ds]
+    assert ds.fetcher.servers[0].conn is conn and ds.fetcher.failovers == 0  # no stall dropped the server
+    assert again == reference()
+    assert [batch_digest(b) for b in kept] == reference()
 
 
 def test_zero_copy_batches_can_be_changed_in_place(server_factory):

@@ -157,3 +157,28 @@ def test_the_next_epochs_first_batches_are_fetched_ahead_and_used(server_factory
         assert [batch_digest(b) for b in loader] == reference(1, start=3)
     finally:
         loader.close()
+
+
+def test_a_plain_epoch_loop_keeps_its_connections_between_epochs_and_closes_them_once_it_stops(
+        server_factory, monkeypatch):
+    """No ``epochs`` given: each epoch's connections wait for the next epoch's iteration (which
+    then starts without reconnecting) for ``KEEP_OPEN_S``, then close, so the server sees the job gone."""
+    from _fault_helpers import wait_until
+    from conftest import TOKEN
+    from dnn_worker import RemoteDataset
+    from dnn_worker import remote_dataset
+
+    monkeypatch.setattr(remote_dataset, "KEEP_OPEN_S", 1.0)
+    server = server_factory(OPTS, num_workers=1)
+    ds = RemoteDataset([server.address], TOKEN, seed=5)
+    conns = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        assert [batch_digest(b) for b in ds] == reference(epoch)
+        conns.append(ds.fetcher.servers[0].conn)
+    assert conns[0] is conns[1] is not None and not conns[0].closed  # one connection for both epochs
+    assert server.stats.snapshot().seconds_since_last_consumer < 0  # still connected
+    wait_until(lambda: conns[0].closed, 10, "the connection closed once the loop stopped")
+    wait_until(lambda: server.stats.snapshot().seconds_since_last_consumer >= 0, 10, "the server sees the job gone")
+    ds.set_epoch(2)  # a later epoch connects again
+    assert [batch_digest(b) for b in ds] == reference(2)

@@ -151,7 +151,8 @@ def test_the_window_widens_for_small_batches_only(shared_server, monkeypatch, sm
 
 
 @pytest.mark.parametrize("shm", [True, False], ids=["shared-memory", "tcp"])
-def test_client_disconnect_mid_stream_loses_nothing(shared_server, shm):
+def test_client_disconnect_mid_stream_loses_nothing(server_factory, shm):
+    shared_server = server_factory()  # its own: no other test's consumer connected
     with ControlClient(shared_server.address, TOKEN) as ctl:
         port = ctl.hello().bulk_port
     conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, shared_memory=shm)

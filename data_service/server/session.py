@@ -202,12 +202,17 @@ class Session:
         if kind == "release" and self.shm:
             ref = frame.release.ref
             key = (ref.seed, ref.epoch, ref.index)
-            held = self._held.get(key)
-            result = held.pop(0) if held else None
-            if held == []:
+            held = self._held.get(key) or []
+            # the copy in the named slot: the consumer may hold two of one batch (asked for again
+            # while it kept the first), and the other one's slot is still in use
+            at = next((k for k, r in enumerate(held) if r.shm_inode == frame.release.shm_inode), None) \
+                if frame.release.shm_inode else (0 if held else None)
+            if at is None:
+                raise ProtocolError(f"release of batch {ref.index} (epoch {ref.epoch}) in slot inode "
+                                    f"{frame.release.shm_inode} that is not held")
+            result = held.pop(at)
+            if not held:
                 del self._held[key]
-            if result is None:
-                raise ProtocolError(f"release of batch {ref.index} (epoch {ref.epoch}) that is not held")
             result.release()
             return
         if kind != "fetch":

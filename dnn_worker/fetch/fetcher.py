@@ -23,6 +23,7 @@ fault makes it ask again forever.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Iterator, Sequence, cast
 
@@ -55,7 +56,8 @@ class Fetcher:
         options: the job token, windows, deadlines, TLS (``FetchOptions``).
         affinity: ask each batch of the server owning its shuffle block (``scheduler``).
         registry: a ``RegistryWatcher``: servers that join and leave while the list is fetched.
-        keep_open: leave the connections open after a complete iteration, for ``reuse``.
+        keep_open: leave the connections open after a complete iteration, for ``reuse`` (``linger``
+            closes them if no later Fetcher takes them over).
         reuse: an earlier Fetcher (same servers) that completed with ``keep_open``: its
             connections, and what it measured of each server's speed, are taken over (the next
             epoch of a persistent loader worker).
@@ -70,12 +72,15 @@ class Fetcher:
         self._attempts = Attempts(options.batch_attempts)
         self._keep_open = keep_open
         self._open = False  # connections left open by a complete iteration (keep_open)
+        self._handover = threading.Lock()  # taking the open connections over, or closing them at the linger's end
         self.most_held = 0  # the most batches held at once while waiting for an earlier one
-        if reuse is not None and reuse._open and self._set.take_over(reuse._set):
-            # Late frames of the earlier iteration are dropped: none of its refs is owed here.
-            reuse._open = False
-            for address, lane in reuse._scheduler.lanes.items():
-                self._scheduler.lane(address, lane.base_window, lane.weight).gap = lane.gap
+        if reuse is not None:
+            with reuse._handover:
+                if reuse._open and self._set.take_over(reuse._set):
+                    # Late frames of the earlier iteration are dropped: none of its refs is owed here.
+                    reuse._open = False
+                    for address, lane in reuse._scheduler.lanes.items():
+                        self._scheduler.lane(address, lane.base_window, lane.weight).gap = lane.gap
 
     @property
     def scheduler(self) -> Scheduler:
@@ -162,6 +167,22 @@ class Fetcher:
         """Close every connection (also those a complete ``keep_open`` iteration left open)."""
         self._open = False
         self._set.close()
+
+    def linger(self, seconds: float) -> None:
+        """Close the connections a complete ``keep_open`` iteration left open in ``seconds``, unless a
+        later Fetcher has taken them over by then: a job between two epochs keeps them, a job that
+        stopped iterating (evaluating, saving, done) lets its data servers see it gone."""
+        if self._open:
+            timer = threading.Timer(seconds, self.close_kept)
+            timer.daemon = True
+            timer.start()
+
+    def close_kept(self) -> None:
+        """Close the connections a complete ``keep_open`` iteration left open, unless a later
+        Fetcher took them over (safe beside that taking over, on any thread)."""
+        with self._handover:
+            if self._open:
+                self.close()
 
     def _admit(self, s: Server) -> None:
         """A connected server gets its lane: its window and affinity weight from its Hello."""

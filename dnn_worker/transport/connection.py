@@ -222,13 +222,13 @@ class BulkConnection:
             return
         self._outbox.send(b"", wait=True)
 
-    def _dropped(self, ref: pb.BatchRef) -> None:
+    def _dropped(self, release: pb.Release) -> None:
         """Finalizer of a zero-copy batch: send its ``Release`` now if the socket is free, else at the
         next ``flush()``. Runs wherever the last tensor died (``Outbox.release`` never waits)."""
         if self.closed:
             return  # the server retired the slot when the connection ended
         try:
-            self._outbox.release(ref, wait=False)
+            self._outbox.release(release, wait=False)
         except OSError:
             pass  # the connection is gone; the server retires the slot
 
@@ -372,5 +372,5 @@ class BulkConnection:
             raise ProtocolError(f"{self.address} sent a shared-memory batch without agreeing to it")
         return self._maps.batch(header, self._pool, self._dropped, self._release)
 
-    def _release(self, ref: pb.BatchRef) -> None:
-        self._outbox.release(ref, wait=True)
+    def _release(self, release: pb.Release) -> None:
+        self._outbox.release(release, wait=True)

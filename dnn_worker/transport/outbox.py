@@ -27,7 +27,7 @@ class Outbox:
         self.sock: socket.socket | None = None
         self._out = bytearray()            # frames not yet written (the socket was full)
         self._lock = threading.Lock()
-        self._releases: collections.deque = collections.deque()  # refs whose Release waits for a send
+        self._releases: collections.deque = collections.deque()  # Release messages waiting for a send
 
     @property
     def pending(self) -> bool:
@@ -42,7 +42,7 @@ class Outbox:
             return False
         try:
             while self._releases:
-                self._out += seal(pb.BulkFrame(release=pb.Release(ref=self._releases.popleft())))
+                self._out += seal(pb.BulkFrame(release=self._releases.popleft()))
             self._out += data
             sock = cast(socket.socket, self.sock)  # set by BulkConnection.open, which comes before any send
             while self._out:
@@ -55,11 +55,11 @@ class Outbox:
             self._lock.release()
         return True
 
-    def release(self, ref: pb.BatchRef, wait: bool) -> None:
-        """Send ``ref``'s ``Release``; with ``wait=False`` (a finalizer) it waits for the next send
-        when one is under way."""
-        if not self.send(seal(pb.BulkFrame(release=pb.Release(ref=ref))), wait):
-            self._releases.append(ref)
+    def release(self, release: pb.Release, wait: bool) -> None:
+        """Send ``release``; with ``wait=False`` (a finalizer) it waits for the next send when one
+        is under way."""
+        if not self.send(seal(pb.BulkFrame(release=release)), wait):
+            self._releases.append(release)
 
     def drop_releases(self) -> None:
         """Forget the releases not sent yet (the connection ended: the server retires those slots)."""

@@ -50,17 +50,20 @@ class SlotMaps:
         self._maps[path] = (inode, size, m)
         return m
 
-    def batch(self, header: pb.BatchHeader, pool: BufferPool, dropped: Callable[[pb.BatchRef], None],
-              release: Callable[[pb.BatchRef], None]) -> torch.Tensor:
+    def batch(self, header: pb.BatchHeader, pool: BufferPool, dropped: Callable[[pb.Release], None],
+              release: Callable[[pb.Release], None]) -> torch.Tensor:
         """The batch's bytes as a uint8 tensor: a view of its slot while the server lends it
-        (``dropped(ref)`` runs once no tensor uses it), else a copy, its slot released at once."""
+        (``dropped(its Release)`` runs once no tensor uses it), else a copy, its slot released at once.
+        The Release names the slot: this connection may hold two copies of one batch (asked for
+        again while the first is kept), and the server must free the one given back."""
         slot = self.map(header)
+        done = pb.Release(ref=header.ref, shm_inode=header.shm_inode)
         # Pinned buffers and a loader worker's shared storage need their own copy anyway.
         if (header.shm_lease and not header.compression and header.payload_bytes > 0 and not pool.pin_memory
                 and get_worker_info() is None):
             view = memoryview(slot)[:header.payload_bytes]
             buf = torch.frombuffer(view, dtype=torch.uint8)  # keeps ``view`` alive while any tensor uses it
-            weakref.finalize(view, dropped, header.ref)
+            weakref.finalize(view, dropped, done)
             return buf
         buf = pool.get(header.raw_bytes)
         src = memoryview(slot)[:header.payload_bytes]
@@ -71,7 +74,7 @@ class SlotMaps:
                 np.copyto(buf.numpy(), np.frombuffer(src, dtype=np.uint8))
         finally:
             src.release()
-        release(header.ref)
+        release(done)
         return buf
 
     def close(self) -> None:

@@ -223,10 +223,12 @@ class Welcome(_message.Message):
     def __init__(self, server_id: _Optional[str] = ..., compression: _Optional[str] = ..., shm: bool = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("ref",)
+    __slots__ = ("ref", "shm_inode")
     REF_FIELD_NUMBER: _ClassVar[int]
+    SHM_INODE_FIELD_NUMBER: _ClassVar[int]
     ref: BatchRef
-    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ...) -> None: ...
+    shm_inode: int
+    def __init__(self, ref: _Optional[_Union[BatchRef, _Mapping]] = ..., shm_inode: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("batches", "prefetch")

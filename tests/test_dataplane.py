@@ -129,6 +129,20 @@ def test_a_batch_asked_for_again_while_its_first_copy_is_kept_frees_only_the_cop
     assert [batch_digest(b) for b in kept] == reference()
 
 
+def test_a_graceful_shutdown_does_not_wait_for_batches_a_consumer_keeps(server_factory):
+    # The consumer's connection stays open (kept for a next epoch) and it holds every batch, some
+    # zero-copy: nothing is left to build or send, so the shutdown waits for nothing (not for its
+    # grace), and the kept batches keep their bytes after the server is gone.
+    server = server_factory(OPTS, num_workers=1, slots_per_worker=4)
+    ds = RemoteDataset([server.address], TOKEN)
+    kept = list(ds)
+    assert server.stats.snapshot().shm_leases >= 1 and not ds.fetcher.servers[0].conn.closed
+    start = time.monotonic()
+    server.shutdown(grace_s=300)
+    assert server.stopped and time.monotonic() - start < 150, "the shutdown waited for the consumer's kept batches"
+    assert [batch_digest(b) for b in kept] == reference()
+
+
 def test_zero_copy_batches_can_be_changed_in_place(server_factory):
     server = server_factory(OPTS, num_workers=1, slots_per_worker=4)
     for batch in RemoteDataset([server.address], TOKEN):

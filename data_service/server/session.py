@@ -107,7 +107,11 @@ class Session:
 
     @property
     def idle(self) -> bool:
-        return not self._tasks and not self._held and not self._out
+        """Nothing asked of it is unbuilt or unsent: what a graceful shutdown waits for. Batches the
+        consumer holds (shared memory, not yet released) do not count: its mappings keep their
+        bytes whatever this server does next, and it may hold them for as long as it likes (a
+        connection kept open between epochs, the last batches of a loader's prefetch)."""
+        return not self._tasks and not self._out
 
     def check_deadlines(self, now: float) -> None:
         """Drop a peer that did not finish the handshake in time, or took no bytes for send_timeout_s."""

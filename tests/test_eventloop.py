@@ -81,6 +81,7 @@ def test_many_idle_connections_add_no_server_or_consumer_thread(server_factory):
         assert n + 1 == 8
         # The consumer reads on the iterating thread: no receive or release thread appears.
         assert max(seen) <= before + 1, (seen, before)
+        ds.close()  # its connection, kept for a next epoch, closes now
     finally:
         for raw in idle:
             raw.close()

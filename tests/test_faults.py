@@ -477,6 +477,7 @@ def test_proxy_drops_connections_mid_stream(server_factory, tmp_path, slow):
             assert consume(ds, rep, cut) == 24
         assert cuts >= 1
         assert_exactly_once(check_audit(audit, SLOW_OPTS, seed=6), expected=24 * reps(slow))
+        ds.close()  # training over: its connections, kept for a next epoch, close now
         for s in servers:
             wait_clean(s.address)
     finally:

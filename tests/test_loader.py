@@ -182,3 +182,15 @@ def test_a_plain_epoch_loop_keeps_its_connections_between_epochs_and_closes_them
     wait_until(lambda: server.stats.snapshot().seconds_since_last_consumer >= 0, 10, "the server sees the job gone")
     ds.set_epoch(2)  # a later epoch connects again
     assert [batch_digest(b) for b in ds] == reference(2)
+
+
+def test_a_dataset_iterated_once_and_let_go_closes_its_connections_at_once(server_factory, monkeypatch):
+    from _fault_helpers import wait_until
+    from conftest import TOKEN
+    from dnn_worker import RemoteDataset
+    from dnn_worker import remote_dataset
+
+    monkeypatch.setattr(remote_dataset, "KEEP_OPEN_S", 300.0)  # the linger's end is not what closes them
+    server = server_factory(OPTS, num_workers=1)
+    assert [batch_digest(b) for b in RemoteDataset([server.address], TOKEN, seed=5)] == reference(0)
+    wait_until(lambda: server.stats.snapshot().seconds_since_last_consumer >= 0, 10, "the server sees the job gone")

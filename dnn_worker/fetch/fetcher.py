@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Iterator, Sequence, cast
 
 from data_service.errors import BatchBuildError, DataServiceError, ProtocolError
@@ -68,6 +69,9 @@ class Fetcher:
                  keep_open: bool = False, reuse: "Fetcher | None" = None) -> None:
         self.options = options
         self._set = ServerSet(list(servers), options, registry)
+        # a Fetcher dropped with its connections kept (a dataset iterated once and let go) closes
+        # them at once, not when its linger ends
+        weakref.finalize(self, self._set.close)
         self._scheduler = Scheduler(refs, options.small_window, affinity)
         self._attempts = Attempts(options.batch_attempts)
         self._keep_open = keep_open
@@ -173,7 +177,7 @@ class Fetcher:
         later Fetcher has taken them over by then: a job between two epochs keeps them, a job that
         stopped iterating (evaluating, saving, done) lets its data servers see it gone."""
         if self._open:
-            timer = threading.Timer(seconds, self.close_kept)
+            timer = threading.Timer(seconds, _close_kept, (weakref.ref(self),))  # not keeping it alive
             timer.daemon = True
             timer.start()
 
@@ -238,3 +242,9 @@ class Fetcher:
                                   sample_index=err.sample_index, remote_traceback=err.traceback, server=s.address)
         raise DataServiceError(f"server {s.address} could not build epoch {ref.epoch} batch {ref.index}: "
                                f"{pb.ErrorKind.Name(err.kind)}: {err.message}")
+
+
+def _close_kept(ref: "weakref.ref[Fetcher]") -> None:
+    fetcher = ref()
+    if fetcher is not None:
+        fetcher.close_kept()

@@ -63,7 +63,7 @@ def test_a_server_stopped_in_process_leaves_no_descriptor_open(worker_start):
         server.shutdown(grace_s=2.0)
         stopped.append(server)
     gc.collect()
-    # a start holds its worker's pipe, process handle and regions, and the wake pipe (6 descriptors):
+    # a start holds its worker's pipe, process handle and regions, and the wake pipe (6 descriptors or more):
     # 2 starts that left even one behind each would show 2
     after = open_fds()
     assert len(after) - len(before) < 2, sorted(set(after) - set(before))

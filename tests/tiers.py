@@ -2,7 +2,7 @@
 
 Every test here is also marked ``slow`` (so the default run leaves it out too); conftest.py marks
 these ``long`` as well. CI (``.ci/run``) runs the default tier and every slow test that is not
-long; ``pytest -m long`` runs these (about 23 minutes on 2 cores), and the README says when.
+long; ``pytest -m long`` runs these (about 22 minutes on 2 cores), and the README says when.
 Each scenario below keeps a smaller sibling in CI: the variant with fewer repeats (``[False]``
 of test_faults), the same fault on one node (test_multinode, test_shards_service), resume
 exactness through the consumer contract, Lightning and test_multinode's resume on another

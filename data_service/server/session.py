@@ -206,14 +206,14 @@ class Session:
         if kind == "release" and self.shm:
             ref = frame.release.ref
             key = (ref.seed, ref.epoch, ref.index)
-            held = self._held.get(key) or []
-            # the copy in the named slot: the consumer may hold two of one batch (asked for again
-            # while it kept the first), and the other one's slot is still in use
-            at = next((k for k, r in enumerate(held) if r.shm_inode == frame.release.shm_inode), None) \
-                if frame.release.shm_inode else (0 if held else None)
+            held = self._held.get(key, [])
+            inode = frame.release.shm_inode
+            # the copy in the named slot (no inode, an older client: the oldest): the consumer may
+            # hold two of one batch (asked for again while it kept the first), the other still in use
+            at = next((k for k, r in enumerate(held) if not inode or r.shm_inode == inode), None)
             if at is None:
                 raise ProtocolError(f"release of batch {ref.index} (epoch {ref.epoch}) in slot inode "
-                                    f"{frame.release.shm_inode} that is not held")
+                                    f"{inode} that is not held")
             result = held.pop(at)
             if not held:
                 del self._held[key]

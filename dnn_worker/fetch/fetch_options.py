@@ -11,6 +11,7 @@ from __future__ import annotations
 import ssl
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from data_service.protocol.addresses import split_address
 from data_service.errors import ConfigError
@@ -112,8 +113,9 @@ def connect(address: str, options: FetchOptions) -> tuple[pb.HelloResponse, Bulk
 class Attempt:
     """One connection attempt on a thread of its own; the iterating thread takes its result."""
 
-    def __init__(self, address: str, options: FetchOptions) -> None:
+    def __init__(self, address: str, options: FetchOptions, on_done: Callable[[], None] | None = None) -> None:
         self._lock = threading.Lock()
+        self._on_done = on_done  # called on the attempt's thread once its result is set
         self.done = False
         self._abandoned = False  # the caller closed meanwhile: the attempt's thread closes what it opened
         self.hello: pb.HelloResponse | None = None
@@ -130,8 +132,11 @@ class Attempt:
         with self._lock:
             self.hello, self.conn, self.exc, self.done = hello, conn, exc, True
             abandoned = self._abandoned
-        if abandoned and conn is not None:
-            conn.close()
+        if abandoned:
+            if conn is not None:
+                conn.close()
+        elif self._on_done is not None:
+            self._on_done()
 
     def abandon(self) -> None:
         """Close what the attempt opened (now, or when it finishes)."""

@@ -43,7 +43,6 @@ from .server_set import Server, ServerSet
 
 log = logging.getLogger(__name__)
 
-CONNECT_POLL_S = 0.02  # how often the loop looks for finished connection attempts while any is in flight
 TURN_S = 0.2  # the longest the loop waits for frames before it looks at the clock and the registry again
 
 
@@ -135,7 +134,7 @@ class Fetcher:
                 if servers.registry is not None:
                     for address in servers.sync_registry(True, sched.owes):
                         sched.forget(address)
-                connecting, connected = servers.connect(now)
+                connected = servers.connect(now)
                 for s in connected:
                     self._admit(s)
                 for address in sched.stalled(now, self.options.batch_timeout):
@@ -156,7 +155,7 @@ class Fetcher:
                     no_server_since = now
                 elif now - no_server_since > self.options.connect_timeout:
                     raise servers.unavailable(now - no_server_since)
-                for s, event in servers.wait(CONNECT_POLL_S if connecting else TURN_S if usable else 0.1):
+                for s, event in servers.wait(TURN_S if usable else 0.1):
                     self._handle(s, event, out)
                 self.most_held = out.most_held
             complete = True

@@ -7,7 +7,8 @@ connects each on a short-lived thread (``fetch_options.Attempt``), backs off a f
 pipeline (logged, not fatal; a fixed server doing that is a configuration error), uses one server
 known under a fixed and a registered address once, retires a server whose entry is gone (asked
 for nothing more, closed once it owes nothing) and reads every connection's frames on the
-calling thread, through one selector (``wait``). What to ask of whom is the scheduler's job.
+calling thread, through one selector (``wait``), which a finished attempt wakes (``waker``).
+What to ask of whom is the scheduler's job.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from data_service.protocol.generated import pb
 from ..transport.connection import LOWAT_CHECK_S, BulkConnection, Event
 from .fetch_options import Attempt, FetchOptions
 from .registry_watch import RegistryWatcher
+from .waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ class ServerSet:
         self.servers = [Server(a) for a in fixed]
         self._registry_version = -1
         self._sel: selectors.BaseSelector | None = selectors.DefaultSelector()
+        self._waker = Waker()  # a connection attempt that finishes ends ``wait`` at once
+        self._sel.register(self._waker, selectors.EVENT_READ, self._waker)
 
     def take_over(self, other: "ServerSet") -> bool:
         """Take ``other``'s open connections (the same servers; the next epoch of a persistent
@@ -78,7 +82,9 @@ class ServerSet:
         if self._sel is None:
             raise RuntimeError("ServerSet.take_over: this set is closed (its selector is None)")
         self._sel.close()
+        self._waker.close()
         self.servers, self._sel, self.fingerprint = other.servers, other._sel, other.fingerprint
+        self._waker = other._waker  # attempts still in flight wake this one
         self._registry_version = other._registry_version
         other.servers, other._sel = [], None
         return True
@@ -99,9 +105,8 @@ class ServerSet:
     def hears_hints(self, owners: tuple[str, ...]) -> bool:
         return all(s.conn is not None for s in self.servers if s.address in owners)
 
-    def connect(self, now: float) -> tuple[bool, list[Server]]:
-        """Take finished attempts in, start due ones. Returns (an attempt is in flight, servers
-        connected now)."""
+    def connect(self, now: float) -> list[Server]:
+        """Take finished attempts in, start due ones. Returns the servers connected now."""
         connected = []
         for s in self.servers:
             attempt = s.attempt
@@ -110,8 +115,8 @@ class ServerSet:
                     connected.append(s)
             elif (attempt is None and s.conn is None and now >= s.retry_at
                   and not s.retired and not s.refused):
-                s.attempt = Attempt(s.address, self.options)
-        return any(s.attempt is not None for s in self.servers), connected
+                s.attempt = Attempt(s.address, self.options, on_done=self._waker.wake)
+        return connected
 
     def _finish(self, s: Server, attempt: Attempt, now: float) -> bool:
         """Take ``s``'s finished ``attempt``'s connection in, or note why it failed."""
@@ -278,14 +283,14 @@ class ServerSet:
                 s.watching = want
         if events:
             return events
-        if not sel.get_map():
-            time.sleep(timeout)
-            return events
         behind = [s.conn for s in self.servers if s.conn is not None and s.conn.backlog]
         held = [s.conn for s in self.servers if s.conn is not None and s.conn.lowat]
         if held:  # a payload rest the kernel holds back (low-water mark) is read anyway after a while
             timeout = min(timeout, LOWAT_CHECK_S)
         ready = [key.data for key, _ in sel.select(0.0 if behind else timeout)]
+        if self._waker in ready:  # an attempt finished: ``connect`` takes it in on this turn
+            self._waker.drain()
+            ready.remove(self._waker)
         if held:
             now = time.monotonic()
             behind += [c for c in held if c.held_back(now)]
@@ -308,6 +313,7 @@ class ServerSet:
         if self._sel is not None:
             self._sel.close()
             self._sel = None
+            self._waker.close()
 
     def unavailable(self, waited: float) -> ServerUnavailableError:
         detail = "; ".join(f"{s.address}: {s.last_error}" for s in self.servers) or "no server known"

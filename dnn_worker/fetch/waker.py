@@ -1,0 +1,53 @@
+"""Wake the iterating thread's selector from another thread.
+
+The consumer's loop reads every connection on one thread, blocked in ``select`` (``ServerSet.wait``).
+Work finished elsewhere (a connection attempt on its own thread) must end that wait at once, not
+at the loop's next turn: a ``Waker`` is a socket pair whose reading end the selector watches,
+and ``wake()`` writes a byte to the other end. Closing is guarded, so a thread that wakes a set
+already closed does nothing (it can never write into a descriptor number reused meanwhile).
+"""
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class Waker:
+    """A socket pair: register the object with a selector, ``wake()`` from any thread, ``drain()``
+    on the selector's thread once it reports the waker readable."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._read, self._write = socket.socketpair()
+        self._read.setblocking(False)
+        self._write.setblocking(False)
+        self._pending = False  # a byte is on its way: more wakes before the drain add nothing
+
+    def fileno(self) -> int:
+        return self._read.fileno()
+
+    def wake(self) -> None:
+        """End the selector's wait (now, or its next one); a no-op once closed."""
+        with self._lock:
+            if self._pending or self._write.fileno() < 0:
+                return
+            self._pending = True
+            try:
+                self._write.send(b"\0")
+            except OSError:  # full: bytes already wait to be read, which wakes it as well
+                pass
+
+    def drain(self) -> None:
+        """Read what ``wake`` wrote, so the next wait blocks again."""
+        with self._lock:
+            self._pending = False
+            try:
+                while self._read.recv(4096):
+                    pass
+            except OSError:  # BlockingIOError: nothing more to read
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._read.close()
+            self._write.close()

@@ -73,8 +73,10 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
             return 0
         for name, path in env.channels.items():  # a bare container has the folders but no variables
             os.environ.setdefault(f"SM_CHANNEL_{name.upper()}", path)
-        # a data-only job that joins another job proves that job's token: job_name names the job joined
-        name = cfg.job.job_name if cfg.elastic.join and cfg.job.job_name else env.job_name or cfg.job.job_name
+        # a data-only job that joins another job proves that job's token, and a DNN-only job reading
+        # another job's data group proves the same: job_name names that job (a sweep's name)
+        shares = bool(cfg.elastic.join) or plan.shared_group
+        name = cfg.job.job_name if shares and cfg.job.job_name else env.job_name or cfg.job.job_name
         token = job_token(with_job_secret(environ), name, cfg.job.job_secret)
         preflight(cfg, plan.role)  # every plug-in and its options, before waiting or training
         mapping = host_map(environ)
@@ -125,6 +127,7 @@ def _run_trainer_node(env: SageMakerEnv, cfg: LaunchConfig, plan, token: str, ma
                    nprocs=nprocs, master_addr=master_addr,
                    model_dir=env.model_dir, output_dir=env.output_data_dir, token=token, servers=servers,
                    server_hosts=server_hosts, checkpoint_dir=cfg.checkpoints.checkpoint_dir or env.checkpoint_dir,
+                   shared_group=plan.shared_group,
                    extra={"data_hosts": list(plan.data_hosts), "job_name": env.job_name,
                           **instance_types(env, plan)})
     return run_dnn_node(job, cfg.dnn.data_wait_s, local_server)

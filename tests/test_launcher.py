@@ -49,7 +49,7 @@ EVERY_OPTION = {
     "pipeline": "examples.synthetic:build_pipeline", "pipeline_options": {"size": 64}, "loader_workers": 3,
     "homogeneous_loader": "dataloader",
     "data_port": 7000, "bulk_port": 7001, "bind_host": "127.0.0.1", "data_workers": 2, "watchdog_connect_s": 30.0,
-    "watchdog_idle_s": 20.0, "dnn_local_server": True, "local_server_nice": 5,
+    "watchdog_idle_s": 20.0, "dnn_local_server": True, "local_server_nice": 5, "batch_window": "2GB",
     "registry": "s3://bucket/jobs/main/registry", "join": "", "advertise_host": "10.0.0.9",
     "data_wait_s": 60.0, "master_port": 29600, "procs_per_node": 2, "dist_timeout_s": 90.0, "ddp_backend": "gloo",
     "train_timeout_s": 3600.0, "connect_timeout_s": 15.0,
@@ -66,12 +66,12 @@ EVERY_OPTION = {
 
 
 def test_every_option_keeps_the_name_users_set_it_with(tmp_path):
-    """The options live in sections in the code; a job sets them by the same 51 names as ever, through
+    """The options live in sections in the code; a job sets them by the same 52 names as ever, through
     SageMaker's hyperparameters.json (SDK v2 quotes values as JSON, v3 writes raw strings) and the
     command line alike, and reads back every value it set."""
     from launcher.job.sm_env import decode_hyperparameters, load_env
 
-    assert set(LaunchConfig.hyperparameters()) == set(EVERY_OPTION) and len(EVERY_OPTION) == 51
+    assert set(LaunchConfig.hyperparameters()) == set(EVERY_OPTION) and len(EVERY_OPTION) == 52
     assert all(getattr(LaunchConfig(), s) != getattr(LaunchConfig.from_hyperparameters(EVERY_OPTION), s)
                for s in LaunchConfig.sections())  # each section holds a value set here
     v2 = {k: json.dumps(v) for k, v in EVERY_OPTION.items()}

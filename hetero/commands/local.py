@@ -40,6 +40,16 @@ def register(sub) -> None:
                         "machine when the advice says the job waits on data and drains them when it has more than "
                         "it needs; KEY=VALUE sets autoscale.KEY (min, max, usd_per_hour, cooldown_s, in_after, "
                         "workers, ...; see docs/autoscale.md). Needs --registry (default OUTPUT/registry)")
+    p.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="run a sweep: one data-only job and N DNN-only jobs reading it, as `hetero sweep` submits "
+                        "them (docs/sweep.md); each job's output, logs and metrics under OUTPUT/<job>")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="a sweep of one DNN-only job per combination of values, e.g. --vary lr=0.1,0.01")
+    p.add_argument("--batch-window", default="1GB", metavar="SIZE",
+                   help="with --jobs/--vary: the data job's batch window (each batch built once for the jobs of one "
+                        "seed)")
+    p.add_argument("--idle-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="with --jobs/--vary: the data job ends once the last job has been gone this long")
     p.add_argument("--quiet", action="store_true", help="do not echo node logs (they are in OUTPUT/logs)")
     p.set_defaults(func=run)
 
@@ -48,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from data_service.errors import ConfigError
     from launcher.log_setup import setup_logging
     from hetero.local import EXIT_STOPPED, LocalJob, run_local
+    from hetero.local.sweep import run_local_sweep
     from hetero.options import parse_kv
 
     setup_logging("local", args.log_level)
@@ -72,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
                        synth_test=args.synth_test, data_cpus=args.data_cpus, dnn_cpus=args.dnn_cpus,
                        keep_tree=args.keep_tree, echo=not args.quiet, checkpoint_dir=args.checkpoint_dir,
                        sigterm_on=args.sigterm_on, registry=args.registry)
+        if args.jobs or args.vary:
+            return print_sweep(run_local_sweep(job, args.vary, args.jobs, args.batch_window, args.idle_timeout))
         result = run_local(job)
     except ConfigError as exc:
         print(f"hetero local: {exc}")
@@ -95,6 +108,25 @@ def run(args: argparse.Namespace) -> int:
         where = args.checkpoint_dir or "the nodes' temporary trees (gone; pass --checkpoint-dir to keep it)"
         print(f"stopped by SIGTERM: checkpoint in {where}; rerun with the same --checkpoint-dir to resume")
         return EXIT_STOPPED
+    return 0 if result.ok else 1
+
+
+def print_sweep(result) -> int:
+    """Each job's summary line and the data job's batches built and window counters; 0 when
+    every job (the data job too) ended well."""
+
+    for name, job in result.jobs.items():
+        codes = ", ".join(f"{h}={c}" for h, c in job.exit_codes.items())
+        line = summary_line(job.metrics) if job.metrics is not None else "no metrics.json"
+        print(f"{name}: {line} (exit codes: {codes})" + (f"; failed: {job.failure}" if job.failure else ""))
+    for host, node in result.data_nodes.items():
+        window = node.get("window", {})
+        print(f"data {host}: exit {node.get('exit_code')} ({node.get('reason')}); batches sent {node.get('batches_sent')}, "
+              f"built {node.get('batches_built')}, built again {int(window.get('batches_built_again', 0))}, "
+              f"window hits {int(window.get('window_hits', 0))}, joined {int(window.get('window_joined', 0))}")
+    codes = ", ".join(f"{h}={c}" for h, c in result.data.exit_codes.items())
+    print(f"sweep {result.name}: {'ok' if result.ok else 'FAILED'}; data job exit codes: {codes}; "
+          f"output {result.output}")
     return 0 if result.ok else 1
 
 

@@ -41,7 +41,7 @@ class LocalCluster:
         nodes: from ``tree.build_nodes``.
         hyperparameters: passed on each node's command line, as SageMaker does.
         log_dir: where each node's full log is written (``<host>.log``).
-        echo: print every node's lines, prefixed ``[host role]``, to stdout.
+        echo: print every node's lines, prefixed ``[host role]`` (``[label host role]``), to stdout.
         sigterm_on: a drill: the first time a trainer node's log line matches this regular
             expression, SIGTERM goes to every trainer node's launcher process (not its workers),
             as SageMaker sends it on a spot interruption or StopTrainingJob. Data nodes get none:
@@ -49,8 +49,9 @@ class LocalCluster:
     """
 
     def __init__(self, nodes: list[Node], hyperparameters: dict, log_dir: Path, echo: bool = True,
-                 sigterm_on: str | None = None) -> None:
+                 sigterm_on: str | None = None, label: str = "") -> None:
         self.nodes = nodes
+        self.label = label  # echoed before each line's host: the job's name, where several jobs run
         self.hyperparameters = hyperparameters
         self.log_dir = Path(log_dir)
         self.echo = echo
@@ -82,7 +83,7 @@ class LocalCluster:
                      f" on CPUs {sorted(cpus)}" if cpus else "")
 
     def _pump(self, node: Node, proc: subprocess.Popen) -> None:
-        prefix = f"[{node.host} {node.role}] "
+        prefix = f"[{self.label + ' ' if self.label else ''}{node.host} {node.role}] "
         # line-buffered: `hetero stats --local` reads the logs while the job runs
         with open(self.log_dir / f"{node.host}.log", "w", buffering=1) as f:
             for line in cast(IO[str], proc.stdout):  # started with stdout=PIPE, text=True

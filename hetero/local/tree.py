@@ -81,6 +81,15 @@ def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, 
         layout = [(HOMOGENEOUS_GROUP, "homogeneous", dnn_nodes)]
     else:
         layout = [(DNN_GROUP, "dnn", dnn_nodes), (DATA_GROUP, "data", data_nodes)]
+    return write_nodes(work, layout, data_dir, hyperparameters, job_name, data_cpus, dnn_cpus, checkpoint_dir,
+                       env, secrets.token_hex(16))
+
+
+def write_nodes(work: Path, layout: list[tuple[str, str, int]], data_dir: Path, hyperparameters: dict[str, Any],
+                job_name: str, data_cpus: set[int] | None, dnn_cpus: set[int] | None,
+                checkpoint_dir: Path | None, env: dict[str, str] | None, secret: str) -> list[Node]:
+    """The nodes of one job of ``layout``'s instance groups, ``(group, role, count)`` each, with
+    job secret ``secret`` (jobs that share a data group share it: a sweep)."""
     nodes: list[Node] = []
     groups = []
     for group, role, count in layout:
@@ -91,7 +100,6 @@ def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, 
     all_hosts = [n.host for n in nodes]
     host_map = {n.host: f"127.0.0.1:{free_port()}" for n in nodes}
     hps = {"bind_host": "127.0.0.1", "master_port": free_port(), **hyperparameters}
-    secret = secrets.token_hex(16)
     for node in nodes:
         config = node.root / "input" / "config"
         config.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,24 @@ def grid(vary: list[str], jobs: int = 0) -> list[dict[str, str]]:
     return [{} for _ in range(jobs)]
 
 
+def sweep_hyperparameters(common: dict[str, str], sweep: Sweep) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The data-only job's hyperparameters, and each DNN-only job's, from the sweep's ``common``
+    ones (``hetero sweep`` submits these; ``hetero local --jobs`` runs them as processes)."""
+    common = {**common, "job_name": sweep.name}
+    data = {**common, "join": sweep.registry, "batch_window": sweep.batch_window,
+            "watchdog_idle_s": f"{sweep.idle_s:g}"}
+    return data, [{**common, "registry": sweep.registry, **dict(own)} for own in sweep.jobs]
+
+
+def data_job_name(sweep: Sweep) -> str:
+    return f"{sweep.name}-data"
+
+
+def dnn_job_names(sweep: Sweep) -> list[str]:
+    width = len(str(len(sweep.jobs) - 1))
+    return [f"{sweep.name}-{k:0{width}d}" for k in range(len(sweep.jobs))]
+
+
 def sweep_specs(base: JobSpec, data_group: Group, dnn_group: Group, sweep: Sweep) -> list[JobSpec]:
     """The data-only job, then one DNN-only job per entry of ``sweep.jobs``, made from ``base`` (its
     role, image, output, code, secret, VPC, stopping condition, common hyperparameters; its channels
@@ -84,16 +102,12 @@ def sweep_specs(base: JobSpec, data_group: Group, dnn_group: Group, sweep: Sweep
                           "--subnet subnet-... --security-group sg-... (see docs/elastic.md for the network set-up)")
     if data_group.role != DATA or dnn_group.role != DNN:
         raise SubmitError("a sweep needs a data group (--data-group) and a DNN group (--dnn-group)")
-    width = len(str(len(sweep.jobs) - 1))
-    common = {**base.hyperparameters, "job_name": sweep.name}
-    data = base.copy(job_name=f"{sweep.name}-data", groups=[data_group],
-                     hyperparameters={**common, "join": sweep.registry, "batch_window": sweep.batch_window,
-                                      "watchdog_idle_s": f"{sweep.idle_s:g}"},
+    data_hps, dnn_hps = sweep_hyperparameters(base.hyperparameters, sweep)
+    data = base.copy(job_name=data_job_name(sweep), groups=[data_group], hyperparameters=data_hps,
                      tags={**base.tags, "hetero:mode": "sweep-data", "hetero:sweep": sweep.name})
     specs = [data]
-    for k, own in enumerate(sweep.jobs):
-        specs.append(base.copy(job_name=f"{sweep.name}-{k:0{width}d}", groups=[dnn_group], channels=[],
-                               hyperparameters={**common, "registry": sweep.registry, **dict(own)},
+    for name, hps in zip(dnn_job_names(sweep), dnn_hps):
+        specs.append(base.copy(job_name=name, groups=[dnn_group], channels=[], hyperparameters=hps,
                                tags={**base.tags, "hetero:mode": "sweep-dnn", "hetero:sweep": sweep.name}))
     for spec in specs[1:]:  # one secret for all: every node derives the sweep's token
         spec.job_secret, spec.job_secret_arn = data.job_secret, data.job_secret_arn

@@ -117,6 +117,8 @@ class ServeSection:
     dnn_local_server: bool = False          # DNN hosts also serve batches from their own CPUs
     local_server_nice: int = 10             # nice value of a DNN host's own data server's workers (0-19):
                                             # they build in the cycles its trainers leave
+    batch_window: str = "0"                 # a data node keeps built batches for every job that asks, within
+                                            # this size (e.g. 8GB): a sweep's jobs of one seed (docs/sweep.md)
 
     def check(self) -> None:
         _port(self, ("data_port", "bulk_port"))
@@ -126,6 +128,15 @@ class ServeSection:
             raise ConfigError(f"local_server_nice={self.local_server_nice} must be 0..19 (0: the trainers' own priority)")
         if not self.bind_host:
             raise ConfigError("bind_host='' must be an address to listen on, e.g. 0.0.0.0")
+        from data_service.server.batch_window import window_budget
+
+        window_budget(self.batch_window)  # a size, or ConfigError naming the value
+
+    @property
+    def batch_window_bytes(self) -> int:
+        from data_service.server.batch_window import window_budget
+
+        return window_budget(self.batch_window)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,9 @@
 A node's role follows from its instance group's name: groups named by ``data_group`` serve
 batches, groups named by ``dnn_group`` train. A job with one group (SageMaker names it
 ``homogeneousCluster``), or the ``homogeneous`` option, trains with the pipeline in-process.
+Two jobs of one group share another job's data group instead (a sweep, docs/sweep.md): a
+data-only job (``join``) whose nodes serve that registry, and a DNN-only job, whose one group
+is its ``dnn_group`` and whose data servers are those of its ``registry``.
 The order of hosts inside SageMaker's lists is not documented, so nothing here assumes which
 ``algo-N`` lands in which group.
 
@@ -37,6 +40,9 @@ class NodeAssignment:
         data_hosts: hosts running data servers (empty in homogeneous mode).
         dnn_hosts: hosts running trainers, in natural order (``host_key``); the first is MASTER_ADDR.
         node_rank: position of this host in ``dnn_hosts`` (-1 elsewhere).
+        shared_group: a DNN-only job reading a data group it does not own (a sweep's): its data
+            servers are its registry's alone, and it never shuts them down (the group ends on
+            its idle timeout, once the last job is gone).
     """
 
     role: str
@@ -44,6 +50,7 @@ class NodeAssignment:
     data_hosts: tuple[str, ...]
     dnn_hosts: tuple[str, ...]
     node_rank: int
+    shared_group: bool = False
 
     @property
     def mode(self) -> str:
@@ -90,6 +97,8 @@ def plan_roles(env: SageMakerEnv, cfg: LaunchConfig) -> NodeAssignment:
                               f"{cfg.roles.data_group!r}); add a dnn group {cfg.roles.dnn_group!r}, rename the group, or set join= to "
                               "serve another job's registry")
         hosts = tuple(sorted(only.hosts, key=host_key))
+        if cfg.elastic.registry and only.name in dnn_names and not cfg.roles.homogeneous:
+            return NodeAssignment(DNN, env.current_host, (), hosts, hosts.index(env.current_host), shared_group=True)
         return NodeAssignment(HOMOGENEOUS, env.current_host, (), hosts, hosts.index(env.current_host))
     if env.current_group not in data_names + dnn_names:
         raise ConfigError(f"this node's group {env.current_group!r} is neither a data group "

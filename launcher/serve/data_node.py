@@ -169,7 +169,9 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
         "bytes_sent": snap.bytes_sent, "batches_built": snap.batches_built, "workers": snap.workers,
         "worker_busy_fraction": snap.worker_busy_fraction, "uptime_s": snap.uptime_s,
         "samples_skipped": snap.samples_skipped,
-        "serving_s": serving_s, "batches_per_s": None if rate is None else round(rate, 4)})
+        "serving_s": serving_s, "batches_per_s": None if rate is None else round(rate, 4),
+        # the batch window's counters (a sweep's data group): hits, batches built again, bytes held
+        "window": {k: v for k, v in snap.pipeline.items() if k.startswith("window_") or k == "batches_built_again"}})
     # read by the job's MetricDefinitions (data:batches_per_s)
     log.info("data node exits with %d (%s): %s", code, reason, rate_line(snap.batches_sent, rate, serving_s, final=True))
     return code

@@ -24,7 +24,9 @@ def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = No
     ``local_server_nice``, so they build in the cycles the trainers leave. Raises ConfigError."""
     options = ServerOptions(host=host or cfg.serve.bind_host, port=port, bulk_port=cfg.serve.bulk_port,
                             num_workers=workers or cfg.serve.data_workers or usable_cpus(),
-                            worker_nice=cfg.serve.local_server_nice if beside_trainer else 0)
+                            worker_nice=cfg.serve.local_server_nice if beside_trainer else 0,
+                            # a window serves several jobs; the server beside one job's trainers has one
+                            batch_window_bytes=0 if beside_trainer else cfg.serve.batch_window_bytes)
     return DataServer(PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options), token, options).start()
 
 

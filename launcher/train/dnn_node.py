@@ -1,5 +1,9 @@
 """The DNN node: wait for the data servers, train with DDP, then shut every data server down.
 
+A DNN-only job reading a data group it does not own (a sweep's, ``NodeAssignment.shared_group``)
+waits for its registry to list a server, and shuts none down: the other jobs still read from
+them, and the group ends on its own idle timeout once the last job is gone.
+
 One trainer process per local GPU (``procs_per_node`` overrides; 1 on CPU), ranks numbered
 ``node_rank * nprocs + local_rank`` across all DNN hosts, MASTER_ADDR = the first DNN host,
 as in multi-node SageMaker DDP. After a successful run the node with ``node_rank`` 0 shuts
@@ -81,6 +85,31 @@ def wait_servers(addresses: list[str], token: str, deadline_s: float) -> None:
         raise ServerUnavailableError(f"{len(errors)} of {len(addresses)} data server(s) not healthy within "
                                      f"data_wait_s={deadline_s:g}s: " + " | ".join(errors))
     log.info("all %d data server(s) healthy: %s", len(addresses), ", ".join(addresses))
+
+
+def wait_registry(uri: str, token: str, fingerprint: str, deadline_s: float) -> list[str]:
+    """Block until the registry ``uri`` lists a data server of this job's token and pipeline that
+    answers a Hello; returns those listed then.
+
+    Raises:
+        ServerUnavailableError: none within ``deadline_s``, naming the registry.
+    """
+    from dnn_worker.fetch.registry_watch import registered_servers
+
+    end = time.monotonic() + deadline_s
+    while True:
+        listed = registered_servers(uri, token, fingerprint)
+        if listed:
+            wait_servers(listed, token, max(1.0, end - time.monotonic()))
+            return listed
+        if trainer_mod.STOP.is_set():
+            return []
+        if time.monotonic() >= end:
+            raise ServerUnavailableError(
+                f"registry {uri} listed no data server of this job's token and pipeline within data_wait_s="
+                f"{deadline_s:g}s: start the sweep's data job (its join= must name this registry, its job_name "
+                "this job's job_name, and its pipeline options these)")
+        time.sleep(1.0)
 
 
 def shutdown_servers(addresses: list[str], token: str, reason: str, grace_s: float = 30.0) -> list[str]:
@@ -176,7 +205,9 @@ def run_dnn_node(job: TrainJob, data_wait_s: float, local_server=None) -> int:
     rc = EXIT_TRAINING_FAILED
     install_sigterm_handler()
     try:
-        if job.mode == "heterogeneous":
+        if job.shared_group:
+            wait_registry(job.cfg.elastic.registry, job.token, trainer_mod.pipeline_fingerprint(job.cfg), data_wait_s)
+        elif job.mode == "heterogeneous":
             wait_servers(servers, job.token, data_wait_s)
         if trainer_mod.STOP.is_set():
             log.warning("SIGTERM before training started: nothing trained, nothing to checkpoint")
@@ -187,7 +218,10 @@ def run_dnn_node(job: TrainJob, data_wait_s: float, local_server=None) -> int:
         log.exception("DNN node failed before training finished")
         rc = EXIT_TRAINING_FAILED
     finally:
-        if job.mode == "heterogeneous":
+        if job.shared_group:
+            log.info("the data group is shared (registry %s): left serving the other jobs; it ends on its idle "
+                     "timeout", job.cfg.elastic.registry)
+        elif job.mode == "heterogeneous":
             remote = [a for h, a in zip(job.server_hosts, servers) if h != job.host]
             if job.cfg.elastic.registry:  # servers that joined through the registry leave with the job's own
                 from dnn_worker.fetch.registry_watch import registered_servers

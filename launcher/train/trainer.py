@@ -63,6 +63,7 @@ class TrainJob:
     servers: tuple[str, ...] = ()   # data server addresses (heterogeneous)
     server_hosts: tuple[str, ...] = ()
     checkpoint_dir: str = ""        # "" with checkpoint=true: no checkpoints (tests calling train())
+    shared_group: bool = False      # a DNN-only job: its data servers are its registry's (NodeAssignment)
     extra: dict = field(default_factory=dict, hash=False)
 
     @property
@@ -82,20 +83,25 @@ def _on_sigterm(signum, frame) -> None:  # only sets a flag: the loop logs and a
     STOP.set()
 
 
+def pipeline_fingerprint(cfg: LaunchConfig) -> str:
+    """The job's pipeline fingerprint: the data servers a registry lists must run this one."""
+    return PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).fingerprint()
+
+
 def make_dataset(job: TrainJob, rank: int):
     cfg = job.cfg
     # The outermost consumer stage (DeviceFeeder) writes the audit: batches the loop trained on.
     # Knowing the epochs lets the dataset fetch the next epoch's first batches before this one ends.
     common: dict[str, Any] = dict(seed=cfg.train.seed, rank=rank, world_size=job.world_size,
                                   audit_path=cfg.train.audit_path or None, epochs=cfg.train.epochs)
-    if job.servers:  # heterogeneous, or a homogeneous node's own data server
+    if job.servers or job.shared_group:  # heterogeneous, or a homogeneous node's own data server
         from dnn_worker import RemoteDataset
         # pinned receive buffers only help without loader workers (a worker's tensors are copied
         # into shared memory; the DataLoader pins those in the trainer instead)
         # with a registry, servers that join the job are used too (the job's pipeline only)
         elastic: dict[str, Any] = dict(
             registry=cfg.elastic.registry,
-            fingerprint=PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).fingerprint(),
+            fingerprint=pipeline_fingerprint(cfg),
         ) if cfg.elastic.registry and job.mode == "heterogeneous" else {}
         return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.dnn.connect_timeout_s,
                              pin_memory=torch.cuda.is_available() and cfg.data.workers_for(job.mode) == 0, **elastic,

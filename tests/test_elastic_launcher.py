@@ -45,6 +45,18 @@ def test_a_joined_node_has_no_first_consumer_deadline_and_ends_cleanly_when_idle
     assert Watchdog(connect_s=10, idle_s=5).verdict(False, 11.0, 11.0)[0] == EXIT_NO_CONSUMER
 
 
+def test_a_sweeps_data_job_gives_up_when_no_job_ever_comes_and_ends_cleanly_after_the_last():
+    from launcher.serve.data_node import watchdog_for
+
+    sweep = watchdog_for(LaunchConfig.from_hyperparameters({"join": "/r", "batch_window": "1GB",
+                                                             "watchdog_connect_s": 10, "watchdog_idle_s": 5}))
+    code, reason = sweep.verdict(False, 1e6, 11.0)
+    assert code == EXIT_NO_CONSUMER and "watchdog_connect_s=10" in reason
+    assert sweep.verdict(True, 6.0, 1e6)[0] == 0
+    autoscaled = watchdog_for(LaunchConfig.from_hyperparameters({"join": "/r", "watchdog_connect_s": 10}))
+    assert autoscaled.verdict(False, 1e6, 1e6) is None  # joins a running job: waits for it
+
+
 def test_trainers_read_the_registry_with_the_jobs_fingerprint(tmp_path):
     from data_service.contract.pipeline import PipelineSpec
     from launcher.train.trainer import TrainJob, make_dataset

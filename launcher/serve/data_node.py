@@ -7,8 +7,8 @@ has been gone for ``watchdog_idle_s``. The watchdog keeps a broken job from bill
 With ``registry`` (this job's) or ``join`` (another job's), the node registers its server there
 once it serves and unregisters first when it leaves (docs/elastic.md). A node that joined another
 job has no first-consumer deadline (it may join before that job's trainers start, or between
-its epochs); once its consumers have all been gone for ``watchdog_idle_s`` the job it joined has
-ended, and it exits 0.
+its epochs), except a sweep's data job (it has a batch window and starts before its jobs); once its
+consumers have all been gone for ``watchdog_idle_s`` the job it joined has ended, and it exits 0.
 """
 from __future__ import annotations
 
@@ -44,13 +44,14 @@ class Watchdog:
 
     connect_s: float
     idle_s: float
-    joined: bool = False  # serving another job's registry: no first-consumer deadline, idle ends it cleanly
+    joined: bool = False  # serving another job's registry: idle ends it cleanly (exit 0) ...
+    first_deadline: bool = False  # ... and, only with this, a first-consumer deadline (a sweep's data job)
 
     def verdict(self, ever_connected: bool, seconds_since_last_consumer: float,
                 uptime_s: float) -> tuple[int, str] | None:
         """None to keep serving, else (exit code, reason)."""
         if not ever_connected:
-            if uptime_s > self.connect_s and not self.joined:
+            if uptime_s > self.connect_s and (self.first_deadline or not self.joined):
                 return EXIT_NO_CONSUMER, (f"no consumer connected within watchdog_connect_s={self.connect_s:g}s; "
                                           "are the DNN nodes running with the same job token?")
             return None
@@ -61,6 +62,15 @@ class Watchdog:
             return EXIT_CONSUMERS_GONE, (f"all consumers gone for {seconds_since_last_consumer:.0f}s "
                                          f"(watchdog_idle_s={self.idle_s:g}s) and no shutdown came")
         return None
+
+
+def watchdog_for(cfg: LaunchConfig) -> Watchdog:
+    """The node's watchdog. A node joining a running job waits for consumers without a deadline;
+    a sweep's data job (``join`` with a ``batch_window``) starts before its jobs, so it keeps the
+    first-consumer deadline: jobs that never come (all failed at start) do not leave it billing."""
+    joined = bool(cfg.elastic.join)
+    sweep = joined and cfg.serve.batch_window_bytes > 0
+    return Watchdog(cfg.serve.watchdog_connect_s, cfg.serve.watchdog_idle_s, joined=joined, first_deadline=sweep)
 
 
 class RateMeter:
@@ -152,8 +162,7 @@ def run_data_node(cfg: LaunchConfig, token: str, port: int, output_dir: str, hos
             signal.signal(sig, on_signal)
     meter = RateMeter()
     try:
-        code, reason = serve_until_shutdown(server, Watchdog(cfg.serve.watchdog_connect_s, cfg.serve.watchdog_idle_s,
-                                                             joined=bool(cfg.elastic.join)), meter=meter)
+        code, reason = serve_until_shutdown(server, watchdog_for(cfg), meter=meter)
     finally:
         if uri:  # however serving ended, the entry goes (a no-op after a clean leave)
             from data_service.membership.registry import RegistryError, unregister

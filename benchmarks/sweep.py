@@ -104,6 +104,7 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
             start = time.monotonic()
             before = ctl.stats()
             node0, jobs0, load0 = tree_cpu(server.proc.pid), time.process_time(), os.getloadavg()[0]
+            held0 = SPLIT.throttled_s() if SPLIT is not None else (0.0, 0.0)
             end = start + seconds
             most = 0.0
             while time.monotonic() < end:
@@ -111,6 +112,7 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
                 time.sleep(0.25)
             after = ctl.stats()
             node_cpu, jobs_cpu = tree_cpu(server.proc.pid) - node0, time.process_time() - jobs0
+            held = [b - a for a, b in zip(held0, SPLIT.throttled_s() if SPLIT is not None else (0.0, 0.0))]
     finally:
         for r in records:  # each job stops after its current step
             r.stop_at = 0.0
@@ -131,7 +133,9 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
             "window_budget": after.pipeline.get("window_budget_bytes", 0.0),
             # where the machine's cores went: the data node (server and workers), the 4 jobs (this
             # process), and how loaded the machine was (other people's work included)
-            "node_cores": node_cpu / seconds, "jobs_cores": jobs_cpu / seconds, "load": (load0, os.getloadavg()[0])}
+            "node_cores": node_cpu / seconds, "jobs_cores": jobs_cpu / seconds, "load": (load0, os.getloadavg()[0]),
+            # seconds per second each group was held back at its quota (the node's, the jobs')
+            "node_held": held[0] / seconds, "jobs_held": held[1] / seconds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,15 +279,16 @@ def show(case: str, runs: dict[str, list[dict]], args, window_bytes: int) -> dic
                   f"{job['wait_ms']:.1f} | {job['batches']} | {a['delivered']} / {a['wrong']} / {a['skipped']} / "
                   f"{a['duplicated']} |{' ' + job['error'] if job['error'] else ''}")
     print("\n| layout | round | images/s | batches built | built again | built ahead (asked) | window max bytes / "
-          "budget | data node cores | jobs' cores | images per data-node CPU s | load average |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+          "budget | data node cores | jobs' cores | held at quota, node / jobs (s per s) | images per data-node CPU s "
+          "| load average |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rs in runs.items():
         for r, res in enumerate(rs, 1):
             images = res["batches"] * args.batch_size
             print(f"| {name} | {r} | {images / res['seconds']:.1f} | {res['built']} | {res['built_again']:.0f} | "
                   f"{res['built_ahead']:.0f} ({res['ahead_used']:.0f}) | "
                   f"{res['window_max_bytes']:.0f} / {res['window_budget']:.0f} | {res['node_cores']:.2f} | "
-                  f"{res['jobs_cores']:.2f} | {images / max(res['node_cores'] * res['seconds'], 1e-9):.0f} | "
+                  f"{res['jobs_cores']:.2f} | {res['node_held']:.3f} / {res['jobs_held']:.3f} | "
+                  f"{images / max(res['node_cores'] * res['seconds'], 1e-9):.0f} | "
                   f"{res['load'][0]:.1f}-{res['load'][1]:.1f} |")
     per_cpu = {name: statistics.median(r["batches"] * args.batch_size / max(r["node_cores"] * r["seconds"], 1e-9)
                                        for r in rs) for name, rs in runs.items()}

@@ -69,6 +69,14 @@ class CpuSplit:
     def _move(group: Path) -> None:
         (group / "cgroup.procs").write_text(str(os.getpid()))
 
+    def throttled_s(self) -> tuple[float, float]:
+        """Seconds (node's, jobs') the kernel held each group back at its quota so far (cpu.stat's
+        ``throttled_time``); (0, 0) where nothing is split. A job held back waits for its batch
+        though the node has it: time a job on its own GPU node would not lose."""
+        if not self.available:
+            return 0.0, 0.0
+        return _throttled(self._node), _throttled(self._jobs)
+
     def close(self) -> None:
         """Back to this process's own cgroup; the groups go once their processes have ended."""
         with contextlib.suppress(OSError):
@@ -88,3 +96,14 @@ def _own_group() -> Path:
     except (OSError, ValueError):
         pass
     return ROOT
+
+
+def _throttled(group: Path) -> float:
+    try:
+        for line in (group / "cpu.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "throttled_time":
+                return int(value) / 1e9
+    except (OSError, ValueError):
+        pass
+    return 0.0

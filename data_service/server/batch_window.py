@@ -17,7 +17,7 @@ The window holds no lock: its owner (shared_builds.SharedBuilds) calls it under 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
@@ -38,6 +38,15 @@ class BatchKey:
     seed: int
     epoch: int
     index: int
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # computed once: every request looks its key up several times (window, builds in flight)
+        object.__setattr__(self, "_hash", hash((self.fingerprint, self.wire_encoding, self.compression, self.seed,
+                                                self.epoch, self.index)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 class Entry:
@@ -112,11 +121,8 @@ class BatchWindow:
         if self.pinned_bytes + size > self.budget:
             self.refused += 1  # no eviction could make room: leave the window as it is
             return None
-        if self.held_bytes + size > self.budget:
-            for old in [e for e in self._index.values() if e.pins == 0]:  # oldest first
-                self._evict(old)
-                if self.held_bytes + size <= self.budget:
-                    break
+        while self.held_bytes + size > self.budget:  # the oldest unpinned first; they exist (checked above)
+            self._evict(next(e for e in self._index.values() if e.pins == 0))
         entry = Entry(key, header, payload, raw_bytes)
         self._index[key] = entry
         self.held_bytes += entry.size

@@ -66,8 +66,10 @@ def main(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None, roo
         cfg = LaunchConfig.from_hyperparameters(hps)
         plan = plan_roles(env, cfg)
         logs.setup(plan.role, env.current_host, level=cfg.job.log_level)
-        log.info("job %r: group %r -> role %s (data hosts %s, dnn hosts %s); read %s", env.job_name,
-                 env.current_group, plan.role, list(plan.data_hosts), list(plan.dnn_hosts), ", ".join(env.sources))
+        log.info("job %r: group %r -> role %s (data hosts %s, dnn hosts %s%s); read %s", env.job_name,
+                 env.current_group, plan.role, list(plan.data_hosts), list(plan.dnn_hosts),
+                 f"; data servers of registry {cfg.elastic.registry}, another job's" if plan.shared_group else "",
+                 ", ".join(env.sources))
         if plan.role == IDLE:
             log.info("homogeneous=true: data hosts have nothing to do; exiting")
             return 0

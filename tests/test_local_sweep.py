@@ -29,6 +29,14 @@ def test_a_dnn_only_job_with_a_registry_trains_from_it_and_a_single_group_withou
     assert plan_roles(lone, LaunchConfig.from_hyperparameters({"registry": "/r"})).role == HOMOGENEOUS
 
 
+def test_a_dnn_only_job_whose_registry_lists_no_server_gives_up_at_its_deadline_naming_the_registry(tmp_path):
+    from data_service.errors import ServerUnavailableError
+    from launcher.train.dnn_node import wait_registry
+
+    with pytest.raises(ServerUnavailableError, match=f"registry {tmp_path} listed no data server .* data_wait_s=0.1s"):
+        wait_registry(str(tmp_path), "token", "fingerprint", 0.1)
+
+
 def test_the_sweeps_data_job_takes_its_batch_window_and_a_bad_size_names_the_value():
     from hetero.sagemaker.sweep import Sweep, sweep_hyperparameters
 

@@ -3,9 +3,9 @@
 A node's role follows from its instance group's name: groups named by ``data_group`` serve
 batches, groups named by ``dnn_group`` train. A job with one group (SageMaker names it
 ``homogeneousCluster``), or the ``homogeneous`` option, trains with the pipeline in-process.
-Two jobs of one group share another job's data group instead (a sweep, docs/sweep.md): a
-data-only job (``join``) whose nodes serve that registry, and a DNN-only job, whose one group
-is its ``dnn_group`` and whose data servers are those of its ``registry``.
+Two kinds of job share a data group that is not their own (a sweep, docs/sweep.md): a data-only
+job (``join``), whose nodes serve that registry, and a DNN-only job, whose one group is its
+``dnn_group`` and whose data servers are those its ``registry`` lists.
 The order of hosts inside SageMaker's lists is not documented, so nothing here assumes which
 ``algo-N`` lands in which group.
 

@@ -109,7 +109,7 @@ def wait_registry(uri: str, token: str, fingerprint: str, deadline_s: float) -> 
                 f"registry {uri} listed no data server of this job's token and pipeline within data_wait_s="
                 f"{deadline_s:g}s: start the sweep's data job (its join= must name this registry, its job_name "
                 "this job's job_name, and its pipeline options these)")
-        time.sleep(1.0)
+        time.sleep(max(0.05, min(1.0, end - time.monotonic())))
 
 
 def shutdown_servers(addresses: list[str], token: str, reason: str, grace_s: float = 30.0) -> list[str]:

@@ -1,4 +1,4 @@
-"""A finished connection attempt ends the consumer loop's wait at once (``fetch/waker.py``)."""
+"""A finished connection attempt ends the consumer loop's wait at once (``data_service/protocol/waker.py``)."""
 from __future__ import annotations
 
 import selectors
@@ -8,7 +8,7 @@ import time
 from conftest import TOKEN
 from dnn_worker.fetch.fetch_options import FetchOptions
 from dnn_worker.fetch.server_set import ServerSet
-from dnn_worker.fetch.waker import Waker
+from data_service.protocol.waker import Waker
 
 WAIT_S = 30.0  # far above any connection here: a wait that lasts it was never woken
 

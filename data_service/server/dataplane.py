@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..protocol import framing
+from ..protocol.waker import Waker
 from .session import Session
 from .session_host import SessionSettings
 from ..pool.tasks import Task
@@ -71,9 +72,7 @@ class DataPlane:
         self.stats = server.stats
         self._tls = tls_context
         self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._waker = Waker()  # calls handed to the loop from other threads end its wait
         self._calls: collections.deque = collections.deque()
         self._sessions: set[Session] = set()
         self._due: collections.deque[Session] = collections.deque()  # to flush at the end of this turn
@@ -88,7 +87,7 @@ class DataPlane:
     def start(self) -> None:
         self._listener.setblocking(False)
         self._sel.register(self._listener, selectors.EVENT_READ, _ACCEPT)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+        self._sel.register(self._waker, selectors.EVENT_READ, _WAKE)
         self._thread = threading.Thread(target=self._run, name="data-plane", daemon=True)
         self._thread.start()
 
@@ -98,10 +97,7 @@ class DataPlane:
             fn(*args)
             return
         self._calls.append((fn, args))
-        try:
-            self._wake_w.send(b"x")
-        except (BlockingIOError, OSError):
-            pass  # a wake-up is already pending, or the loop is gone
+        self._waker.wake()  # nothing when a wake-up is already pending, or the loop is gone
 
     def call(self, fn: Callable, timeout: float = 10.0):
         """Run ``fn()`` on the loop's thread and return its result (waits up to ``timeout``)."""
@@ -200,10 +196,7 @@ class DataPlane:
                     elif data == _ACCEPT:
                         self._accept()
                     elif data == _WAKE:
-                        try:
-                            self._wake_r.recv(4096)
-                        except BlockingIOError:
-                            pass
+                        self._waker.drain()
                     else:
                         pool_ready.append(data[1])
                 if pool_ready:
@@ -228,8 +221,7 @@ class DataPlane:
         for key in list(self._sel.get_map().values()):
             self._sel.unregister(key.fileobj)
         self._sel.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._waker.close()
 
     def _watch_pool(self) -> None:
         for obj in self._pool_keys:

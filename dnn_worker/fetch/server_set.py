@@ -24,11 +24,11 @@ from data_service.protocol.addresses import split_address
 from data_service.errors import (ConfigError, DataServiceError, PermissionDeniedError, ProtocolError,
                                  ServerUnavailableError, VersionMismatchError)
 from data_service.protocol.generated import pb
+from data_service.protocol.waker import Waker
 
 from ..transport.connection import LOWAT_CHECK_S, BulkConnection, Event
 from .fetch_options import Attempt, FetchOptions
 from .registry_watch import RegistryWatcher
-from .waker import Waker
 
 log = logging.getLogger(__name__)
 

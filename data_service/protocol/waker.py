@@ -1,10 +1,11 @@
-"""Wake the iterating thread's selector from another thread.
+"""Wake a selector loop from another thread.
 
-The consumer's loop reads every connection on one thread, blocked in ``select`` (``ServerSet.wait``).
-Work finished elsewhere (a connection attempt on its own thread) must end that wait at once, not
-at the loop's next turn: a ``Waker`` is a socket pair whose reading end the selector watches,
-and ``wake()`` writes a byte to the other end. Closing is guarded, so a thread that wakes a set
-already closed does nothing (it can never write into a descriptor number reused meanwhile).
+Both ends run their sockets on one thread blocked in ``select``: the server's data plane
+(``server/dataplane.py``: calls handed to its loop) and the consumer's loop (``ServerSet.wait``:
+a connection attempt that finished on its own thread). Work finished elsewhere must end that wait
+at once, not at the loop's next turn: a ``Waker`` is a socket pair whose reading end the selector
+watches, and ``wake()`` writes a byte to the other end. Closing is guarded, so a thread that wakes
+a loop already closed does nothing (it can never write into a descriptor number reused meanwhile).
 """
 from __future__ import annotations
 

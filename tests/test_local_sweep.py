@@ -68,7 +68,7 @@ def test_two_jobs_of_one_seed_read_one_data_job_each_exact_and_the_first_to_end_
     assert result.ok, (result.data.failure, {n: r.failure for n, r in result.jobs.items()}, logs)
     first, second = result.jobs.values()
     assert first.metrics["mode"] == second.metrics["mode"] == "heterogeneous"
-    audits = {name: [json.loads(line) for line in open(tmp_path / "out" / "audit" / f"{name}.jsonl")]
+    audits = {name: [json.loads(line) for line in open(tmp_path / "audit" / f"{name}.jsonl")]
               for name in result.jobs}
     one, two = audits.values()
     per_epoch = 512 // 64

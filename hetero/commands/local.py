@@ -17,7 +17,8 @@ def register(sub) -> None:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=Path("out/local"), help="model, metrics.json and logs land here")
-    p.add_argument("--audit", type=Path, default=None, help="append one JSON line per consumed batch here")
+    p.add_argument("--audit", type=Path, default=None, help="append one JSON line per consumed batch here (with --jobs/--vary: a folder, one "
+                        "AUDIT/<job>.jsonl per job)")
     p.add_argument("--hp", action="append", metavar="KEY=VALUE", default=[],
                    help="any launcher hyperparameter, e.g. --hp max_steps=300 --hp pipeline.batch_size=32")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before every node is stopped")

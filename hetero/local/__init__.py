@@ -70,12 +70,7 @@ class LocalResult:
 
 def run_local(job: LocalJob) -> LocalResult:
     """Build the trees, run every node, collect model and metrics into ``job.output``."""
-    from ..synthetic.mnist import write_synthetic
-
-    if job.epochs < 1:
-        raise ConfigError(f"--epochs {job.epochs} must be >= 1")
-    if job.data is not None and not Path(job.data).is_dir():
-        raise ConfigError(f"--data {job.data}: no such directory (the training channel: MNIST IDX files, or an image folder root/<class>/*.jpg; omit for synthetic MNIST)")
+    check_data(job)
     data_cpus, dnn_cpus = parse_cpus(job.data_cpus), parse_cpus(job.dnn_cpus)
     output = Path(job.output).resolve()
     output.mkdir(parents=True, exist_ok=True)
@@ -83,10 +78,7 @@ def run_local(job: LocalJob) -> LocalResult:
         stale.unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix="hetero-local-"))
     try:
-        data_dir = Path(job.data) if job.data else work / "data"
-        if job.data is None:
-            write_synthetic(data_dir, job.synth_train, job.synth_test, seed=job.seed)
-            log.info("synthetic MNIST: %d train / %d test images in %s", job.synth_train, job.synth_test, data_dir)
+        data_dir = training_data(job, work)
         hps = {"epochs": job.epochs, "seed": job.seed, **job.hyperparameters}
         if job.homogeneous:
             hps["homogeneous"] = True
@@ -111,6 +103,26 @@ def run_local(job: LocalJob) -> LocalResult:
         else:
             import shutil
             shutil.rmtree(work, ignore_errors=True)
+
+
+def check_data(job: LocalJob) -> None:
+    """Refuse epochs below 1 and a ``--data`` folder that is not there, naming the value."""
+    if job.epochs < 1:
+        raise ConfigError(f"--epochs {job.epochs} must be >= 1")
+    if job.data is not None and not Path(job.data).is_dir():
+        raise ConfigError(f"--data {job.data}: no such directory (the training channel: MNIST IDX files, or an image folder root/<class>/*.jpg; omit for synthetic MNIST)")
+
+
+def training_data(job: LocalJob, work: Path) -> Path:
+    """The training channel's folder: ``job.data``, else synthetic MNIST written under ``work``."""
+    if job.data is not None:
+        return Path(job.data)
+    from ..synthetic.mnist import write_synthetic
+
+    data_dir = work / "data"
+    write_synthetic(data_dir, job.synth_train, job.synth_test, seed=job.seed)
+    log.info("synthetic MNIST: %d train / %d test images in %s", job.synth_train, job.synth_test, data_dir)
+    return data_dir
 
 
 def json_dict(value: Any) -> dict:

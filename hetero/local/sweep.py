@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from data_service.errors import ConfigError
+from data_service.server.batch_window import window_budget
 
-from . import LocalJob, LocalResult
+from . import LocalJob, LocalResult, check_data, training_data
 from .runner import LocalCluster
 from .tree import DATA_GROUP, DNN_GROUP, parse_cpus, write_nodes
 
@@ -60,31 +61,26 @@ def run_local_sweep(job: LocalJob, vary: list[str] | None = None, jobs: int = 0,
     from hetero.sagemaker.spec import SubmitError
     from hetero.sagemaker.sweep import Sweep, data_job_name, dnn_job_names, grid, sweep_hyperparameters
 
-    from ..synthetic.mnist import write_synthetic
-
     if job.homogeneous or job.registry is not None or job.sigterm_on:
         raise ConfigError("--jobs/--vary run a sweep (a data-only job and DNN-only jobs over the sweep's own "
                           "registry): drop --homogeneous, --registry and --sigterm-on")
     if job.data_nodes < 1 or job.dnn_nodes < 1:
         raise ConfigError(f"--data-nodes {job.data_nodes} --dnn-nodes {job.dnn_nodes}: a sweep needs at least one "
                           "of each (the data job's nodes, and each DNN job's)")
-    if job.data is not None and not Path(job.data).is_dir():
-        raise ConfigError(f"--data {job.data}: no such directory")
+    check_data(job)
     output = Path(job.output).resolve()
     name = f"local-sweep-{int(time.time())}-{os.getpid()}"
     registry = output / "registry"
-    shutil.rmtree(registry, ignore_errors=True)  # entries of an earlier run name servers long gone
-    registry.mkdir(parents=True)
     common = {"epochs": str(job.epochs), "seed": str(job.seed), "advertise_host": "127.0.0.1",
               **{k: v if isinstance(v, str) else json.dumps(v) for k, v in job.hyperparameters.items()}}
+    window_budget(batch_window)  # a bad size fails here, before anything is written or started
     try:
         sweep = Sweep(name, str(registry), batch_window, idle_s,
                       tuple(tuple(sorted(own.items())) for own in grid(vary or [], jobs)))
-        from data_service.server.batch_window import window_budget
-
-        window_budget(batch_window)
     except SubmitError as exc:
         raise ConfigError(str(exc)) from None
+    shutil.rmtree(registry, ignore_errors=True)  # entries of an earlier run name servers long gone
+    registry.mkdir(parents=True)
     data_hps, dnn_hps = sweep_hyperparameters(common, sweep)
     names = dnn_job_names(sweep)
     data_cpus, dnn_cpus = parse_cpus(job.data_cpus), parse_cpus(job.dnn_cpus)
@@ -92,10 +88,8 @@ def run_local_sweep(job: LocalJob, vary: list[str] | None = None, jobs: int = 0,
     work = Path(tempfile.mkdtemp(prefix="hetero-local-sweep-"))
     clusters: dict[str, LocalCluster] = {}
     try:
-        data_dir = Path(job.data) if job.data else work / "data"
-        if job.data is None:
-            write_synthetic(data_dir, job.synth_train, job.synth_test, seed=job.seed)
-        audits = output / "audit" if job.audit is not None else None
+        data_dir = training_data(job, work)
+        audits = Path(job.audit).resolve() if job.audit is not None else None  # a folder: one log per job
         layouts = {data_job_name(sweep): ([(DATA_GROUP, "data", job.data_nodes)], data_hps)}
         for job_name, hps in zip(names, dnn_hps):
             if audits is not None:

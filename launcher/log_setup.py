@@ -15,6 +15,8 @@ def setup(role: str, host: str, rank: int | None = None, level: str = "INFO") ->
     who = f"{role}@{host}" + (f" rank {rank}" if rank is not None else "")
     logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO),
                         format=f"%(asctime)s {who} %(levelname)s %(name)s: %(message)s", force=True)
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("torch").setLevel(logging.WARNING)  # its INFO lines at exit (FakeTensor cache stats) say nothing of the job
 
 
 def setup_logging(role: str, level: str = "INFO") -> None:

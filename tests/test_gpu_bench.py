@@ -90,4 +90,4 @@ def test_hetero_serve_runs_without_psutil():
     out = subprocess.run([sys.executable, "-c", BLOCK_PSUTIL], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--workers" in out.stdout and "serve --help exit 0" in out.stdout, out.stdout[-2000:]
-    assert "needs the Python package 'psutil'" in out.stdout and "bench exit 2" in out.stdout, out.stdout[-2000:]
+    assert "needs the Python package 'psutil'" in out.stderr and "bench exit 2" in out.stdout, out.stdout + out.stderr

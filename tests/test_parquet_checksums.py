@@ -191,3 +191,17 @@ def test_the_page_crc_probe_reads_a_page_header():
                     c.data_page_offset
                 assert ps.has_page_crc(raw[at:at + ps.PAGE_HEAD]) is crc
     assert ps.has_page_crc(b"") is False and ps.has_page_crc(b"\x00") is False
+
+
+def test_the_bar_counts_bytes_of_the_total_and_an_existing_sidecar_fails_before_it(tmp_path, capsys):
+    _plain(tmp_path / "data" / "a.parquet", _rows(8))
+    _plain(tmp_path / "data" / "b.parquet", _rows(8, seed=1))
+    total = sum(p.stat().st_size for p in (tmp_path / "data").glob("*.parquet"))
+    assert hetero(["index", str(tmp_path / "data")]) == 0
+    err = capsys.readouterr().err.replace("\r", "\n")
+    from tqdm import tqdm
+
+    assert "checksumming Parquet rows: 100%" in err and f"/{tqdm.format_sizeof(total)}" in err, err
+    assert hetero(["index", str(tmp_path / "data")]) == 2
+    out = capsys.readouterr()
+    assert "already exists; pass --overwrite" in out.out and out.err == ""  # no bar before the one line

@@ -95,3 +95,21 @@ def test_a_sweep_outside_a_vpc_is_refused(capsys):
     no_vpc = [a for a in SWEEP if a not in ("--subnet", "subnet-0aaa", "--security-group", "sg-0bbb")]
     assert main(no_vpc + ["--jobs", "2", "--dry-run"]) == 2  # the jobs' ranks could not reach the data job's nodes
     assert "a sweep runs in a VPC" in capsys.readouterr().err
+
+
+def test_the_data_job_gets_the_cpu_image_of_the_framework_version_and_the_dnn_jobs_the_gpu_one(capsys):
+    from hetero.sagemaker.sdk_version import sdk_problem
+
+    if sdk_problem() is not None:
+        pytest.skip(f"the image flavours come from the SageMaker SDK: {sdk_problem()}")
+    argv = [a for a in SWEEP if a not in ("--image", IMAGE)] + ["--framework-version", "2.5", "--jobs", "2"]
+    assert main(argv + ["--dry-run"]) == 0
+    out = capsys.readouterr()
+    data, *dnn = json.loads(out.out)
+    for req in (data, *dnn):
+        assert botocore_errors(req) == [] and check_request(req) is None
+    assert "-cpu-" in data["AlgorithmSpecification"]["TrainingImage"]  # its nodes are ml.c5.9xlarge
+    assert all("-gpu-" in r["AlgorithmSpecification"]["TrainingImage"] for r in dnn)
+    lines = out.err.splitlines()
+    assert all(line.startswith("hetero sweep: ") for line in lines), out.err
+    assert any(line.startswith("hetero sweep: data job: training image ") and "-cpu-" in line for line in lines)

@@ -474,3 +474,46 @@ def test_an_intact_shard_is_not_named_as_cut_even_with_strict(tmp_path, capsys):
     assert main(["index", str(src), "--quiet", "--strict"]) == 0
     out = capsys.readouterr().out
     assert "indexed 7 samples" in out and "end-of-archive" not in out and "skipped" not in out, out
+
+
+def test_an_existing_index_fails_at_once_before_any_shard_is_listed_or_a_bar_shown(tmp_path, capsys, monkeypatch):
+    from data_service.shards import wds_index
+
+    src = tmp_path / "src"
+    _tar(src / "a.tar", [("k.jpg", b"1"), ("k.cls", b"0")])
+    assert main(["index", str(src), "--quiet"]) == 0
+    capsys.readouterr()
+
+    def listed(*_a, **_k):
+        raise AssertionError("the shards were listed before the destination was checked")
+    monkeypatch.setattr(wds_index, "list_shards", listed)
+    assert main(["index", str(src)]) == 2
+    out = capsys.readouterr()
+    assert out.out.splitlines() == [f"hetero index: {src} already holds an index; pass --overwrite to replace it, "
+                                    "or --to another place"]
+    assert out.err == ""  # no progress bar
+
+
+def test_the_progress_bar_counts_bytes_of_the_total(tmp_path, capsys):
+    src = tmp_path / "src"
+    for k in range(3):
+        _tar(src / f"{k}.tar", [(f"k{k}.jpg", b"1" * 5000), (f"k{k}.cls", b"0")])
+    total = sum(p.stat().st_size for p in src.glob("*.tar"))
+    assert main(["index", str(src), "--to", str(tmp_path / "idx")]) == 0
+    err = capsys.readouterr().err.replace("\r", "\n")
+    from tqdm import tqdm
+
+    assert "indexing shards: 100%" in err and f"/{tqdm.format_sizeof(total)}" in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "0"], "--workers 0: give at least 1"),
+    (["--image", "gif"], "--image 'gif': give image extensions among jpg,jpeg,png,webp"),
+    (["--label", "json:"], "label='json:'"),
+])
+def test_bad_options_fail_before_a_bar_is_shown(tmp_path, capsys, argv, message):
+    src = tmp_path / "src"
+    _tar(src / "a.tar", [("k.jpg", b"1"), ("k.cls", b"0")])
+    assert main(["index", str(src), *argv]) == 2
+    out = capsys.readouterr()
+    assert message in out.out and out.err == "", out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import importlib
+import inspect
 import json
 import logging
 import random
@@ -196,6 +197,24 @@ class PipelineInfo:
                    tuple(name for name in ("stats", "close") if getattr(pipe, name) is not None), wire)
 
 
+def check_call(func: Callable[..., Any], options: Mapping[str, Any], what: str, target: str) -> None:
+    """Raise ConfigError when ``func(**options)`` would fail on the option names alone.
+
+    The message keeps Python's own wording (``build_pipeline() got an unexpected keyword
+    argument 'batch_sz'``), names the option and the import path, and lists the parameters.
+    """
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return  # a builtin or extension without a signature: its call will tell
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        name = getattr(func, "__name__", target.partition(":")[2])
+        raise ConfigError(f"{what}={target!r} rejected options {dict(options)!r}: {name}() {exc}; "
+                          f"its parameters are {list(signature.parameters)}") from None
+
+
 @dataclass(frozen=True)
 class PipelineSpec:
     """An importable pipeline: ``target`` is ``"package.module:function"``."""
@@ -226,20 +245,39 @@ class PipelineSpec:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def resolve(self) -> Callable[..., Pipeline]:
+        """The builder function the target names, imported.
+
+        Raises:
+            ConfigError: the module does not import (naming what is missing and the fix), or has
+                no such callable.
+        """
         module_name, func_name = self.target.split(":")
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise ConfigError(
-                f"pipeline={self.target!r}: cannot import module {module_name!r} ({exc}); "
-                "check the import path and that the package is installed on this node"
-            ) from exc
+            missing = getattr(exc, "name", None) or ""
+            if missing and (module_name == missing or module_name.startswith(missing + ".")):
+                top = module_name.split(".")[0]
+                fix = (f"check the import path, and run from the folder that holds {top!r}, put that folder on "
+                       "PYTHONPATH or pip install the package on this node")
+            else:
+                fix = "the module imports something this node lacks: install it, or fix the module's imports"
+            raise ConfigError(f"pipeline={self.target!r}: cannot import module {module_name!r} ({exc}); {fix}") from exc
         func = getattr(module, func_name, None)
         if not callable(func):
             raise ConfigError(
                 f"pipeline={self.target!r}: module {module_name!r} has no callable {func_name!r}"
             )
         return func
+
+    def check_options(self) -> None:
+        """Import the builder and check that it takes these options (names only, nothing is built).
+
+        Raises:
+            ConfigError: the builder does not import, or does not take an option; the message
+                lists its parameters.
+        """
+        check_call(self.resolve(), self.options, "pipeline", self.target)
 
     def server_side(self) -> ServerSide | None:
         """The builder's ``server_side(**options)`` called (see :class:`ServerSide`); None when the

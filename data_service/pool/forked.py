@@ -9,6 +9,7 @@ on a status pipe from the warm parent, which reaps it.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import math
@@ -178,6 +179,17 @@ class WarmParent:
 
 _EARLY: list[WarmParent] = []  # started by prestart(), not yet adopted by a pool
 _EARLY_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_early() -> None:
+    """A warm parent no pool adopted (the server failed to start) dies with this process, not
+    seconds later once its imports are done."""
+    with _EARLY_LOCK:
+        early, _EARLY[:] = list(_EARLY), []
+    for parent in early:
+        parent.process.kill()
+        parent.close(1.0)
 
 
 def prestart(spec_json: str) -> None:

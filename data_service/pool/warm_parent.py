@@ -50,8 +50,11 @@ def send_msg(sock: socket.socket, obj, fds: Sequence[int] = ()) -> None:
 
 
 def recv_msg(sock: socket.socket):
-    """(message, fds); (None, []) once the other end closed the socket."""
-    head, fds, _, _ = socket.recv_fds(sock, HEADER.size, MAX_FDS)
+    """(message, fds); (None, []) once the other end closed the socket (or reset it: it exited)."""
+    try:
+        head, fds, _, _ = socket.recv_fds(sock, HEADER.size, MAX_FDS)
+    except ConnectionResetError:
+        return None, []
     if not head:
         return None, fds
     head += _exactly(sock, HEADER.size - len(head))
@@ -85,7 +88,10 @@ def main(ctrl: socket.socket) -> None:
     if msg is None:
         return  # the server went away before it asked
     report = _preload(msg["spec"], msg.get("names", BASE))
-    send_msg(ctrl, {"pid": os.getpid(), **report})
+    try:
+        send_msg(ctrl, {"pid": os.getpid(), **report})
+    except OSError:
+        return  # the server exited while this preloaded (a start-up error): nobody to report to
     if report["error"] is None and report["unsafe"] is None:
         _serve(ctrl, comm)
 

@@ -116,6 +116,8 @@ class WorkerStarter:
                 log.warning("the data workers' warm parent could not import all the pipeline declares: %s",
                             report["declared_error"] or report["failed"])
             return parent
+        if self._stopping():  # the pool stopped (a start-up error) and closed the warm parent: nothing to say
+            raise ConfigError("the data workers' pool stopped before they started")
         log.warning("starting data workers with spawn, not from a warm parent: %s", reason)
         self.method = "spawn"
         self.close(5.0)

@@ -125,8 +125,10 @@ class DataServer:
         """
         # The workers start first: they import torch and load the pipeline while this process
         # imports the builder's module (a second or more each, side by side).
+        self._check_ports()  # a busy port fails in milliseconds, before any worker starts
         self.pool.spawn()
         try:
+            self.spec.check_options()  # the import path or an option name, before the workers report it
             declared = self.spec.server_side()  # fails here, at start-up, with the import path in the message
         except BaseException:
             self.pool.stop(0)
@@ -174,6 +176,22 @@ class DataServer:
         """Batches of the next epoch the window builds ahead: the option, else a consumer's default window."""
         lead = self.options.build_ahead
         return default_window(self.options.num_workers) if lead is None else lead
+
+    def _check_ports(self) -> None:
+        """A port asked for by number that another process holds: the error now, not after the
+        workers built the probe batch (gRPC binds with SO_REUSEADDR, as this check does)."""
+        for port, flag in ((self.options.port, "--port"), (self.options.bulk_port, "--bulk-port")):
+            if not port:
+                continue
+            probe = socket.socket(socket.AF_INET6 if ":" in self.options.host else socket.AF_INET)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.options.host, port))
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {self.options.host}:{port} ({exc.strerror or exc}); "
+                                  f"pick another {flag} or 0 for a free one") from None
+            finally:
+                probe.close()
 
     def _open_ports(self) -> None:
         self._health = health.HealthServicer()

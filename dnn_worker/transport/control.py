@@ -129,3 +129,21 @@ class ControlClient:
         except grpc.RpcError:
             return False
         return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def refused(err: grpc.RpcError) -> bool:
+    """The host answered that nothing listens on the port (a server stopped, or never started)."""
+    return err.code() == grpc.StatusCode.UNAVAILABLE and "refused" in (err.details() or "").lower()
+
+
+def unreachable(err: grpc.RpcError, address: str) -> ServerUnavailableError:
+    """One line for a control call that reached no server at ``address``, with what to check."""
+    details = (err.details() or "").split("; last error:")[-1].strip() or err.code().name
+    if refused(err):
+        why = "nothing listens there (the server stopped, or runs on another port)"
+    elif "dns" in details.lower() or "resolv" in details.lower():
+        why = "the host name does not resolve"
+    else:
+        why = f"{err.code().name}: {details}"
+    return ServerUnavailableError(f"no data server at {address}: {why}; check the address (host:port of "
+                                  "`hetero serve --port`) and that the server runs")

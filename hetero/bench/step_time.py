@@ -32,6 +32,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
+from launcher.metric_lines import none_measured
+
 from ..planning.cost import PriceError, load_prices
 from ..planning.planner import PlanError
 from ..planning.profile import profile_pipeline
@@ -174,8 +176,11 @@ def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunR
         log.error("%s run %d failed (exit codes %s); logs in %s/logs", mode, round_no, result.exit_codes, out)
     nodes = monitor.summary()
     foreign = foreign_share(nodes, monitor.core_busy, cpus)
-    log.info("round %d: %s run %s: avg step %s s, other processes used %s of CPUs %s", round_no, mode,
-             "ok" if result.ok else "FAILED", (result.metrics or {}).get("avg_step_time_s"),
+    step = (result.metrics or {}).get("avg_step_time_s")
+    log.info("round %d: %s run %s: %s, other processes used %s of CPUs %s", round_no, mode,
+             "ok" if result.ok else "FAILED",
+             f"avg step {step:.4f} s" if step is not None else
+             (none_measured(result.metrics) if result.metrics else "no metrics.json"),
              "n/a" if foreign is None else f"{foreign:.0%}", cpus)
     trainer_log = out / "logs" / "algo-1.log"
     return RunResult(mode, round_no, result.ok, wall, result.metrics, nodes, monitor.core_busy,
@@ -288,7 +293,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=d.repeats, help="rounds; each runs both modes")
     p.add_argument("--steps", type=int, default=d.steps, help="steps per run")
     p.add_argument("--warmup", type=int, default=d.warmup, help="steps discarded from each run's averages")
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per batch")
     p.add_argument("--augment-repeats", type=int, default=d.augment_repeats, help="MNIST blur passes (CPU cost)")
     p.add_argument("--emulate-step-s", type=float, default=d.emulate_step_s,
                    help="EMULATED accelerator step in seconds (sleep); 0 = real CPU step (default: a third of "
@@ -358,7 +363,10 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m hetero.bench.step_time [options]``."""
-    p = argparse.ArgumentParser(prog="python -m hetero.bench.step_time", description=__doc__.split("\n\n")[0])
+    from hetero.commands import HelpFormatter, plain
+
+    p = argparse.ArgumentParser(prog="python -m hetero.bench.step_time", description=plain(__doc__.split("\n\n")[0]),
+                                formatter_class=HelpFormatter)
     p.add_argument("--log-level", default=os.environ.get("HETERO_LOG_LEVEL", "INFO"))
     add_arguments(p)
     args = p.parse_args(argv)

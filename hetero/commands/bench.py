@@ -12,10 +12,15 @@ from hetero.bench.step_time import add_arguments
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark: homogeneous vs heterogeneous step time and cost",
-                       description="Run the MNIST job homogeneous (trainer CPUs only) and heterogeneous (plus data "
-                                   "CPUs), pinned, alternating over rounds; print step time, data wait, CPU busy "
-                                   "share, $/step and the speed-up (docs/benchmarks.md).")
+    from hetero.commands import HelpFormatter
+
+    p = sub.add_parser("bench", formatter_class=HelpFormatter,
+                       help="benchmark: homogeneous vs heterogeneous step time and cost",
+                       description="Run one training job, the --workload (mnist: synthetic MNIST with a blur loop; "
+                                   "images: a synthetic JPEG image folder, decoded, cropped and flipped), "
+                                   "homogeneous (trainer CPUs only) and heterogeneous (plus data CPUs), pinned, "
+                                   "alternating over rounds; print step time, data wait, CPU busy share, $/step and "
+                                   "the speed-up (docs/benchmarks.md).")
     add_arguments(p)
     p.set_defaults(func=run)
 

@@ -20,7 +20,10 @@ import argparse
 
 
 def register(sub) -> None:
-    p = sub.add_parser("index", help="index WebDataset tar shards written by other tools, to read them in place; "
+    from hetero.commands import HelpFormatter
+
+    p = sub.add_parser("index", formatter_class=HelpFormatter,
+                       help="index WebDataset tar shards written by other tools, to read them in place; "
                                      "write row checksums for Parquet files",
                        description="Reads each .tar shard under SRC once, front to back, and writes index.bin "
                                    "(where each sample's image lies, and its label) to DEST or beside the shards. "
@@ -66,8 +69,10 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_service.errors import DataServiceError
-    from data_service.shards.wds_index import index_tars, split_source
+    from data_service.errors import ConfigError, DataServiceError
+    from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME
+    from data_service.shards.wds_index import index_tars, list_shards, split_source
+    from data_service.storage import open_store
 
     from .index_parquet import is_parquet
 
@@ -79,18 +84,21 @@ def run(args: argparse.Namespace) -> int:
         from . import index_parquet
 
         return index_parquet.run(args)
-    from tqdm import tqdm
-
-    bar = tqdm(unit="B", unit_scale=True, desc="indexing shards", disable=args.quiet)
+    bar = None
     try:
+        options = _tar_options(args)
         src, pattern = split_source(args.src)
-        summary = index_tars(src, args.dest, pattern=pattern, label=args.label, classes=_classes(args.classes),
-                             image_exts=tuple(e.strip().lstrip(".") for e in args.image.split(",") if e.strip()),
-                             on_corrupt=args.on_corrupt, workers=args.workers, overwrite=args.overwrite,
-                             strict=args.strict,
-                             progress=lambda shards, size: bar.update(size))
+        store = open_store(src, what="source")
+        out = open_store(args.dest, what="dest", create=True) if args.dest else store
+        if not args.overwrite and (out.exists(INDEX_NAME) or out.exists(JSON_INDEX_NAME)):
+            raise ConfigError(f"{out.url} already holds an index; pass --overwrite to replace it, or --to another place")
+        shards = list_shards(store, pattern)  # the bar's total, once the destination is known to be free
+        bar = progress_bar(sum(size for _, size in shards), "indexing shards", args.quiet)
+        summary = index_tars(store, args.dest, pattern=pattern, **options,
+                             progress=lambda _shards, size: bar.update(size))
     except DataServiceError as exc:
-        bar.close()
+        if bar is not None:
+            bar.close()
         print(f"hetero index: {exc}")
         return 2
     bar.close()
@@ -100,6 +108,31 @@ def run(args: argparse.Namespace) -> int:
     print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={src}"
           f"{hint}")
     return 0
+
+
+def _tar_options(args: argparse.Namespace) -> dict:
+    """``index_tars``' options from the command line, checked before anything is read or shown."""
+    from data_service.errors import ConfigError
+    from data_service.shards.labels import LabelRule
+    from data_service.shards.wds_index import IMAGE_EXTS
+
+    classes = _classes(args.classes)
+    LabelRule(args.label, classes)  # a bad --label names itself here
+    exts = tuple(e.strip().lstrip(".").lower() for e in args.image.split(",") if e.strip())
+    if not exts or any(e not in IMAGE_EXTS for e in exts):
+        raise ConfigError(f"--image {args.image!r}: give image extensions among {','.join(IMAGE_EXTS)}")
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: give at least 1 (shards read at once)")
+    return {"label": args.label, "classes": classes, "image_exts": exts, "on_corrupt": args.on_corrupt,
+            "workers": args.workers, "overwrite": args.overwrite, "strict": args.strict}
+
+
+def progress_bar(total: int, desc: str, quiet: bool):
+    """The bar of ``hetero index``: bytes read of the ``total`` to read (as ``hetero prepare``'s bar
+    counts images of its total)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=quiet, mininterval=0.5)
 
 
 def _classes(spec: str) -> list[str] | None:

@@ -29,17 +29,31 @@ def is_parquet(src: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from data_service.errors import ConfigError, DataServiceError
+    from data_service.shards.parquet_sums import index_parquet, place
+    from data_service.shards.wds_index import list_objects
+    from data_service.storage import open_store
 
-    from data_service.errors import DataServiceError
-    from data_service.shards.parquet_sums import index_parquet
+    from .index import progress_bar
 
-    bar = tqdm(unit="B", unit_scale=True, desc="checksumming Parquet rows", disable=args.quiet)
+    bar = None
     try:
+        if args.workers < 1:
+            raise ConfigError(f"--workers {args.workers}: give at least 1 (files read at once)")
+        folder, out_folder, key = place(args.src, args.dest)
+        store = open_store(folder, what="parquet")
+        out = open_store(out_folder, what="dest", create=True) if args.dest else store
+        if out.exists(key) and not args.overwrite:
+            raise ConfigError(f"{out.key_url(key)} already exists; pass --overwrite to replace it")
+        name = args.src.rstrip("/").rpartition("/")[2]
+        total = store.check(name) if args.src.endswith(".parquet") else sum(
+            size for _, size in list_objects(store, ".parquet"))  # the bar's total
+        bar = progress_bar(total, "checksumming Parquet rows", args.quiet)
         summary = index_parquet(args.src, args.dest, image_column=args.image_column, label_column=args.label_column,
                                 workers=args.workers, overwrite=args.overwrite, progress=bar.update)
     except DataServiceError as exc:
-        bar.close()
+        if bar is not None:
+            bar.close()
         print(f"hetero index: {exc}")
         return 2
     bar.close()

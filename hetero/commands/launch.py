@@ -5,7 +5,10 @@ import argparse
 
 
 def register(sub) -> None:
-    p = sub.add_parser("launch", help="run the launcher on this node (SageMaker entry point)",
+    from hetero.commands import HelpFormatter
+
+    p = sub.add_parser("launch", formatter_class=HelpFormatter,
+                       help="run the launcher on this node (SageMaker entry point)",
                        description="Read /opt/ml (or $HETERO_SM_ROOT), pick this node's role from its instance "
                                    "group and run it: data server, trainer, or in-process training.")
     p.add_argument("--sm-root", default=None, help="SageMaker root (default: $HETERO_SM_ROOT or /opt/ml)")

@@ -9,7 +9,10 @@ import argparse
 
 
 def register(sub) -> None:
-    p = sub.add_parser("prepare", help="write an image folder as WebDataset-compatible tar shards + index "
+    from hetero.commands import HelpFormatter
+
+    p = sub.add_parser("prepare", formatter_class=HelpFormatter,
+                       help="write an image folder as WebDataset-compatible tar shards + index "
                                        "(a local folder or s3://)",
                        description="Reads SRC (an image folder root/<class>/*.jpg, or pkg.mod:fn returning a "
                                    "map-style data set of (image bytes or uint8 [C,H,W] tensor, label)), checks "
@@ -89,8 +92,17 @@ def run(args: argparse.Namespace) -> int:
     if summary.part:
         print(f"when every part is done: hetero prepare --merge {dest}")
         return 0
-    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={dest}")
+    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline "
+          f"--hp pipeline.shards={shards_value(dest)}")
     return 0
+
+
+def shards_value(dest: str) -> str:
+    """``pipeline.shards`` for shards written to ``dest``: a URL as given, a local folder as an
+    absolute path (it names the same folder from wherever the job runs on this machine)."""
+    import os
+
+    return dest if "://" in dest else os.path.abspath(os.path.expanduser(dest))
 
 
 def _sagemaker(args: argparse.Namespace) -> int:

@@ -5,24 +5,33 @@ import argparse
 import json
 import os
 import signal
+import sys
 from typing import Any, cast
 
 from data_service.errors import ConfigError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("serve", help="run a data server (CPU node)",
+    from hetero.commands import HelpFormatter, NoneIsOff
+
+    p = sub.add_parser("serve", formatter_class=HelpFormatter,
+                       help="run a data server (CPU node)",
                        description="Serve batches of a pipeline to RemoteDataset consumers.")
     p.add_argument("pipeline", help="builder import path, e.g. examples.synthetic:build_pipeline")
     p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE", help="builder keyword option (JSON value)")
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address both planes listen on (default 0.0.0.0: every interface of this machine; "
+                        "127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=6000, help="gRPC port (0 = free port)")
     p.add_argument("--bulk-port", type=int, default=0, help="data-plane port (0 = free port)")
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="worker processes building batches (default: this machine's cores but one, %(default)s here)")
     p.add_argument("--slots-per-worker", type=int, default=4, help="built batches per worker held ahead (memory: workers x slots x batch bytes)")
-    p.add_argument("--max-batch-bytes", type=int, default=1 << 30)
+    p.add_argument("--max-batch-bytes", type=int, default=1 << 30,
+                   help="largest batch in bytes, as sent and as decoded; a bigger one fails (default: %(default)s = 1 GiB)")
     p.add_argument("--token", default=None, help="job token (default: $HETERO_JOB_TOKEN)")
-    p.add_argument("--compression", default="", choices=["", "lz4", "zstd"], help="per-batch compression (off)")
+    p.add_argument("--compression", default="", choices=["none", "lz4", "zstd"], action=NoneIsOff,
+                   help="per-batch compression of what is sent: none (off), lz4 or zstd (default: none)")
     p.add_argument("--no-shared-memory", action="store_true", help="send to same-host consumers over TCP too")
     p.add_argument("--advertise-bulk-port", type=int, default=0, help="data-plane port clients dial (port mapping)")
     p.add_argument("--send-timeout", type=float, default=30.0,
@@ -70,50 +79,46 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetero.cli import CommandError
     from hetero.options import parse_kv
 
+    token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")
+    if not token:  # before anything starts: nothing to stop
+        raise ConfigError("no job token: pass --token or set HETERO_JOB_TOKEN (the consumers' token, e.g. "
+                          "export HETERO_JOB_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))'))")
+    options_kv = parse_kv(args.option)
     if args.worker_start == "warm":  # its imports (torch, the pipeline) run beside this process's own
         from data_service.pool.forked import prestart
 
-        try:
-            prestart(json.dumps({"target": args.pipeline, "options": parse_kv(args.option)}))
-        except ConfigError:
-            pass  # the same options are checked, and the error said, below
+        prestart(json.dumps({"target": args.pipeline, "options": options_kv}))
     from data_service.contract.pipeline import PipelineSpec
     from data_service.server import DataServer, ServerOptions
     from launcher.log_setup import setup_logging
 
     setup_logging("data-server", args.log_level)
-    token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")
-    try:
-        if not token:
-            raise ConfigError("no job token: pass --token or set HETERO_JOB_TOKEN")
-        if args.join:  # a bad registry fails before the pipeline is loaded
-            from data_service.membership.registry import check_uri
+    if args.join:  # a bad registry fails before the pipeline is loaded
+        from data_service.membership.registry import check_uri
 
-            check_uri(args.join, "--join")
-            if args.ttl is not None and not 0 <= args.ttl < float("inf"):
-                raise ConfigError(f"--ttl {args.ttl} must be >= 0 seconds (0: no heartbeat)")
-        from data_service.server.batch_window import window_budget
+        check_uri(args.join, "--join")
+        if args.ttl is not None and not 0 <= args.ttl < float("inf"):
+            raise ConfigError(f"--ttl {args.ttl} must be >= 0 seconds (0: no heartbeat)")
+    from data_service.server.batch_window import window_budget
 
-        idle = None
-        if args.idle_timeout:
-            from data_service.server.idle_exit import IdleExit
+    idle = None
+    if args.idle_timeout:
+        from data_service.server.idle_exit import IdleExit
 
-            idle = IdleExit(args.idle_timeout)
-        spec = PipelineSpec(args.pipeline, parse_kv(args.option))
-        options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
-                                slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
-                                compression=args.compression, shared_memory=not args.no_shared_memory,
-                                advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
-                                tls_key=args.tls_key, probe=not args.no_probe,
-                                send_timeout_s=args.send_timeout, worker_start=args.worker_start,
-                                spare_worker=not args.no_spare_worker,
-                                batch_window_bytes=window_budget(args.batch_window), build_ahead=args.build_ahead)
-        server = DataServer(spec, token, options).start()
-    except ConfigError as exc:
-        print(f"hetero serve: {exc}")
-        return 2
+        idle = IdleExit(args.idle_timeout)
+    spec = PipelineSpec(args.pipeline, options_kv)
+    options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
+                            slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
+                            compression=args.compression, shared_memory=not args.no_shared_memory,
+                            advertise_bulk_port=args.advertise_bulk_port, tls_cert=args.tls_cert,
+                            tls_key=args.tls_key, probe=not args.no_probe,
+                            send_timeout_s=args.send_timeout, worker_start=args.worker_start,
+                            spare_worker=not args.no_spare_worker,
+                            batch_window_bytes=window_budget(args.batch_window), build_ahead=args.build_ahead)
+    server = DataServer(spec, token, options).start()
     address = server.address
     if args.join:
         from data_service.membership.joining import default_advertise_host, join
@@ -127,8 +132,7 @@ def run(args: argparse.Namespace) -> int:
                  ttl_s=DEFAULT_TTL_S if args.ttl is None else args.ttl)
         except (ConfigError, RegistryError) as exc:
             server.shutdown(grace_s=1.0, reason="could not join")
-            print(f"hetero serve: --join {args.join}: {exc}")
-            return 2
+            raise CommandError(f"--join {args.join}: {exc}", 2) from exc
     # IdleExit's server protocol declares a settable stats: object; DataServer's is a ServerStats, only read there
     watch = idle.watch(cast(Any, server)) if idle is not None else None
     if args.port_file:
@@ -152,5 +156,5 @@ def run(args: argparse.Namespace) -> int:
             try:
                 unregister(args.join, server.server_id)
             except RegistryError as exc:
-                print(f"hetero serve: could not remove its entry from {args.join}: {exc}", flush=True)
+                print(f"hetero serve: could not remove its entry from {args.join}: {exc}", file=sys.stderr, flush=True)
     return 0

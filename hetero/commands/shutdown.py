@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 
 def register(sub) -> None:
-    p = sub.add_parser("shutdown", help="shut data servers down (authenticated)",
+    from hetero.commands import HelpFormatter
+
+    p = sub.add_parser("shutdown", formatter_class=HelpFormatter,
+                       help="shut data servers down (authenticated)",
                        description="Ask data servers to leave: a server that joined a registry removes its entry "
                                    "first, then refuses new requests (consumers ask other servers) and finishes "
                                    "those it took. With --drain, wait until each server has left.")
@@ -23,26 +27,36 @@ def run(args: argparse.Namespace) -> int:
     import grpc
 
     from data_service.errors import DataServiceError
-    from dnn_worker.transport.control import ControlClient
+    from data_service.protocol.addresses import split_address
+    from dnn_worker.transport.control import ControlClient, refused, unreachable
 
+    for address in args.servers:  # every address checked before any server is asked
+        split_address(address, "server address")
     token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")
     rc = 0
     asked = []
     for address in args.servers:
         try:
             with ControlClient(address, token, "hetero-shutdown") as ctl:
-                already = ctl.shutdown(grace_s=args.grace, reason="hetero shutdown --drain" if args.drain
-                                       else "hetero shutdown")
+                try:
+                    already = ctl.shutdown(grace_s=args.grace, reason="hetero shutdown --drain" if args.drain
+                                           else "hetero shutdown")
+                except grpc.RpcError as err:
+                    if not refused(err):
+                        raise unreachable(err, address) from err
+                    # idempotent: a server that already stopped is what was asked for
+                    print(f"{address}: not serving (nothing listens there: already stopped)", flush=True)
+                    continue
             print(f"{address}: {'already shutting down' if already else 'shutting down'}", flush=True)
             asked.append(address)
-        except (grpc.RpcError, DataServiceError) as exc:
-            print(f"{address}: {exc}")
+        except DataServiceError as exc:
+            print(f"hetero shutdown: {exc}", file=sys.stderr, flush=True)
             rc = 1
     if args.drain:
         for address in asked:
             waited = wait_gone(address, token, args.grace + 30.0)
             if waited is None:
-                print(f"{address}: still serving after {args.grace + 30.0:.0f} s")
+                print(f"hetero shutdown: {address} still serving after {args.grace + 30.0:.0f} s", file=sys.stderr)
                 rc = 1
             else:
                 print(f"{address}: drained, left after {waited:.1f} s", flush=True)

@@ -24,8 +24,10 @@ _WINDOW = re.compile(r"launcher\.train\.step_stats: step \d+: avg step time")
 
 
 def register(sub) -> None:
+    from hetero.commands import RawHelpFormatter, plain
+
     p = sub.add_parser("stats", help="print a data server's stats, or a running local job's advice",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain(__doc__), formatter_class=RawHelpFormatter)
     p.add_argument("server", nargs="?", help="host:port of a data server")
     p.add_argument("--token", default=None, help="job token (default: $HETERO_JOB_TOKEN)")
     p.add_argument("--local", type=Path, default=None, metavar="OUTPUT",
@@ -89,16 +91,24 @@ def run_local(output: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetero.cli import CommandError
+
     if args.local is not None:
         return run_local(args.local)
     if not args.server:
-        print("hetero stats: give a data server's host:port, or --local OUTPUT for a running local job",
-              file=sys.stderr)
-        return 2
+        raise CommandError("give a data server's host:port, or --local OUTPUT for a running local job", 2)
+    import grpc
     from google.protobuf.json_format import MessageToJson
 
-    from dnn_worker.transport.control import ControlClient
+    from data_service.protocol.addresses import split_address
+    from dnn_worker.transport.control import ControlClient, unreachable
 
-    with ControlClient(args.server, args.token or os.environ.get("HETERO_JOB_TOKEN", ""), "hetero-stats") as ctl:
-        print(MessageToJson(ctl.stats(), always_print_fields_with_no_presence=True))
+    address = args.server
+    split_address(address, "server address")  # e.g. localhost:6000
+    with ControlClient(address, args.token or os.environ.get("HETERO_JOB_TOKEN", ""), "hetero-stats") as ctl:
+        try:
+            stats = ctl.stats()
+        except grpc.RpcError as err:  # the product's errors (a refused token) are said by hetero's one error path
+            raise unreachable(err, address) from err
+    print(MessageToJson(stats, always_print_fields_with_no_presence=True))
     return 0

@@ -21,8 +21,10 @@ ROLE_ENV = "HETERO_SAGEMAKER_ROLE"
 
 def register(sub) -> None:
     """Add the ``submit`` parser to ``sub``."""
+    from hetero.commands import RawHelpFormatter, plain
+
     p = sub.add_parser("submit", help="submit a SageMaker training job (hetero, homogeneous or both)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain(__doc__), formatter_class=RawHelpFormatter)
     c = p.add_argument_group("cluster")
     c.add_argument("--data-group", metavar="TYPE:COUNT", help="CPU data-node group, e.g. ml.c5.9xlarge:1")
     c.add_argument("--dnn-group", metavar="TYPE:COUNT", help="GPU training group, e.g. ml.p3.2xlarge:1")
@@ -57,7 +59,8 @@ def register(sub) -> None:
                    help="VpcConfig subnet (repeatable or comma-separated; with --security-group)")
     j.add_argument("--security-group", action="append", default=[], metavar="ID",
                    help="VpcConfig security group (repeatable or comma-separated; with --subnet)")
-    j.add_argument("--hyperparameters", nargs="+", action="extend", default=[], metavar="K=V")
+    j.add_argument("--hyperparameters", nargs="+", action="extend", default=[], metavar="K=V",
+                   help="the job's hyperparameters: the pipeline and its options, the model, epochs, seed, ...")
     j.add_argument("--env", action="append", default=[], metavar="K=V", help="container environment variable")
     j.add_argument("--tag", action="append", default=[], metavar="K=V", help="resource tag")
     j.add_argument("--max-run", default="24h", help="max training time: seconds or 90m, 2h, 1d (default 24h)")

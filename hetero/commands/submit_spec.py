@@ -33,8 +33,10 @@ def cluster_of(args: argparse.Namespace) -> tuple[list, tuple[str, int] | None]:
     return groups, instance
 
 
-def image_of(args: argparse.Namespace, region: str, groups: list, instance: tuple[str, int] | None) -> str:
-    """``--image``, or the AWS PyTorch training image of ``--framework-version`` for the job's instance types."""
+def image_of(args: argparse.Namespace, region: str, groups: list, instance: tuple[str, int] | None,
+             command: str = "hetero submit") -> str:
+    """``--image``, or the AWS PyTorch training image of ``--framework-version`` for the job's instance types
+    (said on stderr, prefixed with ``command``)."""
     from hetero.sagemaker.images import training_image
     from hetero.sagemaker.spec import SubmitError
 
@@ -47,7 +49,7 @@ def image_of(args: argparse.Namespace, region: str, groups: list, instance: tupl
         return args.image
     types = [g.instance_type for g in groups] + ([instance[0]] if instance else [])
     image, source = training_image(args.framework_version, region, types)
-    print(f"hetero submit: training image {image} (from the {source})", file=sys.stderr)
+    print(f"{command}: training image {image} (from the {source})", file=sys.stderr)
     return image
 
 

@@ -22,8 +22,10 @@ ROLE_ENV = "HETERO_SAGEMAKER_ROLE"
 
 
 def register(sub) -> None:
+    from hetero.commands import RawHelpFormatter, plain
+
     p = sub.add_parser("sweep", help="submit a sweep: one data-only job serving N DNN-only jobs",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain(__doc__), formatter_class=RawHelpFormatter)
     p.add_argument("--job-name", required=True, help="the sweep's name: jobs <name>-data, <name>-0, ... (the job "
                    "token is derived from it)")
     p.add_argument("--data-group", required=True, metavar="TYPE:COUNT", help="the data job's nodes")
@@ -40,24 +42,32 @@ def register(sub) -> None:
                    help="seconds the data job stays once the last DNN job has gone (default 600)")
     p.add_argument("--registry", metavar="S3URI", help="the sweep's registry (default <output>/<name>/registry)")
     p.add_argument("--role", default=os.environ.get(ROLE_ENV), help=f"execution role ARN (default ${ROLE_ENV})")
-    p.add_argument("--image", help="training image URI")
-    p.add_argument("--framework-version", help="the AWS PyTorch training image of this version")
+    p.add_argument("--image", help="training image URI of every job")
+    p.add_argument("--framework-version",
+                   help="the AWS PyTorch training image of this version, e.g. 2.5: its CPU flavour for the data job "
+                        "on CPU instances, its GPU flavour for DNN jobs on GPU instances")
     p.add_argument("--output", required=True, help="S3 URI for the jobs' outputs")
     p.add_argument("--input", action="append", default=[], metavar="[NAME=]S3URI", help="the data job's channel")
-    p.add_argument("--subnet", action="append", default=[], metavar="ID")
-    p.add_argument("--security-group", action="append", default=[], metavar="ID")
-    p.add_argument("--max-run", default="24h")
+    p.add_argument("--subnet", action="append", default=[], metavar="ID",
+                   help="VpcConfig subnet of every job (repeatable or comma-separated; with --security-group)")
+    p.add_argument("--security-group", action="append", default=[], metavar="ID",
+                   help="VpcConfig security group of every job (repeatable or comma-separated; with --subnet)")
+    p.add_argument("--max-run", default="24h", help="each job's max training time: seconds or 90m, 2h, 1d")
     p.add_argument("--spot", action="store_true", help="managed spot training for the DNN jobs")
-    p.add_argument("--volume-size", type=int, default=30)
-    p.add_argument("--job-secret", default=None)
-    p.add_argument("--job-secret-arn", default=None, metavar="ARN")
-    p.add_argument("--source-dir", default=None)
-    p.add_argument("--code-uri", metavar="S3URI")
-    p.add_argument("--no-source", action="store_true")
-    p.add_argument("--tag", action="append", default=[], metavar="K=V")
+    p.add_argument("--volume-size", type=int, default=30, help="EBS GB per instance")
+    p.add_argument("--job-secret", default=None,
+                   help="secret for the sweep's job token, sent in clear as HETERO_JOB_SECRET to every job (default: "
+                        "random per sweep; readable by anyone allowed sagemaker:DescribeTrainingJob)")
+    p.add_argument("--job-secret-arn", default=None, metavar="ARN",
+                   help="AWS Secrets Manager secret holding the job secret: each node reads it at start, the "
+                        "requests carry only the ARN (the role needs secretsmanager:GetSecretValue)")
+    p.add_argument("--source-dir", default=None, help="checkout to upload as sourcedir.tar.gz (default: this one)")
+    p.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
+    p.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
+    p.add_argument("--tag", action="append", default=[], metavar="K=V", help="resource tag of every job")
     p.add_argument("--dry-run", action="store_true", help="print the requests as JSON; no AWS call")
-    p.add_argument("--region", default=None)
-    p.add_argument("--endpoint-url", default=None)
+    p.add_argument("--region", default=None, help="AWS region (default from the AWS config/env)")
+    p.add_argument("--endpoint-url", default=None, help="send AWS calls there (e.g. a moto server)")
     p.set_defaults(func=run)
 
 
@@ -86,7 +96,9 @@ def specs_from_args(args: argparse.Namespace) -> list:
     region = resolve_region(args.region)
     data = Group("data_group", *parse_type_count(args.data_group, "--data-group"), DATA)
     dnn = Group("dnn_group", *parse_type_count(args.dnn_group, "--dnn-group"), DNN)
-    image = image_of(args, region, [data, dnn], None)
+    # each job its own image: the data-only job's CPU nodes get the CPU flavour of --framework-version
+    data_image = image_of(args, region, [data], None, command="hetero sweep: data job")
+    image = image_of(args, region, [dnn], None, command="hetero sweep: DNN jobs")
     hps = parse_strings(args.hyperparameters, "--hyperparameters")
     env: dict = {}
     secret, secret_arn = job_secrets(args, hps, env)
@@ -100,7 +112,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
     (base,) = with_secret(base, False, None, secret, secret_arn)
     sweep = Sweep(args.job_name, registry, str(args.batch_window), args.idle_timeout,
                   tuple(tuple(sorted(o.items())) for o in own))
-    specs = sweep_specs(base, data, dnn, sweep)
+    specs = sweep_specs(base, data, dnn, sweep, data_image=data_image)
     for spec in specs[1:]:
         spec.spot = args.spot  # the data job serves the whole sweep: no spot interruption for it
     if len({dict(o).get("seed", hps.get("seed")) for o in sweep.jobs}) > 1:

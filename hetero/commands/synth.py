@@ -10,7 +10,10 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("synth", help="write synthetic MNIST IDX files, or a JPEG image folder (--images)",
+    from hetero.commands import HelpFormatter
+
+    p = sub.add_parser("synth", formatter_class=HelpFormatter,
+                       help="write synthetic MNIST IDX files, or a JPEG image folder (--images)",
                        description="Without --images: drawn seven-segment digits (shifted, scaled, noisy) in MNIST's "
                                    "IDX format: train-images-idx3-ubyte, train-labels-idx1-ubyte and the t10k pair. "
                                    "With --images DIR: JPEGs of drawn shapes, DIR/<shape>/<n>.jpg, 300-500 px a "
@@ -23,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--gzip", action="store_true", help="MNIST: write .gz files, as MNIST is distributed")
     p.add_argument("--classes", type=int, default=4, help="--images: classes, one shape each (1-6, default 4)")
     p.add_argument("--per-class", type=int, default=64, help="--images: images per class (default 64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the drawings: the same seed writes the same files")
     p.set_defaults(func=run)
 
 

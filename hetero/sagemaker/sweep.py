@@ -89,10 +89,12 @@ def dnn_job_names(sweep: Sweep) -> list[str]:
     return [f"{sweep.name}-{k:0{width}d}" for k in range(len(sweep.jobs))]
 
 
-def sweep_specs(base: JobSpec, data_group: Group, dnn_group: Group, sweep: Sweep) -> list[JobSpec]:
+def sweep_specs(base: JobSpec, data_group: Group, dnn_group: Group, sweep: Sweep,
+                data_image: str | None = None) -> list[JobSpec]:
     """The data-only job, then one DNN-only job per entry of ``sweep.jobs``, made from ``base`` (its
     role, image, output, code, secret, VPC, stopping condition, common hyperparameters; its channels
-    go to the data job, which reads the data set).
+    go to the data job, which reads the data set). The data job runs ``data_image`` when given (the
+    CPU image for its CPU nodes), else ``base``'s.
 
     Raises:
         SubmitError: no VPC, or a group of the wrong role.
@@ -104,6 +106,7 @@ def sweep_specs(base: JobSpec, data_group: Group, dnn_group: Group, sweep: Sweep
         raise SubmitError("a sweep needs a data group (--data-group) and a DNN group (--dnn-group)")
     data_hps, dnn_hps = sweep_hyperparameters(base.hyperparameters, sweep)
     data = base.copy(job_name=data_job_name(sweep), groups=[data_group], hyperparameters=data_hps,
+                     image=data_image or base.image,
                      tags={**base.tags, "hetero:mode": "sweep-data", "hetero:sweep": sweep.name})
     specs = [data]
     for name, hps in zip(dnn_job_names(sweep), dnn_hps):

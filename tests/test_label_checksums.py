@@ -203,7 +203,7 @@ def test_upgrade_refuses_an_index_whose_labels_column_is_already_damaged(prepare
     as_version_3(folder)
     _rot_label(folder, 1, int(read_index(str(folder)).labels[1]))
     assert main(["index", "--upgrade", str(folder)]) == 2
-    assert "labels is corrupt" in capsys.readouterr().out
+    assert "labels is corrupt" in "".join(capsys.readouterr())
 
 
 @settings(max_examples=300, deadline=None)

@@ -169,7 +169,7 @@ def test_bad_network_figures_in_an_override_file_are_clear_errors(tmp_path, monk
         load_prices(path)
     monkeypatch.setenv(cost.ENV_VAR, str(path))
     assert hetero_main(["plan", "--gpu-step-s", "0.1", "--preprocess-s", "1", "--batch-size", "8"]) == 2
-    assert "p.json" in capsys.readouterr().out
+    assert "p.json" in "".join(capsys.readouterr())
 
 
 MUST_SHOW = ["plan", "--dnn-instance", "ml.g5.xlarge", "--gpu-step-s", "0.1", "--preprocess-s", "0.394",
@@ -179,7 +179,7 @@ MUST_SHOW = ["plan", "--dnn-instance", "ml.g5.xlarge", "--gpu-step-s", "0.1", "-
 def test_cli_plan_names_the_network_for_the_g5_job(tmp_path, capsys):
     out = tmp_path / "plan.json"
     rc = hetero_main(MUST_SHOW + ["--json", str(out)])
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())
     doc = json.loads(out.read_text())
     # 256 images / 0.1 s of 150,528-byte crops is 3.08 Gbps; the g5.xlarge takes 2.5, a c5.xlarge sends 1.25
     assert rc == 1 and doc["recommended"] is None
@@ -190,19 +190,19 @@ def test_cli_plan_names_the_network_for_the_g5_job(tmp_path, capsys):
     assert "x ml.c5" in jpeg and "bound by gpu" in jpeg
     # cores only, as the plan counted before the network was modelled: one c5.xlarge looked enough
     assert hetero_main(MUST_SHOW + ["--no-network"]) == 0
-    assert "Recommended: 1 x ml.c5.xlarge" in capsys.readouterr().out
+    assert "Recommended: 1 x ml.c5.xlarge" in "".join(capsys.readouterr())
 
 
 def test_cli_plan_measured_bytes_placement_group_and_bad_input(capsys):
     assert hetero_main(MUST_SHOW + ["--bytes-per-sample", "12800"]) == 0   # ~0.26 Gbps: cores decide
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())
     assert "12,800 bytes per sample" in text and "measured" in text and "with --wire" not in text
     assert hetero_main(MUST_SHOW + ["--wire", "webp"]) == 2
-    assert "'webp'" in capsys.readouterr().out
+    assert "'webp'" in "".join(capsys.readouterr())
     assert hetero_main(MUST_SHOW + ["--bytes-per-sample", "-5"]) == 2
-    assert "--bytes-per-sample=-5" in capsys.readouterr().out
+    assert "--bytes-per-sample=-5" in "".join(capsys.readouterr())
     assert hetero_main(MUST_SHOW + ["--placement-group", "--json", "/dev/null"]) == 1
-    assert "10 Gbps per flow" in capsys.readouterr().out
+    assert "10 Gbps per flow" in "".join(capsys.readouterr())
 
 
 def test_bench_report_takes_bytes_from_the_data_servers_and_names_the_binding(tmp_path):
@@ -318,13 +318,13 @@ def test_sizing_table_rows_and_the_network_they_name():
 
 def test_cli_plan_sizing(capsys, tmp_path):
     assert hetero_main(["plan", "--sizing", "--per-core-rate", "735", "--json", str(tmp_path / "s.json")]) == 0
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())
     assert "735 images/s per vCPU (given with --per-core-rate)" in text and "| ml.p4d.24xlarge | 8 | jpeg:90 |" in text
     assert len(json.loads((tmp_path / "s.json").read_text())) == 24
     assert hetero_main(["plan", "--sizing", "--per-core-rate", "0"]) == 2
-    assert "--per-core-rate=0" in capsys.readouterr().out
+    assert "--per-core-rate=0" in "".join(capsys.readouterr())
     assert hetero_main(["plan", "--preprocess-s", "1", "--batch-size", "8"]) == 2
-    assert "--gpu-step-s" in capsys.readouterr().out
+    assert "--gpu-step-s" in "".join(capsys.readouterr())
 
 
 def test_a_network_bound_data_group_beside_a_self_sufficient_gpu_node_says_so(table):
@@ -336,19 +336,19 @@ def test_a_network_bound_data_group_beside_a_self_sufficient_gpu_node_says_so(ta
 def test_cli_plan_profile_takes_the_bytes_of_the_batches_it_built(capsys):
     rc = hetero_main(["plan", "--gpu-step-s", "0.05", "--profile", "--pipeline", "examples.synthetic:build_pipeline",
                       "-o", "size=64", "-o", "work_ms=1", "--batch-size", "4", "--profile-batches", "2"])
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())
     assert rc in (0, 1) and "72 bytes per sample built" in text
     assert "72 bytes per sample on the wire (wire uint8; the profiled batches' tensors)" in text
 
 
 def test_cli_plan_prices_only_encodings_more_compact_than_the_jobs(capsys):
     assert hetero_main(MUST_SHOW + ["--wire", "up-zstd", "--bytes-per-sample", "300000"]) == 1
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())
     assert "with --wire jpeg:90" in text and "with --wire up-zstd" not in text
     # measured with up-zstd: jpeg:90 carries 0.085 / 0.53 of those bytes
     assert "0.088 of uint8's bytes" in text
     assert hetero_main(MUST_SHOW + ["--wire", "jpeg:85", "--bytes-per-sample", "300000"]) == 1
-    assert "with --wire" not in capsys.readouterr().out
+    assert "with --wire" not in "".join(capsys.readouterr())
 
 
 def test_cli_plan_reads_the_bytes_a_finished_job_measured(tmp_path, capsys):
@@ -357,33 +357,33 @@ def test_cli_plan_reads_the_bytes_a_finished_job_measured(tmp_path, capsys):
         {"role": "dnn", "host": "algo-1"},
         {"role": "data", "host": "algo-2", "bytes_sent": 13_000 * 256 * 40, "batches_sent": 40}]}))
     assert hetero_main(MUST_SHOW + ["--metrics", str(path)]) == 0
-    text = capsys.readouterr().out
+    text = "".join(capsys.readouterr())
     assert "13,000 bytes per sample on the wire (wire jpeg:90; measured by the data servers of metrics.json)" in text
     path.write_text(json.dumps({"nodes": [{"role": "dnn"}]}))
     assert hetero_main(MUST_SHOW + ["--metrics", str(path)]) == 2
-    assert "no data node with bytes_sent" in capsys.readouterr().out
+    assert "no data node with bytes_sent" in "".join(capsys.readouterr())
     assert hetero_main(MUST_SHOW + ["-o", "image_size=112", "--json", "/dev/null"]) == 0  # 37,632 bytes: 0.77 Gbps
-    assert "37,632 bytes per sample" in capsys.readouterr().out
+    assert "37,632 bytes per sample" in "".join(capsys.readouterr())
 
 
 def test_cli_plan_takes_measured_bytes_for_a_jpeg_quality_without_a_stored_ratio(tmp_path, capsys):
     assert hetero_main(MUST_SHOW + ["--wire", "jpeg:80", "--bytes-per-sample", "12000"]) == 0
-    assert "12,000 bytes per sample on the wire (wire jpeg:80; measured" in capsys.readouterr().out
+    assert "12,000 bytes per sample on the wire (wire jpeg:80; measured" in "".join(capsys.readouterr())
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps({"wire_encoding": "JPEG:80", "pipeline_options": {"batch_size": 256}, "nodes": [
         {"role": "data", "host": "algo-2", "bytes_sent": 12_000 * 256 * 40, "batches_sent": 40}]}))
     assert hetero_main(MUST_SHOW + ["--metrics", str(path)]) == 0
-    assert "12,000 bytes per sample on the wire (wire jpeg:80; measured by" in capsys.readouterr().out
+    assert "12,000 bytes per sample on the wire (wire jpeg:80; measured by" in "".join(capsys.readouterr())
     # with no bytes measured there is nothing to size jpeg:80 by
     assert hetero_main(MUST_SHOW + ["--wire", "jpeg:80"]) == 2
-    assert "'jpeg:80' has no measured bytes ratio" in capsys.readouterr().out
+    assert "'jpeg:80' has no measured bytes ratio" in "".join(capsys.readouterr())
 
 
 def test_wire_names_are_read_in_any_case_as_the_pipelines_read_them(capsys):
     assert wire_encoding("JPEG:90") is wire_encoding("jpeg:90") is wire_encoding(" Jpeg ")
     assert wire_encoding("jpeg:80", bytes_measured=True).bytes_ratio is None
     assert hetero_main(MUST_SHOW + ["--wire", "JPEG:90"]) == 0
-    assert "(wire jpeg:90; assumed" in capsys.readouterr().out
+    assert "(wire jpeg:90; assumed" in "".join(capsys.readouterr())
     for bad in ("jpeg:\u00b2", "jpeg:0"):
         with pytest.raises(NetworkError, match="must be an integer in 1..100"):
             wire_encoding(bad, bytes_measured=True)
@@ -407,7 +407,7 @@ def test_cli_plan_names_a_bad_field_of_a_metrics_file(tmp_path, capsys):
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps({"nodes": [{"host": "algo-2", "bytes_sent": "12", "batches_sent": 4}]}))
     assert hetero_main(MUST_SHOW + ["--metrics", str(path)]) == 2
-    assert f"hetero plan: --metrics {path}: bytes_sent of node algo-2='12' must be" in capsys.readouterr().out
+    assert f"hetero plan: --metrics {path}: bytes_sent of node algo-2='12' must be" in "".join(capsys.readouterr())
 
 
 def test_multi_card_gpu_types_are_sized_on_the_one_card_tcp_uses():

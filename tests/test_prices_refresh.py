@@ -144,7 +144,7 @@ def _refresh_cli(monkeypatch, capsys, pricing_pages, argv):
     monkeypatch.setattr(prices_cmd, "make_clients", lambda region: (pricing, ec2))
     with stub_pricing(pricing, pricing_pages), stub_ec2_with_unknown(ec2):
         code = cli.main(["prices", "--refresh", "--region", REGION, *argv])
-    return code, capsys.readouterr().out
+    return code, "".join(capsys.readouterr())
 
 
 def test_refresh_writes_the_cache_and_the_planner_reads_it_with_sources(monkeypatch, capsys, tmp_path):
@@ -211,7 +211,7 @@ def test_without_access_it_says_so_exits_2_and_writes_nothing(monkeypatch, capsy
             stub.add_client_error("get_products", denied, "User is not authorized to perform: pricing:GetProducts",
                                   http_status_code=400)
             code = cli.main(["prices", "--refresh", "--region", REGION])
-    out = capsys.readouterr().out
+    out = "".join(capsys.readouterr())
     assert code == 2
     assert len(out.strip().splitlines()) == 1 and "keep using the bundled price table" in out
     assert ("configure them" if denied == "no credentials" else f"({denied})") in out
@@ -231,7 +231,7 @@ def test_aws_out_of_reach_is_one_line_giving_its_advice_once(monkeypatch, capsys
         session.create_client("pricing", region_name="us-east-1", config=aws_prices.client_config()),
         session.create_client("ec2", region_name=region, config=aws_prices.client_config())))
     assert cli.main(["prices", "--refresh", "--region", REGION]) == 1
-    out = capsys.readouterr().out
+    out = "".join(capsys.readouterr())
     assert len(out.strip().splitlines()) == 1 and "pricing GetProducts failed: Could not connect" in out, out
     assert out.count("try again") == 1 and out.count("bundled") == 1, out
     assert not (tmp_path / "cache").exists()
@@ -245,7 +245,7 @@ def test_a_region_without_prices_writes_nothing(monkeypatch, capsys, tmp_path):
 
 def test_types_must_be_sagemaker_names(capsys):
     assert cli.main(["prices", "--types", "c5.xlarge"]) == 2
-    assert "--types c5.xlarge: SageMaker instance types start with 'ml.'" in capsys.readouterr().out
+    assert "--types c5.xlarge: SageMaker instance types start with 'ml.'" in "".join(capsys.readouterr())
 
 
 def test_clients_time_out_and_retry_a_bounded_number_of_times():

@@ -17,6 +17,7 @@ instead (:mod:`.index_parquet`).
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub) -> None:
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     except DataServiceError as exc:
         if bar is not None:
             bar.close()
-        print(f"hetero index: {exc}")
+        print(f"hetero index: {exc}", file=sys.stderr)
         return 2
     bar.close()
     for line in summary.lines():
@@ -163,16 +164,16 @@ def _from_json(args: argparse.Namespace) -> int:
         store = open_store(args.src, what="source")
         out = open_store(args.dest, what="dest", create=True) if args.dest else store
         if not store.exists(JSON_INDEX_NAME):
-            print(f"hetero index: {store.url.rstrip('/')} has no index.json to convert")
+            print(f"hetero index: {store.url.rstrip('/')} has no index.json to convert", file=sys.stderr)
             return 2
         if out.exists(INDEX_NAME) and not args.overwrite:
-            print(f"hetero index: {out.url} already holds {INDEX_NAME}; pass --overwrite to replace it")
+            print(f"hetero index: {out.url} already holds {INDEX_NAME}; pass --overwrite to replace it", file=sys.stderr)
             return 2
         where = f"{store.url.rstrip('/')}/{JSON_INDEX_NAME}"
         index = ShardIndex.from_json(store.read(JSON_INDEX_NAME), where)
         write_index(out, index, shards=store)  # reads the shards once for their checksums
     except DataServiceError as exc:
-        print(f"hetero index: {exc}")
+        print(f"hetero index: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {out.url.rstrip('/')}/{INDEX_NAME}: {len(index)} samples in {len(index.shards)} shard(s), "
           f"{len(index.classes)} classes (from {where})")
@@ -186,7 +187,7 @@ def _upgrade(args: argparse.Namespace) -> int:
     try:
         index = upgrade_index(args.src, args.dest, overwrite=args.overwrite)
     except DataServiceError as exc:
-        print(f"hetero index: {exc}")
+        print(f"hetero index: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {(args.dest or args.src).rstrip('/')}/index.bin: {len(index)} samples in {len(index.shards)} "
           "shard(s), each sample's checksum over its bytes and its label")

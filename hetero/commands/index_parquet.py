@@ -8,6 +8,7 @@ DEST`` (then ``--hp pipeline.index=DEST``). The logic is :mod:`data_service.shar
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def is_parquet(src: str) -> bool:
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except DataServiceError as exc:
         if bar is not None:
             bar.close()
-        print(f"hetero index: {exc}")
+        print(f"hetero index: {exc}", file=sys.stderr)
         return 2
     bar.close()
     for line in summary.lines():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub) -> None:
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     for item in args.hp:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            print(f"hetero launch: --hp {item!r} must look like key=value")
+            print(f"hetero launch: --hp {item!r} must look like key=value", file=sys.stderr)
             return 2
         argv += [f"--{key}", value]
     return main(argv, root=args.sm_root)

@@ -13,6 +13,7 @@ Exit codes: 0 a recommendation, 1 no layout meets the target (the GPU instances 
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import tempfile
 from pathlib import Path
@@ -213,7 +214,7 @@ def run_sizing(args: argparse.Namespace) -> int:
         rows = sizing(table, data_types=types, per_core_images_s=rate, target_wait=args.target_wait,
                       max_count=max(args.max_count, 32), flow_gbps=flow)
     except (PriceError, PlanError, NetworkError) as exc:
-        print(f"hetero plan: {exc}")
+        print(f"hetero plan: {exc}", file=sys.stderr)
         return 2
     print(format_sizing(rows, table, rate, args.target_wait, flow, source))
     if args.json:
@@ -283,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
             other_s, other_batch, _ = _profile(args, changed, f" with {kv}")
             compared.append((kv, other_s, plan_for(other_s, other_batch)))
     except (PriceError, PlanError, ConfigError, ValueError) as exc:
-        print(f"hetero plan: {exc}")
+        print(f"hetero plan: {exc}", file=sys.stderr)
         return 2
     print(format_plan(result))
     for enc, ratio, other in wires:  # stored encodings, each with a bytes ratio
@@ -297,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             print("\n" + format_sweep(sweep_prices(table, result, args.jobs), args.jobs))
         except PlanError as exc:
-            print(f"hetero plan: --jobs {args.jobs}: {exc}")
+            print(f"hetero plan: --jobs {args.jobs}: {exc}", file=sys.stderr)
             return 2
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ DEST is a local folder or ``s3://bucket/prefix``; the image pipeline reads it wi
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub) -> None:
@@ -67,11 +68,11 @@ def run(args: argparse.Namespace) -> int:
         return _sagemaker(args)
     if args.merge:
         if args.src or args.dest or args.part:
-            print("hetero prepare: --merge DEST takes no SRC, DEST or --part")
+            print("hetero prepare: --merge DEST takes no SRC, DEST or --part", file=sys.stderr)
             return 2
         dest = args.merge
     elif not (args.src and args.dest):
-        print("hetero prepare: give SRC and DEST (or --merge DEST)")
+        print("hetero prepare: give SRC and DEST (or --merge DEST)", file=sys.stderr)
         return 2
     else:
         dest = args.dest
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                               shuffle_seed=None if args.no_shuffle else args.shuffle_seed, overwrite=args.overwrite,
                               verify=not args.no_verify, progress=not args.quiet, options=options, part=args.part)
     except DataServiceError as exc:
-        print(f"hetero prepare: {exc}")
+        print(f"hetero prepare: {exc}", file=sys.stderr)
         return 2
     for line in summary.lines(dest):
         print(line)
@@ -137,7 +138,7 @@ def _sagemaker(args: argparse.Namespace) -> int:
                             max_run_s=args.max_run)
         request, arn = submit(spec, region, dry_run=args.dry_run)
     except DataServiceError as exc:
-        print(f"hetero prepare: {exc}")
+        print(f"hetero prepare: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(json.dumps(request, indent=1, sort_keys=True))

@@ -12,6 +12,7 @@ ec2:DescribeInstanceTypes. Exit codes: 0 done, 1 AWS failed, 2 bad input or no a
 from __future__ import annotations
 
 import argparse
+import sys
 import datetime
 
 from hetero.planning.aws_prices import AwsAccessError, AwsPricesError, cache_path, make_clients, refresh, write_cache
@@ -50,19 +51,19 @@ def do_refresh(region: str, types: list[str]) -> int:
         today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
         doc = refresh(pricing, ec2, region, types, today)
     except AwsAccessError as exc:
-        print(f"hetero prices: {exc}")
+        print(f"hetero prices: {exc}", file=sys.stderr)
         return 2
     except AwsPricesError as exc:  # AWS out of reach, or an answer that is not a table: it says what to do
-        print(f"hetero prices: reading prices from AWS failed: {exc}")
+        print(f"hetero prices: reading prices from AWS failed: {exc}", file=sys.stderr)
         return 1
     except ClientError as exc:  # AWS refused for another reason than access
         print(f"hetero prices: reading prices from AWS failed: {exc}; try again, or keep using the bundled price "
-              "table")
+              "table", file=sys.stderr)
         return 1
     priced = [n for n, e in doc["instances"].items() if "usd_per_hour" in e]
     if not priced:
         print(f"hetero prices: AWS lists no SageMaker training price in region {region!r} for the types asked; "
-              "check --region (e.g. us-east-1) and --types; nothing written")
+              "check --region (e.g. us-east-1) and --types; nothing written", file=sys.stderr)
         return 2
     path = write_cache(doc, cache_path(region))
     networked = [n for n, e in doc["instances"].items() if "baseline_gbps" in e]
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         types = _types(args.types)
     except ValueError as exc:
-        print(f"hetero prices: {exc}")
+        print(f"hetero prices: {exc}", file=sys.stderr)
         return 2
     region = cache_region(args.region)
     if args.refresh:
@@ -109,6 +110,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         print_table(load_prices(args.prices, region=region), types)
     except PriceError as exc:
-        print(f"hetero prices: {exc}")
+        print(f"hetero prices: {exc}", file=sys.stderr)
         return 2
     return 0

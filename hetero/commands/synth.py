@@ -6,6 +6,7 @@ writes a JPEG image folder (``DIR/<class>/*.jpg``) for ``data_service.pipelines.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.out is None) == (args.images is None):
         print("hetero synth: give either a folder for MNIST IDX files (hetero synth DIR) or --images DIR "
-              "for a JPEG image folder, not both")
+              "for a JPEG image folder, not both", file=sys.stderr)
         return 2
     try:
         if args.images is not None:
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
         paths = write_synthetic(args.out, args.train, args.test, args.seed, args.gzip)
     except ConfigError as exc:
-        print(f"hetero synth: {exc}")
+        print(f"hetero synth: {exc}", file=sys.stderr)
         return 2
     for path in paths:
         print(path)

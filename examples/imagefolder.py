@@ -6,11 +6,12 @@ code the trainer reaches by import path, as it reaches any user's:
 
 * ``examples.imagefolder:resnet18``: torchvision's ResNet-18, no pretrained weights;
 * ``examples.imagefolder:train_step``: one cross-entropy step;
-* ``examples.imagefolder:evaluate``: top-1 accuracy on the ``validation`` channel.
+* ``examples.imagefolder:evaluate``: top-1 accuracy on the ``validation`` channel (the
+  evaluation of ``resnet18`` unless another is named: ``evaluate=auto`` takes the model's
+  module's own); no ``validation`` channel, no test accuracy.
 
     hetero local --data DIR --hp pipeline=data_service.pipelines.images:build_pipeline \\
-      --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step \\
-      --hp evaluate=examples.imagefolder:evaluate
+      --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step
 """
 from __future__ import annotations
 
@@ -61,14 +62,18 @@ def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, device
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, device: torch.device, batch_size: int = 64, image_size: int = 224) -> float | None:
-    """Top-1 accuracy on ``SM_CHANNEL_VALIDATION`` (same layout; centre crop); None when absent."""
+def evaluate(model: nn.Module, device: torch.device, batch_size: int = 64, image_size: int = 224,
+             limit: int = 0) -> float | None:
+    """Top-1 accuracy on ``SM_CHANNEL_VALIDATION`` (same layout; centre crop); None when absent
+    (a job reading shards with no ``validation`` channel has no test accuracy). ``limit``: only
+    the first ``limit`` images (0 = all; the launcher tries the evaluation on 2 before training)."""
     from torchvision.transforms import v2
 
     root = os.environ.get("SM_CHANNEL_VALIDATION", "")
     if not root or not os.path.isdir(root):
         return None
     _, samples = scan(root)
+    samples = samples[:limit] if limit > 0 else samples
     resize = v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
     model.eval()
     correct = 0

@@ -218,12 +218,13 @@ def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, device
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, device: torch.device, batch_size: int = 1000) -> float | None:
-    """Accuracy on the t10k files of ``SM_CHANNEL_TRAINING``; None when they are absent."""
+def evaluate(model: nn.Module, device: torch.device, batch_size: int = 1000, limit: int = 0) -> float | None:
+    """Accuracy on the t10k files of ``SM_CHANNEL_TRAINING``; None when they are absent.
+    ``limit``: only the first ``limit`` images (0 = all)."""
     data_dir = os.environ.get("SM_CHANNEL_TRAINING", "")
     if not data_dir or find_split(data_dir, "t10k") is None:
         return None
-    test = MnistDataset(data_dir, "t10k")
+    test = MnistDataset(data_dir, "t10k", limit)
     model.eval()
     correct = 0
     for start in range(0, len(test), batch_size):

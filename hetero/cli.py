@@ -5,7 +5,7 @@ sets ``func`` to a callable taking the parsed args and returning an exit code.
 
 Errors reach the user as one line on stderr, ``hetero COMMAND: message`` (the message names the
 value and the fix), never as a traceback: a command raises the product's errors (``ConfigError``
-and the other ``DataServiceError``\\ s), an ``OSError`` or a ``CommandError``, and ``main`` says
+and the other ``DataServiceError``\\ s), an ``OSError`` or a ``hetero.console.CommandError``, and ``main`` says
 them. ``--debug`` (or ``HETERO_DEBUG=1``) shows the traceback instead.
 """
 from __future__ import annotations
@@ -15,20 +15,13 @@ import importlib
 import os
 import sys
 
+from hetero.console import CommandError
+
 # Subcommand modules, in --help order. A module that fails to import (an optional
 # extra missing) only disables its own command.
 COMMANDS = ("serve", "local", "launch", "synth", "prepare", "index", "bench", "plan", "prices", "submit", "sweep", "autoscale",
             "stats", "shutdown")
 DEBUG_ENV = "HETERO_DEBUG"
-
-
-class CommandError(Exception):
-    """A command's one-line answer to bad input or an unreachable peer: ``main`` prints
-    ``hetero COMMAND: message`` and exits with ``code``."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Parser(argparse.ArgumentParser):

@@ -81,13 +81,31 @@ def window_line(label: str, step: int, avg_step_s: float, steps: int, wait_fract
             f"data wait {100 * wait_fraction:.0f}%, {samples_per_s:.1f} samples/s")
 
 
+def none_measured(metrics: Mapping[str, Any]) -> str | None:
+    """Why a run has no average step time, in words (every step was warm-up, or none ran); None
+    when it has one."""
+    if metrics.get("avg_step_time_s") is not None:
+        return None
+    steps = int(metrics.get("steps") or 0)
+    if steps == 0:
+        return "avg step time: none measured (no step ran)"
+    warmup = int(metrics.get("warmup_steps") or metrics.get("warmup_steps_discarded") or steps)
+    every = "the step was" if steps == 1 else f"all {steps} steps were"
+    return (f"avg step time: none measured ({every} warm-up, warmup_steps={warmup}; run more than {warmup} "
+            "steps or lower warmup_steps)")
+
+
 def summary_line(metrics: Mapping[str, Any], where: str) -> str:
     """The trainer's last line: the job's averages as written to ``metrics.json`` in ``where``."""
     wait = metrics.get("data_wait_fraction")
+    tail = (f"loss {_fmt(metrics.get('final_loss'))}, test accuracy {_fmt(metrics.get('test_accuracy'))}; "
+            f"metrics in {where}")
+    unmeasured = none_measured(metrics)
+    if unmeasured is not None:  # no figure for the step-time, wait and rate metrics to read
+        return f"done: {unmeasured} ({metrics.get('step_kind')}), {tail}"
     return (f"done: avg step time {_fmt(metrics.get('avg_step_time_s'))} s ({metrics.get('step_kind')}), "
             f"data wait {_fmt(None if wait is None else 100 * wait, '.2f')}%, "
-            f"{_fmt(metrics.get('samples_per_s'))} samples/s, loss {_fmt(metrics.get('final_loss'))}, "
-            f"test accuracy {_fmt(metrics.get('test_accuracy'))}; metrics in {where}")
+            f"{_fmt(metrics.get('samples_per_s'))} samples/s, {tail}")
 
 
 def advice_line(step: int, advice: Mapping[str, Any], final: bool = False) -> str:
@@ -111,7 +129,8 @@ def advice_line(step: int, advice: Mapping[str, Any], final: bool = False) -> st
     job_now, job_after = advice.get("job_usd_per_epoch"), advice.get("predicted_job_usd_per_epoch")
     job = f"; job {job_now:.4f} -> {job_after:.4f} USD per epoch" if job_now is not None and job_after is not None \
         else ""
-    return f"{when}: data node change {change:+d} ({now}): {timing}; {cost}{job}{network_words(advice)}"
+    note = f"; {advice['note']}" if advice.get("note") else ""
+    return f"{when}: data node change {change:+d} ({now}): {timing}; {cost}{job}{network_words(advice)}{note}"
 
 
 _ADVICE_LINE = re.compile(

@@ -10,11 +10,14 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hetero.cli import main
 from hetero.commands.stats import latest_advice
 from hetero.planning.planner import predict_step
-from launcher.advice.model import LiveFigures, ServerFigures, advise, predicted_step, server_capacity, steps_per_epoch
+from launcher.advice.model import (MIN_OUT_WAIT, LiveFigures, ServerFigures, advise, predicted_step, server_capacity,
+                                   steps_per_epoch)
 from launcher.advice.advisor import LiveAdvisor, Snapshot, window_figures
 from launcher.metric_lines import METRIC_DEFINITIONS, advice_line
 from launcher.train.step_stats import StepStats, StepTimer, job_metrics
@@ -88,6 +91,35 @@ def test_one_node_is_always_kept_and_a_fitting_group_is_left_alone():
     assert tight.change == 1   # 55.6 possible: less than the demand plus its headroom
     idle = advise(figures(0.050, 0.0, 1, [ServerFigures("d1:6000", 20.0, 0.01)]), PRICES)
     assert idle.change == 0  # one node, far more than needed: none can go
+
+
+def test_a_job_that_does_not_wait_on_data_is_told_to_add_no_node_and_why():
+    # busy share unknown: capacity as delivered, 50 batches/s = what the rank takes, under 55 with headroom
+    full = [ServerFigures("d1:6000", 50.0, None)]
+    still = advise(figures(0.020, 0.0, 1, full), PRICES)
+    assert still.change == 0 and still.predicted_step_s == pytest.approx(0.020)
+    line = advice_line(100, still.to_dict())
+    assert "data node change +0" in line and "waits on data 0% of it" in line
+    assert "no node to add while the step waits 0.0% on data (under 1%)" in line
+    assert "the ranks take 50.0, 10% headroom would need 55.0" in line
+    waiting = advise(figures(0.020, 0.002, 1, full), PRICES)  # 10 % of the step waits: the headroom rule adds one
+    assert waiting.change == 1 and waiting.note == ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(step=st.floats(1e-3, 10.0), wait_share=st.floats(0.0, 1.0), ranks=st.integers(1, 64),
+       servers=st.lists(st.tuples(st.floats(0.0, 1e4), st.one_of(st.none(), st.floats(0.0, 1.0)), st.booleans()),
+                        min_size=1, max_size=8))
+def test_no_node_is_added_while_the_step_waits_under_the_threshold(step, wait_share, ranks, servers):
+    f = LiveFigures(step, step * wait_share, ranks,
+                    tuple(ServerFigures(f"d{i}:6000", rate, busy, new=new) for i, (rate, busy, new) in enumerate(servers)))
+    a = advise(f)
+    if a.data_wait_fraction < MIN_OUT_WAIT:
+        assert a.change is None or a.change <= 0
+        line = advice_line(1, a.to_dict())
+        assert "data node change +" not in line or "data node change +0" in line
+    if a.change is not None and a.change > 0:
+        assert a.data_wait_fraction >= MIN_OUT_WAIT
 
 
 def test_a_dnn_hosts_own_server_adds_capacity_but_is_not_a_data_node():

@@ -68,7 +68,7 @@ def node_main(tmp_path):
     ({"pipeline.batch_sz": 3}, "build_pipeline() got an unexpected keyword argument 'batch_sz'"),
     ({"model": "examples.mnist:Nope"}, "model='examples.mnist:Nope': module 'examples.mnist' has no attribute 'Nope'"),
     ({"model.width": 3}, "Net() got an unexpected keyword argument 'width'"),
-    ({"step": "examples.nowhere:step"}, "step='examples.nowhere:step': cannot import 'examples.nowhere'"),
+    ({"step": "examples.nowhere:step"}, "step='examples.nowhere:step': cannot import module 'examples.nowhere'"),
     ({"evaluate": "examples.mnist:nope"}, "evaluate='examples.mnist:nope': module 'examples.mnist' has no attribute"),
     ({"optimizer": "torch.optim:Nope"}, "optimizer='torch.optim:Nope': module 'torch.optim' has no attribute"),
     ({"evaluate": "examples.mnist:MEAN"}, "evaluate='examples.mnist:MEAN' is a float, not a class or function"),
@@ -121,3 +121,45 @@ def test_hetero_local_prints_the_failing_nodes_error_line(tmp_path):
             "could not load the pipeline: ValueError: __len__() should return >= 0") in run.stdout, \
         run.stdout + run.stderr
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("hps, evaluate", [
+    ({}, "examples.mnist:evaluate"),                                                   # the default model's own
+    ({"model": "examples.imagefolder:resnet18"}, "examples.imagefolder:evaluate"),     # follows the model
+    ({"model": "torch.nn:Linear"}, ""),                                                # its module has none
+    ({"model": "examples.imagefolder:resnet18", "evaluate": ""}, ""),                  # disabled
+    ({"model": "examples.imagefolder:resnet18", "evaluate": "examples.mnist:evaluate"}, "examples.mnist:evaluate"),
+])
+def test_the_evaluation_is_the_model_modules_own_unless_one_is_named(hps, evaluate):
+    assert LaunchConfig.from_hyperparameters(hps).model.evaluate_path() == evaluate
+
+
+def test_an_evaluation_that_does_not_fit_the_model_fails_at_start_naming_both_and_the_fix(tmp_path, monkeypatch):
+    from launcher.job.preflight import preflight
+
+    monkeypatch.setenv("SM_CHANNEL_TRAINING", str(synth_data(tmp_path / "mnist", 16, 8)))  # t10k: mnist evaluates
+    cfg = LaunchConfig.from_hyperparameters({"model": "examples.imagefolder:resnet18", "model.num_classes": 3,
+                                             "evaluate": "examples.mnist:evaluate"})
+    preflight(cfg, "data")  # a data node does not evaluate
+    with pytest.raises(ConfigError, match=r"^evaluate='examples.mnist:evaluate' does not fit "
+                                          r"model='examples.imagefolder:resnet18': on 2 of its samples it failed with "
+                                          r"RuntimeError: .*to have 3 channels.*; set evaluate=examples.imagefolder:"
+                                          r"evaluate \(the model's module's own\) or evaluate= \(no evaluation\)$"):
+        preflight(cfg, "dnn")
+
+
+def test_a_fitting_evaluation_is_tried_and_a_missing_one_is_said_once(tmp_path, monkeypatch, caplog):
+    from launcher.job.preflight import preflight
+
+    monkeypatch.setenv("SM_CHANNEL_TRAINING", str(synth_data(tmp_path / "mnist", 16, 8)))
+    with caplog.at_level(logging.INFO, logger="launcher.job.preflight"):
+        preflight(LaunchConfig.from_hyperparameters({}), "dnn")
+        preflight(LaunchConfig.from_hyperparameters({"model": "torch.nn:Linear", "model.in_features": 4,
+                                                     "model.out_features": 2}), "dnn")
+        monkeypatch.delenv("SM_CHANNEL_TRAINING")
+        preflight(LaunchConfig.from_hyperparameters({}), "dnn")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("options checked")]
+    assert "evaluate examples.mnist:evaluate (tried on 2 samples)" in lines[0]
+    assert ("evaluate none (torch.nn has no evaluate function; evaluate=pkg.module:function names one)"
+            in lines[1])
+    assert "evaluate examples.mnist:evaluate (it found no evaluation data: no test accuracy)" in lines[2]

@@ -37,7 +37,10 @@ def test_a_shared_group_feeds_n_jobs_at_the_same_step_for_a_share_of_its_price()
     assert apart.step_s == pytest.approx(0.4) and not apart.meets_target
     assert sized.data_nodes == 4 and sized.step_s == pytest.approx(0.1)
     text = format_sweep(rows, 4)
-    assert "1.18x less per job than separate groups" in text
+    # 4.25 against 5.00 $/h per job at the same step: 0.85x the price, 1.18x cheaper (not "1.18x less")
+    assert ("Shared within the window: each job costs 0.85x as much as with separate groups ($0.1181 against "
+            "$0.1389 per job per 1000 steps, 1.18x cheaper)") in text
+    assert "sized for jobs apart, 4 x" not in text  # the group of 1 meets the target within the window
 
 
 def test_a_shared_nic_carrying_n_jobs_bytes_can_cost_more_and_says_so():
@@ -45,7 +48,12 @@ def test_a_shared_nic_carrying_n_jobs_bytes_can_cost_more_and_says_so():
     one = plan(table, "gpu", 0.01, 0.1, 32, data_types=["cpu"], reserve_cpus=7, bytes_per_sample=150_528)
     rows = sweep_prices(table, one, jobs=4)
     assert rows[1].binding == "data NIC" and rows[1].step_s > rows[0].step_s
-    assert "more per job than separate groups" in format_sweep(rows, 4)
+    text = format_sweep(rows, 4)
+    ratio = rows[1].usd_per_job_1000_steps / rows[0].usd_per_job_1000_steps
+    assert ratio > 1 and f"each job costs {ratio:.2f}x as much as with separate groups" in text
+    shared = next(line for line in text.splitlines() if line.startswith("Shared within the window:"))
+    assert shared.endswith(f"dearer), each job's step {rows[1].step_s:.4f} s against {rows[0].step_s:.4f} s "
+                           "(binding: data NIC).") and "cheaper" not in shared
 
 
 @pytest.mark.parametrize("jobs", [0, 1, -3, 2.5])
@@ -64,7 +72,7 @@ def test_hetero_plan_jobs_prints_the_sweep(capsys):
     assert code == 0 and "Sweep of 4 jobs" in out and "4 separate groups of 1 x ml.c5.4xlarge" in out
     assert hetero_main(["plan", "--gpu-step-s", "0.2", "--preprocess-s", "1.0", "--batch-size", "256",
                         "--data-types", "ml.c5.4xlarge", "--no-network", "--jobs", "0"]) == 2
-    assert "--jobs 0: jobs=0 must be an integer >= 2" in capsys.readouterr().out
+    assert "hetero plan: --jobs 0: jobs=0 must be an integer >= 2" in capsys.readouterr().err
 
 
 @settings(max_examples=200, deadline=None)

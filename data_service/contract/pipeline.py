@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import importlib
 import inspect
 import json
 import logging
@@ -21,6 +20,7 @@ import numpy as np
 from .wire import WireEncoding
 from .wire import parse as parse_wire
 from ..errors import ConfigError
+from .plugins import import_module
 from .sampler import EpochShape, batch_indices, derive_seed
 
 log = logging.getLogger(__name__)
@@ -252,17 +252,7 @@ class PipelineSpec:
                 no such callable.
         """
         module_name, func_name = self.target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            missing = getattr(exc, "name", None) or ""
-            if missing and (module_name == missing or module_name.startswith(missing + ".")):
-                top = module_name.split(".")[0]
-                fix = (f"check the import path, and run from the folder that holds {top!r}, put that folder on "
-                       "PYTHONPATH or pip install the package on this node")
-            else:
-                fix = "the module imports something this node lacks: install it, or fix the module's imports"
-            raise ConfigError(f"pipeline={self.target!r}: cannot import module {module_name!r} ({exc}); {fix}") from exc
+        module = import_module(self.target, "pipeline")
         func = getattr(module, func_name, None)
         if not callable(func):
             raise ConfigError(

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME
     from data_service.shards.wds_index import index_tars, list_shards, split_source
     from data_service.storage import open_store
+    from hetero.console import progress_bar
 
     from .index_parquet import is_parquet
 
@@ -126,14 +127,6 @@ def _tar_options(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--workers {args.workers}: give at least 1 (shards read at once)")
     return {"label": args.label, "classes": classes, "image_exts": exts, "on_corrupt": args.on_corrupt,
             "workers": args.workers, "overwrite": args.overwrite, "strict": args.strict}
-
-
-def progress_bar(total: int, desc: str, quiet: bool):
-    """The bar of ``hetero index``: bytes read of the ``total`` to read (as ``hetero prepare``'s bar
-    counts images of its total)."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=quiet, mininterval=0.5)
 
 
 def _classes(spec: str) -> list[str] | None:

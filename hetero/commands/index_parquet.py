@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from data_service.shards.wds_index import list_objects
     from data_service.storage import open_store
 
-    from .index import progress_bar
+    from hetero.console import progress_bar
 
     bar = None
     try:

@@ -2,20 +2,28 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import signal
 from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("local", help="run the job locally: emulated data + DNN nodes",
+    from hetero.commands import HelpFormatter
+
+    p = sub.add_parser("local", formatter_class=HelpFormatter,
+                       help="run the job locally: emulated data + DNN nodes",
                        description="Emulate a SageMaker heterogeneous job on this machine: one process per node, "
                                    "each with its own /opt/ml-like tree, SM_* variables and free ports.")
     p.add_argument("--data-nodes", type=int, default=1, help="data-group nodes (default 1)")
     p.add_argument("--dnn-nodes", type=int, default=1, help="dnn-group nodes (default 1)")
     p.add_argument("--homogeneous", action="store_true", help="the baseline: pipeline in-process, no data nodes")
-    p.add_argument("--data", type=Path, default=None, help="MNIST IDX folder (default: synthetic MNIST)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="the training channel's folder, as the job's pipeline reads it: MNIST IDX files (the default "
+                        "pipeline, examples.mnist) or an image folder DIR/<class>/*.jpg (with --hp "
+                        "pipeline=data_service.pipelines.images:build_pipeline) (default: synthetic MNIST)")
+    p.add_argument("--epochs", type=int, default=1, help="training epochs")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the job's seed (sample order, augmentation, model init) and the synthetic data's")
     p.add_argument("--output", type=Path, default=Path("out/local"), help="model, metrics.json and logs land here")
     p.add_argument("--audit", type=Path, default=None, help="append one JSON line per consumed batch here (with --jobs/--vary: a folder, one "
                         "AUDIT/<job>.jsonl per job)")
@@ -64,11 +72,17 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging("local", args.log_level)
     hps = parse_kv(args.hp)
+    from launcher.config import LaunchConfig
+
+    cfg = LaunchConfig.from_hyperparameters(hps)  # a typo or a bad value: one line now, before any node starts
+    from launcher.job.preflight import check_findable_plugins
+
+    check_findable_plugins(cfg)
     if args.autoscale is not None:
         try:
             hps.update(autoscale_hps(args.autoscale, hps.get("advice_prices"), args.data_nodes))
         except ConfigError as exc:
-            print(f"hetero local: {exc}")
+            print(f"hetero local: {exc}", file=sys.stderr)
             return 2
         if args.registry is None:
             args.registry = args.output / "registry"
@@ -88,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
             return print_sweep(run_local_sweep(job, args.vary, args.jobs, args.batch_window, args.idle_timeout))
         result = run_local(job)
     except ConfigError as exc:
-        print(f"hetero local: {exc}")
+        print(f"hetero local: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("hetero local: interrupted; every node was stopped")
+        print("hetero local: interrupted; every node was stopped", file=sys.stderr)
         return 130
     finally:
         if args.autoscale is not None and args.registry is not None:
@@ -99,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
     codes = ", ".join(f"{h}={c}" for h, c in result.exit_codes.items())
     m = result.metrics
     if result.failure:
-        print(f"hetero local: failed: {result.failure}")
+        print(f"hetero local: failed: {result.failure}", file=sys.stderr)
     if m is None:
-        print(f"hetero local: no metrics.json was written (exit codes: {codes}); see {result.output}/logs")
+        print(f"hetero local: no metrics.json was written (exit codes: {codes}); see {result.output}/logs", file=sys.stderr)
         return 1
     print(summary_line(m))
     print(f"exit codes: {codes}; metrics: {result.output}/metrics.json")
@@ -182,9 +196,15 @@ def summary_line(m: dict) -> str:
     def fmt(v, spec):
         return "n/a" if v is None else format(v, spec)
 
+    from launcher.metric_lines import none_measured
+
     step = "emulated step" if m.get("step_kind") == "emulated" else "real step"
     status = "" if m.get("status", "completed") == "completed" else f" [{m['status']}]"
     resumed = f", resumed after {m['resumed_from_steps']} steps" if m.get("resumed_from_steps") else ""
+    unmeasured = none_measured(m)
+    if unmeasured is not None:
+        return (f"{m['mode']}{status}{resumed}: {unmeasured} ({step}, {m['steps']} steps/rank), "
+                f"test accuracy {fmt(m.get('test_accuracy'), '.3f')}")
     return (f"{m['mode']}{status}{resumed}: avg step time {fmt(m['avg_step_time_s'], '.4f')} s "
             f"({step}, {m['steps']} steps/rank, "
             f"{m['warmup_steps_discarded']} warm-up discarded), data wait {fmt(m['data_wait_fraction'], '.0%')}, "

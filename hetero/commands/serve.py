@@ -79,7 +79,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetero.cli import CommandError
+    from hetero.console import CommandError
     from hetero.options import parse_kv
 
     token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")

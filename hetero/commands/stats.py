@@ -91,7 +91,7 @@ def run_local(output: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetero.cli import CommandError
+    from hetero.console import CommandError
 
     if args.local is not None:
         return run_local(args.local)

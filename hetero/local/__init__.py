@@ -79,7 +79,7 @@ def run_local(job: LocalJob) -> LocalResult:
     work = Path(tempfile.mkdtemp(prefix="hetero-local-"))
     try:
         data_dir = training_data(job, work)
-        hps = {"epochs": job.epochs, "seed": job.seed, **job.hyperparameters}
+        hps = {"epochs": job.epochs, "seed": job.seed, **local_paths(job.hyperparameters)}
         if job.homogeneous:
             hps["homogeneous"] = True
         if job.audit is not None:
@@ -113,16 +113,71 @@ def check_data(job: LocalJob) -> None:
         raise ConfigError(f"--data {job.data}: no such directory (the training channel: MNIST IDX files, or an image folder root/<class>/*.jpg; omit for synthetic MNIST)")
 
 
+# where a job's plug-ins name none: launcher/config/sections.py (DataSection, ModelSection)
+DEFAULT_PIPELINE, DEFAULT_MODEL, MNIST_MODULE = "examples.mnist:build_pipeline", "examples.mnist:Net", "examples.mnist"
+
+
+def reads_mnist(hyperparameters: dict[str, Any]) -> bool:
+    """Whether the job's pipeline or its evaluation is the MNIST example's (reading IDX files from
+    the training channel): only such a job gets synthetic MNIST when no ``--data`` is given."""
+    def module(key: str, default: str) -> str:
+        return str(hyperparameters.get(key, default)).partition(":")[0]
+
+    evaluate = str(hyperparameters.get("evaluate", "auto"))
+    evaluate_module = module("model", DEFAULT_MODEL) if evaluate == "auto" else evaluate.partition(":")[0]
+    return MNIST_MODULE in (module("pipeline", DEFAULT_PIPELINE), evaluate_module)
+
+
 def training_data(job: LocalJob, work: Path) -> Path:
-    """The training channel's folder: ``job.data``, else synthetic MNIST written under ``work``."""
+    """The training channel's folder: ``job.data``, else synthetic MNIST written under ``work``
+    when the job reads MNIST (:func:`reads_mnist`), else an empty folder."""
     if job.data is not None:
         return Path(job.data)
     from ..synthetic.mnist import write_synthetic
 
     data_dir = work / "data"
+    if not reads_mnist(job.hyperparameters):
+        data_dir.mkdir(parents=True, exist_ok=True)
+        log.info("no --data: the training channel is empty (the job's pipeline and evaluation read no MNIST)")
+        return data_dir
     write_synthetic(data_dir, job.synth_train, job.synth_test, seed=job.seed)
     log.info("synthetic MNIST: %d train / %d test images in %s", job.synth_train, job.synth_test, data_dir)
     return data_dir
+
+
+# options of a pipeline or model that name a folder or file (data_service.pipelines.image_options, examples)
+PATH_OPTIONS = ("shards", "index", "parquet", "root", "data_dir", "cache_dir", "decoded_cache_dir")
+
+
+def local_paths(hyperparameters: dict[str, Any], cwd: Path | None = None) -> dict[str, Any]:
+    """``hyperparameters`` with relative local paths in pipeline and model options (``pipeline.shards=dir``,
+    ``model.data_dir=...``, any ``*_dir``, ``*_path`` or ``*_root`` option, also inside ``pipeline_options`` /
+    ``model_options``) made absolute against ``cwd`` (default: the current directory): every emulated node
+    runs in its own tree, where a relative path would name a folder of that tree. ``~`` is expanded; URLs
+    (``s3://...``) and absolute paths are left as they are."""
+    base = Path.cwd() if cwd is None else Path(cwd)
+
+    def is_path(name: str) -> bool:
+        return name in PATH_OPTIONS or name.endswith(("_dir", "_path", "_root"))
+
+    def fixed(name: str, value: Any) -> Any:
+        if not is_path(name) or not isinstance(value, str) or not value or "://" in value:
+            return value
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (base / path).resolve())
+
+    out: dict[str, Any] = {}
+    for key, value in hyperparameters.items():
+        prefix, dot, name = key.partition(".")
+        if dot and prefix in ("pipeline", "model"):
+            out[key] = fixed(name, value)
+        elif key in ("pipeline_options", "model_options"):
+            options = json_dict(value)
+            changed = {k: fixed(k, v) for k, v in options.items()}
+            out[key] = value if changed == options else (changed if isinstance(value, dict) else json.dumps(changed))
+        else:
+            out[key] = value
+    return out
 
 
 def json_dict(value: Any) -> dict:

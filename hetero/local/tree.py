@@ -119,11 +119,18 @@ def write_nodes(work: Path, layout: list[tuple[str, str, int]], data_dir: Path, 
             "SM_CURRENT_HOST": node.host, "SM_HOSTS": json.dumps(all_hosts),
             "SM_CURRENT_INSTANCE_GROUP": node.group, "SM_CHANNEL_TRAINING": str(channel),
             "SM_MODEL_DIR": str(node.model_dir), "SM_OUTPUT_DATA_DIR": str(node.output_dir),
-            "SM_HPS": json.dumps(hps), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+            "SM_HPS": json.dumps(hps), "PYTHONPATH": python_path(), "PYTHONUNBUFFERED": "1"}
         if checkpoint_dir is not None:
             node.env["HETERO_CHECKPOINT_DIR"] = str(Path(checkpoint_dir).resolve())
         node.env.update(env or {})
     return nodes
+
+
+def python_path() -> str:
+    """A node's PYTHONPATH: this checkout, then the caller's (the folder ``hetero`` ran from, where
+    the user's plug-ins such as ``mypkg.data:build_pipeline`` import from: hetero's cli puts it there)."""
+    parts = [str(REPO_ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return os.pathsep.join(dict.fromkeys(parts))
 
 
 def node_command(python: str, hyperparameters: dict[str, Any]) -> list[str]:

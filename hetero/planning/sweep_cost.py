@@ -95,6 +95,16 @@ def sweep_prices(table: PriceTable, one: Plan, jobs: int, max_count: int = 64) -
     return rows
 
 
+def _versus(row: SweepRow, sep: SweepRow) -> str:
+    """What one job costs with ``row`` against separate groups: the factor, cheaper or dearer, and both prices."""
+    ratio = row.usd_per_job_1000_steps / sep.usd_per_job_1000_steps
+    prices = f"${row.usd_per_job_1000_steps:.4f} against ${sep.usd_per_job_1000_steps:.4f} per job per 1000 steps"
+    if abs(ratio - 1) < 0.005:
+        return f"each job costs the same as with separate groups ({prices})"
+    cheaper = f", {1 / ratio:.2f}x cheaper" if ratio < 1 else ", dearer"
+    return f"each job costs {ratio:.2f}x as much as with separate groups ({prices}{cheaper})"
+
+
 def format_sweep(rows: list[SweepRow], jobs: int) -> str:
     """The sweep's rows as Markdown, with the saving per job of the shared group."""
     lines = [f"Sweep of {jobs} jobs (hetero plan --jobs {jobs}; docs/sweep.md):", "",
@@ -106,10 +116,12 @@ def format_sweep(rows: list[SweepRow], jobs: int) -> str:
                      f"{r.usd_per_hour:.3f} | {r.usd_per_job_1000_steps:.4f} | {epoch} | "
                      f"{'yes' if r.meets_target else 'no'} |")
     sep, within = rows[0], rows[1]
-    ratio = sep.usd_per_job_1000_steps / within.usd_per_job_1000_steps
-    verdict = (f"{ratio:.2f}x less per job than" if ratio >= 1 else
-               f"{1 / ratio:.2f}x more per job than")  # a shared group's NIC may carry N jobs' bytes too slowly
-    lines += ["", f"Shared within the window: {verdict} separate groups, each job's step {within.step_s:.4f} s "
-                  f"against {sep.step_s:.4f} s (binding: {within.binding}). Jobs that drift further apart than the "
-                  "window holds have their batches built again: the 'jobs apart' rows price that case."]
+    lines += ["", f"Shared within the window: {_versus(within, sep)}, each job's step {within.step_s:.4f} s "
+                  f"against {sep.step_s:.4f} s (binding: {within.binding})."]
+    sized = rows[3] if len(rows) > 3 else None
+    if not within.meets_target and sized is not None:
+        lines.append(f"A shared group sized for jobs apart, {sized.data_nodes} x {sized.data_instance}, keeps the "
+                     f"target within the window too: {_versus(sized, sep)}.")
+    lines.append("Jobs that drift further apart than the window holds have their batches built again: the "
+                 "'jobs apart' rows price that case.")
     return "\n".join(lines)

@@ -16,12 +16,13 @@ live figures in place of a profile:
 
 ``k`` is the fewest nodes whose capacity covers the ranks' demand ``R / compute_s`` with
 ``headroom`` to spare (10 % by default: servers run near full load only with bursts of waiting,
-as batch times and fetches vary); when the servers have more than that, the advice is how many
-data nodes could go (always keeping one) with that headroom kept. Costs come from a price map
-(instance type -> $/h): the change in $/h, the changed nodes' cost over one epoch at the
-predicted step time, and the whole job's $/epoch before and after when the DNN instance's price
-is known too. Nothing here measures or talks to a server: ``launcher/advice/advisor.py`` gathers
-the figures.
+as batch times and fetches vary), and none while the step waits on data less than
+``MIN_OUT_WAIT`` (1 %) of it: a node more would not shorten it (the advice says so). When the
+servers have more than that, the advice is how many data nodes could go (always keeping one)
+with that headroom kept. Costs come from a price map (instance type -> $/h): the change in $/h,
+the changed nodes' cost over one epoch at the predicted step time, and the whole job's $/epoch
+before and after when the DNN instance's price is known too. Nothing here measures or talks to
+a server: ``launcher/advice/advisor.py`` gathers the figures.
 
 The network (the model's, with the bytes per batch the servers sent in the window): a data node
 delivers at most its NIC baseline and, to each rank, one flow's cap; the DNN nodes' NICs bound
@@ -42,6 +43,7 @@ HEADROOM = 0.10           # spare capacity the advice keeps over the ranks' dema
 MIN_BUSY = 0.05           # below this busy share a server's headroom is not extrapolated further
 MIN_COMPUTE_SHARE = 0.01  # a step that is (almost) all data wait: take compute as this share of it
 MAX_CHANGE = 256          # the most nodes one piece of advice adds
+MIN_OUT_WAIT = 0.01       # below this share of the step waiting on data no node is added (none would shorten it)
 
 
 @dataclass(frozen=True)
@@ -242,12 +244,18 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
     change: int | None = None
     if node_cap is None:
         note = note or "no data node delivered a batch in this window: nothing to size a node by"
+    elif now.items_s < needed and wait_share < MIN_OUT_WAIT:
+        # short of the headroom but not waiting: a node more would cost and leave the step as it is
+        change = 0
+        note = note or (f"no node to add while the step waits {100 * wait_share:.1f}% on data (under "
+                        f"{100 * MIN_OUT_WAIT:g}%): the data side makes {now.items_s:.1f} batches/s, the ranks take "
+                        f"{ranks / compute:.1f}, {100 * headroom:g}% headroom would need {needed:.1f}")
     elif now.items_s < needed:
         reach = needed if dnn_net is None else min(needed, local + dnn_net)  # the DNN NIC caps what more nodes add
-        change = max(0, min(MAX_CHANGE, math.ceil((reach - local - remote) / node_cap - 1e-9)))
+        change = max(0, math.ceil(min(float(MAX_CHANGE), (reach - local - remote) / node_cap - 1e-9)))
     else:
         # what the data nodes send beyond the DNN NIC's share is spare as well: local + remote - needed either way
-        change = -min(max(0, nodes - 1), math.floor(max(0.0, local + remote - needed) / node_cap + 1e-9))
+        change = -math.floor(min(float(max(0, nodes - 1)), max(0.0, local + remote - needed) / node_cap + 1e-9))
     pred = capacity.predict(layout_of(figures, compute, _changed(rates, change, node_cap or 0.0)))
     binding, network_note = _binding(figures, node_net, dnn_net, remote, node_cap, change)
     price, dnn_price = prices.get(figures.data_instance), prices.get(figures.dnn_instance)

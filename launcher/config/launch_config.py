@@ -12,11 +12,12 @@ silently train with a default.
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import difflib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from data_service.contract.plugins import import_module
 from data_service.errors import ConfigError
 
 from .sections import (AdviceSection, CheckpointSection, DataSection, DnnSection, ElasticSection, EmulateSection,
@@ -70,7 +71,9 @@ class LaunchConfig:
                 extra[PREFIXED[prefix]][sub] = _maybe_json(value)
                 continue
             if key not in known:
-                raise ConfigError(f"unknown hyperparameter {key!r}; known: {sorted(known)} "
+                close = difflib.get_close_matches(key, list(known) + [f"{p}." for p in PREFIXED], n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"unknown hyperparameter {key!r}; {hint}known: {sorted(known)} "
                                   "(and pipeline.<option>, model.<option>, autoscale.<option>)")
             section, spec = known[key]
             values[section][key] = _coerce(key, value, str(spec.type))
@@ -144,10 +147,7 @@ def load_object(path: str, what: str) -> Any:
     module_name, sep, name = path.partition(":")
     if not sep or not module_name or not name:
         raise ConfigError(f"{what}={path!r} must look like 'package.module:name'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{what}={path!r}: cannot import {module_name!r} ({exc})") from exc
+    module = import_module(path, what)
     obj = getattr(module, name, None)
     if obj is None:
         raise ConfigError(f"{what}={path!r}: module {module_name!r} has no attribute {name!r}")

@@ -5,6 +5,7 @@ composes them; docs/launcher.md gives each option's meaning.
 """
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 
 from data_service.errors import ConfigError
 
+EVALUATE_AUTO = "auto"  # evaluate=auto: the evaluate function of the model's module, when it has one
 IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DDP_BACKENDS = ("auto", "nccl", "gloo", "smddp")  # dnn_worker.device.ddp.BACKENDS
@@ -187,7 +189,7 @@ class ModelSection:
     model: str = "examples.mnist:Net"
     model_options: dict[str, Any] = field(default_factory=dict, hash=False)
     step: str = "examples.mnist:train_step"
-    evaluate: str = "examples.mnist:evaluate"   # "" disables
+    evaluate: str = "auto"                  # auto: the model's module's ``evaluate``, if any; "" disables
     optimizer: str = "adadelta"
     lr: float = 1.0
 
@@ -195,11 +197,27 @@ class ModelSection:
         """The optimizer's import path: a known name's (``adadelta``, ``sgd``, ``adam``, ``adamw``) or as given."""
         return OPTIMIZERS.get(self.optimizer.lower(), self.optimizer)
 
+    def evaluate_path(self) -> str:
+        """The evaluation's import path; "" for none. ``auto`` is the model's module's ``evaluate``
+        when that module has a callable one (``examples.imagefolder:evaluate`` for
+        ``examples.imagefolder:resnet18``), else none."""
+        if self.evaluate != EVALUATE_AUTO:
+            return self.evaluate
+        module_name = self.model.partition(":")[0]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            return ""  # the model's own import fails at the preflight, naming it
+        return f"{module_name}:evaluate" if callable(getattr(module, "evaluate", None)) else ""
+
     def check(self) -> None:
         for name in ("model", "step", "evaluate"):
             value = getattr(self, name)
-            if (value or name != "evaluate") and not IMPORT_PATH.fullmatch(value):
-                empty = " (or empty to disable evaluation)" if name == "evaluate" else ""
+            if name == "evaluate" and value in ("", EVALUATE_AUTO):
+                continue
+            if not IMPORT_PATH.fullmatch(value):
+                empty = (f" (or empty to disable evaluation, or {EVALUATE_AUTO} for the model's module's own)"
+                         if name == "evaluate" else "")
                 raise ConfigError(f"{name}={value!r} must look like 'package.module:name'{empty}")
         if not (IMPORT_PATH.fullmatch(self.optimizer) or self.optimizer.isidentifier()):
             raise ConfigError(f"optimizer={self.optimizer!r} must be a name (adadelta, sgd, adam, adamw) or an "

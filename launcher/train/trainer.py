@@ -283,8 +283,9 @@ def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emula
     cfg = job.cfg
     stopped = status == "stopped"
     accuracy = None
-    if cfg.model.evaluate and not emulated and not stopped:  # a stop has ~120 s: no evaluation
-        accuracy = load_object(cfg.model.evaluate, "evaluate")(plain, device)
+    evaluate = cfg.model.evaluate_path()
+    if evaluate and not emulated and not stopped:  # a stop has ~120 s: no evaluation
+        accuracy = load_object(evaluate, "evaluate")(plain, device)
     os.makedirs(job.model_dir, exist_ok=True)
     torch.save(plain.state_dict(), os.path.join(job.model_dir, "model.pt"))  # also when stopped: an artifact
     data_nodes = _data_node_stats(job) if job.mode == "heterogeneous" and not stopped else []
@@ -293,6 +294,7 @@ def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emula
         "emulate_step_s": cfg.emulate.emulate_step_s if emulated else None, "test_accuracy": accuracy,
         "final_loss": loss, "world_size": job.world_size,
         "ddp_backend": dist.get_backend() if dist.is_initialized() else None, "epochs": cfg.train.epochs, "seed": cfg.train.seed,
+        "warmup_steps": cfg.train.warmup_steps,
         "pipeline": cfg.data.pipeline, "pipeline_options": cfg.data.pipeline_options, "wire_encoding": wire, "model": cfg.model.model,
         "dnn_hosts": list(job.dnn_hosts), "data_servers": list(job.servers),
         "wall_time_s": time.time() - started, "nodes": data_nodes, "status": status,

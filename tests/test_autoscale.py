@@ -205,7 +205,7 @@ def test_hetero_local_autoscale_refuses_bad_settings_before_any_node_starts(tmp_
 
     assert main(["local", "--output", str(tmp_path / "out"), "--quiet", "--hp", 'advice_prices={"ml.local": 0.5}',
                  "--autoscale", *argv]) == 2
-    assert message in capsys.readouterr().out
+    assert message in "".join(capsys.readouterr())
     assert not (tmp_path / "out" / "logs").exists()
 
 

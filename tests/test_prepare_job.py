@@ -92,4 +92,4 @@ def test_hetero_prepare_sagemaker_dry_run_prints_the_checked_request(capsys):
     assert request["ResourceConfig"]["InstanceCount"] == 3
     assert request["HyperParameters"]["shard_size"] == "128000000"
     assert request["HyperParameters"]["sagemaker_submit_directory"].endswith("/source/sourcedir.tar.gz")
-    assert main(base) == 2 and "needs --role" in capsys.readouterr().out
+    assert main(base) == 2 and "needs --role" in "".join(capsys.readouterr())

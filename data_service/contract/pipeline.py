@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import inspect
 import json
 import logging
 import random
@@ -20,7 +19,7 @@ import numpy as np
 from .wire import WireEncoding
 from .wire import parse as parse_wire
 from ..errors import ConfigError
-from .plugins import import_module
+from .plugins import check_call, import_module
 from .sampler import EpochShape, batch_indices, derive_seed
 
 log = logging.getLogger(__name__)
@@ -195,24 +194,6 @@ class PipelineInfo:
         wire_encoding.check_encoder(wire)
         return cls(pipe.epoch_shape(), pipe.finish_target(), dict(pipe.finish_dtypes or {}),
                    tuple(name for name in ("stats", "close") if getattr(pipe, name) is not None), wire)
-
-
-def check_call(func: Callable[..., Any], options: Mapping[str, Any], what: str, target: str) -> None:
-    """Raise ConfigError when ``func(**options)`` would fail on the option names alone.
-
-    The message keeps Python's own wording (``build_pipeline() got an unexpected keyword
-    argument 'batch_sz'``), names the option and the import path, and lists the parameters.
-    """
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):
-        return  # a builtin or extension without a signature: its call will tell
-    try:
-        signature.bind(**options)
-    except TypeError as exc:
-        name = getattr(func, "__name__", target.partition(":")[2])
-        raise ConfigError(f"{what}={target!r} rejected options {dict(options)!r}: {name}() {exc}; "
-                          f"its parameters are {list(signature.parameters)}") from None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
-"""Importing a plug-in named by import path (``mypkg.data:build_pipeline``, a model, a step): one
-error for a module that is not there, naming what is missing and the fix, wherever it is named."""
+"""Plug-ins named by import path (``mypkg.data:build_pipeline``, a model, a step): one error for a
+module that is not there (naming what is missing and the fix) and one for options a plug-in does
+not take (listing its parameters), wherever a plug-in is named."""
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from types import ModuleType
+from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 
@@ -52,3 +55,21 @@ def check_findable(path: str, what: str) -> None:
     if found is None:
         raise _not_found(what, path, module_name, ModuleNotFoundError(f"No module named {module_name!r}",
                                                                        name=module_name))
+
+
+def check_call(func: Callable[..., Any], options: Mapping[str, Any], what: str, target: str) -> None:
+    """Raise ConfigError when ``func(**options)`` would fail on the option names alone.
+
+    The message keeps Python's own wording (``build_pipeline() got an unexpected keyword
+    argument 'batch_sz'``), names the option and the import path, and lists the parameters.
+    """
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return  # a builtin or extension without a signature: its call will tell
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        name = getattr(func, "__name__", target.partition(":")[2])
+        raise ConfigError(f"{what}={target!r} rejected options {dict(options)!r}: {name}() {exc}; "
+                          f"its parameters are {list(signature.parameters)}") from None

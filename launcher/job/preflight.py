@@ -20,29 +20,11 @@ from typing import Any, Callable
 
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
-from data_service.contract.plugins import check_findable
+from data_service.contract.plugins import check_call, check_findable
 
 from ..config import LaunchConfig, load_object
 
 log = logging.getLogger(__name__)
-
-
-def check_call(func: Callable[..., Any], options: dict, what: str, target: str) -> None:
-    """Raise ConfigError when ``func(**options)`` would fail on the option names alone.
-
-    The message keeps Python's own wording (``build_pipeline() got an unexpected keyword
-    argument 'batch_sz'``) and names the option and the import path.
-    """
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):
-        return  # a builtin or extension without a signature: its call will tell
-    try:
-        signature.bind(**options)
-    except TypeError as exc:
-        name = getattr(func, "__name__", target.partition(":")[2])
-        raise ConfigError(f"{what}={target!r} rejected options {options!r}: {name}() {exc}; "
-                          f"its parameters are {list(signature.parameters)}") from None
 
 
 def _callable(path: str, what: str) -> Callable[..., Any]:

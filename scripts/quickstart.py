@@ -44,6 +44,26 @@ def ensure_images(folder: Path, images: int, classes: int) -> int:
     return per_class * classes
 
 
+def fused_note(ratio: float) -> str:
+    """What the fused decode's measured ratio of images per core means for the data group."""
+    if ratio >= 1.1:
+        return f"{ratio:.2f}x the images per core, so a data group that many times smaller feeds the same accelerators"
+    return (f"{ratio:.2f}x the images per core: on these images about the same, so no smaller data group "
+            f"(photos gain more: docs/benchmarks.md)")
+
+
+def load_note(rows: list[tuple[str, float, float]]) -> str:
+    """The busy machine's note, naming as longer than the planner's only the step times that are."""
+    longer = [name for name, measured, planned in rows if measured > planned]
+    if not longer:
+        said = "yet neither step time is longer than the planner's (which assumes idle cores)"
+    elif len(longer) == len(rows):
+        said = "so both step times are longer than the planner's (which assumes idle cores)"
+    else:
+        said = f"so the {' and '.join(longer)} step time is longer than the planner's (which assumes idle cores)"
+    return f"other processes shared these cores, {said}; rerun on a quiet machine for cleaner figures"
+
+
 def run_mode(homogeneous: bool, images: Path, out: Path, cpus: list[int], hps: dict) -> dict:
     from hetero.local import LocalJob, run_local
 
@@ -117,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                              cpu=cpus[0], warmup=1)
     print(f"the fused crop-and-decode (decode only the random crop of each JPEG, the default) against decoding whole "
           f"images then cropping (decode=whole): {preprocess_s * 1000:.1f} vs {whole.median_s * 1000:.1f} ms per batch, "
-          f"{whole.median_s / preprocess_s:.2f}x the images per core, so a data group that many times smaller feeds "
-          f"the same accelerators (`hetero plan --profile --compare decode=whole` prices both)\n")
+          f"{fused_note(whole.median_s / preprocess_s)} (`hetero plan --profile --compare decode=whole` prices both)\n")
     finish_s = prof.finish_s
     print(f"the trainer's own work per batch on its core: the finish stage (uint8 -> normalised float32) takes "
           f"{finish_s * 1000:.1f} ms here (on a GPU it runs on the device)\n")
@@ -143,9 +162,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({len(cpus)} cores vs 1 preprocessing; emulated {step_s * 1000:.1f} ms step)")
     load_after = os.getloadavg()[0]
     if max(load_before, load_after) > 0.5 * len(cpus):
-        print(f"     note: load average {load_before:.1f} before, {load_after:.1f} after on {len(cpus)} CPUs: other "
-              "processes shared these cores, so both step times are longer than the planner's (which assumes "
-              "idle cores); rerun on a quiet machine for cleaner figures")
+        print(f"     note: load average {load_before:.1f} before, {load_after:.1f} after on {len(cpus)} CPUs: "
+              f"{load_note([(name, measured, planned) for name, measured, planned, _ in rows])}")
     png = out / "quickstart.png"
     write_png(png, rows, f"{count} JPEGs, batch {args.batch_size}, crop 224, emulated step {step_s * 1000:.1f} ms: "
                          f"speed-up {speedup:.2f}x")

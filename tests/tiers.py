@@ -22,6 +22,7 @@ LONG = frozenset({
     "test_faults.py::test_a_consumer_that_stops_reading_does_not_starve_the_others[tcp]",
     "test_faults.py::test_an_iterator_broken_off_and_kept_alive_does_not_stall_the_next_one[tcp]",
     # whole jobs and long drills
+    "test_readme.py::test_images_doc_synth_and_local",   # CI trains the same model in test_shards_from_s3_prepare_and_train
     "test_faults.py::test_sigterm_to_the_trainer_checkpoints_and_the_job_resumes_the_epoch",
     "test_faults.py::test_trainer_killed_every_data_node_exits_within_its_watchdog_deadline",
     "test_faults.py::test_every_server_gone_mid_epoch_is_a_clean_error_naming_each",

@@ -269,7 +269,10 @@ def table(rows: list[tuple[Mistake, Outcome]]) -> str:
             "|---|---|---|---|---|---|---|")
     body = []
     for case, got in rows:
-        message = (got.message.splitlines() or [""])[-1].replace("|", "\\|")
+        message = (got.message.splitlines() or [""])[-1]
+        if len(message) > 240:  # a list of every known name, say: its start tells the story
+            message = message[:240].rstrip() + " ..."
+        message = message.replace("|", "\\|")
         command = "hetero " + " ".join(case.argv)
         if case.interrupt_s is not None:
             command += f" (Ctrl-C after {case.interrupt_s:g} s)"

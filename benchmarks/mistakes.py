@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -57,13 +59,15 @@ class Mistake:
     """One thing a user gets wrong. ``argv`` follows ``hetero``; in it ``{server}`` is a running
     data server's address, ``{busy}`` a port another process listens on, ``{free}`` a port nothing
     listens on, ``{tmp}`` an empty folder. ``expect``: words the message must hold (the value and
-    the fix). ``code``: the exit code (None: any but 0). ``interrupt_s``: Ctrl-C after that long."""
+    the fix). ``code``: the exit code, or the codes allowed (None: any but 0). ``interrupt_s``:
+    Ctrl-C that long after the start, or after a line matching ``interrupt_on``."""
 
     name: str
     argv: tuple[str, ...]
     expect: tuple[str, ...]
-    code: int | None = None
+    code: int | tuple[int, ...] | None = None
     interrupt_s: float | None = None
+    interrupt_on: str = ""  # Ctrl-C interrupt_s after a line matching this shows (else after interrupt_s from the start)
     token: bool = True
     cwd: str = "mypkg"  # "mypkg": the folder holding mypkg; "tmp": an empty one
     slow: bool = False  # starts a server or a job: seconds, not a fraction of one
@@ -85,9 +89,9 @@ CASES: tuple[Mistake, ...] = (
     Mistake("serve with a bad --batch-window", ("serve", "mypkg.data:build_pipeline", "--batch-window", "4 gigs"),
             ("4 gigs",), code=2),
     Mistake("Ctrl-C while serve starts", ("serve", "mypkg.data:build_pipeline", "--port", "0", "--workers", "1"),
-            (), interrupt_s=1.0, slow=True),
+            (), code=(130, 0), interrupt_s=1.0, slow=True),  # 0 where it was serving already: a clean stop
     Mistake("Ctrl-C while serving", ("serve", "mypkg.data:build_pipeline", "--port", "0", "--workers", "1"),
-            (), code=0, interrupt_s=12.0, slow=True),
+            (), code=0, interrupt_s=0.5, interrupt_on=r"^serving ", slow=True),
     Mistake("stats with a wrong token", ("stats", "{server}", "--token", "wrong"),
             ("refused the job token", "HETERO_JOB_TOKEN"), code=1, slow=True),
     Mistake("stats of a server that is not there", ("stats", "127.0.0.1:{free}"),
@@ -107,10 +111,13 @@ CASES: tuple[Mistake, ...] = (
     Mistake("local with a pipeline that does not import", ("local", "--hp", "pipeline=mypkg.nowhere:build"),
             ("mypkg.nowhere",), code=2),
     Mistake("local with a word for a number", ("local", "--epochs", "two"), ("--epochs", "'two'"), code=2),
-    Mistake("Ctrl-C while a local job starts", ("local", "--synth-train", "512", "--synth-test", "64",
-                                                "--hp", "evaluate="), (), interrupt_s=2.0, slow=True),
-    Mistake("Ctrl-C while a local job trains", ("local", "--synth-train", "512", "--synth-test", "64",
-                                                "--hp", "evaluate="), (), interrupt_s=12.0, slow=True),
+    Mistake("Ctrl-C while a local job starts", ("local", "--synth-train", "512", "--synth-test", "64", "--epochs", "10",
+                                                "--hp", "evaluate=", "--hp", "emulate_step_s=0.5"),
+            ("interrupted",), code=130, interrupt_s=2.0, slow=True),
+    Mistake("Ctrl-C while a local job trains", ("local", "--synth-train", "512", "--synth-test", "64", "--epochs", "10",
+                                                "--hp", "evaluate=", "--hp", "emulate_step_s=0.5",
+                                                "--hp", "log_every=2"),
+            ("interrupted",), code=130, interrupt_s=1.0, interrupt_on=r"step \d+:", slow=True),
     Mistake("prepare a folder that is not there", ("prepare", "{tmp}/nowhere", "{tmp}/shards"),
             ("{tmp}/nowhere",), code=2),
     Mistake("plan with a negative step", ("plan", "--gpu-step-s", "-1", "--preprocess-s", "1.0", "--batch-size", "256"),
@@ -236,6 +243,13 @@ def kill_tagged(tag: str) -> None:
             pass
 
 
+def _read(stream, into: list[str], pattern: str, seen: threading.Event) -> None:
+    for line in stream:
+        into.append(line)
+        if pattern and re.search(pattern, line):
+            seen.set()
+
+
 def run(case: Mistake, scene: Scene, timeout: float = 120.0) -> Outcome:
     """Run one case as a user would; what it got back."""
     tag = uuid.uuid4().hex
@@ -244,16 +258,29 @@ def run(case: Mistake, scene: Scene, timeout: float = 120.0) -> Outcome:
     proc = subprocess.Popen([*hetero(), *argv], env=env(tag, case.token),
                             cwd=scene.pkg_dir if case.cwd == "mypkg" else scene.tmp,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out_lines: list[str] = []
+    err_lines: list[str] = []
+    seen = threading.Event()
+    readers = [threading.Thread(target=_read, args=(proc.stdout, out_lines, case.interrupt_on, seen), daemon=True),
+               threading.Thread(target=_read, args=(proc.stderr, err_lines, case.interrupt_on, seen), daemon=True)]
+    for r in readers:
+        r.start()
     try:
         if case.interrupt_s is not None:
+            if case.interrupt_on:  # at that stage, however long the machine takes to reach it
+                seen.wait(timeout)
+                time.sleep(case.interrupt_s)
             try:
-                proc.wait(case.interrupt_s)
+                proc.wait(0 if case.interrupt_on else case.interrupt_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
-        out, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        proc.wait()
+    for r in readers:
+        r.join(10)
+    out, err = "".join(out_lines), "".join(err_lines)
     seconds = time.monotonic() - start
     time.sleep(1.0)
     left = len(tagged(tag))

@@ -90,7 +90,11 @@ def one_line(exc: BaseException, max_lines: int = 4) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except KeyboardInterrupt:  # Ctrl-C while the commands load
+        print("hetero: interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     if not getattr(args, "func", None):

@@ -24,14 +24,15 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from data_service.protocol.addresses import split_address
+
+    for address in args.servers:  # every address checked before any server is asked (and the slow imports)
+        split_address(address, "server address")
     import grpc
 
     from data_service.errors import DataServiceError
-    from data_service.protocol.addresses import split_address
     from dnn_worker.transport.control import ControlClient, refused, unreachable
 
-    for address in args.servers:  # every address checked before any server is asked
-        split_address(address, "server address")
     token = args.token or os.environ.get("HETERO_JOB_TOKEN", "")
     rc = 0
     asked = []

@@ -97,14 +97,15 @@ def run(args: argparse.Namespace) -> int:
         return run_local(args.local)
     if not args.server:
         raise CommandError("give a data server's host:port, or --local OUTPUT for a running local job", 2)
+    from data_service.protocol.addresses import split_address
+
+    address = args.server
+    split_address(address, "server address")  # e.g. localhost:6000, before the slow imports below
     import grpc
     from google.protobuf.json_format import MessageToJson
 
-    from data_service.protocol.addresses import split_address
     from dnn_worker.transport.control import ControlClient, unreachable
 
-    address = args.server
-    split_address(address, "server address")  # e.g. localhost:6000
     with ControlClient(address, args.token or os.environ.get("HETERO_JOB_TOKEN", ""), "hetero-stats") as ctl:
         try:
             stats = ctl.stats()

@@ -88,3 +88,42 @@ def test_shared_within_the_window_is_never_slower_or_dearer_per_job_and_apart_ne
     assert apart.step_s >= within.step_s - 1e-12
     for row in sized:
         assert row.meets_target and row.data_nodes > within.data_nodes
+
+
+@settings(max_examples=150, deadline=None)
+@given(preprocess_s=st.floats(0.01, 10.0), gpu_step_s=st.floats(0.01, 1.0), batch_size=st.integers(1, 512),
+       dnn=st.sampled_from(["ml.p3.2xlarge", "ml.g5.xlarge", "ml.g5.12xlarge", "ml.p4d.24xlarge"]),
+       dnn_count=st.integers(1, 3), local_server=st.booleans(), reserve_cpus=st.integers(0, 1),
+       bytes_per_sample=st.one_of(st.none(), st.floats(1e3, 1e6)), jobs=st.integers(2, 8),
+       data_type=st.sampled_from(["ml.m5.large", "ml.c5.xlarge", "ml.c5.9xlarge", "ml.c5n.4xlarge"]))
+def test_the_separate_groups_row_is_n_times_the_plans_own_row(preprocess_s, gpu_step_s, batch_size, dnn, dnn_count,
+                                                              local_server, reserve_cpus, bytes_per_sample, jobs,
+                                                              data_type):
+    """The sweep's "separate groups" row is N copies of the plan's own layout: the same step, wait and
+    binding, N x its data nodes and $/h, and per job what the plan's row costs (its DNN nodes' own
+    cores serving too, with local_server)."""
+    from hetero.planning.cost import load_prices
+
+    table = load_prices()
+    one = plan(table, dnn, preprocess_s, gpu_step_s, batch_size, dnn_count=dnn_count, data_types=[data_type],
+               max_count=8, local_server=local_server, reserve_cpus=reserve_cpus, bytes_per_sample=bytes_per_sample)
+    group = one.data_group or next(c for c in one.candidates if c.data_instance)
+    separate = sweep_prices(table, one, jobs, max_count=8)[0]
+    assert separate.step_s == pytest.approx(group.step_s, rel=1e-9)
+    assert separate.data_wait_fraction == pytest.approx(group.data_wait_fraction, rel=1e-9, abs=1e-12)
+    assert separate.binding == group.binding
+    assert separate.data_nodes == jobs * group.data_count
+    assert separate.usd_per_hour == pytest.approx(jobs * group.usd_per_hour, rel=1e-9)
+    assert separate.usd_per_job_1000_steps == pytest.approx(group.usd_per_1000_steps, rel=1e-9)
+    assert separate.meets_target == group.meets_target
+
+
+def test_the_plan_command_prices_separate_groups_at_its_own_step(capsys):
+    """hetero plan ... --local-server --jobs 4: the plan's row and the separate groups' row agree."""
+    assert hetero_main(["plan", "--gpu-step-s", "0.2", "--preprocess-s", "4.0", "--batch-size", "256", "--jobs", "4",
+                        "--local-server"]) == 0
+    out = capsys.readouterr().out
+    recommended = next(line for line in out.splitlines() if line.startswith("Recommended:"))
+    separate = next(line for line in out.splitlines() if line.startswith("| 4 separate groups"))
+    step = recommended.split("predicted ")[1].split(" s/step")[0]
+    assert separate.split(" | ")[2] == step, (recommended, separate)

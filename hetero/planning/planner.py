@@ -123,6 +123,7 @@ class Plan:
     homogeneous: Option
     candidates: list[Option] = field(default_factory=list)
     recommended: Option | None = None
+    layouts: "Layouts | None" = field(default=None, repr=False, compare=False)  # the model the plan priced with
 
     @property
     def data_group(self) -> Option | None:
@@ -234,8 +235,10 @@ def _cheapest(options: list[Option]) -> Option | None:
 
 
 @dataclass(frozen=True)
-class _Layouts:
-    """The layouts one plan compares, priced: its DNN group alone, or with ``n`` data nodes of one type."""
+class Layouts:
+    """The layouts one plan compares, priced: its DNN group alone, or with ``n`` data nodes of one type.
+    A plan keeps it (``Plan.layouts``), so what prices layouts beside the plan (a sweep's groups)
+    predicts their steps with the same model and figures, not a copy of them."""
 
     table: PriceTable
     dnn_instance: str
@@ -313,7 +316,7 @@ class _Layouts:
                       1000 * per_step / self.images_per_step, gbps_per_node)
 
 
-def _best_of_type(layouts: _Layouts, data_type: str, max_count: int) -> Option:
+def _best_of_type(layouts: Layouts, data_type: str, max_count: int) -> Option:
     """The cheapest count of ``data_type`` data nodes that meets the target; when none does, the best it can do."""
     row = layouts.table.info(data_type)  # raises PriceError listing known types
     if layouts.bytes_per_sample is not None and row.baseline_gbps is None:
@@ -367,15 +370,15 @@ def plan(table: PriceTable, dnn_instance: str, preprocess_s: float, gpu_step_s: 
     if bytes_per_sample is not None:
         _positive("bytes_per_sample", bytes_per_sample)
     own_cores = _own_cores(dnn_instance, dnn, dnn_count, reserve_cpus)
-    layouts = _Layouts(table, dnn_instance, dnn_count, dnn, consumers, own_cores, local_server, preprocess_s,
+    layouts = Layouts(table, dnn_instance, dnn_count, dnn, consumers, own_cores, local_server, preprocess_s,
                        gpu_step_s, batch_size, efficiency, bytes_per_sample, encode_s, flow_gbps, goodput, target_wait,
                        steps_per_epoch)
     homo = layouts.homogeneous()
     types = data_types if data_types else [t for t in table.known() if table.info(t).gpus == 0]
     candidates = [_best_of_type(layouts, t, max_count) for t in types]
     return Plan(layouts.workload(reserve_cpus, max_count, wire), homo,
-                sorted(candidates, key=lambda c: c.usd_per_step), _cheapest([homo] + candidates))
+                sorted(candidates, key=lambda c: c.usd_per_step), _cheapest([homo] + candidates), layouts)
 
 
-__all__ = ["Option", "Plan", "PlanError", "PriceError", "Prediction", "plan", "predict_fed_step", "predict_network_step",
+__all__ = ["Layouts", "Option", "Plan", "PlanError", "PriceError", "Prediction", "plan", "predict_fed_step", "predict_network_step",
            "predict_step"]

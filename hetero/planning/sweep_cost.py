@@ -15,11 +15,11 @@ A job's dollars are its DNN group's plus its share (1/N) of a shared data group,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from .cost import PriceTable
-from .planner import Option, Plan, PlanError, Prediction, predict_network_step, predict_step
+from .planner import Layouts, Option, Plan, PlanError, Prediction
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,16 @@ class SweepRow:
     meets_target: bool
 
 
-def _predict(w: dict, preprocess_s: float, consumers: int, cores_per_node: float, nodes: int,
-             table: PriceTable, data_instance: str) -> Prediction:
-    if w.get("bytes_per_sample") is None:
-        return predict_step(preprocess_s, w["gpu_step_s"], cores_per_node * nodes, consumers, w["efficiency"])
-    row = table.info(data_instance)
-    return predict_network_step(preprocess_s, w["gpu_step_s"], w["batch_size"], consumers, cores_per_node, nodes,
-                                w["bytes_per_sample"], row.baseline_gbps, w["dnn_baseline_gbps"],
-                                w["dnn_count"] * (consumers // w["consumers"]), w["flow_gbps"], w["encode_s"],
-                                w["efficiency"], 0.0, w["goodput"])
+def _predict(layouts: Layouts, data_instance: str, nodes: int, jobs: int = 1, built_once: bool = False) -> Prediction:
+    """The step of each of ``jobs`` jobs like the plan's fed by ``nodes`` data nodes of ``data_instance``:
+    one job is the plan's own layout (its DNN nodes' own cores too, with ``local_server``); jobs on
+    one shared group are fed by the group alone (a DNN-only job reads the shared group), and with
+    ``built_once`` each batch the group builds serves every job."""
+    if jobs > 1:
+        layouts = replace(layouts, consumers=jobs * layouts.consumers, dnn_count=jobs * layouts.dnn_count,
+                          local_server=False, preprocess_s=layouts.preprocess_s / jobs if built_once
+                          else layouts.preprocess_s)
+    return layouts.with_data(data_instance, layouts.table.info(data_instance), nodes)[0]
 
 
 def _row(label: str, table: PriceTable, w: dict, jobs: int, data_instance: str, nodes: int, pred: Prediction,
@@ -72,20 +73,20 @@ def sweep_prices(table: PriceTable, one: Plan, jobs: int, max_count: int = 64) -
     group: Option | None = one.data_group or next((c for c in one.candidates if c.data_instance), None)
     if group is None:
         raise PlanError("the plan has no data group to share: give --data-types with at least one CPU instance type")
-    w = one.workload
+    w, layouts = one.workload, one.layouts
+    if layouts is None:
+        raise PlanError("the plan carries no layouts to price a sweep with: make it with planner.plan")
     # a data group's, or a candidate's with a data instance: every candidate is a layout with data nodes
     data_instance, n = cast(str, group.data_instance), group.data_count
-    cores = table.info(data_instance).vcpus
-    c, p = w["consumers"], w["preprocess_s"]
-    separate = _predict(w, p, c, cores, n, table, data_instance)
-    within = _predict(w, p / jobs, jobs * c, cores, n, table, data_instance)
-    apart = _predict(w, p, jobs * c, cores, n, table, data_instance)
+    separate = _predict(layouts, data_instance, n)
+    within = _predict(layouts, data_instance, n, jobs, built_once=True)
+    apart = _predict(layouts, data_instance, n, jobs)
     rows = [_row(f"{jobs} separate groups of {n} x {data_instance}", table, w, jobs, data_instance, n, separate, True),
             _row(f"1 shared group of {n} x {data_instance}, jobs within the window", table, w, jobs,
                  data_instance, n, within, False),
             _row(f"1 shared group of {n} x {data_instance}, jobs apart", table, w, jobs, data_instance, n, apart, False)]
     for k in range(n + 1, max_count + 1):  # the group that keeps the target even when every batch is built again
-        pred = _predict(w, p, jobs * c, cores, k, table, data_instance)
+        pred = _predict(layouts, data_instance, k, jobs)
         if pred.data_wait_fraction <= w["target_wait"] + 1e-12:
             rows.append(_row(f"1 shared group of {k} x {data_instance}, sized for jobs apart", table, w, jobs,
                              data_instance, k, pred, False))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hetero.cli import main
 from hetero.commands.stats import latest_advice
 from hetero.planning.planner import predict_step
-from launcher.advice.model import (MIN_OUT_WAIT, LiveFigures, ServerFigures, advise, predicted_step, server_capacity,
+from launcher.advice.model import (MIN_OUT_WAIT, LiveFigures, ServerFigures, advise, layout_of, server_capacity,
                                    steps_per_epoch)
 from launcher.advice.advisor import LiveAdvisor, Snapshot, window_figures
 from launcher.metric_lines import METRIC_DEFINITIONS, advice_line
@@ -154,9 +154,12 @@ def test_no_delivery_no_advice_and_no_price_no_cost():
 
 
 def test_the_live_model_is_the_planners():
-    for compute, ranks, capacity in [(0.01, 1, 25.0), (0.05, 8, 100.0), (0.2, 4, 12.5)]:
-        planner = predict_step(preprocess_s=1.0, gpu_step_s=compute, cores=capacity, consumers=ranks)
-        assert predicted_step(compute, ranks, capacity) == pytest.approx(planner.step_s)
+    from launcher import capacity as model
+
+    for compute, ranks, rate in [(0.01, 1, 25.0), (0.05, 8, 100.0), (0.2, 4, 12.5)]:
+        planner = predict_step(preprocess_s=1.0, gpu_step_s=compute, cores=rate, consumers=ranks)
+        live = figures(compute, 0.0, ranks, [ServerFigures("d1:6000", rate, 1.0)])
+        assert model.step_s(layout_of(live, compute, [rate])) == pytest.approx(planner.step_s)
 
 
 def test_steps_per_epoch_from_the_data_set():

@@ -15,7 +15,7 @@ from data_service.pipelines import crop_decode, images
 from data_service.pipelines.crop_decode import BoxDraw, CropDecode, dct_scale
 from data_service.pipelines.images import Augment, CorruptImageError, FusedAugment, decode_bytes
 
-from tests._odd_images import _photo, write_odd_folder
+from _odd_images import _photo, write_odd_folder
 
 needs_ext = pytest.mark.skipif(not crop_decode.available(), reason="the compiled crop decoder is not built")
 

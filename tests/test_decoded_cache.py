@@ -18,7 +18,7 @@ from data_service.pipelines.crop_decode import CachedCropDecode
 from data_service.pipelines.decoded_cache import HEADER, DecodedCache
 from data_service.pipelines.images import decode_bytes
 from data_service.server import DataServer, ServerOptions
-from tests._odd_images import _photo
+from _odd_images import _photo
 
 TARGET = "data_service.pipelines.images:build_pipeline"
 

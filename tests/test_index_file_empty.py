@@ -9,7 +9,7 @@ from data_service.shards.indexfile import read_index
 
 
 def test_an_empty_s3_index_is_named_as_empty_with_the_fix():
-    from tests._s3_env import s3_with_bucket
+    from _s3_env import s3_with_bucket
 
     with s3_with_bucket("empty-index") as srv:
         srv.client(direct=True).put_object(Bucket="empty-index", Key="shards/index.bin", Body=b"")

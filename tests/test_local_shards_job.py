@@ -70,7 +70,7 @@ def test_synthetic_mnist_only_for_a_job_that_reads_it(hps, mnist):
 @pytest.mark.slow  # a whole local job: two data nodes and a trainer, about 40 s
 def test_the_s3_command_line_trains_evaluates_with_the_models_own_evaluation_and_writes_metrics(images, tmp_path):
     from data_service.prepare.writer import prepare
-    from tests._s3_env import s3_with_bucket
+    from _s3_env import s3_with_bucket
 
     with s3_with_bucket(BUCKET):
         url = f"s3://{BUCKET}/train"

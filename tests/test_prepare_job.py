@@ -13,7 +13,7 @@ from data_service.shards.indexfile import read_index
 from data_service.prepare.writer import prepare
 from hetero.sagemaker.prepare_job import ENTRY, prepare_request, prepare_spec, run_part
 from hetero.sagemaker.spec import SubmitError
-from tests._noise_source import make
+from _noise_source import make
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"

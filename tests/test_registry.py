@@ -199,7 +199,7 @@ def test_a_reader_with_a_skewed_clock_sees_exactly_the_live_servers_in_a_folder(
 def test_a_reader_with_a_skewed_clock_sees_exactly_the_live_servers_on_s3(monkeypatch, skew_s):
     import time
 
-    from tests._s3_env import s3_with_bucket
+    from _s3_env import s3_with_bucket
 
     bucket = "skew-ahead" if skew_s > 0 else "skew-behind"  # a store (its client) per endpoint
     with s3_with_bucket(bucket):

@@ -22,7 +22,7 @@ from data_service.shards.format import INDEX_NAME
 from data_service.storage import parse_size
 from dnn_worker.fetch.affinity import rendezvous_owner
 from data_service.prepare.writer import prepare
-from tests._odd_images import write_odd_folder
+from _odd_images import write_odd_folder
 
 PIPELINE = "data_service.pipelines.images:build_pipeline"
 

@@ -25,7 +25,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-from .fork_safety import Hazards, hazards
+from .fork_safety import hazards
 
 # What every worker imports whatever its pipeline (process.py and what it imports: torch, the
 # pipeline contract, the protocol's messages), without grpc or a thread.
@@ -123,9 +123,3 @@ class ImportRecorder:
     def remove(self) -> None:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-
-
-def worth_sending(names, hazard: Hazards) -> tuple[str, ...]:
-    """What of a worker's imports its warm parent may import too: none if the worker, having
-    imported them, holds a hazard (the same imports in the parent might have brought it)."""
-    return tuple(names) if hazard.clean else ()

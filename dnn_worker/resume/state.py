@@ -168,10 +168,3 @@ def _int(state: Mapping[str, Any], key: str, default: Any = ...) -> Any:
     if isinstance(value, bool) or int(value) != value:
         raise ValueError(f"{key}={value!r} is not an int")
     return int(value)
-
-
-def parse_states(state: Any) -> "ResumeState | list[ResumeState]":
-    """One rank's state, or every rank's (a list or tuple), parsed."""
-    if isinstance(state, (list, tuple)):
-        return [ResumeState.from_dict(s) for s in state]
-    return ResumeState.from_dict(state)

@@ -191,15 +191,6 @@ def layout_of(figures: LiveFigures, compute_s: float, rates: Sequence[float]) ->
                            network_of(figures), figures.dnn_count)
 
 
-def predicted_step(compute_s: float, ranks: int, capacity_per_s: float) -> float:
-    """``max(compute_s, ranks / capacity)``: the capacity model's step for ``capacity_per_s``
-    batches/s, whoever builds them."""
-    if capacity_per_s <= 0:
-        return math.inf
-    own = capacity.OwnCores(capacity_per_s, 1.0, serves=True)
-    return capacity.step_s(capacity.Layout(ranks, compute_s, own=own))
-
-
 def _wait_share(step_s: float, compute_s: float) -> float:
     return 0.0 if not math.isfinite(step_s) or step_s <= 0 else max(0.0, (step_s - compute_s) / step_s)
 

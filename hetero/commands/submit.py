@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-ROLE_ENV = "HETERO_SAGEMAKER_ROLE"
 
 
 def register(sub) -> None:
     """Add the ``submit`` parser to ``sub``."""
     from hetero.commands import RawHelpFormatter, plain
+    from hetero.commands.submit_spec import add_job_options
 
     p = sub.add_parser("submit", help="submit a SageMaker training job (hetero, homogeneous or both)",
                        description=plain(__doc__), formatter_class=RawHelpFormatter)
@@ -38,9 +37,6 @@ def register(sub) -> None:
                    help="a data-only job whose data nodes join the running job JOB_NAME (same image, code, pipeline, "
                         "secret and VPC, read with DescribeTrainingJob; default group: 1 node of its data type)")
     j = p.add_argument_group("job")
-    j.add_argument("--role", default=os.environ.get(ROLE_ENV), help=f"SageMaker execution role ARN (default ${ROLE_ENV})")
-    j.add_argument("--image", help="training image URI (one image for every group)")
-    j.add_argument("--framework-version", help="use the AWS PyTorch training image of this version, e.g. 2.5")
     j.add_argument("--job-name", help="training job name (default hetero-<kind>-<time>; a pair adds -het/-hom)")
     j.add_argument("--input", action="append", default=[], metavar="[NAME=]S3URI[@GROUP]",
                    help="input channel (repeatable; default name 'train'; @GROUP[+GROUP] sends it to those groups)")
@@ -55,28 +51,12 @@ def register(sub) -> None:
     j.add_argument("--registry", nargs="?", const="default", metavar="S3URI",
                    help="registry of the job's data servers, which other data servers may join (hetero submit "
                         "--join, hetero serve --join): an S3 prefix, or alone for <output>/<job>/registry")
-    j.add_argument("--subnet", action="append", default=[], metavar="ID",
-                   help="VpcConfig subnet (repeatable or comma-separated; with --security-group)")
-    j.add_argument("--security-group", action="append", default=[], metavar="ID",
-                   help="VpcConfig security group (repeatable or comma-separated; with --subnet)")
     j.add_argument("--hyperparameters", nargs="+", action="extend", default=[], metavar="K=V",
                    help="the job's hyperparameters: the pipeline and its options, the model, epochs, seed, ...")
     j.add_argument("--env", action="append", default=[], metavar="K=V", help="container environment variable")
-    j.add_argument("--tag", action="append", default=[], metavar="K=V", help="resource tag")
-    j.add_argument("--max-run", default="24h", help="max training time: seconds or 90m, 2h, 1d (default 24h)")
     j.add_argument("--spot", action="store_true", help="managed spot training (checkpoints under --output)")
     j.add_argument("--max-wait", help="spot: max time including waiting for capacity (default max-run + 1h)")
     j.add_argument("--checkpoint", metavar="S3URI", help="checkpoint S3 URI (spot default: <output>/<job>/checkpoints)")
-    j.add_argument("--volume-size", type=int, default=30, help="EBS GB per instance (default 30)")
-    j.add_argument("--job-secret", default=None,
-                   help="secret for the job token, sent in clear as HETERO_JOB_SECRET (default: random per job; "
-                        "readable by anyone allowed sagemaker:DescribeTrainingJob)")
-    j.add_argument("--job-secret-arn", default=None, metavar="ARN",
-                   help="AWS Secrets Manager secret holding the job secret: each node reads it at start, the "
-                        "request carries only the ARN (the role needs secretsmanager:GetSecretValue)")
-    j.add_argument("--source-dir", default=None, help="checkout to upload as sourcedir.tar.gz (default: this one)")
-    j.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
-    j.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
     r = p.add_argument_group("run")
     r.add_argument("--dry-run", action="store_true",
                    help="print the CreateTrainingJob request(s) as JSON; no AWS call (with --join: only "
@@ -86,8 +66,7 @@ def register(sub) -> None:
     r.add_argument("--poll", type=float, default=30.0, help="seconds between status polls")
     r.add_argument("--no-logs", action="store_true", help="with --wait: do not stream CloudWatch logs")
     r.add_argument("--prices", default=None, help="price file override (default $HETERO_PRICES)")
-    r.add_argument("--region", default=None, help="AWS region (default from the AWS config/env)")
-    r.add_argument("--endpoint-url", default=None, help="send AWS calls there (e.g. a moto server)")
+    add_job_options(p.add_argument_group("job, as for hetero sweep"), "the job")
     p.set_defaults(func=run)
 
 
@@ -172,7 +151,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
     from hetero.sagemaker.request import default_job_name
     from hetero.sagemaker.spec import SubmitError, check_s3_uri, parse_strings
 
-    from .submit_spec import cluster_of, image_of, job_secrets, job_spec, with_secret
+    from .submit_spec import ROLE_ENV, cluster_of, image_of, job_secrets, job_spec, with_secret
 
     groups, instance = cluster_of(args)
     if not args.role:

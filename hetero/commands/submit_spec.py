@@ -7,8 +7,41 @@ command adds itself (shards, registry, the live advice's prices and NIC figures)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import cast
+
+ROLE_ENV = "HETERO_SAGEMAKER_ROLE"
+
+
+def add_job_options(p, every: str) -> None:
+    """The options every SageMaker job takes, declared once for ``hetero submit`` and ``hetero sweep``:
+    role, image, network, limits, job secret, code upload, tags, the AWS endpoint. ``every``: whose
+    they are in the help ("the job", "every job")."""
+    p.add_argument("--role", default=os.environ.get(ROLE_ENV), help=f"SageMaker execution role ARN of {every} "
+                   f"(default ${ROLE_ENV})")
+    p.add_argument("--image", help=f"training image URI of {every} (one image for every group)")
+    p.add_argument("--framework-version",
+                   help="the AWS PyTorch training image of this version, e.g. 2.5: its CPU flavour for a job on CPU "
+                        "instances only, else its GPU flavour")
+    p.add_argument("--subnet", action="append", default=[], metavar="ID",
+                   help=f"VpcConfig subnet of {every} (repeatable or comma-separated; with --security-group)")
+    p.add_argument("--security-group", action="append", default=[], metavar="ID",
+                   help=f"VpcConfig security group of {every} (repeatable or comma-separated; with --subnet)")
+    p.add_argument("--max-run", default="24h", help=f"max training time of {every}: seconds or 90m, 2h, 1d")
+    p.add_argument("--volume-size", type=int, default=30, help="EBS GB per instance")
+    p.add_argument("--job-secret", default=None,
+                   help=f"secret for the job token, sent in clear as HETERO_JOB_SECRET to {every} (default: random; "
+                        "readable by anyone allowed sagemaker:DescribeTrainingJob)")
+    p.add_argument("--job-secret-arn", default=None, metavar="ARN",
+                   help="AWS Secrets Manager secret holding the job secret: each node reads it at start, the "
+                        "request carries only the ARN (the role needs secretsmanager:GetSecretValue)")
+    p.add_argument("--source-dir", default=None, help="checkout to upload as sourcedir.tar.gz (default: this one)")
+    p.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
+    p.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
+    p.add_argument("--tag", action="append", default=[], metavar="K=V", help=f"resource tag of {every}")
+    p.add_argument("--region", default=None, help="AWS region (default from the AWS config/env)")
+    p.add_argument("--endpoint-url", default=None, help="send AWS calls there (e.g. a moto server)")
 
 
 def cluster_of(args: argparse.Namespace) -> tuple[list, tuple[str, int] | None]:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-ROLE_ENV = "HETERO_SAGEMAKER_ROLE"
 
 
 def register(sub) -> None:
     from hetero.commands import RawHelpFormatter, plain
+    from hetero.commands.submit_spec import add_job_options
 
     p = sub.add_parser("sweep", help="submit a sweep: one data-only job serving N DNN-only jobs",
                        description=plain(__doc__), formatter_class=RawHelpFormatter)
@@ -41,33 +40,11 @@ def register(sub) -> None:
     p.add_argument("--idle-timeout", type=float, default=600.0,
                    help="seconds the data job stays once the last DNN job has gone (default 600)")
     p.add_argument("--registry", metavar="S3URI", help="the sweep's registry (default <output>/<name>/registry)")
-    p.add_argument("--role", default=os.environ.get(ROLE_ENV), help=f"execution role ARN (default ${ROLE_ENV})")
-    p.add_argument("--image", help="training image URI of every job")
-    p.add_argument("--framework-version",
-                   help="the AWS PyTorch training image of this version, e.g. 2.5: its CPU flavour for the data job "
-                        "on CPU instances, its GPU flavour for DNN jobs on GPU instances")
     p.add_argument("--output", required=True, help="S3 URI for the jobs' outputs")
     p.add_argument("--input", action="append", default=[], metavar="[NAME=]S3URI", help="the data job's channel")
-    p.add_argument("--subnet", action="append", default=[], metavar="ID",
-                   help="VpcConfig subnet of every job (repeatable or comma-separated; with --security-group)")
-    p.add_argument("--security-group", action="append", default=[], metavar="ID",
-                   help="VpcConfig security group of every job (repeatable or comma-separated; with --subnet)")
-    p.add_argument("--max-run", default="24h", help="each job's max training time: seconds or 90m, 2h, 1d")
     p.add_argument("--spot", action="store_true", help="managed spot training for the DNN jobs")
-    p.add_argument("--volume-size", type=int, default=30, help="EBS GB per instance")
-    p.add_argument("--job-secret", default=None,
-                   help="secret for the sweep's job token, sent in clear as HETERO_JOB_SECRET to every job (default: "
-                        "random per sweep; readable by anyone allowed sagemaker:DescribeTrainingJob)")
-    p.add_argument("--job-secret-arn", default=None, metavar="ARN",
-                   help="AWS Secrets Manager secret holding the job secret: each node reads it at start, the "
-                        "requests carry only the ARN (the role needs secretsmanager:GetSecretValue)")
-    p.add_argument("--source-dir", default=None, help="checkout to upload as sourcedir.tar.gz (default: this one)")
-    p.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
-    p.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
-    p.add_argument("--tag", action="append", default=[], metavar="K=V", help="resource tag of every job")
     p.add_argument("--dry-run", action="store_true", help="print the requests as JSON; no AWS call")
-    p.add_argument("--region", default=None, help="AWS region (default from the AWS config/env)")
-    p.add_argument("--endpoint-url", default=None, help="send AWS calls there (e.g. a moto server)")
+    add_job_options(p, "every job")
     p.set_defaults(func=run)
 
 
@@ -81,7 +58,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
                                        parse_input, parse_strings, parse_type_count, parse_vpc)
     from hetero.sagemaker.sweep import Sweep, grid, sweep_specs
 
-    from .submit_spec import image_of, job_secrets, with_secret
+    from .submit_spec import ROLE_ENV, image_of, job_secrets, with_secret
 
     if not args.role:
         raise SubmitError(f"missing role: pass --role arn:aws:iam::ACCOUNT:role/NAME or set ${ROLE_ENV}")

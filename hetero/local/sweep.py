@@ -26,7 +26,7 @@ from typing import Any
 from data_service.errors import ConfigError
 from data_service.server.batch_window import window_budget
 
-from . import LocalJob, LocalResult, check_data, local_paths, training_data
+from .job import LocalJob, LocalResult, check_data, local_paths, training_data
 from .runner import LocalCluster
 from .tree import DATA_GROUP, DNN_GROUP, parse_cpus, write_nodes
 

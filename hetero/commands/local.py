@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from data_service.errors import ConfigError
     from launcher.log_setup import setup_logging
     from hetero.local import EXIT_STOPPED, LocalJob, run_local
+    from hetero.local.autoscale import autoscale_hps, stop_joined
     from hetero.local.sweep import run_local_sweep
     from hetero.options import parse_kv
 
@@ -143,52 +144,6 @@ def print_sweep(result) -> int:
     print(f"sweep {result.name}: {'ok' if result.ok else 'FAILED'}; data job exit codes: {codes}; "
           f"output {result.output}")
     return 0 if result.ok else 1
-
-
-def autoscale_hps(pairs: list[str], prices=None, data_nodes: int = 1) -> dict:
-    """``--autoscale KEY=VALUE ...`` as ``autoscale.KEY`` hyperparameters, acting with local processes;
-    checked, and the $/h cap against the ``data_nodes`` the job starts with at ``prices`` (``advice_prices``)."""
-    from data_service.errors import ConfigError
-    from hetero.local import json_dict
-    from launcher.autoscale.settings import Settings
-
-    options = {"mode": "act", "actuator": "local"}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise ConfigError(f"--autoscale {pair!r} must be KEY=VALUE, e.g. max=6")
-        options[key] = value
-    settings = Settings.from_options(options, registry="--registry")  # bad settings fail before any node starts
-    price = json_dict(prices).get("ml.local")  # the emulated nodes' instance type
-    try:
-        settings.limits.check_group(data_nodes, price)
-    except ValueError as exc:
-        raise ConfigError(f"--autoscale: {exc}") from None
-    return {f"autoscale.{k}": v for k, v in options.items()}
-
-
-def stop_joined(registry, output) -> None:
-    """Ask every server still registered in ``registry`` to leave (servers the autoscaler started
-    outlive a job that failed; a job that ends well has already stopped them)."""
-    import os
-
-    from data_service.membership.registry import RegistryError, read_entries
-    from dnn_worker.transport.control import ControlClient
-
-    try:
-        entries, _ = read_entries(str(registry))
-    except RegistryError:
-        return
-    token = os.environ.get("HETERO_JOB_TOKEN", "")
-    if not token and os.path.exists(os.path.join(output, "job_token")):
-        with open(os.path.join(output, "job_token")) as f:
-            token = f.read().strip()
-    for e in entries:
-        try:
-            with ControlClient(e.address, token, "hetero-local") as ctl:
-                ctl.shutdown(grace_s=5.0, reason="hetero local: the job ended", timeout=5.0)
-        except Exception:  # noqa: BLE001 - gone already, or another job's: nothing to stop
-            pass
 
 
 def summary_line(m: dict) -> str:

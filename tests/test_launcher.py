@@ -49,7 +49,7 @@ EVERY_OPTION = {
     "pipeline": "examples.synthetic:build_pipeline", "pipeline_options": {"size": 64}, "loader_workers": 3,
     "homogeneous_loader": "dataloader",
     "data_port": 7000, "bulk_port": 7001, "bind_host": "127.0.0.1", "data_workers": 2, "watchdog_connect_s": 30.0,
-    "watchdog_idle_s": 20.0, "dnn_local_server": True, "local_server_nice": 5, "batch_window": "2GB",
+    "watchdog_idle_s": 20.0, "dnn_local_server": True, "local_server_nice": 5, "batch_window": 2_000_000_000,
     "registry": "s3://bucket/jobs/main/registry", "join": "", "advertise_host": "10.0.0.9",
     "data_wait_s": 60.0, "master_port": 29600, "procs_per_node": 2, "dist_timeout_s": 90.0, "ddp_backend": "gloo",
     "train_timeout_s": 3600.0, "connect_timeout_s": 15.0,

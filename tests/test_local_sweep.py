@@ -41,7 +41,7 @@ def test_the_sweeps_data_job_takes_its_batch_window_and_a_bad_size_names_the_val
     from hetero.sagemaker.sweep import Sweep, sweep_hyperparameters
 
     data, jobs = sweep_hyperparameters({"seed": "1"}, Sweep("s", "/r", "8GB", 600, ((("lr", "0.1"),),)))
-    assert LaunchConfig.from_hyperparameters(data).serve.batch_window_bytes == 8_000_000_000
+    assert LaunchConfig.from_hyperparameters(data).serve.batch_window == 8_000_000_000
     assert LaunchConfig.from_hyperparameters(jobs[0]).model.lr == 0.1
     with pytest.raises(ConfigError, match="batch_window='8 gigs' must be a size"):
         LaunchConfig.from_hyperparameters({"batch_window": "8 gigs"})

@@ -42,7 +42,7 @@ def test_the_dry_run_shows_a_data_job_and_one_dnn_job_per_value_sharing_one_toke
         assert req["Environment"] == {"HETERO_JOB_SECRET": "****"}
     data, *dnn = reqs
     hps = data["HyperParameters"]
-    assert (hps["join"], hps["batch_window"], hps["watchdog_idle_s"]) == ("s3://bkt/out/lr-sweep/registry", "8GB", "300")
+    assert (hps["join"], hps["batch_window"], hps["watchdog_idle_s"]) == ("s3://bkt/out/lr-sweep/registry", "8000000000", "300")
     assert data["ResourceConfig"]["InstanceGroups"] == [
         {"InstanceType": "ml.c5.9xlarge", "InstanceCount": 1, "InstanceGroupName": "data_group"}]
     assert [c["ChannelName"] for c in data["InputDataConfig"]] == ["train"]

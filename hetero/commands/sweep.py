@@ -63,7 +63,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
     if not args.role:
         raise SubmitError(f"missing role: pass --role arn:aws:iam::ACCOUNT:role/NAME or set ${ROLE_ENV}")
     try:
-        window_budget(args.batch_window)
+        window = window_budget(args.batch_window)  # parsed once, here: bytes from now on
     except ConfigError as exc:
         raise SubmitError(f"--batch-window: {exc}") from None
     if args.job and (args.vary or args.jobs):
@@ -87,7 +87,7 @@ def specs_from_args(args: argparse.Namespace) -> list:
                        check_s3_uri(args.code_uri, "--code-uri") if args.code_uri else output, args.job_name),
                    tags=parse_strings(args.tag, "--tag"), vpc=parse_vpc(args.subnet, args.security_group))
     (base,) = with_secret(base, False, None, secret, secret_arn)
-    sweep = Sweep(args.job_name, registry, str(args.batch_window), args.idle_timeout,
+    sweep = Sweep(args.job_name, registry, window, args.idle_timeout,
                   tuple(tuple(sorted(o.items())) for o in own))
     specs = sweep_specs(base, data, dnn, sweep, data_image=data_image)
     for spec in specs[1:]:

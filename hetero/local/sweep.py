@@ -73,9 +73,9 @@ def run_local_sweep(job: LocalJob, vary: list[str] | None = None, jobs: int = 0,
     registry = output / "registry"
     common = {"epochs": str(job.epochs), "seed": str(job.seed), "advertise_host": "127.0.0.1",
               **{k: v if isinstance(v, str) else json.dumps(v) for k, v in local_paths(job.hyperparameters).items()}}
-    window_budget(batch_window)  # a bad size fails here, before anything is written or started
+    window = window_budget(batch_window)  # a bad size fails here, before anything is written or started
     try:
-        sweep = Sweep(name, str(registry), batch_window, idle_s,
+        sweep = Sweep(name, str(registry), window, idle_s,
                       tuple(tuple(sorted(own.items())) for own in grid(vary or [], jobs)))
     except SubmitError as exc:
         raise ConfigError(str(exc)) from None

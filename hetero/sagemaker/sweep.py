@@ -34,7 +34,7 @@ class Sweep:
 
     name: str
     registry: str
-    batch_window: str
+    batch_window: int  # bytes (0: no window)
     idle_s: float
     jobs: tuple[tuple[tuple[str, str], ...], ...]  # each job's own hyperparameters, as (key, value) pairs
 
@@ -75,7 +75,7 @@ def sweep_hyperparameters(common: dict[str, str], sweep: Sweep) -> tuple[dict[st
     """The data-only job's hyperparameters, and each DNN-only job's, from the sweep's ``common``
     ones (``hetero sweep`` submits these; ``hetero local --jobs`` runs them as processes)."""
     common = {**common, "job_name": sweep.name}
-    data = {**common, "join": sweep.registry, "batch_window": sweep.batch_window,
+    data = {**common, "join": sweep.registry, "batch_window": str(sweep.batch_window),
             "watchdog_idle_s": f"{sweep.idle_s:g}"}
     return data, [{**common, "registry": sweep.registry, **dict(own)} for own in sweep.jobs]
 

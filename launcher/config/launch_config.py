@@ -128,12 +128,18 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
+        if kind == "ByteSize":
+            from data_service.server.batch_window import window_budget
+
+            return window_budget(value)  # a size such as 8GB; ConfigError naming the value
         if kind == "dict":
             value = _maybe_json(value)
             if not isinstance(value, dict):
                 raise ValueError
             return value
         return value if isinstance(value, str) else json.dumps(value)
+    except ConfigError:
+        raise  # a parser's own message (a size's), naming the value and the form
     except (TypeError, ValueError):
         raise ConfigError(f"hyperparameter {key}={value!r} must be a {kind}") from None
 

@@ -40,6 +40,10 @@ def _port(section: object, names: tuple[str, ...]) -> None:
             raise ConfigError(f"{name}={value} must be a TCP port 0..65535")
 
 
+# A number of bytes, given in a hyperparameter as a size ("8GB", "512MiB") or an integer: parsed
+# once where the hyperparameters are read (launch_config._coerce), an int from then on.
+ByteSize = int
+
 @dataclass(frozen=True)
 class RolesSection:
     """Which instance groups play which role."""
@@ -119,8 +123,8 @@ class ServeSection:
     dnn_local_server: bool = False          # DNN hosts also serve batches from their own CPUs
     local_server_nice: int = 10             # nice value of a DNN host's own data server's workers (0-19):
                                             # they build in the cycles its trainers leave
-    batch_window: str = "0"                 # a data node keeps built batches for every job that asks, within
-                                            # this size (e.g. 8GB): a sweep's jobs of one seed (docs/sweep.md)
+    batch_window: ByteSize = 0              # bytes (given as a size, e.g. 8GB): a data node keeps built batches
+                                            # for every job that asks: a sweep's jobs of one seed (docs/sweep.md)
 
     def check(self) -> None:
         _port(self, ("data_port", "bulk_port"))
@@ -130,15 +134,8 @@ class ServeSection:
             raise ConfigError(f"local_server_nice={self.local_server_nice} must be 0..19 (0: the trainers' own priority)")
         if not self.bind_host:
             raise ConfigError("bind_host='' must be an address to listen on, e.g. 0.0.0.0")
-        from data_service.server.batch_window import window_budget
-
-        window_budget(self.batch_window)  # a size, or ConfigError naming the value
-
-    @property
-    def batch_window_bytes(self) -> int:
-        from data_service.server.batch_window import window_budget
-
-        return window_budget(self.batch_window)
+        if self.batch_window < 0:
+            raise ConfigError(f"batch_window={self.batch_window} must be >= 0 bytes (0: no window)")
 
 
 @dataclass(frozen=True)

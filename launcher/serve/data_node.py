@@ -69,7 +69,7 @@ def watchdog_for(cfg: LaunchConfig) -> Watchdog:
     a sweep's data job (``join`` with a ``batch_window``) starts before its jobs, so it keeps the
     first-consumer deadline: jobs that never come (all failed at start) do not leave it billing."""
     joined = bool(cfg.elastic.join)
-    sweep = joined and cfg.serve.batch_window_bytes > 0
+    sweep = joined and cfg.serve.batch_window > 0
     return Watchdog(cfg.serve.watchdog_connect_s, cfg.serve.watchdog_idle_s, joined=joined, first_deadline=sweep)
 
 

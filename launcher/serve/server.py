@@ -26,7 +26,7 @@ def start_server(cfg: LaunchConfig, token: str, port: int, host: str | None = No
                             num_workers=workers or cfg.serve.data_workers or usable_cpus(),
                             worker_nice=cfg.serve.local_server_nice if beside_trainer else 0,
                             # a window serves several jobs; the server beside one job's trainers has one
-                            batch_window_bytes=0 if beside_trainer else cfg.serve.batch_window_bytes)
+                            batch_window_bytes=0 if beside_trainer else cfg.serve.batch_window)
     return DataServer(PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options), token, options).start()
 
 

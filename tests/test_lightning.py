@@ -47,6 +47,22 @@ def test_datamodule_serves_remote_batches_sharded_by_rank(server_factory):
     assert len(dm.train_dataloader()) == 8 == len(list(dm.train_dataloader()))
 
 
+def test_the_homogeneous_datamodule_gives_the_remote_ones_batches(server_factory):
+    """LocalDataModule (the homogeneous mode) builds in this process the batches RemoteDataModule
+    reads from a data server: the same ones, bit for bit, in the same order."""
+    from dnn_worker.lightning import LocalDataModule, RemoteDataModule
+
+    options = {"size": 64, "batch_size": 8}
+    server = server_factory(options)
+    remote = RemoteDataModule([server.address], token="test-token", seed=3, loader_workers=0)
+    local = LocalDataModule(PipelineSpec("examples.synthetic:build_pipeline", options), seed=3, loader_workers=0)
+    digests = []
+    for dm in (remote, local):
+        dm.setup("fit")
+        digests.append([batch_digest(b) for b in dm.train_dataloader()])
+    assert len(digests[0]) == 8 and digests[0] == digests[1]
+
+
 # mid-epoch 0 (the resume crosses the epoch boundary) and mid-epoch 1; a loader without len makes
 # Lightning fetch a batch ahead of the step, which the module's position must not count
 @pytest.mark.parametrize("stop_at, sized", [(5, True), (17, True), (7, False)])

@@ -179,19 +179,29 @@ class DataServer:
 
     def _check_ports(self) -> None:
         """A port asked for by number that another process holds: the error now, not after the
-        workers built the probe batch (gRPC binds with SO_REUSEADDR, as this check does)."""
+        workers built the probe batch (gRPC binds with SO_REUSEADDR, as ``_bind`` does)."""
         for port, flag in ((self.options.port, "--port"), (self.options.bulk_port, "--bulk-port")):
-            if not port:
-                continue
-            probe = socket.socket(socket.AF_INET6 if ":" in self.options.host else socket.AF_INET)
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((self.options.host, port))
-            except OSError as exc:
-                raise ConfigError(f"cannot listen on {self.options.host}:{port} ({exc.strerror or exc}); "
-                                  f"pick another {flag} or 0 for a free one") from None
-            finally:
-                probe.close()
+            if port:
+                self._bind(port, flag).close()
+
+    def _bind(self, port: int, flag: str) -> socket.socket:
+        """A socket bound to ``port`` (0: a free one) on the server's host.
+
+        Raises:
+            ConfigError: the port is taken (or the host is not this machine's), naming both and ``flag``.
+        """
+        sock = socket.socket(socket.AF_INET6 if ":" in self.options.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.options.host, port))
+        except OSError as exc:
+            sock.close()
+            raise self._cannot_listen(port, flag, exc.strerror or str(exc)) from None
+        return sock
+
+    def _cannot_listen(self, port: int, flag: str, why: str) -> ConfigError:
+        return ConfigError(f"cannot listen on {self.options.host}:{port} ({why}); pick another {flag} or 0 for a "
+                           "free one")
 
     def _open_ports(self) -> None:
         self._health = health.HealthServicer()
@@ -210,15 +220,8 @@ class DataServer:
             else:
                 self.port = self._grpc.add_insecure_port(target)
         except RuntimeError as exc:
-            raise ConfigError(f"cannot listen on {self.options.host}:{self.options.port} ({exc}); "
-                              "pick another --port or 0 for a free one") from exc
-        self._listener = socket.socket(socket.AF_INET6 if ":" in self.options.host else socket.AF_INET)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._listener.bind((self.options.host, self.options.bulk_port))
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.options.host}:{self.options.bulk_port} ({exc}); "
-                              "pick another --bulk-port or 0 for a free one") from exc
+            raise self._cannot_listen(self.options.port, "--port", str(exc)) from exc
+        self._listener = self._bind(self.options.bulk_port, "--bulk-port")
         self._listener.listen(1024)
         self.bulk_port = self._listener.getsockname()[1]
         self._dataplane = DataPlane(self._listener, self.pool, self._session_settings(), self, self._tls_context,

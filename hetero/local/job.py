@@ -113,19 +113,22 @@ def check_data(job: LocalJob) -> None:
         raise ConfigError(f"--data {job.data}: no such directory (the training channel: MNIST IDX files, or an image folder root/<class>/*.jpg; omit for synthetic MNIST)")
 
 
-# where a job's plug-ins name none: launcher/config/sections.py (DataSection, ModelSection)
-DEFAULT_PIPELINE, DEFAULT_MODEL, MNIST_MODULE = "examples.mnist:build_pipeline", "examples.mnist:Net", "examples.mnist"
+MNIST_MODULE = "examples.mnist"  # the example whose pipeline and evaluation read MNIST IDX files
 
 
 def reads_mnist(hyperparameters: dict[str, Any]) -> bool:
     """Whether the job's pipeline or its evaluation is the MNIST example's (reading IDX files from
-    the training channel): only such a job gets synthetic MNIST when no ``--data`` is given."""
+    the training channel): only such a job gets synthetic MNIST when no ``--data`` is given. An
+    option the job does not set has the launcher's default (``DataSection``, ``ModelSection``)."""
+    from launcher.config.sections import EVALUATE_AUTO, DataSection, ModelSection
+
     def module(key: str, default: str) -> str:
         return str(hyperparameters.get(key, default)).partition(":")[0]
 
-    evaluate = str(hyperparameters.get("evaluate", "auto"))
-    evaluate_module = module("model", DEFAULT_MODEL) if evaluate == "auto" else evaluate.partition(":")[0]
-    return MNIST_MODULE in (module("pipeline", DEFAULT_PIPELINE), evaluate_module)
+    evaluate = str(hyperparameters.get("evaluate", ModelSection.evaluate))
+    evaluate_module = (module("model", ModelSection.model) if evaluate == EVALUATE_AUTO
+                       else evaluate.partition(":")[0])
+    return MNIST_MODULE in (module("pipeline", DataSection.pipeline), evaluate_module)
 
 
 def training_data(job: LocalJob, work: Path) -> Path:

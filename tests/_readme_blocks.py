@@ -111,23 +111,29 @@ def environ(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(command: str, cwd: Path, env: dict[str, str], timeout: float = 120, check: bool = True
-        ) -> subprocess.CompletedProcess:
-    """One command as written, through bash, in its own process group (killed whole on a timeout)."""
-    p = subprocess.Popen(["bash", "-euo", "pipefail", "-c", command], cwd=cwd, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+def run_group(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, what: str) -> tuple[int, str]:
+    """``argv`` in its own process group, killed whole when it ends or runs past ``timeout``
+    (nothing is left behind); its exit code and output (stdout and stderr together)."""
+    p = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(p)
         out, _ = p.communicate()
-        raise AssertionError(f"{command!r} ran past {timeout} s:\n{out[-4000:]}")
+        raise AssertionError(f"{what} ran past {timeout} s:\n{out[-6000:]}")
     finally:
         kill_group(p)
-    result = subprocess.CompletedProcess(command, p.returncode, out, "")
+    return p.returncode, out
+
+
+def run(command: str, cwd: Path, env: dict[str, str], timeout: float = 120, check: bool = True
+        ) -> subprocess.CompletedProcess:
+    """One command as written, through bash, in its own process group (killed whole on a timeout)."""
+    code, out = run_group(["bash", "-euo", "pipefail", "-c", command], cwd, env, timeout, repr(command))
     if check:
-        assert p.returncode == 0, f"{command!r} exited {p.returncode}:\n{out[-6000:]}"
-    return result
+        assert code == 0, f"{command!r} exited {code}:\n{out[-6000:]}"
+    return subprocess.CompletedProcess(command, code, out, "")
 
 
 def kill_group(p: subprocess.Popen) -> None:

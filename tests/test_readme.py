@@ -41,8 +41,8 @@ from pathlib import Path
 
 import pytest
 
-from _readme_blocks import (ROOT, all_blocks, block, check_options, elided, environ, in_netns, kill_group,
-                            netns_available, run, words, write_hosts)
+from _readme_blocks import (ROOT, all_blocks, block, check_options, elided, environ, in_netns,
+                            netns_available, run, run_group, words, write_hosts)
 
 README = "README.md"
 
@@ -144,17 +144,8 @@ def drive(script: str, cwd: Path, env: dict, hosts: dict[str, str], timeout: flo
     killed at the end (nothing is left behind)."""
     hosts_file = write_hosts(cwd / ".hosts", hosts)
     (cwd / ".drive.sh").write_text(script)
-    p = subprocess.Popen(in_netns(["bash", str(cwd / ".drive.sh")], hosts_file), cwd=cwd, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(p)
-        out, _ = p.communicate()
-        raise AssertionError(f"ran past {timeout} s:\n{out[-6000:]}")
-    finally:
-        kill_group(p)
-    assert p.returncode == 0, f"exited {p.returncode}:\n{out[-8000:]}"
+    code, out = run_group(in_netns(["bash", str(cwd / ".drive.sh")], hosts_file), cwd, env, timeout, "the script")
+    assert code == 0, f"exited {code}:\n{out[-8000:]}"
     return out
 
 

@@ -58,12 +58,12 @@ def start_server(batch_bytes: int, workers: int) -> tuple[subprocess.Popen, str]
 # ------------------------------------------------------------------ one consumer process
 
 def _iterate(servers: list[str], seed: int, until: float, out: dict, count: int) -> None:
-    from data_service.protocol.generated import pb
+    from data_service.contract.batch_id import BatchId
     from dnn_worker.fetch.fetch_options import FetchOptions
     from dnn_worker.fetch.fetcher import Fetcher
     from dnn_worker.remote_dataset import SMALL_WINDOW
 
-    refs = [pb.BatchRef(seed=seed, epoch=0, index=i) for i in range(count)]
+    refs = [BatchId(seed, 0, i) for i in range(count)]
     # The windows RemoteDataset would use with one-worker servers.
     fetcher = Fetcher(servers, refs, FetchOptions(TOKEN, small_window=SMALL_WINDOW, shared_memory=False,
                                                   connect_timeout=30, batch_timeout=30, client_id=f"scale-{seed}"))

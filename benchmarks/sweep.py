@@ -78,6 +78,7 @@ SPLIT: CpuSplit | None = None  # the node's and the jobs' cores (--node-cores), 
 def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[float], seconds: float,
                tmp: str, tag: str, build_ahead: int | None = None) -> dict:
     """One layout: a server, a job per seed for ``seconds`` after all have their first batch; figures."""
+    from data_service.server.stats import WindowFigures
     from dnn_worker import ControlClient
     from hetero.testing.processes import TOKEN, ServerProc
 
@@ -108,7 +109,7 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
             end = start + seconds
             most = 0.0
             while time.monotonic() < end:
-                most = max(most, ctl.stats().pipeline.get("window_bytes", 0.0))
+                most = max(most, (WindowFigures.of(ctl.stats()) or WindowFigures()).held_bytes)
                 time.sleep(0.25)
             after = ctl.stats()
             node_cpu, jobs_cpu = tree_cpu(server.proc.pid) - node0, time.process_time() - jobs0
@@ -122,15 +123,15 @@ def run_layout(options: dict, window: str | None, seeds: list[int], steps: list[
     built = after.batches_built - before.batches_built
 
     def grew(name: str) -> float:
-        return after.pipeline.get(name, 0.0) - before.pipeline.get(name, 0.0)
+        return getattr(WindowFigures.of(after) or WindowFigures(), name) - getattr(WindowFigures.of(before) or WindowFigures(), name)
 
-    again = grew("batches_built_again")
+    again = grew("built_again")
     jobs = [{"name": r.name, "seed": r.seed, "step_s": r.step_s, "error": r.error, **r.figures(start, end)}
             for r in records]
     return {"jobs": jobs, "records": records, "batches": sum(j["batches"] for j in jobs), "seconds": seconds,
-            "built": built, "built_again": again, "built_ahead": grew("window_built_ahead"),
-            "ahead_used": grew("window_ahead_used"), "window_max_bytes": most,
-            "window_budget": after.pipeline.get("window_budget_bytes", 0.0),
+            "built": built, "built_again": again, "built_ahead": grew("built_ahead"),
+            "ahead_used": grew("ahead_used"), "window_max_bytes": most,
+            "window_budget": (WindowFigures.of(after) or WindowFigures()).budget_bytes,
             # where the machine's cores went: the data node (server and workers), the 4 jobs (this
             # process), and how loaded the machine was (other people's work included)
             "node_cores": node_cpu / seconds, "jobs_cores": jobs_cpu / seconds, "load": (load0, os.getloadavg()[0]),

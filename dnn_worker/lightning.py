@@ -17,9 +17,12 @@ of the epoch is dealt to the new ranks (``dnn_worker.resume.resharding``).
 """
 from __future__ import annotations
 
+import atexit
 import collections
+import functools
 from typing import Any, Iterator, Sequence, cast
 
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 try:
@@ -38,6 +41,22 @@ from .local_dataset import LocalDataset
 from .remote_dataset import RemoteDataset
 from .resume.resharding import lockstep_states, steps_before_deal
 from .resume.sharding import ShardedBatches
+from .resume.state import ResumeState
+
+
+@functools.cache
+def _destroy_gloo_group_at_exit() -> None:
+    """Destroy a gloo process group still open when the interpreter exits.
+
+    Lightning leaves the group it made to the end of the process; gloo's threads, never joined
+    then, abort it (``terminate called without an active exception``, exit code -6) at random,
+    which fails the job. atexit runs while the interpreter can still join them. NCCL groups are
+    left alone: their teardown may wait on peers.
+    """
+    def destroy() -> None:
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+            dist.destroy_process_group()
+    atexit.register(destroy)
 
 
 class ShardedDataModule(pl.LightningDataModule):
@@ -60,7 +79,7 @@ class ShardedDataModule(pl.LightningDataModule):
         self.loader: ResumableLoader | None = None
         self._audit: AuditLog | None = None
         self._pending: collections.deque = collections.deque()  # (state, record) of yielded, untrained batches
-        self._taken: dict[str, Any] | None = None  # state as of the last batch that reached the step
+        self._taken: ResumeState | None = None  # state as of the last batch that reached the step
         self._to_load: dict[str, Any] | None = None
 
     def make_dataset(self, rank: int, world_size: int) -> ShardedBatches:  # pragma: no cover - abstract
@@ -69,6 +88,8 @@ class ShardedDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.loader is not None:
             return
+        if dist.is_available() and dist.is_initialized():
+            _destroy_gloo_group_at_exit()
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
         dataset = self.make_dataset(rank, world)
@@ -92,8 +113,8 @@ class ShardedDataModule(pl.LightningDataModule):
         if trainer is not None and trainer.training and self._pending:
             self._taken, record = self._pending.popleft()
             if record is not None:
-                (epoch, index), sha = record  # a record is made only with an audit log (_TrainFeed)
-                cast(AuditLog, self._audit).write(epoch, index, self._taken["dp_rank"], sha)
+                which, sha = record  # a record is made only with an audit log (_TrainFeed)
+                cast(AuditLog, self._audit).write(which, self._taken.dp_rank or 0, sha)
         model = trainer.lightning_module if trainer is not None else None
         if model is not None and is_overridden("on_before_batch_transfer", model):
             batch = model.on_before_batch_transfer(batch, dataloader_idx)  # Lightning calls only one of the two
@@ -102,7 +123,7 @@ class ShardedDataModule(pl.LightningDataModule):
     def data_state(self) -> dict[str, Any]:
         """This rank's data position as of the last batch that reached the training step."""
         if self._taken is not None:
-            return dict(self._taken)
+            return self._taken.to_dict()
         if self.loader is not None:
             return self.loader.state_dict()
         return dict(self._to_load or {})
@@ -115,10 +136,12 @@ class ShardedDataModule(pl.LightningDataModule):
         if self.loader is None:  # Lightning may restore before setup
             self._to_load = data
             return
-        if isinstance(data, dict) and data.get("dp_size", self.loader.dataset.dp_size) != self.loader.dataset.dp_size:
-            # Lightning keeps rank 0's state; DDP ranks step together, so it stands for every rank's,
-            # and the rest of the epoch is dealt to this job's ranks
-            data = lockstep_states(data)
+        if isinstance(data, dict):  # one rank's state (a list is every rank's, loaded as it is)
+            data = ResumeState.from_dict(data)
+            if data.dp_size not in (None, self.loader.dataset.dp_size):
+                # Lightning keeps rank 0's state; DDP ranks step together, so it stands for every rank's,
+                # and the rest of the epoch is dealt to this job's ranks
+                data = lockstep_states(data)
         self.loader.load_state_dict(data)
         self._pending.clear()
         self._taken = None
@@ -146,7 +169,7 @@ class _TrainFeed:
         # epoch dealt to another number of ranks from the steps taken before the deal.
         dataset = self._loader().dataset
         worlds = dataset.earlier_worlds(dataset.epoch)
-        return (steps_before_deal(worlds) if worlds is not None else 0) + len(dataset._rank_share())
+        return (steps_before_deal(worlds) if worlds is not None else 0) + len(dataset.rank_share())
 
     def __iter__(self) -> Iterator[Any]:
         m = self.module
@@ -156,10 +179,10 @@ class _TrainFeed:
         m._pending.clear()
         if m.trainer is not None:
             loader.set_epoch(m.trainer.current_epoch)
-        m._taken = loader.state_dict()
+        m._taken = loader.resume_state()
         for batch in loader:
             record = (loader.last_yielded, digest(batch)) if m._audit is not None else None
-            m._pending.append((loader.state_dict(), record))
+            m._pending.append((loader.resume_state(), record))
             yield batch
 
     # Lightning saves and restores stateful loaders itself: the same, exact state.

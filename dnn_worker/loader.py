@@ -23,11 +23,12 @@ from typing import Any, Iterator, Sequence
 
 from torch.utils.data import DataLoader
 
+from data_service.contract.batch_id import BatchId
 from data_service.errors import ConfigError
 
 from .resume.audit import AuditLog, digest, take_audit
-from .resume.sharding import ShardedBatches
-from .resume.state import EarlierWorld, ResumeState
+from .resume.sharding import Deal, ShardedBatches
+from .resume.state import LoadableState, ResumeState
 
 
 class ResumableLoader:
@@ -41,11 +42,10 @@ class ResumableLoader:
         self.dataset: ShardedBatches = loader.dataset
         self.persistent = bool(loader.num_workers and getattr(loader, "persistent_workers", False))
         if loader.num_workers:
-            self.dataset.share_with_workers()
-        self.dataset._workers_persist = self.persistent
+            self.dataset.share_with_workers(self.persistent)
         self._consumed = 0  # batches yielded since the dataset's resume point
         self._indices: Sequence[int] = []
-        self.last_yielded: tuple[int, int] | None = None
+        self.last_yielded: BatchId | None = None
         self._audit: AuditLog | None = take_audit(self.dataset)
         # A weak reference: the iteration refers to this loader, so a strong one back would make a
         # cycle that keeps a broken-off iteration (and its DataLoader workers) alive until the
@@ -72,14 +72,14 @@ class ResumableLoader:
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
         if epoch != self.epoch:
-            dealt = self.dataset._dealt
-            self.dataset._start_epoch(epoch)  # shared as usual: an epoch dealt on resuming is dealt no more
+            dealt = self.dataset.deal
+            self.dataset.start_epoch(epoch)  # shared as usual: an epoch dealt on resuming is dealt no more
             self._consumed = 0
             self._restart_if_redealt(dealt)
 
     def __len__(self) -> int:
         """Batches left in the current epoch (all of the next one after a finished epoch)."""
-        return len(self.dataset._rank_share()) - self.resume_state().position
+        return len(self.dataset.rank_share()) - self.resume_state().position
 
     def __iter__(self) -> Iterator[Any]:
         self._close_active()  # an iteration left suspended (the loop broke off) ends here
@@ -95,20 +95,20 @@ class ResumableLoader:
 
     def _iterate(self) -> Iterator[Any]:
         state = self.resume_state()
-        self.dataset._seek(state.epoch, state.position)  # continue where the last iteration stopped
+        self.dataset.seek(state.epoch, state.position)  # continue where the last iteration stopped
         self._consumed = 0
-        epoch, rank = self.dataset.epoch, self.dataset.dp_rank
+        seed, epoch, rank = self.dataset.seed, self.dataset.epoch, self.dataset.dp_rank
         self._indices = indices = self.dataset.rank_indices()
         audit = self._audit
         it = iter(self.loader)
         complete = False
         try:
             for batch in it:
-                index = indices[self._consumed]
+                which = BatchId(seed, epoch, indices[self._consumed])
                 if audit is not None:
-                    audit.write(epoch, index, rank, digest(batch))
+                    audit.write(which, rank, digest(batch))
                 self._consumed += 1
-                self.last_yielded = (epoch, index)
+                self.last_yielded = which
                 yield batch
             complete = True
         finally:
@@ -118,7 +118,7 @@ class ResumableLoader:
             if not self.persistent:
                 _shutdown(it)
         if complete:  # a checkpoint taken now resumes at the next epoch
-            self.dataset._seek(epoch + 1, 0)
+            self.dataset.seek(epoch + 1, 0)
             self._consumed = 0
 
     def close(self) -> None:
@@ -136,18 +136,18 @@ class ResumableLoader:
         """:meth:`state_dict` as the typed value."""
         return self.dataset.resume_state_at(self.dataset.epoch, self.dataset.start + self._consumed)
 
-    def load_state_dict(self, state: dict[str, Any] | ResumeState | list[dict[str, Any]]) -> None:
+    def load_state_dict(self, state: LoadableState) -> None:
         """Resume there: this rank's state, or every rank's (a list) from another number of ranks."""
-        dealt = self.dataset._dealt
+        dealt = self.dataset.deal
         self.dataset.load_state_dict(state)
         self._consumed = 0
         self._restart_if_redealt(dealt)
 
-    def _restart_if_redealt(self, dealt: tuple[int, tuple[EarlierWorld, ...]] | None) -> None:
+    def _restart_if_redealt(self, dealt: Deal | None) -> None:
         """Stop persistent workers that hold a copy of the dataset made under deal ``dealt``, another
         than the dataset's now: the epoch and resume point reach them through shared memory, the
         deal does not, and they would yield another share than the one this loader audits."""
-        if self.dataset._dealt != dealt and self.persistent and self.loader._iterator is not None:
+        if self.dataset.deal != dealt and self.persistent and self.loader._iterator is not None:
             self.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from data_service.contract.batch_id import BatchId
 from data_service.errors import BatchBuildError
 from data_service.contract.pipeline import Pipeline, PipelineSpec, SampleError, build_batch
 
@@ -49,14 +50,14 @@ class LocalDataset(ShardedBatches):
         state["_carry"] = {}
         return state
 
-    def _batches(self, items: BatchList) -> Iterator[tuple[int, int, Any]]:
+    def _batches(self, items: BatchList) -> Iterator[tuple[BatchId, Any]]:
         pipe = self.pipeline()
         cfg = pipe.epoch_shape()
-        for epoch, index in items:
+        for which in items:
             try:
-                batch = build_batch(pipe, cfg, self.seed, epoch, index)
+                batch = build_batch(pipe, cfg, which.seed, which.epoch, which.index)
             except SampleError as exc:
                 import traceback
-                raise BatchBuildError(str(exc), epoch=epoch, index=index, sample_index=exc.sample_index,
+                raise BatchBuildError(str(exc), epoch=which.epoch, index=which.index, sample_index=exc.sample_index,
                                       remote_traceback="".join(traceback.format_exception(exc.cause))) from exc
-            yield epoch, index, batch
+            yield which, batch

@@ -17,20 +17,24 @@ the job's pipeline, from about a second after it registers (docs/elastic.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
+import time
 from typing import Any, Iterator, Sequence
 
+import grpc
+
 from data_service.contract import wire_encoding
+from data_service.contract.batch_id import BatchId
 from data_service.protocol.addresses import split_address
-from data_service.errors import ConfigError
+from data_service.errors import ConfigError, DataServiceError, ServerUnavailableError
 from data_service.membership.registry import check_uri
 from data_service.storage import is_s3_url
-from data_service.protocol.version import PROTOCOL_VERSION
 from data_service.protocol.generated import pb
 
 from .fetch.affinity import Affinity
-from .resume.batch_list import BatchList, BatchRefs
+from .resume.batch_list import BatchList
 from .transport.control import ControlClient
 from .fetch.fetch_options import FetchOptions
 from .fetch.fetcher import Fetcher
@@ -40,7 +44,7 @@ from .resume.sharding import ShardedBatches
 SMALL_WINDOW = 8  # default window for batches of at most 1 MB (scheduler.SMALL_BATCH_BYTES)
 # How long an epoch's connections stay open for the next epoch's iteration: reconnecting costs an
 # epoch's start tens of milliseconds (a gRPC Hello, a TCP handshake); a job that does not come back
-# within this (evaluating, saving, done) closes them, so its data servers see it gone (idle_exit).
+# within this (evaluating, saving, done) closes them, so its data servers see it gone (data_service/server/lifetime.py).
 KEEP_OPEN_S = 10.0
 HELLO_MIN_S = 0.1  # the shortest a Hello may take once the deadline is (almost) up: one round trip
 
@@ -77,8 +81,7 @@ class RemoteDataset(ShardedBatches):
 
     def __init__(self, servers: str | Sequence[str] | None = None, token: str = "", *, window: int | None = None,
                  connect_timeout: float = 60.0, batch_timeout: float = 300.0, batch_attempts: int = 3,
-                 pin_memory: bool = False,
-                 max_batch_bytes: int = 1 << 40, client_version: str = PROTOCOL_VERSION, shared_memory: bool = True,
+                 pin_memory: bool = False, max_batch_bytes: int = 1 << 40, shared_memory: bool = True,
                  tls_ca: str = "", tls_server_name: str = "", registry: str | None = None,
                  registry_poll_s: float | None = None, fingerprint: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -96,24 +99,13 @@ class RemoteDataset(ShardedBatches):
         self.fingerprint = fingerprint or None
         for address in self.servers:
             split_address(address)
-        if not token:
-            raise ConfigError("token='' : pass the job token the data servers were started with")
-        if window is not None and window < 1:
-            raise ConfigError(f"window={window} must be >= 1")
-        if batch_attempts < 1:
-            raise ConfigError(f"batch_attempts={batch_attempts} must be >= 1 (failed attempts at one batch that end "
-                              "the iteration; 3 by default)")
-        self.token = token
-        self.window = window
-        self.connect_timeout = connect_timeout
-        self.batch_timeout = batch_timeout
-        self.batch_attempts = batch_attempts
-        self.pin_memory = pin_memory
-        self.max_batch_bytes = max_batch_bytes
-        self.client_version = client_version
-        self.shared_memory = shared_memory
-        self.tls_ca = tls_ca
-        self.tls_server_name = tls_server_name
+        # every fetch option checked here, once; each epoch's Fetcher takes a copy naming this
+        # process (``client_id``) and the servers' pipeline
+        self.options = FetchOptions(token, window=window, small_window=0 if window else SMALL_WINDOW,
+                                    connect_timeout=connect_timeout, batch_timeout=batch_timeout,
+                                    batch_attempts=batch_attempts, pin_memory=pin_memory,
+                                    max_batch_bytes=max_batch_bytes, shared_memory=shared_memory, tls_ca=tls_ca,
+                                    tls_server_name=tls_server_name)
         self._info: pb.HelloResponse | None = None
         self._fetcher: Fetcher | None = None  # the last epoch's, its connections open for a while (KEEP_OPEN_S)
 
@@ -134,14 +126,12 @@ class RemoteDataset(ShardedBatches):
         """Dataset facts from the first server that answers (cached)."""
         if self._info is None:
             if self.servers:
-                info = first_hello(self.servers, self.token, self.connect_timeout, self.client_version,
-                                   self.tls_ca, self.tls_server_name)
+                info = first_hello(self.servers, self.options)
             else:
                 watcher = self._watcher()
                 if watcher is None:  # __init__ refuses a dataset with neither
                     raise ConfigError("servers=[] : give at least one data server address 'host:port', or registry=")
-                info = registry_hello(watcher, self.fingerprint, self.connect_timeout, self.client_version,
-                                      self.tls_ca, self.tls_server_name)
+                info = registry_hello(watcher, self.fingerprint, self.options)
             if self.fingerprint and info.dataset.fingerprint != self.fingerprint:
                 raise ConfigError(f"data server {info.server_id} runs pipeline {info.dataset.pipeline!r} with "
                                   f"fingerprint {info.dataset.fingerprint}, not fingerprint={self.fingerprint}: start "
@@ -155,7 +145,7 @@ class RemoteDataset(ShardedBatches):
         """This process's watcher of the registry (None without one), told the job's fingerprint."""
         if not self.registry:
             return None
-        watcher = watcher_for(self.registry, self.token, self.registry_poll_s)
+        watcher = watcher_for(self.registry, self.options.token, self.registry_poll_s)
         fp = self.fingerprint or (self._info.dataset.fingerprint if self._info is not None else None)
         if fp:
             watcher.set_fingerprint(fp)
@@ -187,28 +177,21 @@ class RemoteDataset(ShardedBatches):
         full, rest = divmod(d.num_samples, d.batch_size)
         return full + (1 if rest and not d.drop_last else 0)
 
-    def _batches(self, items: BatchList | list[tuple[int, int]]) -> Iterator[tuple[int, int, Any]]:
+    def _batches(self, items: BatchList) -> Iterator[tuple[BatchId, Any]]:
         info = self.hello()
         # Connections stay open for the next epoch (for KEEP_OPEN_S) unless this is the last epoch
         # of those training said it will run (``epochs``); they close with an epoch left early.
-        keep = bool(items) and (items[-1][0] != self.epoch or self.epochs is None)
+        keep = bool(items) and (items[-1].epoch != self.epoch or self.epochs is None)
         previous, self._fetcher = self._fetcher, None
-        # computed per batch as the scheduler reaches it: nothing is built per batch of the epoch
-        refs = BatchRefs(self.seed, BatchList.of(items))
-        options = FetchOptions(self.token, window=self.window, small_window=0 if self.window else SMALL_WINDOW,
-                               connect_timeout=self.connect_timeout, batch_timeout=self.batch_timeout,
-                               batch_attempts=self.batch_attempts,
-                               client_id=client_id(self.dp_rank), fingerprint=info.dataset.fingerprint,
-                               pin_memory=self.pin_memory, max_batch_bytes=self.max_batch_bytes,
-                               client_version=self.client_version, shared_memory=self.shared_memory,
-                               tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
-        fetcher = Fetcher(self.servers, refs, options, affinity=Affinity.of(info.dataset), registry=self._watcher(),
+        options = dataclasses.replace(self.options, client_id=client_id(self.dp_rank),
+                                      fingerprint=info.dataset.fingerprint)
+        # ``items`` is computed per batch as the scheduler reaches it: nothing is built per batch of the epoch
+        fetcher = Fetcher(self.servers, items, options, affinity=Affinity.of(info.dataset), registry=self._watcher(),
                           keep_open=keep, reuse=previous)
         if previous is not None:
             previous.close()  # a no-op when taken over; else nothing is left open
         self._fetcher = fetcher
-        for ref, batch in fetcher:
-            yield ref.epoch, ref.index, batch
+        yield from fetcher
         fetcher.linger(KEEP_OPEN_S)
 
 
@@ -216,15 +199,9 @@ def client_id(rank: int) -> str:
     return f"{socket.gethostname()}/rank{rank}/pid{os.getpid()}"
 
 
-def first_hello(servers: Sequence[str], token: str, deadline_s: float,
-                client_version: str = PROTOCOL_VERSION, tls_ca: str = "", tls_server_name: str = "") -> pb.HelloResponse:
-    """Hello to each server in turn until one answers; the deadline covers all of them."""
-    import time
-
-    import grpc
-
-    from data_service.errors import ServerUnavailableError
-
+def first_hello(servers: Sequence[str], options: FetchOptions) -> pb.HelloResponse:
+    """Hello to each server in turn until one answers; ``options.connect_timeout`` covers all of them."""
+    deadline_s = options.connect_timeout
     start = time.monotonic()
     errors: dict[str, str] = {}
     while True:
@@ -233,7 +210,7 @@ def first_hello(servers: Sequence[str], token: str, deadline_s: float,
             if left <= 0 and errors:  # the deadline passed during this round: the rest are not waited for
                 errors.setdefault(address, "not asked: connect_timeout ran out first")
                 continue
-            with ControlClient(address, token, client_id(0), client_version, tls_ca, tls_server_name) as ctl:
+            with ControlClient(address, options.token, client_id(0), options.tls_ca, options.tls_server_name) as ctl:
                 try:  # a server that accepts and never answers costs at most what is left of the deadline
                     return ctl.hello(timeout=min(2.0, max(HELLO_MIN_S, left)))
                 except grpc.RpcError as err:
@@ -247,17 +224,11 @@ def first_hello(servers: Sequence[str], token: str, deadline_s: float,
         time.sleep(0.25)
 
 
-def registry_hello(watcher: RegistryWatcher, fingerprint: str | None, deadline_s: float,
-                   client_version: str = PROTOCOL_VERSION, tls_ca: str = "", tls_server_name: str = "") -> pb.HelloResponse:
+def registry_hello(watcher: RegistryWatcher, fingerprint: str | None, options: FetchOptions) -> pb.HelloResponse:
     """Hello to the registry's servers that prove the token (of ``fingerprint``, or any: the oldest
-    first) until one answers with the fingerprint its entry claims; the deadline covers the wait
-    for the registry too."""
-    import time
-
-    import grpc
-
-    from data_service.errors import DataServiceError, ServerUnavailableError
-
+    first) until one answers with the fingerprint its entry claims; ``options.connect_timeout``
+    covers the wait for the registry too."""
+    deadline_s = options.connect_timeout
     start = time.monotonic()
     errors: dict[str, str] = {}
     reads = 0
@@ -269,8 +240,8 @@ def registry_hello(watcher: RegistryWatcher, fingerprint: str | None, deadline_s
                 continue
             if deadline_s - (time.monotonic() - start) <= 0 and errors:
                 break  # the deadline passed during this round: the rest are not waited for
-            with ControlClient(entry.address, watcher.token, client_id(0), client_version, tls_ca,
-                               tls_server_name) as ctl:
+            with ControlClient(entry.address, watcher.token, client_id(0), options.tls_ca,
+                               options.tls_server_name) as ctl:
                 try:
                     info = ctl.hello(timeout=min(2.0, max(HELLO_MIN_S, deadline_s - (time.monotonic() - start))))
                 except (grpc.RpcError, DataServiceError) as err:

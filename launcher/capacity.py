@@ -3,7 +3,7 @@
 One model, read by ``hetero plan`` and ``hetero bench`` (hetero/planning/planner.py, from a
 profile) and by the live advice (launcher/advice/model.py, from a running job's figures), so the
 two answer alike on the same figures. Rates are *items* per second: batches for the launcher and
-the planner's layouts, images where :func:`hetero.planning.network.deliverable` asks.
+the planner's layouts, images where a caller counts images.
 
 The model (a steady-state pipeline: batches are built while the accelerators step):
 
@@ -12,8 +12,8 @@ The model (a steady-state pipeline: batches are built while the accelerators ste
   ``compute_s``;
 * each data node builds what its cores build (``Layout.nodes``), carries at most its NIC's
   baseline and, to each rank, one flow's cap (one TCP flow per rank and server); the DNN nodes'
-  NICs bound what all data nodes deliver together (:class:`Network`). The *binding resource* is the smallest of
-  ``cores``, ``data NIC``, ``DNN NIC`` and ``flow``;
+  NICs bound what all data nodes deliver together (:class:`Network`). The *binding resource*
+  (:class:`Binding`) is the smallest of the cores, the data NICs, the DNN NICs and the flows;
 * the DNN nodes' own cores (:class:`OwnCores`) give ``cores`` core-seconds per second: the cores
   they are given, less what other processes take of them (contention). The trainers take
   ``trainer_s`` of that for every item they consume (the finish stage where training runs on the
@@ -24,38 +24,89 @@ The model (a steady-state pipeline: batches are built while the accelerators ste
       delivered = remote + (cores - delivered x trainer_s) / build_s
 
   Without a server of their own the trainers' work can bind too (``cores / trainer_s``:
-  binding ``trainer``).
+  :attr:`Binding.TRAINER`).
 
-Costs: SageMaker bills every instance for the whole job, so a step costs the cluster's $/h x
-``step_s`` / 3600 (:func:`usd_per_step`).
+Costs: SageMaker bills every instance for the whole job, so a cluster of $/h costs $/h x seconds
+/ 3600 over any stretch of it (:func:`usd_for`: a step, an epoch).
+
+Every figure a caller gives is checked by the functions here (:func:`positive`,
+:func:`non_negative`, :func:`share`, :func:`whole`), and a bad one raises :class:`PlanError`
+naming the value and what it should be (``fix``: what to give instead, where the rule alone does
+not say).
 """
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NoReturn
 
 SINGLE_FLOW_GBPS = 5.0            # one 5-tuple flow between EC2 instances outside a cluster placement group
 PLACEMENT_GROUP_FLOW_GBPS = 10.0  # ... and inside one
-BINDINGS = ("cores", "data NIC", "DNN NIC", "flow")  # a tie goes to the earlier name
-NETWORK_BINDINGS = BINDINGS[1:]
-TRAINER = "trainer"               # the trainers' own work on the DNN nodes' cores binds
 COMPACT_WIRE = "jpeg:90"          # the compact wire encoding plan and advice name when the network binds
 
 
-class CapacityError(ValueError):
-    """A figure the model cannot use (naming the value and what it should be)."""
+class PlanError(ValueError):
+    """A figure the model, the planner or the price table cannot use (naming the value and the fix)."""
 
 
-def _number(name: str, value: float, *, positive: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or (value <= 0 if positive else value < 0):
-        raise CapacityError(f"{name}={value!r} must be a {'positive' if positive else 'non-negative'} number")
+def _fail(name: str, value: object, must: str, fix: str) -> NoReturn:
+    raise PlanError(f"{name}={value!r} must be {must}" + (f"; {fix}" if fix else ""))
 
 
-def _gbps(name: str, value: float | None) -> None:
-    if value is not None:
-        _number(name, value, positive=True)
+def _real(value: object) -> bool:
+    # bool is an int to Python, never a figure; nan and inf compare falsely or pass every bound
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def positive(name: str, value: float, fix: str = "") -> float:
+    """``value`` as a float when it is a finite number above 0; else a PlanError naming it."""
+    if not (_real(value) and value > 0):
+        _fail(name, value, "a positive number", fix)
+    return float(value)
+
+
+def non_negative(name: str, value: float, fix: str = "") -> float:
+    """``value`` as a float when it is a finite number >= 0; else a PlanError naming it."""
+    if not (_real(value) and value >= 0):
+        _fail(name, value, "a number >= 0", fix)
+    return float(value)
+
+
+def share(name: str, value: float, *, zero: bool = False, one: bool = True, fix: str = "") -> float:
+    """``value`` as a float when it is a share in (0, 1] (``zero``: 0 allowed; ``one``: 1 allowed)."""
+    if not (_real(value) and (value >= 0 if zero else value > 0) and (value <= 1 if one else value < 1)):
+        _fail(name, value, f"a share in {'[' if zero else '('}0, 1{']' if one else ')'}", fix)
+    return float(value)
+
+
+def whole(name: str, value: int, low: int = 1, fix: str = "") -> int:
+    """``value`` when it is an integer >= ``low``; else a PlanError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        _fail(name, value, f"an integer >= {low}", fix)
+    return value
+
+
+class Binding(enum.StrEnum):
+    """What sets a layout's step: the accelerators, or the resource that bounds its data path.
+    The value is the word the text output prints."""
+
+    GPU = "gpu"
+    CORES = "cores"
+    DATA_NIC = "data NIC"
+    DNN_NIC = "DNN NIC"
+    FLOW = "flow"
+    TRAINER = "trainer"           # the trainers' own work on the DNN nodes' cores
+
+    @property
+    def network(self) -> bool:
+        """A NIC or a flow: sending fewer bytes per item would lift it."""
+        return self in (Binding.DATA_NIC, Binding.DNN_NIC, Binding.FLOW)
+
+
+# A tie goes to the earlier: the DNN NICs first (more data nodes cannot lift them), then the
+# cores before the network (more nodes lift both).
+_TIE_ORDER = (Binding.DNN_NIC, Binding.CORES, Binding.DATA_NIC, Binding.FLOW)
 
 
 def gbps_to_items(gbps: float, bytes_per_item: float, goodput: float = 1.0) -> float:
@@ -86,20 +137,20 @@ class Network:
     goodput: float = 1.0
 
     def check(self) -> None:
-        _number("bytes_per_item", self.bytes_per_item, positive=True)
-        _gbps("data_nic_gbps", self.data_nic_gbps)
-        _gbps("dnn_nic_gbps", self.dnn_nic_gbps)
-        _gbps("flow_gbps", self.flow_gbps)
-        if not 0 < self.goodput <= 1:
-            raise CapacityError(f"goodput={self.goodput!r} must be a share in (0, 1]")
+        """Raise PlanError for a figure out of range."""
+        positive("bytes_per_item", self.bytes_per_item)
+        for name in ("data_nic_gbps", "dnn_nic_gbps", "flow_gbps"):
+            if getattr(self, name) is not None:
+                positive(name, getattr(self, name))
+        share("goodput", self.goodput)
 
-    def node_limits(self, ranks: int) -> dict[str, float]:
+    def node_limits(self, ranks: int) -> dict[Binding, float]:
         """Items/s one data node's network carries: its NIC, and one flow to each of ``ranks``."""
-        out = {}
+        out: dict[Binding, float] = {}
         if self.data_nic_gbps is not None:
-            out["data NIC"] = gbps_to_items(self.data_nic_gbps, self.bytes_per_item, self.goodput)
+            out[Binding.DATA_NIC] = gbps_to_items(self.data_nic_gbps, self.bytes_per_item, self.goodput)
         if self.flow_gbps is not None:
-            out["flow"] = ranks * gbps_to_items(self.flow_gbps, self.bytes_per_item, self.goodput)
+            out[Binding.FLOW] = ranks * gbps_to_items(self.flow_gbps, self.bytes_per_item, self.goodput)
         return out
 
     def dnn_limit(self, dnn_nodes: int) -> float | None:
@@ -127,9 +178,10 @@ class OwnCores:
     serves: bool = False
 
     def check(self) -> None:
-        _number("cores", self.cores)
-        _number("build_s", self.build_s, positive=True)
-        _number("trainer_s", self.trainer_s)
+        """Raise PlanError for a figure out of range."""
+        non_negative("cores", self.cores)
+        positive("build_s", self.build_s)
+        non_negative("trainer_s", self.trainer_s)
 
 
 @dataclass(frozen=True)
@@ -153,32 +205,26 @@ class Layout:
     dnn_nodes: int = 1
 
     def check(self) -> None:
-        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
-            raise CapacityError(f"ranks={self.ranks!r} must be an integer >= 1")
-        if isinstance(self.dnn_nodes, bool) or not isinstance(self.dnn_nodes, int) or self.dnn_nodes < 1:
-            raise CapacityError(f"dnn_nodes={self.dnn_nodes!r} must be an integer >= 1")
-        _number("compute_s", self.compute_s, positive=True)
+        """Raise PlanError for a figure out of range."""
+        whole("ranks", self.ranks)
+        whole("dnn_nodes", self.dnn_nodes)
+        positive("compute_s", self.compute_s)
         for rate in self.nodes:
-            _number("a data node's items/s", rate)
+            non_negative("a data node's items/s", rate)
         self.own.check()
         if self.network is not None:
             self.network.check()
 
 
-def uniform(data_nodes: int, items_s: float) -> tuple[float, ...]:
-    """``data_nodes`` alike data nodes, each building ``items_s``."""
-    return (items_s,) * data_nodes
-
-
 @dataclass(frozen=True)
 class Delivery:
     """Items/s the data nodes deliver over the network, what sets it, and each resource's ceiling
-    (unbounded ones left out; ``cores`` is their cores' own). ``nodes_s``: what the data nodes
+    (unbounded ones left out; ``CORES`` is their cores' own). ``nodes_s``: what the data nodes
     send before the DNN nodes' NICs bound it (each node's cores or network, the smaller)."""
 
     items_s: float
-    binding: str
-    limits: dict[str, float] = field(default_factory=dict)
+    binding: Binding
+    limits: dict[Binding, float] = field(default_factory=dict)
     nodes_s: float = 0.0
 
 
@@ -187,30 +233,30 @@ def remote(layout: Layout) -> Delivery:
     net = layout.network
     node = net.node_limits(layout.ranks) if net is not None else {}
     cap = min(node.values()) if node else math.inf
-    limits = {"cores": sum(layout.nodes)}
+    limits = {Binding.CORES: sum(layout.nodes)}
     for name, per_node in node.items():
         limits[name] = per_node * len(layout.nodes)
     dnn = net.dnn_limit(layout.dnn_nodes) if net is not None else None
     if dnn is not None and layout.nodes:
-        limits["DNN NIC"] = dnn
+        limits[Binding.DNN_NIC] = dnn
     # a node delivers the smaller of its cores and its network; the DNN NICs bound all together
     sent = sum(min(rate, cap) for rate in layout.nodes)
     delivered = min(sent, dnn) if dnn is not None and layout.nodes else sent
-    # with nodes alike, the smallest ceiling is what they deliver; a tie goes to the earlier name
-    binding = min(limits, key=lambda k: (limits[k], BINDINGS.index(k)))
+    # with nodes alike, the smallest ceiling is what they deliver
+    binding = min(limits, key=lambda k: (limits[k], _TIE_ORDER.index(k)))
     return Delivery(delivered, binding, limits, sent)
 
 
-def delivered(layout: Layout, over_network: float) -> tuple[float, str]:
-    """(items/s the ranks get when the data nodes send ``over_network`` items/s, what binds the
-    DNN nodes' own part: ``trainer``, or "" where nothing of theirs does)."""
+def _delivered(layout: Layout, over_network: float) -> tuple[float, Binding | None]:
+    """(items/s the ranks get when the data nodes send ``over_network`` items/s, TRAINER where the
+    trainers' own work binds, else None)."""
     own = layout.own
     if own.trainer_s > 0 and own.cores < over_network * own.trainer_s:  # the trainers cannot take what arrives
-        return own.cores / own.trainer_s, TRAINER
+        return own.cores / own.trainer_s, Binding.TRAINER
     if not own.serves:
-        return over_network, ""
+        return over_network, None
     # their time: trainer_s per item consumed (built anywhere), build_s per item they build
-    return (over_network * own.build_s + own.cores) / (own.build_s + own.trainer_s), ""
+    return (over_network * own.build_s + own.cores) / (own.build_s + own.trainer_s), None
 
 
 @dataclass(frozen=True)
@@ -218,15 +264,14 @@ class Prediction:
     """The predicted steady-state step of one layout.
 
     ``items_s``: what its data path delivers at full pace (the ranks take ``ranks / step_s`` of
-    it); ``network_items_s``: the part the data nodes send; ``binding``: ``gpu`` when the
-    accelerators set the step, else what bounds the data path.
+    it); ``network_items_s``: the part the data nodes send; ``binding``: :attr:`Binding.GPU` when
+    the accelerators set the step, else what bounds the data path.
     """
 
     step_s: float
     data_s: float
     data_wait_fraction: float
-    bound: str        # "gpu" or "data"
-    binding: str
+    binding: Binding
     items_s: float
     network_items_s: float
 
@@ -240,47 +285,26 @@ def predict(layout: Layout) -> Prediction:
     """The step, data wait and binding resource of ``layout``.
 
     Raises:
-        CapacityError: a figure out of range (naming it).
+        PlanError: a figure out of range (naming it).
     """
     layout.check()
     net = remote(layout)
-    items_s, own_binding = delivered(layout, net.items_s)
+    items_s, own_binding = _delivered(layout, net.items_s)
     data_s = layout.ranks / items_s if items_s > 0 else math.inf
     step_s = max(layout.compute_s, data_s)
-    bound = "data" if data_s > layout.compute_s else "gpu"
-    if bound == "gpu":
-        binding = "gpu"
-    elif own_binding:
-        binding = own_binding
-    elif layout.nodes:
-        binding = net.binding
+    if data_s <= layout.compute_s:
+        binding = Binding.GPU
     else:
-        binding = "cores"
+        binding = own_binding or (net.binding if layout.nodes else Binding.CORES)
     wait = (step_s - layout.compute_s) / step_s if math.isfinite(step_s) else 1.0
-    return Prediction(step_s, data_s, wait, bound, binding, items_s, net.items_s)
+    return Prediction(step_s, data_s, wait, binding, items_s, net.items_s)
 
 
-def step_s(layout: Layout) -> float:
-    """The predicted step of ``layout`` (:func:`predict`'s ``step_s``)."""
-    return predict(layout).step_s
+def usd_for(usd_per_hour: float, seconds: float) -> float:
+    """Dollars a cluster of ``usd_per_hour`` costs over ``seconds`` of it (a step, an epoch)."""
+    return usd_per_hour * seconds / 3600.0
 
 
-def usd_per_step(usd_per_hour: float, step_s: float) -> float:
-    """Dollars one step costs on a cluster of ``usd_per_hour`` when it takes ``step_s``."""
-    return usd_per_hour * step_s / 3600.0
-
-
-def usd_per_epoch(usd_per_hour: float, step_s: float, steps_per_epoch: int) -> float:
-    """Dollars an epoch of ``steps_per_epoch`` steps costs."""
-    return steps_per_epoch * usd_per_step(usd_per_hour, step_s)
-
-
-def cluster_usd_per_hour(groups: Sequence[tuple[float, int]]) -> float:
-    """$/h of a cluster given as (one instance's $/h, count) pairs."""
-    return sum(price * count for price, count in groups)
-
-
-__all__ = ["BINDINGS", "COMPACT_WIRE", "CapacityError", "Delivery", "Layout", "NETWORK_BINDINGS", "Network", "OwnCores",
-           "PLACEMENT_GROUP_FLOW_GBPS", "Prediction", "SINGLE_FLOW_GBPS", "TRAINER", "cluster_usd_per_hour",
-           "delivered", "gbps_to_items", "items_to_gbps", "predict", "remote", "step_s", "uniform", "usd_per_epoch",
-           "usd_per_step"]
+__all__ = ["Binding", "COMPACT_WIRE", "Delivery", "Layout", "Network", "OwnCores", "PLACEMENT_GROUP_FLOW_GBPS",
+           "PlanError", "Prediction", "SINGLE_FLOW_GBPS", "gbps_to_items", "items_to_gbps", "non_negative",
+           "positive", "predict", "remote", "share", "usd_for", "whole"]

@@ -1,4 +1,5 @@
-"""The log lines SageMaker turns into metrics, and the regular expressions that read them.
+"""The log lines SageMaker turns into metrics, the regular expressions that read them, and the record
+of the job's figures they report (``metrics.json``: :class:`JobMetrics`, its keys named once).
 
 SageMaker scans every line a training container prints for each ``MetricDefinitions`` regex
 and publishes the first group of a match as a data point of that metric (console, CloudWatch
@@ -37,7 +38,10 @@ No ``n/a`` value matches: a metric without a value (an emulated step has no loss
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+import types
+import typing
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Mapping, Self
 
 # A number as Python's %f/%g write it (no sign: every metric here is >= 0 except a loss,
 # which the optional minus covers).
@@ -70,7 +74,8 @@ def metric_definitions(autoscale: bool = True) -> list[dict[str, str]]:
     return [dict(d) for d in METRIC_DEFINITIONS if autoscale or not d["Name"].startswith("autoscale:")]
 
 
-def _fmt(value: float | None, spec: str = ".4f") -> str:
+def fmt(value: float | None, spec: str = ".4f") -> str:
+    """``value`` formatted, or ``n/a`` for None (no such figure: no SageMaker metric matches it)."""
     return "n/a" if value is None else format(value, spec)
 
 
@@ -81,31 +86,112 @@ def window_line(label: str, step: int, avg_step_s: float, steps: int, wait_fract
             f"data wait {100 * wait_fraction:.0f}%, {samples_per_s:.1f} samples/s")
 
 
-def none_measured(metrics: Mapping[str, Any]) -> str | None:
+@dataclass(frozen=True)
+class Record:
+    """A JSON object one process writes and another reads, its keys the fields' names: ``to_json``
+    writes them, ``from_json`` reads them back (keys a record does not name are other readers')."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Self:
+        """The record in ``doc`` (a key it lacks keeps its default); ValueError for a value of another
+        kind than its field's, naming the key, the value and the kind."""
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(doc).__name__}")
+        hints = typing.get_type_hints(cls)
+        return cls(**{f.name: _checked(cls.__name__, f.name, doc[f.name], hints[f.name])
+                      for f in fields(cls) if f.name in doc})
+
+
+_KINDS = {int: "a whole number", float: "a number", str: "a string", dict: "an object", type(None): "null"}
+
+
+def _checked(record: str, name: str, value: Any, hint: Any) -> Any:
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = tuple(typing.get_origin(k) or k for k in (typing.get_args(hint) if union else (hint,)))
+    if isinstance(value, kinds + ((int,) if float in kinds else ())) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"{record}: {name}={value!r} must be {' or '.join(_KINDS[k] for k in kinds)} (a file of "
+                     "another release, or edited by hand: rerun the job, or fix the value)")
+
+
+@dataclass(frozen=True)
+class StepFigures(Record):
+    """One trainer rank's step figures, or the job's: steps run, warm-up steps left out of the averages,
+    and the averages over the others (None: no step was measured)."""
+
+    steps: int = 0
+    warmup_steps_discarded: int = 0
+    avg_step_time_s: float | None = None
+    data_wait_fraction: float | None = None
+    samples_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class DataNodeFigures(Record):
+    """What one data server had sent when the trainer asked at the end (a data node's entry in
+    ``metrics.json``'s ``nodes``)."""
+
+    host: str = ""
+    role: str = "data"
+    batches_sent: int = 0
+    bytes_sent: int = 0
+
+
+@dataclass(frozen=True)
+class JobMetrics(StepFigures):
+    """What ``metrics.json`` says of a job, by the names it writes (rank 0 writes it when training
+    ends; it holds more, which no other process reads by name: the advice, every rank's figures).
+    ``data_nodes`` are the entries of its ``nodes`` list whose ``role`` is ``data``."""
+
+    mode: str = ""
+    step_kind: str = "real"
+    status: str = "completed"
+    warmup_steps: int | None = None
+    test_accuracy: float | None = None
+    final_loss: float | None = None
+    resumed_from_steps: int | None = None
+    wire_encoding: str = "uint8"
+    pipeline_options: dict[str, Any] | None = None
+    data_nodes: tuple[DataNodeFigures, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        out["nodes"] = list(out.pop("data_nodes"))  # each a dict already
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Self:
+        read = super().from_json(doc)
+        nodes = [n for n in doc.get("nodes") or [] if isinstance(n, dict) and n.get("role") == "data"]
+        return replace(read, data_nodes=tuple(DataNodeFigures.from_json(n) for n in nodes))
+
+
+def none_measured(metrics: JobMetrics) -> str | None:
     """Why a run has no average step time, in words (every step was warm-up, or none ran); None
     when it has one."""
-    if metrics.get("avg_step_time_s") is not None:
+    if metrics.avg_step_time_s is not None:
         return None
-    steps = int(metrics.get("steps") or 0)
-    if steps == 0:
+    if metrics.steps == 0:
         return "avg step time: none measured (no step ran)"
-    warmup = int(metrics.get("warmup_steps") or metrics.get("warmup_steps_discarded") or steps)
-    every = "the step was" if steps == 1 else f"all {steps} steps were"
+    warmup = metrics.warmup_steps or metrics.warmup_steps_discarded or metrics.steps
+    every = "the step was" if metrics.steps == 1 else f"all {metrics.steps} steps were"
     return (f"avg step time: none measured ({every} warm-up, warmup_steps={warmup}; run more than {warmup} "
             "steps or lower warmup_steps)")
 
 
 def summary_line(metrics: Mapping[str, Any], where: str) -> str:
     """The trainer's last line: the job's averages as written to ``metrics.json`` in ``where``."""
-    wait = metrics.get("data_wait_fraction")
-    tail = (f"loss {_fmt(metrics.get('final_loss'))}, test accuracy {_fmt(metrics.get('test_accuracy'))}; "
-            f"metrics in {where}")
-    unmeasured = none_measured(metrics)
+    m = JobMetrics.from_json(metrics)
+    wait = m.data_wait_fraction
+    tail = f"loss {fmt(m.final_loss)}, test accuracy {fmt(m.test_accuracy)}; metrics in {where}"
+    unmeasured = none_measured(m)
     if unmeasured is not None:  # no figure for the step-time, wait and rate metrics to read
-        return f"done: {unmeasured} ({metrics.get('step_kind')}), {tail}"
-    return (f"done: avg step time {_fmt(metrics.get('avg_step_time_s'))} s ({metrics.get('step_kind')}), "
-            f"data wait {_fmt(None if wait is None else 100 * wait, '.2f')}%, "
-            f"{_fmt(metrics.get('samples_per_s'))} samples/s, {tail}")
+        return f"done: {unmeasured} ({m.step_kind}), {tail}"
+    return (f"done: avg step time {fmt(m.avg_step_time_s)} s ({m.step_kind}), "
+            f"data wait {fmt(None if wait is None else 100 * wait, '.2f')}%, {fmt(m.samples_per_s)} samples/s, {tail}")
 
 
 def advice_line(step: int, advice: Mapping[str, Any], final: bool = False) -> str:
@@ -174,12 +260,12 @@ def autoscale_line(d: Mapping[str, Any]) -> str:
     advised = d.get("advised_nodes")
     return (f"autoscale at step {d.get('step', 0)} ({d['binding']} bound){mode}: node change {signed:+d} "
             f"({verb}; data nodes {d['nodes']} -> {d['target']}, advised {'n/a' if advised is None else advised}, "
-            f"waits {100 * d['data_wait_share']:.0f}% on data, {_fmt(rate, '.2f')} batches per s per node, "
-            f"{_fmt(price, '.4f')} USD per h per node, cap {_fmt(d.get('cap_nodes'), 'd')} nodes; "
-            f"data group at {_fmt(usd, '.4f')} USD per h): {d['reason']}")
+            f"waits {100 * d['data_wait_share']:.0f}% on data, {fmt(rate, '.2f')} batches per s per node, "
+            f"{fmt(price, '.4f')} USD per h per node, cap {fmt(d.get('cap_nodes'), 'd')} nodes; "
+            f"data group at {fmt(usd, '.4f')} USD per h): {d['reason']}")
 
 
 def rate_line(batches_sent: int, batches_per_s: float | None, seconds: float, final: bool) -> str:
     """A data node's throughput line (``final``: over its whole serving time, at exit)."""
     what = "while serving" if final else f"over the last {seconds:.0f} s"
-    return f"{batches_sent} batches sent, {_fmt(batches_per_s)} batches/s {what}"
+    return f"{batches_sent} batches sent, {fmt(batches_per_s)} batches/s {what}"

@@ -12,6 +12,7 @@ import queue
 import socket
 import threading
 import time
+import weakref
 from typing import Callable
 
 from conftest import TOKEN
@@ -38,6 +39,36 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str, poll: float 
             return
         time.sleep(poll)
     raise AssertionError(f"not within {timeout}s: {what}")
+
+
+_READ_AHEAD: "weakref.WeakKeyDictionary[object, list]" = weakref.WeakKeyDictionary()
+
+
+def next_event(conn, timeout: float):
+    """The next event of one consumer ``BulkConnection`` alone, driven the way the fetcher's selector
+    drives it (flush, wait for the socket, read; a held-back payload rest is read anyway).
+
+    Raises:
+        TimeoutError: nothing arrived within ``timeout`` seconds.
+    """
+    import selectors
+
+    from dnn_worker.transport.connection import LOWAT_CHECK_S
+
+    deadline = time.monotonic() + timeout
+    pending = _READ_AHEAD.setdefault(conn, [])  # events read beyond the one asked for, for the next call
+    with selectors.DefaultSelector() as sel:
+        sel.register(conn.fileno(), selectors.EVENT_READ)
+        while not pending:
+            if conn.closed:
+                raise ConnectionError(f"connection to {conn.address} is closed")
+            conn.flush()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no event from {conn.address} within {timeout}s")
+            if conn.backlog or sel.select(min(left, LOWAT_CHECK_S) if conn.lowat else left) or conn.lowat:
+                pending.extend(conn.read_events())
+    return pending.pop(0)
 
 
 def stats(address: str, token: str = TOKEN):

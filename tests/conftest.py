@@ -23,7 +23,7 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the long tier (tests/tiers.py): slow tests that CI's run leaves out."""
+    """Mark the long tier (tests/tiers.py): the slowest of the slow tests."""
     from tiers import LONG
 
     for item in items:

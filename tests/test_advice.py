@@ -149,7 +149,7 @@ def test_no_delivery_no_advice_and_no_price_no_cost():
     assert a.change is None and "no data node delivered" in a.note
     b = advise(LiveFigures(0.040, 0.030, 1, (ServerFigures("d1:6000", 25.0, 1.0),), None, "ml.local"), {})
     assert b.change == 4 and b.change_usd_per_hour is None and b.change_usd_per_epoch is None
-    with pytest.raises(ValueError, match="step_s must be a positive"):
+    with pytest.raises(ValueError, match="step_s=0.0 must be a positive number"):
         advise(figures(0.0, 0.0, 1, []))
 
 
@@ -159,7 +159,7 @@ def test_the_live_model_is_the_planners():
     for compute, ranks, rate in [(0.01, 1, 25.0), (0.05, 8, 100.0), (0.2, 4, 12.5)]:
         planner = predict_step(preprocess_s=1.0, gpu_step_s=compute, cores=rate, consumers=ranks)
         live = figures(compute, 0.0, ranks, [ServerFigures("d1:6000", rate, 1.0)])
-        assert model.step_s(layout_of(live, compute, [rate])) == pytest.approx(planner.step_s)
+        assert model.predict(layout_of(live, compute, [rate])).step_s == pytest.approx(planner.step_s)
 
 
 def test_steps_per_epoch_from_the_data_set():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from benchmarks.common.corrupt import FlipProxy
 from conftest import TOKEN
+from data_service.contract.batch_id import BatchId
 from data_service.errors import BatchFailedError, ConfigError, ServerUnavailableError
 from data_service.protocol.generated import pb
 from dnn_worker import RemoteDataset
@@ -26,16 +27,16 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def refs(n: int) -> list[pb.BatchRef]:
-    return [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(n)]
+    return [BatchId(1, 0, i) for i in range(n)]
 
 
 # ------------------------------------------------------------------ the rules, no server
 
 def test_a_failed_connection_counts_the_batch_to_blame_else_those_it_delivered_nothing_after():
     sched = Scheduler(refs(8))
-    lane = sched.lane("a:1", window=4)
+    lane = sched.lanes.lane("a:1", window=4)
     sched.plan(0, ["a:1"], (), now=1.0)
-    assert [r.index for r in lane.outstanding.values()] == [0, 1, 2, 3]
+    assert [r.index for r in lane.outstanding] == [0, 1, 2, 3]
     assert sched.charged("a:1", culprit=refs(8)[2]) == [refs(8)[2]]  # the batch whose bytes failed
     assert [r.index for r in sched.charged("a:1")] == [0, 1, 2, 3]  # nothing came after any was asked
     sched.arrived("a:1", refs(8)[0], 10, now=2.0)
@@ -49,9 +50,9 @@ def test_a_failed_connection_counts_the_batch_to_blame_else_those_it_delivered_n
 
 def test_the_k_th_failure_of_one_batch_raises_naming_it_the_servers_and_the_checksums():
     attempts = Attempts(3)
-    ref = pb.BatchRef(seed=1, epoch=2, index=5)
+    ref = BatchId(1, 2, 5)
     attempts.failed(ref, Failure("a:1", "x", expected=0x1234, got=0x5678))
-    attempts.failed(pb.BatchRef(seed=1, epoch=2, index=6), Failure("a:1", "other batch"))
+    attempts.failed(BatchId(1, 2, 6), Failure("a:1", "other batch"))
     attempts.failed(ref, Failure("b:1", "the connection ended before it came (no batch for 5s)"))
     with pytest.raises(BatchFailedError) as info:
         attempts.failed(ref, Failure("a:1", "x", expected=0x1234, got=0x9abc))
@@ -82,12 +83,12 @@ def test_retries_end_and_progress_never_ends_them(n, window, k, connections):
     is: fewer than ``k`` of the first, at most ``window * (k - 1)`` of both in a row, then the
     iteration ends with the error of a batch that failed exactly ``k`` times."""
     sched, attempts = Scheduler(refs(n)), Attempts(k)
-    lane = sched.lane("a:1", window=window)
+    lane = sched.lanes.lane("a:1", window=window)
     now, delivered, idle, unblamed = 0.0, 0, 0, 0
     for d, blame in connections:
         now += 1.0
         sched.plan(delivered, ["a:1"], (), now)
-        owed = list(lane.outstanding.values())
+        owed = list(lane.outstanding)
         for ref in owed[:d]:
             now += 0.1
             assert sched.arrived("a:1", ref, 10, now)
@@ -104,7 +105,7 @@ def test_retries_end_and_progress_never_ends_them(n, window, k, connections):
             for ref in charged:
                 attempts.failed(ref, Failure("a:1", "broke"))
         except BatchFailedError as err:
-            assert attempts.count(pb.BatchRef(seed=1, epoch=0, index=err.index)) == k
+            assert attempts.count(BatchId(1, 0, err.index)) == k
             return
         finally:
             sched.lost("a:1")
@@ -144,7 +145,7 @@ def test_a_batch_damaged_on_every_connection_ends_the_iteration_naming_it(flippi
     said = str(err)
     assert f"epoch 0 batch 0 failed {k} attempts in a row (batch_attempts={k})" in said, said
     assert f"expected {err.checksums[0][0]:#010x} from the data worker, got {err.checksums[0][1]:#010x}" in said
-    assert took < ds.batch_timeout  # ended by its attempts, not by waiting out a deadline
+    assert took < ds.options.batch_timeout  # ended by its attempts, not by waiting out a deadline
 
 
 @pytest.mark.slow
@@ -159,7 +160,7 @@ def test_a_batch_no_server_delivers_ends_after_batch_attempts_times_batch_timeou
     print(f"\n{took:.2f} s: {info.value}")
     assert (info.value.epoch, info.value.index) == (0, 0) and info.value.checksums == []
     assert str(info.value).count("no batch for 0.5s (batch_timeout): dropped") == 3, str(info.value)
-    assert took >= 3 * ds.batch_timeout  # each attempt waited its batch_timeout
+    assert took >= 3 * ds.options.batch_timeout  # each attempt waited its batch_timeout
 
 
 class _Hung(grpc.GenericRpcHandler):

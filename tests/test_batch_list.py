@@ -6,14 +6,14 @@ import tracemalloc
 
 import pytest
 
+from data_service.contract.batch_id import BatchId
 from data_service.errors import ConfigError
 from data_service.contract.sampler import rank_share
 from data_service.protocol.generated import pb
 from dnn_worker import RemoteDataset
 from dnn_worker import remote_dataset as remote_dataset_module
 from dnn_worker.fetch.affinity import Affinity
-from dnn_worker.resume.batch_list import BatchList, BatchRefs, Stride, rank_stride
-from dnn_worker.fetch.lane import key
+from dnn_worker.resume.batch_list import BatchList, Stride, rank_stride
 from dnn_worker.fetch.scheduler import Scheduler
 
 BIG_EPOCH = 10_000_000  # batches of the epoch whose consumer start is measured
@@ -47,53 +47,52 @@ def test_a_stride_that_wraps_onto_itself_is_not_unique_and_finds_the_first():
     with pytest.raises(ValueError):
         s.index(3)
     with pytest.raises(ConfigError, match="unique"):
-        Scheduler(BatchRefs(1, BatchList([(0, s)])))
+        Scheduler(BatchList(1, [(0, s)]))
 
 
 def test_a_batch_list_slices_and_joins_the_next_epoch_like_a_list():
     share = rank_stride(50, 1, 3)
-    items = BatchList([(4, share)])
-    plain = [(4, i) for i in share]
-    ahead = BatchList([(5, share[:3])])
+    items = BatchList(9, [(4, share)])
+    plain = [BatchId(9, 4, i) for i in share]
+    ahead = BatchList(9, [(5, share[:3])])
     for ready in (0, 1, 7, len(plain)):
         joined = items[ready:] + ahead
-        expect = plain[ready:] + [(5, i) for i in list(share)[:3]]
+        expect = plain[ready:] + [BatchId(9, 5, i) for i in list(share)[:3]]
         assert list(joined) == expect and len(joined) == len(expect) and list(items[:ready]) == plain[:ready]
-        refs = BatchRefs(9, joined)
-        assert [refs.index_of((9, e, i)) for e, i in expect] == list(range(len(expect)))
-        assert [key(refs[j]) for j in range(len(refs))] == [(9, e, i) for e, i in expect]
+        assert [joined.index_of(b) for b in expect] == list(range(len(expect)))
+        assert [joined[j] for j in range(len(joined))] == expect
     with pytest.raises(KeyError):
-        BatchRefs(9, items).index_of((8, 4, share[0]))  # another seed
-    assert BatchList.of([(0, 3), (0, 1), (1, 2)]).index((1, 2)) == 2
+        items.index_of(BatchId(8, 4, share[0]))  # another seed
+    assert BatchList(0, [(0, [3, 1]), (1, [2])]).index_of(BatchId(0, 1, 2)) == 2
 
 
 def _drive(sched: Scheduler, seed: int) -> list:
     """A fixed random run of plans, arrivals, a lost server and a declined batch; what was asked."""
     rng = random.Random(seed)
     for address, window in (("a:1", 4), ("b:1", 6), ("c:1", 3)):
-        sched.lane(address, window, float(window))
+        sched.lanes.lane(address, window, float(window))
     usable, log, nxt, got = ["a:1", "b:1", "c:1"], [], 0, set()
     for turn in range(400):
         now = turn * 0.01
         orders = sched.plan(nxt, usable, tuple(usable), now)
-        log.append(sorted((a, [key(r) for r in refs]) for a, refs in orders.fetch.items()))
-        log.append(sorted((a, [key(r) for r in refs]) for a, refs in orders.hint.items()))
+        log.append(sorted((a, list(batches)) for a, batches in orders.fetch.items()))
+        log.append(sorted((a, list(batches)) for a, batches in orders.hint.items()))
         for address in list(usable):
-            owed = list(sched.lanes[address].outstanding.values())
+            owed = list(sched.lanes[address].outstanding)
             for ref in owed[:rng.randint(0, len(owed))]:
                 if turn == 50 and address == "b:1":
                     sched.declined(address, ref, requeue=True)
                 elif sched.arrived(address, ref, 1 << 21, now):
-                    got.add(sched.pos[key(ref)])
+                    got.add(sched.batches.index_of(ref))
         if turn == 120:
             log.append(sched.lost("c:1"))
             usable.remove("c:1")
-            sched.forget("c:1")
+            sched.lanes.pop("c:1")
         while nxt in got:
             nxt += 1
-        if nxt >= len(sched.refs):
+        if nxt >= len(sched.batches):
             break
-    log.append((nxt, sched.hedges, sched.failovers, [key(r) for r in sched.todo][:50]))
+    log.append((nxt, sched.hedges, sched.failovers, list(sched.todo)[:50]))
     return log
 
 
@@ -102,9 +101,9 @@ def test_the_scheduler_asks_the_same_of_a_computed_list_as_of_a_plain_one(block_
     info = pb.DatasetInfo(num_samples=8 * 700, batch_size=8, drop_last=True, shuffle=True,
                           block_samples=block_samples, interleave=2, fingerprint="fp")
     share = rank_stride(700, 1, 2)[3:]
-    computed = BatchRefs(7, BatchList([(2, share), (3, rank_stride(700, 1, 2)[:4])]))
+    computed = BatchList(7, [(2, share), (3, rank_stride(700, 1, 2)[:4])])
     plain = list(computed)
-    assert [key(r) for r in plain] == [(7, 2, i) for i in share] + [(7, 3, i) for i in (1, 3, 5, 7)]
+    assert plain == [BatchId(7, 2, i) for i in share] + [BatchId(7, 3, i) for i in (1, 3, 5, 7)]
     logs = [_drive(Scheduler(refs, affinity=Affinity.of(info)), 3) for refs in (plain, computed)]
     assert logs[0] == logs[1]
     assert logs[0][-1][0] == len(plain), "the run delivers the whole list"
@@ -115,7 +114,7 @@ def test_a_consumer_starts_an_epoch_of_ten_million_batches_holding_nothing_per_b
 
     class Unstarted(remote_dataset_module.Fetcher):
         def __iter__(self):  # the scheduler is built; no server is asked
-            made.append(self.scheduler)
+            made.append(self._scheduler)
             return iter(())
 
     monkeypatch.setattr(remote_dataset_module, "Fetcher", Unstarted)
@@ -131,6 +130,6 @@ def test_a_consumer_starts_an_epoch_of_ten_million_batches_holding_nothing_per_b
     finally:
         tracemalloc.stop()
     sched = made[0]
-    assert len(sched.refs) == BIG_EPOCH and key(sched.todo[0]) == (3, 0, 1)
-    assert sched.pos[(3, 0, 2 * BIG_EPOCH - 1)] == BIG_EPOCH - 1
+    assert len(sched.batches) == BIG_EPOCH and sched.todo[0] == BatchId(3, 0, 1)
+    assert sched.batches.index_of(BatchId(3, 0, 2 * BIG_EPOCH - 1)) == BIG_EPOCH - 1
     assert peak < 2 << 20, f"starting the epoch took {peak / 2**20:.1f} MiB (a list of its batches: GBs)"

@@ -220,7 +220,7 @@ def test_a_batch_built_after_it_left_the_window_counts_as_built_again():
         shared.submit(Task(0, 0, index, lambda r: r.release()))
         builder.finish(0)
     assert shared.counts.built == 3 and shared.counts.built_again == 1
-    assert shared.figures()["batches_built_again"] == 1.0
+    assert shared.figures().built_again == 1
 
 
 def test_idle_workers_build_the_next_epochs_first_batches_which_the_jobs_then_find_in_the_window():
@@ -249,7 +249,7 @@ def test_idle_workers_build_the_next_epochs_first_batches_which_the_jobs_then_fi
     assert shared.counts.hits == 3 and shared.counts.ahead_used == 3 and not builder.pending
     assert got[-3:] == [payload(key_of(1, 1, i)) for i in range(3)]
     figures = shared.figures()
-    assert figures["window_built_ahead"] == 3.0 and figures["window_ahead_used"] == 3.0
+    assert figures.built_ahead == 3 and figures.ahead_used == 3
 
 
 def test_a_build_ahead_that_a_job_asks_for_is_joined_and_without_a_window_lead_nothing_is_built_ahead():
@@ -322,16 +322,15 @@ def test_server_options_refuse_a_negative_window():
 def test_a_consumer_keeps_only_a_batch_it_asked_for_by_its_identity():
     """The consumer's side of "never another job's batch": a batch whose (seed, epoch, index) it
     did not ask of that server is dropped, whatever its bytes."""
-    from data_service.protocol.generated import pb
+    from data_service.contract.batch_id import BatchId
     from dnn_worker.fetch.scheduler import Scheduler
 
-    mine = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4)]
+    mine = [BatchId(1, 0, i) for i in range(4)]
     sched = Scheduler(mine)
-    sched.lane("a:1", window=4)
+    sched.lanes.lane("a:1", window=4)
     orders = sched.plan(0, ["a:1"], ("a:1",), 0.0)
     assert [r.index for r in orders.fetch["a:1"]] == [0, 1, 2, 3]
-    for other in (pb.BatchRef(seed=2, epoch=0, index=0), pb.BatchRef(seed=1, epoch=1, index=0),
-                  pb.BatchRef(seed=1, epoch=0, index=9)):
+    for other in (BatchId(2, 0, 0), BatchId(1, 1, 0), BatchId(1, 0, 9)):
         assert not sched.arrived("a:1", other, 10, 0.1)  # another seed's, epoch's or index's batch
     assert not sched.arrived("b:1", mine[0], 10, 0.1)  # not asked of that server
     assert sched.arrived("a:1", mine[0], 10, 0.1) and not sched.arrived("a:1", mine[0], 10, 0.2)  # once

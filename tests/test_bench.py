@@ -282,9 +282,9 @@ def test_hetero_bench_derives_its_step_from_the_batch_it_profiled_and_says_so(tm
 def test_hetero_faster_than_homo_on_a_cpu_bound_pipeline(tmp_path, capsys):
     # No --emulate-step-s: the step is a third of one core's batch on this machine, profiled in this
     # run, so the homogeneous node is CPU-bound however fast the machine is.
-    rc = step_time.main(["--repeats", "2", "--steps", "80", "--warmup", "10", "--trainer-cpus", str(CPUS[0]),
-                         "--data-cpus", str(CPUS[1]), "--output", str(tmp_path), "--json", str(tmp_path / "b.json"),
-                         "--png", str(tmp_path / "b.png"), "--quiet-wait", "30"])  # at most 30 s per run, not 120
+    rc = hetero_main(["bench", "--repeats", "2", "--steps", "80", "--warmup", "10", "--trainer-cpus", str(CPUS[0]),
+                      "--data-cpus", str(CPUS[1]), "--output", str(tmp_path), "--json", str(tmp_path / "b.json"),
+                      "--png", str(tmp_path / "b.png"), "--quiet-wait", "30"])  # at most 30 s per run, not 120
     assert rc == 0
     s = json.loads((tmp_path / "b.json").read_text())
     step, pred = s["emulated_step"], s["prediction"]

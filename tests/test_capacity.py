@@ -18,7 +18,7 @@ from hetero.planning.cost import InstancePrice, PriceTable
 from hetero.planning.planner import predict_network_step, predict_step
 from launcher import capacity
 from launcher.advice.model import LiveFigures, ServerFigures, advise
-from launcher.capacity import CapacityError, Layout, Network, OwnCores, predict
+from launcher.capacity import Binding, Layout, Network, OwnCores, PlanError, predict
 
 EXAMPLES = 400
 
@@ -26,7 +26,7 @@ EXAMPLES = 400
 def test_cores_alone_pool_the_trainers_work():
     # a homogeneous node: 2 cores, 100 ms a batch, the trainer's finish stage 20 ms a batch on the same cores
     p = predict(Layout(1, 0.02, own=OwnCores(2.0, 0.100, trainer_s=0.020, serves=True)))
-    assert p.data_s == pytest.approx(0.120 / 2) and p.binding == "cores" and p.bound == "data"
+    assert p.data_s == pytest.approx(0.120 / 2) and p.binding is Binding.CORES
     assert p.data_wait_fraction == pytest.approx((0.060 - 0.020) / 0.060)
 
 
@@ -46,28 +46,52 @@ def test_a_trainer_core_that_serves_builds_less_than_a_whole_core():
 def test_without_its_own_server_the_trainers_work_can_bind():
     own = OwnCores(1.0, 0.100, trainer_s=0.050)
     p = predict(Layout(1, 0.01, (40.0,), own))
-    assert p.binding == capacity.TRAINER and p.step_s == pytest.approx(0.050)
-    assert predict(Layout(1, 0.01, (10.0,), own)).binding == "cores"   # 10 batches/s: the data node binds
+    assert p.binding is Binding.TRAINER and p.step_s == pytest.approx(0.050)
+    assert predict(Layout(1, 0.01, (10.0,), own)).binding is Binding.CORES   # 10 batches/s: the data node binds
 
 
 def test_the_network_binds_per_node_and_at_the_dnn_nodes():
     net = Network(bytes_per_item=1e6, data_nic_gbps=1.0, dnn_nic_gbps=4.0, flow_gbps=5.0)  # 125 / 500 / 625 per s
-    assert capacity.remote(Layout(1, 0.01, (100.0, 100.0), network=net)).binding == "cores"
+    assert capacity.remote(Layout(1, 0.01, (100.0, 100.0), network=net)).binding is Binding.CORES
     one = capacity.remote(Layout(1, 0.01, (200.0, 200.0), network=net))
-    assert one.binding == "data NIC" and one.items_s == pytest.approx(250.0)
+    assert one.binding is Binding.DATA_NIC and one.items_s == pytest.approx(250.0)
     many = capacity.remote(Layout(1, 0.01, (120.0,) * 6, network=net))
-    assert many.binding == "DNN NIC" and many.items_s == pytest.approx(500.0) and many.nodes_s == pytest.approx(720.0)
+    assert many.binding is Binding.DNN_NIC and many.items_s == pytest.approx(500.0)
+    assert many.nodes_s == pytest.approx(720.0)
     # the DNN host's own server sends over no NIC
     p = predict(Layout(1, 0.001, (120.0,) * 6, OwnCores(50.0, serves=True), net))
-    assert p.items_s == pytest.approx(550.0) and p.local_items_s == pytest.approx(50.0) and p.binding == "DNN NIC"
+    assert p.items_s == pytest.approx(550.0) and p.local_items_s == pytest.approx(50.0) and p.binding is Binding.DNN_NIC
+    # the data NICs and the DNN NIC carry alike: the DNN NIC, which more data nodes cannot lift
+    assert capacity.remote(Layout(1, 0.01, (200.0,) * 4, network=net)).binding is Binding.DNN_NIC
+
+
+# (case, one data node's items/s, data nodes, network, ranks, DNN nodes, binding, items/s delivered): each
+# worked out by hand; 1 Gbps of 125,000-byte items is 1,000 items/s.
+KB125 = 125_000
+CASES = [
+    ("cores", 400.0, 1, Network(KB125, 10), 1, 1, Binding.CORES, 400),
+    ("data NIC", 1600.0, 1, Network(KB125, 1.25), 1, 1, Binding.DATA_NIC, 1250),
+    ("DNN NIC", 1600.0, 4, Network(KB125, 5, 2.5), 1, 1, Binding.DNN_NIC, 2500),
+    ("flow", 9600.0, 1, Network(KB125, 25, flow_gbps=5), 1, 1, Binding.FLOW, 5000),
+    ("flow, two ranks", 9600.0, 1, Network(KB125, 25, flow_gbps=5), 2, 1, Binding.CORES, 9600),
+    ("DNN NIC of two nodes", 6400.0, 2, Network(KB125, 25, 2.5, 10), 2, 2, Binding.DNN_NIC, 5000),
+    ("no NIC figure", 400.0, 1, Network(10**9), 1, 1, Binding.CORES, 400),
+    ("goodput", 1600.0, 1, Network(KB125, 1, goodput=0.5), 1, 1, Binding.DATA_NIC, 500),
+]
+
+
+@pytest.mark.parametrize("case, rate, nodes, net, ranks, dnn_nodes, binding, items_s", CASES, ids=[c[0] for c in CASES])
+def test_binding_resource_table(case, rate, nodes, net, ranks, dnn_nodes, binding, items_s):
+    d = capacity.remote(Layout(ranks, 1.0, (rate,) * nodes, network=net, dnn_nodes=dnn_nodes))
+    assert d.binding is binding and d.items_s == pytest.approx(items_s)
+    assert min(d.limits.values()) == pytest.approx(items_s)
+    assert capacity.items_to_gbps(d.items_s, KB125) == pytest.approx(min(d.limits.values()) * KB125 * 8 / 1e9)
 
 
 def test_gpu_bound_and_costs():
     p = predict(Layout(2, 0.5, (10.0,)))
-    assert p.bound == "gpu" and p.binding == "gpu" and p.step_s == 0.5 and p.data_wait_fraction == 0.0
-    hourly = capacity.cluster_usd_per_hour([(3.825, 1), (1.836, 2)])
-    assert hourly == pytest.approx(7.497)
-    assert capacity.usd_per_epoch(hourly, 0.5, 1000) == pytest.approx(7.497 * 500 / 3600)
+    assert p.binding is Binding.GPU and p.step_s == 0.5 and p.data_wait_fraction == 0.0
+    assert capacity.usd_for(7.497, 1000 * 0.5) == pytest.approx(7.497 * 500 / 3600)
 
 
 @pytest.mark.parametrize("layout, needle", [
@@ -76,9 +100,11 @@ def test_gpu_bound_and_costs():
     (Layout(1, 0.1, network=Network(0.0)), "bytes_per_item=0.0"),
     (Layout(1, 0.1, network=Network(1.0, goodput=1.5)), "goodput=1.5"),
     (Layout(1, 0.1, network=Network(1.0, flow_gbps=math.nan)), "flow_gbps=nan"),
+    (Layout(1, 0.1, network=Network(1.0, data_nic_gbps=-1)), "data_nic_gbps=-1 must be a positive number"),
+    (Layout(1, 0.1, network=Network(1.0, dnn_nic_gbps=0)), "dnn_nic_gbps=0"), (Layout(True, 0.1), "ranks=True"),
 ])
 def test_bad_figures_are_named(layout, needle):
-    with pytest.raises(CapacityError, match=needle.replace("(", r"\(")):
+    with pytest.raises(PlanError, match=needle.replace("(", r"\(")):
         predict(layout)
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from _fault_helpers import stats, wait_clean
 from benchmarks.common.corrupt import FlipProxy
 from conftest import TOKEN
+from data_service.contract.batch_id import BatchId
 from data_service.contract.tensor_layout import batch_digest
 from data_service.protocol import framing
 from data_service.protocol.generated import pb
@@ -114,11 +115,11 @@ def test_an_unsealed_request_damaged_into_another_batch_cannot_pass_for_the_one_
     c.fetch(5, sealed=False, damage=index_to_7)
     header = c.reply().batch
     assert header.ref.index == 7
-    sched = Scheduler([pb.BatchRef(seed=1, epoch=0, index=i) for i in (5, 6)])
-    sched.lane("s:1", window=1)
+    sched = Scheduler([BatchId(1, 0, i) for i in (5, 6)])
+    sched.lanes.lane("s:1", window=1)
     sched.plan(0, ["s:1"], (), now=0.0)
-    assert [r.index for r in sched.lanes["s:1"].outstanding.values()] == [5]
-    assert not sched.arrived("s:1", header.ref, header.payload_bytes, now=1.0)
+    assert [r.index for r in sched.lanes["s:1"].outstanding] == [5]
+    assert not sched.arrived("s:1", BatchId.of(header.ref), header.payload_bytes, now=1.0)
 
 
 def test_a_damaged_length_is_answered_once_the_frame_stays_incomplete(server):

@@ -10,6 +10,7 @@ from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
 from dnn_worker import DeviceFeeder, FinishStage, LocalDataset, RemoteDataset
 from dnn_worker.device.feeder import FinishError
+from dnn_worker.resume.state import VERSION
 
 OPTS = {"size": 40, "batch_size": 8, "shape": [1, 28, 28]}
 
@@ -178,7 +179,7 @@ def test_feeder_runs_depth_ahead_and_its_state_is_the_last_yielded_batch(depth, 
     for n, batch in enumerate(feeder, 1):
         # while the loop holds batch n, exactly ``depth`` more were begun (fewer at the end)
         assert upstream.pulled == min(n + depth, len(host))
-        assert feeder.state_dict() == {"epoch": 0, "position": n}
+        assert feeder.state_dict() == {"version": VERSION, "epoch": 0, "position": n}  # parsed, in this version
         got.append(batch)
         if n == 3:
             break

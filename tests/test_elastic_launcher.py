@@ -12,7 +12,7 @@ from data_service.errors import ConfigError
 from dnn_worker import RemoteDataset
 from hetero.local.runner import LocalCluster
 from launcher.config import ElasticSection, LaunchConfig
-from launcher.serve.data_node import EXIT_NO_CONSUMER, Watchdog
+from launcher.serve.data_node import EXIT_CONSUMERS_GONE, EXIT_NO_CONSUMER, watchdog_for
 from launcher.job.roles import DATA, plan_roles
 
 from _launcher_helpers import SYNTHETIC_HPS, nodes_for, read_json, token_of
@@ -37,17 +37,17 @@ def test_a_data_only_job_that_joins_has_only_data_nodes():
 
 
 def test_a_joined_node_has_no_first_consumer_deadline_and_ends_cleanly_when_idle():
-    w = Watchdog(connect_s=10, idle_s=5, joined=True)
+    hps = {"watchdog_connect_s": 10, "watchdog_idle_s": 5}
+    w = watchdog_for(LaunchConfig.from_hyperparameters({**hps, "join": "/r"}))
     assert w.verdict(False, 1e6, 1e6) is None
     assert w.verdict(True, 4.0, 1e6) is None
     code, reason = w.verdict(True, 6.0, 1e6)
-    assert code == 0 and "the joined job" in reason
-    assert Watchdog(connect_s=10, idle_s=5).verdict(False, 11.0, 11.0)[0] == EXIT_NO_CONSUMER
+    assert code == 0 and "the last job has left" in reason
+    own = watchdog_for(LaunchConfig.from_hyperparameters(hps))  # the job's own data node
+    assert own.verdict(False, 11.0, 11.0)[0] == EXIT_NO_CONSUMER and own.verdict(True, 6.0, 1e6)[0] == EXIT_CONSUMERS_GONE
 
 
 def test_a_sweeps_data_job_gives_up_when_no_job_ever_comes_and_ends_cleanly_after_the_last():
-    from launcher.serve.data_node import watchdog_for
-
     sweep = watchdog_for(LaunchConfig.from_hyperparameters({"join": "/r", "batch_window": "1GB",
                                                              "watchdog_connect_s": 10, "watchdog_idle_s": 5}))
     code, reason = sweep.verdict(False, 1e6, 11.0)
@@ -88,7 +88,7 @@ def test_a_data_node_joining_another_job_registers_serves_and_leaves_cleanly(tmp
     finally:
         codes = cluster.wait(timeout_s=60)
     assert codes[data.host] == 0, (tmp_path / "logs" / f"{data.host}.log").read_text()[-2000:]
-    assert "the joined job" in read_json(data.output_dir / "data_node.json")["reason"]
+    assert "the last job has left" in read_json(data.output_dir / "data_node.json")["reason"]
     assert registry.read_entries(str(reg)) == ([], [])  # it unregistered when it left
 
 

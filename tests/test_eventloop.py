@@ -7,7 +7,7 @@ import threading
 import time
 
 import torch
-from _fault_helpers import RawBulk, wait_clean, wait_until
+from _fault_helpers import RawBulk, next_event, wait_clean, wait_until
 from conftest import TOKEN
 from data_service.contract import tensor_layout
 from data_service.protocol import framing
@@ -103,7 +103,7 @@ def test_frames_beyond_one_read_are_not_left_waiting_in_the_consumers_buffer():
     conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN)
     try:
         conn.open(timeout=5)
-        got = [conn.next_event(timeout=5).ref.index for _ in range(200)]
+        got = [next_event(conn, 5).batch_id.index for _ in range(200)]
         assert got == list(range(200))
     finally:
         conn.close()
@@ -268,9 +268,9 @@ def test_batches_split_across_reads_at_any_byte_arrive_whole():
     try:
         conn.open(timeout=5)
         for i in range(6):
-            event = conn.next_event(timeout=5)
+            event = next_event(conn, 5)
             assert event.kind == "batch", event
-            assert event.ref.index == i and bytes(event.batch.numpy()) == payloads[i], f"batch {i} arrived corrupted"
+            assert event.batch_id.index == i and bytes(event.batch.numpy()) == payloads[i], f"batch {i} arrived corrupted"
     finally:
         conn.close()
         fake.close()

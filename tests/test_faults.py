@@ -19,6 +19,7 @@ import pytest
 from _fault_helpers import (REPS, SLOW_REPS, RawBulk, assert_exactly_once, bulk_port, slow_header_parse, stats,
                             wait_clean, wait_until)
 from conftest import TOKEN
+from data_service.contract.batch_id import BatchId
 from data_service.protocol import framing
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import BatchBuildError, ServerUnavailableError
@@ -367,7 +368,7 @@ def test_transform_raising_on_one_sample_names_it_and_the_servers_stay_clean(ser
         assert f"synthetic failure on sample {bad_sample}" in str(err)
         for s in servers:  # the aborted iteration left nothing behind
             wait_clean(s.address)
-        good = [pb.BatchRef(seed=9, epoch=epoch, index=i) for i in range(24) if i != bad_batch]
+        good = [BatchId(9, epoch, i) for i in range(24) if i != bad_batch]
         got = {ref.index: batch_digest(b) for ref, b in Fetcher([s.address for s in servers], good, FetchOptions(TOKEN))}
         ref = Reference("examples.synthetic:build_pipeline", opts, 9).digests(epoch)
         assert got == {i: ref[i] for i in got} and len(got) == 23
@@ -531,7 +532,7 @@ def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_pil
     opts = {"size": 800, "batch_size": 4, "shape": [1, 16, 16]}
     proxies, servers = _proxied_servers(server_factory, opts)
     try:
-        refs = [pb.BatchRef(seed=3, epoch=0, index=i) for i in range(200)]
+        refs = [BatchId(3, 0, i) for i in range(200)]
         fetcher = Fetcher([s.address for s in servers], refs,
                           FetchOptions(TOKEN, window=3, batch_timeout=60, connect_timeout=30, shared_memory=True),
                           keep_open=True)
@@ -548,7 +549,7 @@ def test_a_silently_stalled_server_slows_the_consumer_without_stopping_it_or_pil
         # The next epoch on the same connections (a persistent loader worker), the link back: the
         # stalled server's copies of epoch 0 that lost now come, and must be dropped.
         proxies[1].stall(False)
-        later = [pb.BatchRef(seed=3, epoch=1, index=i) for i in range(40)]
+        later = [BatchId(3, 1, i) for i in range(40)]
         again = {r.index: batch_digest(b) for r, b in Fetcher([s.address for s in servers], later,
                                                                FetchOptions(TOKEN, window=3, batch_timeout=60),
                                                                reuse=fetcher)}
@@ -571,7 +572,7 @@ def test_a_slow_pipeline_is_not_hedged_at_the_end_of_the_list(server_factory, mo
     monkeypatch.setattr(scheduler, "HEDGE_TAIL_S", 0.05)
     opts = {"size": 48, "batch_size": 4, "work_ms": 50}  # about 0.2 s per batch per worker
     servers = [server_factory(opts, num_workers=1) for _ in range(2)]
-    refs = [pb.BatchRef(seed=4, epoch=0, index=i) for i in range(12)]
+    refs = [BatchId(4, 0, i) for i in range(12)]
     fetcher = Fetcher([s.address for s in servers], refs, FetchOptions(TOKEN, window=2))
     assert [r.index for r, _ in fetcher] == list(range(12))
     assert fetcher.hedges == 0

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _fault_helpers import FakeBulkServer, RawBulk, bulk_port, frame_bytes, stats, wait_clean, wait_until
+from _fault_helpers import FakeBulkServer, RawBulk, bulk_port, frame_bytes, next_event, stats, wait_clean, wait_until
 from conftest import TOKEN
 from data_service.contract import tensor_layout
 from data_service.protocol import framing
@@ -99,19 +99,22 @@ def test_fetch_before_hello_is_refused(shared_server):
 
 @pytest.mark.parametrize("version", ["2.0", "0.9", "garbage", "", "1", "1.0", "1.x", "1.1.1", "1.99", "-1.0",
                                      "99999999999999999999.0"])
-def test_version_mismatch_or_garbage_on_both_planes(shared_server, version):
+def test_version_mismatch_or_garbage_on_both_planes(shared_server, version, monkeypatch):
+    from data_service.protocol import version as protocol
     from dnn_worker import ControlClient
 
     ok = version == "1.99"  # a later minor version of the same major: compatible
-    with ControlClient(shared_server.address, TOKEN, client_version=version) as ctl:
-        if ok:
-            assert ctl.hello().server_version == PROTOCOL_VERSION
-        else:
-            with pytest.raises(Exception, match="version") as info:
-                ctl.hello()
-            assert repr(version) in str(info.value) and repr(PROTOCOL_VERSION) in str(info.value)
-            if version in ("1", "1.0"):  # same major, but it would not check the batches' CRC32C
-                assert "does not check" in str(info.value) and "CRC32C" in str(info.value)
+    with monkeypatch.context() as m:
+        m.setattr(protocol, "PROTOCOL_VERSION", version)  # what the consumer announces (the server keeps its own)
+        with ControlClient(shared_server.address, TOKEN) as ctl:
+            if ok:
+                assert ctl.hello().server_version == PROTOCOL_VERSION
+            else:
+                with pytest.raises(Exception, match="version") as info:
+                    ctl.hello()
+                assert repr(version) in str(info.value) and repr(PROTOCOL_VERSION) in str(info.value)
+                if version in ("1", "1.0"):  # same major, but it would not check the batches' CRC32C
+                    assert "does not check" in str(info.value) and "CRC32C" in str(info.value)
     raw = RawBulk(bulk_port(shared_server.address))
     try:
         reply = raw.login(version=version)
@@ -299,7 +302,7 @@ def _run_fake(fake: FakeBulkServer, chunks: list[bytes], max_batch_bytes: int = 
     try:
         conn.open(timeout=5)
         try:
-            ev = conn.next_event(timeout=timeout)
+            ev = next_event(conn, timeout)
         except TimeoutError:
             ev = None
     finally:
@@ -395,7 +398,7 @@ def test_a_server_that_stalls_mid_payload_is_dropped_by_the_batch_timeout():
     conn = BulkConnection("fake", "127.0.0.1", fake.port, TOKEN, max_batch_bytes=1 << 20)
     conn.open(timeout=5)
     try:
-        ev = conn.next_event(timeout=15)  # the fake hangs up after 3 s: a clean "down", no partial batch
+        ev = next_event(conn, 15)  # the fake hangs up after 3 s: a clean "down", no partial batch
         assert ev.kind == "down" and isinstance(ev.exc, ConnectionError)
     finally:
         conn.close()

@@ -13,7 +13,7 @@ from data_service.errors import ConfigError
 from dnn_worker import RemoteDataset
 from hetero.local.runner import LocalCluster
 from launcher.config import LaunchConfig, RolesSection
-from launcher.serve.data_node import EXIT_CONSUMERS_GONE, EXIT_NO_CONSUMER, Watchdog
+from launcher.serve.data_node import EXIT_CONSUMERS_GONE, EXIT_NO_CONSUMER, watchdog_for
 from launcher.job.jobtoken import derive_token, job_token
 from launcher.node import parse_cli
 from launcher.job.roles import DATA, DNN, HOMOGENEOUS, IDLE, data_addresses, plan_roles, resolve
@@ -185,7 +185,7 @@ def test_job_token_is_an_hmac_of_the_job_name():
 
 # -- watchdog
 def test_watchdog_verdicts():
-    w = Watchdog(connect_s=10, idle_s=5)
+    w = watchdog_for(LaunchConfig.from_hyperparameters({"watchdog_connect_s": 10, "watchdog_idle_s": 5}))
     assert w.verdict(False, 9.0, 9.0) is None
     assert w.verdict(False, 11.0, 11.0)[0] == EXIT_NO_CONSUMER
     assert w.verdict(True, -1.0, 1000.0) is None  # a consumer is connected

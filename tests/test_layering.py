@@ -7,6 +7,9 @@ Inside launcher each room (and each module directly under it) imports only the l
 below it in LAUNCHER_ORDER that its rule names. No product module
 imports benchmarks, examples or the tests; examples are reached by import path strings, as a
 user's pipeline is. Only hetero.testing (the test and soak toolkit) may import hetero.testing.
+Inside hetero each room (and each module directly under it) imports only the hetero rooms below it
+in HETERO_ORDER that its rule names: the subcommands (hetero.commands) sit above every room, so
+the rooms do the work and a subcommand parses its arguments and calls one of them.
 """
 from __future__ import annotations
 
@@ -57,6 +60,25 @@ LAUNCHER_ROOMS = {
     "entry": {"node"},
 }
 LAUNCHER_TOP_MOST = 8  # modules directly under launcher/, __init__ included
+# Inside hetero: its rooms and the modules directly under it, lowest first, and what each may
+# import of hetero besides itself. cli loads the subcommands by name (importlib), not by import.
+HETERO_ORDER = ["console", "ports", "options", "synthetic", "planning", "sagemaker", "testing", "local", "bench",
+                "commands", "cli", "__main__"]
+HETERO_ROOMS = {
+    "console": set(),
+    "ports": set(),
+    "options": set(),
+    "synthetic": set(),
+    "planning": {"options", "synthetic"},
+    "sagemaker": {"planning"},
+    "testing": {"ports"},
+    "local": {"ports", "sagemaker", "synthetic"},
+    "bench": {"console", "local", "planning", "synthetic"},
+    "commands": {"console", "options", "synthetic", "planning", "sagemaker", "local", "bench"},
+    "cli": {"console"},
+    "__main__": {"cli"},
+}
+HETERO_TOP_MOST = 8  # modules directly under hetero/, __init__ included
 # What the consumer may import of data_service: the shared rooms, never the server's own.
 CONSUMER = {"errors", "crc32c", "contract", "protocol", "membership", "storage"}
 # Inside dnn_worker: what each room may import of the consumer besides itself. The top level (the
@@ -96,19 +118,26 @@ def launcher_room(module: str) -> str | None:
 
 def launcher_violations(path: Path, root: Path = ROOT) -> list[str]:
     """Imports of ``path`` (a module of launcher) that its room's rule does not name."""
+    return package_room_violations(path, LAUNCHER_ROOMS, root)
+
+
+def package_room_violations(path: Path, rules: dict[str, set[str]], root: Path = ROOT) -> list[str]:
+    """Imports of ``path`` (a module of launcher or hetero) of the package's rooms that its room's
+    rule in ``rules`` does not name."""
     where = path.relative_to(root)
     parts = where.with_suffix("").parts
+    package = parts[0]
     own = parts[1] if len(parts) > 1 and parts[1] != "__init__" else ""
     if not own:
         return []
-    allowed = LAUNCHER_ROOMS.get(own, set()) | {own}
+    allowed = rules.get(own, set()) | {own}
     bad = []
     for line, module in imported_modules(path, root):
-        room = launcher_room(module)
-        if room is None or room == "":
+        names = module.split(".")
+        if names[0] != package or len(names) == 1:
             continue
-        if room not in allowed:
-            bad.append(f"{where}:{line} imports {module} (launcher/{own} may import only {sorted(allowed)} of launcher)")
+        if names[1] not in allowed:
+            bad.append(f"{where}:{line} imports {module} ({package}/{own} may import only {sorted(allowed)} of {package})")
     return bad
 
 
@@ -118,6 +147,8 @@ def room_violations(path: Path, root: Path = ROOT) -> list[str]:
     parts = where.with_suffix("").parts
     if parts[0] == "launcher":
         return launcher_violations(path, root)
+    if parts[0] == "hetero":
+        return package_room_violations(path, HETERO_ROOMS, root)
     if parts[0] == "dnn_worker":
         allowed, who = CONSUMER, "the consumer (dnn_worker)"
     elif parts[0] == "data_service" and len(parts) > 2 and parts[1] in ROOMS:
@@ -200,6 +231,27 @@ def test_launcher_in_rooms_each_below_the_rooms_that_use_it():
     assert not upward, f"rules that import upward (LAUNCHER_ORDER): {upward}"
 
 
+def test_hetero_in_rooms_each_below_the_rooms_that_use_it():
+    top = sorted(p.name for p in (ROOT / "hetero").glob("*.py"))
+    rooms = sorted(p.name for p in (ROOT / "hetero").iterdir() if (p / "__init__.py").is_file())
+    assert len(top) <= HETERO_TOP_MOST, f"{len(top)} modules directly under hetero/ (at most {HETERO_TOP_MOST}): {top}"
+    named = {t.removesuffix(".py") for t in top if t != "__init__.py"} | set(rooms)
+    assert named == set(HETERO_ROOMS) == set(HETERO_ORDER), \
+        f"hetero's rooms and top modules {sorted(named)} against its rules {sorted(HETERO_ROOMS)}"
+    upward = [f"{room} -> {other}" for room, rule in HETERO_ROOMS.items() for other in rule
+              if HETERO_ORDER.index(other) >= HETERO_ORDER.index(room)]
+    assert not upward, f"rules that import upward (HETERO_ORDER): {upward}"
+
+
+def test_the_hetero_room_check_refuses_a_room_reaching_up_to_a_subcommand(tmp_path):
+    (tmp_path / "hetero" / "bench").mkdir(parents=True)
+    probe = tmp_path / "hetero" / "bench" / "probe.py"
+    probe.write_text("from ..planning import planner\nfrom .report import markdown\n\n\ndef f():\n"
+                     "    from hetero.commands import HelpFormatter\n    import hetero.cli\n")
+    found = [b.split(" imports ")[1].split(" ")[0] for b in room_violations(probe, tmp_path)]
+    assert found == ["hetero.commands.HelpFormatter", "hetero.cli"]
+
+
 def test_the_launcher_room_check_refuses_an_upward_import(tmp_path):
     (tmp_path / "launcher" / "advice").mkdir(parents=True)
     probe = tmp_path / "launcher" / "advice" / "probe.py"
@@ -209,7 +261,7 @@ def test_the_launcher_room_check_refuses_an_upward_import(tmp_path):
     assert found == ["launcher.train.trainer.TrainJob", "launcher.config"]
 
 
-@pytest.mark.parametrize("package", ["data_service", "dnn_worker", "launcher"])
+@pytest.mark.parametrize("package", ["data_service", "dnn_worker", "launcher", "hetero"])
 def test_each_room_imports_only_what_its_rule_names(package):
     bad = [v for f in sorted((ROOT / package).rglob("*.py")) for v in room_violations(f)]
     assert not bad, "imports against the rooms' rules:\n" + "\n".join(bad)
@@ -351,3 +403,12 @@ def test_no_command_imports_the_cli_that_loads_it():
     bad = [f"{f.relative_to(ROOT)}:{line} imports {m}" for f in sorted((ROOT / "hetero" / "commands").glob("*.py"))
            for line, m in imported_modules(f) if m == "hetero.cli" or m.startswith("hetero.cli.")]
     assert not bad, "\n".join(bad)
+
+
+def test_one_module_per_subcommand_and_its_own_helpers_named_after_it():
+    from hetero.cli import COMMANDS
+
+    modules = {p.stem for p in (ROOT / "hetero" / "commands").glob("*.py")} - {"__init__"}
+    assert set(COMMANDS) <= modules, f"subcommands without a module: {sorted(set(COMMANDS) - modules)}"
+    stray = sorted(m for m in modules - set(COMMANDS) if not any(m.startswith(c + "_") for c in COMMANDS))
+    assert not stray, f"modules in hetero/commands that are no subcommand nor one's helper (COMMAND_*.py): {stray}"

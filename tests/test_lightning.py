@@ -130,3 +130,19 @@ def test_a_one_device_checkpoint_resumes_on_two_nodes_with_the_rest_dealt(server
     for rank in (0, 1):
         assert [b for e, b, _ in after[rank] if e == 1] == list(range(rank, 12, 2))  # then shared as usual
         assert all(ref[(e, b)] == sha for e, b, sha in after[rank])
+
+
+@pytest.mark.slow  # an interpreter start that imports Lightning
+def test_a_ddp_job_leaves_no_gloo_group_open_at_exit(server_factory, tmp_path):
+    # Lightning never destroys its process group; gloo's unjoined threads then abort the process at
+    # exit now and then (-6). The module destroys it at exit: a hook registered before the fit runs
+    # after the module's and sees the group gone.
+    server = server_factory(OPTS, num_workers=1)
+    script = ("import atexit, sys, torch.distributed as dist\n"
+              "atexit.register(lambda: print('group open at exit:', dist.is_initialized()))\n"
+              "import _lightning_job as job\n"
+              f"job.fit({server.address!r}, {str(tmp_path / 'audit.jsonl')!r}, {str(tmp_path)!r}, 0, strategy='ddp')\n")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "group open at exit: False" in done.stdout, done.stdout[-2000:]

@@ -80,5 +80,5 @@ def test_two_jobs_of_one_seed_read_one_data_job_each_exact_and_the_first_to_end_
     assert node["exit_code"] == 0 and "gone" in node["reason"]
     assert node["batches_sent"] == 3 * per_epoch
     # epoch 0 built once for both jobs (at most build-ahead's few batches more, unasked)
-    assert node["batches_built"] < 3 * per_epoch and node["window"]["batches_built_again"] == 0
+    assert node["batches_built"] < 3 * per_epoch and node["window"]["built_again"] == 0
     assert "left serving the other jobs" in (result.jobs[next(iter(result.jobs))].output / "logs" / "algo-1.log").read_text()

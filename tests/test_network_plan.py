@@ -8,10 +8,11 @@ import pytest
 
 from hetero.cli import main as hetero_main
 from hetero.planning import cost, network
-from hetero.planning.cost import InstancePrice, PriceError, PriceTable, load_prices
-from hetero.planning.network import NetworkError, deliverable, wire_encoding
+from hetero.planning.cost import InstancePrice, PriceTable, load_prices
+from hetero.planning.network import wire_encoding
 from hetero.planning.plan_text import format_plan
-from hetero.planning.planner import plan
+from hetero.planning.planner import Workload, plan
+from launcher.capacity import Binding, PlanError, gbps_to_items
 
 CROP = network.UINT8_CROP_BYTES
 
@@ -21,59 +22,17 @@ def _no_env_override(monkeypatch):
     monkeypatch.delenv(cost.ENV_VAR, raising=False)
 
 
-# (case, kwargs, binding, images/s): each figure can be worked out by hand; 1 Gbps of 125,000-byte
-# images is 1,000 images/s.
-CASES = [
-    ("cores", dict(cores=4, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=10), "cores", 400),
-    ("data NIC", dict(cores=16, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=1.25), "data NIC", 1250),
-    ("DNN NIC", dict(cores=16, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=5, data_nodes=4,
-                     dnn_nic_gbps=2.5), "DNN NIC", 2500),
-    ("flow", dict(cores=96, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=25, flow_gbps=5),
-     "flow", 5000),
-    ("flow, two ranks", dict(cores=96, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=25,
-                             consumers=2, flow_gbps=5), "cores", 9600),
-    ("DNN NIC of two nodes", dict(cores=64, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=25,
-                                  data_nodes=2, consumers=2, dnn_nic_gbps=2.5, dnn_nodes=2, flow_gbps=10),
-     "DNN NIC", 5000),
-    ("local server adds", dict(cores=4, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=10,
-                               local_images_s=50), "cores", 450),
-    ("no NIC figure", dict(cores=4, per_core_images_s=100, bytes_per_image=10**9, data_nic_gbps=None), "cores", 400),
-    ("goodput", dict(cores=16, per_core_images_s=100, bytes_per_image=125_000, data_nic_gbps=1, goodput=0.5),
-     "data NIC", 500),
-]
-
-
-@pytest.mark.parametrize("case, kwargs, binding, rate", CASES, ids=[c[0] for c in CASES])
-def test_binding_resource_table(case, kwargs, binding, rate):
-    d = deliverable(**kwargs)
-    assert d.binding == binding and d.items_s == pytest.approx(rate)
-    assert min(d.limits.values()) == pytest.approx(rate)
-
-
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(data_nic_gbps=-1), "data_nic_gbps=-1"), (dict(dnn_nic_gbps=0), "dnn_nic_gbps=0"),
-    (dict(flow_gbps=float("nan")), "flow_gbps"), (dict(bytes_per_image=0), "bytes_per_image=0"),
-    (dict(consumers=0), "consumers=0"), (dict(goodput=1.5), "goodput=1.5")])
-def test_deliverable_rejects_bad_figures_by_name(kwargs, needle):
-    args = {**dict(cores=4, per_core_images_s=100, bytes_per_image=CROP, data_nic_gbps=1.0), **kwargs}
-    with pytest.raises(NetworkError, match=needle.replace("(", r"\(")):
-        deliverable(**args)
-
-
-def test_step_and_units():
-    d = deliverable(cores=4, per_core_images_s=650, bytes_per_image=CROP, data_nic_gbps=1.25)
-    assert network.images_to_gbps(d.items_s, CROP) == pytest.approx(1.25)
+def test_bytes_per_image_from_a_servers_stats():
     assert network.bytes_per_image_from_stats(150_528 * 64, 2, 32) == 150_528
     assert network.bytes_per_image_from_stats(0, 0, 32) is None
-    assert network.uint8_bytes({"image_size": 160}) == 160 * 160 * 3 and network.uint8_bytes({}) == CROP
 
 
 def test_wire_encodings_are_named_and_unknown_is_a_clear_error():
     assert wire_encoding("jpeg").name == "jpeg:90" and wire_encoding("uint8").bytes_ratio == 1.0
     assert wire_encoding(network.COMPACT).bytes_ratio <= 0.25
-    with pytest.raises(NetworkError, match="'webp'; use 'uint8'.*'jpeg:Q'"):
+    with pytest.raises(PlanError, match="'webp'; use 'uint8'.*'jpeg:Q'"):
         wire_encoding("webp")
-    with pytest.raises(NetworkError, match="'jpeg:80' has no measured bytes ratio; known: uint8"):
+    with pytest.raises(PlanError, match="'jpeg:80' has no measured bytes ratio; known: uint8"):
         wire_encoding("jpeg:80")
 
 
@@ -90,18 +49,18 @@ def table() -> PriceTable:
 
 # batch 100 in 0.1 s of GPU: 1,000 images/s; 125,000-byte images: 1 Gbps into the DNN node.
 @pytest.mark.parametrize("dnn, types, preprocess_s, bytes_, flow, binding, count", [
-    ("fatgpu", ["wide"], 1.0, 125_000, 5.0, "gpu", 3),          # 400 images/s a node: cores set the count
-    ("fatgpu", ["slim"], 0.01, 125_000, 5.0, "gpu", 1),         # fast cores, 1.25 Gbps NIC: one node is enough
-    ("fatgpu", ["slim"], 0.01, 500_000, 5.0, "gpu", 4),         # 4 Gbps needed through 1.25 Gbps NICs: 4 nodes
-    ("gpu", ["big"], 0.01, 500_000, 5.0, "DNN NIC", None),      # 4 Gbps needed, the DNN node takes 2.5
-    ("fatgpu", ["big"], 0.01, 1_000_000, 5.0, "flow", None),    # 8 Gbps over one flow of 5 per data node ...
-    ("fatgpu", ["big"], 0.01, 1_000_000, 10.0, "gpu", 1),       # ... and of 10 in a placement group
+    ("fatgpu", ("wide",), 1.0, 125_000, 5.0, Binding.GPU, 3),        # 400 images/s a node: cores set the count
+    ("fatgpu", ("slim",), 0.01, 125_000, 5.0, Binding.GPU, 1),       # fast cores, 1.25 Gbps NIC: one node is enough
+    ("fatgpu", ("slim",), 0.01, 500_000, 5.0, Binding.GPU, 4),       # 4 Gbps needed through 1.25 Gbps NICs: 4 nodes
+    ("gpu", ("big",), 0.01, 500_000, 5.0, Binding.DNN_NIC, None),    # 4 Gbps needed, the DNN node takes 2.5
+    ("fatgpu", ("big",), 0.01, 1_000_000, 5.0, Binding.FLOW, None),  # 8 Gbps over one flow of 5 per data node ...
+    ("fatgpu", ("big",), 0.01, 1_000_000, 10.0, Binding.GPU, 1),     # ... and of 10 in a placement group
 ])
 def test_plan_names_the_binding_resource(table, dnn, types, preprocess_s, bytes_, flow, binding, count):
-    p = plan(table, dnn, preprocess_s, 0.1, 100, data_types=types, bytes_per_sample=bytes_, flow_gbps=flow,
-             max_count=1 if binding == "flow" else 16)
+    p = plan(table, Workload(dnn, preprocess_s, 0.1, 100, data_types=types, bytes_per_sample=bytes_, flow_gbps=flow,
+                             max_count=1 if binding is Binding.FLOW else 16))
     best = p.candidates[0]
-    assert best.binding == binding
+    assert best.binding is binding
     if count is None:
         assert p.data_group is None
     else:
@@ -111,18 +70,18 @@ def test_plan_names_the_binding_resource(table, dnn, types, preprocess_s, bytes_
 
 
 def test_plan_flow_bound_layout_adds_nodes(table):
-    p = plan(table, "fatgpu", 0.01, 0.1, 100, data_types=["big"], bytes_per_sample=1_000_000, flow_gbps=5.0)
-    assert p.data_group.data_count == 2 and p.data_group.binding == "gpu"   # two flows of 5 Gbps carry 8
+    p = plan(table, Workload("fatgpu", 0.01, 0.1, 100, data_types=("big",), bytes_per_sample=1_000_000, flow_gbps=5.0))
+    assert p.data_group.data_count == 2 and p.data_group.binding is Binding.GPU  # two flows of 5 Gbps carry 8
 
 
 def test_plan_without_bytes_counts_cores_only(table):
-    p = plan(table, "gpu", 0.01, 0.1, 100, data_types=["slim"])
-    assert p.data_group.data_count == 1 and p.workload["bytes_per_sample"] is None
+    p = plan(table, Workload("gpu", 0.01, 0.1, 100, data_types=("slim",)))
+    assert p.data_group.data_count == 1 and p.workload.bytes_per_sample is None
     assert "not modelled" in format_plan(p)
 
 
 def test_plan_costs_per_1000_images(table):
-    p = plan(table, "fatgpu", 1.0, 0.1, 100, data_types=["wide"], bytes_per_sample=125_000)
+    p = plan(table, Workload("fatgpu", 1.0, 0.1, 100, data_types=("wide",), bytes_per_sample=125_000))
     r = p.recommended
     assert r.usd_per_1000_images == pytest.approx(r.usd_per_step / 100 * 1000)
     assert r.data_count == 3 and r.gbps_per_data_node == pytest.approx(1 / 3)  # 1,000 images/s of 125 kB, 3 nodes
@@ -156,16 +115,16 @@ def test_override_replaces_single_fields(tmp_path):
 
 
 @pytest.mark.parametrize("entry, needle", [
-    ({"ml.c5.xlarge": {"baseline_gbps": -1}}, r"'ml.c5.xlarge' has baseline_gbps=-1; it must be a positive"),
+    ({"ml.c5.xlarge": {"baseline_gbps": -1}}, r"'ml.c5.xlarge': baseline_gbps=-1 must be a positive number; a fig"),
     ({"ml.c5.xlarge": {"burst_gbps": "fast"}}, r"burst_gbps='fast'"),
     ({"ml.c5.xlarge": {"baseline_gbps": 5, "burst_gbps": 1}}, r"burst_gbps=1.0 below baseline_gbps=5.0"),
-    ({"ml.c5.xlarge": {"usd_per_hour": -2}}, r"usd_per_hour >= 0"),
+    ({"ml.c5.xlarge": {"usd_per_hour": -2}}, r"'ml.c5.xlarge': usd_per_hour=-2.0 must be a number >= 0"),
     ({"ml.c5.xlarge": 3}, r"must be an object"),
 ])
 def test_bad_network_figures_in_an_override_file_are_clear_errors(tmp_path, monkeypatch, capsys, entry, needle):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"instances": entry}))
-    with pytest.raises(PriceError, match=needle):
+    with pytest.raises(PlanError, match=needle):
         load_prices(path)
     monkeypatch.setenv(cost.ENV_VAR, str(path))
     assert hetero_main(["plan", "--gpu-step-s", "0.1", "--preprocess-s", "1", "--batch-size", "8"]) == 2
@@ -200,7 +159,7 @@ def test_cli_plan_measured_bytes_placement_group_and_bad_input(capsys):
     assert hetero_main(MUST_SHOW + ["--wire", "webp"]) == 2
     assert "'webp'" in "".join(capsys.readouterr())
     assert hetero_main(MUST_SHOW + ["--bytes-per-sample", "-5"]) == 2
-    assert "--bytes-per-sample=-5" in "".join(capsys.readouterr())
+    assert "--bytes-per-sample=-5.0 must be a positive number" in "".join(capsys.readouterr())
     assert hetero_main(MUST_SHOW + ["--placement-group", "--json", "/dev/null"]) == 1
     assert "10 Gbps per flow" in "".join(capsys.readouterr())
 
@@ -224,11 +183,12 @@ def test_bench_report_takes_bytes_from_the_data_servers_and_names_the_binding(tm
     net = s["network"]
     assert net["bytes_per_sample"] == 150_528 and net["bytes_source"].startswith("measured")
     assert net["heterogeneous_gbps_here"] == pytest.approx(3.08, abs=0.01)
-    assert net["aws"]["binding"] == "data NIC"       # one c5.xlarge: 1.25 Gbps of the 3.08 the GPU takes
+    assert net["aws"]["binding"] is Binding.DATA_NIC   # one c5.xlarge: 1.25 Gbps of the 3.08 the GPU takes
     line = bench_report.network_line(net)
     assert "150,528 bytes per sample" in line and "bound by data NIC" in line
     add_network(cfg, s, load_prices(), [runs[0]], preprocess_s=0.394, profiled_bytes=4_000.0)
-    assert s["network"]["bytes_source"] == "the profiled batches' tensors" and s["network"]["aws"]["binding"] == "gpu"
+    assert s["network"]["bytes_source"] == "the profiled batches' tensors"
+    assert s["network"]["aws"]["binding"] is Binding.GPU
 
 
 # -- the live advice (launcher/advice/model.py): the same model with the window's figures --------------------------
@@ -243,23 +203,23 @@ def _live(servers, bytes_per_batch, data_nic=None, dnn_nic=None, flow=None, rank
 # One batch of 100 x 125,000 bytes is 0.1 Gb: 1 Gbps carries 10 batches/s. Compute 0.1 s: the rank takes 10/s,
 # 11 with the advice's 10 % headroom. Each data node's cores could make 20 batches/s (2 built at 10 % busy).
 @pytest.mark.parametrize("case, nic, dnn, flow, change, binding", [
-    ("cores", 10.0, None, None, 0, "cores"),              # 20/s a node (100/s through its NIC): one covers 11/s
-    ("data NIC", 0.25, None, None, 4, "data NIC"),          # 2.5/s a node: 5 nodes for 11/s
-    ("flow", None, None, 0.5, 2, "flow"),                   # one rank's flow 5/s a node: 3 nodes
-    ("DNN NIC", 0.25, 0.5, None, 1, "DNN NIC"),             # the DNN takes 5/s: 2 nodes reach it, more do not help
+    ("cores", 10.0, None, None, 0, Binding.CORES),         # 20/s a node (100/s through its NIC): one covers 11/s
+    ("data NIC", 0.25, None, None, 4, Binding.DATA_NIC),   # 2.5/s a node: 5 nodes for 11/s
+    ("flow", None, None, 0.5, 2, Binding.FLOW),            # one rank's flow 5/s a node: 3 nodes
+    ("DNN NIC", 0.25, 0.5, None, 1, Binding.DNN_NIC),      # the DNN takes 5/s: 2 nodes reach it, more do not help
 ])
 def test_live_advice_names_the_binding_resource(case, nic, dnn, flow, change, binding):
     from launcher.advice.model import ServerFigures, advise
     from launcher.metric_lines import advice_line
 
     a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], 12_500_000, nic, dnn, flow))
-    assert (a.change, a.binding) == (change, binding), case
+    assert a.change == change and a.binding is binding, case
     assert a.bytes_per_sample == 125_000
     line = advice_line(40, a.to_dict())
     assert f"bound by {binding} at 125,000 bytes per sample" in line
-    if binding == "DNN NIC":
+    if binding is Binding.DNN_NIC:
         assert "cannot raise" in line and "jpeg:90" in line and a.predicted_step_s == pytest.approx(0.2)
-    if binding == "data NIC":
+    if binding is Binding.DATA_NIC:
         assert "c5n" in line
 
 
@@ -268,9 +228,9 @@ def test_live_advice_without_network_figures_is_unchanged():
     from launcher.metric_lines import advice_line
 
     a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], None, 0.25, 0.5, 0.5))
-    assert a.change == 0 and a.bytes_per_sample is None and a.binding == ""
+    assert a.change == 0 and a.bytes_per_sample is None and a.binding is None
     a = advise(_live([ServerFigures("d1:6000", 2.0, 0.1, built_per_s=2.0)], 12_500_000))  # bytes, no NIC figure
-    assert a.change == 0 and a.binding == "" and "bound by" not in advice_line(40, a.to_dict())
+    assert a.change == 0 and a.binding is None and "bound by" not in advice_line(40, a.to_dict())
 
 
 def test_advisor_measures_bytes_per_batch_between_snapshots_of_data_nodes_only():
@@ -305,13 +265,13 @@ def test_sizing_table_rows_and_the_network_they_name():
     table = load_prices()
     rows = {(r.model.split()[0], r.dnn_instance, r.wire): r for r in sizing(table)}
     r50 = rows[("ResNet-50", "ml.p3.2xlarge", "uint8")]
-    assert r50.demand_images_s == 1200 and r50.meets_target and r50.binding == "gpu"
+    assert r50.demand_images_s == 1200 and r50.meets_target and r50.binding is Binding.GPU
     assert r50.usd_per_epoch == pytest.approx(r50.usd_per_hour * IMAGENET_TRAIN_IMAGES / 1200 / 3600)
     assert rows[("ResNet-50", "ml.p4d.24xlarge", "uint8")].demand_images_s == pytest.approx(8 * 2470)
     # a light model on one V100 takes 4,800 images/s: 5.8 Gbps of uint8 through a 2.5 Gbps NIC; jpeg:90 fits
     light = rows[("light", "ml.p3.2xlarge", "uint8")]
-    assert light.binding == "DNN NIC" and not light.meets_target
-    assert light.images_per_s == pytest.approx(network.gbps_to_images(2.5, CROP))
+    assert light.binding is Binding.DNN_NIC and not light.meets_target
+    assert light.images_per_s == pytest.approx(gbps_to_items(2.5, CROP))
     assert rows[("light", "ml.p3.2xlarge", "jpeg:90")].meets_target
     assert not any(k[1].startswith("ml.g5") for k in rows)   # no published rate for the A10G: left out
 
@@ -322,13 +282,13 @@ def test_cli_plan_sizing(capsys, tmp_path):
     assert "735 images/s per vCPU (given with --per-core-rate)" in text and "| ml.p4d.24xlarge | 8 | jpeg:90 |" in text
     assert len(json.loads((tmp_path / "s.json").read_text())) == 24
     assert hetero_main(["plan", "--sizing", "--per-core-rate", "0"]) == 2
-    assert "--per-core-rate=0" in "".join(capsys.readouterr())
+    assert "--per-core-rate=0.0 must be a positive number" in "".join(capsys.readouterr())
     assert hetero_main(["plan", "--preprocess-s", "1", "--batch-size", "8"]) == 2
     assert "--gpu-step-s" in "".join(capsys.readouterr())
 
 
 def test_a_network_bound_data_group_beside_a_self_sufficient_gpu_node_says_so(table):
-    p = plan(table, "gpu", 0.01, 0.1, 100, data_types=["big"], bytes_per_sample=500_000)
+    p = plan(table, Workload("gpu", 0.01, 0.1, 100, data_types=("big",), bytes_per_sample=500_000))
     assert p.data_group is None and p.recommended is p.homogeneous
     assert "Recommended: no data group" in format_plan(p)
 
@@ -385,7 +345,7 @@ def test_wire_names_are_read_in_any_case_as_the_pipelines_read_them(capsys):
     assert hetero_main(MUST_SHOW + ["--wire", "JPEG:90"]) == 0
     assert "(wire jpeg:90; assumed" in "".join(capsys.readouterr())
     for bad in ("jpeg:\u00b2", "jpeg:0"):
-        with pytest.raises(NetworkError, match="must be an integer in 1..100"):
+        with pytest.raises(PlanError, match="must be an integer in 1..100"):
             wire_encoding(bad, bytes_measured=True)
 
 
@@ -395,11 +355,11 @@ def test_wire_names_are_read_in_any_case_as_the_pipelines_read_them(capsys):
     ([{"host": "algo-2", "bytes_sent": 12, "batches_sent": 4}], {"batch_size": "2"}, "pipeline_options.batch_size='2'"),
 ])
 def test_a_bad_field_of_a_metrics_file_is_named(tmp_path, nodes, options, field):
-    from hetero.commands.plan import metrics_bytes
+    from hetero.planning.network import metrics_bytes
 
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps({"pipeline_options": options, "nodes": nodes}))
-    with pytest.raises(NetworkError, match=re.escape(f"--metrics {path}: {field} must be a whole number >= 0")):
+    with pytest.raises(PlanError, match=re.escape(f"--metrics {path}: {field} must be an integer >= 0; a JSON integer")):
         metrics_bytes(path, None)
 
 
@@ -417,6 +377,6 @@ def test_multi_card_gpu_types_are_sized_on_the_one_card_tcp_uses():
         assert row.baseline_gbps == row.burst_gbps == 100.0 and row.network_date == "2026-11"
         assert f"{total:,} Gbps / {cards} cards" in row.network_source and "EFA" in row.network_source
     # 8 A100s taking 120,000 images/s of 150,528 bytes want 144 Gbps: more than one card carries
-    p = plan(table, "ml.p4d.24xlarge", 0.01, 256 / 15_000, 256, data_types=["ml.c5n.18xlarge"], max_count=16,
-             bytes_per_sample=150_528)
-    assert p.candidates[0].binding == "DNN NIC" and not p.candidates[0].meets_target
+    p = plan(table, Workload("ml.p4d.24xlarge", 0.01, 256 / 15_000, 256, data_types=("ml.c5n.18xlarge",),
+                             max_count=16, bytes_per_sample=150_528))
+    assert p.candidates[0].binding is Binding.DNN_NIC and not p.candidates[0].meets_target

@@ -6,9 +6,10 @@ import os
 
 import pytest
 
-from hetero.planning.cost import InstancePrice, PriceError, PriceTable, load_prices
+from hetero.planning.cost import InstancePrice, PriceTable, load_prices
 from hetero.planning.plan_text import format_plan
-from hetero.planning.planner import PlanError, plan, predict_step
+from hetero.planning.planner import PlanError, Workload, plan, predict_step
+from launcher.capacity import Binding
 from hetero.planning.profile import profile_pipeline
 from hetero.cli import main as hetero_main
 
@@ -26,12 +27,12 @@ def table() -> PriceTable:
 
 def test_predict_step_data_bound_and_gpu_bound():
     p = predict_step(0.16, 0.05, cores=1)
-    assert p.bound == "data" and p.step_s == pytest.approx(0.16) and p.data_s == pytest.approx(0.16)
+    assert p.binding is Binding.CORES and p.step_s == pytest.approx(0.16) and p.data_s == pytest.approx(0.16)
     assert p.data_wait_fraction == pytest.approx((0.16 - 0.05) / 0.16)
     p = predict_step(0.16, 0.05, cores=2)
     assert p.step_s == pytest.approx(0.08) and p.data_wait_fraction == pytest.approx(0.03 / 0.08)
     p = predict_step(0.16, 0.05, cores=4)
-    assert p.bound == "gpu" and p.step_s == pytest.approx(0.05) and p.data_wait_fraction == 0.0
+    assert p.binding is Binding.GPU and p.step_s == pytest.approx(0.05) and p.data_wait_fraction == 0.0
 
 
 def test_predict_step_consumers_and_efficiency_scale_the_data_time():
@@ -43,7 +44,7 @@ def test_trainer_work_on_the_same_cores_lengthens_the_data_time():
     # 40 ms to build a batch plus 5 ms of the trainer's own work, shared by 1 or 2 cores
     assert predict_step(0.040, 0.01, cores=1, trainer_s=0.005).step_s == pytest.approx(0.045)
     assert predict_step(0.040, 0.01, cores=2, trainer_s=0.005).step_s == pytest.approx(0.0225)
-    assert predict_step(0.040, 0.05, cores=2, trainer_s=0.005).bound == "gpu"
+    assert predict_step(0.040, 0.05, cores=2, trainer_s=0.005).binding is Binding.GPU
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -59,7 +60,7 @@ def test_predict_step_rejects_bad_figures_by_name(kwargs, needle):
 
 def test_plan_recommends_the_cheapest_layout_meeting_the_target(table):
     # 1 s/batch on one core, 0.1 s GPU step, <= 5% wait: needs >= 1 / (0.1 / 0.95) = 9.5 cores.
-    p = plan(table, "gpu", preprocess_s=1.0, gpu_step_s=0.1, batch_size=32, epoch_samples=3200)
+    p = plan(table, Workload("gpu", preprocess_s=1.0, gpu_step_s=0.1, batch_size=32, epoch_samples=3200))
     small, big = {c.data_instance: c for c in p.candidates}["small"], {c.data_instance: c for c in p.candidates}["big"]
     assert (small.data_count, small.cores, small.step_s) == (3, 12, pytest.approx(0.1))   # 2 x small: 8 cores, 20% wait
     assert small.usd_per_hour == pytest.approx(7.0) and small.usd_per_step == pytest.approx(7.0 * 0.1 / 3600)
@@ -77,7 +78,7 @@ def test_plan_recommends_the_cheapest_layout_meeting_the_target(table):
 def test_cheapest_is_not_always_the_smallest_count(table):
     # target 50%: 2 x small (8 cores) meets it at 0.125 s ($6/h), but 3 x small reaches the GPU
     # bound (0.1 s, $7/h) and is cheaper per step: 7 * 0.1 < 6 * 0.125.
-    p = plan(table, "gpu", 1.0, 0.1, 32, data_types=["small"], target_wait=0.5)
+    p = plan(table, Workload("gpu", 1.0, 0.1, 32, data_types=("small",), target_wait=0.5))
     assert p.data_group.data_count == 3 and p.data_group.usd_per_step == pytest.approx(7 * 0.1 / 3600)
     # the GPU node alone (7 cores, 1/7 s, 30% wait, $4/h) meets 50% too, for less: 4 / 7 < 0.7
     assert p.recommended is p.homogeneous
@@ -86,7 +87,7 @@ def test_cheapest_is_not_always_the_smallest_count(table):
 def test_homogeneous_is_recommended_when_it_is_the_cheapest_that_meets_the_target(table):
     # 7 own cores build a batch in 0.1 / 7 s, under the 0.1 s GPU step: no data wait, $4/h;
     # 1 x small also reaches the GPU bound, for $5/h
-    p = plan(table, "gpu", 0.1, 0.1, 8, data_types=["small"])
+    p = plan(table, Workload("gpu", 0.1, 0.1, 8, data_types=("small",)))
     assert p.candidates[0].meets_target and p.recommended is p.homogeneous
     assert p.to_dict()["recommended"]["data_instance"] is None
     text = format_plan(p)
@@ -97,50 +98,51 @@ def test_homogeneous_is_recommended_when_it_is_the_cheapest_that_meets_the_targe
 def test_homogeneous_is_recommended_when_no_data_group_meets_the_target(table):
     # every data group is held by its NIC; the GPU node's own 7 cores keep up
     rows = dict(table.entries, small=InstancePrice("small", 1.0, 4, 0, "test", "2026-01", baseline_gbps=0.001))
-    p = plan(PriceTable(rows), "gpu", 0.1, 0.1, 8, data_types=["small"], bytes_per_sample=150_528)
+    p = plan(PriceTable(rows), Workload("gpu", 0.1, 0.1, 8, data_types=("small",), bytes_per_sample=150_528))
     assert not any(c.meets_target for c in p.candidates) and p.recommended is p.homogeneous
     assert "no data group meets the target" in format_plan(p)
 
 
 def test_a_data_group_cheaper_than_homogeneous_is_recommended(table):
-    p = plan(table, "gpu", 1.0, 0.1, 32, data_types=["small"])
+    p = plan(table, Workload("gpu", 1.0, 0.1, 32, data_types=("small",)))
     assert not p.homogeneous.meets_target and p.recommended is p.data_group and p.recommended.data_count == 3
 
 
 def test_gpus_per_instance_reserve_and_local_server(table):
-    p = plan(table, "gpu4", 1.0, 0.1, 32, data_types=["big"], reserve_cpus=2, local_server=True, epoch_samples=1280)
+    p = plan(table, Workload("gpu4", 1.0, 0.1, 32, data_types=("big",), reserve_cpus=2, local_server=True,
+                             epoch_samples=1280))
     # 4 GPUs want 4 batches per step; own cores 32 - 2 * 4 = 24; GPU bound needs 40 cores.
-    assert p.workload["consumers"] == 4 and p.homogeneous.cores == 24
+    assert p.layouts.consumers == 4 and p.homogeneous.cores == 24
     assert p.homogeneous.step_s == pytest.approx(4 / 24)
     assert (p.recommended.data_count, p.recommended.cores) == (1, 16 + 24)
-    assert p.workload["steps_per_epoch"] == 10                         # 1280 / (32 * 4)
+    assert p.layouts.steps_per_epoch == 10 == p.to_dict()["workload"]["steps_per_epoch"]  # 1280 / (32 * 4)
 
 
 def test_no_layout_meets_the_target(table):
-    p = plan(table, "gpu", 100.0, 0.1, 8, max_count=2)
+    p = plan(table, Workload("gpu", 100.0, 0.1, 8, max_count=2))
     assert p.recommended is None and all(c.data_count == 2 and not c.meets_target for c in p.candidates)
     assert "raise --max-count" in format_plan(p)
 
 
 def test_homogeneous_enough_is_said(table):
-    p = plan(table, "gpu", 0.1, 0.1, 8)
+    p = plan(table, Workload("gpu", 0.1, 0.1, 8))
     assert p.homogeneous.meets_target and "does not pay" in format_plan(p)
 
 
 def test_plan_errors_name_the_bad_value(table):
-    with pytest.raises(PriceError, match="known types: big, gpu, gpu4, small"):
-        plan(table, "gpu", 1.0, 0.1, 8, data_types=["ml.c9.huge"])
-    with pytest.raises(PriceError, match="'nope'"):
-        plan(table, "nope", 1.0, 0.1, 8)
+    with pytest.raises(PlanError, match="known types: big, gpu, gpu4, small"):
+        plan(table, Workload("gpu", 1.0, 0.1, 8, data_types=("ml.c9.huge",)))
+    with pytest.raises(PlanError, match="'nope'"):
+        plan(table, Workload("nope", 1.0, 0.1, 8))
     with pytest.raises(PlanError, match="target_wait"):
-        plan(table, "gpu", 1.0, 0.1, 8, target_wait=5)
+        plan(table, Workload("gpu", 1.0, 0.1, 8, target_wait=5))
     with pytest.raises(PlanError, match="batch_size"):
-        plan(table, "gpu", 1.0, 0.1, 0)
+        plan(table, Workload("gpu", 1.0, 0.1, 0))
 
 
 def test_real_table_reproduces_the_aws_example_homogeneous_step():
     # 1.19 s/step on one ml.p3.2xlarge (8 vCPUs, 7 preprocessing) means ~8.33 s per batch per core.
-    p = plan(load_prices(), "ml.p3.2xlarge", 1.19 * 7, 0.18, 512)
+    p = plan(load_prices(), Workload("ml.p3.2xlarge", 1.19 * 7, 0.18, 512))
     assert p.homogeneous.step_s == pytest.approx(1.19)
     assert p.recommended.step_s == pytest.approx(0.18, rel=0.06) and p.recommended.meets_target
     assert p.homogeneous.usd_per_step / p.recommended.usd_per_step > 3
@@ -243,17 +245,17 @@ def test_cli_plan_recommends_no_data_group_when_the_gpu_node_alone_is_cheapest(a
 
 
 def test_a_negative_epoch_or_a_reserve_of_every_vcpu_is_refused(table, capsys):
-    with pytest.raises(PlanError, match="epoch_samples must be a whole number of samples > 0.*got -5"):
-        plan(table, "gpu", 1.0, 0.1, 8, epoch_samples=-5)
+    with pytest.raises(PlanError, match="epoch_samples=-5 must be an integer >= 0; 0 or left out: no"):
+        plan(table, Workload("gpu", 1.0, 0.1, 8, epoch_samples=-5))
     with pytest.raises(PlanError, match=r"reserve_cpus=8 per GPU x 1 GPU\(s\) = 8 vCPUs leaves none of gpu's 8 vCPUs"):
-        plan(table, "gpu", 1.0, 0.1, 8, reserve_cpus=8)
+        plan(table, Workload("gpu", 1.0, 0.1, 8, reserve_cpus=8))
     with pytest.raises(PlanError, match="reserve_cpus=8 per GPU x 4 GPU.*of gpu4's 32 vCPUs.*below 8"):
-        plan(table, "gpu4", 1.0, 0.1, 8, reserve_cpus=8)
-    assert plan(table, "gpu", 1.0, 0.1, 8, reserve_cpus=7).homogeneous.cores == 1
+        plan(table, Workload("gpu4", 1.0, 0.1, 8, reserve_cpus=8))
+    assert plan(table, Workload("gpu", 1.0, 0.1, 8, reserve_cpus=7)).homogeneous.cores == 1
     args = ["plan", "--gpu-step-s", "0.1", "--preprocess-s", "0.4", "--batch-size", "64", "--dnn-instance",
             "ml.g5.xlarge", "--data-types", "ml.c5.xlarge"]
     assert hetero_main(args + ["--epoch-samples", "-5"]) == 2
-    assert "got -5" in "".join(capsys.readouterr())
+    assert "epoch_samples=-5 must be" in "".join(capsys.readouterr())
     assert hetero_main(args + ["--reserve-cpus", "100"]) == 2
     assert "reserve_cpus=100 per GPU x 1 GPU(s) = 100 vCPUs leaves none of ml.g5.xlarge's 4 vCPUs" in \
         "".join(capsys.readouterr())

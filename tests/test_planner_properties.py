@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetero.planning.cost import InstancePrice, PriceTable
-from hetero.planning.network import gbps_to_images
 from hetero.planning.plan_text import format_plan
-from hetero.planning.planner import plan, predict_network_step, predict_step
+from hetero.planning.planner import Workload, plan, predict_network_step, predict_step
+from launcher.capacity import gbps_to_items
 
 FAST = settings(max_examples=300, deadline=None)
 TOL = 1e-9
@@ -88,11 +88,7 @@ def _layouts(table: PriceTable, names: list[str], w: dict) -> list[tuple[int, fl
 
 
 def _plan(table: PriceTable, names: list[str], w: dict):
-    return plan(table, "dnn", w["preprocess_s"], w["gpu_step_s"], w["batch_size"], dnn_count=w["dnn_count"],
-                data_types=names, max_count=w["max_count"], target_wait=w["target_wait"], efficiency=w["efficiency"],
-                local_server=w["local_server"], epoch_samples=w["epoch_samples"],
-                bytes_per_sample=w["bytes_per_sample"], encode_s=w["encode_s"], flow_gbps=w["flow_gbps"],
-                goodput=w["goodput"])
+    return plan(table, Workload("dnn", data_types=tuple(names), **w))
 
 
 @FAST
@@ -124,7 +120,7 @@ def test_no_layout_is_predicted_faster_than_a_nic_on_its_path_carries(tn, w):
         row = table.info(o.data_instance)
         # images the data nodes send: all the GPUs take, less what the DNN nodes' own servers can build
         sent = max(0.0, consumers * w["batch_size"] / o.step_s - local)
-        carry = lambda g: gbps_to_images(g, w["bytes_per_sample"], w["goodput"])  # noqa: E731
+        carry = lambda g: gbps_to_items(g, w["bytes_per_sample"], w["goodput"])  # noqa: E731
         if row.baseline_gbps is not None:
             assert sent <= o.data_count * carry(row.baseline_gbps) * (1 + TOL)
             # the Gbps the plan prints for each data node fit through its NIC too
@@ -157,7 +153,7 @@ def test_every_figure_of_the_plan_is_finite_and_not_negative(tn, w):
     for figure in NUMBER.findall(text):
         value = float(figure.replace(",", ""))
         assert math.isfinite(value) and value >= 0, (figure, text)
-    for option in [p.homogeneous] + p.candidates:
+    for option in (p.homogeneous, *p.candidates):
         for key, value in asdict(option).items():
             if isinstance(value, float):
                 assert math.isfinite(value) and value >= 0, (key, value)

@@ -13,6 +13,7 @@ from data_service.contract.sampler import rank_share
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
 from dnn_worker import DeviceFeeder, LocalDataset, ResumableLoader
+from data_service.contract.batch_id import BatchId
 from dnn_worker.resume.batch_list import BatchList, rank_stride
 from dnn_worker.resume.resharding import deal, dealt_share, merge_states, remaining
 from dnn_worker.resume.state import VERSION
@@ -38,7 +39,7 @@ def train(loaders, steps: int) -> dict[int, list[tuple[int, str]]]:
     for _ in range(steps):
         for r, (ld, it) in enumerate(zip(loaders, iters)):
             batch = next(it)
-            out[r].append((ld.last_yielded[1], batch_digest(batch)))
+            out[r].append((ld.last_yielded.index, batch_digest(batch)))
     for it in iters:
         it.close()
     return out
@@ -145,7 +146,7 @@ def test_persistent_workers_restart_to_see_the_deal(fresh_forkserver):
         ld.load_state_dict([{"epoch": 0, "seed": 3, "position": 5, "dp_rank": r, "dp_size": 3} for r in range(3)])
         got = []
         for _ in ld:
-            got.append(ld.last_yielded[1])
+            got.append(ld.last_yielded.index)
         assert got == list(dealt_share(25, [{"dp_size": 3, "positions": [5, 5, 5]}], 0, 2))
     finally:
         ld.close()
@@ -160,10 +161,10 @@ def test_persistent_workers_restart_when_set_epoch_leaves_a_dealt_epoch(fresh_fo
     try:
         ld.load_state_dict([{"epoch": 0, "seed": 3, "position": 2, "dp_rank": r, "dp_size": 4} for r in range(4)])
         ref = reference(0)
-        dealt = [(ld.last_yielded[1], batch_digest(b)) for b in ld]
+        dealt = [(ld.last_yielded.index, batch_digest(b)) for b in ld]
         assert dealt == [(i, ref[i]) for i in (8, 11, 14, 17, 20)]
         ld.set_epoch(0)
-        again = [(ld.last_yielded[1], batch_digest(b)) for b in ld]
+        again = [(ld.last_yielded.index, batch_digest(b)) for b in ld]
         assert again == [(i, ref[i]) for i in rank_stride(25, 0, 3, "drop")]  # the batches the audit names
         assert ld.state_dict() == {"version": VERSION, "epoch": 1, "seed": 3, "position": 0, "dp_rank": 0, "dp_size": 3}
     finally:
@@ -174,8 +175,8 @@ def test_a_dealt_share_answers_positions_by_arithmetic():
     share = dealt_share(1000, [{"dp_size": 3, "positions": [7, 6, 7]}], 1, 4)
     values = list(share)
     assert all(share.index(v) == j for j, v in enumerate(values)) and 10**6 not in share
-    lst = BatchList([(0, share[2:])])
-    assert lst.index((0, values[5])) == 3 and lst.unique()
+    lst = BatchList(0, [(0, share[2:])])
+    assert lst.index_of(BatchId(0, 0, values[5])) == 3 and lst.unique()
     assert list(share[1::2]) == values[1::2]
 
 

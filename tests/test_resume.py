@@ -82,7 +82,7 @@ def test_sigterm_mid_step_checkpoints_then_resume_finishes_the_epoch(tmp_path, m
                                                                                     job.cfg.data.pipeline_options)),
                                                          batch_size=None))
     info = trainer_mod._resume(job, 0, net, opt, loader, loader.dataset.num_batches_per_epoch())
-    assert info["steps"] == 30 and loader.state_dict()["position"] == 30
+    assert info is not None and info.steps == 30 and loader.state_dict()["position"] == 30
     assert all(torch.equal(v, ckpt["model"][k]) for k, v in net.state_dict().items())
 
     trainer_mod.STOP.clear()

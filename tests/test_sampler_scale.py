@@ -6,6 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from data_service.contract.batch_id import BatchId
 from data_service.contract.sampler import EpochShape, batch_block, batch_indices, derive_seed
 
 
@@ -63,9 +64,9 @@ def test_a_consumer_s_scheduler_finds_block_openers_as_it_goes_not_for_the_whole
 
     aff = Affinity(pb.DatasetInfo(num_samples=1 << 20, batch_size=8, drop_last=True, shuffle=True,
                                   block_samples=64, interleave=2, fingerprint="fp"))
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range((1 << 20) // 8)]
+    refs = [BatchId(1, 0, i) for i in range((1 << 20) // 8)]
     sched = Scheduler(refs, affinity=aff)
     assert len(aff._blocks) == 0  # no block looked up for any of the epoch's 131072 batches yet
-    sched.lane("a:1", 4)
+    sched.lanes.lane("a:1", 4)
     orders = sched.plan(0, ["a:1"], ("a:1",), 0.0)
     assert orders.fetch["a:1"] and len(aff._blocks) < 1000

@@ -6,10 +6,10 @@ import collections
 
 import pytest
 
+from data_service.contract.batch_id import BatchId
 from data_service.protocol.generated import pb
 from dnn_worker.fetch.affinity import Affinity
 from dnn_worker.fetch.in_order import InOrderBuffer
-from dnn_worker.fetch.lane import key
 from dnn_worker.fetch.scheduler import AHEAD_WINDOWS, Scheduler
 
 
@@ -54,10 +54,10 @@ class FakeServer:
 def simulate(servers, n, *, window=4, affinity=None, consume_s=0.0, until=1e6, sched=None):
     """Run the scheduler against ``servers`` for ``n`` batches of one list; the consumer takes each
     batch ``consume_s`` after the one before. Returns (finish time, scheduler, buffer)."""
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(n)]
+    refs = [BatchId(1, 0, i) for i in range(n)]
     sched = sched or Scheduler(refs, affinity=affinity)
     for s in servers:
-        sched.lane(s.address, window, float(s.workers))
+        sched.lanes.lane(s.address, window, float(s.workers))
     out = InOrderBuffer(n)
     by = {s.address: s for s in servers}
     now, consumer_free = 0.0, 0.0
@@ -76,7 +76,7 @@ def simulate(servers, n, *, window=4, affinity=None, consume_s=0.0, until=1e6, s
         for s in servers:
             for ref in s.finish(now):
                 if sched.arrived(s.address, ref, 1 << 21, now):
-                    out.put(sched.pos[key(ref)], ref)
+                    out.put(sched.batches.index_of(ref), ref)
     return now, sched, out
 
 
@@ -117,7 +117,7 @@ def test_a_stalled_server_is_hedged_in_a_few_of_its_gaps_not_at_a_timeout():
     assert end < 300 * 0.01 * 1.3 + 1.0, end
     assert sched.hedges >= 1
     assert len(sched.lanes["b:1"].outstanding) <= 4, "a stalled server is given no more than its window"
-    assert sched.stalled(end + 301, 300) == ["b:1"], "it is dropped after batch_timeout"
+    assert sched.lanes.stalled(end + 301, 300) == ["b:1"], "it is dropped after batch_timeout"
 
 
 def test_steady_slow_servers_are_not_hedged_at_the_tail():
@@ -128,17 +128,17 @@ def test_steady_slow_servers_are_not_hedged_at_the_tail():
 
 def test_nothing_is_asked_beyond_the_bound_ahead_of_the_awaited_batch():
     a, b = FakeServer("a:1", 0.001), FakeServer("b:1", 5.0)
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(200)]
+    refs = [BatchId(1, 0, i) for i in range(200)]
     sched = Scheduler(refs)
     _, _, out = simulate([a, b], 200, window=3, sched=sched)
     assert out.finished and out.most_held <= AHEAD_WINDOWS * 3 * 2, out.most_held
 
 
 def test_a_lost_server_s_batches_go_back_in_order_and_come_once():
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(20)]
+    refs = [BatchId(1, 0, i) for i in range(20)]
     sched = Scheduler(refs)
-    sched.lane("a:1", 4)
-    sched.lane("b:1", 4)
+    sched.lanes.lane("a:1", 4)
+    sched.lanes.lane("b:1", 4)
     orders = sched.plan(0, ["a:1", "b:1"], (), 0.0)
     owed = [r.index for r in orders.fetch["a:1"]]
     assert owed and sched.lost("a:1") == len(owed) and sched.failovers == 1
@@ -150,24 +150,24 @@ def test_a_lost_server_s_batches_go_back_in_order_and_come_once():
 
 
 def test_a_shutting_down_server_s_declined_batch_is_asked_of_another():
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4)]
+    refs = [BatchId(1, 0, i) for i in range(4)]
     sched = Scheduler(refs)
-    sched.lane("a:1", 4)
+    sched.lanes.lane("a:1", 4)
     orders = sched.plan(0, ["a:1"], (), 0.0)
     assert [r.index for r in orders.fetch["a:1"]] == [0, 1, 2, 3]
     assert sched.declined("a:1", refs[0], requeue=True)
     assert not sched.declined("a:1", refs[0], requeue=True), "declined once"
-    sched.lane("b:1", 4)
+    sched.lanes.lane("b:1", 4)
     assert [r.index for r in sched.plan(0, ["b:1"], (), 0.1).fetch["b:1"]] == [0]
 
 
 def _hedged_head():
     """A scheduler whose batch 0 is owed by a quiet "a:1" and, hedged, by "b:1"."""
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4)]
+    refs = [BatchId(1, 0, i) for i in range(4)]
     sched = Scheduler(refs)
-    sched.lane("a:1", 4)
+    sched.lanes.lane("a:1", 4)
     assert [r.index for r in sched.plan(0, ["a:1"], (), 0.0).fetch["a:1"]] == [0, 1, 2, 3]
-    sched.lane("b:1", 4)
+    sched.lanes.lane("b:1", 4)
     assert [r.index for r in sched.plan(0, ["a:1", "b:1"], (), 5.0).fetch["b:1"]] == [0]  # the tail: hedged
     assert sched.hedges == 1
     return refs, sched
@@ -186,7 +186,7 @@ def test_a_hedged_batch_is_an_error_once_no_server_owes_it_any_more():
     refs, sched = _hedged_head()
     assert not sched.declined("b:1", refs[0], requeue=False)
     assert sched.declined("a:1", refs[0], requeue=False), "the last copy failed: the consumer is told"
-    assert not sched.owes("b:1") and refs[0] not in list(sched.todo)
+    assert not sched.lanes.owes("b:1") and refs[0] not in list(sched.todo)
     refs, sched = _hedged_head()  # both shutting down: asked again once no copy is owed
     assert not sched.declined("a:1", refs[0], requeue=True) and [r.index for r in sched.todo] == []
     assert sched.declined("b:1", refs[0], requeue=True) and [r.index for r in sched.todo] == [0]
@@ -201,7 +201,7 @@ def test_with_affinity_each_block_goes_to_its_owner_weighted_by_workers():
     aff = _affinity()
     big, small = FakeServer("big:1", 0.01, workers=3), FakeServer("small:1", 0.01, workers=1)
     n = 4096 // 8
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(n)]
+    refs = [BatchId(1, 0, i) for i in range(n)]
     sched = Scheduler(refs, affinity=aff)
     asked: dict[int, set[str]] = collections.defaultdict(set)
     real = {s.address: s.ask for s in (big, small)}
@@ -217,10 +217,10 @@ def test_with_affinity_each_block_goes_to_its_owner_weighted_by_workers():
 
 def test_hints_announce_each_block_once_to_its_owner():
     aff = _affinity()
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(4096 // 8)]
+    refs = [BatchId(1, 0, i) for i in range(4096 // 8)]
     sched = Scheduler(refs, affinity=aff)
     for a in ("a:1", "b:1"):
-        sched.lane(a, 4)
+        sched.lanes.lane(a, 4)
     hinted = []
     for t in range(200):
         orders = sched.plan(min(t * 2, len(refs) - 1), ["a:1", "b:1"], ("a:1", "b:1"), t * 0.01)
@@ -237,9 +237,9 @@ def test_hints_announce_each_block_once_to_its_owner():
 def test_a_group_cut_short_by_the_bound_ahead_waits_to_be_half_a_window():
     """The consumer lags (it has taken nothing yet): the bound ahead would let one more batch go,
     and a request of one batch costs the server a wake-up of its own; it waits for the consumer."""
-    refs = [pb.BatchRef(seed=1, epoch=0, index=i) for i in range(20)]
+    refs = [BatchId(1, 0, i) for i in range(20)]
     sched = Scheduler(refs)
-    sched.lane("a:1", 4)
+    sched.lanes.lane("a:1", 4)
     frames = []
 
     def turn(nxt, now, arrive=()):
@@ -272,8 +272,8 @@ def test_the_fetcher_goes_on_while_a_failed_hedged_copy_s_twin_is_owed():
         fetcher = SimpleNamespace(_scheduler=sched, _set=SimpleNamespace(drain=lambda a, why: drained.append(a)),
                                   _attempts=Attempts(3))
         server = SimpleNamespace(address=address, conn="conn")
-        ev = SimpleNamespace(kind=ev_kind, conn="conn", ref=ref, batch=f"batch {ref.index}", nbytes=10,
-                             error=pb.BatchError(ref=ref, kind=kind, message="decode failed"))
+        ev = SimpleNamespace(kind=ev_kind, conn="conn", batch_id=ref, batch=f"batch {ref.index}", nbytes=10,
+                             error=pb.BatchError(ref=ref.ref(), kind=kind, message="decode failed"))
         Fetcher._handle(fetcher, server, ev, out)
         return drained
 

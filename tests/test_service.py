@@ -9,7 +9,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from _fault_helpers import next_event
 from conftest import TOKEN
+from data_service.contract.batch_id import BatchId
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import (BatchBuildError, ConfigError, PermissionDeniedError, ServerUnavailableError,
                                  VersionMismatchError)
@@ -101,19 +103,22 @@ def test_wrong_token_is_denied_and_server_keeps_serving(shared_server):
         assert ctl.stats().auth_failures >= 4
 
 
-def test_version_mismatch_names_both_versions(shared_server):
-    with ControlClient(shared_server.address, TOKEN, client_version="2.0") as ctl:
-        with pytest.raises(VersionMismatchError, match=rf"'2.0'.*'{PROTOCOL_VERSION}'"):
-            ctl.hello()
+def test_version_mismatch_names_both_versions(shared_server, monkeypatch):
+    from data_service.protocol import version as protocol
+
     with ControlClient(shared_server.address, TOKEN) as ctl:
         port = ctl.hello().bulk_port
-    conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, client_version="2.0")
+    monkeypatch.setattr(protocol, "PROTOCOL_VERSION", "2.0")  # what the consumer announces (the server keeps its own)
+    with ControlClient(shared_server.address, TOKEN) as ctl:
+        with pytest.raises(VersionMismatchError, match=rf"'2.0'.*'{PROTOCOL_VERSION}'"):
+            ctl.hello()
+    conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN)
     with pytest.raises(VersionMismatchError, match=rf"'2.0'.*'{PROTOCOL_VERSION}'"):
         conn.open()
 
 
 def test_out_of_range_request_is_an_error_not_a_hang(shared_server):
-    refs = [pb.BatchRef(seed=0, epoch=0, index=13)]
+    refs = [BatchId(0, 0, 13)]
     with pytest.raises(Exception, match="outside the plan"):
         list(Fetcher([shared_server.address], refs, FetchOptions(TOKEN, connect_timeout=5)))
 
@@ -123,7 +128,7 @@ def test_requests_go_out_half_a_window_at_a_time(shared_server, monkeypatch):
     frames: list[int] = []
     real = BulkConnection.fetch
     monkeypatch.setattr(BulkConnection, "fetch", lambda self, refs: frames.append(len(refs)) or real(self, refs))
-    refs = [pb.BatchRef(seed=0, epoch=0, index=i) for i in range(12)]
+    refs = [BatchId(0, 0, i) for i in range(12)]
     assert [r.index for r, _ in Fetcher([shared_server.address], refs, FetchOptions(TOKEN, window=4))] == list(range(12))
     assert frames[0] == 4 and sum(frames) == 12, frames
     assert all(n >= 2 for n in frames[:-1]), f"requests of one batch: {frames}"
@@ -137,7 +142,7 @@ def test_the_window_widens_for_small_batches_only(shared_server, monkeypatch, sm
 
     if not small:
         monkeypatch.setattr(scheduler_mod, "SMALL_BATCH_BYTES", 0)
-    refs = [pb.BatchRef(seed=0, epoch=0, index=i) for i in range(12)]
+    refs = [BatchId(0, 0, i) for i in range(12)]
     fetcher = Fetcher([shared_server.address], refs, FetchOptions(TOKEN, window=4, small_window=8))
     assert [r.index for r, _ in fetcher] == list(range(12))
     assert fetcher.windows() == {shared_server.address: 8 if small else 4}
@@ -157,8 +162,8 @@ def test_client_disconnect_mid_stream_loses_nothing(server_factory, shm):
         port = ctl.hello().bulk_port
     conn = BulkConnection(shared_server.address, "127.0.0.1", port, TOKEN, shared_memory=shm)
     conn.open()
-    conn.fetch([pb.BatchRef(seed=4, epoch=0, index=i) for i in range(13)])
-    got = [conn.next_event(timeout=30) for _ in range(2)]
+    conn.fetch([BatchId(4, 0, i) for i in range(13)])
+    got = [next_event(conn, 30) for _ in range(2)]
     assert all(e.kind == "batch" for e in got)
     conn.close()
     deadline = time.monotonic() + 10
@@ -182,7 +187,7 @@ def test_transform_error_names_epoch_batch_sample_and_server_survives(server_fac
     err = info.value
     assert (err.epoch, err.index, err.sample_index) == (1, 4, 17)
     assert "ValueError: synthetic failure on sample 17" in str(err) and "Traceback" in str(err)
-    refs = [pb.BatchRef(seed=0, epoch=1, index=i) for i in (0, 1, 2, 3, 5)]
+    refs = [BatchId(0, 1, i) for i in (0, 1, 2, 3, 5)]
     assert len(list(Fetcher([server.address], refs, FetchOptions(TOKEN)))) == 5
 
 

@@ -49,7 +49,6 @@ def test_index_bin_round_trips_with_subfolder_names_and_compact_dtypes(tmp_path)
     assert (back.offsets.dtype, back.lengths.dtype, back.labels.dtype) == (np.dtype("<i8"), np.dtype("<u4"),
                                                                              np.dtype("<i4"))
     assert [back.shard_at(i) for i in range(len(back))] == [0, 0, 0, 2, 2, 3, 3, 3, 3]
-    assert back.shard_of[3] == 2 and list(back.shard_of[np.array([0, 8])]) == [0, 3]
     assert back.sample(3) == (2, int(index.offsets[3]), int(index.lengths[3]), int(index.labels[3]))
     verify(str(tmp_path / INDEX_NAME))
 

@@ -233,7 +233,7 @@ def test_corrupt_bytes_in_a_shard_name_the_sample(shapes, tmp_path):
         (pipe_dir / p.name).write_bytes(p.read_bytes())
     ds = ShardDataset(str(pipe_dir), block_samples=8)
     start = int(ds.index.offsets[3])
-    tar = pipe_dir / ds.index.shards[int(ds.index.shard_of[3])].name
+    tar = pipe_dir / ds.index.shards.name(ds.index.shard_at(3))
     data = bytearray(tar.read_bytes())
     data[start:start + int(ds.index.lengths[3])] = b"\0" * int(ds.index.lengths[3])
     tar.write_bytes(bytes(data))

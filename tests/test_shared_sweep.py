@@ -12,6 +12,7 @@ import pytest
 
 from conftest import TOKEN, start_server
 from data_service.contract.tensor_layout import batch_digest
+from data_service.server.stats import WindowFigures
 from dnn_worker import RemoteDataset
 from hetero.testing.audit import Reference
 
@@ -51,8 +52,10 @@ def run_jobs(address: str, specs: list[dict]) -> list[list[str]]:
 
 
 def figures(server) -> dict[str, float]:
+    """The window's counters (none without a window) and the batches built."""
     snap = server.stats.snapshot()
-    return {**snap.pipeline, "batches_built": float(snap.batches_built)}
+    window = WindowFigures.of(snap)
+    return {**(window.to_json() if window is not None else {}), "batches_built": float(snap.batches_built)}
 
 
 def change(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -75,17 +78,17 @@ def test_jobs_of_one_seed_get_each_batch_built_once_and_every_epoch_exact(window
     f = change(before, figures(window_server))
     # every batch of the epoch built once; and, with the epoch's last asked for, the next epoch's first
     # built ahead by idle workers (nobody asks for them here)
-    assert f["window_misses"] == len(expected) and f["batches_built"] == len(expected) + f["window_built_ahead"]
-    assert 0 < f["window_built_ahead"] <= 4 and f["window_ahead_used"] == 0
-    assert f["window_hits"] + f["window_joined"] == 2 * len(expected)
-    assert f["batches_built_again"] == 0
+    assert f["misses"] == len(expected) and f["batches_built"] == len(expected) + f["built_ahead"]
+    assert 0 < f["built_ahead"] <= 4 and f["ahead_used"] == 0
+    assert f["hits"] + f["joined"] == 2 * len(expected)
+    assert f["built_again"] == 0
     now = figures(window_server)
-    assert 0 < now["window_bytes"] <= now["window_budget_bytes"]
+    assert 0 < now["held_bytes"] <= now["budget_bytes"]
     from hetero.cli import main as hetero_main
 
     assert hetero_main(["stats", window_server.address, "--token", TOKEN]) == 0
-    shown = json.loads(capsys.readouterr().out)["pipeline"]
-    assert {"window_hits", "window_bytes", "batches_built_again"} <= set(shown)
+    shown = json.loads(capsys.readouterr().out)["window"]
+    assert {"hits", "heldBytes", "builtAgain"} <= set(shown)
 
 
 def test_a_job_behind_the_window_gets_its_batches_built_again_exactly(server_factory):
@@ -97,10 +100,10 @@ def test_a_job_behind_the_window_gets_its_batches_built_again_exactly(server_fac
     assert job(server.address, seed=3, shm=True) == expected  # far behind: the window slid past it
     f = figures(server)
     # what the window still held when the job first asked (its last few batches) was sent from there
-    held = int(f["window_batches"])
-    assert f["batches_built_again"] + f["window_hits"] == len(expected) and f["window_hits"] <= held
-    assert server.stats.snapshot().batches_built == len(expected) + f["batches_built_again"] + f["window_built_ahead"]
-    assert 0 < f["window_bytes"] <= budget and f["window_evicted"] > 0
+    held = int(f["batches"])
+    assert f["built_again"] + f["hits"] == len(expected) and f["hits"] <= held
+    assert server.stats.snapshot().batches_built == len(expected) + f["built_again"] + f["built_ahead"]
+    assert 0 < f["held_bytes"] <= budget and f["evicted"] > 0
 
 
 def test_jobs_of_other_seeds_never_get_each_others_batches(window_server):
@@ -114,8 +117,19 @@ def test_jobs_of_other_seeds_never_get_each_others_batches(window_server):
     f = change(before, figures(server))
     # nothing is shared across seeds or epochs: only epoch 1's first batches, if seed 1's epoch 0
     # ended first and idle workers built them ahead, are the third job's hits
-    shared = f["window_hits"] + f["window_joined"]
-    assert shared == f["window_ahead_used"] and f["window_misses"] == 3 * len(got[0]) - shared
+    shared = f["hits"] + f["joined"]
+    assert shared == f["ahead_used"] and f["misses"] == 3 * len(got[0]) - shared
+
+
+def test_a_pipeline_figure_named_like_a_window_counter_leaves_the_windows_counters_alone(server_factory):
+    server = server_factory(OPTIONS, batch_window_bytes=1 << 20, probe=False, num_workers=1)
+    server.stats.pipeline_stats = lambda: {"window_hits": 1e9, "hits": 1e9}  # the pipeline's own figures
+    expected = Reference(PIPELINE, OPTIONS, 3).digests(0)
+    assert job(server.address, seed=3) == expected
+    snap = server.stats.snapshot()
+    assert snap.pipeline["window_hits"] == snap.pipeline["hits"] == 1e9
+    window = WindowFigures.of(snap)
+    assert window is not None and window.hits == 0 and window.misses == len(expected)
 
 
 def test_without_a_window_each_job_gets_its_own_builds(server_factory):
@@ -123,7 +137,7 @@ def test_without_a_window_each_job_gets_its_own_builds(server_factory):
     got = run_jobs(server.address, [{"seed": 5}, {"seed": 5}])
     assert got[0] == got[1] == Reference(PIPELINE, OPTIONS, 5).digests(0)
     assert server.stats.snapshot().batches_built == 2 * len(got[0])
-    assert "window_hits" not in figures(server)
+    assert "hits" not in figures(server)
 
 
 @pytest.mark.slow
@@ -203,7 +217,7 @@ def test_a_job_resumed_on_another_rank_count_beside_another_job_trains_its_epoch
     second = loader(0, 1)
     second.load_state_dict(states)  # both old ranks' states: the rest of the epoch is dealt to one rank
     for batch in second:
-        trained.append((second.last_yielded[1], batch_digest(batch)))
+        trained.append((second.last_yielded.index, batch_digest(batch)))
     other.join(120)
     assert sorted(i for i, _ in trained) == list(range(len(expected)))
     assert all(expected[i] == d for i, d in trained)
@@ -212,4 +226,4 @@ def test_a_job_resumed_on_another_rank_count_beside_another_job_trains_its_epoch
 
 def _step(ld, it) -> tuple[int, str]:
     batch = next(it)
-    return ld.last_yielded[1], batch_digest(batch)
+    return ld.last_yielded.index, batch_digest(batch)

@@ -14,7 +14,8 @@ from botocore.validate import ParamValidator
 
 from hetero.cli import main
 from hetero.sagemaker import client as sm_client
-from hetero.sagemaker.follow import WaitTimeout, step_time, wait
+from hetero.sagemaker.follow import WaitTimeout, wait
+from launcher.metric_lines import JobMetrics
 from hetero.sagemaker.request import build_request, framework_image, masked
 from hetero.sagemaker.source import build_sourcedir, split_s3
 from hetero.sagemaker.spec import SubmitError, parse_input
@@ -246,8 +247,8 @@ def test_wait_has_a_deadline():
     with pytest.raises(WaitTimeout, match="still running after 100 s"):
         wait(Fake, ["j"], timeout_s=100, poll_s=30, sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
     assert now[0] == 100
-    assert step_time({"step_times": [1.0, 2.0]}) == 1.5 and step_time({"avg_step_time_s": 0.2}) == 0.2
-    assert step_time({}) is None
+    assert JobMetrics.from_json({"avg_step_time_s": 0.2}).avg_step_time_s == 0.2
+    assert JobMetrics.from_json({"mean_step_time_s": 0.2}).avg_step_time_s is None  # only the name the trainer writes
 
 
 def output_tar(metrics: dict) -> bytes:
@@ -286,7 +287,7 @@ def test_end_to_end_pair_against_moto(moto_endpoint, tmp_path, monkeypatch, caps
     s3.create_bucket(Bucket="bkt")
     s3.put_object(Bucket="bkt", Key="out/bench-het/output/output.tar.gz",
                   Body=output_tar({"avg_step_time_s": 0.18, "steps": 4800, "step_kind": "emulated"}))
-    s3.put_object(Bucket="bkt", Key="out/bench-hom/output/output.tar.gz", Body=output_tar({"step_times": [1.19, 1.19]}))
+    s3.put_object(Bucket="bkt", Key="out/bench-hom/output/output.tar.gz", Body=output_tar({"avg_step_time_s": 1.19}))
     logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
     logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName="bench-het/algo-1-1700000000")
     logs.put_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName="bench-het/algo-1-1700000000",

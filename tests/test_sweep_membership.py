@@ -11,7 +11,7 @@ import pytest
 from conftest import TOKEN
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
-from data_service.server.idle_exit import IdleExit
+from data_service.server.lifetime import EXIT_NO_CONSUMER, IdleExit
 from dnn_worker import RemoteDataset
 from hetero.testing.audit import Reference, read_audit
 
@@ -64,10 +64,12 @@ def test_a_job_joining_a_running_group_starts_its_own_epoch_and_the_group_ends_a
 
 def test_the_idle_timeout_counts_only_once_a_consumer_came():
     idle = IdleExit(5.0)
-    assert idle.reason(False, 3600.0) is None  # a sweep's group starts before its jobs
-    assert idle.reason(True, -1.0) is None      # a consumer is connected
-    assert idle.reason(True, 4.0) is None
-    assert "idle timeout 5s" in idle.reason(True, 6.0)
+    assert idle.verdict(False, 3600.0, 3600.0) is None  # a sweep's group starts before its jobs
+    assert idle.verdict(True, -1.0, 3600.0) is None      # a consumer is connected
+    assert idle.verdict(True, 4.0, 3600.0) is None
+    code, reason = idle.verdict(True, 6.0, 3600.0)
+    assert code == 0 and "idle_timeout=5s" in reason and "the last job has left" in reason
+    assert IdleExit(5.0, connect_s=10).verdict(False, 11.0, 11.0)[0] == EXIT_NO_CONSUMER
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("inf")])

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from hetero.cli import main as hetero_main
 from hetero.planning.cost import InstancePrice, PriceTable
-from hetero.planning.planner import PlanError, plan
+from hetero.planning.planner import PlanError, Workload, plan
+from launcher.capacity import Binding
 from hetero.planning.sweep_cost import format_sweep, sweep_prices
 
 
@@ -23,8 +24,8 @@ def _table(gpu_usd: float = 4.0, cpu_usd: float = 1.0, vcpus: int = 4, gbps: flo
 def test_a_shared_group_feeds_n_jobs_at_the_same_step_for_a_share_of_its_price():
     table = _table()
     # 0.4 s a batch on one core, a 0.1 s step: one job needs 4 cores, one "cpu" node
-    one = plan(table, "gpu", 0.4, 0.1, 32, data_types=["cpu"], reserve_cpus=7, epoch_samples=32_000)
-    rows = sweep_prices(table, one, jobs=4)
+    one = plan(table, Workload("gpu", 0.4, 0.1, 32, data_types=("cpu",), reserve_cpus=7, epoch_samples=32_000))
+    rows = sweep_prices(one, jobs=4)
     separate, within, apart, sized = rows
     assert separate.data_nodes == 4 and within.data_nodes == apart.data_nodes == 1
     assert separate.step_s == within.step_s == 0.1 and within.meets_target
@@ -45,9 +46,9 @@ def test_a_shared_group_feeds_n_jobs_at_the_same_step_for_a_share_of_its_price()
 
 def test_a_shared_nic_carrying_n_jobs_bytes_can_cost_more_and_says_so():
     table = _table(gbps=1.0)  # 1 Gbps NICs: one node cannot send 4 jobs' batches in time
-    one = plan(table, "gpu", 0.01, 0.1, 32, data_types=["cpu"], reserve_cpus=7, bytes_per_sample=150_528)
-    rows = sweep_prices(table, one, jobs=4)
-    assert rows[1].binding == "data NIC" and rows[1].step_s > rows[0].step_s
+    one = plan(table, Workload("gpu", 0.01, 0.1, 32, data_types=("cpu",), reserve_cpus=7, bytes_per_sample=150_528))
+    rows = sweep_prices(one, jobs=4)
+    assert rows[1].binding is Binding.DATA_NIC and rows[1].step_s > rows[0].step_s
     text = format_sweep(rows, 4)
     ratio = rows[1].usd_per_job_1000_steps / rows[0].usd_per_job_1000_steps
     assert ratio > 1 and f"each job costs {ratio:.2f}x as much as with separate groups" in text
@@ -59,9 +60,9 @@ def test_a_shared_nic_carrying_n_jobs_bytes_can_cost_more_and_says_so():
 @pytest.mark.parametrize("jobs", [0, 1, -3, 2.5])
 def test_a_sweep_needs_two_jobs_or_more(jobs):
     table = _table()
-    one = plan(table, "gpu", 0.4, 0.1, 32, data_types=["cpu"], reserve_cpus=7)
+    one = plan(table, Workload("gpu", 0.4, 0.1, 32, data_types=("cpu",), reserve_cpus=7))
     with pytest.raises(PlanError, match=r"jobs=.* must be an integer >= 2"):
-        sweep_prices(table, one, jobs)
+        sweep_prices(one, jobs)
 
 
 def test_hetero_plan_jobs_prints_the_sweep(capsys):
@@ -81,8 +82,8 @@ def test_hetero_plan_jobs_prints_the_sweep(capsys):
 def test_shared_within_the_window_is_never_slower_or_dearer_per_job_and_apart_never_faster(
         p, gpu, jobs, vcpus, gpu_usd, cpu_usd):
     table = _table(gpu_usd, cpu_usd, vcpus)
-    one = plan(table, "gpu", p, gpu, 32, data_types=["cpu"], reserve_cpus=7, max_count=64)
-    separate, within, apart, *sized = sweep_prices(table, one, jobs, max_count=256)
+    one = plan(table, Workload("gpu", p, gpu, 32, data_types=("cpu",), reserve_cpus=7, max_count=64))
+    separate, within, apart, *sized = sweep_prices(one, jobs, max_count=256)
     assert math.isclose(within.step_s, separate.step_s)  # batches built once: the cores build one job's
     assert within.usd_per_job_1000_steps < separate.usd_per_job_1000_steps
     assert apart.step_s >= within.step_s - 1e-12
@@ -105,13 +106,14 @@ def test_the_separate_groups_row_is_n_times_the_plans_own_row(preprocess_s, gpu_
     from hetero.planning.cost import load_prices
 
     table = load_prices()
-    one = plan(table, dnn, preprocess_s, gpu_step_s, batch_size, dnn_count=dnn_count, data_types=[data_type],
-               max_count=8, local_server=local_server, reserve_cpus=reserve_cpus, bytes_per_sample=bytes_per_sample)
+    one = plan(table, Workload(dnn, preprocess_s, gpu_step_s, batch_size, dnn_count=dnn_count, data_types=(data_type,),
+                               max_count=8, local_server=local_server, reserve_cpus=reserve_cpus,
+                               bytes_per_sample=bytes_per_sample))
     group = one.data_group or next(c for c in one.candidates if c.data_instance)
-    separate = sweep_prices(table, one, jobs, max_count=8)[0]
+    separate = sweep_prices(one, jobs, max_count=8)[0]
     assert separate.step_s == pytest.approx(group.step_s, rel=1e-9)
     assert separate.data_wait_fraction == pytest.approx(group.data_wait_fraction, rel=1e-9, abs=1e-12)
-    assert separate.binding == group.binding
+    assert separate.binding is group.binding
     assert separate.data_nodes == jobs * group.data_count
     assert separate.usd_per_hour == pytest.approx(jobs * group.usd_per_hour, rel=1e-9)
     assert separate.usd_per_job_1000_steps == pytest.approx(group.usd_per_1000_steps, rel=1e-9)

@@ -23,6 +23,7 @@ import pytest
 
 from _import_marks import VAR as MARKS, importers
 from conftest import ROOT, TOKEN
+from data_service.contract.batch_id import BatchId
 from data_service.contract.pipeline import PipelineSpec
 from data_service.pool.forked import WarmParent, WarmParentGone
 from data_service.protocol.generated import pb
@@ -39,7 +40,7 @@ def _server(target: str, opts: dict, workers: int) -> DataServer:
 
 
 def _batches(server: DataServer, epoch: int, count: int) -> list[dict]:
-    refs = [pb.BatchRef(seed=1, epoch=epoch, index=i) for i in range(count)]
+    refs = [BatchId(1, epoch, i) for i in range(count)]
     return [b for _, b in Fetcher([server.address], refs, FetchOptions(TOKEN, window=2, batch_timeout=60))]
 
 

@@ -2,7 +2,7 @@
 import re
 
 from hetero.commands.local import summary_line as local_line
-from launcher.metric_lines import METRIC_DEFINITIONS, summary_line
+from launcher.metric_lines import METRIC_DEFINITIONS, JobMetrics, summary_line
 from launcher.train.step_stats import StepStats, job_metrics
 
 
@@ -22,7 +22,7 @@ def test_a_run_of_only_warm_up_steps_says_none_was_measured_and_how_to_get_one()
              "lower warmup_steps)")
     trainer = summary_line(m, "/out")
     assert trainer.startswith(f"done: {words} (real), loss 1.5000") and "n/a s" not in trainer
-    local = local_line(m)
+    local = local_line(JobMetrics.from_json(m))
     assert local == f"heterogeneous: {words} (real step, 5 steps/rank), test accuracy n/a"
     for line in (trainer, local):  # no figure for the step-time, wait or rate metrics
         for d in METRIC_DEFINITIONS:
@@ -34,4 +34,5 @@ def test_a_run_past_its_warm_up_prints_its_average():
     m = _metrics(steps=6, warmup=5)
     assert m["avg_step_time_s"] is not None
     assert summary_line(m, "/out").startswith(f"done: avg step time {m['avg_step_time_s']:.4f} s (real), data wait")
-    assert "none measured" not in local_line(m) and "avg step time" in local_line(m)
+    local = local_line(JobMetrics.from_json(m))
+    assert "none measured" not in local and "avg step time" in local

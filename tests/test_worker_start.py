@@ -14,6 +14,7 @@ import pytest
 
 from _env_pipeline import VAR
 from conftest import TOKEN
+from data_service.contract.batch_id import BatchId
 from data_service.contract.pipeline import PipelineSpec
 from data_service.contract.tensor_layout import batch_digest
 from data_service.errors import ConfigError
@@ -32,7 +33,7 @@ def _server(target: str, opts: dict = OPTS, workers: int = 2, **kw) -> DataServe
 
 
 def _batches(server: DataServer, epoch: int, count: int = 16) -> dict:
-    refs = [pb.BatchRef(seed=5, epoch=epoch, index=i) for i in range(count)]
+    refs = [BatchId(5, epoch, i) for i in range(count)]
     return {r.index: b for r, b in Fetcher([server.address], refs, FetchOptions(TOKEN, window=2, batch_timeout=60))}
 
 

@@ -1,12 +1,13 @@
-"""The long tier: end-to-end drills that CI's 20 minutes on 2 cores leave out.
+"""The long tier: end-to-end drills, the slowest of the slow tests.
 
 Every test here is also marked ``slow`` (so the default run leaves it out too); conftest.py marks
-these ``long`` as well. CI (``.ci/run``) runs the default tier and every slow test that is not
-long; ``pytest -m long`` runs these (about 22 minutes on 2 cores), and the README says when.
-Each scenario below keeps a smaller sibling in CI: the variant with fewer repeats (``[False]``
-of test_faults), the same fault on one node (test_multinode, test_shards_service), resume
-exactness through the consumer contract, Lightning and test_multinode's resume on another
-number of servers, the corruption campaign's places one by one in the default tier.
+these ``long`` as well. CI (``.ci/run``) runs them with every other test but the GPU ones;
+``pytest -m "slow and not long"`` leaves them out for a quicker run, ``pytest -m long`` runs only
+them. Each scenario below keeps a smaller sibling in the quicker run: the variant with fewer
+repeats (``[False]`` of test_faults), the same fault on one node (test_multinode,
+test_shards_service), resume exactness through the consumer contract, Lightning and
+test_multinode's resume on another number of servers, the corruption campaign's places one by one
+in the default tier.
 """
 from __future__ import annotations
 

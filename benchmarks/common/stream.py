@@ -11,11 +11,11 @@ class Stream:
     """Fetches epoch after epoch of ``num_batches`` batches from ``address`` until ``stop()``."""
 
     def __init__(self, address: str, token: str, num_batches: int, window: int = 4) -> None:
-        from data_service.protocol.generated import pb
+        from data_service.contract.batch_id import BatchId
         from dnn_worker.fetch.fetch_options import FetchOptions
         from dnn_worker.fetch.fetcher import Fetcher
 
-        refs = [pb.BatchRef(seed=7, epoch=e, index=i) for e in range(400) for i in range(num_batches)]
+        refs = [BatchId(7, e, i) for e in range(400) for i in range(num_batches)]
         self._fetcher = Fetcher([address], refs, FetchOptions(token, window=window, batch_timeout=120))
         self.arrivals: list[float] = []  # time.monotonic() of each batch
         self.error: BaseException | None = None

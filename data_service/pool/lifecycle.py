@@ -251,11 +251,9 @@ def stop_workers(handles: list[WorkerHandle], timeout: float) -> None:
 
 
 def release(w: WorkerHandle) -> None:
-    """Close what the server holds of worker ``w``, which has ended (``stop_workers``): its pipe,
-    its process handle's descriptors, and its regions that no batch in flight holds (those close
-    when released). A server started and stopped in a long-lived process (a notebook, a test run)
-    leaves nothing open."""
-    w.table.orphan_all()
+    """Close what the server holds of worker ``w``, which has ended (``stop_workers``): its pipe and
+    its process handle's descriptors (its regions are the state's: ``PoolState.workers_ended``). A
+    server started and stopped in a long-lived process (a notebook, a test run) leaves nothing open."""
     w.conn.close()
     if w.child_end is not None:  # never launched
         w.child_end.close()

@@ -1,7 +1,7 @@
 """What the pool's events leave to do outside the lock, and the ``Result`` each task gets.
 
 The events of ``PoolState`` (state.py) decide under the pool's lock and call nothing; they hand
-back these plain values instead, and the worker pool (worker_pool.py) carries them out: a
+back these plain values instead, and the worker pool (worker_pool.py, deaths.py) carries them out: a
 ``Failure`` becomes an error ``Result`` for its task's callback, a built batch becomes a
 ``Result`` whose bytes are a view of the worker's slot, ``Death`` says what became of a dead
 worker and whether to replace it, ``GaveUp`` whether the pool is left without workers.
@@ -83,13 +83,14 @@ def no_workers_left(error: str) -> str:
     return f"data server has no data worker left (replacing them failed: {error}); ask another server"
 
 
-def failed(failure: Failure) -> Result:
-    """The error ``Result`` of a failed task."""
-    task = failure.task
-    err = pb.BatchError(ref=pb.BatchRef(seed=task.seed, epoch=task.epoch, index=task.index),
-                        kind=failure.kind, message=failure.message, traceback=failure.traceback,
-                        sample_index=failure.sample_index)
-    return Result(task, error=err)
+def deliver(failures: list[Failure]) -> None:
+    """Hand each failed task its error ``Result`` (outside the pool's lock: the callback is the consumer's)."""
+    for failure in failures:
+        task = failure.task
+        err = pb.BatchError(ref=pb.BatchRef(seed=task.seed, epoch=task.epoch, index=task.index),
+                            kind=failure.kind, message=failure.message, traceback=failure.traceback,
+                            sample_index=failure.sample_index)
+        task.on_result(Result(task, error=err))
 
 
 def built(task: Task, slot: ServerSlot, msg: DoneMsg, release: Callable[[ServerSlot], None],

@@ -43,9 +43,14 @@ class PoolCounts:
     # slots a consumer kept zero-copy, and slots never written again (a consumer may still map them)
     leases: int = 0
     retired: int = 0
-    # workers started again (at start-up after dying while loading, or replaced), and replacements given up
-    restarts: int = 0
-    failed_replacements: int = 0
+    restarts: int = 0  # workers started again (at start-up after dying while loading, or replaced)
+
+    def built(self, msg: DoneMsg) -> None:
+        """Count a batch a worker reported built, with the figures it sent along."""
+        self.batches_built += 1
+        self.samples_skipped += msg.samples_skipped
+        self.samples_reread += msg.samples_reread
+        self.build_seconds += msg.build_s
 
 
 class PoolState:
@@ -147,10 +152,7 @@ class PoolState:
                 if not task.cancelled:
                     self._queue.appendleft(task)
                 return None
-            self.counts.batches_built += 1
-            self.counts.samples_skipped += msg.samples_skipped
-            self.counts.samples_reread += msg.samples_reread
-            self.counts.build_seconds += msg.build_s
+            self.counts.built(msg)
             if task.cancelled:
                 self._free(slot)
                 return None
@@ -243,13 +245,19 @@ class PoolState:
         the queued tasks and every later one fail (consumers ask other servers)."""
         with self._lock:
             self.replacing -= 1
-            self.counts.failed_replacements += 1
             if self.stopping or self.replacing or any(w.alive for w in self._workers):
                 return GaveUp([], "")
             self.no_workers = no_workers_left(error)
             pending = self._queue.drain()
         return GaveUp([Failure(t, pb.SHUTTING_DOWN, self.no_workers) for t in pending if not t.cancelled],
                       self.no_workers)
+
+    def workers_ended(self) -> list[WorkerHandle]:
+        """The pool stopped every worker process: their regions close once released; returns the handles."""
+        with self._lock:
+            for w in self._workers:
+                w.table.orphan_all()
+            return list(self._workers)
 
     # -- slots (whichever thread a Result is given back on)
     def release(self, slot: ServerSlot) -> None:
@@ -268,8 +276,7 @@ class PoolState:
         """May a same-host consumer keep ``slot`` zero-copy until it drops the batch?"""
         with self._lock:
             granted = slot.table.lease(slot)
-            if granted:
-                self.counts.leases += 1
+            self.counts.leases += granted is True  # None: it held the lease already
             return granted is not False
 
     def _free(self, slot: ServerSlot) -> None:  # under the lock
@@ -292,8 +299,7 @@ class PoolState:
         return conns + [cast(WorkerProcess, w.process).sentinel for w in live]  # live ones were launched
 
     def pids(self) -> list[int]:
-        with self._lock:
-            # launched, so started: each has a pid
+        with self._lock:  # launched, so started: each has a pid
             return cast("list[int]", [w.process.pid for w in self._workers if w.alive and w.process is not None])
 
     @property

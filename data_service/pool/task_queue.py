@@ -37,7 +37,6 @@ class TaskQueue:
         # A consumer's default window is max(4, 2 x workers), 8 while batches are small
         # (dnn_worker/fetch/fetch_options.py): that many of its batches may be moved aside.
         self.detach_per_owner = max(DETACH_PER_OWNER, 2 * num_workers)
-        self.detached = 0  # batches ever detached
         self._detached: set[ServerSlot] = set()  # slots detached from their worker, not yet released
 
     def __len__(self) -> int:
@@ -95,7 +94,6 @@ class TaskQueue:
                 if not t.cancelled and t.owner is not slot.owner:
                     table.detach(slot)
                     self._detached.add(slot)
-                    self.detached += 1
                     free = table.reserve()
                     if free is None:  # cannot happen: detaching frees a slot
                         return None

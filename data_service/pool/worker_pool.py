@@ -14,10 +14,11 @@ mid-batch is replaced and its batch rebuilt by another; user-code exceptions tra
 their traceback and sample index.
 
 ``WorkerPool`` is the pool's input and output: it reads and decodes the workers' messages,
-sends them tasks, starts, replaces and stops their processes (lifecycle.py) and hands tasks
-their results. Every decision, and all the state it rests on, is ``PoolState``'s (state.py):
-the pool tells it what happened, one event at a time, and carries out what the event hands
-back (results.py). ``Task`` and ``Result`` are tasks.py; the pipe messages are messages.py.
+sends them tasks, starts and stops their processes (lifecycle.py), has the dead ones reported
+and replaced (deaths.py) and hands tasks their results. Every decision, and all the state it
+rests on, is ``PoolState``'s (state.py): the pool tells it what happened, one event at a time,
+and carries out what the event hands back (results.py). ``Task`` and ``Result`` are tasks.py;
+the pipe messages are messages.py.
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ from multiprocessing.connection import wait as mp_wait
 from typing import TYPE_CHECKING, Callable, cast
 
 from ..errors import ConfigError
-from .lifecycle import WorkerConfig, WorkerHandle, WorkerProcess, release, spawn_replacement, start_all, stop_workers, unstarted
-from .messages import DoneMsg, ErrorMsg, ImportedMsg, StopMsg
-from .results import Death, Failure, GaveUp, built, crashed_too_often, exit_status, failed
+from .deaths import Deaths
+from .lifecycle import WorkerConfig, WorkerHandle, WorkerProcess, release, start_all, stop_workers, unstarted
+from .messages import DoneMsg, ErrorMsg, ImportedMsg
+from .results import built, deliver
 from .slots import ServerSlot
 from .state import MAX_ATTEMPTS, TASKS_AHEAD, PoolState
 from .tasks import Result, Task
@@ -44,7 +46,6 @@ __all__ = ["MAX_ATTEMPTS", "TASKS_AHEAD", "Result", "Task", "WorkerPool"]
 
 log = logging.getLogger(__name__)
 
-EXIT_WAIT_S = 2.0  # from a worker's pipe breaking to its exit status, at most (a killed one: milliseconds)
 # from a region that could not be mapped to deciding its worker is alive (the server is short of
 # descriptors) rather than dying (the region went with it)
 UNMAPPABLE_WAIT_S = 0.5
@@ -81,6 +82,8 @@ class WorkerPool:
         # regions a worker reported that could not be mapped, decided later: (worker, task id, error, deadline)
         self._unmapped: list[tuple[WorkerHandle, int, str, float]] = []
         self.on_no_workers: Callable[[str], None] | None = None  # the server turns unhealthy
+        self._deaths = Deaths(self.state, self.starter, self._cfg, self._wake,
+                              lambda why: None if self.on_no_workers is None else self.on_no_workers(why))
         self._thread: threading.Thread | None = None
         self.started_at = time.monotonic()
 
@@ -141,9 +144,9 @@ class WorkerPool:
             self._thread.join(timeout=max(timeout, 1.0))
         stop_workers(self.state.workers(), timeout)
         self.starter.close(max(timeout, 1.0))  # after its workers: it forks no replacement now
-        self._fail(failures)
+        deliver(failures)
         if self._wake_r >= 0 and (self._thread is None or not self._thread.is_alive()):  # nothing polls them now
-            for w in self.state.workers():
+            for w in self.state.workers_ended():
                 release(w)
             wake_r, wake_w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
             os.close(wake_r)
@@ -153,7 +156,7 @@ class WorkerPool:
     def submit(self, task: Task) -> Task:
         refused = self.state.submit(task)
         if refused:
-            self._fail(refused)
+            deliver(refused)
         else:
             self._assign()  # on this thread: waking the dispatcher costs more than the send
         return task
@@ -201,10 +204,8 @@ class WorkerPool:
                             break
                 # polled, so launched: its process is there
                 elif obj == cast(WorkerProcess, w.process).sentinel and w.alive and not w.conn.poll():
-                    self._died(w)
-        if self._unmapped:
-            self._settle_unmappable()
-        self._assign()
+                    self._deaths.died(w)
+        self.tick()
 
     def tick(self) -> None:
         """Called now and then by the loop that polls the pool: batches become stuck as time passes."""
@@ -236,20 +237,15 @@ class WorkerPool:
                 except (OSError, ValueError):
                     pass  # the sentinel reports the death
 
-    @staticmethod
-    def _fail(failures: list[Failure]) -> None:
-        for failure in failures:
-            failure.task.on_result(failed(failure))
-
     def _read(self, w: WorkerHandle) -> None:
         """Read and handle one message from worker ``w``'s pipe."""
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
-            self._died(w)
+            self._deaths.died(w)
             return
         if isinstance(msg, ErrorMsg):
-            self._fail(self.state.batch_failed(w, msg))
+            deliver(self.state.batch_failed(w, msg))
             return
         if isinstance(msg, ImportedMsg):
             self.starter.learn(msg)  # the warm parent imports them too, off this thread
@@ -291,7 +287,7 @@ class WorkerPool:
             if task is not None and dead:
                 log.warning("data worker %d died before its epoch %d batch %d could be mapped; building it again",
                             w.wid, task.epoch, task.index)
-            self._fail(failures)
+            deliver(failures)
         self._unmapped = waiting
 
     def _release(self, slot: ServerSlot) -> None:
@@ -301,51 +297,3 @@ class WorkerPool:
     def _retire(self, slot: ServerSlot) -> None:
         self.state.retire(slot)
         self._assign()
-
-    # -- deaths and replacements
-    def _died(self, w: WorkerHandle) -> None:
-        code = cast(WorkerProcess, w.process).exitcode  # polled: launched
-        death = self.state.worker_died(w)
-        if death is None:
-            return
-        if death.replace:  # off the polling thread: a spawn takes seconds
-            threading.Thread(target=self._replace, args=(w,), name="worker-replace", daemon=True).start()
-        if code is None:  # its pipe broke before it was reaped: the status comes a moment later, off this thread
-            threading.Thread(target=self._report_death, args=(w, death), name="worker-death", daemon=True).start()
-        else:
-            self._report_death(w, death, code)
-
-    def _report_death(self, w: WorkerHandle, death: Death, code: int | None = None) -> None:
-        """Log how worker ``w`` ended and fail the batch that killed too many workers, once its exit
-        status is known (waited for up to ``EXIT_WAIT_S``)."""
-        process = cast(WorkerProcess, w.process)  # it died: launched
-        if code is None:
-            process.join(EXIT_WAIT_S)
-            code = process.exitcode
-        task = death.building
-        log.warning("data worker %d (pid %s) %s%s", w.wid, process.pid, exit_status(code),
-                    f" while building epoch {task.epoch} batch {task.index}" if task else "")
-        self._fail([crashed_too_often(t, code) for t in death.crashed])
-
-    def _replace(self, dead: WorkerHandle) -> None:
-        try:
-            new = spawn_replacement(self.starter.ctx, dead.wid, self._cfg, lambda: self.state.stopping,
-                                    self.starter.take_spare)
-        except ConfigError as exc:
-            self._gave_up(self.state.replacement_gave_up(str(exc)))
-            return
-        except BaseException:
-            self.state.worker_replaced(dead, None)  # no longer under way
-            raise
-        if self.state.worker_replaced(dead, new):
-            self._wake()  # what to poll changed
-        elif new is not None:
-            try:
-                new.conn.send(StopMsg())
-            except (OSError, ValueError):
-                pass
-
-    def _gave_up(self, outcome: GaveUp) -> None:
-        self._fail(outcome.failures)
-        if outcome.no_workers and self.on_no_workers is not None:
-            self.on_no_workers(outcome.no_workers)

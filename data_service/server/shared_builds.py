@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Callable, cast
+from typing import TYPE_CHECKING, Callable
 
 from ..pool.tasks import Result, Task
 from .batch_window import BatchKey, BatchWindow, Entry
 from .build_ahead import AheadPlan
 from .build_record import BuildRecord
+from .stats import WindowFigures
 
 AHEAD_REMEMBERED = 4096  # batches built ahead and not yet asked for, remembered for ``ahead_used``
 
@@ -59,19 +60,22 @@ class BatchIdentity:
         return BatchKey(self.fingerprint, self.wire_encoding, self.compression, seed, epoch, index)
 
 
-@dataclass
 class _Build:
-    """One batch being built, and the requests waiting for it."""
+    """One batch being built (its pool task reports to ``on_built`` with this build), and the requests
+    waiting for it; ``ahead``: started before any job asked (build_ahead.py), kept in the window though
+    nobody waits."""
 
-    key: BatchKey
-    task: Task
-    waiters: list[Task] = field(default_factory=list)
-    ahead: bool = False  # started before any job asked (build_ahead.py): kept in the window though nobody waits
+    def __init__(self, key: BatchKey, on_built: Callable[["_Build", Result], None], owner: object = None,
+                 ahead: bool = False) -> None:
+        self.key = key
+        self.task = Task(key.seed, key.epoch, key.index, partial(on_built, self), owner=owner)
+        self.waiters: list[Task] = []
+        self.ahead = ahead
 
 
 @dataclass
 class WindowCounts:
-    """The window's figures, as the server's stats report them."""
+    """The window's running counts (``SharedBuilds.figures`` reports them as a ``WindowFigures``)."""
 
     misses: int = 0          # requests that started a build
     hits: int = 0            # requests sent from the window
@@ -129,11 +133,8 @@ class SharedBuilds:
                     self.counts.joined += 1
                 else:
                     self.counts.misses += 1
-                    # its on_result is set once its _Build exists (which holds it)
-                    start = Task(task.seed, task.epoch, task.index, cast("Callable[[Result], None]", None),
-                                 owner=task.owner)
-                    build = self._building[key] = _Build(key, start)
-                    start.on_result = partial(self._built, build)
+                    build = self._building[key] = _Build(key, self._built, owner=task.owner)
+                    start = build.task
                 build.waiters.append(task)
                 self._waiting[id(task)] = build
             ahead = self._start_ahead()
@@ -155,14 +156,12 @@ class SharedBuilds:
             key = self.identity.key_of(seed, epoch, index)
             if key in self.window or key in self._building:
                 continue
-            task = Task(seed, epoch, index, cast("Callable[[Result], None]", None))
-            build = self._building[key] = _Build(key, task, ahead=True)
-            task.on_result = partial(self._built, build)
+            build = self._building[key] = _Build(key, self._built, ahead=True)
             self.counts.ahead += 1
             self._ahead_unasked[key] = None
             while len(self._ahead_unasked) > AHEAD_REMEMBERED:
                 self._ahead_unasked.popitem(last=False)
-            starts.append(task)
+            starts.append(build.task)
         return starts
 
     def cancel(self, tasks: list[Task]) -> None:
@@ -228,14 +227,12 @@ class SharedBuilds:
         return Result(task=task, header_bytes=entry.header, payload=memoryview(entry.data),
                       payload_bytes=len(entry.data), raw_bytes=entry.raw_bytes, _release=unpin, _retire=unpin)
 
-    def figures(self) -> dict[str, float]:
-        """The window's counters and bytes (for the server's stats)."""
+    def figures(self) -> WindowFigures:
+        """The window's counters and bytes now (for the server's stats)."""
         c, w = self.counts, self.window
-        return {"window_budget_bytes": float(w.budget), "window_bytes": float(w.held_bytes),
-                "window_batches": float(len(w)), "window_hits": float(c.hits), "window_joined": float(c.joined),
-                "window_misses": float(c.misses), "window_evicted": float(w.evicted),
-                "window_unwindowed": float(c.unwindowed), "batches_built_again": float(c.built_again),
-                "window_built_ahead": float(c.ahead), "window_ahead_used": float(c.ahead_used)}
+        return WindowFigures(hits=c.hits, joined=c.joined, misses=c.misses, built_again=c.built_again,
+                             unwindowed=c.unwindowed, built_ahead=c.ahead, ahead_used=c.ahead_used,
+                             evicted=w.evicted, held_bytes=w.held_bytes, batches=len(w), budget_bytes=w.budget)
 
     def close(self) -> None:
         """Drop the window's batches (the server stops); those being sent go with their last send."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..protocol.generated import pb
 
@@ -12,6 +13,39 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..pool.worker_pool import WorkerPool
+
+
+@dataclass(frozen=True)
+class WindowFigures:
+    """The batch window's counters at one moment (``pb.WindowStats`` says what each counts): a record
+    of their own in the stats reply (``Stats.window``) and in ``data_node.json``, apart from the
+    pipeline's figures, so no figure a pipeline names (``window_hits``) changes them."""
+
+    hits: int = 0
+    joined: int = 0
+    misses: int = 0
+    built_again: int = 0
+    unwindowed: int = 0
+    built_ahead: int = 0
+    ahead_used: int = 0
+    evicted: int = 0
+    held_bytes: int = 0
+    batches: int = 0
+    budget_bytes: int = 0
+
+    @classmethod
+    def of(cls, stats: pb.Stats) -> "WindowFigures | None":
+        """The counters of a stats reply; None from a server without a window."""
+        return cls.from_json({f.name: getattr(stats.window, f.name) for f in fields(cls)}) \
+            if stats.HasField("window") else None
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "WindowFigures":
+        """The counters :meth:`to_json` wrote; TypeError for a key that names none (one missing is 0)."""
+        return cls(**{k: int(v) for k, v in doc.items()})
 
 
 class ServerStats:
@@ -26,8 +60,8 @@ class ServerStats:
         self._lock = threading.Lock()
         # the pipeline's stats() (Pipeline.stats), set by the server
         self.pipeline_stats: Callable[[], Mapping[str, float]] | None = None
-        # the batch window's figures (SharedBuilds.figures), set by the server
-        self.window_figures: Callable[[], Mapping[str, float]] | None = None
+        # the batch window's counters (SharedBuilds.figures), set by the server when it has a window
+        self.window_figures: Callable[[], WindowFigures] | None = None
         self.started = time.monotonic()
         self.batches_sent = 0
         self.bytes_sent = 0
@@ -92,14 +126,13 @@ class ServerStats:
                 seconds_since_last_consumer=idle_s,
                 consumer_ever_connected=self.consumer_ever_connected,
                 shm_leases=pool.leases, slots_retired=pool.retired, samples_skipped=pool.samples_skipped,
-                pipeline=self._pipeline_figures())
+                pipeline=self._pipeline_figures(),
+                window=None if self.window_figures is None else pb.WindowStats(**self.window_figures().to_json()))
 
     def _pipeline_figures(self) -> dict[str, float]:
         # samples_reread rides in this map: Stats has no field of its own for it, and a new one
         # would change the protocol for a figure only people read
         figures = {"samples_reread": float(getattr(self._pool, "samples_reread", 0))}
-        if self.window_figures is not None:  # the batch window's counters ride here too (window_*)
-            figures.update(self.window_figures())
         if self.pipeline_stats is None:
             return figures
         try:

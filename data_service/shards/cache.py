@@ -9,18 +9,32 @@ tier above the disk: a block read by one worker is in memory for the next.
 The cache holds at most ``max_bytes``: before a block is added, the least recently used ones (by
 modification time, which every use refreshes) are removed. A process that still has an evicted
 file open keeps reading it (POSIX unlink semantics), so eviction never breaks a batch in flight.
+
+``CacheReader`` is one process's side of a data set's entries (``ShardDataset``'s S3 blocks,
+``ParquetDataset``'s decoded row groups): those it keeps open, those it fetches ahead of the
+workers, and the threads that read a store's byte ranges in parallel.
 """
 from __future__ import annotations
 
+import collections
 import fcntl
+import logging
 import os
 import shutil
-from typing import Callable
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, TypeVar
 
 from ..errors import ConfigError
+from ..storage.base import Store
 from ..storage.filecache import CacheError, FileCache, flock
 
-__all__ = ["BlockCache", "CacheError", "default_dir"]
+__all__ = ["BlockCache", "CacheError", "CacheReader", "check_reads", "default_dir"]
+
+log = logging.getLogger(__name__)
+
+OPEN_ENTRIES = 32  # entries a process keeps open (an interleaved epoch reads a few at a time)
+T = TypeVar("T")
 
 
 def default_dir() -> str:
@@ -103,3 +117,109 @@ class BlockCache:
             return fd
         finally:
             os.close(lock)
+
+    def made_bytes(self, name: str, make: Callable[[], list[bytes]], what: str) -> bytes:
+        """Entry ``name``'s bytes, made by ``make()`` if absent (as :meth:`made`)."""
+        fd = self.made(name, make, what)
+        try:
+            return os.pread(fd, os.fstat(fd).st_size, 0)
+        finally:
+            os.close(fd)
+
+
+def check_reads(block_samples: int, range_bytes: int, readers: int) -> None:
+    """Refuse read options no data set can use (a ConfigError naming the option), at start."""
+    for name, value, least in (("block_samples", block_samples, 1), ("readers", readers, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"{name}={value!r} must be an integer >= {least}")
+    if range_bytes < 1 << 16:
+        raise ConfigError(f"range_bytes={range_bytes} must be at least 64 KiB")
+
+
+class CacheReader:
+    """One process's reads of a data set's entries in the node's ``cache`` (entry ``k`` is the file
+    ``name(k)``) and of their bytes in ``store``: ``readers`` ranges at once, each at most
+    ``range_bytes``. ``what`` an entry is names it in log lines, and its first word the threads."""
+
+    def __init__(self, cache: BlockCache, name: Callable[[int], str], store: Store, readers: int, range_bytes: int,
+                 what: str) -> None:
+        self.cache, self.name, self.store, self.what = cache, name, store, what
+        self.readers, self.range_bytes = readers, range_bytes
+        self._open: collections.OrderedDict[int, tuple[Any, ...]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._threads: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+        self._prefetcher: ThreadPoolExecutor | None = None
+        self._prefetching: set[int] = set()
+
+    def entry(self, k: int, open_: Callable[[int], tuple[Any, ...]]) -> tuple[Any, ...]:
+        """Entry ``k`` as ``open_(k)`` opened it (a descriptor first, then what the caller read of it),
+        kept open while it is among the last ``OPEN_ENTRIES`` used."""
+        hit = self._open.get(k)
+        if hit is not None:
+            self._open.move_to_end(k)
+            return hit
+        held = self._open[k] = open_(k)
+        while len(self._open) > OPEN_ENTRIES:
+            os.close(self._open.popitem(last=False)[1][0])
+        return held
+
+    def drop(self, k: int) -> None:
+        """Forget entry ``k`` (its bytes failed a check): close it here, remove it from the node's cache."""
+        held = self._open.pop(k, None)
+        if held is not None:
+            os.close(held[0])
+        self.cache.drop(self.name(k))
+
+    def prefetch(self, keys: Iterable[int], fetch: Callable[[int], None]) -> None:
+        """Run ``fetch(k)`` on a thread of the reader's for each entry of ``keys`` neither cached nor being
+        fetched; returns at once. A failure is logged: the worker that needs the entry fetches it again
+        and reports the error."""
+        with self._lock:
+            todo = [k for k in keys if k not in self._prefetching and not self.cache.cached(self.name(k))]
+            if not todo:
+                return
+            self._prefetching.update(todo)
+            if self._prefetcher is None:
+                self._prefetcher = ThreadPoolExecutor(2, thread_name_prefix=f"{self.what.split()[0]}-prefetch")
+            prefetcher = self._prefetcher
+        for k in todo:
+            prefetcher.submit(self._prefetch_one, k, fetch)
+
+    def _prefetch_one(self, k: int, fetch: Callable[[int], None]) -> None:
+        try:
+            fetch(k)
+        except Exception as exc:
+            log.warning("prefetch of %s %d failed: %s", self.what, k, exc)
+        finally:
+            with self._lock:
+                self._prefetching.discard(k)  # evicted later: a later request fetches it again
+
+    def read(self, name: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``name``: one read, or ranges of ``range_bytes`` read in parallel."""
+        return b"".join(self._map(lambda r: self.store.read(name, *r), self._ranges(start, stop)))
+
+    def fill(self, out: int, parts: list[tuple[str, int, int]]) -> None:
+        """Write ``parts`` (object name, start, stop) into descriptor ``out`` back to back, read in
+        ranges of ``range_bytes``, ``readers`` at once."""
+        jobs, pos = [], 0
+        for name, start, stop in parts:
+            jobs += [(name, a, b, pos + a - start) for a, b in self._ranges(start, stop)]
+            pos += stop - start
+        os.ftruncate(out, pos)
+        self._map(lambda job: os.pwrite(out, self.store.read(*job[:3]), job[3]), jobs)
+
+    def _ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        return [(a, min(stop, a + self.range_bytes)) for a in range(start, stop, self.range_bytes)]
+
+    def _map(self, fn: Callable[[Any], T], jobs: list) -> list[T]:
+        """``fn`` of each job: on this thread for one, else on the reader's threads (made again in a
+        forked process, where a pool made before the fork has none)."""
+        if len(jobs) == 1:
+            return [fn(jobs[0])]
+        with self._lock:
+            if self._threads is None or self._pid != os.getpid():
+                self._threads = ThreadPoolExecutor(self.readers, thread_name_prefix=f"{self.what.split()[0]}-read")
+                self._pid = os.getpid()
+            threads = self._threads
+        return list(threads.map(fn, jobs))

@@ -25,20 +25,17 @@ once per block a consumer hints at or asks for, so blocks arrive before the work
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import hashlib
 import logging
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from ..contract.pipeline import count_reread
 from ..errors import ConfigError
 from ..storage import LocalStore, open_store
 from ..storage.base import StoreError
 from . import entries
-from .cache import BlockCache, default_dir
+from .cache import BlockCache, CacheReader, check_reads, default_dir
 from .checksum import (CorruptSampleError, check_labels, crc32c, label_of, note_labels_unchecked, note_unchecked,
                        sample_crc)
 from .format import FIX, INDEX_NAME, Coverage
@@ -46,7 +43,6 @@ from .indexfile import read_index
 
 log = logging.getLogger(__name__)
 
-OPEN_BLOCKS = 32  # block files a process keeps open (an interleaved epoch reads a few at a time)
 CUT = frozenset({"InvalidRange", "416"})  # a store's codes for a read past an object's end
 
 
@@ -74,16 +70,8 @@ class ShardDataset:
     def __init__(self, location: str, *, block_samples: int = 1024, cache_dir: str = "", cache_bytes: int = 0,
                  range_bytes: int = 16 << 20, readers: int = 8, request_timeout_s: float = 60.0,
                  index: str = "") -> None:
-        if isinstance(block_samples, bool) or not isinstance(block_samples, int) or block_samples < 1:
-            raise ConfigError(f"block_samples={block_samples!r} must be an integer >= 1")
-        if range_bytes < 1 << 16:
-            raise ConfigError(f"range_bytes={range_bytes} must be at least 64 KiB")
-        if readers < 1:
-            raise ConfigError(f"readers={readers} must be >= 1")
-        self.location = location
-        self.block_samples = block_samples
-        self.range_bytes = range_bytes
-        self.readers = readers
+        check_reads(block_samples, range_bytes, readers)
+        self.location, self.block_samples, self.range_bytes, self.readers = location, block_samples, range_bytes, readers
         self.store = open_store(location, what="shards", request_timeout_s=request_timeout_s)
         self.index = read_index(index or self.store, cache_dir=cache_dir, request_timeout_s=request_timeout_s)
         self._index_folder = index or location  # named in the command that adds checksums to an older index
@@ -99,22 +87,16 @@ class ShardDataset:
                     open(checked, "a").close()
         self.classes = self.index.classes
         self.cache: BlockCache | None = None
+        self._reads: CacheReader | None = None  # a folder's samples are read in place, S3's through the cache
+        self._cut: set[int] = set()  # blocks a shard cut short keeps out of the cache: read sample by sample
         if not self.local:
             self.cache = BlockCache(os.path.join(cache_dir or default_dir(), f"shards-{digest}"), cache_bytes)
+            self._reads = CacheReader(self.cache, self._name, self.store, readers, range_bytes, "shard block")
             largest = self._largest_block()
             if largest > self.cache.max_bytes:
                 raise ConfigError(f"a shuffle block of {block_samples} samples takes up to {largest} bytes, more than "
                                   f"cache_bytes={self.cache.max_bytes} ({self.cache.dir}); raise cache_bytes, free "
                                   "disk space there (or point cache_dir elsewhere), or lower shuffle_block")
-        self._blocks: collections.OrderedDict[int, tuple[int, dict[int, tuple[int, int, int]]]] = \
-            collections.OrderedDict()
-        self._pool: ThreadPoolExecutor | None = None
-        self._prefetcher: ThreadPoolExecutor | None = None
-        self._prefetched: set[int] = set()
-        self._cut: set[int] = set()  # blocks a shard cut short keeps out of the cache: read sample by sample
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self.rereads = 0  # samples whose first read failed their checksum and were read again
 
     def _check_shards(self) -> None:
         """Every shard is there with the size the index gives: one LIST per folder of shards."""
@@ -142,7 +124,7 @@ class ShardDataset:
     def _largest_block(self) -> int:
         """Bytes of the largest shuffle block, or a bound on them (from the index's largest sample stride)."""
         blocks = -(-len(self.index) // self.block_samples)
-        if self.index.max_stride and self.block_samples * self.index.max_stride <= self._node_cache.max_bytes:
+        if self.index.max_stride and self.block_samples * self.index.max_stride <= self._node.cache.max_bytes:
             return self.block_samples * self.index.max_stride
         return max(self.block_bytes(b) for b in range(blocks))
 
@@ -150,11 +132,11 @@ class ShardDataset:
         return len(self.index)
 
     @property
-    def _node_cache(self) -> BlockCache:
-        """The node's cache of blocks; a folder's samples are read in place and have none."""
-        if self.cache is None:
+    def _node(self) -> CacheReader:
+        """The reads through the node's cache of blocks; a folder's samples are read in place and have none."""
+        if self._reads is None:
             raise RuntimeError(f"{self.store.url}: a folder's samples are read in place, not through a block cache")
-        return self.cache
+        return self._reads
 
     def __getitem__(self, i: int) -> tuple[bytes, int]:
         if not 0 <= i < len(self.index):
@@ -178,13 +160,12 @@ class ShardDataset:
                 self._check_label(i, shard, label, raw, expected)
             # a bad copy (a cache block written while a disk failed, a page flipped) is dropped and the
             # source read once more; only bytes wrong at the source are reported
-            self.rereads += 1
             count_reread()
             log.warning("sample %d of shard %s: checksum %08x, the index says %08x; %s", i,
                         self.index.shards.name(shard), got, expected,
                         "reading the shard again" if self.local else "dropping the cached block, reading S3 again")
             if not self.local:
-                self._drop(i // self.block_samples)
+                self._node.drop(i // self.block_samples)
             data = self._read(i, shard, start, length)
             got = crc32c(data)
             if covered:
@@ -261,8 +242,7 @@ class ShardDataset:
         except StoreError as exc:
             if exc.code not in CUT:
                 raise
-            with self._lock:
-                self._cut.add(block)
+            self._cut.add(block)
             log.warning("shard block %d cannot be cached (%s); reading its samples one by one", block, exc)
             return self.store.read(self.index.shards.name(shard), start, start + length)
         part_start, part_stop, pos = where[shard]
@@ -274,13 +254,6 @@ class ShardDataset:
         if len(data) != length:
             raise OSError(f"cached block of sample {i} is short ({len(data)} of {length} bytes)")
         return data
-
-    def _drop(self, block: int) -> None:
-        """Forget block ``block``: close this process's descriptor and remove it from the node's cache."""
-        held = self._blocks.pop(block, None)
-        if held is not None:
-            os.close(held[0])
-        self._node_cache.drop(self._name(block))
 
     # -- blocks
     def block_parts(self, block: int) -> list[tuple[int, int, int]]:
@@ -296,78 +269,29 @@ class ShardDataset:
 
     def _block(self, block: int) -> tuple[int, dict[int, tuple[int, int, int]]]:
         """An open descriptor of the cached block and, per shard, (its range's start and stop, its place in it)."""
-        hit = self._blocks.get(block)
-        if hit is not None:
-            self._blocks.move_to_end(block)
-            return hit
+        return self._node.entry(block, self._open_block)
+
+    def _open_block(self, block: int) -> tuple[int, dict[int, tuple[int, int, int]]]:
         parts = self.block_parts(block)
-        where, pos = {}, 0
+        where, named, pos = {}, [], 0
         for shard, start, stop in parts:
             where[shard] = (start, stop, pos)
+            named.append((self.index.shards.name(shard), start, stop))
             pos += stop - start
-        fd = self._node_cache.open(self._name(block), pos, lambda out: self._fetch(parts, out))
-        self._blocks[block] = (fd, where)
-        while len(self._blocks) > OPEN_BLOCKS:
-            old, _ = self._blocks.popitem(last=False)
-            os.close(old)
-        return fd, where
-
-    def _fetch(self, parts: list[tuple[int, int, int]], out: int) -> None:
-        """Read ``parts`` into ``out`` back to back: ranges of at most ``range_bytes``, ``readers`` at once."""
-        jobs, pos = [], 0
-        for shard, start, stop in parts:
-            name = self.index.shards[shard].name
-            for a in range(start, stop, self.range_bytes):
-                b = min(stop, a + self.range_bytes)
-                jobs.append((name, a, b, pos + a - start))
-            pos += stop - start
-        os.ftruncate(out, pos)
-
-        def get(job):
-            name, a, b, at = job
-            os.pwrite(out, self.store.read(name, a, b), at)
-
-        if len(jobs) == 1:
-            get(jobs[0])
-            return
-        for _ in self._readers().map(get, jobs):
-            pass
-
-    def _readers(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None or self._pid != os.getpid():
-                self._pool, self._pid = ThreadPoolExecutor(self.readers, thread_name_prefix="shard-read"), os.getpid()
-            return self._pool
+        return self._node.cache.open(self._name(block), pos, lambda out: self._node.fill(out, named)), where
 
     def prefetch_block(self, block: int) -> None:
         """Start fetching block ``block`` into the node's cache; returns at once (a
         :class:`~data_service.contract.pipeline.BlockPrefetcher`). A folder's samples are read in place:
         nothing to fetch; a block already cached or being fetched is skipped."""
-        if self.local:
-            return
-        with self._lock:
-            if block in self._prefetched or block in self._cut or self._node_cache.cached(self._name(block)):
-                return
-            self._prefetched.add(block)
-            if self._prefetcher is None:
-                self._prefetcher = ThreadPoolExecutor(2, thread_name_prefix="shard-prefetch")
-        self._prefetcher.submit(self._prefetch_one, block)
+        if not self.local and block not in self._cut:
+            self._node.prefetch([block], self._prefetch_one)
 
     def _prefetch_one(self, block: int) -> None:
         try:
-            if not self._node_cache.cached(self._name(block)):
-                parts = self.block_parts(block)
-                size = sum(stop - start for _, start, stop in parts)
-                os.close(self._node_cache.open(self._name(block), size, lambda out: self._fetch(parts, out)))
+            os.close(self._open_block(block)[0])
         except StoreError as exc:
             if exc.code not in CUT:
-                log.warning("prefetch of shard block %d failed: %s", block, exc)
-                return
-            with self._lock:  # a shard cut short: the workers read the block's samples one by one
-                self._cut.add(block)
+                raise
+            self._cut.add(block)  # a shard cut short: the workers read the block's samples one by one
             log.warning("shard block %d cannot be cached (%s); not prefetching it again", block, exc)
-        except Exception as exc:  # the worker that needs the block fetches it again and reports the error
-            log.warning("prefetch of shard block %d failed: %s", block, exc)
-        finally:
-            with self._lock:
-                self._prefetched.discard(block)  # evicted later: a later request fetches it again

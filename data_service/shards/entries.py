@@ -71,9 +71,9 @@ def find(index, first: int, end: int, *, overlaps: bool, chunk: int, first_only:
     for a in range(first, end, chunk):
         b = min(end, a + chunk)
         lo, hi = max(first, a - 1), min(end, b + 1)  # and a neighbour each side: they bound our ends
-        offsets = index._column_range("offsets", lo, hi)
-        lengths = index._column_range("lengths", lo, hi).astype(np.int64)
-        labels = index._column_range("labels", lo, hi)
+        offsets = index.values("offsets", lo, hi)
+        lengths = index.values("lengths", lo, hi).astype(np.int64)
+        labels = index.values("labels", lo, hi)
         s0, s1 = (int(np.searchsorted(bounds, j, side="right")) - 1 for j in (lo, hi - 1))
         limit: int | np.ndarray  # one shard's size, or each sample's own shard's size
         if s0 == s1:
@@ -111,7 +111,7 @@ def describe(index, i: int, why: int) -> str:
     """What is wrong with sample ``i``'s entry (``why`` from :func:`find`), naming its shard and values."""
     s = index.shard_at(i)
     name, size = index.shards.name(s), int(index.shards.sizes[s])
-    offset, length, label = (index._at(c, i) for c in ("offsets", "lengths", "labels"))
+    offset, length, label = (index.value(c, i) for c in ("offsets", "lengths", "labels"))
     if why == OFFSET:
         return f"sample {i} of shard {name} starts at offset {offset}, before the shard's first byte"
     if why == END:
@@ -119,10 +119,10 @@ def describe(index, i: int, why: int) -> str:
                 f"of shard {name} ({size} bytes)")
     if why == OVERLAP:
         return (f"sample {i} of shard {name} (bytes {offset}..{offset + length}) runs into sample {i + 1}, which "
-                f"starts at byte {index._at('offsets', i + 1)} (a shard's samples follow one another in byte order "
+                f"starts at byte {index.value('offsets', i + 1)} (a shard's samples follow one another in byte order "
                 "without overlapping)")
     if why == OVERLAPPED:
-        before = index._at("offsets", i - 1) + index._at("lengths", i - 1)
+        before = index.value("offsets", i - 1) + index.value("lengths", i - 1)
         return (f"sample {i} of shard {name} starts at byte {offset}, inside sample {i - 1}, which ends at byte "
                 f"{before} (a shard's samples follow one another in byte order without overlapping)")
     span = f"0..{len(index.classes) - 1} ({len(index.classes)} classes)" if index.classes else "0 and up"
@@ -136,14 +136,14 @@ def overlap(index, i: int) -> str:
     first, end, size = int(index.shards.first[s]), int(index.shards.first[s + 1]), int(index.shards.sizes[s])
 
     def inside(j: int) -> bool:  # an entry outside its shard is the wrong one, and implicates no neighbour
-        return 0 <= index._at("offsets", j) and index._at("offsets", j) + index._at("lengths", j) <= size
+        return 0 <= index.value("offsets", j) and index.value("offsets", j) + index.value("lengths", j) <= size
 
     if not inside(i):
         return ""
     if i + 1 < end and inside(i + 1) and \
-            index._at("offsets", i) + index._at("lengths", i) > index._at("offsets", i + 1):
+            index.value("offsets", i) + index.value("lengths", i) > index.value("offsets", i + 1):
         return describe(index, i, OVERLAP)
     if i > first and inside(i - 1) and \
-            index._at("offsets", i - 1) + index._at("lengths", i - 1) > index._at("offsets", i):
+            index.value("offsets", i - 1) + index.value("lengths", i - 1) > index.value("offsets", i):
         return describe(index, i, OVERLAPPED)
     return ""

@@ -135,20 +135,6 @@ class ShardTable(Sequence):
             yield self[k]
 
 
-class _ShardOf:
-    """``shard_of[i]``: the shard holding sample ``i`` (a search in the shards' ``first``, no per-sample array)."""
-
-    def __init__(self, first: np.ndarray) -> None:
-        self.first = first
-
-    def __len__(self) -> int:
-        return int(self.first[-1])
-
-    def __getitem__(self, i):
-        found = np.searchsorted(self.first, i, side="right") - 1
-        return found if isinstance(found, np.ndarray) else int(found)
-
-
 class ShardIndex:
     """Where every sample lies: ``offsets[i]``/``lengths[i]`` in shard ``shard_at(i)``, label ``labels[i]``.
 
@@ -177,7 +163,6 @@ class ShardIndex:
         if self.checksums is not None and len(self.checksums) != n:
             raise ConfigError(f"{self.shards.where or 'index'}: {len(self.checksums)} checksums for {n} samples; "
                               f"{FIX}")
-        self.shard_of = _ShardOf(self.shards.first)
         self._data_bytes = data_bytes
         self.id = id
         self.max_stride = 0  # bytes from a sample's data to the next one's, at most (0: not known)
@@ -187,11 +172,18 @@ class ShardIndex:
         self.checked = np.zeros(len(self.shards), dtype=bool)
         self.bad: dict[int, entries.BadEntries] = {}
 
-    def _at(self, column: str, i: int) -> int:
-        """Entry ``i`` of ``column`` ("offsets", "lengths", "labels")."""
+    def value(self, column: str, i: int) -> int:
+        """Entry ``i`` of ``column`` ("offsets", "lengths", "labels", "checksums"), unchecked (:meth:`sample`
+        checks): read from index.bin alone where the index is one, not through the mapping."""
         if self.reader is not None:
             return self.reader.value(column, i)
         return int(getattr(self, column)[i])
+
+    def values(self, column: str, first: int, end: int) -> np.ndarray:
+        """Entries ``first..end-1`` of ``column``, unchecked (as :meth:`value`)."""
+        if self.reader is not None:
+            return self.reader.values(column, first, end)
+        return np.asarray(getattr(self, column)[first:end])
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -200,7 +192,7 @@ class ShardIndex:
         """The checksum of sample ``i`` (what it covers: :attr:`coverage`), None when the index holds none."""
         if self.checksums is None:
             return None
-        return self._at("checksums", i)
+        return self.value("checksums", i)
 
     def _sample_number(self, i) -> int:
         """``i`` as a sample number; IndexError outside ``0..n-1`` (no wrap-around: -1 is no sample)."""
@@ -236,7 +228,7 @@ class ShardIndex:
             if why is not None:
                 raise CorruptEntryError(f"{self.shards.where or 'index'}: {entries.describe(self, i, why)}; the index "
                                         f"is corrupt: {FIX}", sample=i, shard=self.shards.name(s))
-        return s, self._at("offsets", i), self._at("lengths", i), self._at("labels", i)
+        return s, self.value("offsets", i), self.value("lengths", i), self.value("labels", i)
 
     def parts(self, first: int, end: int) -> list[tuple[int, int, int]]:
         """The byte ranges holding samples ``first..end-1``: ``(shard, start, stop)``, one per shard touched
@@ -251,13 +243,13 @@ class ShardIndex:
             bad = self.bad_entries(s)
             last = min(end, int(self.shards.first[s + 1])) - 1
             if not len(bad):
-                start = self._at("offsets", i)
-                out.append((s, start, self._at("offsets", last) + self._at("lengths", last)))
+                start = self.value("offsets", i)
+                out.append((s, start, self.value("offsets", last) + self.value("lengths", last)))
             else:  # the sound entries' span (an entry left to its checksum may lie out of order)
                 good = ~bad.mask(i, last + 1)
                 if good.any():
-                    offsets = self._column_range("offsets", i, last + 1)[good]
-                    ends = offsets + self._column_range("lengths", i, last + 1)[good].astype(np.int64)
+                    offsets = self.values("offsets", i, last + 1)[good]
+                    ends = offsets + self.values("lengths", i, last + 1)[good].astype(np.int64)
                     out.append((s, int(offsets.min()), int(ends.max())))
             i = last + 1
         return out
@@ -295,11 +287,6 @@ class ShardIndex:
             raise ConfigError(f"{self.shards.where or 'index'}: {entries.describe(self, i, int(bad.why[0]))}; "
                               f"the index is corrupt: {FIX}")
         self.checked[:] = True  # no entry of any shard is bad, overlaps included
-
-    def _column_range(self, column: str, first: int, end: int) -> np.ndarray:
-        if self.reader is not None:
-            return self.reader.values(column, first, end)
-        return np.asarray(getattr(self, column)[first:end])
 
     # -- version 1: index.json
     def to_json(self) -> bytes:

@@ -39,13 +39,12 @@ Every re-read counts in the data server's ``samples_reread``.
 """
 from __future__ import annotations
 
-import collections
+import functools
 import hashlib
 import io
 import json
 import logging
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -57,11 +56,9 @@ from ..errors import ConfigError, DataServiceError
 from ..storage import open_store
 from . import parquet_meta as pm
 from . import parquet_sums as ps
-from .cache import BlockCache, default_dir
+from .cache import BlockCache, CacheReader, check_reads, default_dir
 
 log = logging.getLogger(__name__)
-
-OPEN_BLOCKS = 32  # decoded row groups a process keeps open
 
 
 class ParquetReadError(DataServiceError):
@@ -93,8 +90,7 @@ class ParquetDataset:
                  label_column: str = "label", on_corrupt: OnCorrupt | str = OnCorrupt.FAIL, cache_dir: str = "",
                  cache_bytes: int = 0, request_timeout_s: float = 60.0, readers: int = 8, range_bytes: int = 16 << 20, index: str = "",
                  unchecked: str = "warn") -> None:
-        if isinstance(block_samples, bool) or not isinstance(block_samples, int) or block_samples < 1:
-            raise ConfigError(f"block_samples={block_samples!r} must be an integer >= 1")
+        check_reads(block_samples, range_bytes, readers)
         on_corrupt = OnCorrupt.parse(on_corrupt)
         if unchecked not in ps.UNCHECKED:
             raise ConfigError(f"unchecked={unchecked!r} must be " +
@@ -104,14 +100,8 @@ class ParquetDataset:
         except ImportError:
             raise ConfigError("pipeline.parquet needs pyarrow on the data nodes: pip install "
                               "'hetero-data-service[parquet]'") from None
-        if isinstance(readers, bool) or not isinstance(readers, int) or readers < 1:
-            raise ConfigError(f"readers={readers!r} must be an integer >= 1")
-        if range_bytes < 1 << 16:
-            raise ConfigError(f"range_bytes={range_bytes} must be at least 64 KiB")
         self.location, self.block_samples, self.on_corrupt = location, block_samples, on_corrupt
         self.readers, self.range_bytes = readers, range_bytes
-        self._pool: ThreadPoolExecutor | None = None
-        self._pid = os.getpid()
         self.image_column, self.label_column = image_column, label_column
         single = location.endswith(".parquet")
         prefix, _, base = location.rstrip("/").rpartition("/") if single else (location, "", "")
@@ -131,17 +121,12 @@ class ParquetDataset:
         listing = json.dumps([location, listed, image_column, label_column, sums_folder, self.sums]).encode()
         self.cache = BlockCache(os.path.join(cache_dir or default_dir(),
                                              f"parquet-{hashlib.sha256(listing).hexdigest()[:16]}"), cache_bytes)
-        self._lock = threading.Lock()
-        self.rereads = 0  # row groups read again from the source after a page CRC or cached-row CRC mismatch
-        self._open: collections.OrderedDict[int, tuple] = collections.OrderedDict()
-        self._prefetcher: ThreadPoolExecutor | None = None
-        self._prefetched: set[int] = set()
-        self._meta: collections.OrderedDict[int, object] = collections.OrderedDict()
-        fd = self.cache.made("row-groups.npz", lambda: [self._table(readers)], "the row group table")
-        try:
-            table = np.load(io.BytesIO(os.pread(fd, os.fstat(fd).st_size, 0)))
-        finally:
-            os.close(fd)
+        self._reads = CacheReader(self.cache, lambda g: f"rg-{g:08d}.blk", self.store, readers, range_bytes,
+                                  "parquet row group")
+        # file k's footer parsed, the last few kept per process (thread-safe: the prefetch threads decode too)
+        self._metadata = functools.lru_cache(maxsize=4)(lambda k: pm.parse_footer(self._footer(k), self._url(k)))
+        table = np.load(io.BytesIO(self.cache.made_bytes("row-groups.npz", lambda: [self._table(readers)],
+                                                         "the row group table")))
         self.first, self.group_file, self.group_index, self.spans, self.sums_at, self.checks = (
             table[k] for k in ("first", "group_file", "group_index", "spans", "sums_at", "checks"))
         self.classes = [str(c) for c in json.loads(bytes(table["classes"]))]
@@ -169,24 +154,8 @@ class ParquetDataset:
     def _footer(self, k: int) -> bytes:
         """File ``k``'s footer, read once per node into the cache."""
         name, size = self.files[k]
-        fd = self.cache.made(f"footer-{k:06d}", lambda: [pm.read_footer(self.store, name, size, self._url(k))],
-                             "a Parquet footer")
-        try:
-            return os.pread(fd, os.fstat(fd).st_size, 0)
-        finally:
-            os.close(fd)
-
-    def _metadata(self, k: int):
-        """File ``k``'s footer parsed (the last few kept per process)."""
-        meta = self._meta.get(k)
-        if meta is not None:
-            return meta
-        meta = pm.parse_footer(self._footer(k), self._url(k))
-        with self._lock:
-            self._meta[k] = meta
-            while len(self._meta) > 4:
-                self._meta.popitem(last=False)
-        return meta
+        return self.cache.made_bytes(f"footer-{k:06d}", lambda: [pm.read_footer(self.store, name, size, self._url(k))],
+                                     "a Parquet footer")
 
     # -- samples
     def __len__(self) -> int:
@@ -221,11 +190,10 @@ class ParquetDataset:
         data, label = pm.read_row(*self._opened(g), row)
         if data is None:
             # the cached row group failed its check: a bad copy, dropped and decoded again from the source
-            self.rereads += 1
             count_reread()
             log.warning("sample %d (%s): the cached row fails its CRC32C; decoding the row group again", i,
                         self._where(g))
-            self._drop(g)
+            self._reads.drop(g)
             data, label = pm.read_row(*self._opened(g), row)
             if data is None:
                 raise ParquetReadError(f"sample {i} ({self._where(g)}, row {row}): its cached copy fails its "
@@ -238,38 +206,26 @@ class ParquetDataset:
             raise ParquetReadError(f"{failed}; replace the file")
         return fd, offsets, labels, crcs
 
-    def _drop(self, g: int) -> None:
-        held = self._open.pop(g, None)
-        if held is not None:
-            os.close(held[0])
-        self.cache.drop(f"rg-{g:08d}.blk")
-
     def _group(self, g: int) -> tuple:
         """(descriptor, offsets, labels, failure message, row CRCs) of decoded row group ``g``, kept open."""
-        hit = self._open.get(g)
-        if hit is not None:
-            self._open.move_to_end(g)
-            return hit
+        return self._reads.entry(g, self._open_group)
+
+    def _open_group(self, g: int) -> tuple:
         for attempt in range(2):
             fd = self._decoded(g)
             parsed = pm.open_entry(fd, int(self.first[g + 1] - self.first[g]))
             if parsed is not None:
-                entry = (fd, *parsed)
-                break
+                return fd, *parsed
             os.close(fd)  # a damaged head (or an older release's entry): decoded again from the source
-            self.cache.drop(f"rg-{g:08d}.blk")
+            self.cache.drop(self._reads.name(g))
             if attempt:
                 raise ParquetReadError(f"{self._where(g)}: its decoded copy in {self.cache.dir} is damaged twice; "
                                        "check the disk of the node's cache")
-            self.rereads += 1
             count_reread()
-        self._open[g] = entry
-        while len(self._open) > OPEN_BLOCKS:
-            os.close(self._open.popitem(last=False)[1][0])
-        return entry
+        raise AssertionError("not reached: the second attempt returns or raises")
 
     def _decoded(self, g: int) -> int:
-        return self.cache.made(f"rg-{g:08d}.blk", lambda: self._decode(g), "a decoded row group")
+        return self.cache.made(self._reads.name(g), lambda: self._decode(g), "a decoded row group")
 
     def _decode(self, g: int) -> list[bytes]:
         """Row group ``g`` read (the span of its two column chunks, once) and decoded into a cache entry,
@@ -283,7 +239,7 @@ class ParquetDataset:
         want = self._sums(g)  # a store error propagates, as from the reads: retried later, never cached
         attempt = 0
         while True:
-            raw = self._read(name, start, stop)
+            raw = self._reads.read(name, start, stop)
             try:
                 cols = pm.decoded(pm.read_group(meta, size, start, raw, index, paths))
             except Exception as exc:  # pyarrow's errors for bytes that do not decode
@@ -298,7 +254,6 @@ class ParquetDataset:
                     return self._entry(g, cols, crcs, bad)
                 why = f"{len(bad)} row(s) differ from their checksums (rows {', '.join(map(str, bad[:5]))})"
             attempt += 1
-            self.rereads += 1
             count_reread()
             log.warning("%s: %s; reading the row group again", self._where(g), why)
 
@@ -327,16 +282,6 @@ class ParquetDataset:
                      f"written ({reason})"
         return f"{self._where(g)}: column {self.image_column!r} or {self.label_column!r} cannot be read ({reason})"
 
-    def _read(self, name: str, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of ``name``: one read, or ranges of ``range_bytes`` read in parallel."""
-        if stop - start <= self.range_bytes:
-            return self.store.read(name, start, stop)
-        with self._lock:
-            if self._pool is None or self._pid != os.getpid():  # a pool made before a fork has no threads
-                self._pool, self._pid = ThreadPoolExecutor(self.readers, thread_name_prefix="parquet-read"), os.getpid()
-        ranges = [(a, min(stop, a + self.range_bytes)) for a in range(start, stop, self.range_bytes)]
-        return b"".join(self._pool.map(lambda r: self.store.read(name, *r), ranges))
-
     # -- blocks
     def block_groups(self, block: int) -> range:
         """The row groups holding block ``block``'s rows."""
@@ -347,26 +292,7 @@ class ParquetDataset:
     def prefetch_block(self, block: int) -> None:
         """Start reading block ``block``'s row groups into the node's cache; returns at once (a
         :class:`~data_service.contract.pipeline.BlockPrefetcher`)."""
-        with self._lock:
-            todo = [g for g in self.block_groups(block)
-                    if g not in self._prefetched and not self.cache.cached(f"rg-{g:08d}.blk")]
-            if not todo:
-                return
-            self._prefetched.update(todo)
-            if self._prefetcher is None:
-                self._prefetcher = ThreadPoolExecutor(2, thread_name_prefix="parquet-prefetch")
-            prefetcher = self._prefetcher
-        for g in todo:
-            prefetcher.submit(self._prefetch_one, g)
-
-    def _prefetch_one(self, g: int) -> None:
-        try:
-            os.close(self._decoded(g))
-        except Exception as exc:  # the worker that needs the row group reads it again and reports the error
-            log.warning("prefetch of row group %d of %s failed: %s", g, self.location, exc)
-        finally:
-            with self._lock:
-                self._prefetched.discard(g)
+        self._reads.prefetch(self.block_groups(block), lambda g: os.close(self._decoded(g)))
 
     def _url(self, k: int) -> str:
         return f"{self.store.url.rstrip('/')}/{self.files[k][0]}"

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sized, cast
 import torch
 
 from data_service.contract import wire_encoding
+from data_service.contract.batch_id import BatchId
 from data_service.contract.tensor_layout import DTYPES, flatten
 from data_service.errors import ConfigError, DataServiceError
 from data_service.contract.pipeline import PipelineSpec
@@ -30,6 +31,7 @@ from data_service.contract.wire_encoding import WireEncoding
 
 from ..resume.audit import AuditLog, take_audit
 from ..resume.audit import digest as audit_digest
+from ..resume.state import LoadableState, ResumeState
 from .ops import HostOps, StreamOps, ops_for
 
 
@@ -138,8 +140,10 @@ class DeviceFeeder:
         self.pin_memory = pin_memory
         self._ops = ops
         self._stateful = callable(getattr(iterable, "state_dict", None))
-        self._state: dict[str, Any] | None = None  # None: the wrapped stage's own state holds
-        self.last_yielded: tuple[int, int] | None = None
+        # this package's stages take and give the typed state; any other speaks the contract's dicts
+        self._typed = callable(getattr(iterable, "resume_state", None))
+        self._state: ResumeState | None = None  # None: the wrapped stage's own state holds
+        self.last_yielded: BatchId | None = None
         self._audit: AuditLog | None = take_audit(iterable)
 
     # -- the stage contract
@@ -160,21 +164,30 @@ class DeviceFeeder:
 
     def state_dict(self) -> dict[str, Any]:
         """Where to resume, as of the last batch this feeder yielded."""
-        up = self._upstream("state_dict")
-        return dict(self._state) if self._state is not None else up.state_dict()
+        return self.resume_state().to_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def resume_state(self) -> ResumeState:
+        """:meth:`state_dict` as the typed value."""
+        self._upstream("state_dict")
+        return self._state if self._state is not None else self._upstream_state()
+
+    def _upstream_state(self) -> ResumeState:
+        up: Any = self.iterable
+        return up.resume_state() if self._typed else ResumeState.from_dict(up.state_dict())
+
+    def load_state_dict(self, state: LoadableState) -> None:
+        """Resume there: this rank's state, or every rank's (a list) from another number of ranks."""
         self._upstream("load_state_dict").load_state_dict(state)
         self._state = None
 
     @property
     def epoch(self) -> int:
-        return self.state_dict()["epoch"]
+        return self.resume_state().epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration yields; the current one keeps its position."""
         up = self._upstream("set_epoch")
-        if self._state is not None and epoch == self._state["epoch"]:
+        if self._state is not None and epoch == self._state.epoch:
             return
         self._state = None
         up.set_epoch(epoch)
@@ -186,8 +199,8 @@ class DeviceFeeder:
         up: Any = self.iterable  # with ``_stateful``, a resumable stage (state_dict, load_state_dict)
         if self._stateful:
             if self._state is not None:  # the wrapped stage ran ahead of what was yielded
-                up.load_state_dict(self._state)
-            self._state = up.state_dict()
+                up.load_state_dict(self._state if self._typed else self._state.to_dict())
+            self._state = self._upstream_state()
         ops = self._ops or ops_for(self.device, self.pin_memory)
         audit = self._audit
         it = iter(up)
@@ -198,7 +211,7 @@ class DeviceFeeder:
                 batch = next(it)
             except StopIteration:
                 return False
-            state = up.state_dict() if self._stateful else None
+            state = self._upstream_state() if self._stateful else None
             ident = getattr(up, "last_yielded", None)
             record = (ident, audit_digest(batch)) if audit is not None and ident is not None else None
             out, token = ops.begin(batch, self.finish)
@@ -217,12 +230,13 @@ class DeviceFeeder:
                 if state is not None:
                     self._state = state
                 if record is not None:
-                    (epoch, index), sha = record
+                    which, sha = record
                     # a record is made only with an audit log (pull)
-                    cast(AuditLog, audit).write(epoch, index, state["dp_rank"] if state else 0, sha)
+                    cast(AuditLog, audit).write(which, getattr(state, "dp_rank", None) or 0, sha)
                 self.last_yielded = ident
                 yield out
         finally:
             close = getattr(it, "close", None)
             if close is not None:
                 close()
+

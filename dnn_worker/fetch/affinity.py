@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 
+from data_service.contract.batch_id import BatchId
 from data_service.contract.sampler import EpochShape, batch_block
 from data_service.protocol.generated import pb
 
@@ -55,7 +56,7 @@ class Affinity:
         # Blocks starting this many places beyond what the consumer asks for are announced to their
         # owners (a group of interleaved blocks: the next group's data arrives before it is reached).
         self.hint_ahead = self.cfg.interleave * max(1, self.cfg.block_samples // self.cfg.batch_size)
-        self._blocks: dict[tuple[int, int, int], int] = {}
+        self._blocks: dict[BatchId, int] = {}
         self._owners: dict[tuple[int, tuple[str, ...], tuple[float, ...] | None], str] = {}
 
     @classmethod
@@ -63,21 +64,20 @@ class Affinity:
         """An Affinity when the plan shuffles by blocks, else None (any server is as good as another)."""
         return cls(info) if info.block_samples else None
 
-    def block(self, ref: pb.BatchRef) -> int:
-        key = (ref.seed, ref.epoch, ref.index)
-        b = self._blocks.get(key)
+    def block(self, batch: BatchId) -> int:
+        b = self._blocks.get(batch)
         if b is None:
             if len(self._blocks) > 1 << 16:
                 self._blocks.clear()
-            b = self._blocks[key] = batch_block(self.cfg, ref.seed, ref.epoch, ref.index)
+            b = self._blocks[batch] = batch_block(self.cfg, batch.seed, batch.epoch, batch.index)
         return b
 
-    def owner(self, ref: pb.BatchRef, live: tuple[str, ...], weights: tuple[float, ...] | None = None) -> str | None:
-        """The address that should build ``ref`` among ``live`` (None when none is), each server
+    def owner(self, batch: BatchId, live: tuple[str, ...], weights: tuple[float, ...] | None = None) -> str | None:
+        """The address that should build ``batch`` among ``live`` (None when none is), each server
         weighted by ``weights`` (aligned with ``live``; None: equal)."""
         if not live:
             return None
-        block = self.block(ref)
+        block = self.block(batch)
         key = (block, live, weights)
         o = self._owners.get(key)
         if o is None:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from data_service.contract.batch_id import BatchId
 from data_service.errors import BatchFailedError
-from data_service.protocol.generated import pb
-
-from .lane import Key, key
 
 
 @dataclass(frozen=True)
@@ -40,24 +38,24 @@ class Attempts:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._failures: dict[Key, list[Failure]] = {}
+        self._failures: dict[BatchId, list[Failure]] = {}
 
-    def count(self, ref: pb.BatchRef) -> int:
-        return len(self._failures.get(key(ref), ()))
+    def count(self, batch: BatchId) -> int:
+        return len(self._failures.get(batch, ()))
 
-    def failed(self, ref: pb.BatchRef, failure: Failure) -> None:
-        """Count one failed attempt at ``ref``.
+    def failed(self, batch: BatchId, failure: Failure) -> None:
+        """Count one failed attempt at ``batch``.
 
         Raises:
             BatchFailedError: it is the batch's ``limit``-th.
         """
-        seen = self._failures.setdefault(key(ref), [])
+        seen = self._failures.setdefault(batch, [])
         seen.append(failure)
         if len(seen) >= self.limit:
-            raise exhausted(ref, seen, self.limit)
+            raise exhausted(batch, seen, self.limit)
 
 
-def exhausted(ref: pb.BatchRef, failures: list[Failure], limit: int) -> BatchFailedError:
+def exhausted(batch: BatchId, failures: list[Failure], limit: int) -> BatchFailedError:
     """The error of a batch that failed ``limit`` attempts in a row."""
     servers = list(dict.fromkeys(f.server for f in failures))
     checksums = [(f.expected, f.got) for f in failures if f.expected is not None and f.got is not None]
@@ -68,7 +66,7 @@ def exhausted(ref: pb.BatchRef, failures: list[Failure], limit: int) -> BatchFai
     else:
         advice = f"check {', '.join(servers)} and the network to {'them' if len(servers) > 1 else 'it'}"
     return BatchFailedError(
-        f"epoch {ref.epoch} batch {ref.index} failed {len(failures)} attempts in a row (batch_attempts={limit}), so "
+        f"{batch} failed {len(failures)} attempts in a row (batch_attempts={limit}), so "
         f"the iteration ends instead of asking again: {attempts}. Servers tried: {', '.join(servers)}; {advice}. "
         "batch_attempts= sets how many attempts a batch gets",
-        epoch=ref.epoch, index=ref.index, servers=[f.server for f in failures], checksums=checksums)
+        epoch=batch.epoch, index=batch.index, servers=[f.server for f in failures], checksums=checksums)

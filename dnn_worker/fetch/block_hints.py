@@ -10,22 +10,22 @@ from __future__ import annotations
 
 from typing import Sequence, cast
 
-from data_service.protocol.generated import pb
+from data_service.contract.batch_id import BatchId
 
 from .affinity import Affinity
 
 
 class BlockHints:
-    """The batches of ``refs`` that open a block, each announced once to its owner.
+    """The batches of ``batches`` that open a block, each announced once to its owner.
 
     Args:
-        refs: the batches, in the order the consumer needs them (a list or a
-            ``batch_list.BatchRefs``).
+        batches: the batches, in the order the consumer needs them (a list or a
+            ``batch_list.BatchList``).
         affinity: the plan's blocks and owners.
     """
 
-    def __init__(self, refs: Sequence[pb.BatchRef], affinity: Affinity) -> None:
-        self.refs = refs
+    def __init__(self, batches: Sequence[BatchId], affinity: Affinity) -> None:
+        self.batches = batches
         self.affinity = affinity
         self._openers: list[int] = []  # found as the hints move on (_find_openers), not all at start
         self._scanned = 0
@@ -35,18 +35,18 @@ class BlockHints:
     def _find_openers(self, end: int) -> None:
         """Positions of the first batch of each block in the list (what ``announce`` names), up to
         position ``end``: an epoch of millions of batches is scanned as the consumer reaches it."""
-        end = min(end, len(self.refs))
+        end = min(end, len(self.batches))
         while self._scanned < end:
-            ref = self.refs[self._scanned]
-            block = (ref.epoch, self.affinity.block(ref))
+            b = self.batches[self._scanned]
+            block = (b.epoch, self.affinity.block(b))
             if block not in self._seen_blocks:
                 self._seen_blocks.add(block)
                 self._openers.append(self._scanned)
             self._scanned += 1
 
-    def announce(self, hint: dict[str, list[pb.BatchRef]], limit: int, owners: tuple[str, ...],
+    def announce(self, hint: dict[str, list[BatchId]], limit: int, owners: tuple[str, ...],
                  weights: tuple[float, ...]) -> None:
-        """Add to ``hint`` (address -> refs) each owner's blocks that start within ``hint_ahead``
+        """Add to ``hint`` (address -> batches) each owner's blocks that start within ``hint_ahead``
         places beyond ``limit`` (the bound of what is asked for), so its data arrives before the
         block's first batch is asked for."""
         horizon = limit + self.affinity.hint_ahead
@@ -55,5 +55,5 @@ class BlockHints:
             i = self._openers[self._next_opener]
             self._next_opener += 1
             if i >= limit and owners:  # nearer ones are asked for already, which starts their fetch too
-                owner = cast(str, self.affinity.owner(self.refs[i], owners, weights))  # owners is not empty
-                hint[owner].append(self.refs[i])
+                owner = cast(str, self.affinity.owner(self.batches[i], owners, weights))  # owners is not empty
+                hint[owner].append(self.batches[i])

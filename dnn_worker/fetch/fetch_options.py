@@ -2,20 +2,21 @@
 
 ``FetchOptions`` holds what every connection and the scheduler share (the job token, the
 request window, the deadlines, TLS, shared memory); ``RemoteDataset`` builds one from its own
-arguments. ``connect`` opens one server: the control-plane Hello, then the data-plane
+arguments, once, and each epoch's ``Fetcher`` takes a copy naming its process and the servers'
+pipeline. ``connect`` opens one server: the control-plane Hello, then the data-plane
 connection; ``Attempt`` runs it on a short-lived thread, so a server that accepts but never
 answers delays nobody else's batches.
 """
 from __future__ import annotations
 
+import functools
 import ssl
 import threading
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from data_service.protocol.addresses import split_address
 from data_service.errors import ConfigError
-from data_service.protocol.version import PROTOCOL_VERSION
 from data_service.protocol.window import default_window
 from data_service.protocol.generated import pb
 
@@ -31,7 +32,7 @@ class FetchOptions:
     """Options of one ``Fetcher`` (see ``RemoteDataset`` for each one's meaning to a user).
 
     Args:
-        token: the job token.
+        token: the job token (not empty).
         window: outstanding requests per server (None: 2 x that server's worker processes, at
             least 4, each server's own).
         small_window: outstanding requests per server while batches are at most
@@ -50,6 +51,9 @@ class FetchOptions:
         fingerprint: pipeline fingerprint every server must report ("" = take the first's).
         shared_memory: read batches from shared memory when a server runs on this host.
         tls_ca, tls_server_name: verify TLS servers against this CA bundle (data_service.protocol.tls).
+
+    Raises:
+        ConfigError: a value out of range, naming it; a CA bundle that cannot be read.
     """
 
     token: str
@@ -62,13 +66,13 @@ class FetchOptions:
     fingerprint: str = ""
     pin_memory: bool = False
     max_batch_bytes: int = 1 << 40
-    client_version: str = PROTOCOL_VERSION
     shared_memory: bool = True
     tls_ca: str = ""
     tls_server_name: str = ""
-    tls_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not self.token:
+            raise ConfigError("token='' : pass the job token the data servers were started with")
         if self.window is not None and self.window < 1:
             raise ConfigError(f"window={self.window} must be >= 1")
         if self.batch_attempts < 1:
@@ -79,10 +83,21 @@ class FetchOptions:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         if self.small_window < 0:
             raise ConfigError(f"small_window={self.small_window} must be >= 0 (0: always the window)")
-        if self.tls_ca and self.tls_context is None:
-            from data_service.protocol.tls import client_context
+        if self.tls_ca:
+            self.tls_context  # read the CA bundle now, not at the first connection
 
-            object.__setattr__(self, "tls_context", client_context(self.tls_ca))
+    @functools.cached_property
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client's TLS context from ``tls_ca`` (None without one)."""
+        from data_service.protocol.tls import client_context
+
+        return client_context(self.tls_ca) if self.tls_ca else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # An SSLContext does not pickle: a copy (a DataLoader worker's) makes its own from tls_ca.
+        state = dict(self.__dict__)
+        state.pop("tls_context", None)
+        return state
 
     def window_for(self, hello: pb.HelloResponse | None) -> int:
         """The window of one server: the one given, else 2 x its worker processes, at least 4."""
@@ -94,8 +109,7 @@ class FetchOptions:
 def connect(address: str, options: FetchOptions) -> tuple[pb.HelloResponse, BulkConnection]:
     """The control-plane Hello, then the data-plane connection of one server."""
     host, _ = split_address(address)
-    with ControlClient(address, options.token, options.client_id, options.client_version, options.tls_ca,
-                       options.tls_server_name) as ctl:
+    with ControlClient(address, options.token, options.client_id, options.tls_ca, options.tls_server_name) as ctl:
         hello = ctl.hello(timeout=HELLO_TIMEOUT_S)
     if hello.shutting_down:
         raise ConnectionError("server is shutting down")
@@ -104,7 +118,7 @@ def connect(address: str, options: FetchOptions) -> tuple[pb.HelloResponse, Bulk
     # Never allocate more than the server said its batches can be, whatever a header claims.
     limit = min(options.max_batch_bytes, hello.dataset.max_batch_bytes or options.max_batch_bytes)
     conn = BulkConnection(address, host, hello.bulk_port, options.token, options.client_id, limit,
-                          options.pin_memory, options.client_version, options.shared_memory and not hello.bulk_tls,
+                          options.pin_memory, options.shared_memory and not hello.bulk_tls,
                           options.tls_context if hello.bulk_tls else None, options.tls_server_name)
     conn.open(timeout=OPEN_TIMEOUT_S)
     return hello, conn

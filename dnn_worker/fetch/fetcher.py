@@ -28,6 +28,7 @@ import time
 import weakref
 from typing import Any, Iterator, Sequence, cast
 
+from data_service.contract.batch_id import BatchId
 from data_service.errors import BatchBuildError, DataServiceError, ProtocolError
 from data_service.protocol.generated import pb
 
@@ -36,7 +37,6 @@ from .attempts import Attempts, Failure
 from ..transport.connection import CorruptPayload, Event
 from .fetch_options import FetchOptions
 from .in_order import InOrderBuffer
-from .lane import key
 from .registry_watch import RegistryWatcher
 from .scheduler import Scheduler
 from .server_set import Server, ServerSet
@@ -47,12 +47,12 @@ TURN_S = 0.2  # the longest the loop waits for frames before it looks at the clo
 
 
 class Fetcher:
-    """Iterate ``(ref, batch)`` for ``refs`` in order; see the module docstring.
+    """Iterate ``(batch id, batch)`` for ``batches`` in order; see the module docstring.
 
     Args:
         servers: ``host:port`` gRPC addresses of the data servers (may be empty with a registry).
-        refs: the batches to fetch, in the order to yield them (unique): a list, or a
-            ``batch_list.BatchRefs`` (computed per batch: an epoch of millions costs nothing to list).
+        batches: the batches to fetch, in the order to yield them (unique): a list, or a
+            ``batch_list.BatchList`` (computed per batch: an epoch of millions costs nothing to list).
         options: the job token, windows, deadlines, TLS (``FetchOptions``).
         affinity: ask each batch of the server owning its shuffle block (``scheduler``).
         registry: a ``RegistryWatcher``: servers that join and leave while the list is fetched.
@@ -63,7 +63,7 @@ class Fetcher:
             epoch of a persistent loader worker).
     """
 
-    def __init__(self, servers: list[str], refs: Sequence[pb.BatchRef], options: FetchOptions, *,
+    def __init__(self, servers: list[str], batches: Sequence[BatchId], options: FetchOptions, *,
                  affinity: Affinity | None = None, registry: RegistryWatcher | None = None,
                  keep_open: bool = False, reuse: "Fetcher | None" = None) -> None:
         self.options = options
@@ -71,7 +71,7 @@ class Fetcher:
         # a Fetcher dropped with its connections kept (a dataset iterated once and let go) closes
         # them at once, not when its linger ends
         weakref.finalize(self, self._set.close)
-        self._scheduler = Scheduler(refs, options.small_window, affinity)
+        self._scheduler = Scheduler(batches, options.small_window, affinity)
         self._attempts = Attempts(options.batch_attempts)
         self._keep_open = keep_open
         self._open = False  # connections left open by a complete iteration (keep_open)
@@ -80,15 +80,10 @@ class Fetcher:
         if reuse is not None:
             with reuse._handover:
                 if reuse._open and self._set.take_over(reuse._set):
-                    # Late frames of the earlier iteration are dropped: none of its refs is owed here.
+                    # Late frames of the earlier iteration are dropped: none of its batches is owed here.
                     reuse._open = False
                     for address, lane in reuse._scheduler.lanes.items():
-                        self._scheduler.lane(address, lane.base_window, lane.weight).gap = lane.gap
-
-    @property
-    def scheduler(self) -> Scheduler:
-        """What this Fetcher asks of whom (its lanes, its queue); for inspection, not for driving."""
-        return self._scheduler
+                        self._scheduler.lanes.lane(address, lane.base_window, lane.weight).gap = lane.gap
 
     @property
     def hedges(self) -> int:
@@ -113,11 +108,11 @@ class Fetcher:
         """Each connected server's window now (wider while batches are small)."""
         return {a: lane.window for a, lane in self._scheduler.lanes.items()}
 
-    def __iter__(self) -> Iterator[tuple[pb.BatchRef, Any]]:
+    def __iter__(self) -> Iterator[tuple[BatchId, Any]]:
         sched, servers = self._scheduler, self._set
-        out = InOrderBuffer(len(sched.refs))
+        out = InOrderBuffer(len(sched.batches))
         if servers.registry is not None:
-            servers.sync_registry(False, sched.owes)
+            servers.sync_registry(False, sched.lanes.owes)
             servers.joined_now()
         for s in servers.servers:  # connections taken over from an earlier Fetcher
             if s.conn is not None:
@@ -127,27 +122,27 @@ class Fetcher:
         try:
             while True:
                 for position, batch in out.ready():
-                    yield sched.refs[position], batch
+                    yield sched.batches[position], batch
                 if out.finished:
                     break
                 now = time.monotonic()
                 if servers.registry is not None:
-                    for address in servers.sync_registry(True, sched.owes):
-                        sched.forget(address)
+                    for address in servers.sync_registry(True, sched.lanes.owes):
+                        sched.lanes.pop(address, None)  # gone for good, owing nothing
                 connected = servers.connect(now)
                 for s in connected:
                     self._admit(s)
-                for address in sched.stalled(now, self.options.batch_timeout):
+                for address in sched.lanes.stalled(now, self.options.batch_timeout):
                     self._drop(address, f"no batch for {self.options.batch_timeout:g}s (batch_timeout)", stalled=True)
                 owners = servers.owners()
                 orders = sched.plan(out.next, servers.usable(), owners, now, servers.hears_hints(owners))
-                for address, refs in orders.fetch.items():
-                    error = servers.send(address, refs)
+                for address, batches in orders.fetch.items():
+                    error = servers.send(address, batches)
                     if error:
                         self._drop(address, error)
-                for address, refs in orders.hint.items():
-                    servers.send(address, refs, hint=True)
-                usable = any(s.conn is not None and (not s.draining or sched.owes(s.address))
+                for address, batches in orders.hint.items():
+                    servers.send(address, batches, hint=True)
+                usable = any(s.conn is not None and (not s.draining or sched.lanes.owes(s.address))
                              for s in servers.servers)
                 if usable:
                     no_server_since = None
@@ -190,9 +185,9 @@ class Fetcher:
     def _admit(self, s: Server) -> None:
         """A connected server gets its lane: its window and affinity weight from its Hello."""
         workers = s.hello.workers if s.hello is not None else 0
-        self._scheduler.lane(s.address, self.options.window_for(s.hello), float(max(1, workers)))
+        self._scheduler.lanes.lane(s.address, self.options.window_for(s.hello), float(max(1, workers)))
 
-    def _drop(self, address: str, reason: str, culprit: pb.BatchRef | None = None, exc: BaseException | None = None,
+    def _drop(self, address: str, reason: str, culprit: BatchId | None = None, exc: BaseException | None = None,
               stalled: bool = False) -> None:
         """Close ``address``'s connection, ask again for what it owed, and count the failed attempts
         (``Scheduler.charged``); raises ``BatchFailedError`` when a batch failed too often."""
@@ -201,45 +196,45 @@ class Fetcher:
         n = self._scheduler.lost(address)
         if n or isinstance(exc, ProtocolError):  # bytes damaged on the way are worth a line even when nothing was owed
             log.warning("data server %s failed (%s); asking others for its %d unfinished batches", address, reason, n)
-        for ref in charged:
-            if isinstance(exc, CorruptPayload) and ref == exc.ref:
+        for batch in charged:
+            if isinstance(exc, CorruptPayload) and batch == exc.batch_id:
                 failure = Failure(address, reason, expected=exc.expected, got=exc.got)
             elif stalled:
                 failure = Failure(address, f"{reason}: dropped")
-            elif culprit is not None and ref == culprit:
+            elif batch == culprit:
                 failure = Failure(address, f"the connection ended while its bytes arrived ({reason})")
             else:
                 failure = Failure(address, f"the connection ended before it came ({reason})")
-            self._attempts.failed(ref, failure)
+            self._attempts.failed(batch, failure)
 
     def _handle(self, s: Server, ev: Event, out: InOrderBuffer) -> None:
         if s.conn is not ev.conn:
             return  # a connection dropped earlier in this turn
         if ev.kind == "down":
-            self._drop(s.address, f"{type(ev.exc).__name__}: {ev.exc}", ev.ref, ev.exc)
+            self._drop(s.address, f"{type(ev.exc).__name__}: {ev.exc}", ev.batch_id, ev.exc)
             return
         sched = self._scheduler
-        ref = cast(pb.BatchRef, ev.ref)  # a "batch" or "error" event names its batch (BulkConnection)
+        which = cast(BatchId, ev.batch_id)  # a "batch" or "error" event names its batch (BulkConnection)
         if ev.kind == "batch":
             s.failures = 0  # it delivers: its reconnects start from the shortest back-off again
-            if sched.arrived(s.address, ref, ev.nbytes, time.monotonic()):
-                out.put(sched.pos[key(ref)], ev.batch)
+            if sched.arrived(s.address, which, ev.nbytes, time.monotonic()):
+                out.put(sched.batches.index_of(which), ev.batch)
             return
         err = cast(pb.BatchError, ev.error)  # set on every "error" event
-        attempt = err.kind != pb.SHUTTING_DOWN and sched.owes_needed(s.address, ref)
-        needed = sched.declined(s.address, ref, requeue=err.kind == pb.SHUTTING_DOWN)
+        attempt = err.kind != pb.SHUTTING_DOWN and sched.owes_needed(s.address, which)
+        needed = sched.declined(s.address, which, requeue=err.kind == pb.SHUTTING_DOWN)
         if err.kind == pb.SHUTTING_DOWN:
             # drained even when another server owes this batch: the server takes nothing more
             self._set.drain(s.address, err.message or "shutting down")
             return
         if not needed:
             if attempt:  # a hedged copy failed: an attempt, while the other copy may yet come
-                self._attempts.failed(ref, Failure(s.address, f"{pb.ErrorKind.Name(err.kind)}: {err.message}"))
+                self._attempts.failed(which, Failure(s.address, f"{pb.ErrorKind.Name(err.kind)}: {err.message}"))
             return  # not ours, or a hedged batch whose other copy is still owed (or came)
         if err.kind == pb.TRANSFORM_FAILED:
-            raise BatchBuildError(err.message, epoch=ref.epoch, index=ref.index,
+            raise BatchBuildError(err.message, epoch=which.epoch, index=which.index,
                                   sample_index=err.sample_index, remote_traceback=err.traceback, server=s.address)
-        raise DataServiceError(f"server {s.address} could not build epoch {ref.epoch} batch {ref.index}: "
+        raise DataServiceError(f"server {s.address} could not build {which}: "
                                f"{pb.ErrorKind.Name(err.kind)}: {err.message}")
 
 

@@ -4,21 +4,17 @@ A ``Lane`` measures its server's throughput as the time between batches *while i
 (an idle server is not a slow one): ``gap`` is a moving average of those times, so
 ``1 / gap`` batches per second is what the server delivers to this consumer now. From it the
 lane predicts when the k-th batch it owes will arrive (``done_at``), which is how the scheduler
-gives each batch to the server that will deliver it first.
+gives each batch to the server that will deliver it first. ``Lanes`` holds every server's lane
+and their windows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from data_service.protocol.generated import pb
+from data_service.contract.batch_id import BatchId
 
-Key = tuple[int, int, int]
 SPEED_WEIGHT = 0.25  # weight of the newest time between batches in the moving average
 BLOCKS_REMEMBERED = 16  # shuffle blocks a server built lately, taken as still in its cache (affinity)
-
-
-def key(ref: pb.BatchRef) -> Key:
-    return ref.seed, ref.epoch, ref.index
 
 
 @dataclass
@@ -27,15 +23,15 @@ class Lane:
 
     ``base_window``: its window for large batches; ``window``: its window now (wider while
     batches are small). ``weight``: its share of shuffle blocks under affinity (its worker
-    processes, the same figure on every consumer). ``outstanding`` keeps the order of asking.
+    processes, the same figure on every consumer). ``outstanding``: each batch it owes and when it
+    was asked for, in the order of asking.
     """
 
     address: str
     base_window: int = 4
     window: int = 4
     weight: float = 1.0
-    outstanding: dict[Key, pb.BatchRef] = field(default_factory=dict)
-    asked_at: dict[Key, float] = field(default_factory=dict)  # when each outstanding batch was asked for
+    outstanding: dict[BatchId, float] = field(default_factory=dict)
     delivered: int = 0
     last_progress: float = 0.0  # its last batch, or when it was last given work while owing nothing
     busy_since: float = 0.0     # when it last went from owing nothing to owing something
@@ -43,27 +39,19 @@ class Lane:
     gap: float = 0.0            # seconds between its batches while it has work (0: not measured yet)
     blocks: dict[int, None] = field(default_factory=dict)  # shuffle blocks it built lately, oldest first
 
-    def asked(self, refs: list[pb.BatchRef], now: float) -> None:
+    def asked(self, batches: list[BatchId], now: float) -> None:
         if not self.outstanding:
             self.busy_since = now
             self.last_progress = now
-        for ref in refs:
-            k = key(ref)
-            self.outstanding[k] = ref
-            self.asked_at[k] = now
+        for b in batches:
+            self.outstanding[b] = now
 
-    def settled(self, k: Key) -> pb.BatchRef | None:
-        """``k`` is no longer owed (it came, or was answered): its ref, None if it was not owed."""
-        self.asked_at.pop(k, None)
-        return self.outstanding.pop(k, None)
-
-    def forget_all(self) -> None:
-        """Owes nothing any more (its server failed)."""
-        self.outstanding.clear()
-        self.asked_at.clear()
+    def settled(self, batch: BatchId) -> bool:
+        """``batch`` is no longer owed (it came, or was answered); False if it was not owed."""
+        return self.outstanding.pop(batch, None) is not None
 
     def arrived(self, now: float) -> None:
-        """One of its batches arrived (the ref already taken out of ``outstanding``)."""
+        """One of its batches arrived (already taken out of ``outstanding``)."""
         start = max(self.last_batch, self.busy_since)
         if start:
             took = now - start
@@ -94,9 +82,56 @@ class Lane:
             return start + k * gap
         return now + (k - 1) * gap + late
 
-    def rank(self, k: Key) -> int:
-        """1-based place of ``k`` among the requests it owes, in the order they were asked."""
+    def rank(self, batch: BatchId) -> int:
+        """1-based place of ``batch`` among the requests it owes, in the order they were asked."""
         for i, owed in enumerate(self.outstanding, 1):
-            if owed == k:
+            if owed == batch:
                 return i
         return len(self.outstanding)
+
+
+class Lanes(dict[str, Lane]):
+    """Every server's lane, by address, and their windows: each its own, widened to
+    ``small_window`` while batches are small (they cost per batch, not per byte)."""
+
+    def __init__(self, small_window: int = 0) -> None:
+        super().__init__()
+        self.small_window = small_window
+        self.small = False  # batches seen so far are small (the scheduler decides what is)
+
+    def lane(self, address: str, window: int = 4, weight: float = 1.0) -> Lane:
+        """The lane of ``address`` (made on first use), with its window and affinity weight."""
+        lane = self.get(address)
+        if lane is None:
+            lane = self[address] = Lane(address, window, window, weight)
+        else:
+            lane.base_window, lane.weight = window, weight
+        lane.window = self._window(window)
+        return lane
+
+    def _window(self, base: int) -> int:
+        return max(self.small_window, base) if self.small else base
+
+    def set_small(self, small: bool) -> None:
+        """Batches are small now (or no longer): every window widens (or narrows) with them."""
+        if self.small_window and small != self.small:
+            self.small = small
+            for lane in self.values():
+                lane.window = self._window(lane.base_window)
+
+    def owes(self, address: str) -> bool:
+        lane = self.get(address)
+        return bool(lane and lane.outstanding)
+
+    def owing(self, batch: BatchId) -> bool:
+        """Some server still owes ``batch``."""
+        return any(batch in lane.outstanding for lane in self.values())
+
+    def stalled(self, now: float, timeout: float) -> list[str]:
+        """Servers that owe batches and delivered none for ``timeout`` seconds."""
+        return [a for a, lane in self.items() if lane.outstanding and now - lane.last_progress > timeout]
+
+    def default_gap(self) -> float:
+        """The gap of a server not measured yet: the others' mean (1 s when none is measured)."""
+        gaps = [lane.gap for lane in self.values() if lane.gap]
+        return sum(gaps) / len(gaps) if gaps else 1.0

@@ -45,13 +45,13 @@ import collections
 from dataclasses import dataclass, field
 from typing import Sequence, cast
 
+from data_service.contract.batch_id import BatchId
 from data_service.errors import ConfigError
-from data_service.protocol.generated import pb
 
 from .affinity import Affinity
-from ..resume.batch_list import Positions, Todo, as_refs
+from ..resume.batch_list import Todo, indexed
 from .block_hints import BlockHints
-from .lane import Key, Lane, key
+from .lane import Lane, Lanes
 
 SMALL_BATCH_BYTES = 1 << 20  # batches up to this size get the wider window (``small_window``)
 AHEAD_WINDOWS = 2  # batches asked for ahead of the awaited one: at most this x the windows
@@ -63,73 +63,52 @@ HEDGE_SOONER = 2.0  # a server with room is hedged to when it would deliver this
 
 @dataclass
 class Orders:
-    """One turn's requests: ``fetch`` and ``hint`` map an address to its refs, in order."""
+    """One turn's requests: ``fetch`` and ``hint`` map an address to its batches, in order."""
 
-    fetch: dict[str, list[pb.BatchRef]] = field(default_factory=lambda: collections.defaultdict(list))
-    hint: dict[str, list[pb.BatchRef]] = field(default_factory=lambda: collections.defaultdict(list))
+    fetch: dict[str, list[BatchId]] = field(default_factory=lambda: collections.defaultdict(list))
+    hint: dict[str, list[BatchId]] = field(default_factory=lambda: collections.defaultdict(list))
 
 
 class Scheduler:
-    """Which server builds each of ``refs`` (module docstring).
+    """Which server builds each of ``batches`` (module docstring).
 
     Args:
-        refs: the batches, in the order the consumer needs them (unique): a list, or a
-            ``batch_list.BatchRefs`` (an epoch of millions of batches, nothing stored per batch).
+        batches: the batches, in the order the consumer needs them (unique): a list, or a
+            ``batch_list.BatchList`` (an epoch of millions of batches, nothing stored per batch).
         small_window: a server's window while batches are small (0: its window always).
         affinity: the plan's blocks and owners (None: any server is as good as another).
     """
 
-    def __init__(self, refs: Sequence[pb.BatchRef], small_window: int = 0, affinity: Affinity | None = None) -> None:
-        # A ``BatchRefs`` is kept as it is (arithmetic: nothing held per batch of the epoch);
+    def __init__(self, batches: Sequence[BatchId], small_window: int = 0, affinity: Affinity | None = None) -> None:
+        # A ``BatchList`` is kept as it is (arithmetic: nothing held per batch of the epoch);
         # a plain list gets a dict of positions.
-        self.refs = as_refs(refs)
-        if not self.refs.unique():
-            raise ConfigError("refs must be unique (seed, epoch, index) triples")
-        self.pos = Positions(self.refs)
-        self.todo = Todo(self.refs)  # sorted by position: requeued refs go back at its head
-        self.lanes: dict[str, Lane] = {}
-        self.small_window = small_window
-        self.small = False  # batches seen so far are at most SMALL_BATCH_BYTES
+        self.batches = indexed(batches)
+        if not self.batches.unique():
+            raise ConfigError("batches must be unique (seed, epoch, index)")
+        self.todo = Todo(self.batches)  # sorted by position: requeued batches go back at its head
+        self.lanes = Lanes(small_window)
         self.affinity = affinity
         self.hedges = 0
         self.failovers = 0
-        self._hedged: set[Key] = set()  # asked of two servers, neither copy here yet
-        self._spare: set[Key] = set()   # came from one server, a copy still owed by another
-        self._hints = BlockHints(self.refs, affinity) if affinity is not None else None
+        self._hedged: set[BatchId] = set()  # asked of two servers, neither copy here yet
+        self._spare: set[BatchId] = set()   # came from one server, a copy still owed by another
+        self._hints = BlockHints(self.batches, affinity) if affinity is not None else None
 
     # -- servers
-    def lane(self, address: str, window: int = 4, weight: float = 1.0) -> Lane:
-        """The lane of ``address`` (made on first use, with its window and affinity weight)."""
-        lane = self.lanes.get(address)
-        if lane is None:
-            lane = self.lanes[address] = Lane(address, window, window, weight)
-        else:
-            lane.base_window, lane.weight = window, weight
-        lane.window = self._window(window)
-        return lane
-
-    def _window(self, base: int) -> int:
-        """A lane's window now: its own, widened to ``small_window`` while batches are small."""
-        return max(self.small_window, base) if self.small else base
-
-    def owes(self, address: str) -> bool:
-        lane = self.lanes.get(address)
-        return bool(lane and lane.outstanding)
-
     def lost(self, address: str) -> int:
         """``address`` failed: what it owed is asked of the others; returns how many batches."""
         lane = self.lanes.get(address)
         if lane is None:
             return 0
-        refs = [r for k, r in lane.outstanding.items() if k not in self._spare]
+        owed = [b for b in lane.outstanding if b not in self._spare]
         self._spare.difference_update(lane.outstanding)
-        lane.forget_all()
-        if refs:
+        lane.outstanding.clear()
+        if owed:
             self.failovers += 1
-            self._requeue(refs)
-        return len(refs)
+            self._requeue(owed)
+        return len(owed)
 
-    def charged(self, address: str, culprit: pb.BatchRef | None = None, stalled: bool = False) -> list[pb.BatchRef]:
+    def charged(self, address: str, culprit: BatchId | None = None, stalled: bool = False) -> list[BatchId]:
         """The batches that count a failed attempt now that ``address``'s connection failed (ask
         before ``lost``): ``culprit`` alone when it owes it (the batch whose bytes failed their
         check, or whose payload was arriving); else each batch it owes and delivered nothing since
@@ -138,68 +117,52 @@ class Scheduler:
         lane = self.lanes.get(address)
         if lane is None:
             return []
-        owed = {k: r for k, r in lane.outstanding.items() if k not in self._spare}
-        if culprit is not None and key(culprit) in owed:
-            return [owed[key(culprit)]]
-        if stalled:
-            return list(owed.values())
-        return [r for k, r in owed.items() if lane.asked_at.get(k, 0.0) >= lane.last_batch]
+        owed = {b: asked for b, asked in lane.outstanding.items() if b not in self._spare}
+        if culprit is not None and culprit in owed:
+            return [culprit]
+        return [b for b, asked in owed.items() if stalled or asked >= lane.last_batch]
 
-    def owes_needed(self, address: str, ref: pb.BatchRef) -> bool:
-        """``address`` owes ``ref`` and no copy of it came yet (a failure of it counts an attempt)."""
+    def owes_needed(self, address: str, batch: BatchId) -> bool:
+        """``address`` owes ``batch`` and no copy of it came yet (a failure of it counts an attempt)."""
         lane = self.lanes.get(address)
-        k = key(ref)
-        return lane is not None and k in lane.outstanding and k not in self._spare
+        return lane is not None and batch in lane.outstanding and batch not in self._spare
 
-    def declined(self, address: str, ref: pb.BatchRef, requeue: bool) -> bool:
-        """``address`` answered ``ref`` with an error: True when it is a batch the consumer still
+    def declined(self, address: str, batch: BatchId, requeue: bool) -> bool:
+        """``address`` answered ``batch`` with an error: True when it is a batch the consumer still
         needs and no other server owes it any more; with ``requeue`` (the server is shutting
         down) it is then asked of the others. A hedged batch's copy that fails while the other
         is still owed is False: the other copy may yet come, and its own failure decides."""
-        k = key(ref)
         lane = self.lanes.get(address)
-        if lane is None or lane.settled(k) is None:
+        if lane is None or not lane.settled(batch):
             return False
-        if k in self._spare:
-            self._spare.discard(k)
+        if batch in self._spare:
+            self._spare.discard(batch)
             return False
-        if k in self._hedged:
-            if any(k in o.outstanding for o in self.lanes.values()):
+        if batch in self._hedged:
+            if self.lanes.owing(batch):
                 return False  # stays hedged: one hedge per batch, the copy still owed is it
-            self._hedged.discard(k)
+            self._hedged.discard(batch)
         if requeue:
-            self._requeue([ref])
+            self._requeue([batch])
         return True
 
-    def forget(self, address: str) -> None:
-        """``address`` left for good (it owes nothing)."""
-        self.lanes.pop(address, None)
-
-    def stalled(self, now: float, timeout: float) -> list[str]:
-        """Servers that owe batches and delivered none for ``timeout`` seconds."""
-        return [a for a, lane in self.lanes.items() if lane.outstanding and now - lane.last_progress > timeout]
-
     # -- results
-    def arrived(self, address: str, ref: pb.BatchRef, nbytes: int, now: float) -> bool:
+    def arrived(self, address: str, batch: BatchId, nbytes: int, now: float) -> bool:
         """A batch came from ``address``: True when it is one the consumer still needs."""
-        k = key(ref)
         lane = self.lanes.get(address)
-        if lane is None or lane.settled(k) is None:
+        if lane is None or not lane.settled(batch):
             return False  # not ours (already asked of another, or an earlier iteration's)
         lane.arrived(now)
-        if k in self._spare:  # a hedged batch's second copy: the first was used
-            self._spare.discard(k)
+        if batch in self._spare:  # a hedged batch's second copy: the first was used
+            self._spare.discard(batch)
             return False
         if self.affinity is not None:
-            lane.built_block(self.affinity.block(ref))
-        if k in self._hedged:
-            self._hedged.discard(k)
-            if any(k in o.outstanding for o in self.lanes.values()):
-                self._spare.add(k)
-        if self.small_window and (nbytes <= SMALL_BATCH_BYTES) != self.small:
-            self.small = not self.small
-            for lane in self.lanes.values():
-                lane.window = self._window(lane.base_window)
+            lane.built_block(self.affinity.block(batch))
+        if batch in self._hedged:
+            self._hedged.discard(batch)
+            if self.lanes.owing(batch):
+                self._spare.add(batch)
+        self.lanes.set_small(nbytes <= SMALL_BATCH_BYTES)
         return True
 
     # -- asking
@@ -218,9 +181,9 @@ class Scheduler:
                 cast(BlockHints, self._hints).announce(orders.hint, limit, owners, weights)
         else:
             idle = self._plan_fastest(orders, lanes, limit, now)
-        for address, refs in orders.fetch.items():
-            self.lanes[address].asked(refs, now)
-        if nxt < len(self.refs):
+        for address, batches in orders.fetch.items():
+            self.lanes[address].asked(batches, now)
+        if nxt < len(self.batches):
             self._hedge(orders, lanes, nxt, now, idle or not self.todo)
         return orders
 
@@ -229,10 +192,6 @@ class Scheduler:
         room = lane.room()
         return room > 0 and (not lane.outstanding or room >= max(1, lane.window // 2))
 
-    def _default_gap(self) -> float:
-        gaps = [lane.gap for lane in self.lanes.values() if lane.gap]
-        return sum(gaps) / len(gaps) if gaps else 1.0
-
     def _plan_fastest(self, orders: Orders, lanes: list[Lane], limit: int, now: float) -> bool:
         """Each batch to the server that would deliver it first. A batch whose best server takes no
         requests this turn (its window is full) waits for it, holding a place in its queue, so a
@@ -240,17 +199,17 @@ class Scheduler:
         room = {ln.address: ln.room() for ln in lanes if self._ready(ln)}
         if room and self.todo:
             queued = {ln.address: len(ln.outstanding) for ln in lanes}
-            gap = self._default_gap()
-            waiting: list[pb.BatchRef] = []
+            gap = self.lanes.default_gap()
+            waiting: list[BatchId] = []
             while self.todo and self.todo.first_position() < limit and any(room.values()):
                 best = min(lanes, key=lambda ln: (ln.done_at(queued[ln.address] + 1, now, gap), queued[ln.address]))
-                ref = self.todo.popleft()
+                batch = self.todo.popleft()
                 queued[best.address] += 1
                 if room.get(best.address, 0) > 0:
-                    orders.fetch[best.address].append(ref)
+                    orders.fetch[best.address].append(batch)
                     room[best.address] -= 1
                 else:
-                    waiting.append(ref)
+                    waiting.append(batch)
             self.todo.extendleft(reversed(waiting))
             for ln in lanes:  # a group the bound ahead cut short waits to be whole, unless the list ends
                 group = orders.fetch.get(ln.address)
@@ -266,11 +225,11 @@ class Scheduler:
         head = []
         while self.todo and self.todo.first_position() < limit:
             head.append(self.todo.popleft())
-        owner = {key(r): affinity.owner(r, owners, weights) for r in head}
+        owner = {b: affinity.owner(b, owners, weights) for b in head}
         # no owner (None) while no server owns blocks: those batches go back to the todo below
-        mine: dict[str | None, list[pb.BatchRef]] = collections.defaultdict(list)
-        for ref in head:
-            mine[owner[key(ref)]].append(ref)
+        mine: dict[str | None, list[BatchId]] = collections.defaultdict(list)
+        for b in head:
+            mine[owner[b]].append(b)
         idle = False
         for lane in lanes:
             if not self._ready(lane):
@@ -280,56 +239,55 @@ class Scheduler:
             del mine[lane.address][:room]
             if len(take) < room and not lane.outstanding and lane.blocks:
                 # idle: batches of blocks it built lately cost no extra read; the earliest first
-                extra = sorted((r for a, refs in mine.items() if a != lane.address for r in refs
-                                if affinity.block(r) in lane.blocks), key=lambda r: self.pos[key(r)])
-                for r in extra[:room - len(take)]:
-                    mine[owner[key(r)]].remove(r)
-                    take.append(r)
+                extra = sorted((b for a, bs in mine.items() if a != lane.address for b in bs
+                                if affinity.block(b) in lane.blocks), key=self.batches.index_of)
+                for b in extra[:room - len(take)]:
+                    mine[owner[b]].remove(b)
+                    take.append(b)
             idle = idle or (not take and not lane.outstanding)
             if take:
                 orders.fetch[lane.address] = take
-        rest = sorted((r for refs in mine.values() for r in refs), key=lambda r: self.pos[key(r)])
+        rest = sorted((b for bs in mine.values() for b in bs), key=self.batches.index_of)
         self.todo.extendleft(reversed(rest))
         return idle
 
     def _hedge(self, orders: Orders, lanes: list[Lane], nxt: int, now: float, tail: bool) -> None:
         """Ask another server for the batch the consumer waits for too, once (module docstring)."""
-        ref = self.refs[nxt]
-        k = key(ref)
-        if k in self._hedged:
+        batch = self.batches[nxt]
+        if batch in self._hedged:
             return
-        holder = next((lane for lane in self.lanes.values() if k in lane.outstanding), None)
+        holder = next((lane for lane in self.lanes.values() if batch in lane.outstanding), None)
         if holder is None:
             return  # arrived already, or not asked yet
-        others = [lane for lane in lanes if lane is not holder and lane.room() > 0 and k not in lane.outstanding
+        others = [lane for lane in lanes if lane is not holder and lane.room() > 0 and batch not in lane.outstanding
                   and not orders.fetch.get(lane.address)]
         if not others:
             return
-        gap = self._default_gap()
+        gap = self.lanes.default_gap()
         target = min(others, key=lambda ln: (ln.done_at(len(ln.outstanding) + 1, now, gap), len(ln.outstanding)))
         quiet = now - holder.last_progress
-        ahead = holder.done_at(holder.rank(k), now, gap) - target.done_at(len(target.outstanding) + 1, now, gap)
+        ahead = holder.done_at(holder.rank(batch), now, gap) - target.done_at(len(target.outstanding) + 1, now, gap)
         sooner = ahead > max(HEDGE_SOONER * (target.gap or gap), 0.5 * (holder.gap or gap))
         settle = max(HEDGE_AFFINITY_S if self.affinity is not None else HEDGE_TAIL_S, HEDGE_TAIL_GAPS * holder.gap)
-        if self.affinity is not None and self.affinity.block(ref) not in target.blocks:
+        if self.affinity is not None and self.affinity.block(batch) not in target.blocks:
             # another server would read the whole block again: only once the owner is long quiet
             if quiet < settle or not (tail or sooner):
                 return
         elif not sooner and not (tail and quiet >= settle):
             return
-        self._hedged.add(k)
+        self._hedged.add(batch)
         self.hedges += 1
-        orders.fetch[target.address].append(ref)
-        target.asked([ref], now)
+        orders.fetch[target.address].append(batch)
+        target.asked([batch], now)
 
-    def _requeue(self, refs: list[pb.BatchRef]) -> None:
-        """Ask again for ``refs`` (those no other server owes: hedged ones); ``todo`` stays in
+    def _requeue(self, batches: list[BatchId]) -> None:
+        """Ask again for ``batches`` (those no other server owes: hedged ones); ``todo`` stays in
         order, which the bound ahead relies on."""
-        refs = [r for r in refs if not any(key(r) in lane.outstanding for lane in self.lanes.values())]
-        if not refs:
+        batches = [b for b in batches if not self.lanes.owing(b)]
+        if not batches:
             return
-        last = max(self.pos[key(r)] for r in refs)
+        last = max(self.batches.index_of(b) for b in batches)
         head = []  # ``todo`` is sorted: only its head, up to the last requeued position, needs merging
         while self.todo and self.todo.first_position() < last:
             head.append(self.todo.popleft())
-        self.todo.extendleft(sorted([*head, *refs], key=lambda r: self.pos[key(r)], reverse=True))
+        self.todo.extendleft(sorted([*head, *batches], key=self.batches.index_of, reverse=True))

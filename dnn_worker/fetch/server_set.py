@@ -7,7 +7,7 @@ connects each on a short-lived thread (``fetch_options.Attempt``), backs off a f
 pipeline (logged, not fatal; a fixed server doing that is a configuration error), uses one server
 known under a fixed and a registered address once, retires a server whose entry is gone (asked
 for nothing more, closed once it owes nothing) and reads every connection's frames on the
-calling thread, through one selector (``wait``), which a finished attempt wakes (``waker``).
+calling thread (``wait``) through one ``Selector``, which a finished attempt wakes (``waker``).
 What to ask of whom is the scheduler's job.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Callable, cast
 
 import grpc
 
+from data_service.contract.batch_id import BatchId
 from data_service.protocol.addresses import split_address
 from data_service.errors import (ConfigError, DataServiceError, PermissionDeniedError, ProtocolError,
                                  ServerUnavailableError, VersionMismatchError)
@@ -47,7 +48,6 @@ class Server:
     failures: int = 0           # connections in a row that failed before delivering a batch
     retry_at: float = 0.0
     last_error: str = "never connected"
-    watching: int = 0           # selector events registered for its connection
     server_id: str = ""         # from its Hello (or its registry entry)
     registered: bool = False    # came from the registry (not the fixed list)
     late: bool = False          # joined mid-iteration: owns blocks only once connected
@@ -69,24 +69,24 @@ class ServerSet:
         self.fingerprint = options.fingerprint
         self.servers = [Server(a) for a in fixed]
         self._registry_version = -1
-        self._sel: selectors.BaseSelector | None = selectors.DefaultSelector()
-        self._waker = Waker()  # a connection attempt that finishes ends ``wait`` at once
-        self._sel.register(self._waker, selectors.EVENT_READ, self._waker)
+        self._selector: Selector | None = Selector()
+
+    def _open_selector(self, what: str) -> "Selector":
+        if self._selector is None:
+            raise RuntimeError(f"ServerSet.{what}: this set is closed (its selector is None)")
+        return self._selector
 
     def take_over(self, other: "ServerSet") -> bool:
         """Take ``other``'s open connections (the same servers; the next epoch of a persistent
         loader worker) instead of connecting again; False when they do not match."""
-        if (other._sel is None or other.fixed != self.fixed or other.registry is not self.registry
+        if (other._selector is None or other.fixed != self.fixed or other.registry is not self.registry
                 or not all(s.address in self.fixed or s.registered for s in other.servers)):
             return False
-        if self._sel is None:
-            raise RuntimeError("ServerSet.take_over: this set is closed (its selector is None)")
-        self._sel.close()
-        self._waker.close()
-        self.servers, self._sel, self.fingerprint = other.servers, other._sel, other.fingerprint
-        self._waker = other._waker  # attempts still in flight wake this one
+        self._open_selector("take_over").close()
+        # its waker comes along: attempts still in flight wake this set
+        self.servers, self._selector, self.fingerprint = other.servers, other._selector, other.fingerprint
         self._registry_version = other._registry_version
-        other.servers, other._sel = [], None
+        other.servers, other._selector = [], None
         return True
 
     def get(self, address: str) -> Server | None:
@@ -115,7 +115,7 @@ class ServerSet:
                     connected.append(s)
             elif (attempt is None and s.conn is None and now >= s.retry_at
                   and not s.retired and not s.refused):
-                s.attempt = Attempt(s.address, self.options, on_done=self._waker.wake)
+                s.attempt = Attempt(s.address, self.options, on_done=self._open_selector("connect").waker.wake)
         return connected
 
     def _finish(self, s: Server, attempt: Attempt, now: float) -> bool:
@@ -157,10 +157,8 @@ class ServerSet:
                 return False
             self._refuse(twin, f"it is the same server as {s.address}", quiet=True)
         s.server_id = hello.server_id or s.server_id
-        if self._sel is None:
-            raise RuntimeError("ServerSet.connect: this set is closed (its selector is None)")
         try:
-            self._sel.register(conn, selectors.EVENT_READ, conn)
+            self._open_selector("connect").add(conn)
         except (OSError, ValueError, KeyError) as exc:
             conn.close()
             self._failed(s, f"{type(exc).__name__}: {exc}", now)
@@ -168,7 +166,6 @@ class ServerSet:
         # ``failures`` stays until the connection delivers (Fetcher): one that breaks before every
         # batch backs off further each time instead of reconnecting every 0.2 s
         s.conn, s.hello, s.draining = conn, hello, s.retired or bool(s.refused)
-        s.watching = selectors.EVENT_READ
         log.debug("connected to data server %s", s.address)
         return True
 
@@ -243,65 +240,28 @@ class ServerSet:
 
     def _close(self, s: Server) -> None:
         if s.conn is not None:
-            try:
-                if self._sel is not None:  # None once closed or taken over: nothing to unregister
-                    self._sel.unregister(s.conn)
-            except (KeyError, ValueError, AttributeError):
-                pass
+            if self._selector is not None:  # None once closed or taken over: nothing to unregister
+                self._selector.remove(s.conn)
             s.conn.close()
             s.conn = None
 
-    def send(self, address: str, refs: list[pb.BatchRef], hint: bool = False) -> str | None:
+    def send(self, address: str, batches: list[BatchId], hint: bool = False) -> str | None:
         """Ask (or, with ``hint``, tell of blocks ahead) ``address``; the error text on failure."""
         s = self.get(address)
         if s is None or s.conn is None:
             return None if hint else "not connected"
         try:
-            (s.conn.hint if hint else s.conn.fetch)(refs)
+            (s.conn.hint if hint else s.conn.fetch)(batches)
         except OSError as exc:
             return None if hint else f"send failed: {exc}"  # a failed hint is noticed on the next read
         return None
 
     def wait(self, timeout: float) -> list[tuple[Server, Event]]:
         """Write what waits to be written, then read whatever the servers sent (up to ``timeout``)."""
-        sel = self._sel
-        if sel is None:
-            raise RuntimeError("ServerSet.wait: this set is closed (its selector is None)")
-        events = []
-        for s in self.servers:
-            conn = s.conn
-            if conn is None:
-                continue
-            try:
-                conn.flush()
-            except OSError as exc:
-                events.append((s, Event("down", conn, exc=exc)))
-                continue
-            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
-            if want != s.watching:
-                sel.modify(conn, want, conn)
-                s.watching = want
-        if events:
-            return events
-        behind = [s.conn for s in self.servers if s.conn is not None and s.conn.backlog]
-        held = [s.conn for s in self.servers if s.conn is not None and s.conn.lowat]
-        if held:  # a payload rest the kernel holds back (low-water mark) is read anyway after a while
-            timeout = min(timeout, LOWAT_CHECK_S)
-        ready = [key.data for key, _ in sel.select(0.0 if behind else timeout)]
-        if self._waker in ready:  # an attempt finished: ``connect`` takes it in on this turn
-            self._waker.drain()
-            ready.remove(self._waker)
-        if held:
-            now = time.monotonic()
-            behind += [c for c in held if c.held_back(now)]
-        ready += [c for c in behind if c not in ready]
         by_conn = {id(s.conn): s for s in self.servers if s.conn is not None}
-        for conn in ready:
-            for event in conn.read_events():
-                owner = by_conn.get(id(event.conn))
-                if owner is not None and owner.conn is event.conn:  # else an old connection's late event
-                    events.append((owner, event))
-        return events
+        events = self._open_selector("wait").wait([s.conn for s in self.servers if s.conn is not None], timeout)
+        # an event of a connection no server holds now is an old connection's, late
+        return [(s, e) for e in events if (s := by_conn.get(id(e.conn))) is not None and s.conn is e.conn]
 
     def close(self) -> None:
         """Close every connection and attempt."""
@@ -310,10 +270,9 @@ class ServerSet:
             if attempt is not None:
                 attempt.abandon()
             self._close(s)
-        if self._sel is not None:
-            self._sel.close()
-            self._sel = None
-            self._waker.close()
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
 
     def unavailable(self, waited: float) -> ServerUnavailableError:
         detail = "; ".join(f"{s.address}: {s.last_error}" for s in self.servers) or "no server known"
@@ -322,3 +281,61 @@ class ServerSet:
             detail += f"; registry {self.registry.uri} {state}"
         return ServerUnavailableError(
             f"no data server usable for {waited:.1f}s (connect_timeout={self.options.connect_timeout}s): {detail}")
+
+
+class Selector:
+    """Every connection's frames, read on the calling thread: one selector over their sockets, and
+    ``waker``, which a finished connection attempt sets off so that ``wait`` ends at once."""
+
+    def __init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self.waker = Waker()
+        self._sel.register(self.waker, selectors.EVENT_READ, self.waker)
+        self._watching: dict[BulkConnection, int] = {}  # the events registered for each connection
+
+    def add(self, conn: BulkConnection) -> None:
+        self._sel.register(conn, selectors.EVENT_READ, conn)
+        self._watching[conn] = selectors.EVENT_READ
+
+    def remove(self, conn: BulkConnection) -> None:
+        self._watching.pop(conn, None)
+        try:
+            self._sel.unregister(conn)
+        except (KeyError, ValueError, AttributeError):
+            pass
+
+    def wait(self, conns: list[BulkConnection], timeout: float) -> list[Event]:
+        """Write what waits to be written on ``conns``, then read whatever they sent (up to ``timeout``);
+        a connection that cannot write gives a ``"down"`` event, and only those come back then."""
+        events = []
+        for conn in conns:
+            try:
+                conn.flush()
+            except OSError as exc:
+                events.append(Event("down", conn, exc=exc))
+                continue
+            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
+            if want != self._watching.get(conn):
+                self._sel.modify(conn, want, conn)
+                self._watching[conn] = want
+        if events:
+            return events
+        behind = [c for c in conns if c.backlog]
+        held = [c for c in conns if c.lowat]
+        if held:  # a payload rest the kernel holds back (low-water mark) is read anyway after a while
+            timeout = min(timeout, LOWAT_CHECK_S)
+        ready = [key.data for key, _ in self._sel.select(0.0 if behind else timeout)]
+        if self.waker in ready:  # an attempt finished: ``connect`` takes it in on this turn
+            self.waker.drain()
+            ready.remove(self.waker)
+        if held:
+            now = time.monotonic()
+            behind += [c for c in held if c.held_back(now)]
+        ready += [c for c in behind if c not in ready]
+        for conn in ready:
+            events += conn.read_events()
+        return events
+
+    def close(self) -> None:
+        self._sel.close()
+        self.waker.close()

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from data_service.contract.batch_id import BatchId
 from data_service.contract.tensor_layout import batch_digest
 
 
@@ -22,10 +23,11 @@ class AuditLog:
         self.path = path
         self._fd: int | None = None
 
-    def write(self, epoch: int, index: int, rank: int, digest: str) -> None:
+    def write(self, batch: BatchId, rank: int, digest: str) -> None:
+        """One line: ``batch`` reached the training loop of ``rank`` with ``digest``."""
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        line = json.dumps({"epoch": epoch, "batch": index, "rank": rank, "sha256": digest}) + "\n"
+        line = json.dumps({"epoch": batch.epoch, "batch": batch.index, "rank": rank, "sha256": digest}) + "\n"
         os.write(self._fd, line.encode())  # one write per line: atomic across processes
 
     def close(self) -> None:

@@ -2,11 +2,11 @@
 
 A rank's share of an epoch is every R-th batch from its rank (``data_service.contract.sampler.rank_share``),
 a loader worker's part every N-th of those, from the resume point on: batch ``j`` of it is
-``(first + j * step) % num_batches`` (``Stride``). ``BatchList`` is a list of ``(epoch, index)``
-pairs made of such pieces (this epoch's part, then maybe the next epoch's first few batches);
-``BatchRefs`` the ``pb.BatchRef`` s the scheduler asks for. Each finds item ``i``, and the
-position of a batch (``index_of``), by arithmetic, so an epoch of millions of batches starts as
-fast, and takes as little memory, as one of a thousand.
+``(first + j * step) % num_batches`` (``Stride``). ``BatchList`` is a list of one seed's
+``BatchId`` s made of such pieces (this epoch's part, then maybe the next epoch's first few
+batches), what a dataset iterates and its scheduler asks for. It finds item ``i``, and the position
+of a batch (``index_of``), by arithmetic, so an epoch of millions of batches starts as fast, and
+takes as little memory, as one of a thousand.
 """
 from __future__ import annotations
 
@@ -16,10 +16,8 @@ import itertools
 import math
 from typing import Iterable, Iterator, Sequence
 
+from data_service.contract.batch_id import BatchId
 from data_service.contract.sampler import rank_share_size
-from data_service.protocol.generated import pb
-
-Key = tuple[int, int, int]
 
 
 class Stride(Sequence[int]):
@@ -90,23 +88,17 @@ def rank_stride(num_batches: int, rank: int, world_size: int, remainder: str = "
     return Stride(rank, world_size, rank_share_size(num_batches, rank, world_size, remainder), num_batches)
 
 
-class BatchList(Sequence[tuple[int, int]]):
-    """``(epoch, index)`` pairs: each segment an epoch and a sequence of its batch indices.
+class BatchList(Sequence[BatchId]):
+    """The batches of the plan seeded by ``seed``: each segment an epoch and a sequence of its batch indices.
 
-    Slices (step 1) and ``+`` make new lists of segments; ``index`` asks each segment of the
-    epoch (a ``Stride`` answers by arithmetic)."""
+    Slices (step 1) and ``+`` make new lists of segments; ``index_of`` asks each segment of the
+    batch's epoch (a ``Stride`` answers by arithmetic)."""
 
-    def __init__(self, segments: Iterable[tuple[int, Sequence[int]]] = ()) -> None:
+    def __init__(self, seed: int, segments: Iterable[tuple[int, Sequence[int]]] = ()) -> None:
+        self.seed = seed
         self.segments = [(int(e), s) for e, s in segments if len(s)]
         self._ends = list(itertools.accumulate(len(s) for _, s in self.segments))
         self._where: dict[int, dict[int, int]] = {}  # a segment given as a list: its positions, made on first use
-
-    @classmethod
-    def of(cls, items: "Iterable[tuple[int, int]] | BatchList") -> "BatchList":
-        """``items`` as a BatchList (a plain list: one segment per run of one epoch)."""
-        if isinstance(items, BatchList):
-            return items
-        return cls((e, [i for _, i in run]) for e, run in itertools.groupby(items, key=lambda item: item[0]))
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
@@ -122,53 +114,51 @@ class BatchList(Sequence[tuple[int, int]]):
                 if lo < hi:
                     out.append((e, s[lo - start:hi - start]))
                 start = end
-            return BatchList(out)
+            return BatchList(self.seed, out)
         if i < 0:
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(f"index {i} is outside 0..{len(self) - 1}")
         k = bisect.bisect_right(self._ends, i)
         e, s = self.segments[k]
-        return e, s[i - (self._ends[k - 1] if k else 0)]
+        return BatchId(self.seed, e, s[i - (self._ends[k - 1] if k else 0)])
 
-    def __add__(self, other: "Iterable[tuple[int, int]] | BatchList") -> "BatchList":
-        return BatchList(self.segments + BatchList.of(other).segments)
+    def __add__(self, other: "BatchList") -> "BatchList":
+        if other.segments and other.seed != self.seed:
+            raise ValueError(f"a BatchList of seed {self.seed} cannot take batches of seed {other.seed}")
+        return BatchList(self.seed, self.segments + other.segments)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[BatchId]:
         for e, s in self.segments:
             for i in s:
-                yield e, i
+                yield BatchId(self.seed, e, i)
 
     def __contains__(self, item: object) -> bool:
         try:
-            self.index(item)
-        except ValueError:
+            self.index_of(item)  # type: ignore[arg-type]
+        except KeyError:
             return False
         return True
 
-    def index(self, item: object, start: int = 0, stop: int | None = None) -> int:
-        """Position of the first ``(epoch, index)`` pair equal to ``item``."""
-        if start or stop is not None:
-            raise ValueError("BatchList.index takes no start or stop")
-        if isinstance(item, tuple) and len(item) == 2:
+    def index_of(self, batch: BatchId) -> int:
+        """Position of ``batch`` in the list; KeyError when it is not there."""
+        if isinstance(batch, BatchId) and batch.seed == self.seed:
             begin = 0
             for k, ((e, s), end) in enumerate(zip(self.segments, self._ends)):
-                if e == item[0]:
+                if e == batch.epoch:
                     if hasattr(s, "_solve"):  # a Stride, or a dealt share (resharding.Picked)
-                        j = s._solve(item[1])
-                        if j is not None:
-                            return begin + j
+                        j = s._solve(batch.index)
                     elif isinstance(s, range):
-                        if item[1] in s:
-                            return begin + s.index(item[1])
+                        j = s.index(batch.index) if batch.index in s else None
                     else:
                         where = self._where.get(k)
                         if where is None:
                             where = self._where[k] = {i: j for j, i in reversed(list(enumerate(s)))}
-                        if item[1] in where:
-                            return begin + where[item[1]]
+                        j = where.get(batch.index)
+                    if j is not None:
+                        return begin + j
                 begin = end
-        raise ValueError(f"{item!r} is not in the list")
+        raise KeyError(batch)
 
     def unique(self) -> bool:
         epochs = [e for e, _ in self.segments]
@@ -177,134 +167,75 @@ class BatchList(Sequence[tuple[int, int]]):
         return len(set(self)) == len(self)
 
 
-class BatchRefs(Sequence[pb.BatchRef]):
-    """The ``pb.BatchRef`` of each pair of a ``BatchList``, made when asked for."""
+class IndexedBatches(Sequence[BatchId]):
+    """A list of batches given as such (of any seeds), with a dict of their positions."""
 
-    def __init__(self, seed: int, batches: BatchList) -> None:
-        self.seed = seed
-        self.batches = batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return BatchRefs(self.seed, self.batches[i])
-        e, index = self.batches[i]
-        return pb.BatchRef(seed=self.seed, epoch=e, index=index)
-
-    def __iter__(self) -> Iterator[pb.BatchRef]:
-        for e, index in self.batches:
-            yield pb.BatchRef(seed=self.seed, epoch=e, index=index)
-
-    def index_of(self, key: Key) -> int:
-        """Position of the batch ``(seed, epoch, index)``; KeyError when it is not in the list."""
-        segments = self.batches.segments
-        if key[0] == self.seed and len(segments) == 1 and isinstance(segments[0][1], Stride):
-            j = segments[0][1]._solve(key[2]) if key[1] == segments[0][0] else None  # the usual list: one piece
-            if j is not None:
-                return j
-        elif key[0] == self.seed:
-            try:
-                return self.batches.index((key[1], key[2]))
-            except ValueError:
-                pass
-        raise KeyError(key)
-
-    def unique(self) -> bool:
-        return self.batches.unique()
-
-
-class IndexedRefs(Sequence[pb.BatchRef]):
-    """A list of refs given as such, with a dict of their positions."""
-
-    def __init__(self, refs: Iterable[pb.BatchRef]) -> None:
-        self._refs = list(refs)
-        self._pos = {(r.seed, r.epoch, r.index): i for i, r in enumerate(self._refs)}
+    def __init__(self, batches: Iterable[BatchId]) -> None:
+        self._batches = list(batches)
+        self._pos = {b: i for i, b in enumerate(self._batches)}
 
     def __len__(self) -> int:
-        return len(self._refs)
+        return len(self._batches)
 
     def __getitem__(self, i):
-        return self._refs[i]
+        return self._batches[i]
 
-    def __iter__(self) -> Iterator[pb.BatchRef]:
-        return iter(self._refs)
+    def __iter__(self) -> Iterator[BatchId]:
+        return iter(self._batches)
 
-    def index_of(self, key: Key) -> int:
-        return self._pos[key]
+    def index_of(self, batch: BatchId) -> int:
+        """Position of ``batch`` in the list; KeyError when it is not there."""
+        return self._pos[batch]
 
     def unique(self) -> bool:
-        return len(self._pos) == len(self._refs)
+        return len(self._pos) == len(self._batches)
 
 
-def as_refs(refs: Sequence[pb.BatchRef]) -> "BatchRefs | IndexedRefs":
-    """``refs`` with ``index_of`` and ``unique`` (a plain list gets a dict of positions)."""
-    return refs if isinstance(refs, (BatchRefs, IndexedRefs)) else IndexedRefs(refs)
-
-
-class Positions:
-    """``positions[key]``: where the batch ``key`` stands in the list (computed, not stored)."""
-
-    __slots__ = ("_refs",)
-
-    def __init__(self, refs: "BatchRefs | IndexedRefs") -> None:
-        self._refs = refs
-
-    def __getitem__(self, key: Key) -> int:
-        return self._refs.index_of(key)
-
-    def __contains__(self, key: object) -> bool:
-        try:
-            self._refs.index_of(key)  # type: ignore[arg-type]
-        except KeyError:
-            return False
-        return True
+def indexed(batches: Sequence[BatchId]) -> "BatchList | IndexedBatches":
+    """``batches`` with ``index_of`` and ``unique`` (a plain list gets a dict of positions)."""
+    return batches if isinstance(batches, (BatchList, IndexedBatches)) else IndexedBatches(batches)
 
 
 class Todo:
-    """The refs not asked for yet, in list order: a cursor into the list, and before it a short
-    deque of refs that went back (requeued, or held back a turn). Every ref that goes back was
-    taken from before the cursor, so the deque's refs all come before the cursor's."""
+    """The batches not asked for yet, in list order: a cursor into the list, and before it a short
+    deque of batches that went back (requeued, or held back a turn). Every batch that goes back was
+    taken from before the cursor, so the deque's batches all come before the cursor's."""
 
-    def __init__(self, refs: "BatchRefs | IndexedRefs") -> None:
-        self._refs = refs
+    def __init__(self, batches: "BatchList | IndexedBatches") -> None:
+        self._batches = batches
         self._next = 0
-        self._back: collections.deque[pb.BatchRef] = collections.deque()
+        self._back: collections.deque[BatchId] = collections.deque()
 
     def __bool__(self) -> bool:
-        return bool(self._back) or self._next < len(self._refs)
+        return bool(self._back) or self._next < len(self._batches)
 
     def __len__(self) -> int:
-        return len(self._back) + len(self._refs) - self._next
+        return len(self._back) + len(self._batches) - self._next
 
-    def __getitem__(self, i: int) -> pb.BatchRef:
+    def __getitem__(self, i: int) -> BatchId:
         if 0 <= i < len(self._back):
             return self._back[i]
         if not 0 <= i < len(self):
             raise IndexError(f"index {i} is outside 0..{len(self) - 1}")
-        return self._refs[self._next + i - len(self._back)]
+        return self._batches[self._next + i - len(self._back)]
 
     def first_position(self) -> int:
-        """Position in the list of the head ref (the todo must not be empty)."""
-        if self._back:
-            r = self._back[0]
-            return self._refs.index_of((r.seed, r.epoch, r.index))
-        return self._next
+        """Position in the list of the head batch (the todo must not be empty)."""
+        return self._batches.index_of(self._back[0]) if self._back else self._next
 
-    def popleft(self) -> pb.BatchRef:
+    def popleft(self) -> BatchId:
         if self._back:
             return self._back.popleft()
-        if self._next >= len(self._refs):
+        if self._next >= len(self._batches):
             raise IndexError("pop from an empty Todo")
         self._next += 1
-        return self._refs[self._next - 1]
+        return self._batches[self._next - 1]
 
-    def extendleft(self, refs: Iterable[pb.BatchRef]) -> None:
-        """Put ``refs`` back at the head, like ``deque.extendleft`` (the last one given first)."""
-        self._back.extendleft(refs)
+    def extendleft(self, batches: Iterable[BatchId]) -> None:
+        """Put ``batches`` back at the head, like ``deque.extendleft`` (the last one given first)."""
+        self._back.extendleft(batches)
 
-    def __iter__(self) -> Iterator[pb.BatchRef]:
+    def __iter__(self) -> Iterator[BatchId]:
         yield from self._back
-        for i in range(self._next, len(self._refs)):
-            yield self._refs[i]
+        for i in range(self._next, len(self._batches)):
+            yield self._batches[i]

@@ -19,7 +19,7 @@ rank trains them does.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence, cast
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -36,7 +36,7 @@ def share_size(m: int, size: int, remainder: str | Remainder) -> int:
     return m // size if Remainder.parse(remainder) is Remainder.DROP else -(-m // size)
 
 
-def merge_states(states: Sequence[dict[str, Any] | ResumeState], remainder: str = "drop") -> dict[str, Any]:
+def merge_states(states: Sequence[Mapping[str, Any] | ResumeState], remainder: str = "drop") -> dict[str, Any]:
     """One resume point from the states of every rank of the old world (each as of its last batch).
 
     Args:
@@ -55,7 +55,7 @@ def merge_states(states: Sequence[dict[str, Any] | ResumeState], remainder: str 
     return merge(states, remainder).to_dict()
 
 
-def merge(states: Sequence[dict[str, Any] | ResumeState], remainder: str | Remainder = "drop") -> ResumeState:
+def merge(states: Sequence[Mapping[str, Any] | ResumeState], remainder: str | Remainder = "drop") -> ResumeState:
     """:func:`merge_states` as the typed value."""
     if isinstance(states, (dict, ResumeState)) or not states:
         raise ConfigError(f"merge_states takes a list of every old rank's state, got {states!r}")
@@ -103,7 +103,7 @@ def _by_rank(states: Sequence[ResumeState]) -> dict[int, ResumeState]:
     return by_rank
 
 
-def deal(states: Sequence[dict[str, Any] | ResumeState], dp_size: int, remainder: str = "drop") -> list[dict[str, Any]]:
+def deal(states: Sequence[Mapping[str, Any] | ResumeState], dp_size: int, remainder: str = "drop") -> list[dict[str, Any]]:
     """The state of each of ``dp_size`` new ranks from every old rank's state (see module doc).
 
     Each new rank ``r`` loads ``deal(...)[r]``: it trains its part of the epoch's untrained
@@ -115,13 +115,13 @@ def deal(states: Sequence[dict[str, Any] | ResumeState], dp_size: int, remainder
     return [point.at(dp_rank=r, dp_size=dp_size).to_dict() for r in range(dp_size)]
 
 
-def lockstep_states(state: dict[str, Any] | ResumeState) -> list[dict[str, Any]]:
+def lockstep_states(state: dict[str, Any] | ResumeState) -> list[ResumeState]:
     """Every rank's state from one rank's, for ranks that step together (DDP: every rank has
     trained as many batches of its share), e.g. the one state Lightning keeps, rank 0's."""
     parsed = ResumeState.from_dict(state)
     if parsed.dp_size is None:
         raise ConfigError(f"state {parsed.to_dict()!r} has no dp_size; give what state_dict() returned")
-    return [parsed.at(dp_rank=r).to_dict() for r in range(parsed.dp_size)]
+    return [parsed.at(dp_rank=r) for r in range(parsed.dp_size)]
 
 
 def _worlds(worlds: Sequence[dict[str, Any] | EarlierWorld]) -> list[EarlierWorld]:

@@ -7,11 +7,15 @@ from typing import Any, Iterator, Sequence
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+from data_service.contract.batch_id import BatchId
 from data_service.errors import ConfigError
+
 from .audit import AuditLog, digest
 from .batch_list import BatchList, rank_stride
 from .resharding import dealt_share, merge
-from .state import EarlierWorld, Remainder, ResumeState
+from .state import EarlierWorld, LoadableState, Remainder, ResumeState
+
+Deal = tuple[int, tuple[EarlierWorld, ...]]  # an epoch dealt again, and the worlds that trained part of it
 
 
 def default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -78,17 +82,17 @@ class ShardedBatches(IterableDataset):
         self.epoch = 0
         self.start = 0  # batches of this rank's share before the next iteration's first one
         self._yielded = 0  # batches this object's own iteration yielded since ``start``
-        self.last_yielded: tuple[int, int] | None = None  # (epoch, batch index) of the last one
+        self.last_yielded: BatchId | None = None
         self._share: tuple[tuple, Sequence[int]] | None = None
         # (epoch, earlier worlds) of an epoch resumed on another number of ranks (``resharding``)
-        self._dealt: tuple[int, tuple[EarlierWorld, ...]] | None = None
+        self._dealt: Deal | None = None
         # [epoch, start] in shared memory, read by DataLoader workers at each iteration: a
         # persistent worker keeps its copy of this object, so plain attributes would not reach it.
         self._plan = None
         self.epochs = epochs
         self.lookahead = lookahead
-        self._workers_persist = False  # set by ResumableLoader: may a loader worker keep ``_carry``?
-        self._carry: dict[tuple[int, int], Any] = {}
+        self._workers_persist = False  # may a loader worker keep ``_carry`` (``share_with_workers``)?
+        self._carry: dict[BatchId, Any] = {}
 
     # -- epoch and resume (the consumer stage contract; see docs/consumer.md)
     def set_epoch(self, epoch: int) -> None:
@@ -99,7 +103,7 @@ class ShardedBatches(IterableDataset):
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
         if epoch != self.resume_state().epoch:
-            self._start_epoch(epoch)
+            self.start_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this object's next iteration starts: as of the last batch it yielded.
@@ -115,12 +119,8 @@ class ShardedBatches(IterableDataset):
         """:meth:`state_dict` as the typed value."""
         return self.resume_state_at(self.epoch, self.start + self._yielded)
 
-    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
-        """The state after ``position`` batches of ``epoch`` (wrapping stages report through this)."""
-        return self.resume_state_at(epoch, position).to_dict()
-
     def resume_state_at(self, epoch: int, position: int) -> ResumeState:
-        """:meth:`state_at` as the typed value."""
+        """The state after ``position`` batches of ``epoch`` (wrapping stages report through this)."""
         if position and position >= len(self._share_of(epoch)):
             epoch, position = epoch + 1, 0
         return ResumeState(epoch=epoch, seed=self.seed, position=position, dp_rank=self.dp_rank,
@@ -130,7 +130,13 @@ class ShardedBatches(IterableDataset):
         """The worlds that trained part of ``epoch`` before it was dealt to this job's ranks, if it was."""
         return self._dealt[1] if self._dealt is not None and self._dealt[0] == epoch else None
 
-    def load_state_dict(self, state: dict[str, Any] | ResumeState | list[dict[str, Any]]) -> None:
+    @property
+    def deal(self) -> "Deal | None":
+        """(epoch, earlier worlds) of the epoch resumed on another number of ranks, if one is: a
+        loader worker's copy made under another deal yields another share."""
+        return self._dealt
+
+    def load_state_dict(self, state: LoadableState) -> None:
         """Resume at the next unseen batch of ``state["epoch"]`` (no batch repeated or skipped).
 
         ``state`` is this rank's ``state_dict()``, or a list of every rank's from a job with
@@ -158,20 +164,24 @@ class ShardedBatches(IterableDataset):
         except BaseException:
             self._dealt = before
             raise
-        self._seek(epoch, position)
+        self.seek(epoch, position)
 
-    def _start_epoch(self, epoch: int) -> None:
-        """Go to the start of ``epoch``, shared among this job's ranks as usual."""
+    def start_epoch(self, epoch: int) -> None:
+        """Go to the start of ``epoch``, shared among this job's ranks as usual (a deal ends)."""
         self._dealt = None
-        self._seek(epoch, 0)
+        self.seek(epoch, 0)
 
-    def _seek(self, epoch: int, position: int) -> None:
+    def seek(self, epoch: int, position: int) -> None:
+        """The next iteration starts after ``position`` batches of this rank's share of ``epoch``
+        (loader workers too, once ``share_with_workers`` was called)."""
         self.epoch, self.start, self._yielded = epoch, position, 0
         if self._plan is not None:
             self._plan[0], self._plan[1] = epoch, position
 
-    def share_with_workers(self) -> None:
-        """Let DataLoader workers (persistent ones too) follow ``set_epoch`` and resume."""
+    def share_with_workers(self, persistent: bool) -> None:
+        """Let DataLoader workers follow ``set_epoch`` and resume; ``persistent``: they live across
+        epochs, so each may keep the next epoch's first batches it fetched ahead (``lookahead``)."""
+        self._workers_persist = persistent
         if self._plan is None:
             import torch
 
@@ -181,7 +191,8 @@ class ShardedBatches(IterableDataset):
     def num_batches_per_epoch(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _rank_share(self) -> Sequence[int]:
+    def rank_share(self) -> Sequence[int]:
+        """This rank's batch indices of the current epoch, all of them (the resume point aside)."""
         return self._share_of(self.epoch)
 
     def _share_of(self, epoch: int) -> Sequence[int]:
@@ -198,7 +209,7 @@ class ShardedBatches(IterableDataset):
 
     def rank_indices(self) -> Sequence[int]:
         """This rank's batch indices for the current epoch, after the resume point."""
-        return self._rank_share()[self.start:]
+        return self.rank_share()[self.start:]
 
     def my_indices(self) -> Sequence[int]:
         """This process's part: DataLoader worker ``w`` of ``N`` takes every N-th batch from w,
@@ -213,9 +224,8 @@ class ShardedBatches(IterableDataset):
         return len(self.rank_indices())
 
     # -- iteration
-    def _batches(self, items: BatchList) -> Iterator[tuple[int, int, Any]]:  # pragma: no cover
-        """Yield ``(epoch, index, batch)`` for ``items`` (``(epoch, index)`` pairs, computed per item:
-        an epoch may hold millions), in order."""
+    def _batches(self, items: BatchList) -> Iterator[tuple[BatchId, Any]]:  # pragma: no cover
+        """Yield ``(batch id, batch)`` for ``items`` (computed per item: an epoch may hold millions), in order."""
         raise NotImplementedError
 
     def _next_epoch_items(self, epoch: int) -> BatchList:
@@ -223,13 +233,13 @@ class ShardedBatches(IterableDataset):
         iteration), or none when no later iteration of this object can use them."""
         info = get_worker_info()
         if self.lookahead < 1 or self.epochs is None or epoch + 1 >= self.epochs:
-            return BatchList()
+            return BatchList(self.seed)
         if info is not None and not self._workers_persist:
-            return BatchList()  # a non-persistent loader worker ends with this epoch
+            return BatchList(self.seed)  # a non-persistent loader worker ends with this epoch
         share = self._share_of(epoch + 1)
         if info is not None and info.num_workers > 1:
             share = share[info.id::info.num_workers]
-        return BatchList([(epoch + 1, share[:self.lookahead])])
+        return BatchList(self.seed, [(epoch + 1, share[:self.lookahead])])
 
     def __iter__(self) -> Iterator[Any]:
         in_worker = get_worker_info() is not None
@@ -238,9 +248,9 @@ class ShardedBatches(IterableDataset):
                 self.epoch, self.start = int(self._plan[0]), int(self._plan[1])
         else:  # start where the last iteration stopped (or the next epoch after a finished one)
             state = self.resume_state()
-            self._seek(state.epoch, state.position)
+            self.seek(state.epoch, state.position)
         epoch = self.epoch
-        items = BatchList([(epoch, self.my_indices())])
+        items = BatchList(self.seed, [(epoch, self.my_indices())])
         # Batches of this epoch fetched ahead at the end of the last one (its first, usually).
         carry, self._carry = self._carry, {}
         ready = 0
@@ -251,16 +261,16 @@ class ShardedBatches(IterableDataset):
         complete = False
         try:
             produced = self._batches(items[ready:] + ahead) if ready < len(items) or ahead else iter(())
-            sources = ((e, i, carry.pop((e, i))) for e, i in items[:ready])
+            sources = ((b, carry.pop(b)) for b in items[:ready])
             for source in (sources, produced):
-                for e, index, batch in source:
-                    if e != epoch:  # the next epoch's first batches: kept for the next iteration
-                        self._carry[(e, index)] = batch
+                for which, batch in source:
+                    if which.epoch != epoch:  # the next epoch's first batches: kept for the next iteration
+                        self._carry[which] = batch
                         continue
                     if audit is not None:
-                        audit.write(epoch, index, self.dp_rank, digest(batch))
+                        audit.write(which, self.dp_rank, digest(batch))
                     self._yielded += 1
-                    self.last_yielded = (epoch, index)
+                    self.last_yielded = which
                     yield batch
             complete = True
         finally:
@@ -269,4 +279,4 @@ class ShardedBatches(IterableDataset):
             if not complete:
                 self._carry = {}
         if complete and not in_worker:
-            self._seek(epoch + 1, 0)
+            self.seek(epoch + 1, 0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence, Union
 
 from data_service.errors import ConfigError
 
@@ -157,6 +157,11 @@ class ResumeState:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"data state {dict(state)!r} cannot be read ({exc}); pass what state_dict() "
                               "returned") from exc
+
+
+# What ``load_state_dict`` takes: one rank's state (as ``state_dict()`` gave it, or typed), or every
+# rank's of a job with another number of data-parallel ranks.
+LoadableState = Union[Mapping[str, Any], ResumeState, Sequence[Union[Mapping[str, Any], ResumeState]]]
 
 
 def _int(state: Mapping[str, Any], key: str, default: Any = ...) -> Any:

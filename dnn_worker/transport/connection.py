@@ -1,7 +1,8 @@
 """The consumer's data-plane connection to one server, driven by the caller's thread.
 
 ``open()`` does the handshake (version check, token proof) and leaves the socket
-non-blocking; ``fetch()`` asks for batches. Every frame it sends is sealed with its CRC-32
+non-blocking; ``fetch()`` asks for batches (``BatchId`` s, made ``pb.BatchRef`` s here, as the frame
+is written; every batch or error read names its batch as a ``BatchId`` again). Every frame it sends is sealed with its CRC-32
 (``framing.seal``): a server that finds one damaged says so in an error without a ref and
 closes, which ends the connection here (the fetcher asks again on a new one). The connection has no thread of its own: whoever
 iterates (the ``Fetcher``, one selector over every server) calls ``read_events()`` when the
@@ -23,20 +24,17 @@ not take yet, deferred releases), ``recv_buffer.py`` (bytes read and not parsed 
 """
 from __future__ import annotations
 
-import collections
 import logging
-import selectors
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from data_service.contract import tensor_layout, compression
+from data_service.contract.batch_id import BatchId
 from data_service.protocol import framing
 from data_service.errors import ProtocolError
-from data_service.protocol.version import PROTOCOL_VERSION
 from data_service.protocol.generated import pb
 from data_service.protocol import integrity
 
@@ -57,7 +55,7 @@ MAX_EVENTS_PER_READ = 64  # then the caller's loop gets its turn (timeouts, othe
 class Event:
     kind: str                 # "batch" | "error" | "down"
     conn: "BulkConnection"
-    ref: pb.BatchRef | None = None  # "down": the batch whose payload failed or was arriving, if any
+    batch_id: BatchId | None = None  # "down": the batch whose payload failed or was arriving, if any
     batch: Any = None
     nbytes: int = 0
     error: pb.BatchError | None = None
@@ -112,38 +110,35 @@ def _check_payload(address: str, header: pb.BatchHeader, running: integrity.Runn
     """
     bad = running.mismatch()
     if bad is not None:
-        ref = header.ref
-        raise CorruptPayload(f"{address} sent epoch {ref.epoch} batch {ref.index} whose header and {header.payload_bytes} "
+        which = BatchId.of(header.ref)
+        raise CorruptPayload(f"{address} sent {which} whose header and {header.payload_bytes} "
                              f"payload bytes fail their {bad.checksum} ({bad.got:#010x} here, {bad.want:#010x} from the "
                              "data worker): damaged on the way; the batch is asked for again",
-                             ref=ref, expected=bad.want, got=bad.got)
+                             batch_id=which, expected=bad.want, got=bad.got)
 
 
 class CorruptPayload(ProtocolError):
-    """A batch's payload arrived with other bytes than its data worker wrote: ``ref`` (as its
+    """A batch's payload arrived with other bytes than its data worker wrote: ``batch_id`` (as its
     header says), ``expected`` (the data worker's CRC-32) and ``got`` (that of what arrived)."""
 
-    def __init__(self, message: str, *, ref: pb.BatchRef, expected: int, got: int) -> None:
+    def __init__(self, message: str, *, batch_id: BatchId, expected: int, got: int) -> None:
         super().__init__(message)
-        self.ref, self.expected, self.got = ref, expected, got
+        self.batch_id, self.expected, self.got = batch_id, expected, got
 
 
 class BulkConnection:
     """One data-plane connection; see the module docstring."""
 
     def __init__(self, address: str, host: str, port: int, token: str, client_id: str = "",
-                 max_batch_bytes: int = 1 << 40, pin_memory: bool = False,
-                 client_version: str = PROTOCOL_VERSION, shared_memory: bool = True, tls_context=None,
-                 tls_server_name: str = "") -> None:
+                 max_batch_bytes: int = 1 << 40, pin_memory: bool = False, shared_memory: bool = True,
+                 tls_context=None, tls_server_name: str = "") -> None:
         self.address = address
         self._host, self._port = host, port
         self._token = token
         self._client_id = client_id
         self._max = max_batch_bytes
-        self._version = client_version
         self._sock: socket.socket | None = None
         self.closed = False
-        self.bytes_received = 0
         self._pool = BufferPool(pin_memory)
         self._want_shm = shared_memory
         self._tls = tls_context
@@ -154,7 +149,6 @@ class BulkConnection:
         self._rbuf = RecvBuffer(address)
         self._payload: _Payload | None = None
         self._outbox = Outbox()  # frames the socket did not take yet, releases waiting for a send
-        self._events: collections.deque[Event] = collections.deque()  # read, not yet taken by next_event()
         self._lowat = LowWater()
         self.backlog = False  # read_events() stopped early: call it again without waiting for the socket
 
@@ -170,8 +164,7 @@ class BulkConnection:
             framing.tune(sock)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_hostname=self._tls_name)
-            self.shm, self.compression = handshake(sock, self.address, self._token, self._client_id, self._version,
-                                             self._want_shm)
+            self.shm, self.compression = handshake(sock, self.address, self._token, self._client_id, self._want_shm)
             sock.setblocking(False)
         except BaseException:
             sock.close()
@@ -198,17 +191,18 @@ class BulkConnection:
         self._maps.close()
 
     # -- sending
-    def fetch(self, refs: list[pb.BatchRef]) -> None:
+    def fetch(self, batches: list[BatchId]) -> None:
         """Ask for batches; raises OSError if the connection is gone."""
-        if self._sock is None or self.closed:
-            raise ConnectionError(f"connection to {self.address} is closed")
-        self._outbox.send(framing.seal(pb.BulkFrame(fetch=pb.FetchRequest(batches=refs))), wait=True)
+        self._request(pb.FetchRequest(batches=[b.ref() for b in batches]))
 
-    def hint(self, refs: list[pb.BatchRef]) -> None:
+    def hint(self, batches: list[BatchId]) -> None:
         """Tell the server which batches will be asked for later (it may fetch their data ahead)."""
+        self._request(pb.FetchRequest(prefetch=[b.ref() for b in batches]))
+
+    def _request(self, request: pb.FetchRequest) -> None:
         if self._sock is None or self.closed:
             raise ConnectionError(f"connection to {self.address} is closed")
-        self._outbox.send(framing.seal(pb.BulkFrame(fetch=pb.FetchRequest(prefetch=refs))), wait=True)
+        self._outbox.send(framing.seal(pb.BulkFrame(fetch=request)), wait=True)
 
     @property
     def wants_write(self) -> bool:
@@ -244,37 +238,13 @@ class BulkConnection:
         try:
             self._read(sock, events)
         except BaseException as exc:  # any failure ends this connection; the fetcher fails over
-            culprit = exc.ref if isinstance(exc, CorruptPayload) else (
-                self._payload.header.ref if self._payload is not None else None)
-            events.append(Event("down", self, ref=culprit, exc=exc))
+            culprit = exc.batch_id if isinstance(exc, CorruptPayload) else (
+                BatchId.of(self._payload.header.ref) if self._payload is not None else None)
+            events.append(Event("down", self, batch_id=culprit, exc=exc))
             self.close()
         # Bytes already read (or decrypted) wait in our buffers, where no selector sees them.
         self.backlog = len(events) >= MAX_EVENTS_PER_READ and not self.closed
         return events
-
-    def next_event(self, timeout: float) -> Event:
-        """Wait up to ``timeout`` seconds for the next event on this connection alone.
-
-        Raises:
-            TimeoutError: nothing arrived in time.
-        """
-        deadline = time.monotonic() + timeout
-        pending = self._events
-        if self._sock is None:
-            raise ConnectionError(f"connection to {self.address} is not open (call open() first)")
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._sock, selectors.EVENT_READ)
-            while not pending:
-                if self.closed:
-                    raise ConnectionError(f"connection to {self.address} is closed")
-                self.flush()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no event from {self.address} within {timeout}s")
-                wait = min(left, LOWAT_CHECK_S) if self.lowat else left  # a held-back rest is read anyway
-                if self.backlog or sel.select(wait) or self.lowat:
-                    pending.extend(self.read_events())
-        return pending.popleft()
 
     def _read(self, sock: socket.socket, events: list[Event]) -> None:
         # A plain socket that filled less of the frame buffer than asked is empty: stop there
@@ -344,7 +314,7 @@ class BulkConnection:
             if not frame.error.HasField("ref"):  # about the connection (a damaged request): it ends
                 raise ProtocolError(f"{self.address} ended the connection: {pb.ErrorKind.Name(frame.error.kind)}: "
                                     f"{frame.error.message}")
-            events.append(Event("error", self, ref=frame.error.ref, error=frame.error))
+            events.append(Event("error", self, batch_id=BatchId.of(frame.error.ref), error=frame.error))
             return
         if kind != "batch":
             raise ProtocolError(f"{self.address}: unexpected {kind!r} frame")
@@ -362,9 +332,8 @@ class BulkConnection:
         self._payload = _Payload(header, buf, bytearray(header.payload_bytes) if header.compression else None, running)
 
     def _batch_event(self, header: pb.BatchHeader, buf: torch.Tensor) -> Event:
-        self.bytes_received += header.payload_bytes
         batch = tensor_layout.decode(header, buf, self._max)
-        return Event("batch", self, ref=header.ref, batch=batch, nbytes=header.payload_bytes)
+        return Event("batch", self, batch_id=BatchId.of(header.ref), batch=batch, nbytes=header.payload_bytes)
 
     # -- shared memory
     def _from_shm(self, header: pb.BatchHeader) -> torch.Tensor:

@@ -6,10 +6,11 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from data_service.protocol import version as protocol
 from data_service.protocol.auth import VERSION_KEY, bearer
 from data_service.errors import (PermissionDeniedError, ServerUnavailableError,
                                  VersionMismatchError)
-from data_service.protocol.version import PROTOCOL_VERSION, mismatch_message
+from data_service.protocol.version import mismatch_message
 from data_service.protocol.generated import pb, pb_grpc
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -24,15 +25,17 @@ class ControlClient:
         token: the job token.
         tls_ca: CA bundle (PEM) to verify a TLS server with; "" for plain TCP.
         tls_server_name: name to check in the server's certificate instead of the address's host.
-        client_version: protocol version to announce (tests override it).
+
+    The version announced is ``protocol.version.PROTOCOL_VERSION``, read once here, as the data
+    plane's handshake reads it: one constant says what this consumer speaks.
     """
 
-    def __init__(self, address: str, token: str, client_id: str = "",
-                 client_version: str = PROTOCOL_VERSION, tls_ca: str = "", tls_server_name: str = "") -> None:
+    def __init__(self, address: str, token: str, client_id: str = "", tls_ca: str = "",
+                 tls_server_name: str = "") -> None:
         self.address = address
         self.client_id = client_id
-        self.client_version = client_version
-        self._metadata = (bearer(token), (VERSION_KEY, client_version))
+        self.client_version = protocol.PROTOCOL_VERSION
+        self._metadata = (bearer(token), (VERSION_KEY, self.client_version))
         # Reconnect at most RECONNECT_MS apart: with gRPC's default backoff (1 s, then x1.6 up to
         # 120 s) a client waiting for a server that is still starting saw it up to seconds late.
         options: list[tuple[str, int | str]] = [

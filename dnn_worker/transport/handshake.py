@@ -4,21 +4,22 @@ from __future__ import annotations
 import socket
 
 from data_service.contract import compression
-from data_service.protocol import framing
+from data_service.protocol import framing, version as protocol
 from data_service.errors import PermissionDeniedError, ProtocolError, VersionMismatchError
 from data_service.protocol.version import compatible, mismatch_message
 from data_service.protocol.generated import pb
 
 
-def handshake(sock: socket.socket, address: str, token: str, client_id: str, version: str,
-              want_shm: bool) -> tuple[bool, str]:
+def handshake(sock: socket.socket, address: str, token: str, client_id: str, want_shm: bool) -> tuple[bool, str]:
     """Answer the server's challenge on the blocking ``sock``; returns (shared memory, compression) as
-    the server agreed to them.
+    the server agreed to them. The version announced is ``protocol.version.PROTOCOL_VERSION``, read
+    at each call, as the control plane reads it: one constant says what this consumer speaks.
 
     Raises:
         PermissionDeniedError: the server refused the token. VersionMismatchError: incompatible
         versions. ProtocolError: anything else unexpected.
     """
+    version = protocol.PROTOCOL_VERSION
     frame = framing.recv_frame(sock)
     if frame.WhichOneof("kind") != "challenge":
         raise ProtocolError(f"{address}: expected a challenge, got {frame.WhichOneof('kind')!r}")

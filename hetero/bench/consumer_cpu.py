@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from data_service.contract.batch_id import BatchId
 from dnn_worker import DeviceFeeder, ResumableLoader
 from dnn_worker.device.feeder import FinishStage
 from dnn_worker.resume.batch_list import BatchList
@@ -37,9 +38,9 @@ class _InMemory(ShardedBatches):
     def num_batches_per_epoch(self) -> int:
         return len(self.batches)
 
-    def _batches(self, items: BatchList) -> Iterator[tuple[int, int, Any]]:
-        for epoch, index in items:
-            yield epoch, index, self.batches[index]
+    def _batches(self, items: BatchList) -> Iterator[tuple[BatchId, Any]]:
+        for which in items:
+            yield which, self.batches[which.index]
 
 
 def _batches(n: int, batch_size: int) -> list[dict]:

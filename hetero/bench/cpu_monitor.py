@@ -12,7 +12,6 @@ the node pinned on it means another process (another user's tests) ran there.
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import threading
 import time
@@ -25,24 +24,16 @@ log = logging.getLogger(__name__)
 
 
 def parse_cpu_list(text: str) -> list[int]:
-    """``"0"``, ``"0,2"`` or ``"1-3"`` -> sorted CPU ids (must be usable by this process).
+    """``"0"``, ``"0,2"`` or ``"1-3"`` -> sorted CPU ids, as ``hetero local --dnn-cpus`` reads them.
 
     Raises:
-        ValueError: malformed list or CPUs this process may not use (naming the usable ones).
+        ValueError: malformed or empty list, or CPUs this process may not use (naming the usable ones).
     """
-    cpus: set[int] = set()
-    try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ValueError(f"CPU list {text!r} must look like '0', '0,2' or '1-3'") from None
+    from hetero.local.tree import parse_cpus
+
+    cpus = parse_cpus(text)
     if not cpus:
         raise ValueError(f"CPU list {text!r} is empty")
-    usable = os.sched_getaffinity(0)
-    if not cpus <= usable:
-        raise ValueError(f"CPU list {text!r} names CPUs {sorted(cpus - usable)} this process cannot use "
-                         f"(usable: {sorted(usable)})")
     return sorted(cpus)
 
 

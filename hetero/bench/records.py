@@ -5,7 +5,10 @@ figures (``summary``) and the output (``report``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+
+from launcher.metric_lines import JobMetrics
 
 MODES = ("homogeneous", "heterogeneous")  # the two layouts every round runs
 
@@ -19,7 +22,7 @@ STEP_SHARE = 1 / 3
 
 @dataclass
 class BenchConfig:
-    """What to run; see ``python -m hetero.bench.step_time --help`` for each field."""
+    """What to run; see ``hetero bench --help`` for each field."""
 
     trainer_cpus: list[int]
     data_cpus: list[int]
@@ -122,6 +125,11 @@ class RunResult:
     cpu_per_step_s: dict = field(default_factory=dict)    # "role host" -> CPU seconds per step, steady state
     others_steady: dict = field(default_factory=dict)     # core -> share other processes used, steady state
 
+    @cached_property
+    def figures(self) -> JobMetrics | None:
+        """``metrics`` (the run's metrics.json) read as the record; None without one."""
+        return None if self.metrics is None else JobMetrics.from_json(self.metrics)
+
     @property
     def step_s(self) -> float | None:
-        return (self.metrics or {}).get("avg_step_time_s")
+        return None if self.figures is None else self.figures.avg_step_time_s

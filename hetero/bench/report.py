@@ -9,13 +9,11 @@ import logging
 import os
 from pathlib import Path
 
+from launcher.metric_lines import fmt as _f
+
 from .records import MODES
 
 log = logging.getLogger(__name__)
-
-
-def _f(value, spec: str, none: str = "n/a") -> str:
-    return none if value is None else format(value, spec)
 
 
 def step_label(summary: dict) -> str:

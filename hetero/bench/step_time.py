@@ -1,6 +1,6 @@
 """Step time, data wait and $ cost of the same job, homogeneous vs heterogeneous, on this machine.
 
-``python -m hetero.bench.step_time`` (also ``hetero bench``) runs the MNIST job of
+``hetero bench`` runs the MNIST job of
 ``hetero local`` in two layouts, with CPU affinity so each gets exactly the cores it should:
 
 * **homogeneous**: the trainer and its DataLoader workers on the K *trainer CPUs* (a GPU
@@ -28,14 +28,13 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Callable
 
 from launcher.metric_lines import none_measured
 
-from ..planning.cost import PriceError, load_prices
-from ..planning.planner import PlanError
+from ..planning.cost import load_prices
 from ..planning.profile import profile_pipeline
 
 from . import report
@@ -44,38 +43,32 @@ from .records import MODES, STEP_SHARE, BenchConfig, RunResult, derived_step
 from .summary import add_costs, add_network, add_prediction, summarize
 
 log = logging.getLogger(__name__)
-_WINDOW = re.compile(r"step (\d+): avg step time ([\d.]+) s over the last (\d+) steps")
+# a window line (launcher.metric_lines.window_line), after the log line's time where the log gives one
+_WINDOW = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})?.*?step (\d+): avg step time ([\d.]+) s over the last "
+                     r"(\d+) steps", re.M)
+
+
+def logged_windows(log_path: Path) -> list[tuple[float | None, int, int, float]]:
+    """Every window a trainer's log holds as (wall-clock time at its end, None where the line has
+    none; first step; last step; average step time)."""
+    import datetime
+
+    if not log_path.is_file():
+        return []
+    return [(datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if m[1] else None,
+             int(m[2]) - int(m[4]) + 1, int(m[2]), float(m[3]))
+            for m in _WINDOW.finditer(log_path.read_text(errors="replace"))]
 
 
 def step_windows(log_path: Path, warmup: int) -> list[float]:
     """Average step time of each logged window that lies wholly after the warm-up steps."""
-    if not log_path.is_file():
-        return []
-    out = []
-    for m in _WINDOW.finditer(log_path.read_text(errors="replace")):
-        last, avg, n = int(m.group(1)), float(m.group(2)), int(m.group(3))
-        if last - n >= warmup:
-            out.append(avg)
-    return out
-
-
-_STAMPED_WINDOW = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*step (\d+): avg step time [\d.]+ s over the last (\d+) "
-                             r"steps", re.M)
+    return [avg for _, first, _, avg in logged_windows(log_path) if first > warmup]
 
 
 def steady_window(log_path: Path, warmup: int) -> tuple[tuple[float, int], tuple[float, int]] | None:
     """(wall-clock time, step) at the end of the first logged window after the warm-up and at the
     end of the last one: the run's steady state (None: fewer than two such windows)."""
-    import datetime
-
-    if not log_path.is_file():
-        return None
-    marks = []
-    for m in _STAMPED_WINDOW.finditer(log_path.read_text(errors="replace")):
-        last, n = int(m.group(2)), int(m.group(3))
-        if last - n >= warmup:
-            when = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            marks.append((when, last))
+    marks = [(when, last) for when, first, last, _ in logged_windows(log_path) if first > warmup and when is not None]
     if len(marks) < 2 or marks[-1][1] <= marks[0][1]:
         return None
     return marks[0], marks[-1]
@@ -102,14 +95,6 @@ def others_in_steady_state(log_path: Path, warmup: int, monitor) -> dict[int, fl
     return {} if window is None else monitor.others_between(window[0][0], window[1][0])
 
 
-def step_windows_at(log_path: Path) -> list[tuple[int, int, float]]:
-    """Every logged window as (first step, last step, average step time)."""
-    if not log_path.is_file():
-        return []
-    return [(int(m.group(1)) - int(m.group(3)) + 1, int(m.group(1)), float(m.group(2)))
-            for m in _WINDOW.finditer(log_path.read_text(errors="replace"))]
-
-
 def boundary_costs(log_path: Path, epoch_batches: int, warmup: int) -> list[dict]:
     """For each epoch boundary inside the run: the window holding the first step of the new epoch,
     against the median of the other windows after warm-up; ``extra_s`` is the time the boundary
@@ -118,7 +103,7 @@ def boundary_costs(log_path: Path, epoch_batches: int, warmup: int) -> list[dict
 
     if not epoch_batches:
         return []
-    windows = [w for w in step_windows_at(log_path) if w[0] > warmup]
+    windows = [(first, last, avg) for _, first, last, avg in logged_windows(log_path) if first > warmup]
     out = []
     for first, last, avg in windows:
         holds = [b for b in range(epoch_batches + 1, last + 1, epoch_batches) if first <= b <= last]
@@ -176,11 +161,10 @@ def run_mode(cfg: BenchConfig, mode: str, round_no: int, data_dir: Path) -> RunR
         log.error("%s run %d failed (exit codes %s); logs in %s/logs", mode, round_no, result.exit_codes, out)
     nodes = monitor.summary()
     foreign = foreign_share(nodes, monitor.core_busy, cpus)
-    step = (result.metrics or {}).get("avg_step_time_s")
+    m = result.figures
     log.info("round %d: %s run %s: %s, other processes used %s of CPUs %s", round_no, mode,
-             "ok" if result.ok else "FAILED",
-             f"avg step {step:.4f} s" if step is not None else
-             (none_measured(result.metrics) if result.metrics else "no metrics.json"),
+             "ok" if result.ok else "FAILED", "no metrics.json" if m is None else
+             none_measured(m) or f"avg step {m.avg_step_time_s:.4f} s",
              "n/a" if foreign is None else f"{foreign:.0%}", cpus)
     trainer_log = out / "logs" / "algo-1.log"
     return RunResult(mode, round_no, result.ok, wall, result.metrics, nodes, monitor.core_busy,
@@ -208,7 +192,7 @@ def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -
     ``echo`` is given the line that says which step the runs use, before they start.
 
     Raises:
-        PriceError: unknown instance type (before anything runs). ValueError: bad configuration.
+        PlanError: unknown instance type (before anything runs). ValueError: bad configuration.
     """
     from ..synthetic.mnist import write_synthetic
 
@@ -329,19 +313,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     """CLI body: configure, run, print the Markdown table, write JSON/PNG. Returns the exit code."""
     try:
+        named = {f.name for f in fields(BenchConfig)} - {"trainer_cpus", "data_cpus"}  # options of the same name
         cfg = BenchConfig(parse_cpu_list(args.trainer_cpus), parse_cpu_list(args.data_cpus) if args.data_cpus else [],
-                          repeats=args.repeats, steps=args.steps, warmup=args.warmup, batch_size=args.batch_size,
-                          augment_repeats=args.augment_repeats, emulate_step_s=args.emulate_step_s,
-                          loader_workers=args.loader_workers, local_server=not args.no_local_server,
-                          data_nodes=args.data_nodes, synth_train=args.synth_train, dnn_instance=args.dnn_instance,
-                          data_instance=args.data_instance, epoch_samples=args.epoch_samples, prices=args.prices,
-                          output=args.output, timeout_s=args.timeout, max_foreign=args.max_foreign,
-                          quiet_wait_s=args.quiet_wait, epoch_batches=args.epoch_batches,
-                          log_every=args.log_every, consumer_cpu=args.consumer_cpu, workload=args.workload)
+                          local_server=not args.no_local_server, timeout_s=args.timeout, quiet_wait_s=args.quiet_wait,
+                          **{k: v for k, v in vars(args).items() if k in named})
         if not cfg.data_cpus:
             raise ValueError("no data CPUs: this machine offers one CPU; pass --trainer-cpus and --data-cpus")
         summary = run_benchmark(cfg, echo=lambda line: print(line, flush=True))
-    except (PriceError, PlanError, ValueError) as exc:
+    except ValueError as exc:
         print(f"benchmark: {exc}")
         return 2
     print(report.markdown(summary))
@@ -359,21 +338,3 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"chart: {args.png}")
     failed = sum(m["failed_runs"] for m in summary["modes_all_rounds"].values())
     return 1 if failed or summary["speedup"] is None else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hetero.bench.step_time [options]``."""
-    from hetero.commands import HelpFormatter, plain
-
-    p = argparse.ArgumentParser(prog="python -m hetero.bench.step_time", description=plain(__doc__.split("\n\n")[0]),
-                                formatter_class=HelpFormatter)
-    p.add_argument("--log-level", default=os.environ.get("HETERO_LOG_LEVEL", "INFO"))
-    add_arguments(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
-                        format="%(asctime)s bench %(levelname)s %(name)s: %(message)s")
-    return run_from_args(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

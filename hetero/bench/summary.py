@@ -13,10 +13,13 @@ import statistics
 from dataclasses import asdict
 from typing import Any, cast
 
-from ..planning.network import SINGLE_FLOW_GBPS, NetworkError, bytes_per_image_from_stats, images_to_gbps
+from launcher.capacity import items_to_gbps
+from launcher.metric_lines import JobMetrics
+
+from ..planning.network import SINGLE_FLOW_GBPS, bytes_per_image_from_stats
 from ..planning.planner import predict_fed_step, predict_network_step
 
-from .cpu_monitor import cpu_list_text
+from .cpu_monitor import cpu_list_text, foreign_share
 from .records import MODES, BenchConfig, RunResult
 
 
@@ -41,7 +44,7 @@ def mode_figures(runs: list[RunResult], mode: str, warmup: int) -> dict:
     """Step time, data wait, samples/s (median and spread) and CPU busy share per node of ``mode``."""
     good = [r for r in runs if r.mode == mode and r.ok and r.step_s is not None]
     # a run with a step time has metrics: step_s is read from them
-    metrics = [cast(dict, r.metrics) for r in good]
+    metrics = [cast(JobMetrics, r.figures) for r in good]
     busy: dict[str, list[float]] = {}
     for r in good:
         for node in r.cpu:
@@ -51,13 +54,13 @@ def mode_figures(runs: list[RunResult], mode: str, warmup: int) -> dict:
         "runs": len(good), "failed_runs": sum(1 for r in runs if r.mode == mode and not r.ok),
         "step_time_s": spread([cast(float, r.step_s) for r in good]),
         "step_time_windows_s": spread([w for r in good for w in r.windows_s]),
-        "data_wait_fraction": spread([m["data_wait_fraction"] for m in metrics]),
-        "samples_per_s": spread([m["samples_per_s"] for m in metrics]),
+        "data_wait_fraction": spread([cast(float, m.data_wait_fraction) for m in metrics]),
+        "samples_per_s": spread([cast(float, m.samples_per_s) for m in metrics]),
         "cpu_busy_share": {k: statistics.median(v) for k, v in busy.items()},
         "foreign_share": spread([r.foreign_share for r in good if r.foreign_share is not None]),
-        "warmup_steps_discarded": metrics[0]["warmup_steps_discarded"] if good else warmup,
-        "steps_per_run": metrics[0]["steps"] if good else 0,
-        "step_kind": metrics[0].get("step_kind") if good else None,
+        "warmup_steps_discarded": metrics[0].warmup_steps_discarded if good else warmup,
+        "steps_per_run": metrics[0].steps if good else 0,
+        "step_kind": metrics[0].step_kind if good else None,
         "cpu_per_step_s": cpu_per_step(good),
     }
 
@@ -140,14 +143,9 @@ def cores_had(run: RunResult, cpus: list[int]) -> float | None:
     if cpus and len(steady_known) == len(steady):
         return sum(1.0 - o for o in steady_known)
     nodes = [n for n in run.cpu if n.get("cpus") and set(n["cpus"]) <= set(cpus) and "cpu_s" in n and n.get("wall_s")]
-    busy_all = [run.core_busy.get(c, run.core_busy.get(str(c))) for c in cpus]
-    busy = [b for b in busy_all if b is not None]
-    if not nodes or not cpus or len(busy) < len(busy_all):
-        return None
-    wall = max(n["wall_s"] for n in nodes)
-    ours = sum(n["cpu_s"] for n in nodes) / (wall * len(cpus))
-    others = min(1.0, max(0.0, sum(busy) / len(cpus) - ours))
-    return len(cpus) * (1.0 - others)
+    busy = {c: b for c in cpus if (b := run.core_busy.get(c, run.core_busy.get(str(c)))) is not None}
+    others = foreign_share(nodes, busy, cpus) if len(busy) == len(cpus) else None
+    return None if others is None else len(cpus) * (1.0 - min(1.0, others))
 
 
 def _median_cores(runs: list[RunResult], mode: str, cpus: list[int]) -> float:
@@ -223,9 +221,9 @@ def measured_bytes_per_sample(runs: list[RunResult], batch_size: int) -> float |
     (``bytes_sent / (batches_sent x batch_size)`` from metrics.json's ``nodes``); None without figures."""
     per_run = []
     for r in runs:
-        nodes = [n for n in (r.metrics or {}).get("nodes", []) if "bytes_sent" in n]
-        value = bytes_per_image_from_stats(sum(n["bytes_sent"] for n in nodes),
-                                           sum(n.get("batches_sent", 0) for n in nodes), batch_size)
+        nodes = r.figures.data_nodes if r.figures is not None else ()
+        value = bytes_per_image_from_stats(sum(n.bytes_sent for n in nodes), sum(n.batches_sent for n in nodes),
+                                           batch_size)
         if r.ok and value is not None:
             per_run.append(value)
     return statistics.median(per_run) if per_run else None
@@ -246,18 +244,18 @@ def add_network(cfg: BenchConfig, summary: dict, table, runs: list[RunResult], p
                  "bytes_source": "measured: data servers' bytes_sent per sample sent" if measured else
                  ("the profiled batches' tensors" if per_sample else None)}
     het = summary["modes"]["heterogeneous"]["samples_per_s"]["median"]
-    out["heterogeneous_gbps_here"] = images_to_gbps(het, per_sample) if het and per_sample else None
+    out["heterogeneous_gbps_here"] = items_to_gbps(het, per_sample) if het and per_sample else None
     if per_sample and preprocess_s and cfg.emulate_step_s and cfg.emulate_step_s > 0:
         data, dnn = table.info(cfg.data_instance), table.info(cfg.dnn_instance)
         try:
             p = predict_network_step(preprocess_s, cfg.emulate_step_s, cfg.batch_size, 1, data.vcpus, cfg.data_nodes,
                                      per_sample, data.baseline_gbps, dnn.baseline_gbps, 1, SINGLE_FLOW_GBPS)
-        except (NetworkError, ValueError) as exc:
+        except ValueError as exc:
             out["aws"] = {"note": str(exc)}
         else:
             out["aws"] = {"data_instance": cfg.data_instance, "data_nodes": cfg.data_nodes,
                           "data_baseline_gbps": data.baseline_gbps, "dnn_instance": cfg.dnn_instance,
                           "dnn_baseline_gbps": dnn.baseline_gbps, "step_s": p.step_s, "binding": p.binding,
                           "data_wait_fraction": p.data_wait_fraction,
-                          "demand_gbps": images_to_gbps(cfg.batch_size / cfg.emulate_step_s, per_sample)}
+                          "demand_gbps": items_to_gbps(cfg.batch_size / cfg.emulate_step_s, per_sample)}
     summary["network"] = out

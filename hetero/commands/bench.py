@@ -1,6 +1,6 @@
 """``hetero bench``: step time, data wait and $ cost, homogeneous vs heterogeneous, on this machine.
 
-The same benchmark as ``python -m hetero.bench.step_time`` (see docs/benchmarks.md).
+The benchmark itself is hetero/bench/step_time.py (see docs/benchmarks.md).
 """
 from __future__ import annotations
 

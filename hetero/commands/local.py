@@ -5,6 +5,10 @@ import argparse
 import sys
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.metric_lines import JobMetrics
 
 
 def register(sub) -> None:
@@ -112,13 +116,12 @@ def run(args: argparse.Namespace) -> int:
         if args.autoscale is not None and args.registry is not None:
             stop_joined(args.registry, args.output)
     codes = ", ".join(f"{h}={c}" for h, c in result.exit_codes.items())
-    m = result.metrics
     if result.failure:
         print(f"hetero local: failed: {result.failure}", file=sys.stderr)
-    if m is None:
+    if result.figures is None:
         print(f"hetero local: no metrics.json was written (exit codes: {codes}); see {result.output}/logs", file=sys.stderr)
         return 1
-    print(summary_line(m))
+    print(summary_line(result.figures))
     print(f"exit codes: {codes}; metrics: {result.output}/metrics.json")
     if result.stopped:
         where = args.checkpoint_dir or "the nodes' temporary trees (gone; pass --checkpoint-dir to keep it)"
@@ -130,37 +133,34 @@ def run(args: argparse.Namespace) -> int:
 def print_sweep(result) -> int:
     """Each job's summary line and the data job's batches built and window counters; 0 when
     every job (the data job too) ended well."""
+    from data_service.server.stats import WindowFigures
 
     for name, job in result.jobs.items():
         codes = ", ".join(f"{h}={c}" for h, c in job.exit_codes.items())
-        line = summary_line(job.metrics) if job.metrics is not None else "no metrics.json"
+        line = summary_line(job.figures) if job.figures is not None else "no metrics.json"
         print(f"{name}: {line} (exit codes: {codes})" + (f"; failed: {job.failure}" if job.failure else ""))
     for host, node in result.data_nodes.items():
-        window = node.get("window", {})
+        window = WindowFigures.from_json(node.get("window") or {})  # none: a node without a window
         print(f"data {host}: exit {node.get('exit_code')} ({node.get('reason')}); batches sent {node.get('batches_sent')}, "
-              f"built {node.get('batches_built')}, built again {int(window.get('batches_built_again', 0))}, "
-              f"window hits {int(window.get('window_hits', 0))}, joined {int(window.get('window_joined', 0))}")
+              f"built {node.get('batches_built')}, built again {window.built_again}, window hits {window.hits}, "
+              f"joined {window.joined}")
     codes = ", ".join(f"{h}={c}" for h, c in result.data.exit_codes.items())
     print(f"sweep {result.name}: {'ok' if result.ok else 'FAILED'}; data job exit codes: {codes}; "
           f"output {result.output}")
     return 0 if result.ok else 1
 
 
-def summary_line(m: dict) -> str:
+def summary_line(m: JobMetrics) -> str:
     """One line: mode, avg step time, data wait share, throughput, accuracy."""
-    def fmt(v, spec):
-        return "n/a" if v is None else format(v, spec)
+    from launcher.metric_lines import fmt, none_measured
 
-    from launcher.metric_lines import none_measured
-
-    step = "emulated step" if m.get("step_kind") == "emulated" else "real step"
-    status = "" if m.get("status", "completed") == "completed" else f" [{m['status']}]"
-    resumed = f", resumed after {m['resumed_from_steps']} steps" if m.get("resumed_from_steps") else ""
+    step = "emulated step" if m.step_kind == "emulated" else "real step"
+    status = "" if m.status == "completed" else f" [{m.status}]"
+    head = f"{m.mode}{status}" + (f", resumed after {m.resumed_from_steps} steps" if m.resumed_from_steps else "")
+    accuracy = f"test accuracy {fmt(m.test_accuracy, '.3f')}"
     unmeasured = none_measured(m)
     if unmeasured is not None:
-        return (f"{m['mode']}{status}{resumed}: {unmeasured} ({step}, {m['steps']} steps/rank), "
-                f"test accuracy {fmt(m.get('test_accuracy'), '.3f')}")
-    return (f"{m['mode']}{status}{resumed}: avg step time {fmt(m['avg_step_time_s'], '.4f')} s "
-            f"({step}, {m['steps']} steps/rank, "
-            f"{m['warmup_steps_discarded']} warm-up discarded), data wait {fmt(m['data_wait_fraction'], '.0%')}, "
-            f"{fmt(m['samples_per_s'], '.0f')} samples/s, test accuracy {fmt(m.get('test_accuracy'), '.3f')}")
+        return f"{head}: {unmeasured} ({step}, {m.steps} steps/rank), {accuracy}"
+    return (f"{head}: avg step time {fmt(m.avg_step_time_s, '.4f')} s ({step}, {m.steps} steps/rank, "
+            f"{m.warmup_steps_discarded} warm-up discarded), data wait {fmt(m.data_wait_fraction, '.0%')}, "
+            f"{fmt(m.samples_per_s, '.0f')} samples/s, {accuracy}")

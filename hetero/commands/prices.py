@@ -95,7 +95,8 @@ def print_table(table, types: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetero.planning.cost import PriceError, cache_region, load_prices
+    from hetero.planning.cost import cache_region, load_prices
+    from launcher.capacity import PlanError
 
     try:
         types = _types(args.types)
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             return code
     try:
         print_table(load_prices(args.prices, region=region), types)
-    except PriceError as exc:
+    except PlanError as exc:
         print(f"hetero prices: {exc}", file=sys.stderr)
         return 2
     return 0

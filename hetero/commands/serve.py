@@ -4,9 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import sys
-from typing import Any, cast
 
 from data_service.errors import ConfigError
 
@@ -92,23 +89,18 @@ def run(args: argparse.Namespace) -> int:
 
         prestart(json.dumps({"target": args.pipeline, "options": options_kv}))
     from data_service.contract.pipeline import PipelineSpec
+    from data_service.membership.registry import DEFAULT_TTL_S, RegistryError, check_uri
     from data_service.server import DataServer, ServerOptions
+    from data_service.server.batch_window import window_budget
+    from data_service.server.lifetime import IdleExit, ServerLife
     from launcher.log_setup import setup_logging
 
     setup_logging("data-server", args.log_level)
     if args.join:  # a bad registry fails before the pipeline is loaded
-        from data_service.membership.registry import check_uri
-
         check_uri(args.join, "--join")
         if args.ttl is not None and not 0 <= args.ttl < float("inf"):
             raise ConfigError(f"--ttl {args.ttl} must be >= 0 seconds (0: no heartbeat)")
-    from data_service.server.batch_window import window_budget
-
-    idle = None
-    if args.idle_timeout:
-        from data_service.server.idle_exit import IdleExit
-
-        idle = IdleExit(args.idle_timeout)
+    policy = IdleExit(args.idle_timeout or None, idle_option="--idle-timeout")  # 0: serve until shut down
     spec = PipelineSpec(args.pipeline, options_kv)
     options = ServerOptions(host=args.host, port=args.port, bulk_port=args.bulk_port, num_workers=args.workers,
                             slots_per_worker=args.slots_per_worker, max_batch_bytes=args.max_batch_bytes,
@@ -118,43 +110,26 @@ def run(args: argparse.Namespace) -> int:
                             send_timeout_s=args.send_timeout, worker_start=args.worker_start,
                             spare_worker=not args.no_spare_worker,
                             batch_window_bytes=window_budget(args.batch_window), build_ahead=args.build_ahead)
-    server = DataServer(spec, token, options).start()
-    address = server.address
+    life = ServerLife(DataServer(spec, token, options).start(), policy, signal_grace_s=args.grace)
+    server = life.server
+    joined = ""
     if args.join:
-        from data_service.membership.joining import default_advertise_host, join
-        from data_service.membership.registry import RegistryError
+        from data_service.membership.joining import default_advertise_host
 
         address = f"{args.advertise_host or default_advertise_host(args.host)}:{args.advertise_port or server.port}"
         try:
-            from data_service.membership.registry import DEFAULT_TTL_S
-
-            join(server, args.join, address, leave_delay_s=args.leave_delay,
-                 ttl_s=DEFAULT_TTL_S if args.ttl is None else args.ttl)
+            life.join(args.join, address, leave_delay_s=args.leave_delay,
+                      ttl_s=DEFAULT_TTL_S if args.ttl is None else args.ttl)
         except (ConfigError, RegistryError) as exc:
-            server.shutdown(grace_s=1.0, reason="could not join")
             raise CommandError(f"--join {args.join}: {exc}", 2) from exc
-    # IdleExit's server protocol declares a settable stats: object; DataServer's is a ServerStats, only read there
-    watch = idle.watch(cast(Any, server)) if idle is not None else None
+        joined = f", joined {args.join} as {address}"
     if args.port_file:
         tmp = args.port_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(f"{server.port}\n")
         os.replace(tmp, args.port_file)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.shutdown(grace_s=args.grace, reason="signal", block=False))
-    joined = f", joined {args.join} as {address}" if args.join else ""
     print(f"serving {args.pipeline} on {server.address}{joined} (Ctrl-C or `hetero shutdown` to stop)", flush=True)
-    try:
-        while not server.wait(timeout=1.0):
-            pass
-        if watch is not None and watch.reason:
-            print(f"hetero serve: stopped: {watch.reason}", flush=True)
-    finally:
-        if args.join:  # however it ended, its entry goes (a no-op after a clean leave)
-            from data_service.membership.registry import RegistryError, unregister
-
-            try:
-                unregister(args.join, server.server_id)
-            except RegistryError as exc:
-                print(f"hetero serve: could not remove its entry from {args.join}: {exc}", file=sys.stderr, flush=True)
+    left = life.run()
+    if left is not None:
+        print(f"hetero serve: stopped: {left[1]}", flush=True)
     return 0

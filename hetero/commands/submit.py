@@ -89,11 +89,12 @@ def direct_shards(hps: dict, uri: str) -> dict:
 def advice_prices(types: list[str], prices: str | None = None) -> dict[str, str]:
     """The ``advice_prices`` hyperparameter (instance type -> $/h) for the live advice's costs,
     from the price table; empty when no type has a price."""
-    from hetero.planning.cost import PriceError, load_prices
+    from hetero.planning.cost import load_prices
+    from launcher.capacity import PlanError
 
     try:
         table = load_prices(prices)
-    except PriceError as exc:
+    except PlanError as exc:
         print(f"hetero submit: no prices for the live advice ({exc})", file=sys.stderr)
         return {}
     known = {t: table.hourly(t) for t in dict.fromkeys(types) if t in table.entries}
@@ -103,11 +104,12 @@ def advice_prices(types: list[str], prices: str | None = None) -> dict[str, str]
 def advice_network(types: list[str], prices: str | None = None) -> dict[str, str]:
     """The ``advice_network`` hyperparameter (instance type -> NIC baseline Gbps) for the live advice's
     network model, from the instance table; empty when no type has a figure."""
-    from hetero.planning.cost import PriceError, load_prices
+    from hetero.planning.cost import load_prices
+    from launcher.capacity import PlanError
 
     try:
         table = load_prices(prices)
-    except PriceError:
+    except PlanError:
         return {}  # advice_prices already said why
     known = {t: table.info(t).baseline_gbps for t in dict.fromkeys(types)
              if t in table.entries and table.info(t).baseline_gbps}

@@ -1,7 +1,7 @@
 """One local job: its training data, its nodes' trees and hyperparameters, the run and its result.
 
     result = run_local(LocalJob(data_nodes=2, dnn_nodes=1, output=Path("out")))
-    result.metrics["avg_step_time_s"]
+    result.figures.avg_step_time_s
 """
 from __future__ import annotations
 
@@ -11,20 +11,23 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 from data_service.errors import ConfigError
+from launcher.metric_lines import JobMetrics
 
 from .runner import LocalCluster
-from .tree import build_nodes, parse_cpus
+from .tree import as_hyperparameters, build_nodes, parse_cpus
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class LocalJob:
-    """What to run; see ``hetero local --help`` for each field."""
+    """What to run; see ``hetero local --help`` for each field. ``hyperparameters`` may hold any JSON
+    values; they are kept as SageMaker passes them (:func:`as_hyperparameters`), alone or in a sweep."""
 
     data_nodes: int = 1
     dnn_nodes: int = 1
@@ -34,7 +37,7 @@ class LocalJob:
     seed: int = 0
     output: Path = Path("out/local")
     audit: Path | None = None
-    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    hyperparameters: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 1800.0
     synth_train: int = 8192
     synth_test: int = 2000
@@ -46,16 +49,29 @@ class LocalJob:
     sigterm_on: str | None = None           # drill: SIGTERM the DNN nodes when their log matches this
     registry: Path | None = None            # a folder: servers started with `hetero serve --join` join the job
 
+    def __post_init__(self) -> None:
+        self.hyperparameters = as_hyperparameters(self.hyperparameters)
+
+    def common_hyperparameters(self) -> dict[str, str]:
+        """Every node's (each job's, in a sweep): epochs, seed, the hyperparameters (:func:`local_paths`)."""
+        return {"epochs": str(self.epochs), "seed": str(self.seed), **local_paths(self.hyperparameters)}
+
 
 EXIT_STOPPED = 143  # the DNN node's exit code after a SIGTERM stop (launcher.train.trainer.EXIT_STOPPED)
 
 
 @dataclass
 class LocalResult:
+    """Each node's exit code, the job's ``metrics.json`` as written (``figures``: read), its output."""
+
     exit_codes: dict[str, int | None]
     metrics: dict[str, Any] | None
     output: Path
     failure: str | None = None  # the first node that failed: "host (role) exited N: its error line"
+
+    @cached_property
+    def figures(self) -> JobMetrics | None:
+        return None if self.metrics is None else JobMetrics.from_json(self.metrics)
 
     @property
     def ok(self) -> bool:
@@ -79,9 +95,9 @@ def run_local(job: LocalJob) -> LocalResult:
     work = Path(tempfile.mkdtemp(prefix="hetero-local-"))
     try:
         data_dir = training_data(job, work)
-        hps = {"epochs": job.epochs, "seed": job.seed, **local_paths(job.hyperparameters)}
+        hps = job.common_hyperparameters()
         if job.homogeneous:
-            hps["homogeneous"] = True
+            hps["homogeneous"] = "true"
         if job.audit is not None:
             hps["audit_path"] = str(Path(job.audit).resolve())
         name = f"hetero-local-{'homo' if job.homogeneous else 'hetero'}-{int(time.time())}-{os.getpid()}"
@@ -116,7 +132,7 @@ def check_data(job: LocalJob) -> None:
 MNIST_MODULE = "examples.mnist"  # the example whose pipeline and evaluation read MNIST IDX files
 
 
-def reads_mnist(hyperparameters: dict[str, Any]) -> bool:
+def reads_mnist(hyperparameters: Mapping[str, Any]) -> bool:
     """Whether the job's pipeline or its evaluation is the MNIST example's (reading IDX files from
     the training channel): only such a job gets synthetic MNIST when no ``--data`` is given. An
     option the job does not set has the launcher's default (``DataSection``, ``ModelSection``)."""
@@ -152,7 +168,7 @@ def training_data(job: LocalJob, work: Path) -> Path:
 PATH_OPTIONS = ("shards", "index", "parquet", "root", "data_dir", "cache_dir", "decoded_cache_dir")
 
 
-def local_paths(hyperparameters: dict[str, Any], cwd: Path | None = None) -> dict[str, Any]:
+def local_paths(hyperparameters: Mapping[str, str], cwd: Path | None = None) -> dict[str, str]:
     """``hyperparameters`` with relative local paths in pipeline and model options (``pipeline.shards=dir``,
     ``model.data_dir=...``, any ``*_dir``, ``*_path`` or ``*_root`` option, also inside ``pipeline_options`` /
     ``model_options``) made absolute against ``cwd`` (default: the current directory): every emulated node
@@ -169,7 +185,7 @@ def local_paths(hyperparameters: dict[str, Any], cwd: Path | None = None) -> dic
         path = Path(value).expanduser()
         return str(path if path.is_absolute() else (base / path).resolve())
 
-    out: dict[str, Any] = {}
+    out = dict(hyperparameters)
     for key, value in hyperparameters.items():
         prefix, dot, name = key.partition(".")
         if dot and prefix in ("pipeline", "model"):
@@ -177,9 +193,8 @@ def local_paths(hyperparameters: dict[str, Any], cwd: Path | None = None) -> dic
         elif key in ("pipeline_options", "model_options"):
             options = json_dict(value)
             changed = {k: fixed(k, v) for k, v in options.items()}
-            out[key] = value if changed == options else (changed if isinstance(value, dict) else json.dumps(changed))
-        else:
-            out[key] = value
+            if changed != options:
+                out[key] = json.dumps(changed)
     return out
 
 
@@ -217,12 +232,12 @@ def open_registry(job: LocalJob, hps: dict[str, Any], output: Path) -> dict[str,
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
         where = f"$(cat {path})"
-    pipeline = hps.get("pipeline", "examples.mnist:build_pipeline")
-    options = {**json_dict(hps.get("pipeline_options", {})),
-               **{k.split(".", 1)[1]: v for k, v in hps.items() if k.startswith("pipeline.")}}
+    from launcher.config import LaunchConfig
+
+    data = LaunchConfig.from_hyperparameters(hps).data  # the pipeline and its options, as the nodes read them
     opts = " ".join(f"-o {k}={json.dumps(v)!r}" if not isinstance(v, str) else f"-o {k}={v}"
-                    for k, v in options.items())
+                    for k, v in data.pipeline_options.items())
     log.info("registry %s: add data servers to this job with HETERO_JOB_TOKEN=%s hetero serve %s %s--port 0 "
-             "--join %s (the job's pipeline and options: consumers refuse any other)", registry, where, pipeline,
+             "--join %s (the job's pipeline and options: consumers refuse any other)", registry, where, data.pipeline,
              opts + " " if opts else "", registry)
     return {"HETERO_JOB_TOKEN": token}

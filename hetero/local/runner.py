@@ -22,9 +22,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, Mapping, cast
 
-from .tree import Node, node_command, node_environ
+from .tree import Node, as_hyperparameters, node_command, node_environ
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ class LocalCluster:
 
     Args:
         nodes: from ``tree.build_nodes``.
-        hyperparameters: passed on each node's command line, as SageMaker does.
+        hyperparameters: passed on each node's command line, as SageMaker does (as strings:
+            ``tree.as_hyperparameters``).
         log_dir: where each node's full log is written (``<host>.log``).
         echo: print every node's lines, prefixed ``[host role]`` (``[label host role]``), to stdout.
         sigterm_on: a drill: the first time a trainer node's log line matches this regular
@@ -48,11 +49,11 @@ class LocalCluster:
             the DNN nodes must shut them down.
     """
 
-    def __init__(self, nodes: list[Node], hyperparameters: dict, log_dir: Path, echo: bool = True,
+    def __init__(self, nodes: list[Node], hyperparameters: Mapping[str, Any], log_dir: Path, echo: bool = True,
                  sigterm_on: str | None = None, label: str = "") -> None:
         self.nodes = nodes
         self.label = label  # echoed before each line's host: the job's name, where several jobs run
-        self.hyperparameters = hyperparameters
+        self.hyperparameters = as_hyperparameters(hyperparameters)
         self.log_dir = Path(log_dir)
         self.echo = echo
         self.procs: dict[str, subprocess.Popen] = {}

@@ -26,7 +26,7 @@ from typing import Any
 from data_service.errors import ConfigError
 from data_service.server.batch_window import window_budget
 
-from .job import LocalJob, LocalResult, check_data, local_paths, training_data
+from .job import LocalJob, LocalResult, check_data, training_data
 from .runner import LocalCluster
 from .tree import DATA_GROUP, DNN_GROUP, parse_cpus, write_nodes
 
@@ -71,8 +71,7 @@ def run_local_sweep(job: LocalJob, vary: list[str] | None = None, jobs: int = 0,
     output = Path(job.output).resolve()
     name = f"local-sweep-{int(time.time())}-{os.getpid()}"
     registry = output / "registry"
-    common = {"epochs": str(job.epochs), "seed": str(job.seed), "advertise_host": "127.0.0.1",
-              **{k: v if isinstance(v, str) else json.dumps(v) for k, v in local_paths(job.hyperparameters).items()}}
+    common = {"advertise_host": "127.0.0.1", **job.common_hyperparameters()}
     window = window_budget(batch_window)  # a bad size fails here, before anything is written or started
     try:
         sweep = Sweep(name, str(registry), window, idle_s,

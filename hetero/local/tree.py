@@ -14,13 +14,20 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from data_service.errors import ConfigError
 from hetero.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_GROUP, DNN_GROUP, HOMOGENEOUS_GROUP = "data_group", "dnn_group", "homogeneousCluster"
+
+
+def as_hyperparameters(values: Mapping[str, Any]) -> dict[str, str]:
+    """``values`` as SageMaker passes hyperparameters, the one form a local job's take, alone or in a
+    sweep: every value a string, a number, flag, list or object as its JSON (``3`` -> ``"3"``,
+    ``True`` -> ``"true"``), a string as it is."""
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
 
 
 @dataclass
@@ -62,7 +69,7 @@ def parse_cpus(text: str | None) -> set[int] | None:
 
 
 def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, data_dir: Path,
-                hyperparameters: dict[str, Any], job_name: str, data_cpus: set[int] | None = None,
+                hyperparameters: Mapping[str, Any], job_name: str, data_cpus: set[int] | None = None,
                 dnn_cpus: set[int] | None = None, checkpoint_dir: Path | None = None,
                 env: dict[str, str] | None = None) -> list[Node]:
     """Write every node's tree under ``work`` and return the nodes (DNN hosts first).
@@ -85,7 +92,7 @@ def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, 
                        env, secrets.token_hex(16))
 
 
-def write_nodes(work: Path, layout: list[tuple[str, str, int]], data_dir: Path, hyperparameters: dict[str, Any],
+def write_nodes(work: Path, layout: list[tuple[str, str, int]], data_dir: Path, hyperparameters: Mapping[str, Any],
                 job_name: str, data_cpus: set[int] | None, dnn_cpus: set[int] | None,
                 checkpoint_dir: Path | None, env: dict[str, str] | None, secret: str) -> list[Node]:
     """The nodes of one job of ``layout``'s instance groups, ``(group, role, count)`` each, with
@@ -99,7 +106,7 @@ def write_nodes(work: Path, layout: list[tuple[str, str, int]], data_dir: Path, 
                   for h in hosts]
     all_hosts = [n.host for n in nodes]
     host_map = {n.host: f"127.0.0.1:{free_port()}" for n in nodes}
-    hps = {"bind_host": "127.0.0.1", "master_port": free_port(), **hyperparameters}
+    hps = {"bind_host": "127.0.0.1", "master_port": str(free_port()), **as_hyperparameters(hyperparameters)}
     for node in nodes:
         config = node.root / "input" / "config"
         config.mkdir(parents=True, exist_ok=True)
@@ -133,12 +140,9 @@ def python_path() -> str:
     return os.pathsep.join(dict.fromkeys(parts))
 
 
-def node_command(python: str, hyperparameters: dict[str, Any]) -> list[str]:
+def node_command(python: str, hyperparameters: dict[str, str]) -> list[str]:
     """``python launcher/entry.py --key value ...``, as SageMaker script mode runs it."""
-    cmd = [python, str(REPO_ROOT / "launcher" / "entry.py")]
-    for key, value in hyperparameters.items():
-        cmd += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
-    return cmd
+    return [python, str(REPO_ROOT / "launcher" / "entry.py"), *(a for k, v in hyperparameters.items() for a in (f"--{k}", v))]
 
 
 def node_environ(node: Node) -> dict[str, str]:

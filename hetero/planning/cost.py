@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from launcher.capacity import usd_per_step
+from launcher.capacity import PlanError, non_negative, positive, usd_for, whole
 
 DEFAULT_PATH = Path(__file__).with_name("prices.json")
 ENV_VAR = "HETERO_PRICES"
@@ -35,8 +34,6 @@ ENV_VAR = "HETERO_PRICES"
 Cluster = Sequence[tuple[str, int]]
 
 
-class PriceError(ValueError):
-    """Unknown instance type, malformed price file or bad cluster description."""
 
 
 @dataclass(frozen=True)
@@ -103,11 +100,11 @@ class PriceTable:
         return sorted(self.entries)
 
     def info(self, instance_type: str) -> InstancePrice:
-        """The price row of ``instance_type``; raises PriceError listing known types if absent."""
+        """The price row of ``instance_type``; raises PlanError listing known types if absent."""
         try:
             return self.entries[instance_type]
         except KeyError:
-            raise PriceError(
+            raise PlanError(
                 f"no price for instance type {instance_type!r}; known types: {', '.join(self.known())}. "
                 f"Add it to a price file and point {ENV_VAR} at it") from None
 
@@ -117,14 +114,11 @@ class PriceTable:
 
     def cluster_hourly(self, cluster: Cluster) -> float:
         """$/hour of a whole cluster (every instance of every group)."""
-        total = 0.0
-        for instance_type, count in _check_cluster(cluster):
-            total += self.hourly(instance_type) * count
-        return total
+        return sum(self.hourly(instance_type) * count for instance_type, count in _check_cluster(cluster))
 
     def cost_per_step(self, cluster: Cluster, step_time_s: float) -> float:
         """Dollars one training step costs when a step takes ``step_time_s`` seconds."""
-        return usd_per_step(self.cluster_hourly(cluster), _positive(step_time_s, "step_time_s"))
+        return usd_for(self.cluster_hourly(cluster), positive("step_time_s", step_time_s))
 
     def cost_per_1000_steps(self, cluster: Cluster, step_time_s: float) -> float:
         """Dollars per 1000 steps."""
@@ -132,31 +126,17 @@ class PriceTable:
 
     def cost_per_epoch(self, cluster: Cluster, step_time_s: float, steps_per_epoch: int) -> float:
         """Dollars per epoch of ``steps_per_epoch`` steps."""
-        if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
-            raise PriceError(f"steps_per_epoch must be a positive integer, got {steps_per_epoch!r}")
-        return steps_per_epoch * self.cost_per_step(cluster, step_time_s)
-
-    def cost_ratio(self, cluster_a: Cluster, step_a_s: float, cluster_b: Cluster, step_b_s: float) -> float:
-        """Cost per step of A divided by that of B (> 1: A is the dearer way to train)."""
-        return self.cost_per_step(cluster_a, step_a_s) / self.cost_per_step(cluster_b, step_b_s)
-
-
-def _positive(value: float, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise PriceError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+        return whole("steps_per_epoch", steps_per_epoch) * self.cost_per_step(cluster, step_time_s)
 
 
 def _check_cluster(cluster: Cluster) -> Iterable[tuple[str, int]]:
     if isinstance(cluster, (str, bytes)) or not cluster:
-        raise PriceError(f"a cluster is a non-empty list of (instance_type, count), got {cluster!r}")
+        raise PlanError(f"a cluster is a non-empty list of (instance_type, count), got {cluster!r}")
     for item in cluster:
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise PriceError(f"cluster entry {item!r} must be (instance_type, count)")
+            raise PlanError(f"cluster entry {item!r} must be (instance_type, count)")
         instance_type, count = item
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise PriceError(f"instance count for {instance_type!r} must be an integer >= 0, got {count!r}")
-        yield instance_type, count
+        yield instance_type, whole(f"the count of {instance_type}", count, low=0)
 
 
 def parse_cluster(text: str) -> list[tuple[str, int]]:
@@ -165,7 +145,7 @@ def parse_cluster(text: str) -> list[tuple[str, int]]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         instance_type, sep, count = part.rpartition(":")
         if not sep or not instance_type or not count.isdigit():
-            raise PriceError(f"cluster entry {part!r} must look like TYPE:COUNT, e.g. ml.p3.2xlarge:1")
+            raise PlanError(f"cluster entry {part!r} must look like TYPE:COUNT, e.g. ml.p3.2xlarge:1")
         out.append((instance_type, int(count)))
     return list(_check_cluster(out))
 
@@ -174,35 +154,30 @@ def _read(path: Path) -> dict:
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise PriceError(f"cannot read price file {path}: {exc}") from exc
+        raise PlanError(f"cannot read price file {path}: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("instances") or {}, dict):
-        raise PriceError(f"price file {path}: needs an object with an 'instances' object of type -> entry")
+        raise PlanError(f"price file {path}: needs an object with an 'instances' object of type -> entry")
     return doc
 
 
 def _gbps(path: Path, name: str, row: dict, key: str) -> float | None:
     value = row.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise PriceError(f"price file {path}: entry {name!r} has {key}={value!r}; it must be a positive number "
-                         "of Gbps (or left out when unknown)")
-    return float(value)
+    return None if value is None else positive(f"price file {path}: entry {name!r}: {key}", value,
+                                               fix="a figure in Gbps, or leave it out when unknown")
 
 
 def _row(path: Path, name: str, row: dict, as_of: str) -> InstancePrice:
     try:
         usd = float(row["usd_per_hour"])
-        if not usd >= 0:
-            raise ValueError(f"usd_per_hour={row['usd_per_hour']!r} is negative")
         price = InstancePrice(name, usd, int(row.get("vcpus", 0)), int(row.get("gpus", 0)),
                               str(row.get("source", path.name)), str(row.get("date", as_of)))
     except (KeyError, TypeError, ValueError) as exc:
-        raise PriceError(f"price file {path}: entry {name!r} needs a numeric usd_per_hour >= 0 ({exc})") from exc
+        raise PlanError(f"price file {path}: entry {name!r} needs a numeric usd_per_hour >= 0 ({exc})") from exc
+    non_negative(f"price file {path}: entry {name!r}: usd_per_hour", usd)
     base, burst = _gbps(path, name, row, "baseline_gbps"), _gbps(path, name, row, "burst_gbps")
     if base is not None and burst is not None and burst < base:
-        raise PriceError(f"price file {path}: entry {name!r} has burst_gbps={burst} below baseline_gbps={base}; "
-                         "burst is the 'up to' figure, at least the baseline")
+        raise PlanError(f"price file {path}: entry {name!r} has burst_gbps={burst} below baseline_gbps={base}; "
+                        "burst is the 'up to' figure, at least the baseline")
     return replace(price, baseline_gbps=base, burst_gbps=burst if burst is not None else base,
                    network_source=str(row.get("network_source", path.name if base is not None else "")),
                    network_date=str(row.get("network_date", as_of if base is not None else "")),
@@ -223,7 +198,7 @@ def _merge(raw: dict, over_path: Path, over_doc: dict, as_of: str, origin: str, 
     """Merge ``over_doc``'s entries over ``raw`` field by field, each replaced figure marked with ``origin``."""
     for name, row in (over_doc.get("instances") or {}).items():
         if not isinstance(row, dict):
-            raise PriceError(f"price file {over_path}: entry {name!r} must be an object, got {row!r}")
+            raise PlanError(f"price file {over_path}: entry {name!r} must be an object, got {row!r}")
         if name not in raw and "usd_per_hour" not in row and not add_unpriced:
             continue  # a refreshed type AWS has no price for cannot be planned with
         base, over_as_of = raw.get(name, ({}, over_path, ""))[0], over_doc.get("as_of", as_of)
@@ -269,11 +244,6 @@ def load_prices(path: str | os.PathLike | None = None, region: str | None = None
     return PriceTable(rows, region=doc.get("region", ""), as_of=doc.get("as_of", ""), files=files)
 
 
-def hourly(instance_type: str, table: PriceTable | None = None) -> float:
-    """On-demand $/hour of ``instance_type`` (default table unless one is given)."""
-    return (table or load_prices()).hourly(instance_type)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m hetero.planning.cost CLUSTER STEP_S [CLUSTER STEP_S]``: print costs (and ratio)."""
     p = argparse.ArgumentParser(prog="python -m hetero.planning.cost", description=main.__doc__)
@@ -295,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                 line += f", ${table.cost_per_epoch(cluster, step, args.steps_per_epoch):.3f}/epoch"
             print(line)
         if len(runs) == 2:
-            print(f"cost ratio first/second: {table.cost_ratio(*runs[0][1:], *runs[1][1:]):.3f}")
-    except (PriceError, ValueError) as exc:
+            ratio = table.cost_per_step(*runs[0][1:]) / table.cost_per_step(*runs[1][1:])
+            print(f"cost ratio first/second: {ratio:.3f}")
+    except ValueError as exc:  # a PlanError, or a step time that is not a number
         print(f"error: {exc}")
         return 2
     return 0

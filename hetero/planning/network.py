@@ -1,44 +1,28 @@
-"""What the network lets a data group deliver, in images: the capacity model's network
-(:mod:`launcher.capacity`) for the planner, and the wire encodings' bytes and CPU per image.
+"""What one sample takes on the wire: the wire encodings' bytes and CPU per image, and the bytes per
+sample a plan prices (measured by a finished job's data servers, given, profiled, or the uint8 crop).
 
-The model (images per second, all consumers together; :func:`deliverable`):
-
-* a data node builds ``cores x per_core_images_s`` images/s and its NIC carries
-  ``baseline_gbps * goodput / (8 * bytes_per_image)`` of them; it delivers the smaller;
-* each consumer (rank) keeps one connection (one TCP flow) to each data server, and one flow is
-  capped at :data:`SINGLE_FLOW_GBPS` outside a cluster placement group
-  (:data:`PLACEMENT_GROUP_FLOW_GBPS` inside one; EC2 user guide, "Amazon EC2 instance network
-  bandwidth"), so a data node sends at most ``consumers x flow`` however wide its NIC;
-* the DNN nodes' NICs bound what all their ranks receive together
-  (``dnn_nodes x dnn_nic_gbps``); a DNN node's own data server (``local_images_s``) sends over
-  no NIC.
-
-The *binding resource* is the term that sets the rate: ``"cores"``, ``"data NIC"``, ``"DNN NIC"``
-or ``"flow"``. A NIC's *baseline* is what it sustains; the "up to" burst lasts minutes on
-credits, so a job that trains for hours is sized on the baseline.
+The network itself (each data node's NIC baseline, one flow's cap per rank and server, the DNN
+nodes' NICs) is the capacity model's (:mod:`launcher.capacity`). One flow is capped at
+:data:`SINGLE_FLOW_GBPS` outside a cluster placement group (:data:`PLACEMENT_GROUP_FLOW_GBPS`
+inside one; EC2 user guide, "Amazon EC2 instance network bandwidth"). A NIC's *baseline* is what
+it sustains; the "up to" burst lasts minutes on credits, so a job that trains for hours is sized
+on the baseline.
 
 Bytes per image are what the data servers count on the wire (their ``bytes_sent`` over the
 samples in ``batches_sent``), or, before a job has run, the uint8 crop: ``crop x crop x 3``.
 A wire encoding (``WIRE_ENCODINGS``) scales those bytes and adds CPU per image on the data node.
-
-Example:
-    >>> d = deliverable(cores=4, per_core_images_s=650, bytes_per_image=150_528, data_nic_gbps=1.25)
-    >>> d.binding, round(d.items_s)
-    ('data NIC', 1038)
 """
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
 
 from launcher import capacity
-from launcher.capacity import BINDINGS, NETWORK_BINDINGS, PLACEMENT_GROUP_FLOW_GBPS, SINGLE_FLOW_GBPS
+from launcher.capacity import PLACEMENT_GROUP_FLOW_GBPS, SINGLE_FLOW_GBPS, PlanError, positive, whole
 
 UINT8_CROP_BYTES = 224 * 224 * 3  # one 224 x 224 RGB uint8 crop: 150,528 bytes
-
-
-class NetworkError(ValueError):
-    """A network figure the model cannot use (naming the value and what it should be)."""
 
 
 @dataclass(frozen=True)
@@ -74,14 +58,13 @@ WIRE_ENCODINGS: dict[str, WireEncoding] = {
     "jpeg:95": WireEncoding("jpeg:95", 0.124, 0.00024, 0.00027, _MEASURED + _JPEG_CPU + "; PSNR 42.5 dB"),
 }
 COMPACT = capacity.COMPACT_WIRE  # the compact encoding the planner recommends when the network binds
-WIRE_BYTES_RATIO = {name: w.bytes_ratio for name, w in WIRE_ENCODINGS.items()}
 
 
 def canonical_wire(name: str) -> str:
     """``name`` as servers announce it (``JPEG`` -> ``jpeg:90``), parsed as the pipelines parse it.
 
     Raises:
-        NetworkError: a name the pipelines refuse, naming it and the accepted forms.
+        PlanError: a name the pipelines refuse, naming it and the accepted forms.
     """
     from data_service.contract import wire_encoding as contract  # imports torch: only when a name is parsed
     from data_service.errors import ConfigError
@@ -89,7 +72,7 @@ def canonical_wire(name: str) -> str:
     try:
         return contract.parse(name).name
     except ConfigError as exc:
-        raise NetworkError(str(exc)) from None
+        raise PlanError(str(exc)) from None
 
 
 def wire_encoding(name: str, bytes_measured: bool = False) -> WireEncoding:
@@ -100,7 +83,7 @@ def wire_encoding(name: str, bytes_measured: bool = False) -> WireEncoding:
             without a stored bytes ratio is usable (its ``bytes_ratio`` is None; its CPU is jpeg:90's).
 
     Raises:
-        NetworkError: a name the pipelines refuse, or one without a stored bytes ratio when the
+        PlanError: a name the pipelines refuse, or one without a stored bytes ratio when the
             bytes were not measured (listing the stored ones).
     """
     canonical = canonical_wire(name)
@@ -108,66 +91,11 @@ def wire_encoding(name: str, bytes_measured: bool = False) -> WireEncoding:
     if known is not None:
         return known
     if not bytes_measured:
-        raise NetworkError(f"wire encoding {name!r} has no measured bytes ratio; known: {', '.join(WIRE_ENCODINGS)} "
-                           "(or give the bytes per sample measured on the wire: --bytes-per-sample or --metrics)")
+        raise PlanError(f"wire encoding {name!r} has no measured bytes ratio; known: {', '.join(WIRE_ENCODINGS)} "
+                        "(or give the bytes per sample measured on the wire: --bytes-per-sample or --metrics)")
     # JPEG's CPU per image hardly moves with the quality (jpeg:75..95 were measured alike)
     jpeg = WIRE_ENCODINGS[COMPACT]
     return WireEncoding(canonical, None, jpeg.encode_s, jpeg.decode_s, "bytes as measured; CPU as jpeg:90's")
-
-
-Delivery = capacity.Delivery
-
-
-def gbps_to_images(gbps: float, bytes_per_image: float, goodput: float = 1.0) -> float:
-    """Images/s a link of ``gbps`` (1e9 bit/s) carries at ``bytes_per_image``."""
-    return capacity.gbps_to_items(gbps, bytes_per_image, goodput)
-
-
-def images_to_gbps(images_per_s: float, bytes_per_image: float) -> float:
-    """Gbps ``images_per_s`` images of ``bytes_per_image`` need."""
-    return capacity.items_to_gbps(images_per_s, bytes_per_image)
-
-
-def deliverable(cores: float, per_core_images_s: float, bytes_per_image: float, data_nic_gbps: float | None, *,
-                data_nodes: int = 1, consumers: int = 1, dnn_nic_gbps: float | None = None, dnn_nodes: int = 1,
-                flow_gbps: float | None = None, goodput: float = 1.0, local_images_s: float = 0.0) -> Delivery:
-    """Images/s ``data_nodes`` data nodes deliver to ``consumers`` ranks, and the binding resource
-    (:func:`launcher.capacity.remote`, in images).
-
-    Args:
-        cores: cores building images on ONE data node.
-        per_core_images_s: images one core builds per second (wire encoding included).
-        bytes_per_image: bytes one image takes on the wire.
-        data_nic_gbps: one data node's NIC baseline (None: not limited).
-        data_nodes: data nodes, all alike.
-        consumers: ranks taking batches; each keeps one flow to each data node.
-        dnn_nic_gbps: one DNN node's NIC baseline (None: not limited); ``dnn_nodes`` of them.
-        flow_gbps: one flow's cap (:data:`SINGLE_FLOW_GBPS`, or :data:`PLACEMENT_GROUP_FLOW_GBPS`
-            in a cluster placement group; None: not limited).
-        goodput: share of a link's Gbps that carries payload (TCP/IP and framing take the rest).
-        local_images_s: images/s the DNN nodes' own data servers add without crossing a NIC.
-
-    Raises:
-        NetworkError: a figure out of range (naming it).
-    """
-    for name, value in (("cores", cores), ("per_core_images_s", per_core_images_s),
-                        ("bytes_per_image", bytes_per_image)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise NetworkError(f"{name}={value!r} must be a positive number")
-    for name, value in (("data_nodes", data_nodes), ("consumers", consumers), ("dnn_nodes", dnn_nodes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise NetworkError(f"{name}={value!r} must be an integer >= 1")
-    if not local_images_s >= 0:
-        raise NetworkError(f"local_images_s={local_images_s!r} must be >= 0")
-    layout = capacity.Layout(consumers, 1.0, capacity.uniform(data_nodes, cores * per_core_images_s),
-                             network=capacity.Network(bytes_per_image, data_nic_gbps, dnn_nic_gbps, flow_gbps, goodput),
-                             dnn_nodes=dnn_nodes)
-    try:
-        layout.check()
-    except capacity.CapacityError as exc:
-        raise NetworkError(str(exc)) from None
-    d = capacity.remote(layout)
-    return Delivery(d.items_s + local_images_s, d.binding, {k: v + local_images_s for k, v in d.limits.items()})
 
 
 def bytes_per_image_from_stats(bytes_sent: int, batches_sent: int, batch_size: int) -> float | None:
@@ -177,16 +105,80 @@ def bytes_per_image_from_stats(bytes_sent: int, batches_sent: int, batch_size: i
     return bytes_sent / (batches_sent * batch_size)
 
 
-def uint8_bytes(options: dict) -> int:
-    """Bytes of one uint8 crop from a pipeline's options (``crop_size`` / ``image_size``, default 224)."""
-    size = options.get("crop_size") or options.get("image_size") or 224
+def metrics_bytes(path: Path, batch_size: int | None) -> tuple[float, str]:
+    """(bytes per sample, wire encoding) a finished job's data nodes measured: their ``bytes_sent`` over
+    ``batches_sent`` x the batch size (``batch_size``, else the job's ``pipeline_options``).
+
+    Raises:
+        PlanError: unreadable file, a field that is not a whole number, or no data node that sent a batch.
+    """
     try:
-        side = int(size)
-    except (TypeError, ValueError):
-        raise NetworkError(f"crop size {size!r} in the pipeline options must be an integer number of pixels") from None
-    return side * side * 3
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"--metrics {path}: cannot read it ({exc})") from None
+    if not isinstance(doc, dict):
+        raise PlanError(f"--metrics {path}: expected a job's metrics.json object, got {type(doc).__name__}")
+    fix = "a JSON integer, not a string; fix the file or give --bytes-per-sample"
+    nodes = [n for n in doc.get("nodes") or [] if isinstance(n, dict) and "bytes_sent" in n]
+    for node in nodes:
+        for key in ("bytes_sent", "batches_sent"):
+            whole(f"--metrics {path}: {key} of node {node.get('host', '?')}", node.get(key, 0), low=0, fix=fix)
+    options = doc.get("pipeline_options")
+    batch = batch_size or whole(f"--metrics {path}: pipeline_options.batch_size",
+                                (options.get("batch_size") if isinstance(options, dict) else None) or 0, low=0, fix=fix)
+    per_sample = bytes_per_image_from_stats(sum(n["bytes_sent"] for n in nodes),
+                                            sum(n.get("batches_sent", 0) for n in nodes), batch)
+    if per_sample is None:
+        raise PlanError(f"--metrics {path}: no data node with bytes_sent and batches_sent (a heterogeneous job's "
+                        "metrics.json has them under 'nodes'), or no batch size: give --batch-size")
+    return per_sample, str(doc.get("wire_encoding") or "uint8")
 
 
-__all__ = ["BINDINGS", "NETWORK_BINDINGS", "Delivery", "NetworkError", "PLACEMENT_GROUP_FLOW_GBPS", "SINGLE_FLOW_GBPS",
-           "UINT8_CROP_BYTES", "COMPACT", "WIRE_BYTES_RATIO", "WIRE_ENCODINGS", "WireEncoding", "bytes_per_image_from_stats",
-           "canonical_wire", "deliverable", "gbps_to_images", "images_to_gbps", "uint8_bytes", "wire_encoding"]
+@dataclass(frozen=True)
+class WireBytes:
+    """What one sample of a plan takes on the wire: its bytes (None: the network is not modelled),
+    the job's wire encoding, and where the bytes come from."""
+
+    bytes_per_sample: float | None
+    wire: WireEncoding
+    source: str = ""
+
+
+def wire_bytes(wire: str, *, modelled: bool = True, metrics: Path | None = None, batch_size: int | None = None,
+               given: float | None = None, profiled: float | None = None, crop_side: int = 224) -> WireBytes:
+    """The bytes per sample a plan prices, first found of: those a finished job's data servers measured
+    (``metrics``, whose encoding replaces a ``wire`` of uint8), ``given``, those of the ``profiled``
+    batches, else a uint8 crop of ``crop_side`` pixels times ``wire``'s stored bytes ratio.
+
+    Args:
+        wire: the job's wire encoding, the one the bytes and the preprocessing were measured with.
+        modelled: False: the network is not modelled (no bytes).
+
+    Raises:
+        PlanError: an unknown encoding or a bad figure (naming it).
+    """
+    name = canonical_wire(wire)
+    if metrics is not None and modelled:
+        per_sample, measured_wire = metrics_bytes(metrics, batch_size)
+        if name == "uint8":
+            name = canonical_wire(measured_wire)
+        return WireBytes(per_sample, wire_encoding(name, bytes_measured=True),
+                         f"measured by the data servers of {metrics.name}")
+    # measured bytes need no stored ratio for the encoding they were measured with
+    enc = wire_encoding(name, bytes_measured=not modelled or given is not None or bool(profiled))
+    if not modelled:
+        return WireBytes(None, enc)
+    if given is not None:
+        return WireBytes(positive("--bytes-per-sample", given), enc, "measured, --bytes-per-sample")
+    if profiled:
+        return WireBytes(profiled, enc, "the profiled batches' tensors")
+    side = whole("crop size", crop_side, fix="give --crop-size (or -o image_size) in pixels")
+    ratio = cast(float, enc.bytes_ratio)  # bytes not measured: wire_encoding gave a stored encoding, with a ratio
+    return WireBytes(side * side * 3 * ratio, enc, f"assumed: a {side}x{side}x3 uint8 crop"
+                     + (f" x {ratio:g} for {enc.name}" if enc.name != "uint8" else "")
+                     + "; give --bytes-per-sample as measured, or --profile")
+
+
+__all__ = ["COMPACT", "PLACEMENT_GROUP_FLOW_GBPS", "SINGLE_FLOW_GBPS", "UINT8_CROP_BYTES",
+           "WIRE_ENCODINGS", "WireBytes", "WireEncoding", "bytes_per_image_from_stats", "canonical_wire",
+           "metrics_bytes", "wire_bytes", "wire_encoding"]

@@ -1,40 +1,43 @@
-"""A plan as text: the inputs, one row per layout, the recommendation, and what another wire encoding gives.
+"""A plan as text: the inputs, one row per layout, the recommendation, and what another wire encoding
+or a changed pipeline option gives.
 
-Used by ``hetero plan`` (``hetero/commands/plan.py``); the arithmetic is ``planner.py``'s.
+Used by ``hetero plan`` (``hetero/planning/plan_run.py``); the arithmetic is ``planner.py``'s.
 """
 from __future__ import annotations
 
-from .network import NETWORK_BINDINGS
+from launcher.capacity import Binding
+
+from .network import WireEncoding
 from .planner import Plan
 
 
-def _network_line(w: dict) -> str:
-    if w.get("bytes_per_sample") is None:
+def _network_line(p: Plan) -> str:
+    w, lay = p.workload, p.layouts
+    if w.bytes_per_sample is None:
         return "Network: not modelled (no bytes per sample given): the plan counts cores only."
-    flow = "not limited" if w["flow_gbps"] is None else f"{w['flow_gbps']:g} Gbps per flow"
-    dnn = ("unknown" if w["dnn_baseline_gbps"] is None else
-           f"{w['dnn_baseline_gbps']:g} Gbps baseline" + (
-               "" if (w.get("dnn_burst_gbps") or 0) <= w["dnn_baseline_gbps"]
-               else f" (burst {w['dnn_burst_gbps']:g}, minutes on credits)"))
-    return (f"Network: {w['bytes_per_sample']:,.0f} bytes per sample on the wire ("
-            f"{'wire ' + w['wire'] + '; ' if w.get('wire') else ''}{w.get('bytes_source') or 'given'}); "
+    flow = "not limited" if w.flow_gbps is None else f"{w.flow_gbps:g} Gbps per flow"
+    base, burst = lay.dnn.baseline_gbps, lay.dnn.burst_gbps
+    dnn = ("unknown" if base is None else
+           f"{base:g} Gbps baseline" + ("" if (burst or 0) <= base else f" (burst {burst:g}, minutes on credits)"))
+    return (f"Network: {w.bytes_per_sample:,.0f} bytes per sample on the wire ("
+            f"{'wire ' + w.wire + '; ' if w.wire else ''}{w.bytes_source or 'given'}); "
             "a step with no data wait needs "
-            f"{w['demand_gbps']:.2f} Gbps into the DNN node(s); each {w['dnn_instance']}: {dnn}; {flow}.")
+            f"{lay.demand_gbps:.2f} Gbps into the DNN node(s); each {w.dnn_instance}: {dnn}; {flow}.")
 
 
 def format_plan(p: Plan) -> str:
     """The plan as Markdown: inputs, one row per option, the recommendation."""
-    w = p.workload
-    lines = [f"Workload: {w['consumers']} accelerator(s) on {w['dnn_count']} x {w['dnn_instance']}, "
-             f"batch {w['batch_size']}, preprocessing {w['preprocess_s'] * 1000:.1f} ms/batch on one core, "
-             f"GPU step {w['gpu_step_s'] * 1000:.1f} ms with resident data; target data wait "
-             f"<= {w['target_wait']:.0%}; prices {w['prices_region']} as of {w['prices_as_of']}.",
-             *([w["prices_sources"]] if w.get("prices_sources") else []),
-             _network_line(w), "",
+    w, lay = p.workload, p.layouts
+    types = {w.dnn_instance, *(c.data_instance for c in p.candidates if c.data_instance)}
+    lines = [f"Workload: {lay.consumers} accelerator(s) on {w.dnn_count} x {w.dnn_instance}, "
+             f"batch {w.batch_size}, preprocessing {w.preprocess_s * 1000:.1f} ms/batch on one core, "
+             f"GPU step {w.gpu_step_s * 1000:.1f} ms with resident data; target data wait "
+             f"<= {w.target_wait:.0%}; prices {lay.table.region} as of {lay.table.as_of}.",
+             lay.table.sources_line(types), _network_line(p), "",
              "| layout | data cores | pred. step (s) | data wait | binds | Gbps per data node | $/h | $/step | "
              "$/1000 images | $/epoch | meets target |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for o in [p.homogeneous] + p.candidates:
+    for o in (p.homogeneous, *p.candidates):
         epoch = "n/a" if o.usd_per_epoch is None else f"{o.usd_per_epoch:.4f}"
         gbps = "-" if o.gbps_per_data_node is None else f"{o.gbps_per_data_node:.2f}"
         mark = " (recommended)" if o is p.recommended else ""
@@ -43,33 +46,34 @@ def format_plan(p: Plan) -> str:
                      f"{'yes' if o.meets_target else 'no'} |")
     lines.append("")
     if p.recommended is None:
-        lines.append(_none_meets(p, w))
+        lines.append(_none_meets(p))
     elif p.recommended.data_instance is None:
-        lines.append(_homogeneous_words(p, w))
+        lines.append(_homogeneous_words(p))
     else:
         r, h = p.recommended, p.homogeneous
-        lines.append(f"Recommended: {r.data_count} x {r.data_instance} beside {w['dnn_count']} x "
-                     f"{w['dnn_instance']}: predicted {r.step_s:.4f} s/step ({r.data_wait_fraction:.1%} data wait, "
+        lines.append(f"Recommended: {r.data_count} x {r.data_instance} beside {w.dnn_count} x "
+                     f"{w.dnn_instance}: predicted {r.step_s:.4f} s/step ({r.data_wait_fraction:.1%} data wait, "
                      f"bound by {r.binding}), ${r.usd_per_step:.6f}/step, ${r.usd_per_1000_images:.6f}/1000 images; "
                      f"homogeneous {h.step_s:.4f} s/step, ${h.usd_per_step:.6f}/step "
                      f"(cost ratio homogeneous/recommended {h.usd_per_step / r.usd_per_step:.2f}).")
     return "\n".join(lines)
 
 
-def _none_meets(p: Plan, w: dict) -> str:
-    head = (f"Neither the GPU instance(s) alone nor a data group of at most {w['max_count']} instances keeps data "
-            f"wait under {w['target_wait']:.0%}")
+def _none_meets(p: Plan) -> str:
+    w = p.workload
+    head = (f"Neither the GPU instance(s) alone nor a data group of at most {w.max_count} instances keeps data "
+            f"wait under {w.target_wait:.0%}")
     best = min(p.candidates, key=lambda c: c.step_s, default=None)
-    if best is not None and best.binding in NETWORK_BINDINGS:
-        return (f"{head}: the network binds, {_binding_words(best.binding, w)}. Send fewer bytes per sample "
+    if best is not None and best.binding.network:
+        return (f"{head}: the network binds, {_binding_words(best.binding, p)}. Send fewer bytes per sample "
                 "(a compact --wire encoding), or choose instances with more bandwidth (network-optimised "
                 "types such as c5n, a larger DNN instance, a cluster placement group for the flow cap).")
     return f"{head}; raise --max-count, relax --target-wait or make preprocessing cheaper."
 
 
-def _homogeneous_words(p: Plan, w: dict) -> str:
-    h, group = p.homogeneous, p.data_group
-    line = (f"Recommended: no data group: the {w['dnn_count']} x {w['dnn_instance']} alone, its own vCPUs building "
+def _homogeneous_words(p: Plan) -> str:
+    w, h, group = p.workload, p.homogeneous, p.data_group
+    line = (f"Recommended: no data group: the {w.dnn_count} x {w.dnn_instance} alone, its own vCPUs building "
             f"the batches and nothing crossing a NIC: predicted {h.step_s:.4f} s/step ({h.data_wait_fraction:.1%} "
             f"data wait, bound by {h.binding}), ${h.usd_per_step:.6f}/step, ${h.usd_per_1000_images:.6f}/1000 images")
     if group is None:
@@ -78,35 +82,30 @@ def _homogeneous_words(p: Plan, w: dict) -> str:
             f"{group.label}, costs {group.usd_per_1000_images / h.usd_per_1000_images:.2f}x as much per 1,000 images.")
 
 
-def _binding_words(binding: str, w: dict) -> str:
-    if binding == "DNN NIC":
-        return (f"the {w['dnn_instance']} NIC ({w['dnn_baseline_gbps']:g} Gbps baseline) carries less than the "
-                f"{w['demand_gbps']:.2f} Gbps the GPUs take")
-    if binding == "flow":
-        return f"one flow per rank and data node carries at most {w['flow_gbps']:g} Gbps"
+def _binding_words(binding: Binding, p: Plan) -> str:
+    if binding is Binding.DNN_NIC:
+        return (f"the {p.workload.dnn_instance} NIC ({p.layouts.dnn.baseline_gbps:g} Gbps baseline) carries less "
+                f"than the {p.layouts.demand_gbps:.2f} Gbps the GPUs take")
+    if binding is Binding.FLOW:
+        return f"one flow per rank and data node carries at most {p.workload.flow_gbps:g} Gbps"
     return "the data nodes' NIC baselines carry less than their cores build"
 
 
 def network_bound(p: Plan) -> bool:
     """True when the network sets the recommended layout's step, or keeps every layout from the target."""
     if p.recommended is not None:
-        return p.recommended.binding in NETWORK_BINDINGS
-    return any(c.binding in NETWORK_BINDINGS for c in p.candidates)
+        return p.recommended.binding.network
+    return any(c.binding.network for c in p.candidates)
 
 
-def wire_line(name: str, ratio: float, encode_s: float, note: str, other: Plan, current: Plan,
-              decode_s: float = 0.0) -> str:
-    """One line: what the plan becomes with the wire encoding ``name`` instead.
-
-    Args:
-        ratio: its bytes over uint8's. encode_s / decode_s: data-node / DNN-node CPU seconds per sample.
-        note: what to say of its quality. other: the plan with it. current: the plan as given.
-    """
+def wire_line(enc: WireEncoding, other: Plan, current: Plan) -> str:
+    """One line: what the plan becomes with the wire encoding ``enc`` instead (``other``: the plan with
+    it; ``current``: the plan as given)."""
     r, now = other.recommended, current.recommended
-    w = other.workload
-    dnn_cores = decode_s * w["consumers"] * w["batch_size"] / (r.step_s if r else w["gpu_step_s"])
-    head = (f"with --wire {name} ({ratio:.3f} of uint8's bytes, +{encode_s * 1000:.2f} ms data-node CPU per sample"
-            f"{'; ' + note if note else ''}; decoding takes ~{dnn_cores:.1f} DNN-node cores on the CPU, "
+    note = enc.source.split("; ")[-1]  # what the source says of its quality
+    dnn_cores = enc.decode_s * other.layouts.images_per_step / (r.step_s if r else other.workload.gpu_step_s)
+    head = (f"with --wire {enc.name} ({enc.bytes_ratio:.3f} of uint8's bytes, +{enc.encode_s * 1000:.2f} ms data-node "
+            f"CPU per sample{'; ' + note if note else ''}; decoding takes ~{dnn_cores:.1f} DNN-node cores on the CPU, "
             "little with a GPU decoder): ")
     if r is None:
         best = min(other.candidates, key=lambda c: c.step_s, default=None)
@@ -120,4 +119,20 @@ def wire_line(name: str, ratio: float, encode_s: float, note: str, other: Plan, 
     return line
 
 
-__all__ = ["format_plan", "network_bound", "wire_line"]
+def compare_line(kv: str, preprocess_s: float, result: Plan, other_s: float, other: Plan) -> str:
+    """One line: the data group the pipeline needs as given against with ``kv``, and the $/h between."""
+    def group(p: Plan) -> str:
+        r = p.recommended
+        if r is None:
+            return "no data group meets the target"
+        return f"{r.data_count} x {r.data_instance}, ${r.usd_per_hour:.2f}/h" if r.data_instance else \
+            f"no data node, ${r.usd_per_hour:.2f}/h"
+    line = (f"compare: with {kv} a batch takes {other_s * 1000:.1f} ms on one core against {preprocess_s * 1000:.1f} "
+            f"({other_s / preprocess_s:.2f}x) and needs {group(other)}; as given: {group(result)}")
+    if result.recommended and other.recommended:
+        saved = other.recommended.usd_per_hour - result.recommended.usd_per_hour
+        line += f" ({'saves' if saved >= 0 else 'costs'} ${abs(saved):.2f}/h)"
+    return line
+
+
+__all__ = ["compare_line", "format_plan", "network_bound", "wire_line"]

@@ -18,9 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
+from launcher.capacity import Binding, usd_for
+
 from .cost import PriceTable
 from .network import SINGLE_FLOW_GBPS, UINT8_CROP_BYTES, wire_encoding
-from .planner import plan
+from .planner import Workload, plan
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 BATCH_PER_GPU = 256
@@ -64,24 +66,25 @@ class SizingRow:
     gpus: int
     wire: str
     data_group: str
-    binding: str
+    binding: Binding
     images_per_s: float
     demand_images_s: float
     usd_per_hour: float
     usd_per_epoch: float
     homogeneous_usd_per_epoch: float
     meets_target: bool
-    homogeneous_binding: str = ""
-    homogeneous_meets_target: bool = False
+    homogeneous_binding: Binding
+    homogeneous_meets_target: bool
 
 
-def sizing(table: PriceTable, models=MODELS, dnn_types=DNN_TYPES, wires=WIRES, data_types: list[str] | None = None,
+def sizing(table: PriceTable, models: tuple[Model, ...] = MODELS, dnn_types: tuple[str, ...] = DNN_TYPES,
+           wires: tuple[str, ...] = WIRES, data_types: tuple[str, ...] = (),
            per_core_images_s: float = PER_CORE_IMAGES_S, target_wait: float = 0.05, max_count: int = 32,
            flow_gbps: float | None = SINGLE_FLOW_GBPS) -> list[SizingRow]:
     """Every (model, DNN instance, wire) row of the sizing table.
 
     Raises:
-        PriceError / PlanError / NetworkError: an unknown type or encoding, a bad figure.
+        PlanError: an unknown type or encoding, a bad figure.
     """
     rows = []
     for model in models:
@@ -93,18 +96,18 @@ def sizing(table: PriceTable, models=MODELS, dnn_types=DNN_TYPES, wires=WIRES, d
             gpu_step_s = BATCH_PER_GPU / rate
             for name in wires:
                 enc = wire_encoding(name)
-                p = plan(table, dnn, BATCH_PER_GPU / per_core_images_s, gpu_step_s, BATCH_PER_GPU,
-                         data_types=data_types, max_count=max_count, target_wait=target_wait,
-                         # a stored encoding (bytes not measured): it has a bytes ratio
-                         bytes_per_sample=UINT8_CROP_BYTES * cast(float, enc.bytes_ratio), encode_s=enc.encode_s,
-                         flow_gbps=flow_gbps, wire=enc.name)
+                p = plan(table, Workload(dnn, BATCH_PER_GPU / per_core_images_s, gpu_step_s, BATCH_PER_GPU,
+                                         data_types=data_types, max_count=max_count, target_wait=target_wait,
+                                         # a stored encoding (bytes not measured): it has a bytes ratio
+                                         bytes_per_sample=UINT8_CROP_BYTES * cast(float, enc.bytes_ratio),
+                                         encode_s=enc.encode_s, flow_gbps=flow_gbps, wire=enc.name))
                 best = p.data_group or min(p.candidates, key=lambda c: (c.step_s, c.usd_per_step))
                 per_s = info.gpus * BATCH_PER_GPU / best.step_s
                 homo_per_s = info.gpus * BATCH_PER_GPU / p.homogeneous.step_s
                 rows.append(SizingRow(model.name, dnn, info.gpus, enc.name, best.label, best.binding, per_s,
                                       info.gpus * rate, best.usd_per_hour,
-                                      best.usd_per_hour * IMAGENET_TRAIN_IMAGES / per_s / 3600,
-                                      p.homogeneous.usd_per_hour * IMAGENET_TRAIN_IMAGES / homo_per_s / 3600,
+                                      usd_for(best.usd_per_hour, IMAGENET_TRAIN_IMAGES / per_s),
+                                      usd_for(p.homogeneous.usd_per_hour, IMAGENET_TRAIN_IMAGES / homo_per_s),
                                       best.meets_target, p.homogeneous.binding, p.homogeneous.meets_target))
     return rows
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import cast
 
-from .cost import PriceTable
-from .planner import Layouts, Option, Plan, PlanError, Prediction
+from launcher.capacity import Binding, PlanError, Prediction, usd_for, whole
+
+from .planner import Layouts, Option, Plan
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class SweepRow:
     data_nodes: int            # in all, for the whole sweep
     step_s: float              # each job's predicted step
     data_wait_fraction: float
-    binding: str
+    binding: Binding
     usd_per_hour: float        # the whole sweep
     usd_per_job_1000_steps: float
     usd_per_job_epoch: float | None
@@ -44,54 +45,53 @@ def _predict(layouts: Layouts, data_instance: str, nodes: int, jobs: int = 1, bu
     one shared group are fed by the group alone (a DNN-only job reads the shared group), and with
     ``built_once`` each batch the group builds serves every job."""
     if jobs > 1:
-        layouts = replace(layouts, consumers=jobs * layouts.consumers, dnn_count=jobs * layouts.dnn_count,
-                          local_server=False, preprocess_s=layouts.preprocess_s / jobs if built_once
-                          else layouts.preprocess_s)
-    return layouts.with_data(data_instance, layouts.table.info(data_instance), nodes)[0]
+        w = layouts.workload
+        layouts = replace(layouts, workload=replace(
+            w, dnn_count=jobs * w.dnn_count, local_server=False,
+            preprocess_s=w.preprocess_s / jobs if built_once else w.preprocess_s))
+    return layouts.predict(layouts.table.info(data_instance), nodes)
 
 
-def _row(label: str, table: PriceTable, w: dict, jobs: int, data_instance: str, nodes: int, pred: Prediction,
+def _row(label: str, one: Plan, jobs: int, data_instance: str, nodes: int, pred: Prediction,
          separate: bool) -> SweepRow:
-    dnn_hourly = table.cluster_hourly([(w["dnn_instance"], w["dnn_count"])])
+    w, table = one.workload, one.layouts.table
+    dnn_hourly = table.cluster_hourly([(w.dnn_instance, w.dnn_count)])
     data_hourly = table.cluster_hourly([(data_instance, nodes)])
     per_job_hourly = dnn_hourly + (data_hourly if separate else data_hourly / jobs)
-    per_step = per_job_hourly * pred.step_s / 3600.0
-    epoch = w.get("steps_per_epoch")
+    per_step = usd_for(per_job_hourly, pred.step_s)
+    epoch = one.layouts.steps_per_epoch
     return SweepRow(label, data_instance, nodes * (jobs if separate else 1), pred.step_s, pred.data_wait_fraction,
                     pred.binding, per_job_hourly * jobs, 1000 * per_step, epoch * per_step if epoch else None,
-                    pred.data_wait_fraction <= w["target_wait"] + 1e-12)
+                    pred.data_wait_fraction <= w.target_wait + 1e-12)
 
 
-def sweep_prices(table: PriceTable, one: Plan, jobs: int, max_count: int = 64) -> list[SweepRow]:
+def sweep_prices(one: Plan, jobs: int, max_count: int = 64) -> list[SweepRow]:
     """The sweep of ``jobs`` jobs like ``one``'s, priced the three ways of the module docstring.
 
     Raises:
         PlanError: ``jobs`` below 2, or a plan with no data group to share.
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 2:
-        raise PlanError(f"jobs={jobs!r} must be an integer >= 2: a sweep of one job is the plan itself")
+    whole("jobs", jobs, low=2, fix="a sweep of one job is the plan itself")
     group: Option | None = one.data_group or next((c for c in one.candidates if c.data_instance), None)
     if group is None:
         raise PlanError("the plan has no data group to share: give --data-types with at least one CPU instance type")
-    w, layouts = one.workload, one.layouts
-    if layouts is None:
-        raise PlanError("the plan carries no layouts to price a sweep with: make it with planner.plan")
+    layouts = one.layouts
     # a data group's, or a candidate's with a data instance: every candidate is a layout with data nodes
     data_instance, n = cast(str, group.data_instance), group.data_count
     separate = _predict(layouts, data_instance, n)
     within = _predict(layouts, data_instance, n, jobs, built_once=True)
     apart = _predict(layouts, data_instance, n, jobs)
-    rows = [_row(f"{jobs} separate groups of {n} x {data_instance}", table, w, jobs, data_instance, n, separate, True),
-            _row(f"1 shared group of {n} x {data_instance}, jobs within the window", table, w, jobs,
+    rows = [_row(f"{jobs} separate groups of {n} x {data_instance}", one, jobs, data_instance, n, separate, True),
+            _row(f"1 shared group of {n} x {data_instance}, jobs within the window", one, jobs,
                  data_instance, n, within, False),
-            _row(f"1 shared group of {n} x {data_instance}, jobs apart", table, w, jobs, data_instance, n, apart, False)]
+            _row(f"1 shared group of {n} x {data_instance}, jobs apart", one, jobs, data_instance, n, apart, False)]
     for k in range(n + 1, max_count + 1):  # the group that keeps the target even when every batch is built again
         pred = _predict(layouts, data_instance, k, jobs)
-        if pred.data_wait_fraction <= w["target_wait"] + 1e-12:
-            rows.append(_row(f"1 shared group of {k} x {data_instance}, sized for jobs apart", table, w, jobs,
+        if pred.data_wait_fraction <= one.workload.target_wait + 1e-12:
+            rows.append(_row(f"1 shared group of {k} x {data_instance}, sized for jobs apart", one, jobs,
                              data_instance, k, pred, False))
             break
-        if pred.binding == "DNN NIC":
+        if pred.binding is Binding.DNN_NIC:
             break  # more data nodes cannot help: the DNN nodes' NICs bind
     return rows
 

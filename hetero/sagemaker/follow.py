@@ -15,12 +15,12 @@ from typing import IO, Callable, cast
 
 from data_service.errors import DataServiceError
 from hetero.sagemaker.source import split_s3
+from launcher.metric_lines import JobMetrics
 
 log = logging.getLogger(__name__)
 
 TERMINAL = {"Completed", "Failed", "Stopped"}
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-STEP_KEYS = ("avg_step_time_s", "mean_step_time_s", "step_time_s", "avg_step_s", "step_time")
 
 
 class WaitTimeout(DataServiceError, TimeoutError):
@@ -112,12 +112,12 @@ def artifact_uris(desc: dict) -> list[str]:
     return uris
 
 
-def fetch_metrics(s3, desc: dict) -> dict | None:
+def fetch_metrics(s3, desc: dict) -> JobMetrics | None:
     """metrics.json of a finished job, or None when no archive holds one.
 
     When several are found (one per node), the first with a step time wins.
     """
-    found = []
+    found: list[JobMetrics] = []
     for uri in artifact_uris(desc):
         bucket, key = split_s3(uri)
         try:
@@ -128,24 +128,12 @@ def fetch_metrics(s3, desc: dict) -> dict | None:
             with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tar:
                 for member in tar.getmembers():
                     if member.isfile() and member.name.rsplit("/", 1)[-1] == "metrics.json":
-                        found.append(json.loads(cast(IO[bytes], tar.extractfile(member)).read()))  # a file: has one
-        except (tarfile.TarError, json.JSONDecodeError) as exc:
+                        text = cast(IO[bytes], tar.extractfile(member)).read()  # a file: has one
+                        found.append(JobMetrics.from_json(json.loads(text)))
+        except (tarfile.TarError, ValueError) as exc:  # ValueError: not JSON, or not a metrics record
             log.warning("cannot read metrics.json from %s: %s", uri, exc)
-    timed = [m for m in found if step_time(m)]
-    return (timed or found or [None])[0]
-
-
-def step_time(metrics: dict | None) -> float | None:
-    """Average step time in seconds from metrics.json (see docs/submit.md for the keys)."""
-    if not metrics:
-        return None
-    for key in STEP_KEYS:
-        if isinstance(metrics.get(key), (int, float)) and metrics[key] > 0:
-            return float(metrics[key])
-    times = metrics.get("step_times")
-    if isinstance(times, list) and times:
-        return sum(times) / len(times)
-    return None
+    timed = [m for m in found if m.avg_step_time_s]
+    return (timed or found)[0] if found else None
 
 
 def cluster_of(desc: dict) -> list[tuple[str, int]]:

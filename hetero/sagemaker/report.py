@@ -5,7 +5,8 @@ spot jobs are billed less, so for them the dollar figures are an upper bound.
 """
 from __future__ import annotations
 
-from hetero.sagemaker.follow import cluster_of, step_time
+from hetero.sagemaker.follow import cluster_of
+from launcher.metric_lines import JobMetrics
 
 
 def _training_seconds(desc: dict) -> float | None:
@@ -17,7 +18,7 @@ def _training_seconds(desc: dict) -> float | None:
     return None
 
 
-def summarize(desc: dict, metrics: dict | None, table) -> dict:
+def summarize(desc: dict, metrics: JobMetrics | None, table) -> dict:
     """One job's figures.
 
     Args:
@@ -26,28 +27,25 @@ def summarize(desc: dict, metrics: dict | None, table) -> dict:
         table: hetero.planning.cost.PriceTable.
 
     Returns:
-        Dict with job, status, cluster, avg_step_time_s and, where prices allow,
-        usd_per_hour, usd_per_step, usd_per_1000_steps, training_time_s, usd_on_demand.
+        Dict with job, status, cluster, metrics, step_s (its average step time, None without one) and,
+        where prices allow, usd_per_hour, usd_per_step, usd_per_1000_steps, training_time_s, usd_on_demand.
     """
-    from hetero.planning.cost import PriceError
+    from launcher.capacity import PlanError
 
     cluster = cluster_of(desc)
     out: dict = {"job": desc["TrainingJobName"], "status": desc["TrainingJobStatus"], "cluster": cluster,
-                 "avg_step_time_s": step_time(metrics), "spot": bool(desc.get("EnableManagedSpotTraining"))}
+                 "metrics": metrics, "step_s": metrics.avg_step_time_s if metrics else None,
+                 "spot": bool(desc.get("EnableManagedSpotTraining"))}
     if desc.get("FailureReason"):
         out["failure_reason"] = desc["FailureReason"]
-    if metrics and isinstance(metrics.get("steps"), int):
-        out["steps"] = metrics["steps"]
-    if metrics and metrics.get("step_kind"):
-        out["step_kind"] = metrics["step_kind"]
     try:
         hourly = table.cluster_hourly(cluster)
-    except PriceError as exc:
+    except PlanError as exc:
         out["price_error"] = str(exc)
         return out
     out["usd_per_hour"] = hourly
-    if out["avg_step_time_s"]:
-        out["usd_per_step"] = table.cost_per_step(cluster, out["avg_step_time_s"])
+    if out["step_s"]:
+        out["usd_per_step"] = table.cost_per_step(cluster, out["step_s"])
         out["usd_per_1000_steps"] = 1000 * out["usd_per_step"]
     seconds = _training_seconds(desc)
     if seconds is not None:
@@ -64,12 +62,12 @@ def report_lines(summaries: list[dict]) -> list[str]:
     for s in summaries:
         cluster = " + ".join(f"{n}x {t}" for t, n in s["cluster"])
         line = f"{s['job']}: {s['status']} on {cluster}"
-        if s.get("avg_step_time_s"):
-            line += f", avg step {s['avg_step_time_s']:.4f} s"
-            if s.get("step_kind") == "emulated":
+        if s["step_s"]:
+            line += f", avg step {s['step_s']:.4f} s"
+            if s["metrics"].step_kind == "emulated":
                 line += " (emulated accelerator step)"
         else:
-            line += ", no step time (metrics.json missing or without avg_step_time_s)"
+            line += ", no step time (no metrics.json, or no step measured)"
         if "usd_per_step" in s:
             line += f", {100 * s['usd_per_step']:.4f} cents/step, ${s['usd_per_1000_steps']:.3f}/1000 steps"
         if "usd_on_demand" in s:
@@ -83,7 +81,7 @@ def report_lines(summaries: list[dict]) -> list[str]:
         lines.append(line)
     if len(summaries) == 2 and all("usd_per_step" in s for s in summaries):
         a, b = summaries
-        lines.append(f"{b['job']} / {a['job']}: step time x{b['avg_step_time_s'] / a['avg_step_time_s']:.2f}, "
+        lines.append(f"{b['job']} / {a['job']}: step time x{b['step_s'] / a['step_s']:.2f}, "
                      f"cost per step x{b['usd_per_step'] / a['usd_per_step']:.2f} (> 1: {a['job']} is better)")
     return lines
 

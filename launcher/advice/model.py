@@ -15,7 +15,7 @@ live figures in place of a profile:
   of the job's data nodes (or ``r`` fewer).
 
 ``k`` is the fewest nodes whose capacity covers the ranks' demand ``R / compute_s`` with
-``headroom`` to spare (10 % by default: servers run near full load only with bursts of waiting,
+``HEADROOM`` to spare (10 %: servers run near full load only with bursts of waiting,
 as batch times and fetches vary), and none while the step waits on data less than
 ``MIN_OUT_WAIT`` (1 %) of it: a node more would not shorten it (the advice says so). When the
 servers have more than that, the advice is how many data nodes could go (always keeping one)
@@ -26,9 +26,10 @@ a server: ``launcher/advice/advisor.py`` gathers the figures.
 
 The network (the model's, with the bytes per batch the servers sent in the window): a data node
 delivers at most its NIC baseline and, to each rank, one flow's cap; the DNN nodes' NICs bound
-what all data nodes together deliver. The advice names the binding resource (``cores``, ``data
-NIC``, ``DNN NIC`` or ``flow``) and, when the network binds, says what helps: more data nodes
-only while their NICs bind, otherwise a compact wire encoding or instances with more bandwidth.
+what all data nodes together deliver. The advice names the binding resource as the model does
+from what the data nodes' cores build (``cores``, ``data NIC``, ``DNN NIC`` or ``flow``; none
+without a network figure) and, when the network binds, says what helps: more data nodes only
+while their NICs bind, otherwise a compact wire encoding or instances with more bandwidth.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from .. import capacity
-from ..capacity import COMPACT_WIRE
+from ..capacity import COMPACT_WIRE, Binding, non_negative, positive, usd_for, whole
 
 HEADROOM = 0.10           # spare capacity the advice keeps over the ranks' demand
 MIN_BUSY = 0.05           # below this busy share a server's headroom is not extrapolated further
@@ -132,7 +133,7 @@ class Advice:
     predicted_job_usd_per_epoch: float | None
     steps_per_epoch: int | None
     note: str = ""
-    binding: str = ""                      # cores, data NIC, DNN NIC or flow ("" : not data-bound by anything known)
+    binding: Binding | None = None         # what bounds the data nodes' delivery (None: no network figure to tell)
     bytes_per_sample: float | None = None  # on the wire, over the window
     network_note: str = ""
 
@@ -195,28 +196,22 @@ def _wait_share(step_s: float, compute_s: float) -> float:
     return 0.0 if not math.isfinite(step_s) or step_s <= 0 else max(0.0, (step_s - compute_s) / step_s)
 
 
-def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, headroom: float = HEADROOM) -> Advice:
+def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None) -> Advice:
     """Data nodes to add (or that could go) for ``figures``, with the predicted step and costs.
 
     Args:
         figures: the live figures of one window.
         prices: instance type -> on-demand $/h; types without a price give no costs.
-        headroom: spare capacity to keep over the demand (0.1 = 10 %).
 
     Returns:
         The advice; ``change`` is None when no data node delivered anything to size one by.
 
     Raises:
-        ValueError: a figure out of range (naming it).
+        launcher.capacity.PlanError: a figure out of range (naming it).
     """
-    if not figures.step_s > 0 or not math.isfinite(figures.step_s):
-        raise ValueError(f"step_s must be a positive number of seconds, got {figures.step_s!r}")
-    if not 0 <= figures.data_wait_s or not math.isfinite(figures.data_wait_s):
-        raise ValueError(f"data_wait_s must be >= 0 seconds, got {figures.data_wait_s!r}")
-    if figures.ranks < 1:
-        raise ValueError(f"ranks must be >= 1, got {figures.ranks!r}")
-    if not 0 <= headroom < 10:
-        raise ValueError(f"headroom must be a share >= 0, e.g. 0.1 for 10 %, got {headroom!r}")
+    positive("step_s", figures.step_s)
+    non_negative("data_wait_s", figures.data_wait_s)
+    whole("ranks", figures.ranks)
     prices = prices or {}
     step, ranks = figures.step_s, figures.ranks
     wait_share = min(1.0, figures.data_wait_s / step)
@@ -229,9 +224,9 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
     sent = capacity.remote(layout_of(figures, compute, rates))
     now = capacity.predict(layout_of(figures, compute, rates))
     local, remote = now.local_items_s, sent.nodes_s    # remote: what the data nodes send, before the DNN NICs
-    dnn_net = sent.limits.get("DNN NIC")
+    dnn_net = sent.limits.get(Binding.DNN_NIC)
     nodes = len(rates)
-    needed = ranks * (1 + headroom) / compute   # batches/s the ranks take, plus the headroom
+    needed = ranks * (1 + HEADROOM) / compute   # batches/s the ranks take, plus the headroom
     change: int | None = None
     if node_cap is None:
         note = note or "no data node delivered a batch in this window: nothing to size a node by"
@@ -240,7 +235,7 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
         change = 0
         note = note or (f"no node to add while the step waits {100 * wait_share:.1f}% on data (under "
                         f"{100 * MIN_OUT_WAIT:g}%): the data side makes {now.items_s:.1f} batches/s, the ranks take "
-                        f"{ranks / compute:.1f}, {100 * headroom:g}% headroom would need {needed:.1f}")
+                        f"{ranks / compute:.1f}, {100 * HEADROOM:g}% headroom would need {needed:.1f}")
     elif now.items_s < needed:
         reach = needed if dnn_net is None else min(needed, local + dnn_net)  # the DNN NIC caps what more nodes add
         change = max(0, math.ceil(min(float(MAX_CHANGE), (reach - local - remote) / node_cap - 1e-9)))
@@ -248,19 +243,23 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
         # what the data nodes send beyond the DNN NIC's share is spare as well: local + remote - needed either way
         change = -math.floor(min(float(max(0, nodes - 1)), max(0.0, local + remote - needed) / node_cap + 1e-9))
     pred = capacity.predict(layout_of(figures, compute, _changed(rates, change, node_cap or 0.0)))
-    binding, network_note = _binding(figures, node_net, dnn_net, remote, node_cap, change)
+    binding = None
+    if node_cap is not None and (node_net or dnn_net is not None):  # without a network figure a throttled NIC
+        # looks like idle cores; with one, the model names what binds from what the nodes' cores build
+        built, _ = data_node_rates(figures.servers)
+        binding = capacity.remote(layout_of(figures, compute, _changed(built, change, node_cap))).binding
     price, dnn_price = prices.get(figures.data_instance), prices.get(figures.dnn_instance)
     steps = figures.steps_per_epoch
     after = pred.step_s
     change_h = change * price if change is not None and price is not None else None
-    change_epoch = (capacity.usd_per_epoch(change_h, after, steps) if change_h is not None and steps
+    change_epoch = (usd_for(change_h, steps * after) if change_h is not None and steps
                     and math.isfinite(after) else None)
     job_now = job_after = None
     if price is not None and dnn_price is not None and steps:
         dnn_h = figures.dnn_count * dnn_price
-        job_now = capacity.usd_per_epoch(dnn_h + nodes * price, step, steps)
+        job_now = usd_for(dnn_h + nodes * price, steps * step)
         if change is not None and math.isfinite(after):
-            job_after = capacity.usd_per_epoch(dnn_h + (nodes + change) * price, after, steps)
+            job_after = usd_for(dnn_h + (nodes + change) * price, steps * after)
     return Advice(change=change, data_nodes=nodes, data_instance=figures.data_instance, step_s=step,
                   compute_s=compute, data_wait_fraction=wait_share, predicted_step_s=after,
                   predicted_wait_fraction=_wait_share(after, compute), ranks=ranks,
@@ -270,7 +269,7 @@ def advise(figures: LiveFigures, prices: Mapping[str, float] | None = None, head
                   predicted_job_usd_per_epoch=job_after, steps_per_epoch=steps, note=note, binding=binding,
                   bytes_per_sample=(figures.bytes_per_batch / figures.batch_size
                                     if figures.bytes_per_batch and figures.batch_size > 0 else None),
-                  network_note=network_note)
+                  network_note=_network_note(figures, binding, node_net, dnn_net))
 
 
 def _changed(rates: tuple[float, ...], change: int | None, node_cap: float) -> tuple[float, ...]:
@@ -285,30 +284,21 @@ def _changed(rates: tuple[float, ...], change: int | None, node_cap: float) -> t
     return (max(0.0, sum(rates) + change * node_cap) / left,) * left
 
 
-def _binding(figures: LiveFigures, node_net: dict[str, float], dnn_net: float | None, remote: float,
-             node_cap: float | None, change: int | None) -> tuple[str, str]:
-    """The resource that bounds what the data nodes deliver, and what helps when it is the network ("" : no
-    network figure given, so what binds cannot be told: a throttled NIC looks like idle cores)."""
-    if node_cap is None or (not node_net and dnn_net is None):
-        return "", ""
-    after = remote + (change or 0) * node_cap
-    if dnn_net is not None and after >= dnn_net * (1 - 1e-9):
-        gbps = figures.dnn_nic_gbps
-        return "DNN NIC", (f"the DNN NIC binds: {figures.dnn_count} x {figures.dnn_instance or 'DNN node'} at {gbps:g} "
-                           f"Gbps takes {dnn_net:.1f} batches/s; more data nodes cannot raise that: a compact wire "
-                           f"encoding (wire_encoding={COMPACT_WIRE}) or a DNN instance with more bandwidth")
-    plain = [server_capacity(s) for s in figures.servers if s.data_node and not s.new and s.batches_per_s > 0]
-    if node_net and plain and max(plain) > min(node_net.values()) * (1 - 1e-9):
-        which = min(node_net, key=lambda k: node_net[k])
-        kind = figures.data_instance or "data node"
-        if which == "flow":
-            return "flow", (f"one flow per rank carries {figures.flow_gbps:g} Gbps ({node_net['flow']:.1f} batches/s "
-                            f"from each {kind}): more data nodes, a cluster placement group (10 Gbps per flow) or "
-                            f"a compact wire encoding (wire_encoding={COMPACT_WIRE})")
-        return "data NIC", (f"each {kind}'s NIC binds ({figures.data_nic_gbps:g} Gbps baseline, "
-                            f"{node_net['data NIC']:.1f} batches/s): a network-optimised type (c5n) or a compact "
-                            f"wire encoding (wire_encoding={COMPACT_WIRE}) needs fewer nodes")
-    return "cores", ""
+def _network_note(f: LiveFigures, binding: Binding | None, node_net: dict[Binding, float],
+                  dnn_net: float | None) -> str:
+    """What helps when the network binds ("" otherwise)."""
+    kind, wire = f.data_instance or "data node", f"a compact wire encoding (wire_encoding={COMPACT_WIRE})"
+    if binding is Binding.DNN_NIC:
+        return (f"the DNN NIC binds: {f.dnn_count} x {f.dnn_instance or 'DNN node'} at {f.dnn_nic_gbps:g} Gbps takes "
+                f"{dnn_net:.1f} batches/s; more data nodes cannot raise that: {wire} or a DNN instance with more "
+                "bandwidth")
+    if binding is Binding.FLOW:
+        return (f"one flow per rank carries {f.flow_gbps:g} Gbps ({node_net[Binding.FLOW]:.1f} batches/s from each "
+                f"{kind}): more data nodes, a cluster placement group (10 Gbps per flow) or {wire}")
+    if binding is Binding.DATA_NIC:
+        return (f"each {kind}'s NIC binds ({f.data_nic_gbps:g} Gbps baseline, {node_net[Binding.DATA_NIC]:.1f} "
+                f"batches/s): a network-optimised type (c5n) or {wire} needs fewer nodes")
+    return ""
 
 
 def steps_per_epoch(num_samples: int, batch_size: int, drop_last: bool, ranks: int) -> int | None:

@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.multiprocessing as mp
+# from the module that exports them: torch.multiprocessing's __all__ leaves them out (mypy: not re-exported)
+from torch.multiprocessing.spawn import ProcessExitedException, start_processes
 
 from data_service.errors import ServerUnavailableError
 from dnn_worker import ControlClient
@@ -147,7 +149,7 @@ def run_trainers(job: TrainJob, timeout_s: float) -> int:
         finally:
             logs.setup("dnn", job.host, level=job.cfg.job.log_level)  # train() set the rank's format
     results = mp.get_context("spawn").SimpleQueue()
-    context = mp.start_processes(train, args=(job, results), nprocs=job.nprocs, join=False, start_method="spawn")
+    context = start_processes(train, args=(job, results), nprocs=job.nprocs, join=False, start_method="spawn")
     _trainer_pids[:] = context.pids()
     if trainer_mod.STOP.is_set():  # SIGTERM came while they started
         _on_sigterm(signal.SIGTERM, None)
@@ -166,7 +168,7 @@ def run_trainers(job: TrainJob, timeout_s: float) -> int:
                 return EXIT_TRAINING_FAILED
         drain()
         return EXIT_STOPPED if "stopped" in statuses.values() else 0
-    except mp.ProcessExitedException as exc:
+    except ProcessExitedException as exc:
         # A process killed by a signal after it reported its final status (checkpoint written,
         # metrics sent, past the last barrier) died in interpreter teardown (a C++ thread of the
         # collective backend aborting at exit): its work is complete. Give the others the time to
@@ -194,7 +196,7 @@ def run_trainers(job: TrainJob, timeout_s: float) -> int:
             p.join(10)
 
 
-def _exit_name(exc: mp.ProcessExitedException) -> str:
+def _exit_name(exc: ProcessExitedException) -> str:
     return f"signal {exc.signal_name}" if getattr(exc, "signal_name", None) else f"exit code {exc.exit_code}"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..metric_lines import window_line
+from ..metric_lines import StepFigures, window_line
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +82,10 @@ class StepStats:
         return time.perf_counter() - started
 
     def summary(self) -> dict[str, Any]:
-        avg = self.total_s / self.counted if self.counted else None
-        out: dict[str, Any] = {"steps": self.steps, "warmup_steps_discarded": min(self.warmup, self.steps),
-                               "avg_step_time_s": avg,
-                               "data_wait_fraction": (self.wait_s / self.total_s) if self.total_s > 0 else None,
-                               "samples_per_s": (self.samples / self.total_s) if self.total_s > 0 else None}
+        timed = self.total_s > 0
+        out = StepFigures(self.steps, min(self.warmup, self.steps), self.total_s / self.counted if self.counted else None,
+                          self.wait_s / self.total_s if timed else None,
+                          self.samples / self.total_s if timed else None).to_json()
         if self.advisor is not None:
             out["advice"] = self.advisor.final(self.steps)
             self.advisor = None  # asked once: the servers' channels are closed
@@ -129,9 +128,10 @@ def job_metrics(rank_summaries: list[dict], base: dict[str, Any]) -> dict[str, A
     end-of-training advice becomes the job's ``advice``."""
     advice = next((r.get("advice") for r in rank_summaries if r.get("advice") is not None), None)
     rank_summaries = [{k: v for k, v in r.items() if k != "advice"} for r in rank_summaries]
-    avgs = [r["avg_step_time_s"] for r in rank_summaries if r["avg_step_time_s"] is not None]
-    waits = [r["data_wait_fraction"] for r in rank_summaries if r["data_wait_fraction"] is not None]
-    rates = [r["samples_per_s"] for r in rank_summaries if r["samples_per_s"] is not None]
+    ranks = [StepFigures.from_json(r) for r in rank_summaries]
+    avgs = [r.avg_step_time_s for r in ranks if r.avg_step_time_s is not None]
+    waits = [r.data_wait_fraction for r in ranks if r.data_wait_fraction is not None]
+    rates = [r.samples_per_s for r in ranks if r.samples_per_s is not None]
     nodes: dict[str, dict] = {}
     for r in rank_summaries:
         nodes.setdefault(r["host"], {"host": r["host"], "role": base.get("mode_role", "dnn"), "ranks": []})
@@ -140,13 +140,9 @@ def job_metrics(rank_summaries: list[dict], base: dict[str, Any]) -> dict[str, A
     out.pop("mode_role", None)
     if advice is not None:
         out["advice"] = advice
-    out.update({
-        "steps": rank_summaries[0]["steps"] if rank_summaries else 0,
-        "total_steps": sum(r["steps"] for r in rank_summaries),
-        "warmup_steps_discarded": rank_summaries[0]["warmup_steps_discarded"] if rank_summaries else 0,
-        "avg_step_time_s": max(avgs) if avgs else None,   # the slowest rank sets the pace
-        "data_wait_fraction": max(waits) if waits else None,
-        "samples_per_s": sum(rates) if rates else None,
-        "nodes": list(nodes.values()) + list(base.get("nodes", [])),
-    })
+    first = ranks[0] if ranks else StepFigures()
+    # the slowest rank sets the pace
+    out.update(StepFigures(first.steps, first.warmup_steps_discarded, max(avgs) if avgs else None,
+                           max(waits) if waits else None, sum(rates) if rates else None).to_json(),
+               total_steps=sum(r.steps for r in ranks), nodes=list(nodes.values()) + list(base.get("nodes", [])))
     return out

@@ -171,7 +171,8 @@ def save_checkpoint(job, rank: int, model, optimizer, data, steps: int, status: 
     cfg = job.cfg
     if not cfg.checkpoints.checkpoint or not job.checkpoint_dir:
         return None
-    states = gathered(job, data.state_dict())
+    mine = data.resume_state()
+    states = gathered(job, mine.to_dict())  # the checkpoint holds plain dicts (torch.load, any release)
     if rank != 0:
         return None
     path = checkpoint.save(job.checkpoint_dir, {
@@ -180,16 +181,16 @@ def save_checkpoint(job, rank: int, model, optimizer, data, steps: int, status: 
         "pipeline_options": dict(cfg.data.pipeline_options), "model_target": cfg.model.model, "epochs": cfg.train.epochs,
         "host": job.host, "job_name": job.extra.get("job_name", "")})
     log.info("checkpoint (%s) written to %s after %d steps; data position of rank 0: epoch %d, batch %d",
-             status, path, steps, states[0]["epoch"], states[0]["position"])
+             status, path, steps, mine.epoch, mine.position)
     return path
 
 
-def log_outcome(run: Run, resumed: dict | None) -> None:
+def log_outcome(run: Run, resumed: object) -> None:
     """Warn when the run stopped early, or when the checkpoint it resumed had nothing left to train."""
     cfg = run.job.cfg
     if run.stopped:
         log.warning("SIGTERM: stopped after step %d (%d this run); data position %s", run.steps_done(),
-                    run.stats.steps, run.feeder.state_dict())
+                    run.stats.steps, run.feeder.resume_state())
     elif resumed and run.stats.steps == 0:
         log.warning("the checkpoint in %s had nothing left to train (epochs=%d, max_steps=%d); raise epochs "
                     "to train more, or use another checkpoint_dir to start afresh", run.job.checkpoint_dir,

@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,9 @@ from ..metric_lines import summary_line
 from . import checkpoint
 from .step_stats import StepStats, StepTimer, job_metrics
 from .train_loop import STOP, Run, gathered, loader_and_feeder, log_outcome, run_epochs, save_checkpoint
+
+if TYPE_CHECKING:  # the consumer is imported where a trainer starts, not with the launcher
+    from dnn_worker.resume.state import ResumeState
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +224,7 @@ def _train(job: TrainJob, rank: int, local_rank: int, device: torch.device) -> d
 
 
 def _run(job: TrainJob, rank: int, local_rank: int, device: torch.device, plain, optimizer, feeder,
-         resumed: dict | None) -> Run:
+         resumed: Resumed | None) -> Run:
     """The loop's state before its first step: the model the step trains, the step, the metrics."""
     cfg = job.cfg
     model = plain
@@ -233,12 +236,21 @@ def _run(job: TrainJob, rank: int, local_rank: int, device: torch.device, plain,
     advisor, autoscaler = advice_and_autoscaler(job, rank)
     stats = StepStats(cfg.train.warmup_steps, cfg.train.log_every, advisor=advisor, autoscaler=autoscaler)
     return Run(job, rank, device, plain, model, optimizer, feeder, step_fn, writer, stats, StepTimer(stats),
-               done_before=resumed["steps"] if resumed else 0)
+               done_before=resumed.steps if resumed else 0)
 
 
-def _resume(job: TrainJob, rank: int, model, optimizer, data, epoch_batches: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Resumed:
+    """What a run resumed: the steps its checkpoint had trained and this rank's data position."""
+
+    steps: int
+    position: ResumeState
+
+
+def _resume(job: TrainJob, rank: int, model, optimizer, data, epoch_batches: int) -> Resumed | None:
     """Load model, optimizer and this rank's data position from the checkpoint, when there is one
-    (from every rank's, dealt again, when the checkpoint has another number of ranks)."""
+    (from every rank's, dealt again, when the checkpoint has another number of ranks). ``data`` is
+    the outermost consumer stage; the checkpoint's dicts are parsed by its ``load_state_dict``."""
     cfg = job.cfg
     if not cfg.checkpoints.checkpoint or not job.checkpoint_dir:
         return None
@@ -259,27 +271,26 @@ def _resume(job: TrainJob, rank: int, model, optimizer, data, epoch_batches: int
         data.load_state_dict(ckpt["data"][rank])
     else:
         data.load_state_dict(ckpt["data"])  # every old rank's position: the rest of the epoch, dealt again
-        _log_dealt(ckpt["world_size"], job.world_size, data.state_dict(), len(data), epoch_batches)
-    position = data.state_dict()
+        _log_dealt(ckpt["world_size"], job.world_size, data.resume_state(), len(data), epoch_batches)
+    position: ResumeState = data.resume_state()
     log.info("resuming from %s (%s, written by %s): %d steps done; epoch %d from batch %d of this rank's %s",
-             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], position["epoch"], position["position"],
-             "part of the rest" if "earlier_worlds" in position else "share")
-    return {"steps": int(ckpt["steps"]), "epoch": position["epoch"], "position": position["position"],
-            "status": ckpt.get("status"), "path": path}
+             path, ckpt.get("status"), ckpt.get("host"), ckpt["steps"], position.epoch, position.position,
+             "part of the rest" if position.dealt else "share")
+    return Resumed(int(ckpt["steps"]), position)
 
 
-def _log_dealt(old: int, new: int, state: dict[str, Any], mine: int, epoch_batches: int) -> None:
-    from dnn_worker.resume.resharding import WORLDS, remaining
+def _log_dealt(old: int, new: int, state: ResumeState, mine: int, epoch_batches: int) -> None:
+    from dnn_worker.resume.resharding import remaining
 
-    left = len(remaining(epoch_batches, state[WORLDS])) if WORLDS in state else 0
+    left = len(remaining(epoch_batches, state.earlier_worlds)) if state.dealt else 0
     log.info("the checkpoint was written by %d rank(s), this job has %d: epoch %d goes on with the %d of its %d "
              "batches no rank trained, %d to each rank (%d left out, as the last of every epoch: equal counts per "
              "rank); later epochs are shared among %d rank(s)",
-             old, new, state["epoch"], left, epoch_batches, mine, max(0, left - mine * new), new)
+             old, new, state.epoch, left, epoch_batches, mine, max(0, left - mine * new), new)
 
 
 def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emulated: bool, status: str,
-            resumed: dict | None, ckpt_path: str | None, wire: str = "uint8") -> None:
+            resumed: Resumed | None, ckpt_path: str | None, wire: str = "uint8") -> None:
     cfg = job.cfg
     stopped = status == "stopped"
     accuracy = None
@@ -298,6 +309,6 @@ def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emula
         "pipeline": cfg.data.pipeline, "pipeline_options": cfg.data.pipeline_options, "wire_encoding": wire, "model": cfg.model.model,
         "dnn_hosts": list(job.dnn_hosts), "data_servers": list(job.servers),
         "wall_time_s": time.time() - started, "nodes": data_nodes, "status": status,
-        "resumed_from_steps": resumed["steps"] if resumed else None, "checkpoint": ckpt_path, **job.extra})
+        "resumed_from_steps": resumed.steps if resumed else None, "checkpoint": ckpt_path, **job.extra})
     write_json(os.path.join(job.output_dir, "metrics.json"), metrics)
     log.info("%s", summary_line(metrics, job.output_dir))  # read by the job's MetricDefinitions

@@ -108,7 +108,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("batches_built", "batches_sent", "bytes_sent", "queue_depth", "workers", "worker_busy_fraction", "active_streams", "streams_total", "batch_errors", "worker_restarts", "auth_failures", "uptime_s", "slots_in_use", "bytes_in_slots", "raw_bytes", "compress_s", "seconds_since_last_consumer", "consumer_ever_connected", "shm_leases", "slots_retired", "samples_skipped", "pipeline")
+    __slots__ = ("batches_built", "batches_sent", "bytes_sent", "queue_depth", "workers", "worker_busy_fraction", "active_streams", "streams_total", "batch_errors", "worker_restarts", "auth_failures", "uptime_s", "slots_in_use", "bytes_in_slots", "raw_bytes", "compress_s", "seconds_since_last_consumer", "consumer_ever_connected", "shm_leases", "slots_retired", "samples_skipped", "pipeline", "window")
     class PipelineEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class Stats(_message.Message):
     SLOTS_RETIRED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     batches_built: int
     batches_sent: int
     bytes_sent: int
@@ -160,7 +161,34 @@ class Stats(_message.Message):
     slots_retired: int
     samples_skipped: int
     pipeline: _containers.ScalarMap[str, float]
-    def __init__(self, batches_built: _Optional[int] = ..., batches_sent: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_depth: _Optional[int] = ..., workers: _Optional[int] = ..., worker_busy_fraction: _Optional[float] = ..., active_streams: _Optional[int] = ..., streams_total: _Optional[int] = ..., batch_errors: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., auth_failures: _Optional[int] = ..., uptime_s: _Optional[float] = ..., slots_in_use: _Optional[int] = ..., bytes_in_slots: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compress_s: _Optional[float] = ..., seconds_since_last_consumer: _Optional[float] = ..., consumer_ever_connected: bool = ..., shm_leases: _Optional[int] = ..., slots_retired: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., pipeline: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    window: WindowStats
+    def __init__(self, batches_built: _Optional[int] = ..., batches_sent: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., queue_depth: _Optional[int] = ..., workers: _Optional[int] = ..., worker_busy_fraction: _Optional[float] = ..., active_streams: _Optional[int] = ..., streams_total: _Optional[int] = ..., batch_errors: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., auth_failures: _Optional[int] = ..., uptime_s: _Optional[float] = ..., slots_in_use: _Optional[int] = ..., bytes_in_slots: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., compress_s: _Optional[float] = ..., seconds_since_last_consumer: _Optional[float] = ..., consumer_ever_connected: bool = ..., shm_leases: _Optional[int] = ..., slots_retired: _Optional[int] = ..., samples_skipped: _Optional[int] = ..., pipeline: _Optional[_Mapping[str, float]] = ..., window: _Optional[_Union[WindowStats, _Mapping]] = ...) -> None: ...
+
+class WindowStats(_message.Message):
+    __slots__ = ("hits", "joined", "misses", "built_again", "unwindowed", "built_ahead", "ahead_used", "evicted", "held_bytes", "batches", "budget_bytes")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    BUILT_AGAIN_FIELD_NUMBER: _ClassVar[int]
+    UNWINDOWED_FIELD_NUMBER: _ClassVar[int]
+    BUILT_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_USED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    hits: int
+    joined: int
+    misses: int
+    built_again: int
+    unwindowed: int
+    built_ahead: int
+    ahead_used: int
+    evicted: int
+    held_bytes: int
+    batches: int
+    budget_bytes: int
+    def __init__(self, hits: _Optional[int] = ..., joined: _Optional[int] = ..., misses: _Optional[int] = ..., built_again: _Optional[int] = ..., unwindowed: _Optional[int] = ..., built_ahead: _Optional[int] = ..., ahead_used: _Optional[int] = ..., evicted: _Optional[int] = ..., held_bytes: _Optional[int] = ..., batches: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("grace_s", "reason")

@@ -166,7 +166,7 @@ class Soak:
         for i, s in enumerate(self.servers):
             main, workers = s.rss()
             self.rss.add(now, f"server{i}", main)
-            self.rss.add(now, f"server{i}-workers", workers)
+            self.rss.add(now, f"server{i}-worker", workers)  # its largest worker
         for c in self.consumers:
             self.rss.add(now, f"consumer{c.rank}", c.rss())
         for s in self.servers:

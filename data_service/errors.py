@@ -43,10 +43,8 @@ class BatchBuildError(DataServiceError):
         self.server = server
         where = f" on server {server}" if server else ""
         sample = f", sample {sample_index}" if sample_index >= 0 else ""
-        super().__init__(
-            f"building epoch {epoch}, batch {index}{sample} failed{where}: {message}\n"
-            f"--- original traceback (data worker) ---\n{remote_traceback}"
-        )
+        super().__init__(f"building epoch {epoch}, batch {index}{sample} failed{where}: {message}\n"
+                         f"--- original traceback (data worker) ---\n{remote_traceback}")
 
 
 class BatchFailedError(DataServiceError):

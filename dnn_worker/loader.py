@@ -19,19 +19,19 @@ dataset shares its epoch and resume point with them through shared memory.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
 from data_service.contract.batch_id import BatchId
 from data_service.errors import ConfigError
 
-from .resume.audit import AuditLog, digest, take_audit
+from .resume.audit import AuditedStage, digest, take_audit
 from .resume.sharding import Deal, ShardedBatches
 from .resume.state import LoadableState, ResumeState
 
 
-class ResumableLoader:
+class ResumableLoader(AuditedStage):
     """Args: loader: a DataLoader whose dataset is a ``RemoteDataset`` or ``LocalDataset``."""
 
     def __init__(self, loader: DataLoader) -> None:
@@ -44,23 +44,14 @@ class ResumableLoader:
         if loader.num_workers:
             self.dataset.share_with_workers(self.persistent)
         self._consumed = 0  # batches yielded since the dataset's resume point
-        self._indices: Sequence[int] = []
         self.last_yielded: BatchId | None = None
-        self._audit: AuditLog | None = take_audit(self.dataset)
+        self._audit = take_audit(self.dataset)
         # A weak reference: the iteration refers to this loader, so a strong one back would make a
         # cycle that keeps a broken-off iteration (and its DataLoader workers) alive until the
         # cyclic collector runs. That collector stops the index queues' feeder threads before the
         # iteration's ``finally`` asks the workers to exit, so they never hear it and each costs
         # torch's 5 s join timeout. Held only by the caller's loop, the iteration ends with it.
         self._active: weakref.ref | None = None
-
-    @property
-    def audit_path(self) -> str | None:
-        return self._audit.path if self._audit is not None else None
-
-    @audit_path.setter
-    def audit_path(self, value: str | None) -> None:  # a wrapping stage takes the audit over
-        self._audit = AuditLog(value) if value else None
 
     @property
     def epoch(self) -> int:
@@ -98,7 +89,7 @@ class ResumableLoader:
         self.dataset.seek(state.epoch, state.position)  # continue where the last iteration stopped
         self._consumed = 0
         seed, epoch, rank = self.dataset.seed, self.dataset.epoch, self.dataset.dp_rank
-        self._indices = indices = self.dataset.rank_indices()
+        indices = self.dataset.rank_indices()
         audit = self._audit
         it = iter(self.loader)
         complete = False

@@ -25,7 +25,6 @@ class LocalDataset(ShardedBatches):
         super().__init__(**kwargs)
         self.spec = spec
         self._pipe: Pipeline | None = None
-        self._num_batches: int | None = None
 
     def pipeline(self) -> Pipeline:
         if self._pipe is None:
@@ -40,9 +39,7 @@ class LocalDataset(ShardedBatches):
         return FinishStage.load(pipe.finish_target(), pipe.finish_dtypes, pipe.wire_encoding)
 
     def num_batches_per_epoch(self) -> int:
-        if self._num_batches is None:
-            self._num_batches = self.pipeline().epoch_shape().num_batches
-        return self._num_batches
+        return self.pipeline().epoch_shape().num_batches
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -21,7 +21,7 @@ import dataclasses
 import os
 import socket
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import grpc
 
@@ -127,11 +127,8 @@ class RemoteDataset(ShardedBatches):
         if self._info is None:
             if self.servers:
                 info = first_hello(self.servers, self.options)
-            else:
-                watcher = self._watcher()
-                if watcher is None:  # __init__ refuses a dataset with neither
-                    raise ConfigError("servers=[] : give at least one data server address 'host:port', or registry=")
-                info = registry_hello(watcher, self.fingerprint, self.options)
+            else:  # no servers: __init__ made sure of a registry
+                info = registry_hello(cast(RegistryWatcher, self._watcher()), self.fingerprint, self.options)
             if self.fingerprint and info.dataset.fingerprint != self.fingerprint:
                 raise ConfigError(f"data server {info.server_id} runs pipeline {info.dataset.pipeline!r} with "
                                   f"fingerprint {info.dataset.fingerprint}, not fingerprint={self.fingerprint}: start "

@@ -115,13 +115,13 @@ class RawBulk:
 
     def login(self, token: str = TOKEN, version: str = PROTOCOL_VERSION, shm: bool = False) -> pb.BulkFrame:
         ch = self.challenge()
-        framing.send_frame(self.sock, pb.BulkFrame(hello=pb.BulkHello(
+        send_frame(self.sock, pb.BulkFrame(hello=pb.BulkHello(
             client_version=version, proof=framing.token_proof(token, ch.nonce), client_id="raw",
             accept_shm=shm, host_key=framing.host_key() if shm else "")))
         return framing.recv_frame(self.sock)
 
     def fetch(self, refs) -> None:
-        framing.send_frame(self.sock, pb.BulkFrame(fetch=pb.FetchRequest(batches=list(refs))))
+        send_frame(self.sock, pb.BulkFrame(fetch=pb.FetchRequest(batches=list(refs))))
 
     def read_result(self) -> pb.BulkFrame:
         """One reply frame; a batch's payload is read and dropped."""
@@ -190,10 +190,9 @@ class FakeBulkServer:
     def _run(self, sock: socket.socket, chunks: list[bytes], linger: float, pause: float = 0.0) -> None:
         try:
             sock.settimeout(10)
-            framing.send_frame(sock, pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION,
-                                                                         nonce=b"n" * 32)))
+            send_frame(sock, pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION, nonce=b"n" * 32)))
             framing.recv_frame(sock)  # the client's hello; any proof is accepted
-            framing.send_frame(sock, pb.BulkFrame(welcome=pb.Welcome(server_id="fake")))
+            send_frame(sock, pb.BulkFrame(welcome=pb.Welcome(server_id="fake")))
             for c in chunks:
                 sock.sendall(c)
                 time.sleep(pause)
@@ -218,6 +217,10 @@ class FakeBulkServer:
 def frame_bytes(frame: pb.BulkFrame) -> bytes:
     head = frame.SerializeToString()
     return framing._LEN.pack(len(head)) + head
+
+
+def send_frame(sock: socket.socket, frame: pb.BulkFrame) -> None:
+    sock.sendall(framing.frame_bytes(frame))
 
 
 def slow_header_parse(monkeypatch, seconds: Callable[[pb.BatchHeader], float]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from data_service.contract import tensor_layout
 from data_service.contract.pipeline import PipelineSpec
 from data_service.server import DataServer, ServerOptions
 from hetero.testing import TOKEN, ServerProc
@@ -20,6 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # cached bytecode halves collection time.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+def encode(batch) -> tuple[int, list, bytearray]:
+    """A batch laid out as a data worker lays it out: (structure, tensor metas, payload)."""
+    structure, metas, tensors, size = tensor_layout.plan_layout(batch)
+    payload = bytearray(size)
+    tensor_layout.write_payload(metas, tensors, payload)
+    return structure, metas, payload
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from data_service.contract.batch_id import BatchId
 from data_service.errors import ConfigError
 from data_service.pool.tasks import Result, Task
 from data_service.server.batch_window import BatchKey, BatchWindow, window_budget
@@ -30,15 +31,16 @@ IDENTITY = BatchIdentity("fp", "", "")
 def payload(key: BatchKey) -> bytes:
     """A batch's bytes, a function of its identity alone (as a pipeline's are); sizes 1..64."""
     digest = hashlib.sha256(repr(key).encode()).digest()
-    return digest * 2 if key.index % 2 else digest[: 1 + key.index % 31]
+    return digest * 2 if key.batch.index % 2 else digest[: 1 + key.batch.index % 31]
 
 
 def key_of(seed: int, epoch: int, index: int) -> BatchKey:
-    return IDENTITY.key(Task(seed, epoch, index, None))
+    return IDENTITY.key(BatchId(seed, epoch, index))
 
 
 def header(key: BatchKey) -> bytes:
-    return f"{key.seed}/{key.epoch}/{key.index}".encode()
+    b = key.batch
+    return f"{b.seed}/{b.epoch}/{b.index}".encode()
 
 
 keys = st.builds(key_of, st.integers(0, 2), st.integers(0, 1), st.integers(0, 9))
@@ -73,7 +75,7 @@ def test_the_window_stays_within_budget_and_returns_only_its_keys_batch(budget, 
             if entry is not None:
                 pins.append(entry)
         elif pins:
-            window.unpin(pins.pop(key.index % len(pins)))
+            window.unpin(pins.pop(key.batch.index % len(pins)))
         if op in "pg" and entry is not None:
             assert entry.key == key and entry.header == header(key) and entry.data == payload(key)
         check_accounting(window, live)
@@ -124,7 +126,7 @@ class Builder:
 
     def finish(self, k: int, error: bool = False) -> None:
         task = self.pending.pop(k % len(self.pending))
-        key = IDENTITY.key(task)
+        key = IDENTITY.key(task.batch)
         if error:
             from data_service.protocol.generated import pb
 
@@ -165,7 +167,7 @@ def test_every_request_gets_its_own_batch_once_and_the_window_stays_within_budge
 
     for op, a, b in script:
         if op == "ask":
-            task = Task(b.seed, b.epoch, b.index, answer, owner=a)
+            task = Task(b.batch, answer, owner=a)
             asked[id(task)] = (a, task)
             shared.submit(task)
         elif op == "build" and builder.pending:
@@ -186,11 +188,11 @@ def test_every_request_gets_its_own_batch_once_and_the_window_stays_within_budge
         if tid in dropped:
             assert not got
             continue
-        assert len(got) == 1, f"request {task.epoch}/{task.index} answered {len(got)} times"
+        assert len(got) == 1, f"request {task.batch} answered {len(got)} times"
         result = got[0]
         assert result.task is task
         if result.error is None:
-            key = IDENTITY.key(task)
+            key = IDENTITY.key(task.batch)
             assert result.header_bytes == header(key) and bytes_of[tid] == payload(key)
     window = shared.window
     assert window.pinned_bytes == 0 and window.held_bytes == sum(e.size for e in window._index.values()) <= budget
@@ -203,11 +205,11 @@ def test_a_batch_sent_from_the_window_is_its_own_bytes():
     builder = Builder()
     shared = SharedBuilds(builder, BatchWindow(1000), IDENTITY, num_batches=10)
     seen = []
-    first = Task(1, 0, 3, lambda r: seen.append(bytes(r.payload)))
+    first = Task(BatchId(1, 0, 3), lambda r: seen.append(bytes(r.payload)))
     shared.submit(first)
     builder.finish(0)
-    shared.submit(Task(1, 0, 3, lambda r: seen.append(bytes(r.payload))))  # a hit
-    shared.submit(Task(2, 0, 3, lambda r: seen.append(bytes(r.payload))))  # another seed: built for it
+    shared.submit(Task(BatchId(1, 0, 3), lambda r: seen.append(bytes(r.payload))))  # a hit
+    shared.submit(Task(BatchId(2, 0, 3), lambda r: seen.append(bytes(r.payload))))  # another seed: built for it
     assert shared.counts.hits == 1 and shared.counts.misses == 2 and len(builder.pending) == 1
     builder.finish(0)
     assert seen == [payload(key_of(1, 0, 3))] * 2 + [payload(key_of(2, 0, 3))]
@@ -217,7 +219,7 @@ def test_a_batch_built_after_it_left_the_window_counts_as_built_again():
     builder = Builder()
     shared = SharedBuilds(builder, BatchWindow(80), IDENTITY, num_batches=10)
     for index in (1, 3, 1):  # odd indices: 64-byte payloads, one fits at a time
-        shared.submit(Task(0, 0, index, lambda r: r.release()))
+        shared.submit(Task(BatchId(0, 0, index), lambda r: r.release()))
         builder.finish(0)
     assert shared.counts.built == 3 and shared.counts.built_again == 1
     assert shared.figures().built_again == 1
@@ -233,19 +235,19 @@ def test_idle_workers_build_the_next_epochs_first_batches_which_the_jobs_then_fi
         result.release()
 
     for index in range(7):  # far from the epoch's end: nothing ahead
-        shared.submit(Task(1, 0, index, take))
+        shared.submit(Task(BatchId(1, 0, index), take))
         builder.finish(0)
     assert shared.counts.ahead == 0
-    shared.submit(Task(1, 0, 7, take))  # among the last 3: one worker builds it, the other is idle
-    assert [(t.epoch, t.index) for t in builder.pending] == [(0, 7), (1, 0)]
-    shared.submit(Task(1, 0, 8, take))
-    shared.submit(Task(1, 0, 9, take))
+    shared.submit(Task(BatchId(1, 0, 7), take))  # among the last 3: one worker builds it, the other is idle
+    assert [(t.batch.epoch, t.batch.index) for t in builder.pending] == [(0, 7), (1, 0)]
+    shared.submit(Task(BatchId(1, 0, 8), take))
+    shared.submit(Task(BatchId(1, 0, 9), take))
     assert len(builder.pending) == 4  # both requests wait in line: nothing more ahead while workers are busy
     while builder.pending:
         builder.finish(0)
     assert shared.counts.ahead == 3 and key_of(1, 1, 2) in shared.window and key_of(1, 1, 3) not in shared.window
     for index in range(3):
-        shared.submit(Task(1, 1, index, take))
+        shared.submit(Task(BatchId(1, 1, index), take))
     assert shared.counts.hits == 3 and shared.counts.ahead_used == 3 and not builder.pending
     assert got[-3:] == [payload(key_of(1, 1, i)) for i in range(3)]
     figures = shared.figures()
@@ -256,14 +258,14 @@ def test_a_build_ahead_that_a_job_asks_for_is_joined_and_without_a_window_lead_n
     builder = Builder()
     shared = SharedBuilds(builder, BatchWindow(10_000), IDENTITY, num_batches=4, workers=2, lead=2)
     seen: list[bytes] = []
-    shared.submit(Task(5, 0, 3, lambda r: seen.append(bytes(r.payload))))
-    assert [(t.epoch, t.index) for t in builder.pending] == [(0, 3), (1, 0)]
-    shared.submit(Task(5, 1, 0, lambda r: seen.append(bytes(r.payload))))  # asked while built ahead: joined
+    shared.submit(Task(BatchId(5, 0, 3), lambda r: seen.append(bytes(r.payload))))
+    assert [(t.batch.epoch, t.batch.index) for t in builder.pending] == [(0, 3), (1, 0)]
+    shared.submit(Task(BatchId(5, 1, 0), lambda r: seen.append(bytes(r.payload))))  # asked while built ahead: joined
     shared.cancel([])  # nothing to cancel
     builder.finish(1)
     assert shared.counts.joined == 1 and shared.counts.ahead_used == 1 and seen == [payload(key_of(5, 1, 0))]
     off = SharedBuilds(Builder(), BatchWindow(10_000), IDENTITY, num_batches=4, workers=2, lead=0)
-    off.submit(Task(5, 0, 3, lambda r: None))
+    off.submit(Task(BatchId(5, 0, 3), lambda r: None))
     assert off.counts.ahead == 0 and len(off._pool.pending) == 1
 
 
@@ -273,19 +275,19 @@ def test_a_build_ahead_that_a_job_asks_for_is_joined_and_without_a_window_lead_n
 def test_the_ahead_plan_names_only_the_next_epochs_first_batches_once_each(num_batches, lead, asks):
     plan = AheadPlan(num_batches, lead)
     front: dict[int, tuple[int, int]] = {}
-    started: set[tuple[int, int, int]] = set()
+    started: set[BatchId] = set()
     for seed, epoch, index in asks:
         if index >= num_batches:
             continue
-        plan.asked(seed, epoch, index)
+        plan.asked(BatchId(seed, epoch, index))
         if plan.lead:
             front[seed] = max(front.get(seed, (epoch, index)), (epoch, index))
-        for s, e, i in plan.due():
-            fe, fi = front[s]
-            assert e == fe + 1 and 0 <= i < min(lead, num_batches) and fi >= num_batches - plan.lead
-            assert (s, e, i) not in started
-            started.add((s, e, i))
-            plan.started(s, e, i)
+        for due in plan.due():
+            fe, fi = front[due.seed]
+            assert due.epoch == fe + 1 and 0 <= due.index < min(lead, num_batches) and fi >= num_batches - plan.lead
+            assert due not in started
+            started.add(due)
+            plan.started(due)
     assert plan.lead == min(lead, num_batches)
 
 
@@ -297,10 +299,10 @@ def test_build_ahead_is_checked():
 
 def test_the_build_record_forgets_the_oldest_epochs():
     record = BuildRecord(num_batches=4, epochs_kept=2)
-    assert not record.built(0, 0, 1) and record.built(0, 0, 1)
-    record.built(0, 1, 0)
-    record.built(0, 2, 0)  # (0, 0) forgotten
-    assert not record.built(0, 0, 1)
+    assert not record.built(BatchId(0, 0, 1)) and record.built(BatchId(0, 0, 1))
+    record.built(BatchId(0, 1, 0))
+    record.built(BatchId(0, 2, 0))  # (0, 0) forgotten
+    assert not record.built(BatchId(0, 0, 1))
 
 
 @pytest.mark.parametrize("value, expected", [("2GB", 2 * 10**9), ("512MiB", 512 << 20), (0, 0), ("1000", 1000)])
@@ -322,7 +324,6 @@ def test_server_options_refuse_a_negative_window():
 def test_a_consumer_keeps_only_a_batch_it_asked_for_by_its_identity():
     """The consumer's side of "never another job's batch": a batch whose (seed, epoch, index) it
     did not ask of that server is dropped, whatever its bytes."""
-    from data_service.contract.batch_id import BatchId
     from dnn_worker.fetch.scheduler import Scheduler
 
     mine = [BatchId(1, 0, i) for i in range(4)]

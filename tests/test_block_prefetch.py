@@ -8,6 +8,7 @@ import os
 import pytest
 
 from conftest import TOKEN
+from data_service.contract.batch_id import BatchId
 from data_service.server.block_prefetch import PrefetchOnce
 from data_service.errors import ConfigError
 from data_service.contract.pipeline import PipelineSpec
@@ -70,7 +71,7 @@ def test_a_later_epoch_prefetches_its_blocks_again_once():
     once = PrefetchOnce(log, plan)
     for epoch in (0, 0, 1):  # epoch 0 named twice (hints, then requests), epoch 1 once
         for index in range(plan.num_batches):
-            once.batch(7, epoch, index)
+            once.batch(BatchId(7, epoch, index))
     assert collections.Counter(log.calls) == {b: 2 for b in range(8)} and once.triggered == 16
 
 

@@ -180,16 +180,17 @@ def test_loader_workers_copy_out_of_leased_slots(server_factory):
 def test_a_slot_is_released_or_retired_once_whichever_comes_first():
     # A send that fails after the batch was recorded as held used to release the slot and then,
     # when the session closed, retire it too: the retire then took the slot from under a new batch.
+    from data_service.contract.batch_id import BatchId
     from data_service.pool.worker_pool import Result, Task
 
     calls = []
-    r = Result(Task(0, 0, 0, lambda _: None), _release=lambda: calls.append("release"),
+    r = Result(Task(BatchId(0, 0, 0), lambda _: None), _release=lambda: calls.append("release"),
                _retire=lambda: calls.append("retire"))
     r.release()
     r.retire()
     r.release()
     assert calls == ["release"]
-    r2 = Result(Task(0, 0, 1, lambda _: None), _release=lambda: calls.append("release2"),
+    r2 = Result(Task(BatchId(0, 0, 1), lambda _: None), _release=lambda: calls.append("release2"),
                 _retire=lambda: calls.append("retire2"))
     r2.retire()
     r2.release()
@@ -204,7 +205,8 @@ def test_no_slot_is_handed_out_while_it_still_holds_a_batch(monkeypatch):
     import threading
 
     from _fault_helpers import slow_header_parse
-    from data_service.contract import tensor_layout
+    from conftest import encode
+    from data_service.contract.batch_id import BatchId
     from data_service.pool import worker_pool as workers
     from data_service.contract.pipeline import build_batch
 
@@ -212,7 +214,7 @@ def test_no_slot_is_handed_out_while_it_still_holds_a_batch(monkeypatch):
     spec = PipelineSpec("examples.synthetic:build_pipeline", {"size": 64, "batch_size": 4})
     pipe, n = spec.load(), 16
     cfg = pipe.epoch_shape()
-    expected = {i: bytes(tensor_layout.encode(build_batch(pipe, cfg, 0, 0, i))[2]) for i in range(n)}
+    expected = {i: bytes(encode(build_batch(pipe, cfg, 0, 0, i))[2]) for i in range(n)}
     pool = workers.WorkerPool(spec.to_json(), 1, slots_per_worker=2)
     pool.start()
     results: queue.Queue = queue.Queue()
@@ -222,15 +224,15 @@ def test_no_slot_is_handed_out_while_it_still_holds_a_batch(monkeypatch):
         for _ in range(3 * n):
             r = results.get(timeout=30)
             time.sleep(0.005)
-            if r.error is not None or bytes(r.payload) != expected[r.task.index]:
-                bad.append(r.task.index)
+            if r.error is not None or bytes(r.payload) != expected[r.task.batch.index]:
+                bad.append(r.task.batch.index)
             r.release()
 
     checker = threading.Thread(target=check, daemon=True)
     checker.start()
     try:
         for i in list(range(n)) * 3:  # more tasks than slots: submits arrive while slots turn over
-            pool.submit(workers.Task(0, 0, i, results.put))
+            pool.submit(workers.Task(BatchId(0, 0, i), results.put))
             time.sleep(0.001)
         checker.join(60)
         assert not checker.is_alive(), "the pool stopped delivering"

@@ -302,6 +302,7 @@ def test_a_worker_killed_before_the_server_opened_its_new_slot_loses_no_batch(mo
     # dies (sample 13); one worker, two slots, so batches 0 and 1 each open a new region.
     import queue
 
+    from data_service.contract.batch_id import BatchId
     from data_service.pool import worker_pool as workers
 
     slow_header_parse(monkeypatch, lambda header: 1.5 if header.ref.index == 1 else 0.0)
@@ -311,12 +312,12 @@ def test_a_worker_killed_before_the_server_opened_its_new_slot_loses_no_batch(mo
     results: queue.Queue = queue.Queue()
 
     def take(result):
-        results.put((result.task.index, result.error))
+        results.put((result.task.batch.index, result.error))
         result.release()  # at once, as a fast consumer does: batch 2 goes out while batch 1 is parsed
 
     try:
         for i in range(6):
-            pool.submit(workers.Task(0, 0, i, take))
+            pool.submit(workers.Task(BatchId(0, 0, i), take))
         got = []
         for _ in range(6):
             try:

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _fault_helpers import FakeBulkServer, RawBulk, bulk_port, frame_bytes, next_event, stats, wait_clean, wait_until
+from _fault_helpers import (FakeBulkServer, RawBulk, bulk_port, frame_bytes, next_event, send_frame, stats, wait_clean,
+                            wait_until)
 from conftest import TOKEN
 from data_service.contract import tensor_layout
 from data_service.protocol import framing
@@ -65,7 +66,7 @@ def test_data_plane_with_a_wrong_or_missing_proof_is_denied(shared_server, proof
     raw = RawBulk(bulk_port(shared_server.address))
     try:
         raw.challenge()
-        framing.send_frame(raw.sock, pb.BulkFrame(hello=pb.BulkHello(client_version=PROTOCOL_VERSION, proof=proof)))
+        send_frame(raw.sock, pb.BulkFrame(hello=pb.BulkHello(client_version=PROTOCOL_VERSION, proof=proof)))
         reply = framing.recv_frame(raw.sock)
         assert reply.WhichOneof("kind") == "error" and reply.error.kind == pb.PERMISSION_DENIED
         assert raw.closed_by_peer()

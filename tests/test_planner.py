@@ -211,15 +211,16 @@ def test_cli_plan_profile(capsys):
 
 def test_cli_plan_compare_profiles_the_changed_option_and_prices_both(capsys):
     rc = hetero_main(["plan", "--gpu-step-s", "0.002", "--profile", "--pipeline", "examples.synthetic:build_pipeline",
-                      "-o", "size=64", "-o", "work_ms=2", "--batch-size", "4", "--profile-batches", "3",
-                      "--compare", "work_ms=20", "--data-types", "ml.c5.xlarge"])
+                      "-o", "size=64", "-o", "work_ms=1", "--batch-size", "4", "--profile-batches", "3",
+                      "--compare", "work_ms=40", "--data-types", "ml.c5.xlarge"])
     text = "".join(capsys.readouterr())
     assert rc in (0, 1)
-    assert "profile with work_ms=20:" in text
-    line = next(x for x in text.splitlines() if x.startswith("compare: with work_ms=20"))
-    # ten times the work per batch: about ten times the profile, and a data group at least as big
+    assert "profile with work_ms=40:" in text
+    line = next(x for x in text.splitlines() if x.startswith("compare: with work_ms=40"))
+    # forty times the work per sample (spun on the wall clock): far more than the per-batch overhead
+    # a loaded machine adds to the small profile, so the option must have reached the second profile
     ratio = float(line.split("(")[1].split("x)")[0])
-    assert ratio > 3, line
+    assert ratio > 2, line
 
 
 def test_cli_plan_compare_needs_profile(capsys):

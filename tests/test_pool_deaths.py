@@ -2,6 +2,7 @@
 reported built. A batch it reported into a region the server could not open yet did not kill it."""
 from __future__ import annotations
 
+from data_service.contract.batch_id import BatchId
 from data_service.pool.lifecycle import WorkerConfig, unstarted
 from data_service.pool.state import MAX_ATTEMPTS, PoolState
 from data_service.pool.tasks import Task
@@ -12,7 +13,7 @@ def _pool_with_tasks(n: int):
     w = unstarted(0, WorkerConfig("{}", num_slots=2, start_timeout=1.0, log_level=0, compression=""))
     state.workers_spawned([w])
     state.workers_ready()
-    tasks = [Task(seed=5, epoch=0, index=i, on_result=lambda r: None) for i in range(n)]
+    tasks = [Task(BatchId(5, 0, i), on_result=lambda r: None) for i in range(n)]
     for t in tasks:
         assert state.submit(t) == []
     state.assign()

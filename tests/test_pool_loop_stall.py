@@ -10,6 +10,7 @@ from multiprocessing.connection import wait as mp_wait
 
 import pytest
 
+from data_service.contract.batch_id import BatchId
 from data_service.contract.pipeline import PipelineSpec
 from data_service.pool import worker_pool as workers
 from data_service.pool.forked import CODE_WAIT_S
@@ -40,7 +41,7 @@ def test_a_dying_worker_whose_exit_status_is_late_stalls_the_loop_for_no_more_th
     try:
         done: list = []
         for i in range(4):
-            pool.submit(workers.Task(0, 0, i, done.append))
+            pool.submit(workers.Task(BatchId(0, 0, i), done.append))
         _drive(pool, 30, until=lambda: len(done) == 4)
         for r in done:
             r.release()

@@ -7,11 +7,12 @@ import time
 
 import pytest
 
+from data_service.contract.batch_id import BatchId
 from data_service.pool import messages as pm
 from data_service.pool.fork_safety import Hazards
 
 MESSAGES = [
-    pm.TaskMsg(1, 2**64 - 1, 3, 4, 5, True),
+    pm.TaskMsg(1, BatchId(2**64 - 1, 3, 4), 5, True),
     pm.DoneMsg(7, 1, ("/proc/1/fd/3", 1 << 20), b"\x0a\x02\x08\x01" * 50, 10, 20, 0.5, 0.25, 3),
     pm.DoneMsg(8, 2, None, b"", 0, 0, 0.0, 0.0, 0),
     pm.ErrorMsg(9, 1, "ValueError: bad sample", "Traceback ...\n" * 20_000, 17),
@@ -89,9 +90,9 @@ def test_tasks_given_to_a_worker_at_once_go_in_one_write(pipe):
     pool = WorkerPool("{}", 1, slots_per_worker=4)
     pool.state.workers_spawned([WorkerHandle(0, None, a, SlotTable(4), ready=True)])
     for i in range(3):
-        pool.state.submit(Task(5, 0, i, lambda _: None))  # queued, given to no worker yet: ids 1, 2, 3
+        pool.state.submit(Task(BatchId(5, 0, i), lambda _: None))  # queued, given to no worker yet: ids 1, 2, 3
     pool._assign()
     assert len(writes) == 1, f"{TASKS_AHEAD} tasks took {len(writes)} writes"
     got = [b.recv() for _ in range(TASKS_AHEAD)]
-    assert [(m.task_id, m.index) for m in got] == [(i + 1, i) for i in range(TASKS_AHEAD)]
+    assert [(m.task_id, m.batch.index) for m in got] == [(i + 1, i) for i in range(TASKS_AHEAD)]
     assert not b.poll(0.1)

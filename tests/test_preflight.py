@@ -118,7 +118,7 @@ def test_hetero_local_prints_the_failing_nodes_error_line(tmp_path):
     assert run.returncode == 1
     # the data server's workers build the pipeline (its main process never does): a configuration error
     assert ("hetero local: failed: algo-2 (data) exited 2: data@algo-2 ERROR launcher.node: launcher: data worker "
-            "could not load the pipeline: ValueError: __len__() should return >= 0") in run.stdout, \
+            "could not load the pipeline: ValueError: __len__() should return >= 0") in run.stderr, \
         run.stdout + run.stderr
     assert time.monotonic() - start < 60
 

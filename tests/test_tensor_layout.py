@@ -3,13 +3,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import encode
 from data_service.contract import tensor_layout
 from data_service.errors import ConfigError, ProtocolError
 from data_service.protocol.generated import pb
 
 
 def roundtrip(batch):
-    structure, metas, payload = tensor_layout.encode(batch)
+    structure, metas, payload = encode(batch)
     header = pb.BatchHeader(structure=structure, tensors=metas, raw_bytes=len(payload), payload_bytes=len(payload))
     return tensor_layout.decode(header, payload), payload
 
@@ -46,11 +47,11 @@ def test_non_contiguous_and_scalar_tensors():
 
 def test_bad_batches_are_config_errors_naming_the_entry():
     with pytest.raises(ConfigError, match="'label'"):
-        tensor_layout.encode({"label": 3})
+        encode({"label": 3})
     with pytest.raises(ConfigError, match="str"):
-        tensor_layout.encode({1: torch.ones(1)})
+        encode({1: torch.ones(1)})
     with pytest.raises(ConfigError, match="tensor"):
-        tensor_layout.encode("text")
+        encode("text")
 
 
 def _header(**kw):

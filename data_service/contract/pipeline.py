@@ -122,10 +122,8 @@ class Pipeline:
 
     def epoch_shape(self) -> EpochShape:
         if not hasattr(self.dataset, "__getitem__") or not hasattr(self.dataset, "__len__"):
-            raise ConfigError(
-                f"dataset of type {type(self.dataset).__name__} is not map-style: it needs "
-                "__len__ and __getitem__ (wrap an iterable source in a map-style dataset)"
-            )
+            raise ConfigError(f"dataset of type {type(self.dataset).__name__} is not map-style: it needs "
+                              "__len__ and __getitem__ (wrap an iterable source in a map-style dataset)")
         block = self.shuffle_block
         if isinstance(block, bool) or not isinstance(block, int) or block < 0:
             raise ConfigError(f"shuffle_block={block!r} must be an integer >= 0 (samples per shuffle block; "
@@ -205,9 +203,7 @@ class PipelineSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, str) or self.target.count(":") != 1:
-            raise ConfigError(
-                f"pipeline={self.target!r} must look like 'package.module:function'"
-            )
+            raise ConfigError(f"pipeline={self.target!r} must look like 'package.module:function'")
         try:
             json.dumps(dict(self.options), sort_keys=True)
         except TypeError as exc:
@@ -236,9 +232,7 @@ class PipelineSpec:
         module = import_module(self.target, "pipeline")
         func = getattr(module, func_name, None)
         if not callable(func):
-            raise ConfigError(
-                f"pipeline={self.target!r}: module {module_name!r} has no callable {func_name!r}"
-            )
+            raise ConfigError(f"pipeline={self.target!r}: module {module_name!r} has no callable {func_name!r}")
         return func
 
     def check_options(self) -> None:
@@ -279,10 +273,8 @@ class PipelineSpec:
         except TypeError as exc:
             raise ConfigError(f"pipeline={self.target!r} rejected options {dict(self.options)!r}: {exc}") from exc
         if not isinstance(pipe, Pipeline):
-            raise ConfigError(
-                f"pipeline={self.target!r} returned {type(pipe).__name__}; it must return "
-                "data_service.Pipeline(dataset=..., batch_size=...)"
-            )
+            raise ConfigError(f"pipeline={self.target!r} returned {type(pipe).__name__}; it must return "
+                              "data_service.Pipeline(dataset=..., batch_size=...)")
         pipe.epoch_shape()  # validates dataset and batch size now, not mid-epoch
         return pipe
 

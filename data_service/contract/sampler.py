@@ -61,10 +61,8 @@ class EpochShape:
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ConfigError(f"num_samples={self.num_samples!r} must be >= 1: the dataset is empty")
         if self.drop_last and self.num_samples < self.batch_size:
-            raise ConfigError(
-                f"drop_last=True with num_samples={self.num_samples} < batch_size={self.batch_size} "
-                "leaves no batch; lower batch_size or set drop_last=False"
-            )
+            raise ConfigError(f"drop_last=True with num_samples={self.num_samples} < batch_size={self.batch_size} "
+                              "leaves no batch; lower batch_size or set drop_last=False")
 
     @property
     def num_batches(self) -> int:
@@ -126,12 +124,6 @@ def batch_block(cfg: EpochShape, seed: int, epoch: int, index: int) -> int:
     if not cfg.shuffle:
         return index * cfg.batch_size // cfg.block_samples
     return int(_block_order(cfg, seed, epoch)[index][0])
-
-
-def block_range(cfg: EpochShape, block: int) -> range:
-    """Sample indices of shuffle block ``block``."""
-    size = cfg.block_samples or cfg.num_samples
-    return range(block * size, min((block + 1) * size, cfg.num_samples))
 
 
 class _BlockOrder:
@@ -218,8 +210,6 @@ def rank_share_size(num_batches: int, rank: int, world_size: int, remainder: str
     else:
         raise ConfigError(f"remainder={remainder!r} must be 'drop' or 'pad'")
     if per_rank == 0:
-        raise ConfigError(
-            f"an epoch of {num_batches} batches is too short for world_size={world_size} with "
-            "remainder='drop'; use remainder='pad' or a smaller batch size"
-        )
+        raise ConfigError(f"an epoch of {num_batches} batches is too short for world_size={world_size} with "
+                          "remainder='drop'; use remainder='pad' or a smaller batch size")
     return per_rank

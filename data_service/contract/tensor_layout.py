@@ -55,16 +55,12 @@ def flatten(batch: Any) -> tuple[int, list[tuple[str, torch.Tensor]]]:
         structure = pb.TUPLE if isinstance(batch, tuple) else pb.LIST
         items = [(str(i), t) for i, t in enumerate(batch)]
     else:
-        raise ConfigError(
-            f"a batch must be a tensor, a dict of tensors or a tuple/list of tensors, got "
-            f"{type(batch).__name__}; make collate_fn return tensors"
-        )
+        raise ConfigError(f"a batch must be a tensor, a dict of tensors or a tuple/list of tensors, got "
+                          f"{type(batch).__name__}; make collate_fn return tensors")
     for name, t in items:
         if not isinstance(t, torch.Tensor):
-            raise ConfigError(
-                f"batch entry {name!r} is a {type(t).__name__}, not a tensor; nested or "
-                "non-tensor values cannot travel: convert it in collate_fn"
-            )
+            raise ConfigError(f"batch entry {name!r} is a {type(t).__name__}, not a tensor; nested or "
+                              "non-tensor values cannot travel: convert it in collate_fn")
         if t.dtype not in DTYPE_NAMES:
             raise ConfigError(f"batch entry {name!r} has dtype {t.dtype}, not one of {sorted(DTYPES)}")
     return structure, items
@@ -110,14 +106,6 @@ def write_summed_payload(metas: Sequence[pb.TensorMeta], tensors: Sequence[torch
         return crc32c(view[pos:_align(pos)], crc)  # the gap after the last
 
 
-def encode(batch: Any) -> tuple[int, list[pb.TensorMeta], bytearray]:
-    """Encode a batch into (structure, metas, payload). Used in-process and by tests."""
-    structure, metas, tensors, size = plan_layout(batch)
-    payload = bytearray(size)
-    write_payload(metas, tensors, payload)
-    return structure, metas, payload
-
-
 def check_header(header: pb.BatchHeader, buffer_len: int, max_bytes: int) -> None:
     """Validate every field of a header against the received buffer.
 
@@ -159,15 +147,11 @@ def check_header(header: pb.BatchHeader, buffer_len: int, max_bytes: int) -> Non
                 break
         nbytes, offset = m.nbytes, m.offset
         if numel * itemsize != nbytes:
-            raise ProtocolError(
-                f"tensor {m.name!r}: shape {list(shape)} x {m.dtype} needs {numel * itemsize} "
-                f"bytes, header says {nbytes}"
-            )
+            raise ProtocolError(f"tensor {m.name!r}: shape {list(shape)} x {m.dtype} needs {numel * itemsize} "
+                                f"bytes, header says {nbytes}")
         if offset % itemsize or offset + nbytes > buffer_len:
-            raise ProtocolError(
-                f"tensor {m.name!r}: bytes [{offset}, {offset + nbytes}) fall outside the "
-                f"{buffer_len}-byte payload or are misaligned"
-            )
+            raise ProtocolError(f"tensor {m.name!r}: bytes [{offset}, {offset + nbytes}) fall outside the "
+                                f"{buffer_len}-byte payload or are misaligned")
 
 
 def decode(header: pb.BatchHeader, buffer, max_bytes: int = 1 << 40) -> Any:

@@ -39,10 +39,6 @@ class WireEncoding:
         return f"{JPEG}:{self.quality}" if self.kind == JPEG else self.kind
 
     @property
-    def lossless(self) -> bool:
-        return self.kind != JPEG
-
-    @property
     def encoded(self) -> bool:
         """Whether batches carry something other than the uint8 images as built."""
         return self.kind != UINT8

@@ -11,6 +11,7 @@ after it, and one in flight that outlasts the wait for it removes the entry agai
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -111,20 +112,16 @@ def default_advertise_host(bind_host: str = "0.0.0.0") -> str:
 
     if bind_host and bind_host not in ("0.0.0.0", "::", "[::]"):
         return bind_host
-    try:
+    with contextlib.suppress(OSError):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(("10.254.254.254", 9))  # no packet is sent: only the route is looked up
             ip = s.getsockname()[0]
         if ip and not ip.startswith("127.") and ip != "0.0.0.0":
             return ip
-    except OSError:
-        pass
-    try:
+    with contextlib.suppress(OSError):
         ip = socket.gethostbyname(socket.gethostname())
         if not ip.startswith("127."):
             return ip
-    except OSError:
-        pass
     return socket.gethostname()
 
 

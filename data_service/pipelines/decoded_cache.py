@@ -24,6 +24,7 @@ served from the cache (docs/images.md, "Decoded-image cache"; ``benchmarks.decod
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -107,14 +108,12 @@ class DecodedCache:
         """Remove a damaged entry and count it (host-wide, and as a sample read again)."""
         self.files.discard(key)
         count_reread()
-        try:
+        with contextlib.suppress(OSError):  # the folder went with its last user: nothing left to count in
             fd = os.open(os.path.join(self.root, DAMAGED), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, b"x")  # O_APPEND: one byte per entry, whichever process finds it
             finally:
                 os.close(fd)
-        except OSError:  # the folder went with its last user: nothing left to count in
-            pass
         log.warning("decoded-image cache %s: entry %s (%d bytes) fails its CRC32C; dropped, and the image is "
                     "decoded again from its source", self.root, key, size)
 

@@ -58,7 +58,7 @@ class Deaths:
             code = process.exitcode
         task = death.building
         log.warning("data worker %d (pid %s) %s%s", w.wid, process.pid, exit_status(code),
-                    f" while building epoch {task.epoch} batch {task.index}" if task else "")
+                    f" while building {task.batch}" if task else "")
         deliver([crashed_too_often(t, code) for t in death.crashed])
 
     def _replace(self, dead: WorkerHandle) -> None:

@@ -11,19 +11,17 @@ import os
 import pickle
 import struct
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, NamedTuple, Union
+from typing import NamedTuple, Union
 
-if TYPE_CHECKING:
-    from ..protocol.generated import pb
+from ..contract.batch_id import BatchId
+from ..protocol.generated import pb
 
 
 class TaskMsg(NamedTuple):
-    """Server -> worker: build batch ``index`` of ``epoch`` (sampler ``seed``) into slot ``slot``."""
+    """Server -> worker: build ``batch`` into slot ``slot``."""
 
     task_id: int
-    seed: int
-    epoch: int
-    index: int  # type: ignore[assignment]  # mypy: a NamedTuple field may not share tuple.index's name
+    batch: BatchId  # packed flat, as its three integers (``encode``)
     slot: int
     renew: bool  # the slot's region was handed to a consumer for good: build into a new one
 
@@ -115,7 +113,7 @@ _READ_CHUNK = 1 << 16
 def encode(msg) -> bytes:
     """The bytes of one message (see ``decode``)."""
     if type(msg) is TaskMsg:
-        return _TASK.pack(_T, *msg)
+        return _TASK.pack(_T, msg.task_id, msg.batch.seed, msg.batch.epoch, msg.batch.index, msg.slot, msg.renew)
     if type(msg) is DoneMsg:
         path, capacity = msg.new_region if msg.new_region is not None else ("", 0)
         raw_path = path.encode()
@@ -130,7 +128,8 @@ def decode(data) -> ToWorker | FromWorker:
     """The message in ``data`` (bytes from ``encode``, read from a pipe of our own process tree)."""
     tag = data[:1]
     if tag == _T:
-        return TaskMsg(*_TASK.unpack(data)[1:])
+        _, task_id, seed, epoch, index, slot, renew = _TASK.unpack(data)
+        return TaskMsg(task_id, BatchId(seed, epoch, index), slot, renew)
     if tag == _D:
         _, task_id, slot, capacity, payload, raw, build_s, compress_s, skipped, reread, n = _DONE.unpack_from(data)
         start = _DONE.size

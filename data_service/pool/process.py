@@ -157,7 +157,7 @@ def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) 
     t0 = time.perf_counter()
     skipped_before, reread_before = pipe.samples_skipped, samples_reread()
     try:
-        batch = build_batch(pipe, cfg, msg.seed, msg.epoch, msg.index)
+        batch = build_batch(pipe, cfg, msg.batch.seed, msg.batch.epoch, msg.batch.index)
         structure, metas, tensors, size = tensor_layout.plan_layout(batch)
     except IndexError as exc:
         conn.send(ErrorMsg(msg.task_id, pb.OUT_OF_RANGE, str(exc), "", -1))
@@ -182,7 +182,7 @@ def _build(conn, pipe, cfg, msg: TaskMsg, slots: _Slots, compression_name: str) 
     slot, new = slots.fit(msg.slot, size)
     skipped = pipe.samples_skipped - skipped_before
     header = pb.BatchHeader(
-        ref=pb.BatchRef(seed=msg.seed, epoch=msg.epoch, index=msg.index),
+        ref=msg.batch.ref(),
         structure=cast("pb.Structure", structure), tensors=metas,  # plan_layout gives a Structure value, as an int
         payload_bytes=size, raw_bytes=raw_size, compression=compression_name, compress_s=compress_s,
         samples_skipped=skipped)

@@ -87,9 +87,8 @@ def deliver(failures: list[Failure]) -> None:
     """Hand each failed task its error ``Result`` (outside the pool's lock: the callback is the consumer's)."""
     for failure in failures:
         task = failure.task
-        err = pb.BatchError(ref=pb.BatchRef(seed=task.seed, epoch=task.epoch, index=task.index),
-                            kind=failure.kind, message=failure.message, traceback=failure.traceback,
-                            sample_index=failure.sample_index)
+        err = pb.BatchError(ref=task.batch.ref(), kind=failure.kind, message=failure.message,
+                            traceback=failure.traceback, sample_index=failure.sample_index)
         task.on_result(Result(task, error=err))
 
 

@@ -121,7 +121,7 @@ class PoolState:
                         break
                     task, (k, renew) = made
                     w.tasks[task.id] = (task, k)
-                    frames += w.conn.frame(TaskMsg(task.id, task.seed, task.epoch, task.index, k, renew))
+                    frames += w.conn.frame(TaskMsg(task.id, task.batch, k, renew))
                 if frames:
                     sends.append((w, frames))
         return sends

@@ -4,20 +4,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..contract.batch_id import BatchId
 from ..protocol.generated import pb
 
 
 @dataclass
 class Task:
-    """One batch to build; ``on_result`` is called once, from the pool's thread.
+    """One batch to build (``batch``); ``on_result`` is called once, from the pool's thread.
 
     ``owner`` (the consumer connection that asked) lets the pool keep one consumer that stopped
     taking its batches from holding every worker's slots (task_queue.py, "stuck batches").
     """
 
-    seed: int
-    epoch: int
-    index: int
+    batch: BatchId
     on_result: Callable[["Result"], None]
     owner: object = None
     id: int = 0

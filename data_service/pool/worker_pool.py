@@ -285,8 +285,7 @@ class WorkerPool:
                 continue
             task, failures = self.state.region_unmappable(w, task_id, dead, error)
             if task is not None and dead:
-                log.warning("data worker %d died before its epoch %d batch %d could be mapped; building it again",
-                            w.wid, task.epoch, task.index)
+                log.warning("data worker %d died before its %s could be mapped; building it again", w.wid, task.batch)
             deliver(failures)
         self._unmapped = waiting
 

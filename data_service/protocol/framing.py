@@ -71,17 +71,6 @@ def unseal(body) -> bytes | None:
     return inner if zlib.crc32(inner) == int.from_bytes(body[-4:], "little") else None
 
 
-def send_frame(sock: socket.socket, frame: pb.BulkFrame, payload=None) -> int:
-    """Send one frame and its payload; returns bytes written."""
-    head = frame_bytes(frame)
-    sock.sendall(head)
-    sent = len(head)
-    if payload is not None and len(payload):
-        sock.sendall(payload)
-        sent += len(payload)
-    return sent
-
-
 def recv_into(sock: socket.socket, view: memoryview) -> None:
     """Fill ``view`` completely from ``sock``."""
     got, n = 0, len(view)

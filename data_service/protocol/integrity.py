@@ -89,13 +89,3 @@ class Running:
     def mismatch(self) -> Mismatch | None:
         """Once the whole payload was added: how it fails the checksum its data worker wrote, or None."""
         return None if self._crc == self._want else Mismatch(self._name, self._crc, self._want)
-
-
-def mismatch(header: pb.BatchHeader, payload: Buffer) -> Mismatch | None:
-    """How ``payload`` (with ``header``) fails the checksum its data worker wrote; None when it passes
-    or the header carries none."""
-    if not sealed(header):
-        return None
-    running = Running(header)
-    running.update(memoryview(payload)[:header.payload_bytes])
-    return running.mismatch()

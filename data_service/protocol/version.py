@@ -41,8 +41,6 @@ def compatible(client_version: str, server_version: str) -> bool:
 
 def mismatch_message(client_version: str, server_version: str) -> str:
     """Why the two cannot talk, and the fix."""
-    return (
-        f"protocol version mismatch: client speaks heterodata {client_version!r}, "
-        f"server speaks {server_version!r}; {_why_not(client_version, server_version) or ''}install the same "
-        "hetero-data-service release on data and GPU nodes"
-    )
+    return (f"protocol version mismatch: client speaks heterodata {client_version!r}, "
+            f"server speaks {server_version!r}; {_why_not(client_version, server_version) or ''}install the same "
+            "hetero-data-service release on data and GPU nodes")

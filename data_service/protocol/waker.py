@@ -9,6 +9,7 @@ a loop already closed does nothing (it can never write into a descriptor number 
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -33,20 +34,16 @@ class Waker:
             if self._pending or self._write.fileno() < 0:
                 return
             self._pending = True
-            try:
+            with contextlib.suppress(OSError):  # full: bytes already wait to be read, which wakes it as well
                 self._write.send(b"\0")
-            except OSError:  # full: bytes already wait to be read, which wakes it as well
-                pass
 
     def drain(self) -> None:
         """Read what ``wake`` wrote, so the next wait blocks again."""
         with self._lock:
             self._pending = False
-            try:
+            with contextlib.suppress(OSError):  # BlockingIOError: nothing more to read
                 while self._read.recv(4096):
                     pass
-            except OSError:  # BlockingIOError: nothing more to read
-                pass
 
     def close(self) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from ..storage.parsing import parse_size
 
 if TYPE_CHECKING:
+    from ..contract.batch_id import BatchId
     from ..contract.wire import WireEncoding
 
 
@@ -35,15 +36,12 @@ class BatchKey:
     fingerprint: str
     wire_encoding: WireEncoding
     compression: str
-    seed: int
-    epoch: int
-    index: int
+    batch: BatchId
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # computed once: every request looks its key up several times (window, builds in flight)
-        object.__setattr__(self, "_hash", hash((self.fingerprint, self.wire_encoding, self.compression, self.seed,
-                                                self.epoch, self.index)))
+        object.__setattr__(self, "_hash", hash((self.fingerprint, self.wire_encoding, self.compression, self.batch)))
 
     def __hash__(self) -> int:
         return self._hash

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 
+from ..contract.batch_id import BatchId
 from ..contract.pipeline import BlockPrefetcher
 from ..contract.sampler import EpochShape, batch_indices
 
@@ -33,9 +34,9 @@ class PrefetchOnce:
         self._epochs: collections.OrderedDict[tuple[int, int], tuple[set[int], set[int]]] = \
             collections.OrderedDict()
 
-    def batch(self, seed: int, epoch: int, index: int) -> None:
-        """A consumer named batch ``index`` of ``epoch``: trigger its blocks not triggered yet."""
-        key = (seed, epoch)
+    def batch(self, which: BatchId) -> None:
+        """A consumer named the batch ``which``: trigger its blocks not triggered yet."""
+        key = (which.seed, which.epoch)
         seen = self._epochs.get(key)
         if seen is None:
             seen = self._epochs[key] = (set(), set())
@@ -44,11 +45,11 @@ class PrefetchOnce:
         else:
             self._epochs.move_to_end(key)
         batches, blocks = seen
-        if index in batches:
+        if which.index in batches:
             return
-        batches.add(index)
+        batches.add(which.index)
         try:
-            indices = batch_indices(self.plan, seed, epoch, index)
+            indices = batch_indices(self.plan, which.seed, which.epoch, which.index)
         except IndexError:
             return  # outside the plan: the request is refused elsewhere
         size = self.prefetcher.block_samples
@@ -58,4 +59,4 @@ class PrefetchOnce:
             try:
                 self.prefetcher.prefetch_block(block)
             except Exception as exc:  # a hint only: the worker that builds the batch reports real errors
-                log.debug("prefetch of block %d (epoch %d): %s", block, epoch, exc)
+                log.debug("prefetch of block %d (epoch %d): %s", block, which.epoch, exc)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import collections
 
+from ..contract.batch_id import BatchId
+
 SEEDS_KEPT = 64  # seeds followed at once (the most recently asked); a sweep has a few
 
 
@@ -40,32 +42,30 @@ class AheadPlan:
         self._front: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
         self._started: dict[int, tuple[int, int]] = {}  # seed -> (epoch, next index to start) of its epoch ahead
 
-    def asked(self, seed: int, epoch: int, index: int) -> None:
-        """A job asked for batch ``index`` of ``epoch``."""
+    def asked(self, batch: BatchId) -> None:
+        """A job asked for ``batch``."""
         if self.lead == 0:
             return
-        front = self._front.get(seed)
-        if front is None or (epoch, index) > front:
-            self._front[seed] = (epoch, index)
-        self._front.move_to_end(seed)
+        at = (batch.epoch, batch.index)
+        self._front[batch.seed] = max(self._front.get(batch.seed, at), at)
+        self._front.move_to_end(batch.seed)
         while len(self._front) > SEEDS_KEPT:
             old, _ = self._front.popitem(last=False)
             self._started.pop(old, None)
 
-    def due(self) -> list[tuple[int, int, int]]:
-        """(seed, epoch, index) of the batches to build ahead now, in the order to build them:
-        for each seed whose furthest request is among its epoch's last ``lead``, the next
-        epoch's first ``lead`` batches not yet started."""
-        out: list[tuple[int, int, int]] = []
+    def due(self) -> list[BatchId]:
+        """The batches to build ahead now, in the order to build them: for each seed whose furthest
+        request is among its epoch's last ``lead``, the next epoch's first ``lead`` batches not yet started."""
+        out: list[BatchId] = []
         for seed, (epoch, index) in self._front.items():
             if index < self.num_batches - self.lead:
                 continue
             started_epoch, start = self._started.get(seed, (epoch + 1, 0))
             if started_epoch != epoch + 1:
                 start = 0
-            out.extend((seed, epoch + 1, i) for i in range(start, self.lead))
+            out.extend(BatchId(seed, epoch + 1, i) for i in range(start, self.lead))
         return out
 
-    def started(self, seed: int, epoch: int, index: int) -> None:
-        """The build of (seed, epoch, index), from ``due``, was started (or was not needed)."""
-        self._started[seed] = (epoch, index + 1)
+    def started(self, batch: BatchId) -> None:
+        """The build of ``batch``, from ``due``, was started (or was not needed)."""
+        self._started[batch.seed] = (batch.epoch, batch.index + 1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 
+from ..contract.batch_id import BatchId
+
 EPOCHS_KEPT = 64  # (seed, epoch) pairs remembered, the most recently built; older ones are forgotten
 
 
@@ -22,9 +24,9 @@ class BuildRecord:
         self.epochs_kept = epochs_kept
         self._bits: collections.OrderedDict[tuple[int, int], bytearray] = collections.OrderedDict()
 
-    def built(self, seed: int, epoch: int, index: int) -> bool:
-        """Note a build of batch ``index``; True when it had been built before."""
-        pair = (seed, epoch)
+    def built(self, batch: BatchId) -> bool:
+        """Note a build of ``batch``; True when it had been built before."""
+        pair, index = (batch.seed, batch.epoch), batch.index
         bits = self._bits.get(pair)
         if bits is None:
             bits = self._bits[pair] = bytearray((self.num_batches + 7) // 8)

@@ -34,6 +34,7 @@ from .dataplane import DataPlane
 from .options import ServerOptions
 from .probe import probe_batch
 from .block_prefetch import PrefetchOnce
+from ..contract.batch_id import BatchId
 from ..contract.pipeline import PipelineInfo, PipelineSpec, ServerSide
 from ..contract.sampler import EpochShape
 from .session_host import SessionSettings
@@ -244,11 +245,11 @@ class DataServer:
             shared_memory=self.options.shared_memory, send_timeout_s=self.options.send_timeout_s,
             num_batches=cast(EpochShape, self.plan).num_batches)  # start() set it before the ports open
 
-    def prefetch(self, seed: int, epoch: int, index: int) -> None:
-        """A consumer hints at or requests this batch: the pipeline's block prefetcher, if it has
+    def prefetch(self, batch: BatchId) -> None:
+        """A consumer hints at or requests ``batch``: the pipeline's block prefetcher, if it has
         one, starts fetching the batch's blocks (once per block and epoch)."""
         if self._prefetch is not None:
-            self._prefetch.batch(seed, epoch, index)
+            self._prefetch.batch(batch)
 
     def count_auth_failure(self) -> None:
         self.stats.auth_failures += 1

@@ -27,6 +27,7 @@ from ..pool.tasks import Task
 from ..pool.worker_pool import WorkerPool
 
 if TYPE_CHECKING:
+    from ..contract.batch_id import BatchId
     from .stats import ServerStats
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Server(Protocol):
     shutting_down: bool  # new requests are refused
 
     def count_auth_failure(self) -> None: ...
-    def prefetch(self, seed: int, epoch: int, index: int) -> None: ...
+    def prefetch(self, batch: BatchId) -> None: ...
 
 
 class DataPlane:
@@ -152,8 +153,8 @@ class DataPlane:
     def count_auth_failure(self) -> None:
         self._server.count_auth_failure()
 
-    def prefetch(self, seed: int, epoch: int, index: int) -> None:
-        self._server.prefetch(seed, epoch, index)
+    def prefetch(self, batch: BatchId) -> None:
+        self._server.prefetch(batch)
 
     # (the loop's thread from here on)
     def closed(self, session: Session) -> None:

@@ -14,6 +14,7 @@ from typing import cast
 from ..errors import ConfigError
 from ..protocol.generated import pb
 from ..pool.tasks import Result, Task
+from ..contract.batch_id import BatchId
 from ..contract.wire import WireEncoding
 from ..pool.worker_pool import WorkerPool
 
@@ -33,7 +34,7 @@ def probe_batch(pool: WorkerPool, target: str, max_batch_bytes: int, start_timeo
         box.append(result)
         done.set()
 
-    pool.submit(Task(0, 0, 0, finished))
+    pool.submit(Task(BatchId(0, 0, 0), finished))
     deadline = time.monotonic() + start_timeout_s
     while not done.is_set():
         left = deadline - time.monotonic()

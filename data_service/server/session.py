@@ -35,6 +35,7 @@ import ssl
 import time
 from typing import cast
 
+from ..contract.batch_id import BatchId
 from ..protocol import framing
 from ..protocol.framing import frame_bytes
 from ..errors import ProtocolError
@@ -72,7 +73,7 @@ class Session:
         self._out = SendQueue(sock, host.stats, lambda: host.flush_later(self), lambda on: host.want_write(self, on))
         self._close_when_sent = False
         self._tasks: dict[int, Task] = {}
-        self._held: dict[tuple[int, int, int], list[Result]] = {}  # shared-memory mode: sent, not yet released
+        self._held: dict[BatchId, list[Result]] = {}  # shared-memory mode: sent, not yet released
 
     # -- lifecycle
     def start(self) -> None:
@@ -204,39 +205,38 @@ class Session:
             self._on_hello(frame.hello)
             return
         if kind == "release" and self.shm:
-            ref = frame.release.ref
-            key = (ref.seed, ref.epoch, ref.index)
-            held = self._held.get(key, [])
+            which = BatchId.of(frame.release.ref)
+            held = self._held.get(which, [])
             inode = frame.release.shm_inode
             # the copy in the named slot (no inode, an older client: the oldest): the consumer may
             # hold two of one batch (asked for again while it kept the first), the other still in use
             at = next((k for k, r in enumerate(held) if not inode or r.shm_inode == inode), None)
             if at is None:
-                raise ProtocolError(f"release of batch {ref.index} (epoch {ref.epoch}) in slot inode "
+                raise ProtocolError(f"release of batch {which.index} (epoch {which.epoch}) in slot inode "
                                     f"{inode} that is not held")
             result = held.pop(at)
             if not held:
-                del self._held[key]
+                del self._held[which]
             result.release()
             return
         if kind != "fetch":
             raise ProtocolError(f"expected fetch frames, got {kind!r}")
-        for ref in frame.fetch.prefetch:  # hints: fetch data ahead, build and answer nothing
-            if ref.index < self._settings.num_batches and ref.epoch < 1 << 62:
-                self.host.prefetch(ref.seed, ref.epoch, ref.index)
-        for ref in frame.fetch.batches:
-            if not ref.index < self._settings.num_batches or ref.epoch >= 1 << 62:
-                self._queue_error(ref, pb.OUT_OF_RANGE,
-                                  f"batch {ref.index} of epoch {ref.epoch} is outside the plan "
+        for which in map(BatchId.of, frame.fetch.prefetch):  # hints: fetch data ahead, build and answer nothing
+            if which.index < self._settings.num_batches and which.epoch < 1 << 62:
+                self.host.prefetch(which)
+        for which in map(BatchId.of, frame.fetch.batches):
+            if not which.index < self._settings.num_batches or which.epoch >= 1 << 62:
+                self._queue_error(which, pb.OUT_OF_RANGE,
+                                  f"batch {which.index} of epoch {which.epoch} is outside the plan "
                                   f"(valid batch indices 0..{self._settings.num_batches - 1})")
                 continue
             if self.host.shutting_down():
-                self._queue_error(ref, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
+                self._queue_error(which, pb.SHUTTING_DOWN, "data server is shutting down; ask another server")
                 continue
             if len(self._tasks) + len(self._out) >= MAX_OUTSTANDING:
                 raise ProtocolError(f"more than {MAX_OUTSTANDING} outstanding batch requests")
-            self.host.prefetch(ref.seed, ref.epoch, ref.index)
-            task = Task(ref.seed, ref.epoch, ref.index, self._on_result, owner=self)
+            self.host.prefetch(which)
+            task = Task(which, self._on_result, owner=self)
             self._tasks[id(task)] = task  # before submit: the pool may answer at once
             self.host.submit(task)
             if self.closed:
@@ -265,8 +265,8 @@ class Session:
         self._queue(frame_bytes(pb.BulkFrame(error=pb.BatchError(kind=kind, message=message, sample_index=-1))))
 
     # -- results
-    def _queue_error(self, ref: pb.BatchRef, kind: pb.ErrorKind, message: str) -> None:
-        error = pb.BatchError(ref=ref, kind=kind, message=message, sample_index=-1)
+    def _queue_error(self, which: BatchId, kind: pb.ErrorKind, message: str) -> None:
+        error = pb.BatchError(ref=which.ref(), kind=kind, message=message, sample_index=-1)
         self._queue(frame_bytes(pb.BulkFrame(error=error)))
 
     def _on_result(self, result: Result) -> None:
@@ -283,10 +283,9 @@ class Session:
             return
         figures = (result.raw_bytes, result.payload_bytes, result.compress_s)
         if self.shm and result.shm_path:  # a batch window's copy has no slot: it goes as TCP bytes
-            task = result.task
             extra = pb.BatchHeader(shm_path=result.shm_path, shm_size=result.shm_size, shm_inode=result.shm_inode,
                                    shm_lease=result.lease()).SerializeToString()
-            self._held.setdefault((task.seed, task.epoch, task.index), []).append(result)  # until Release
+            self._held.setdefault(result.task.batch, []).append(result)  # until Release
             self._queue(framing.batch_frame(result.header_bytes, extra), figures=figures)
         else:
             self._queue(framing.batch_frame(result.header_bytes), result.payload, result, figures)

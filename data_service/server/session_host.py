@@ -12,6 +12,7 @@ from ..protocol.generated import pb
 from ..protocol.version import PROTOCOL_VERSION, compatible, mismatch_message
 
 if TYPE_CHECKING:
+    from ..contract.batch_id import BatchId
     from .stats import ServerStats
 
 # the session type a host takes back (session.Session): a parameter, so that this module need
@@ -44,7 +45,7 @@ class SessionHost(Protocol[S_contra]):
     def count_auth_failure(self) -> None: ...
     # Each batch a consumer hints at or requests, before it is queued: the pipeline's block
     # prefetcher, if any, fetches its blocks once per block and epoch (block_prefetch.PrefetchOnce).
-    def prefetch(self, seed: int, epoch: int, index: int) -> None: ...
+    def prefetch(self, batch: BatchId) -> None: ...
 
     def call_soon(self, fn: Callable, *args) -> None: ...  # from any thread: fn(*args) on the loop's
     def closed(self, session: S_contra) -> None: ...  # the loop forgets the session

@@ -41,6 +41,7 @@ from .stats import WindowFigures
 AHEAD_REMEMBERED = 4096  # batches built ahead and not yet asked for, remembered for ``ahead_used``
 
 if TYPE_CHECKING:
+    from ..contract.batch_id import BatchId
     from ..contract.wire import WireEncoding
 
 
@@ -53,11 +54,9 @@ class BatchIdentity:
     wire_encoding: WireEncoding
     compression: str
 
-    def key(self, task: Task) -> BatchKey:
-        return self.key_of(task.seed, task.epoch, task.index)
-
-    def key_of(self, seed: int, epoch: int, index: int) -> BatchKey:
-        return BatchKey(self.fingerprint, self.wire_encoding, self.compression, seed, epoch, index)
+    def key(self, batch: BatchId) -> BatchKey:
+        """The key of ``batch`` as this server builds it."""
+        return BatchKey(self.fingerprint, self.wire_encoding, self.compression, batch)
 
 
 class _Build:
@@ -68,7 +67,7 @@ class _Build:
     def __init__(self, key: BatchKey, on_built: Callable[["_Build", Result], None], owner: object = None,
                  ahead: bool = False) -> None:
         self.key = key
-        self.task = Task(key.seed, key.epoch, key.index, partial(on_built, self), owner=owner)
+        self.task = Task(key.batch, partial(on_built, self), owner=owner)
         self.waiters: list[Task] = []
         self.ahead = ahead
 
@@ -117,10 +116,10 @@ class SharedBuilds:
     # -- what the data plane asks (the loop's thread)
     def submit(self, task: Task) -> None:
         """Answer ``task`` from the window, from a build in flight, or from a new build."""
-        key = self.identity.key(task)
+        key = self.identity.key(task.batch)
         start = None
         with self._lock:
-            self._ahead.asked(task.seed, task.epoch, task.index)
+            self._ahead.asked(task.batch)
             if key in self._ahead_unasked:
                 del self._ahead_unasked[key]
                 self.counts.ahead_used += 1
@@ -149,11 +148,11 @@ class SharedBuilds:
         """Under the lock: builds of the next epoch's first batches to start now, one per worker
         with nothing to build (build_ahead.py); the caller submits them outside the lock."""
         starts: list[Task] = []
-        for seed, epoch, index in self._ahead.due():
+        for batch in self._ahead.due():
             if len(self._building) >= self._workers:
                 break
-            self._ahead.started(seed, epoch, index)
-            key = self.identity.key_of(seed, epoch, index)
+            self._ahead.started(batch)
+            key = self.identity.key(batch)
             if key in self.window or key in self._building:
                 continue
             build = self._building[key] = _Build(key, self._built, ahead=True)
@@ -190,7 +189,7 @@ class SharedBuilds:
             entry = None
             if result.error is None:
                 self.counts.built += 1
-                if self._record.built(build.key.seed, build.key.epoch, build.key.index):
+                if self._record.built(build.key.batch):
                     self.counts.built_again += 1
                 if waiters or build.ahead:
                     entry = self.window.put(build.key, result.header_bytes, result.payload or b"", result.raw_bytes)

@@ -4,10 +4,10 @@ A sample is the members sharing a key, the WebDataset convention (adjacent there
 not be, as in a ``tar cf`` without ``--sort=name``): the key is a member's path up to the first
 dot of its last component (``a/b/0001.seg.jpg`` has key ``a/b/0001`` and extension ``seg.jpg``).
 Samples are numbered shard after shard, in the order of their images in each. Of each sample the
-index records the image member
-(``.jpg``, ``.jpeg``, ``.png`` or ``.webp``; the first of ``image_exts`` present) by where its data
-lies in the shard, a label read by a :class:`LabelRule`, and a CRC32C over the image's bytes
-(computed as the walk passes them) and then the label (:func:`.checksum.sample_crc`):
+index records the image member (``.jpg``, ``.jpeg``, ``.png`` or ``.webp``; the first of
+``image_exts`` present) by where its data lies in the shard, a label read by a :class:`LabelRule`,
+and a CRC32C over the image's bytes (computed as the walk passes them) and then the label
+(:func:`.checksum.sample_crc`):
 
 * ``cls`` (the default): a member ``<key>.cls`` holding an integer (any extension names a text member);
 * ``json:FIELD``: the field ``FIELD`` (dotted for nested ones) of ``<key>.json``;

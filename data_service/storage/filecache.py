@@ -285,11 +285,9 @@ def flock(fd: int, op: int, wait_s: float, timeout_message: Callable[[], str]) -
     deadline = time.monotonic() + wait_s
     delay = 0.0005
     while True:
-        try:
+        with contextlib.suppress(BlockingIOError):
             fcntl.flock(fd, op | fcntl.LOCK_NB)
             return
-        except BlockingIOError:
-            pass
         if time.monotonic() > deadline:
             raise CacheError(timeout_message())
         time.sleep(delay)

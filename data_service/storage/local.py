@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import shutil
 import tempfile
@@ -148,10 +149,8 @@ class LocalStore:
                 f.write(data)
             os.replace(tmp, path)  # readers see the old file or the new, never half of one
         except OSError as exc:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise StoreWriteError(f"{exc}; check that {folder} exists and is writable", key=key) from None
 
     def write_file(self, key: str, path: str) -> None:

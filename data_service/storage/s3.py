@@ -200,22 +200,6 @@ class S3Store:
         self._get(key, start, end, alloc)
         return bytes(holder[0])
 
-    def read_into(self, key: str, start: int, end: int | None, out: memoryview) -> None:
-        """Bytes [start, end) of ``key`` into ``out[:end - start]`` (end None: ``start + len(out)``)."""
-        out = memoryview(out).cast("B")
-        if end is None:
-            end = start + len(out)
-        if start < 0 or end < start or len(out) < end - start:
-            raise ValueError(f"bad byte range [{start}, {end}) for {self.key_url(key)} "
-                             f"into a buffer of {len(out)} bytes")
-        if end == start:
-            return
-
-        def alloc(n: int) -> memoryview:
-            return out[:n]
-
-        self._get(key, start, end, alloc)
-
     def list(self, suffix: str = "", under: str = "", versions: bool = False) -> list[tuple]:
         """(key relative to ``under`` under the prefix, size) of every object there whose key ends
         with ``suffix``, in key order (paginated LIST, each page retried); ``versions``: with its

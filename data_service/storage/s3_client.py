@@ -10,6 +10,7 @@ its own.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any, Callable
@@ -110,10 +111,7 @@ class ProcessClients:
         with lock:  # one client per process: threads wait for the first one to make it
             c = clients.get(name)
             if c is None:
-                if self._given is not None and self._given[0] == os.getpid():
-                    c = self._given[1]
-                else:
-                    c = make()
+                c = self._given[1] if self._given is not None and self._given[0] == os.getpid() else make()
                 clients[name] = c
             return c
 
@@ -124,7 +122,5 @@ class ProcessClients:
             made = [c for c in clients.values() if self._given is None or c is not self._given[1]]
             clients.clear()
         for c in {id(c): c for c in made}.values():
-            try:
+            with contextlib.suppress(Exception):  # closing is best effort
                 c.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass

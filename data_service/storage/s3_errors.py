@@ -9,6 +9,7 @@ a range past the end, an endpoint that cannot be reached (and the variable it ca
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 from .base import NOT_FOUND, StoreError, StoreWriteError
@@ -103,12 +104,10 @@ def retryable(e: BaseException) -> bool | None:
         return False
     if isinstance(e, bx.BotoCoreError):
         return False
-    try:
+    with contextlib.suppress(ImportError):  # pragma: no cover - botocore depends on urllib3
         import urllib3.exceptions as ux
         if isinstance(e, ux.HTTPError):
             return True
-    except ImportError:  # pragma: no cover - botocore depends on urllib3
-        pass
     import http.client
     if isinstance(e, (ConnectionError, TimeoutError, http.client.HTTPException)):
         return True  # socket-level resets and timeouts; other OSErrors (a missing local file) are not S3's

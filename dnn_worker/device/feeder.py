@@ -29,7 +29,7 @@ from data_service.contract.pipeline import PipelineSpec
 from data_service.protocol.generated import pb
 from data_service.contract.wire_encoding import WireEncoding
 
-from ..resume.audit import AuditLog, take_audit
+from ..resume.audit import AuditedStage, AuditLog, take_audit
 from ..resume.audit import digest as audit_digest
 from ..resume.state import LoadableState, ResumeState
 from .ops import HostOps, StreamOps, ops_for
@@ -109,7 +109,7 @@ def finish_from_info(info: pb.DatasetInfo) -> FinishStage:
     return FinishStage.load(info.finish, dict(info.finish_dtypes), info.wire_encoding, info.max_batch_bytes)
 
 
-class DeviceFeeder:
+class DeviceFeeder(AuditedStage):
     """Iterate batches already on ``device`` and finished, ``depth`` batches ahead.
 
     A consumer stage (docs/consumer.md): ``state_dict``/``load_state_dict``/``set_epoch``/``epoch``
@@ -144,17 +144,9 @@ class DeviceFeeder:
         self._typed = callable(getattr(iterable, "resume_state", None))
         self._state: ResumeState | None = None  # None: the wrapped stage's own state holds
         self.last_yielded: BatchId | None = None
-        self._audit: AuditLog | None = take_audit(iterable)
+        self._audit = take_audit(iterable)
 
     # -- the stage contract
-    @property
-    def audit_path(self) -> str | None:
-        return self._audit.path if self._audit is not None else None
-
-    @audit_path.setter
-    def audit_path(self, value: str | None) -> None:
-        self._audit = AuditLog(value) if value else None
-
     def _upstream(self, what: str) -> Any:
         if not self._stateful:
             raise ConfigError(f"DeviceFeeder.{what} needs a resumable stage to wrap, got "

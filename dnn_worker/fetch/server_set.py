@@ -12,6 +12,7 @@ What to ask of whom is the scheduler's job.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import selectors
 import time
@@ -299,10 +300,8 @@ class Selector:
 
     def remove(self, conn: BulkConnection) -> None:
         self._watching.pop(conn, None)
-        try:
+        with contextlib.suppress(KeyError, ValueError, AttributeError):
             self._sel.unregister(conn)
-        except (KeyError, ValueError, AttributeError):
-            pass
 
     def wait(self, conns: list[BulkConnection], timeout: float) -> list[Event]:
         """Write what waits to be written on ``conns``, then read whatever they sent (up to ``timeout``);

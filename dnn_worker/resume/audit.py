@@ -39,9 +39,21 @@ class AuditLog:
         self.close()
 
 
-def digest(batch: Any) -> str:
-    """The sha256 of a host batch as the audit records it."""
-    return batch_digest(batch)
+digest = batch_digest  # the sha256 of a host batch as the audit records it
+
+
+class AuditedStage:
+    """A stage that wraps another: it writes the audit (``audit_path``), and a wrapper of its own takes it over."""
+
+    _audit: AuditLog | None = None
+
+    @property
+    def audit_path(self) -> str | None:
+        return self._audit.path if self._audit is not None else None
+
+    @audit_path.setter
+    def audit_path(self, value: str | None) -> None:
+        self._audit = AuditLog(value) if value else None
 
 
 def take_audit(inner: Any) -> AuditLog | None:

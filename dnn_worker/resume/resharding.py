@@ -28,9 +28,6 @@ from data_service.errors import ConfigError
 from .batch_list import Stride
 from .state import WORLDS, EarlierWorld, Remainder, ResumeState
 
-REMAINDERS = tuple(r.value for r in Remainder)
-
-
 def share_size(m: int, size: int, remainder: str | Remainder) -> int:
     """Batches each of ``size`` ranks takes of ``m``; 0 when ``drop`` leaves none."""
     return m // size if Remainder.parse(remainder) is Remainder.DROP else -(-m // size)

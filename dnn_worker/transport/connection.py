@@ -24,6 +24,7 @@ not take yet, deferred releases), ``recv_buffer.py`` (bytes read and not parsed 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 from dataclasses import dataclass
@@ -182,10 +183,8 @@ class BulkConnection:
         self.closed = True
         self._outbox.drop_releases()
         if self._sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             self._sock.close()
         self._payload = None
         self._maps.close()
@@ -221,10 +220,8 @@ class BulkConnection:
         next ``flush()``. Runs wherever the last tensor died (``Outbox.release`` never waits)."""
         if self.closed:
             return  # the server retired the slot when the connection ended
-        try:
+        with contextlib.suppress(OSError):  # the connection is gone; the server retires the slot
             self._outbox.release(release, wait=False)
-        except OSError:
-            pass  # the connection is gone; the server retires the slot
 
     # -- receiving
     def read_events(self) -> list[Event]:

@@ -2,6 +2,7 @@
 mapped (a consumer on the same host), and the socket's low-water mark (a large TCP payload)."""
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import socket
@@ -85,10 +86,8 @@ class SlotMaps:
 
 
 def _unmap(m: mmap.mmap) -> None:
-    try:
+    with contextlib.suppress(BufferError):  # zero-copy batches still use it: unmapped when they are gone
         m.close()
-    except BufferError:
-        pass  # zero-copy batches still use it: unmapped when they are gone
 
 
 class LowWater:

@@ -1,7 +1,7 @@
 """Step time, data wait and $ cost of the same job, homogeneous vs heterogeneous, on this machine.
 
-``hetero bench`` runs the MNIST job of
-``hetero local`` in two layouts, with CPU affinity so each gets exactly the cores it should:
+``hetero bench`` runs the MNIST job of ``hetero local`` in two layouts, with CPU affinity so each
+gets exactly the cores it should:
 
 * **homogeneous**: the trainer and its DataLoader workers on the K *trainer CPUs* (a GPU
   instance's few vCPUs preprocessing for it);
@@ -16,10 +16,9 @@ speed-up is also given per round (both runs of a round measured back to back). T
 step), so the trainer's own CPU work does not hide the data path. Without ``--emulate-step-s``
 the step is a third of one core's batch, profiled at the start of the same run (as the
 quickstart does), so the trainer's own core cannot keep up however fast this machine is; the
-output says which step it used and why. Each emulated node is
-priced as the instance type named on the command line (hetero/planning/cost.py), and the
-planner's prediction (hetero/planning/planner.py) from a one-core profile is printed beside the
-measured step times.
+output says which step it used and why. Each emulated node is priced as the instance type named
+on the command line (hetero/planning/cost.py), and the planner's prediction
+(hetero/planning/planner.py) from a one-core profile is printed beside the measured step times.
 """
 from __future__ import annotations
 

@@ -98,9 +98,8 @@ def summarize(cfg: BenchConfig, runs: list[RunResult]) -> dict:
     basis_runs = [r for r in runs if r.round in quiet] if quiet else runs
     out: dict[str, Any] = {"basis": "quiet rounds" if quiet else "all rounds", "quiet_rounds": quiet,
                            "rounds": sorted({r.round for r in runs}), "max_foreign": cfg.max_foreign}
-    for key, subset in (("modes", basis_runs), ("modes_all_rounds", runs)):
-        out[key] = {mode: mode_figures(subset, mode, cfg.warmup) for mode in MODES}
     for prefix, subset, key in (("", basis_runs, "modes"), ("all_rounds_", runs, "modes_all_rounds")):
+        out[key] = {mode: mode_figures(subset, mode, cfg.warmup) for mode in MODES}
         ratios = speedups(subset)
         homo = out[key]["homogeneous"]["step_time_s"]["median"]
         het = out[key]["heterogeneous"]["step_time_s"]["median"]

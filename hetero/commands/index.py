@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from data_service.errors import ConfigError, DataServiceError
+
 
 def register(sub) -> None:
     from hetero.commands import HelpFormatter
@@ -70,7 +72,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_service.errors import ConfigError, DataServiceError
     from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME
     from data_service.shards.wds_index import index_tars, list_shards, split_source
     from data_service.storage import open_store
@@ -114,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _tar_options(args: argparse.Namespace) -> dict:
     """``index_tars``' options from the command line, checked before anything is read or shown."""
-    from data_service.errors import ConfigError
     from data_service.shards.labels import LabelRule
     from data_service.shards.wds_index import IMAGE_EXTS
 
@@ -130,8 +130,6 @@ def _tar_options(args: argparse.Namespace) -> dict:
 
 
 def _classes(spec: str) -> list[str] | None:
-    from data_service.errors import ConfigError
-
     if not spec:
         return None
     if spec.startswith("@"):
@@ -148,7 +146,6 @@ def _classes(spec: str) -> list[str] | None:
 
 
 def _from_json(args: argparse.Namespace) -> int:
-    from data_service.errors import DataServiceError
     from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME, ShardIndex
     from data_service.shards.indexfile import write_index
     from data_service.storage import open_store
@@ -174,7 +171,6 @@ def _from_json(args: argparse.Namespace) -> int:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
-    from data_service.errors import DataServiceError
     from data_service.shards.upgrade import upgrade_index
 
     try:

@@ -68,7 +68,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_service.errors import ConfigError
     from launcher.log_setup import setup_logging
     from hetero.local import EXIT_STOPPED, LocalJob, run_local
     from hetero.local.autoscale import autoscale_hps, stop_joined
@@ -84,11 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_findable_plugins(cfg)
     if args.autoscale is not None:
-        try:
-            hps.update(autoscale_hps(args.autoscale, hps.get("advice_prices"), args.data_nodes))
-        except ConfigError as exc:
-            print(f"hetero local: {exc}", file=sys.stderr)
-            return 2
+        hps.update(autoscale_hps(args.autoscale, hps.get("advice_prices"), args.data_nodes))
         if args.registry is None:
             args.registry = args.output / "registry"
 
@@ -106,9 +101,6 @@ def run(args: argparse.Namespace) -> int:
         if args.jobs or args.vary:
             return print_sweep(run_local_sweep(job, args.vary, args.jobs, args.batch_window, args.idle_timeout))
         result = run_local(job)
-    except ConfigError as exc:
-        print(f"hetero local: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("hetero local: interrupted; every node was stopped", file=sys.stderr)
         return 130

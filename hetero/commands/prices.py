@@ -32,10 +32,12 @@ def register(sub) -> None:
 
 
 def _types(text: str) -> list[str]:
+    from data_service.errors import ConfigError
+
     types = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in types if not t.startswith("ml.")]
     if bad:
-        raise ValueError(f"--types {', '.join(bad)}: SageMaker instance types start with 'ml.', e.g. ml.c5.xlarge")
+        raise ConfigError(f"--types {', '.join(bad)}: SageMaker instance types start with 'ml.', e.g. ml.c5.xlarge")
     return types
 
 
@@ -98,11 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from hetero.planning.cost import cache_region, load_prices
     from launcher.capacity import PlanError
 
-    try:
-        types = _types(args.types)
-    except ValueError as exc:
-        print(f"hetero prices: {exc}", file=sys.stderr)
-        return 2
+    types = _types(args.types)
     region = cache_region(args.region)
     if args.refresh:
         code = do_refresh(region, types)

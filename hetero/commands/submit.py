@@ -16,7 +16,6 @@ import json
 import sys
 
 
-
 def register(sub) -> None:
     """Add the ``submit`` parser to ``sub``."""
     from hetero.commands import RawHelpFormatter, plain

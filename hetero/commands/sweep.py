@@ -18,7 +18,6 @@ import json
 import sys
 
 
-
 def register(sub) -> None:
     from hetero.commands import RawHelpFormatter, plain
     from hetero.commands.submit_spec import add_job_options

@@ -32,29 +32,23 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from data_service.errors import ConfigError
-
     if (args.out is None) == (args.images is None):
         print("hetero synth: give either a folder for MNIST IDX files (hetero synth DIR) or --images DIR "
               "for a JPEG image folder, not both", file=sys.stderr)
         return 2
-    try:
-        if args.images is not None:
-            from hetero.synthetic.images import write_image_folder
+    if args.images is not None:  # a ConfigError is hetero.cli's to say
+        from hetero.synthetic.images import write_image_folder
 
-            paths = write_image_folder(args.images, per_class=args.per_class, classes=args.classes, seed=args.seed)
-            classes = sorted({p.parent.name for p in paths})
-            print(f"{len(paths)} JPEG images in {len(classes)} classes ({', '.join(classes)}) under {args.images}")
-            print(f"train on them: hetero local --data {args.images} --hp pipeline=data_service.pipelines.images:build_pipeline"
-                  " --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step"
-                  " --hp evaluate=examples.imagefolder:evaluate")
-            return 0
-        from hetero.synthetic.mnist import write_synthetic
+        paths = write_image_folder(args.images, per_class=args.per_class, classes=args.classes, seed=args.seed)
+        classes = sorted({p.parent.name for p in paths})
+        print(f"{len(paths)} JPEG images in {len(classes)} classes ({', '.join(classes)}) under {args.images}")
+        print(f"train on them: hetero local --data {args.images} --hp pipeline=data_service.pipelines.images:build_pipeline"
+              " --hp model=examples.imagefolder:resnet18 --hp step=examples.imagefolder:train_step"
+              " --hp evaluate=examples.imagefolder:evaluate")
+        return 0
+    from hetero.synthetic.mnist import write_synthetic
 
-        paths = write_synthetic(args.out, args.train, args.test, args.seed, args.gzip)
-    except ConfigError as exc:
-        print(f"hetero synth: {exc}", file=sys.stderr)
-        return 2
+    paths = write_synthetic(args.out, args.train, args.test, args.seed, args.gzip)
     for path in paths:
         print(path)
     return 0

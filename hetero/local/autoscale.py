@@ -2,6 +2,7 @@
 node starts, and the servers it started stopped once the job has ended, however it ended."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -42,8 +43,6 @@ def stop_joined(registry, output) -> None:
         with open(os.path.join(output, "job_token")) as f:
             token = f.read().strip()
     for e in entries:
-        try:
+        with contextlib.suppress(Exception):  # gone already, or another job's: nothing to stop
             with ControlClient(e.address, token, "hetero-local") as ctl:
                 ctl.shutdown(grace_s=5.0, reason="hetero local: the job ended", timeout=5.0)
-        except Exception:  # noqa: BLE001 - gone already, or another job's: nothing to stop
-            pass

@@ -18,7 +18,7 @@ from typing import Any, Mapping, cast
 from data_service.errors import ConfigError
 from launcher.metric_lines import JobMetrics
 
-from .runner import LocalCluster
+from .runner import EXIT_STOPPED, LocalCluster
 from .tree import as_hyperparameters, build_nodes, parse_cpus
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,6 @@ class LocalJob:
         return {"epochs": str(self.epochs), "seed": str(self.seed), **local_paths(self.hyperparameters)}
 
 
-EXIT_STOPPED = 143  # the DNN node's exit code after a SIGTERM stop (launcher.train.trainer.EXIT_STOPPED)
-
-
 @dataclass
 class LocalResult:
     """Each node's exit code, the job's ``metrics.json`` as written (``figures``: read), its output."""
@@ -90,8 +87,7 @@ def run_local(job: LocalJob) -> LocalResult:
     data_cpus, dnn_cpus = parse_cpus(job.data_cpus), parse_cpus(job.dnn_cpus)
     output = Path(job.output).resolve()
     output.mkdir(parents=True, exist_ok=True)
-    for stale in [output / "metrics.json"]:
-        stale.unlink(missing_ok=True)
+    (output / "metrics.json").unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix="hetero-local-"))
     try:
         data_dir = training_data(job, work)

@@ -12,6 +12,7 @@ other nodes after ``fail_grace_s`` (time for a failing DNN node's own shutdown c
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -202,16 +203,12 @@ class LocalCluster:
             log.info("stopping %d %s node(s): SIGTERM to their launchers", len(live),
                      "trainer" if group is trainers else "data")
             for p in live:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     p.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
             end = time.monotonic() + grace_s
             for p in live:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(max(0.1, end - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
         for p in self.procs.values():
             _killpg(p, signal.SIGTERM)  # helpers left behind (forkserver, loader workers)
             if p.poll() is None:
@@ -282,10 +279,8 @@ def _group_members(pgid: int, trackers: bool) -> list[int]:
 
 
 def _kill(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_alive(proc: subprocess.Popen) -> bool:
@@ -297,7 +292,5 @@ def _group_alive(proc: subprocess.Popen) -> bool:
 
 
 def _killpg(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

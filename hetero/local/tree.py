@@ -84,10 +84,8 @@ def build_nodes(work: Path, data_nodes: int, dnn_nodes: int, homogeneous: bool, 
     if not homogeneous and data_nodes < 1:
         raise ConfigError(f"--data-nodes {data_nodes}: a heterogeneous job needs at least one data node "
                           "(or pass --homogeneous)")
-    if homogeneous:
-        layout = [(HOMOGENEOUS_GROUP, "homogeneous", dnn_nodes)]
-    else:
-        layout = [(DNN_GROUP, "dnn", dnn_nodes), (DATA_GROUP, "data", data_nodes)]
+    layout = ([(HOMOGENEOUS_GROUP, "homogeneous", dnn_nodes)] if homogeneous
+              else [(DNN_GROUP, "dnn", dnn_nodes), (DATA_GROUP, "data", data_nodes)])
     return write_nodes(work, layout, data_dir, hyperparameters, job_name, data_cpus, dnn_cpus, checkpoint_dir,
                        env, secrets.token_hex(16))
 

@@ -34,8 +34,6 @@ ENV_VAR = "HETERO_PRICES"
 Cluster = Sequence[tuple[str, int]]
 
 
-
-
 @dataclass(frozen=True)
 class InstancePrice:
     """One row of the price table."""
@@ -104,9 +102,8 @@ class PriceTable:
         try:
             return self.entries[instance_type]
         except KeyError:
-            raise PlanError(
-                f"no price for instance type {instance_type!r}; known types: {', '.join(self.known())}. "
-                f"Add it to a price file and point {ENV_VAR} at it") from None
+            raise PlanError(f"no price for instance type {instance_type!r}; known types: {', '.join(self.known())}. "
+                            f"Add it to a price file and point {ENV_VAR} at it") from None
 
     def hourly(self, instance_type: str) -> float:
         """On-demand $/hour of one instance of ``instance_type``."""

@@ -113,10 +113,8 @@ def predict_network_step(preprocess_s: float, gpu_step_s: float, batch_size: int
     positive("node_cores", node_cores)
     whole("data_nodes", data_nodes)
     non_negative("local_cores", local_cores)
-    network = None
-    if bytes_per_sample is not None:
-        network = Network(positive("bytes_per_sample", bytes_per_sample) * batch_size, data_nic_gbps, dnn_nic_gbps,
-                          flow_gbps, goodput)
+    network = (Network(positive("bytes_per_sample", bytes_per_sample) * batch_size, data_nic_gbps, dnn_nic_gbps,
+                       flow_gbps, goodput) if bytes_per_sample is not None else None)
     return capacity.predict(_fed(consumers, gpu_step_s, preprocess_s + batch_size * encode_s, node_cores * efficiency,
                                  data_nodes, local_cores * efficiency, network, dnn_nodes))
 

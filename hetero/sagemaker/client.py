@@ -115,9 +115,7 @@ def submit(specs: list[JobSpec], clients: Clients, source_root: str | Path | Non
         botocore.exceptions.ClientError: AWS refused a call.
     """
     requests = prepare(specs)
-    archive = None
-    if any(spec.source_s3 for spec in specs):
-        archive = build_sourcedir(source_root)
+    archive = build_sourcedir(source_root) if any(spec.source_s3 for spec in specs) else None
     uploaded = set()
     arns = []
     for spec, request in zip(specs, requests):

@@ -183,10 +183,8 @@ def model_trainer(spec: JobSpec, source_root: str | Path | None = None, sagemake
             instance_group_names=c["DataSource"]["S3DataSource"].get("InstanceGroupNames"))))
         for c in request.get("InputDataConfig", [])]
     stop = request["StoppingCondition"]
-    source = None
-    if spec.source_s3:
-        source = SourceCode(source_dir=str(stage_source(source_root)), entry_script=ENTRY_POINT,
-                            requirements="requirements.txt")
+    source = (SourceCode(source_dir=str(stage_source(source_root)), entry_script=ENTRY_POINT,
+                         requirements="requirements.txt") if spec.source_s3 else None)
     checkpoint = request.get("CheckpointConfig")
     trainer = ModelTrainer(
         sagemaker_session=sagemaker_session or _session(spec, boto_session), role=spec.role,

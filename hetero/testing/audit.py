@@ -8,6 +8,7 @@ soak count the same way.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 from typing import Any, Callable, Iterable
@@ -18,15 +19,11 @@ from hetero.testing.processes import PIPELINE
 def read_audit(path: str | os.PathLike) -> list[dict]:
     """Audit lines; a torn last line (writer killed mid-write) is ignored."""
     rows = []
-    try:
+    with contextlib.suppress(FileNotFoundError):
         with open(path) as f:
             for line in f:
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    except FileNotFoundError:
-        pass
     return rows
 
 
@@ -34,7 +31,7 @@ def resume_point(path: str | os.PathLike, rank: int) -> tuple[int, int]:
     """(last epoch in the audit log for ``rank``, batches of it already delivered), read line by
     line: a consumer that kept every row would grow with the log (about 25 MiB per 45,000 rows)."""
     epoch, position = 0, 0
-    try:
+    with contextlib.suppress(FileNotFoundError):
         with open(path) as f:
             for line in f:
                 try:
@@ -47,8 +44,6 @@ def resume_point(path: str | os.PathLike, rank: int) -> tuple[int, int]:
                     epoch, position = row["epoch"], 0
                 if row["epoch"] == epoch:
                     position += 1
-    except FileNotFoundError:
-        pass
     return epoch, position
 
 

@@ -7,6 +7,7 @@ rank that reads epochs with an audit log and resumes from it. Each runs in its o
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -75,36 +76,28 @@ class _ProcessGroup:
         """kill -9 the whole process group (the process and its workers), like a node that vanishes."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            pass
 
     def _terminate(self, timeout: float) -> None:
         """SIGTERM, wait up to ``timeout``, then kill -9 whatever is left of the group."""
         proc = self._running
         if proc is not None:
             proc.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()
 
     def _log_tail(self, chars: int = 2000) -> str:
         """The last ``chars`` of the output, after a line break ("" when there is none)."""
-        try:
+        with contextlib.suppress(OSError):
             if self.log_path:
                 return "\n" + self.log_path.read_text(errors="replace")[-chars:]
             if self._scratch is not None:
                 size = os.fstat(self._scratch.fileno()).st_size
                 return "\n" + os.pread(self._scratch.fileno(), chars, max(0, size - chars)).decode(errors="replace")
-        except OSError:
-            pass
         return ""
 
 
@@ -242,7 +235,9 @@ class ServerProc(_ProcessGroup):
         return out
 
     def rss(self) -> tuple[int, int]:
-        """(RSS of the server process, summed RSS of its workers) in bytes; (0, 0) when down."""
+        """(RSS of the server process, RSS of its largest worker) in bytes; (0, 0) when down. The
+        largest, not the sum: while a worker is replaced the dying one and its successor (or a
+        spare) are both listed for a moment, and a sum would read that as growth."""
         import psutil
 
         proc = self._running
@@ -252,10 +247,8 @@ class ServerProc(_ProcessGroup):
             main = psutil.Process(proc.pid)
             workers = 0
             for pid in self.worker_pids():
-                try:
-                    workers += psutil.Process(pid).memory_info().rss
-                except psutil.Error:
-                    pass
+                with contextlib.suppress(psutil.Error):
+                    workers = max(workers, psutil.Process(pid).memory_info().rss)
             return main.memory_info().rss, workers
         except psutil.Error:
             return 0, 0

@@ -5,6 +5,7 @@ and consumers dial the proxy; ``cut()`` then severs their connections mid-stream
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -62,7 +63,7 @@ class FaultProxy:
 
     def _pipe(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
         sent = 0
-        try:
+        with contextlib.suppress(OSError):
             while True:
                 data = src.recv(256 * 1024)
                 if not data:
@@ -77,16 +78,12 @@ class FaultProxy:
                     break
                 dst.sendall(data)
                 sent += len(data)
-        except OSError:
-            pass
         self._close_pair(src, dst)
 
     def _close_pair(self, a: socket.socket, b: socket.socket) -> None:
         for s in (a, b):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
         with self._lock:
             self._pairs = [p for p in self._pairs if a not in p]

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -23,9 +24,7 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 def write_failure(path: str, message: str) -> None:
     """Add ``message`` to the failure file at ``path``; a file that cannot be written is passed over
     (the message is in the log already)."""
-    try:
+    with contextlib.suppress(OSError):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "a") as f:
             f.write(message[:FAILURE_TEXT_MAX] + "\n")
-    except OSError:
-        pass

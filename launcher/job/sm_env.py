@@ -23,6 +23,7 @@ them at an emulated tree.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -93,10 +94,8 @@ def decode_hyperparameters(raw: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if isinstance(value, str):
-            try:
+            with contextlib.suppress(json.JSONDecodeError):  # SDK v3: a raw string
                 value = json.loads(value)
-            except json.JSONDecodeError:
-                pass  # SDK v3: a raw string
         out[str(key)] = value
     return out
 
@@ -171,11 +170,10 @@ def _resource_config(rc_path: Path, environ: Mapping[str, str]) -> tuple[dict, s
             raise ConfigError(f"{rc_path} holds {type(config).__name__}; expected a JSON object")
         return config, str(rc_path)
     if not environ.get("SM_CURRENT_HOST"):
-        raise ConfigError(
-            f"no SageMaker job description: {rc_path} does not exist and SM_CURRENT_HOST is not set "
-            f"(found {len(list(k for k in environ if k.startswith('SM_')))} SM_* variables). Expected a "
-            "SageMaker training container; on a workstation use `hetero local`, or point HETERO_SM_ROOT "
-            "at a tree holding input/config/resourceconfig.json")
+        raise ConfigError(f"no SageMaker job description: {rc_path} does not exist and SM_CURRENT_HOST is not set "
+                          f"(found {len(list(k for k in environ if k.startswith('SM_')))} SM_* variables). Expected "
+                          "a SageMaker training container; on a workstation use `hetero local`, or point "
+                          "HETERO_SM_ROOT at a tree holding input/config/resourceconfig.json")
     return {}, "SM_* variables"
 
 

@@ -16,6 +16,7 @@ shuts the data servers down, as after a failure, and exits ``EXIT_STOPPED`` (143
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -45,10 +46,8 @@ _trainer_pids: list[int] = []   # spawned trainer processes, for forwarding SIGT
 def _on_sigterm(signum, frame) -> None:
     trainer_mod.request_stop()
     for pid in list(_trainer_pids):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def install_sigterm_handler() -> bool:

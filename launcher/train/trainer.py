@@ -82,10 +82,6 @@ def request_stop() -> None:
     STOP.set()
 
 
-def _on_sigterm(signum, frame) -> None:  # only sets a flag: the loop logs and acts
-    STOP.set()
-
-
 def pipeline_fingerprint(cfg: LaunchConfig) -> str:
     """The job's pipeline fingerprint: the data servers a registry lists must run this one."""
     return PipelineSpec(cfg.data.pipeline, cfg.data.pipeline_options).fingerprint()
@@ -102,10 +98,8 @@ def make_dataset(job: TrainJob, rank: int):
         # pinned receive buffers only help without loader workers (a worker's tensors are copied
         # into shared memory; the DataLoader pins those in the trainer instead)
         # with a registry, servers that join the job are used too (the job's pipeline only)
-        elastic: dict[str, Any] = dict(
-            registry=cfg.elastic.registry,
-            fingerprint=pipeline_fingerprint(cfg),
-        ) if cfg.elastic.registry and job.mode == "heterogeneous" else {}
+        elastic: dict[str, Any] = (dict(registry=cfg.elastic.registry, fingerprint=pipeline_fingerprint(cfg))
+                                   if cfg.elastic.registry and job.mode == "heterogeneous" else {})
         return RemoteDataset(list(job.servers), job.token, connect_timeout=cfg.dnn.connect_timeout_s,
                              pin_memory=torch.cuda.is_available() and cfg.data.workers_for(job.mode) == 0, **elastic,
                              **common)
@@ -157,7 +151,7 @@ def train(local_rank: int, job: TrainJob, results=None) -> dict[str, Any]:
     rank = job.node_rank * job.nprocs + local_rank
     logs.setup("trainer", job.host, rank, cfg.job.log_level)
     if results is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)  # a spawned rank: the DNN node forwards SIGTERM
+        signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())  # a spawned rank: the DNN node forwards it
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:

@@ -88,8 +88,7 @@ class ShardedDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.loader is not None:
             return
-        if dist.is_available() and dist.is_initialized():
-            _destroy_gloo_group_at_exit()
+        _destroy_gloo_group_at_exit()  # once per process; at exit it looks for a gloo group
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
         dataset = self.make_dataset(rank, world)

@@ -219,28 +219,30 @@ def test_the_top_of_data_service_is_its_public_face_and_errors_only():
     assert set(rooms) <= set(ROOMS), f"rooms without a rule in ROOMS: {sorted(set(rooms) - set(ROOMS))}"
 
 
-def test_launcher_in_rooms_each_below_the_rooms_that_use_it():
-    top = sorted(p.name for p in (ROOT / "launcher").glob("*.py"))
-    rooms = sorted(p.name for p in (ROOT / "launcher").iterdir() if (p / "__init__.py").is_file())
-    assert len(top) <= LAUNCHER_TOP_MOST, f"{len(top)} modules directly under launcher/ (at most {LAUNCHER_TOP_MOST}): {top}"
+def package_layout_problems(package: str, rules: dict[str, set[str]], order: list[str], top_most: int) -> list[str]:
+    """What is wrong with ``package``'s layout against its rules: too many modules directly under it,
+    a room or top module without a rule (or a rule without one), a rule that imports upward."""
+    top = sorted(p.name for p in (ROOT / package).glob("*.py"))
+    rooms = sorted(p.name for p in (ROOT / package).iterdir() if (p / "__init__.py").is_file())
+    problems = []
+    if len(top) > top_most:
+        problems.append(f"{len(top)} modules directly under {package}/ (at most {top_most}): {top}")
     named = {t.removesuffix(".py") for t in top if t != "__init__.py"} | set(rooms)
-    assert named == set(LAUNCHER_ROOMS) == set(LAUNCHER_ORDER), \
-        f"launcher's rooms and top modules {sorted(named)} against its rules {sorted(LAUNCHER_ROOMS)}"
-    upward = [f"{room} -> {other}" for room, rule in LAUNCHER_ROOMS.items() for other in rule
-              if LAUNCHER_ORDER.index(other) >= LAUNCHER_ORDER.index(room)]
-    assert not upward, f"rules that import upward (LAUNCHER_ORDER): {upward}"
+    if not named == set(rules) == set(order):
+        problems.append(f"{package}'s rooms and top modules {sorted(named)} against its rules {sorted(rules)}")
+    upward = [f"{room} -> {other}" for room, rule in rules.items() for other in rule
+              if order.index(other) >= order.index(room)]
+    if upward:
+        problems.append(f"rules that import upward (the order): {upward}")
+    return problems
+
+
+def test_launcher_in_rooms_each_below_the_rooms_that_use_it():
+    assert not package_layout_problems("launcher", LAUNCHER_ROOMS, LAUNCHER_ORDER, LAUNCHER_TOP_MOST)
 
 
 def test_hetero_in_rooms_each_below_the_rooms_that_use_it():
-    top = sorted(p.name for p in (ROOT / "hetero").glob("*.py"))
-    rooms = sorted(p.name for p in (ROOT / "hetero").iterdir() if (p / "__init__.py").is_file())
-    assert len(top) <= HETERO_TOP_MOST, f"{len(top)} modules directly under hetero/ (at most {HETERO_TOP_MOST}): {top}"
-    named = {t.removesuffix(".py") for t in top if t != "__init__.py"} | set(rooms)
-    assert named == set(HETERO_ROOMS) == set(HETERO_ORDER), \
-        f"hetero's rooms and top modules {sorted(named)} against its rules {sorted(HETERO_ROOMS)}"
-    upward = [f"{room} -> {other}" for room, rule in HETERO_ROOMS.items() for other in rule
-              if HETERO_ORDER.index(other) >= HETERO_ORDER.index(room)]
-    assert not upward, f"rules that import upward (HETERO_ORDER): {upward}"
+    assert not package_layout_problems("hetero", HETERO_ROOMS, HETERO_ORDER, HETERO_TOP_MOST)
 
 
 def test_the_hetero_room_check_refuses_a_room_reaching_up_to_a_subcommand(tmp_path):

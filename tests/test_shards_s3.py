@@ -214,7 +214,7 @@ def test_a_whole_local_job_trains_on_s3_shards_and_shuts_down_cleanly(world, tmp
     from hetero.local import LocalJob, run_local
 
     hps = {"pipeline": PIPELINE, "pipeline.shards": URL, "pipeline.batch_size": 16, "pipeline.image_size": 32,
-           "pipeline.shuffle_block": 32,  # 7 blocks of 2 batches: both nodes own some
+           "pipeline.shuffle_block": 32,  # 7 blocks of 2 batches
            "model": "examples.imagefolder:resnet18", "model.shards": URL,
            "step": "examples.imagefolder:train_step", "evaluate": "", "epochs": 2}
     audit = tmp_path / "audit.jsonl"
@@ -224,7 +224,9 @@ def test_a_whole_local_job_trains_on_s3_shards_and_shuts_down_cleanly(world, tmp
     m = result.metrics
     assert m["steps"] == 2 * 12 and m["step_kind"] == "real"
     sent = [n["batches_sent"] for n in m["nodes"] if n["role"] == "data"]
-    assert len(sent) == 2 and sum(sent) >= 24 and min(sent) > 0, sent  # more: hedged copies, dropped
+    # Both nodes report; which one built a block is timing (a node slower to start under load has its
+    # blocks built by the other), so only the total is a promise: more means hedged copies, dropped.
+    assert len(sent) == 2 and sum(sent) >= 24, sent
     rows = read_audit(audit)
     assert sorted((x["epoch"], x["batch"]) for x in rows) == [(e, b) for e in range(2) for b in range(12)]
 

@@ -15,7 +15,7 @@ pinned with ``sched_setaffinity``; one thread where a library has a setting for 
 * ``floor``: read + torchvision ``decode_jpeg`` of the whole image, no crop, no batch.
 
 tf and dali run in ``--peers-python`` (default: this interpreter) and are skipped, with the
-reason, where they are not installed (``pip install 'hetero-data-service[peers]'``, best in a
+reason, where they are not installed (``pip install -e '.[peers]'``, best in a
 venv of its own). Runs are interleaved, ``--repeats`` rounds, median reported. ``--stages``
 also prints where the time per image goes in ``whole`` and ``fused``.
 

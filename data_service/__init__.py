@@ -14,16 +14,10 @@ Its rooms, by job (docs/architecture.md):
 A consumer (``dnn_worker``) imports the contract, the protocol, membership, storage and the
 errors; never the server or the pool (tests/test_layering.py).
 """
-from .errors import (
-    BatchBuildError,
-    BatchFailedError,
-    ConfigError,
-    DataServiceError,
-    PermissionDeniedError,
-    ProtocolError,
-    ServerUnavailableError,
-    VersionMismatchError,
-)
+import importlib
+
+from .errors import (BatchBuildError, BatchFailedError, ConfigError, DataServiceError, PermissionDeniedError,
+                     ProtocolError, ServerUnavailableError, VersionMismatchError)
 from .protocol.version import PROTOCOL_VERSION
 
 _LAZY = {"Pipeline": "contract.pipeline", "PipelineSpec": "contract.pipeline", "SkipSample": "contract.pipeline",
@@ -34,24 +28,10 @@ def __getattr__(name: str):
     # The pipeline module imports torch (a second of a data server's start), the server grpc:
     # loaded when first named, so a server's main process starts its workers before it pays.
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'data_service' has no attribute {name!r}")
 
-__all__ = [
-    "BatchBuildError",
-    "BatchFailedError",
-    "ConfigError",
-    "DataServer",
-    "DataServiceError",
-    "PermissionDeniedError",
-    "Pipeline",
-    "PipelineSpec",
-    "PROTOCOL_VERSION",
-    "ProtocolError",
-    "ServerOptions",
-    "ServerUnavailableError",
-    "SkipSample",
-    "VersionMismatchError",
-]
+
+__all__ = ["BatchBuildError", "BatchFailedError", "ConfigError", "DataServer", "DataServiceError",
+           "PermissionDeniedError", "Pipeline", "PipelineSpec", "PROTOCOL_VERSION", "ProtocolError", "ServerOptions",
+           "ServerUnavailableError", "SkipSample", "VersionMismatchError"]

@@ -64,3 +64,9 @@ class BatchFailedError(DataServiceError):
         self.servers = servers
         self.checksums = checksums
         super().__init__(message)
+
+
+def install_extra(extra: str) -> str:
+    """How to add the optional dependencies of ``extra`` (pyproject.toml): the package installs from its
+    checkout, not from a package index."""
+    return f"pip install -e '.[{extra}]' in the hetero-data-service checkout"

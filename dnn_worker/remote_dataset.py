@@ -118,9 +118,8 @@ class RemoteDataset(ShardedBatches):
     def close(self) -> None:
         """Close the connections the last epoch left open for the next one now (they close by
         themselves ``KEEP_OPEN_S`` after it): training is over, the servers may see this job gone."""
-        fetcher = self._fetcher
-        if fetcher is not None:
-            fetcher.close_kept()
+        if self._fetcher is not None:
+            self._fetcher.close_kept()
 
     def hello(self) -> pb.HelloResponse:
         """Dataset facts from the first server that answers (cached)."""
@@ -154,8 +153,7 @@ class RemoteDataset(ShardedBatches):
         state = dict(self.__dict__)
         info = state.pop("_info")
         state["_info_bytes"] = info.SerializeToString() if info is not None else None
-        state["_carry"] = {}
-        state["_fetcher"] = None
+        state.update(_carry={}, _fetcher=None)
         return state
 
     def __setstate__(self, state: dict) -> None:

@@ -233,9 +233,7 @@ def remote(layout: Layout) -> Delivery:
     net = layout.network
     node = net.node_limits(layout.ranks) if net is not None else {}
     cap = min(node.values()) if node else math.inf
-    limits = {Binding.CORES: sum(layout.nodes)}
-    for name, per_node in node.items():
-        limits[name] = per_node * len(layout.nodes)
+    limits = {Binding.CORES: sum(layout.nodes), **{name: each * len(layout.nodes) for name, each in node.items()}}
     dnn = net.dnn_limit(layout.dnn_nodes) if net is not None else None
     if dnn is not None and layout.nodes:
         limits[Binding.DNN_NIC] = dnn

@@ -132,12 +132,24 @@ class StepFigures(Record):
 @dataclass(frozen=True)
 class DataNodeFigures(Record):
     """What one data server had sent when the trainer asked at the end (a data node's entry in
-    ``metrics.json``'s ``nodes``)."""
+    ``metrics.json``'s ``nodes``); ``error``: why it could not be asked (the entry then holds no figures)."""
 
     host: str = ""
     role: str = "data"
+    address: str = ""
     batches_sent: int = 0
     bytes_sent: int = 0
+    workers: int = 0
+    worker_busy_fraction: float = 0.0
+    batch_errors: int = 0
+    samples_skipped: int = 0
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        # no zeros for a server not asked: readers take an entry with bytes_sent as measured (hetero plan --metrics)
+        if self.error is not None:
+            return {"host": self.host, "role": self.role, "address": self.address, "error": self.error}
+        return {k: v for k, v in super().to_json().items() if k != "error"}
 
 
 @dataclass(frozen=True)
@@ -159,7 +171,8 @@ class JobMetrics(StepFigures):
 
     def to_json(self) -> dict[str, Any]:
         out = super().to_json()
-        out["nodes"] = list(out.pop("data_nodes"))  # each a dict already
+        del out["data_nodes"]
+        out["nodes"] = [n.to_json() for n in self.data_nodes]
         return out
 
     @classmethod

@@ -245,10 +245,11 @@ def test_advisor_measures_bytes_per_batch_between_snapshots_of_data_nodes_only()
 
 def test_advice_network_hyperparameter_and_its_check():
     from data_service.errors import ConfigError
-    from hetero.commands.submit import advice_network
+    from hetero.sagemaker.jobs import add_advice_figures
     from launcher.config import LaunchConfig
 
-    hp = advice_network(["ml.c5.xlarge", "ml.g5.xlarge", "ml.unknown"])
+    hp: dict = {}
+    add_advice_figures(hp, ["ml.c5.xlarge", "ml.g5.xlarge", "ml.unknown"])
     assert json.loads(hp["advice_network"]) == {"ml.c5.xlarge": 1.25, "ml.g5.xlarge": 2.5}
     with pytest.raises(ConfigError, match="advice_network=.*must be NIC baselines in Gbps"):
         LaunchConfig.from_hyperparameters({"advice_network": '{"ml.c5.xlarge": -1}'})

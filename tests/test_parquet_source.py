@@ -66,7 +66,7 @@ def test_prefetch_brings_a_block_s_row_groups_into_the_cache_once(tmp_path):
     side.prefetch_block(1)
     side.prefetch_block(1)
     deadline = time.monotonic() + 20
-    while not all(side.cache.cached(f"rg-{g:08d}.blk") for g in (2, 3)) and time.monotonic() < deadline:
+    while not all(side.cache.files.cached(f"rg-{g:08d}.blk") for g in (2, 3)) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert side.store.requests - before == 2
     worker = ParquetDataset(str(tmp_path / "d.parquet"), block_samples=16, cache_dir=str(tmp_path / "c"))
@@ -204,7 +204,7 @@ def test_a_flipped_byte_in_the_node_s_cached_row_group_is_dropped_and_decoded_ag
     _with_page_crcs(tmp_path / "d.parquet", rows)
     ds = ParquetDataset(str(tmp_path / "d.parquet"), cache_dir=str(tmp_path / "c"))
     assert ds[5] == rows[5]
-    cached = Path(ds.cache.path("rg-00000001.blk"))
+    cached = Path(ds.cache.files.path("rg-00000001.blk"))
     for at in (cached.stat().st_size - 3, 16 + 8 * 5 + 2, 16 + 8 * 5 + 8 * 5):  # image bytes, offsets, labels
         raw = bytearray(cached.read_bytes())
         raw[at] ^= 0x01

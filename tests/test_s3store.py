@@ -184,7 +184,7 @@ def test_aws_endpoint_url_is_honoured(s3):
     st = store()
     assert st.read("shard-000000.tar", 0, 10) == DATA[:10]
     assert s3.proxy.requests == 1
-    assert st.endpoint == f"{s3.endpoint} (from AWS_ENDPOINT_URL)"
+    assert st.endpoint_and_source() == (s3.endpoint, "AWS_ENDPOINT_URL")
 
 
 def test_aws_endpoint_url_s3_wins_over_aws_endpoint_url(s3, monkeypatch):
@@ -193,7 +193,7 @@ def test_aws_endpoint_url_s3_wins_over_aws_endpoint_url(s3, monkeypatch):
     st = store()
     assert st.read("shard-000001.tar", 0, 10) == DATA[::-1][:10]
     assert s3.proxy.requests == 1
-    assert st.endpoint == f"{s3.endpoint} (from AWS_ENDPOINT_URL_S3)"
+    assert st.endpoint_and_source() == (s3.endpoint, "AWS_ENDPOINT_URL_S3")
 
 
 @pytest.mark.parametrize("var", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
@@ -387,7 +387,7 @@ def test_without_boto3_the_error_names_the_extra(s3, monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 -> ImportError
     with pytest.raises(ConfigError, match="needs boto3") as e:
         store().check("shard-000000.tar")
-    assert INSTALL_HINT in str(e.value) and "hetero-data-service[s3]" in INSTALL_HINT
+    assert INSTALL_HINT in str(e.value) and "pip install -e '.[s3]'" in INSTALL_HINT
 
 
 def test_importing_the_module_does_not_import_boto3():

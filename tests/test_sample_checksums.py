@@ -133,8 +133,8 @@ def test_a_flipped_byte_in_the_s3_block_cache_is_dropped_and_read_again_from_s3(
     ds = ShardDataset(url, block_samples=16, cache_dir=str(tmp_path))
     assert ds[3] == plain[3]  # block 0 now cached
     shard, start, length, _ = ds.index.sample(3)
-    part_start, _, pos = ds._block(0)[1][shard]
-    _flip(Path(ds.cache.path(ds._name(0))), pos + start - part_start + length // 2)
+    part_start, _, pos = ds._node.entry(0, ds._open_block)[1][shard]
+    _flip(Path(ds.cache.files.path(ds._name(0))), pos + start - part_start + length // 2)
     other = ShardDataset(url, block_samples=16, cache_dir=str(tmp_path))  # another worker of the node
     reread = samples_reread()
     assert other[3] == plain[3] and samples_reread() - reread == 1

@@ -206,7 +206,7 @@ def test_block_cache_stays_within_its_bound_least_recently_used_first(tmp_path):
     fill = lambda n: (lambda fd: os.pwrite(fd, b"a" * n, 0))  # noqa: E731
     for name in ("a", "b", "c"):
         os.close(cache.open(name, 1000, fill(1000)))
-        os.utime(cache.path(name), (1e9 + ord(name), 1e9 + ord(name)))
+        os.utime(cache.files.path(name), (1e9 + ord(name), 1e9 + ord(name)))
     os.close(cache.open("a", 1000, fill(1000)))  # used again: now the newest
     os.close(cache.open("d", 1000, fill(1000)))
     assert sorted(n for n in os.listdir(tmp_path) if not n.endswith(".lock")) == ["a", "c", "d"]

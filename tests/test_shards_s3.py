@@ -98,7 +98,7 @@ def test_prefetch_block_brings_a_block_into_the_node_cache_once(world, tmp_path)
     prefetcher.prefetch_block(2)
     prefetcher.prefetch_block(2)  # asked again while (or after) it is fetched: nothing more
     deadline = time.monotonic() + 30
-    while not prefetcher.cache.cached(prefetcher._name(2)) and time.monotonic() < deadline:
+    while not prefetcher.cache.files.cached(prefetcher._name(2)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert srv.proxy.counters()["requests"].get("GET", 0) == len(prefetcher.block_parts(2))
     worker = ShardDataset(URL, block_samples=32, cache_dir=str(tmp_path))  # a worker process of the node

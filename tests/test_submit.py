@@ -31,9 +31,9 @@ SECRET = "feedfacecafebeef0123456789abcdef"
 def requests_for(argv: list[str]) -> list[dict]:
     """What `hetero submit ARGV` would send (parsed with the real parser, no AWS)."""
     from hetero.cli import build_parser
-    from hetero.commands.submit import specs_from_args
+    from hetero.sagemaker.jobs import SubmitOptions, submit_specs
 
-    return [build_request(s) for s in specs_from_args(build_parser().parse_args(BASE + argv))]
+    return [build_request(s) for s in submit_specs(SubmitOptions.of(build_parser().parse_args(BASE + argv)))]
 
 
 def assert_api_rules(req: dict) -> None:

@@ -115,9 +115,9 @@ def test_default_secret_is_in_environment_and_the_dry_run_says_who_can_read_it(c
 
 def test_secret_arn_keeps_the_secret_out_of_the_request(capsys):
     from hetero.cli import build_parser
-    from hetero.commands.submit import specs_from_args
+    from hetero.sagemaker.jobs import SubmitOptions, submit_specs
 
-    specs = specs_from_args(build_parser().parse_args(BASE + HET + ["--pair", "--job-secret-arn", ARN]))
+    specs = submit_specs(SubmitOptions.of(build_parser().parse_args(BASE + HET + ["--pair", "--job-secret-arn", ARN])))
     for spec in specs:
         req = build_request(spec)
         assert req["Environment"] == {"HETERO_JOB_SECRET_ARN": ARN}

@@ -6,7 +6,7 @@ seconds spent compressing, so a user can see when it pays.
 """
 from __future__ import annotations
 
-from ..errors import ConfigError, ProtocolError
+from ..errors import ConfigError, ProtocolError, install_extra
 
 NAMES = ("", "lz4", "zstd")
 
@@ -21,7 +21,7 @@ def check(name: str) -> None:
         elif name == "zstd":
             import zstandard  # noqa: F401
     except ImportError as exc:
-        raise ConfigError(f"compression={name!r} needs {exc.name}: pip install 'hetero-data-service[compress]'") from exc
+        raise ConfigError(f"compression={name!r} needs {exc.name}: {install_extra('compress')}") from exc
 
 
 def available() -> list[str]:

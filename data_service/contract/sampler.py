@@ -107,8 +107,7 @@ def batch_indices(cfg: EpochShape, seed: int, epoch: int, index: int) -> list[in
         first = int(block) * cfg.block_samples
         perm = _block_permutation(cfg.block_samples, cfg.num_samples, seed, epoch, int(block))
         return (perm[k * cfg.batch_size:(k + 1) * cfg.batch_size] + first).tolist()
-    perm = _permutation(cfg.num_samples, seed, epoch)
-    return perm[start:start + cfg.batch_size].tolist()
+    return _permutation(cfg.num_samples, seed, epoch)[start:start + cfg.batch_size].tolist()
 
 
 def batch_block(cfg: EpochShape, seed: int, epoch: int, index: int) -> int:
@@ -137,19 +136,17 @@ class _BlockOrder:
     """
 
     def __init__(self, cfg: EpochShape, seed: int, epoch: int) -> None:
-        rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, 0xB10C)))
-        self.blocks = rng.permutation(cfg.num_blocks)
+        self.blocks = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch, 0xB10C))).permutation(cfg.num_blocks)
         self.group = cfg.interleave
         self.last = cfg.num_blocks - 1
         self.per_block = cfg.block_samples // cfg.batch_size
         self.last_full = (cfg.num_samples - self.last * cfg.block_samples) // cfg.batch_size
         self.groups = -(-cfg.num_blocks // self.group)
-        special = int(np.flatnonzero(self.blocks == self.last)[0]) // self.group  # the last block's group
+        self.special = int(np.flatnonzero(self.blocks == self.last)[0]) // self.group  # the last block's group
         g = np.arange(self.groups + 1, dtype=np.int64)
         # batches before group g: per_block for each block, less what the last block lacks
         self.starts = self.per_block * np.minimum(g * self.group, len(self.blocks)) + \
-            np.where(g > special, self.last_full - self.per_block, 0)
-        self.special = special
+            np.where(g > self.special, self.last_full - self.per_block, 0)
         self.rows = int(self.starts[-1])
 
     def __getitem__(self, index: int) -> tuple[int, int]:
@@ -169,9 +166,7 @@ class _BlockOrder:
         raise IndexError(index)
 
 
-@lru_cache(maxsize=8)
-def _block_order(cfg: EpochShape, seed: int, epoch: int) -> _BlockOrder:
-    return _BlockOrder(cfg, seed, epoch)
+_block_order = lru_cache(maxsize=8)(_BlockOrder)
 
 
 @lru_cache(maxsize=64)

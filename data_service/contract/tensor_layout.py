@@ -71,10 +71,7 @@ def plan_layout(batch: Any) -> tuple[int, list[pb.TensorMeta], list[torch.Tensor
     structure, items = flatten(batch)
     metas, tensors, offset = [], [], 0
     for name, t in items:
-        t = t.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.contiguous()
+        t = t.detach().cpu().contiguous()  # cpu() and contiguous() return the tensor itself when it already is
         nbytes = t.numel() * t.element_size()
         metas.append(pb.TensorMeta(name=name, dtype=DTYPE_NAMES[t.dtype], shape=list(t.shape),
                                    offset=offset, nbytes=nbytes))
@@ -119,8 +116,7 @@ def check_header(header: pb.BatchHeader, buffer_len: int, max_bytes: int) -> Non
     if len(header.tensors) > MAX_TENSORS:
         raise ProtocolError(f"{len(header.tensors)} tensors in one batch (max {MAX_TENSORS})")
     structure = header.structure
-    tensors = header.tensors
-    names = [m.name for m in tensors]
+    names = [m.name for m in header.tensors]
     if len(set(names)) != len(names):
         raise ProtocolError(f"duplicate tensor names {names!r}")
     if structure == pb.TENSOR:
@@ -131,7 +127,7 @@ def check_header(header: pb.BatchHeader, buffer_len: int, max_bytes: int) -> Non
             raise ProtocolError(f"structure TUPLE/LIST needs names '0'..'n-1', got {names!r}")
     elif structure != pb.DICT:
         raise ProtocolError(f"unknown structure {structure}")
-    for m in tensors:
+    for m in header.tensors:
         itemsize = ITEMSIZES.get(m.dtype)
         if itemsize is None:
             raise ProtocolError(f"tensor {m.name!r}: dtype {m.dtype!r} is not one of {sorted(DTYPES)}")

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..errors import ConfigError, ProtocolError
+from ..errors import ConfigError, ProtocolError, install_extra
 from .wire import DEFAULT_JPEG_QUALITY, HELP, JPEG, UINT8, UP_ZSTD, WireEncoding, parse
 
 __all__ = ["DEFAULT_JPEG_QUALITY", "HELP", "JPEG", "UINT8", "UP_ZSTD", "WireEncoding", "parse", "check_encoder",
@@ -62,7 +62,7 @@ def _check(enc: WireEncoding, what: str, node: str, device: torch.device | None 
             import zstandard  # noqa: F401
         except ImportError:
             raise ConfigError(f"wire_encoding={enc.name!r} needs zstandard to {what} on this {node}: "
-                              "pip install 'hetero-data-service[compress]', or choose another wire_encoding") from None
+                              f"{install_extra('compress')}, or choose another wire_encoding") from None
     elif enc.kind == JPEG:
         try:
             probe = jpeg_encode([torch.zeros(3, 8, 8, dtype=torch.uint8)], 90)

@@ -39,9 +39,7 @@ def crc32c(data, crc: int = 0) -> int:
     Raises:
         ValueError: ``crc`` is not a 32-bit CRC. TypeError/BufferError: ``data`` is no contiguous buffer.
     """
-    if _hw_extend is not None:
-        return _hw_extend(crc, data)
-    return _portable(data, crc)
+    return _hw_extend(crc, data) if _hw_extend is not None else _portable(data, crc)
 
 
 def copy_crc32c(dst, src, crc: int = 0) -> int:
@@ -52,9 +50,7 @@ def copy_crc32c(dst, src, crc: int = 0) -> int:
     Raises:
         ValueError: sizes differ, or ``crc`` is not a 32-bit CRC.
     """
-    if _hw_copy_extend is not None:
-        return _hw_copy_extend(crc, dst, src)
-    return _portable_copy(dst, src, crc)
+    return _hw_copy_extend(crc, dst, src) if _hw_copy_extend is not None else _portable_copy(dst, src, crc)
 
 
 def _portable_copy(dst, src, crc: int = 0) -> int:

@@ -89,8 +89,7 @@ def check_uri(uri: str, what: str = "registry") -> str:
 
 def make_proof(token: str, server_id: str, address: str, fingerprint: str) -> str:
     """Hex HMAC-SHA256 of ``server_id|address|fingerprint`` keyed with the job token."""
-    message = f"{server_id}|{address}|{fingerprint}".encode()
-    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+    return hmac.new(token.encode(), f"{server_id}|{address}|{fingerprint}".encode(), hashlib.sha256).hexdigest()
 
 
 def make_entry(token: str, server_id: str, address: str, fingerprint: str,

@@ -33,7 +33,6 @@ else:
         _jpegcrop = None
 
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
-DCT_SCALING = ("none", "pow2")
 
 
 def available() -> bool:
@@ -50,8 +49,7 @@ class BoxDraw:
 
     def __init__(self, scale: tuple[float, float], ratio: tuple[float, float] = RATIO) -> None:
         self.scale, self.ratio = scale, ratio
-        log_ratio = torch.log(torch.tensor(ratio))
-        self._log_ratio = (log_ratio[0].item(), log_ratio[1].item())
+        self._log_ratio = tuple(torch.log(torch.tensor(ratio)).tolist())
         self._area = torch.empty(1)
         self._aspect = torch.empty(1)
         self._offset = torch.empty(1, dtype=torch.int64)
@@ -123,7 +121,16 @@ class CropDecode:
         (data, name), label = sample
         box, image, why = self._fused(data) if _jpegcrop is not None else (None, None, "not built")
         if image is None:
-            self._count_whole(why, name)
+            self.counts["whole"] += 1
+            key = f"whole: {why}"
+            self.counts[key] = self.counts.get(key, 0) + 1
+            if self.counts[key] == 1:  # once per reason and process
+                if why == "not built":
+                    log.warning("fused crop-and-decode is not installed (building it needs a C compiler and "
+                                "libjpeg-turbo's headers: apt-get install gcc libjpeg-dev, then reinstall the "
+                                "package); decoding whole images")
+                else:
+                    log.info("%s: decoded whole (%s); further such images are counted, not logged", name, why)
             whole = self.decode_whole(data, name)
             if box is None:
                 image = self._crop(whole)
@@ -151,18 +158,6 @@ class CropDecode:
         if out is None:
             return box, None, "corrupt data"
         return box, _resize_hwc(_hwc(out), self.size), ""
-
-    def _count_whole(self, why: str, name: str) -> None:
-        self.counts["whole"] += 1
-        key = f"whole: {why}"
-        self.counts[key] = self.counts.get(key, 0) + 1
-        if self.counts[key] == 1:  # once per reason and process
-            if why == "not built":
-                log.warning("fused crop-and-decode is not installed (building it needs a C compiler and "
-                            "libjpeg-turbo's headers: apt-get install gcc libjpeg-dev, then reinstall the "
-                            "package); decoding whole images")
-            else:
-                log.info("%s: decoded whole (%s); further such images are counted, not logged", name, why)
 
 
 def plain_jpeg_size(data: bytes) -> tuple[tuple[int, int] | None, str]:
@@ -287,8 +282,7 @@ def stack(images: list) -> torch.Tensor:
 
 
 def _finish(image: torch.Tensor, flip: bool, deferred: bool):
-    if not image.is_contiguous():
-        image = image.contiguous()
+    image = image.contiguous()  # itself when it is already
     return Flippable(image, flip) if deferred else (image.flip(-1) if flip else image)
 
 

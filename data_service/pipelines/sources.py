@@ -74,8 +74,7 @@ def scan(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
             for f in sorted(filenames):
                 if f.startswith("."):
                     continue
-                path = os.path.join(dirpath, f)
-                (samples if f.lower().endswith(IMAGE_EXTENSIONS) else others).append((path, label))
+                (samples if f.lower().endswith(IMAGE_EXTENSIONS) else others).append((os.path.join(dirpath, f), label))
     if others:
         raise ConfigError(f"{len(others)} file(s) in {str(root)!r} are not images by their name "
                           f"({_some([p for p, _ in others])}); accepted: {', '.join(IMAGE_EXTENSIONS)}; "
@@ -114,8 +113,7 @@ def decode(path: str) -> torch.Tensor:
         CorruptImageError: the bytes do not decode (naming the file).
     """
     with open(path, "rb") as f:
-        data = f.read()
-    return decode_bytes(data, path)
+        return decode_bytes(f.read(), path)
 
 
 def decode_bytes(data: bytes, name: str) -> torch.Tensor:

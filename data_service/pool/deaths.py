@@ -7,6 +7,7 @@ thread that reports a death polls the workers, and may be the data plane's event
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Callable, cast
@@ -77,7 +78,5 @@ class Deaths:
         if self._state.worker_replaced(dead, new):
             self._wake()  # what to poll changed
         elif new is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 new.conn.send(StopMsg())
-            except (OSError, ValueError):
-                pass

@@ -12,6 +12,7 @@ Only the standard library here: the warm parent imports this before anything els
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -25,11 +26,8 @@ def threads(but_mine: bool = False) -> list[str]:
     for tid in os.listdir("/proc/self/task"):
         if but_mine and tid == mine:
             continue
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            continue  # ended meanwhile
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:  # OSError: ended meanwhile
+            names.append(f.read().strip())
     return names
 
 
@@ -37,10 +35,8 @@ def sockets() -> int:
     """How many socket descriptors this process holds open."""
     count = 0
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed meanwhile
             count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            continue  # the listing's own descriptor, closed meanwhile
     return count
 
 

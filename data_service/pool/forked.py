@@ -10,6 +10,7 @@ on a status pipe from the warm parent, which reaps it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import json
 import math
@@ -117,8 +118,7 @@ class WarmParent:
                     raise WarmParentGone(f"the warm parent did not import {len(names)} modules within {timeout:.0f}s")
                 report, _ = recv_msg(self._sock)
             except (OSError, EOFError) as exc:
-                report = None
-                why_gone = str(exc)
+                report, why_gone = None, str(exc)
             else:
                 why_gone = "it exited"
             if report is None:
@@ -291,15 +291,11 @@ class ForkedProcess:
 
     def _signal(self, sig: int) -> None:
         if self.is_alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(cast(int, self.sentinel), sig)  # by pidfd: never a reused pid
-            except ProcessLookupError:
-                pass
 
 
 def _close_fds(*fds: int) -> None:
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass

@@ -9,6 +9,7 @@ becomes of a dead worker's tasks is decided there. The process itself is process
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -105,18 +106,16 @@ def launch(ctx, w: WorkerHandle, cfg: WorkerConfig, spawn_if_gone: bool = True) 
     args = (w.child_end, cfg.spec_json, w.wid, cfg.num_slots, cfg.log_level, cfg.compression, cfg.nice)
     name = f"hetero-data-worker-{w.wid}"
     child_end = cast(Connection, w.child_end)  # set by ``unstarted``; only ``launch`` clears it
-    process: WorkerProcess = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
-    w.process = process
+    w.process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
     try:
-        process.start()
+        w.process.start()
     except WarmParentGone as exc:  # ctx.Process gives spawned ones from now on
         if not spawn_if_gone:
             child_end.close()
             raise
         log.warning("data worker %d is spawned, not forked: %s", w.wid, exc)
-        process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
-        w.process = process
-        process.start()
+        w.process = ctx.Process(target=worker_main, name=name, daemon=True, args=args)
+        w.process.start()
     child_end.close()
     w.child_end = None
 
@@ -139,18 +138,16 @@ def await_ready(w: WorkerHandle, deadline: float, start_timeout: float) -> Ready
             try:
                 msg = w.conn.recv()
             except EOFError:
-                process.join(1.0)
-                raise DiedLoading(f"data worker {w.wid} {exit_status(process.exitcode)} "
-                                  "while loading the pipeline") from None
+                break
             if isinstance(msg, ReadyMsg):
                 return msg
             if isinstance(msg, FatalMsg):
                 raise ConfigError(f"data worker could not load the pipeline: {msg.message}\n{msg.traceback}")
             raise ConfigError(f"data worker {w.wid} sent {type(msg).__name__} before it was ready")
-        if not process.is_alive() and not w.conn.poll():
-            process.join(1.0)  # its exit status (start-up: not on the data plane's loop)
-            raise DiedLoading(f"data worker {w.wid} {exit_status(process.exitcode)} "
-                              "while loading the pipeline")
+        elif not process.is_alive() and not w.conn.poll():
+            break
+    process.join(1.0)  # its exit status (start-up: not on the data plane's loop)
+    raise DiedLoading(f"data worker {w.wid} {exit_status(process.exitcode)} while loading the pipeline")
 
 
 def start_with_retry(ctx, w: WorkerHandle, deadline: float, cfg: WorkerConfig,
@@ -237,10 +234,8 @@ def stop_workers(handles: list[WorkerHandle], timeout: float) -> None:
     """Stop worker processes: politely, then SIGKILL after ``timeout``."""
     handles = [w for w in handles if w.process is not None]  # never launched: nothing to stop
     for w in handles:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             w.conn.send(StopMsg())
-        except (OSError, ValueError):
-            pass
     deadline = time.monotonic() + timeout
     for w in handles:
         process = cast(WorkerProcess, w.process)  # launched: the others were left out above
@@ -259,7 +254,5 @@ def release(w: WorkerHandle) -> None:
         w.child_end.close()
         w.child_end = None
     if w.process is not None:
-        try:
+        with contextlib.suppress(ValueError):  # it could not be killed: its handle closes when collected
             w.process.close()
-        except ValueError:  # it could not be killed: its handle closes when collected
-            pass

@@ -192,7 +192,6 @@ class MessageConnection(Connection):
 
 def message_connection(conn: Connection) -> MessageConnection:
     """The same pipe as ``conn``, which is closed (its descriptor is duplicated first)."""
-    fd = os.dup(conn.fileno())
-    readable, writable = conn.readable, conn.writable
+    duplicate = MessageConnection(os.dup(conn.fileno()), conn.readable, conn.writable)
     conn.close()
-    return MessageConnection(fd, readable, writable)
+    return duplicate

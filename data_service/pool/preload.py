@@ -83,9 +83,7 @@ def declared(spec_json: str) -> tuple[str | None, list[str], str | None]:
         options = dict(spec.get("options") or {})
     except (ValueError, KeyError, TypeError, AttributeError):
         return None, [], None  # the workers report what is wrong with the spec as they load it
-    if module not in sys.modules:
-        return module, [], None
-    wanted = getattr(getattr(sys.modules[module], builder, None), "worker_imports", None)
+    wanted = getattr(getattr(sys.modules.get(module), builder, None), "worker_imports", None)
     if wanted is None:
         return module, [], None
     try:

@@ -17,8 +17,8 @@ import traceback
 from typing import cast
 
 from .fork_safety import hazards
-from .messages import (SPARE_COMM, SPARE_ID, DoneMsg, ErrorMsg, FatalMsg, ImportedMsg, PromoteMsg, ReadyMsg, StopMsg,
-                       TaskMsg, message_connection)
+from .messages import (SPARE_COMM, SPARE_ID, DoneMsg, ErrorMsg, FatalMsg, ImportedMsg, PromoteMsg, ReadyMsg, TaskMsg,
+                       message_connection)
 from .preload import ImportRecorder
 from .warm_parent import rename
 from ..protocol.generated import pb
@@ -118,9 +118,7 @@ def _next_task(conn, parent_pid: int, comm: str | None) -> TaskMsg | None:
             if comm is not None:
                 rename(comm)
             continue
-        if isinstance(msg, StopMsg) or not isinstance(msg, TaskMsg):
-            return None
-        return msg
+        return msg if isinstance(msg, TaskMsg) else None  # a StopMsg (or anything else): stop
 
 
 class _Slots:

@@ -16,6 +16,7 @@ The table holds no lock: its owner (the pool's state, state.py) calls it under i
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import time
@@ -44,10 +45,8 @@ class ServerSlot:
         self.owner: object = None  # who the batch is for (Task.owner)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError):  # a view is still exported; the map goes when it is collected
             self.map.close()
-        except BufferError:
-            pass  # a view is still exported; the map goes when it is collected
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

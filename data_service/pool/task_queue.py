@@ -68,9 +68,7 @@ class TaskQueue:
         if not self._pending:
             return None
         free = table.reserve()
-        if free is not None:
-            return self._take(), free
-        return self._make_room(table)
+        return (self._take(), free) if free is not None else self._make_room(table)
 
     def _take(self) -> Task:
         """The next task (the head is not cancelled): the oldest one, except that consumers with

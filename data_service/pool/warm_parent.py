@@ -21,6 +21,7 @@ Only the standard library is imported here at module level.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import os
@@ -191,10 +192,8 @@ def _reap(children: dict[int, int]) -> None:
             return
         fd = children.pop(pid, None)
         if fd is not None:
-            try:
+            with contextlib.suppress(OSError):  # the server closed its end: nobody asks any more
                 os.write(fd, CODE.pack(os.waitstatus_to_exitcode(status)))
-            except OSError:
-                pass  # the server closed its end: nobody asks any more
             os.close(fd)
 
 

@@ -48,9 +48,7 @@ def check_start_method(value: str) -> str:
 
 def unclean(report: dict) -> str | None:
     """Why workers must not be forked from the warm parent that sent ``report``; None if they may."""
-    if report["error"]:
-        return f"the pipeline cannot be preloaded: {report['error']}"
-    return report["unsafe"]
+    return f"the pipeline cannot be preloaded: {report['error']}" if report["error"] else report["unsafe"]
 
 
 class WorkerStarter:

@@ -22,6 +22,7 @@ the pipe messages are messages.py.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -51,13 +52,6 @@ log = logging.getLogger(__name__)
 UNMAPPABLE_WAIT_S = 0.5
 
 
-def _check_sizes(num_workers: int, slots_per_worker: int) -> None:
-    if num_workers < 1:
-        raise ConfigError(f"num_workers={num_workers} must be >= 1")
-    if slots_per_worker < 1:
-        raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
-
-
 class WorkerPool:
     """Runs a pipeline in ``num_workers`` processes; see the module docstring.
 
@@ -67,7 +61,10 @@ class WorkerPool:
     def __init__(self, spec_json: str, num_workers: int, slots_per_worker: int = 2,
                  start_timeout: float = 120.0, log_level: int = logging.INFO, compression: str = "", nice: int = 0,
                  worker_start: str = "warm", spare: bool = True) -> None:
-        _check_sizes(num_workers, slots_per_worker)
+        if num_workers < 1:
+            raise ConfigError(f"num_workers={num_workers} must be >= 1")
+        if slots_per_worker < 1:
+            raise ConfigError(f"slots_per_worker={slots_per_worker} must be >= 1")
         self._num_workers = num_workers
         self._cfg = WorkerConfig(spec_json, slots_per_worker, start_timeout, log_level, compression, nice)
         self.starter = WorkerStarter(worker_start, self._cfg, lambda: self.state.stopping, spare)  # method: how they start
@@ -172,8 +169,7 @@ class WorkerPool:
         return self.state.slots_in_use()
 
     def busy_fraction(self) -> float:
-        elapsed = max(time.monotonic() - self.started_at, 1e-9)
-        return min(1.0, self.build_seconds / (elapsed * self._num_workers))
+        return min(1.0, self.build_seconds / (max(time.monotonic() - self.started_at, 1e-9) * self._num_workers))
 
     def worker_pids(self) -> list[int]:
         return self.state.pids()
@@ -191,10 +187,8 @@ class WorkerPool:
         workers = self.state.workers()
         for obj in ready:
             if obj == self._wake_r:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
                 continue
             for w in workers:
                 if obj is w.conn:
@@ -214,10 +208,8 @@ class WorkerPool:
         self._assign()
 
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
-        except OSError:
-            pass
 
     def _loop(self) -> None:
         while not self.state.stopping:
@@ -232,10 +224,8 @@ class WorkerPool:
     def _assign(self) -> None:
         with self._send_lock:
             for w, frames in self.state.assign():
-                try:
+                with contextlib.suppress(OSError, ValueError):  # the sentinel reports the death
                     w.conn.send_frames(frames)
-                except (OSError, ValueError):
-                    pass  # the sentinel reports the death
 
     def _read(self, w: WorkerHandle) -> None:
         """Read and handle one message from worker ``w``'s pipe."""

@@ -125,8 +125,7 @@ def items_digest(items: list[tuple[str, int]], root: str) -> str:
     """A digest of the source's items: the same folder (or data set) on every machine gives the same."""
     h = hashlib.sha256()
     for path, label in items:
-        rel = os.path.relpath(path, root) if root else path
-        h.update(f"{rel}\0{label}\n".encode())
+        h.update(f"{os.path.relpath(path, root) if root else path}\0{label}\n".encode())
     return h.hexdigest()[:24]
 
 
@@ -177,18 +176,14 @@ def finished(store) -> set[int]:
     done = set()
     for key, _ in store.list(".json", under=WORK):
         if key.startswith("shard-") and key.endswith(".tar.json"):
-            try:
+            with contextlib.suppress(ValueError):
                 done.add(int(key[len("shard-"):-len(".tar.json")]))
-            except ValueError:
-                continue
     return done
 
 
 def read_plan(store) -> Split | None:
     try:
-        if not store.exists(PLAN):
-            return None
-        return Split.from_json(store.read(PLAN), store.key_url(PLAN))
+        return Split.from_json(store.read(PLAN), store.key_url(PLAN)) if store.exists(PLAN) else None
     except StoreError as exc:
         raise ConfigError(str(exc)) from exc
 

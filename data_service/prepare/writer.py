@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import multiprocessing as mp
 import os
 import time
@@ -27,10 +26,8 @@ import numpy as np
 from ..errors import ConfigError
 from ..shards.format import INDEX_NAME, JSON_INDEX_NAME
 from ..storage import open_store
-
 from .plan import PLAN, WORK, Split, Summary, finished, items_digest, merge, parse_part, per_shard, read_plan
 from .shard_files import write_shards
-log = logging.getLogger(__name__)
 
 MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"), (b"RIFF", "webp"))
 
@@ -75,10 +72,9 @@ def _convert(job: tuple[int, str, int, int, bool]) -> tuple[int, str, bytes, int
         else:
             with open(path, "rb") as f:
                 data = f.read()
-        ext = next((e for magic, e in MAGIC if data.startswith(magic)), "")
+        # not a known signature (yet it decodes, when verified): keep the bytes, name it as most are
+        ext = next((e for magic, e in MAGIC if data.startswith(magic)), "jpg")
         image = decode_bytes(data, path) if (verify or max_side) else None
-        if not ext:
-            ext = "jpg"  # decodes, but not by a known signature: keep the bytes, name it as most are
     except CorruptImageError as exc:
         return pos, "", b"", int(label), str(exc), False
     except OSError as exc:
@@ -99,8 +95,7 @@ def _sources(src: str, options: dict) -> tuple[list[str], list[tuple[str, int]],
     """(classes, [(path or item number, label)], import target) of SRC."""
     if ":" in src and not os.path.exists(src) and "/" not in src.split(":")[0]:
         dataset = _load_dataset(src, options)
-        classes = [str(c) for c in getattr(dataset, "classes", [])]
-        return classes, [(str(i), 0) for i in range(len(dataset))], src
+        return [str(c) for c in getattr(dataset, "classes", [])], [(str(i), 0) for i in range(len(dataset))], src
     from ..pipelines.images import scan
 
     classes, samples = scan(src)
@@ -111,27 +106,23 @@ def _converted(jobs: list, target: str, options: dict, workers: int, progress: b
     """``_convert``'s results for ``jobs``, in order, from ``workers`` processes (one: this one)."""
     if not jobs:  # every shard of this part is finished
         return
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    with contextlib.ExitStack() as stack:
+        bar = None
+        if progress:
+            from tqdm import tqdm
 
-        bar = tqdm(total=len(jobs), unit="img", desc="prepare", mininterval=0.5)
-    try:
-        with contextlib.ExitStack() as stack:
-            results: Iterator[tuple[int, str, bytes, int, str, bool]]
-            if workers == 1:  # in this process: no pool to start
-                _init_worker(target, options)
-                results = map(_convert, jobs)
-            else:
-                pool = stack.enter_context(mp.get_context("spawn").Pool(workers, _init_worker, (target, options)))
-                results = pool.imap(_convert, jobs, chunksize=16)
-            for result in results:
-                if bar is not None:
-                    bar.update(1)
-                yield result
-    finally:
-        if bar is not None:
-            bar.close()
+            bar = stack.enter_context(tqdm(total=len(jobs), unit="img", desc="prepare", mininterval=0.5))
+        results: Iterator[tuple[int, str, bytes, int, str, bool]]
+        if workers == 1:  # in this process: no pool to start
+            _init_worker(target, options)
+            results = map(_convert, jobs)
+        else:
+            pool = stack.enter_context(mp.get_context("spawn").Pool(workers, _init_worker, (target, options)))
+            results = pool.imap(_convert, jobs, chunksize=16)
+        for result in results:
+            if bar is not None:
+                bar.update(1)
+            yield result
 
 
 def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: int = 0, workers: int = 0,
@@ -174,8 +165,9 @@ def prepare(src: str, dest: str, *, shard_size: int = 256 * 1000**2, max_side: i
     todo = [k for k in plan.part_shards(part) if k not in done]
     summary = Summary(part=f"{part[0]}/{part[1]}" if part else "", kept=len(plan.part_shards(part)) - len(todo))
     jobs = _jobs(plan, todo, items, order, max_side, verify)
+    # a skipped sample is listed by its file, or by its number in an import-path data set
     write_shards(store, plan.per_shard, _converted(jobs, target, options, workers, progress), summary,
-                 lambda pos: _item_name(items[order[pos]][0], target))
+                 lambda pos: f"item {items[order[pos]][0]}" if target else items[order[pos]][0])
     if part is not None:
         summary.seconds = time.monotonic() - start
         return summary
@@ -223,11 +215,6 @@ def _jobs(plan: Split, shards, items: list[tuple[str, int]], order: np.ndarray, 
             for k in shards for pos in range(k * plan.per_shard, min(plan.samples, (k + 1) * plan.per_shard))]
 
 
-def _item_name(item: str, target: str) -> str:
-    """How a skipped sample is listed: its file, or its number in an import-path data set."""
-    return item if not target else f"item {item}"
-
-
 def merge_parts(dest) -> Summary:
     """Write the index of a run whose parts (``prepare(..., part=...)``) are all done: ``hetero prepare --merge``."""
     start = time.monotonic()
@@ -271,8 +258,5 @@ def _sizes(items: list[tuple[str, int]], order: np.ndarray, target: str, options
                 out.append(os.path.getsize(items[i][0]))
         return out
     dataset = _load_dataset(target, options)
-    out = []
-    for i in picks[:32]:
-        item = dataset[int(items[i][0])][0]
-        out.append(int(item.numel()) // 2 if hasattr(item, "numel") else len(item))
-    return out
+    samples = (dataset[int(items[i][0])][0] for i in picks[:32])
+    return [int(item.numel()) // 2 if hasattr(item, "numel") else len(item) for item in samples]

@@ -21,9 +21,7 @@ def bearer(token: str) -> tuple[str, str]:
 
 
 def token_matches(expected: str, presented: str | None) -> bool:
-    if presented is None:
-        return False
-    return hmac.compare_digest(expected.encode(), presented.encode())
+    return presented is not None and hmac.compare_digest(expected.encode(), presented.encode())
 
 
 class TokenInterceptor(grpc.ServerInterceptor):

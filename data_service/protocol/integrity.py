@@ -56,11 +56,6 @@ def batch_crc(header: pb.BatchHeader, payload: Buffer) -> int:
     return crc32c(memoryview(payload)[:header.payload_bytes], header_crc(header))
 
 
-def seal(header: pb.BatchHeader, payload: Buffer) -> None:
-    """Write ``payload``'s checksum into ``header`` (the data worker, once the batch is in its slot)."""
-    header.payload_crc32c = batch_crc(header, payload)
-
-
 def sealed(header: pb.BatchHeader) -> bool:
     """The header carries a checksum to check (CRC32C, or a 1.0 server's CRC-32)."""
     return bool(header.HasField("payload_crc32c") or header.HasField("payload_crc32"))

@@ -69,11 +69,10 @@ def window_budget(value: int | str) -> int:
         ConfigError: not a size, or negative; the message names the value and the form.
     """
     try:
-        budget = parse_size(value, "batch_window")
+        return parse_size(value, "batch_window")
     except ConfigError:
         raise ConfigError(f"batch_window={value!r} must be a size such as 2GB or 512MiB (0: no window, every "
                           "job's batches are built for it alone)") from None
-    return budget
 
 
 class BatchWindow:

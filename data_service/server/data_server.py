@@ -23,7 +23,6 @@ import uuid
 from concurrent import futures
 from typing import Callable, cast
 
-
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -155,10 +154,13 @@ class DataServer:
             if side.prefetcher is not None:
                 self._prefetch = PrefetchOnce(side.prefetcher, self.plan)
             if self.options.batch_window_bytes:
+                # the next epoch's batches the window builds ahead: the option, else a consumer's default window
+                lead = default_window(self.options.num_workers) if self.options.build_ahead is None else \
+                    self.options.build_ahead
                 self.shared = SharedBuilds(self.pool, BatchWindow(self.options.batch_window_bytes),
                                            BatchIdentity(self.dataset_info.fingerprint, info.wire_encoding,
                                                          self.options.compression), self.plan.num_batches,
-                                           workers=self.options.num_workers, lead=self._build_ahead())
+                                           workers=self.options.num_workers, lead=lead)
                 self.stats.window_figures = self.shared.figures
             if self.options.probe:
                 probe_batch(self.pool, self.spec.target, self.options.max_batch_bytes,
@@ -172,11 +174,6 @@ class DataServer:
                  self.address, self.bulk_port, self.options.num_workers,
                  f", batch window {self.options.batch_window_bytes} bytes" if self.shared is not None else "")
         return self
-
-    def _build_ahead(self) -> int:
-        """Batches of the next epoch the window builds ahead: the option, else a consumer's default window."""
-        lead = self.options.build_ahead
-        return default_window(self.options.num_workers) if lead is None else lead
 
     def _check_ports(self) -> None:
         """A port asked for by number that another process holds: the error now, not after the
@@ -225,8 +222,11 @@ class DataServer:
         self._listener = self._bind(self.options.bulk_port, "--bulk-port")
         self._listener.listen(1024)
         self.bulk_port = self._listener.getsockname()[1]
-        self._dataplane = DataPlane(self._listener, self.pool, self._session_settings(), self, self._tls_context,
-                                    builds=self.shared)
+        settings = SessionSettings(
+            token=self.token, server_id=self.server_id, compression=self.options.compression,
+            shared_memory=self.options.shared_memory, send_timeout_s=self.options.send_timeout_s,
+            num_batches=cast(EpochShape, self.plan).num_batches)  # start() set it before the ports open
+        self._dataplane = DataPlane(self._listener, self.pool, settings, self, self._tls_context, builds=self.shared)
         self._dataplane.start()
         self._grpc.start()
         for name in ("", SERVICE_NAME):
@@ -238,12 +238,6 @@ class DataServer:
         if self._health is not None:
             for name in ("", SERVICE_NAME):
                 self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-
-    def _session_settings(self) -> SessionSettings:
-        return SessionSettings(
-            token=self.token, server_id=self.server_id, compression=self.options.compression,
-            shared_memory=self.options.shared_memory, send_timeout_s=self.options.send_timeout_s,
-            num_batches=cast(EpochShape, self.plan).num_batches)  # start() set it before the ports open
 
     def prefetch(self, batch: BatchId) -> None:
         """A consumer hints at or requests ``batch``: the pipeline's block prefetcher, if it has
@@ -278,8 +272,7 @@ class DataServer:
             log.info("data server %s shutting down (%s), grace %.0fs", self.server_id, reason or "requested", grace_s)
             if not self._on_leave:
                 self._refuse()
-            thread = threading.Thread(target=self._stop, args=(grace_s,), name="shutdown", daemon=True)
-            thread.start()
+            threading.Thread(target=self._stop, args=(grace_s,), name="shutdown", daemon=True).start()
         if block:
             self._stopped.wait(grace_s + self.leave_delay_s + 30)
         return already

@@ -11,6 +11,7 @@ threads (gRPC calls, worker replacement, shutdown) reach the loop through ``call
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import selectors
@@ -126,10 +127,8 @@ class DataPlane:
         def close_all() -> None:
             for s in list(self._sessions):
                 s.close()
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(self._listener)
-            except (KeyError, ValueError):
-                pass
             self._listener.close()
             self._stop = True
 
@@ -158,20 +157,15 @@ class DataPlane:
 
     # (the loop's thread from here on)
     def closed(self, session: Session) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(session.sock)
-        except (KeyError, ValueError):
-            pass
         if session in self._sessions:
             self._sessions.discard(session)
             self.stats.stream_closed(session.authenticated)
 
     def want_write(self, session: Session, on: bool) -> None:
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
-        try:
-            self._sel.modify(session.sock, events, session)
-        except (KeyError, ValueError):
-            pass  # not registered yet (handshake start) or already gone
+        with contextlib.suppress(KeyError, ValueError):  # not registered yet (handshake start) or already gone
+            self._sel.modify(session.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0), session)
 
     def flush_later(self, session: Session) -> None:
         self._due.append(session)
@@ -226,10 +220,8 @@ class DataPlane:
 
     def _watch_pool(self) -> None:
         for obj in self._pool_keys:
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(obj)
-            except (KeyError, ValueError):
-                pass
         self._pool_gen = self._pool.generation
         self._pool_keys = []
         for obj in self._pool.wait_objects():

@@ -28,6 +28,7 @@ call from another thread: it hands the result to the loop.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -78,11 +79,7 @@ class Session:
     # -- lifecycle
     def start(self) -> None:
         """Begin the handshake (the loop has registered the socket for reading)."""
-        if self._tls_done:
-            self._queue(frame_bytes(pb.BulkFrame(challenge=pb.Challenge(server_version=PROTOCOL_VERSION,
-                                                                   nonce=self._nonce))))
-        else:
-            self._tls_step()
+        self._tls_step()
 
     def close(self) -> None:
         """End the connection: cancel its tasks, free or retire its slots. Idempotent."""
@@ -100,10 +97,8 @@ class Session:
         for r in unsent:
             r.release()
         self.host.closed(self)
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
 
     @property
@@ -150,11 +145,9 @@ class Session:
             self.close()
             return
         self._close_when_sent = True
-        tasks = list(self._tasks.values())
+        self.host.cancel(list(self._tasks.values()))
         self._tasks.clear()
-        self.host.cancel(tasks)
-        error = pb.BatchError(kind=pb.BAD_REQUEST, message=reason, sample_index=-1)
-        self._queue(frame_bytes(pb.BulkFrame(error=error)))
+        self._refuse(pb.BAD_REQUEST, reason)
 
     def on_writable(self) -> None:
         if not self._tls_done:
@@ -164,8 +157,10 @@ class Session:
 
     # -- reading
     def _tls_step(self) -> None:
+        """The TLS handshake's next step (none without TLS); once it is done, the challenge."""
         try:
-            cast(ssl.SSLSocket, self.sock).do_handshake()  # a TLS session's socket is wrapped
+            if self._tls:
+                cast(ssl.SSLSocket, self.sock).do_handshake()  # a TLS session's socket is wrapped
         except ssl.SSLWantReadError:
             self._out.want_write(False)
             return
@@ -177,7 +172,7 @@ class Session:
         self._tls_done = True
         self._out.want_write(False)
         challenge = pb.Challenge(server_version=PROTOCOL_VERSION, nonce=self._nonce)
-        self._queue(frame_bytes(pb.BulkFrame(challenge=challenge)))
+        self._out.put(frame_bytes(pb.BulkFrame(challenge=challenge)))
 
     def _read(self) -> None:
         while not self.closed:
@@ -244,30 +239,28 @@ class Session:
 
     def _on_hello(self, hello: pb.BulkHello) -> None:
         self.client_id = hello.client_id or self.peer
-        refused = hello_refusal(hello, self._settings, self._nonce)
-        if refused is not None:
+        if (refused := hello_refusal(hello, self._settings, self._nonce)) is not None:
             if refused[0] == pb.PERMISSION_DENIED:
                 self.host.count_auth_failure()
                 log.warning("data plane: wrong job token from %s (%s)", self.peer, self.client_id)
             self._refuse(*refused)
             return
-        compression = self._settings.compression
         self.shm = bool(self._settings.shared_memory and hello.accept_shm and hello.host_key
                         and hello.host_key == framing.host_key())
         framing.set_send_timeout(self.sock, self._settings.send_timeout_s)
         self.authenticated = True
         self.host.stats.consumer_connected()
-        welcome = pb.Welcome(server_id=self._settings.server_id, compression=compression, shm=self.shm)
-        self._queue(frame_bytes(pb.BulkFrame(welcome=welcome)))
+        welcome = pb.Welcome(server_id=self._settings.server_id, compression=self._settings.compression, shm=self.shm)
+        self._out.put(frame_bytes(pb.BulkFrame(welcome=welcome)))
 
     def _refuse(self, kind: pb.ErrorKind, message: str) -> None:
         self._close_when_sent = True
-        self._queue(frame_bytes(pb.BulkFrame(error=pb.BatchError(kind=kind, message=message, sample_index=-1))))
+        self._out.put(frame_bytes(pb.BulkFrame(error=pb.BatchError(kind=kind, message=message, sample_index=-1))))
 
     # -- results
     def _queue_error(self, which: BatchId, kind: pb.ErrorKind, message: str) -> None:
         error = pb.BatchError(ref=which.ref(), kind=kind, message=message, sample_index=-1)
-        self._queue(frame_bytes(pb.BulkFrame(error=error)))
+        self._out.put(frame_bytes(pb.BulkFrame(error=error)))
 
     def _on_result(self, result: Result) -> None:
         """Called by the worker pool, on the loop's thread or another one."""
@@ -279,22 +272,18 @@ class Session:
             result.release()
             return
         if result.error is not None:
-            self._queue(frame_bytes(pb.BulkFrame(error=result.error)))
+            self._out.put(frame_bytes(pb.BulkFrame(error=result.error)))
             return
         figures = (result.raw_bytes, result.payload_bytes, result.compress_s)
         if self.shm and result.shm_path:  # a batch window's copy has no slot: it goes as TCP bytes
             extra = pb.BatchHeader(shm_path=result.shm_path, shm_size=result.shm_size, shm_inode=result.shm_inode,
                                    shm_lease=result.lease()).SerializeToString()
             self._held.setdefault(result.task.batch, []).append(result)  # until Release
-            self._queue(framing.batch_frame(result.header_bytes, extra), figures=figures)
+            self._out.put(framing.batch_frame(result.header_bytes, extra), figures=figures)
         else:
-            self._queue(framing.batch_frame(result.header_bytes), result.payload, result, figures)
+            self._out.put(framing.batch_frame(result.header_bytes), result.payload, result, figures)
 
     # -- writing (send_queue.py)
-    def _queue(self, head: bytes, payload: memoryview | None = None, result: Result | None = None,
-               figures: tuple[int, int, float] | None = None) -> None:
-        self._out.put(head, payload, result, figures)
-
     def flush(self) -> None:
         """Write what waits (the loop calls this at the end of the turn that queued it)."""
         self._out.flush_due = False
@@ -302,7 +291,5 @@ class Session:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._out.write():  # the socket failed
-            self.close()
-        elif self._close_when_sent and not self._out:
+        if not self._out.write() or (self._close_when_sent and not self._out):  # the socket failed, or all is sent
             self.close()

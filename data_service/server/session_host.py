@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
+from ..errors import install_extra
 from ..pool.tasks import Task
 from ..protocol import framing
 from ..protocol.generated import pb
@@ -61,5 +62,5 @@ def hello_refusal(hello: pb.BulkHello, settings: SessionSettings, nonce: bytes) 
         return pb.PERMISSION_DENIED, "missing or wrong job token"
     if settings.compression and settings.compression not in hello.accept_compressions:
         return pb.BAD_REQUEST, (f"this server compresses batches with {settings.compression}, the client cannot "
-                                "decode it: pip install 'hetero-data-service[compress]' on the consumer")
+                                f"decode it: {install_extra('compress')} on the consumer")
     return None

@@ -105,9 +105,7 @@ class ServerStats:
     def seconds_since_last_consumer(self) -> float:
         """-1 while a consumer is connected; else seconds since the last one left (or since start)."""
         with self._lock:
-            if self._consumers > 0:
-                return -1.0
-            return time.monotonic() - self._last_consumer_left
+            return -1.0 if self._consumers > 0 else time.monotonic() - self._last_consumer_left
 
     def snapshot(self) -> pb.Stats:
         pool = self._pool

@@ -17,17 +17,17 @@ workers, and the threads that read a store's byte ranges in parallel.
 from __future__ import annotations
 
 import collections
-import fcntl
 import logging
 import os
 import shutil
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, TypeVar
 
 from ..errors import ConfigError
 from ..storage.base import Store
-from ..storage.filecache import CacheError, FileCache, flock
+from ..storage.filecache import CacheError, FileCache
 
 __all__ = ["BlockCache", "CacheError", "CacheReader", "check_reads", "default_dir"]
 
@@ -39,8 +39,6 @@ T = TypeVar("T")
 
 def default_dir() -> str:
     """``HETERO_CACHE_DIR``, else ``hetero-cache`` in the system's temporary folder (the container's disk)."""
-    import tempfile
-
     return os.environ.get("HETERO_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "hetero-cache")
 
 
@@ -63,12 +61,6 @@ class BlockCache:
                               "(pipeline.cache_dir or HETERO_CACHE_DIR)") from None
         self.dir = directory
         self.max_bytes = self.files.max_bytes = max_bytes or int(shutil.disk_usage(directory).free * 0.8)
-
-    def path(self, name: str) -> str:
-        return self.files.path(name)
-
-    def cached(self, name: str) -> bool:
-        return self.files.cached(name)
 
     def open(self, name: str, size: int, fill: Callable[[int], None]) -> int:
         """A read-only descriptor of block ``name`` (``size`` bytes), fetched by ``fill(fd)`` if absent.
@@ -99,24 +91,15 @@ class BlockCache:
             ConfigError: the entry is larger than the whole cache.
             CacheError: another process held the entry's lock past the wait.
         """
-        fd = self.files.open(name)
-        if fd is not None:
+        def stored() -> int:
+            chunks = make()
+            size = sum(len(c) for c in chunks)
+            if size > self.max_bytes or not self.files.put(name, chunks) or (fd := self.files.open(name)) is None:
+                raise ConfigError(f"{what} of {size} bytes does not fit cache_bytes={self.max_bytes} "
+                                  f"({self.dir}); raise cache_bytes or free disk space there")
             return fd
-        lock = os.open(self.files.path(name) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            flock(lock, fcntl.LOCK_EX, self.files.wait_s,
-                  lambda: f"{name}: another process of this host has been making it for over "
-                          f"{self.files.wait_s:.0f}s (cache {self.dir})")
-            fd = self.files.open(name)
-            if fd is None:
-                chunks = make()
-                size = sum(len(c) for c in chunks)
-                if size > self.max_bytes or not self.files.put(name, chunks) or (fd := self.files.open(name)) is None:
-                    raise ConfigError(f"{what} of {size} bytes does not fit cache_bytes={self.max_bytes} "
-                                      f"({self.dir}); raise cache_bytes or free disk space there")
-            return fd
-        finally:
-            os.close(lock)
+
+        return self.files.once(name, "making", stored)
 
     def made_bytes(self, name: str, make: Callable[[], list[bytes]], what: str) -> bytes:
         """Entry ``name``'s bytes, made by ``make()`` if absent (as :meth:`made`)."""
@@ -176,7 +159,7 @@ class CacheReader:
         fetched; returns at once. A failure is logged: the worker that needs the entry fetches it again
         and reports the error."""
         with self._lock:
-            todo = [k for k in keys if k not in self._prefetching and not self.cache.cached(self.name(k))]
+            todo = [k for k in keys if k not in self._prefetching and not self.cache.files.cached(self.name(k))]
             if not todo:
                 return
             self._prefetching.update(todo)

@@ -19,6 +19,7 @@ are otherwise unchecked and that ``hetero index --upgrade`` adds them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -61,13 +62,12 @@ class _Tables:
 
     def __init__(self) -> None:
         self.k = sample_crc(0, 0)
-        bits = range(32)
         self.p = np.array([[sample_crc(b << (8 * j), 0) ^ self.k for b in range(256)] for j in range(4)], "<u4")
         self.q = np.array([[sample_crc(0, _signed(b << (8 * j))) ^ self.k for b in range(256)] for j in range(4)],
                           "<u4")
         # Q's inverse: Gaussian elimination on the images of single bits, each with the bits it came from
         pivots: dict[int, tuple[int, int]] = {}
-        for k in bits:
+        for k in range(32):
             value, source = sample_crc(0, _signed(1 << k)) ^ self.k, 1 << k
             while value:
                 top = value.bit_length() - 1
@@ -86,14 +86,9 @@ class _Tables:
         return x
 
 
-_tables: _Tables | None = None
-
-
+@functools.cache
 def _table() -> _Tables:
-    global _tables
-    if _tables is None:
-        _tables = _Tables()
-    return _tables
+    return _Tables()
 
 
 def _signed(x: int) -> int:
@@ -114,8 +109,7 @@ def sample_crcs(data_crcs, labels) -> np.ndarray:
 def label_of(data_crc: int, crc: int) -> int:
     """The one label ``L`` (an ``<i4``) with ``sample_crc(data_crc, L) == crc``: the label that a
     sample's bytes and its checksum agree on."""
-    t = _table()
-    return _signed(t.solve(int(crc) ^ sample_crc(data_crc, 0)))
+    return _signed(_table().solve(int(crc) ^ sample_crc(data_crc, 0)))
 
 
 def sample_checksums(store, name: str, offsets, lengths) -> np.ndarray:
@@ -140,7 +134,7 @@ def sample_checksums(store, name: str, offsets, lengths) -> np.ndarray:
 
 def note_unchecked(where: str, index_bin: bool, folder: str) -> None:
     """Log once per process and index that its samples carry no checksums, and the command that adds them."""
-    if not _first(where):
+    if not first_time(where):
         return
     log.warning("%s holds no per-sample checksums (%s): samples and labels are read unchecked; run `%s` to add "
                 "them", where, "an index.bin of an earlier release" if index_bin else "an index.json",
@@ -149,7 +143,7 @@ def note_unchecked(where: str, index_bin: bool, folder: str) -> None:
 
 def note_labels_unchecked(where: str, folder: str) -> None:
     """Log once per process and index that its checksums cover the samples' bytes, not their labels."""
-    if not _first(where):
+    if not first_time(where):
         return
     log.warning("%s: its per-sample checksums cover the samples' bytes, not their labels (index.bin version 3): "
                 "the labels column is checked once per node when the data set opens, a label damaged after that "
@@ -161,7 +155,8 @@ def _upgrade(folder: str, index_bin: bool) -> str:
     return f"hetero index --upgrade {folder}" if index_bin else f"hetero index --from-json {folder}"
 
 
-def _first(where: str) -> bool:
+def first_time(where: str) -> bool:
+    """Whether this process meets ``where`` (an index, a file) for the first time: what is said once per process."""
     with _warned_lock:
         if where in _warned:
             return False

@@ -106,10 +106,9 @@ class ShardDataset:
         for k in range(len(table)):
             name = table.name(k)
             folder, _, base = name.rpartition("/")
-            have = listed.get(folder)
-            if have is None:
-                have = listed[folder] = dict(self.store.list(under=folder))
-            size = have.get(base)
+            if folder not in listed:
+                listed[folder] = dict(self.store.list(under=folder))
+            size = listed[folder].get(base)
             if size is None:
                 missing.append(name)
             elif size != int(table.sizes[k]):
@@ -126,7 +125,7 @@ class ShardDataset:
         blocks = -(-len(self.index) // self.block_samples)
         if self.index.max_stride and self.block_samples * self.index.max_stride <= self._node.cache.max_bytes:
             return self.block_samples * self.index.max_stride
-        return max(self.block_bytes(b) for b in range(blocks))
+        return max(sum(stop - start for _, start, stop in self.block_parts(b)) for b in range(blocks))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -238,7 +237,7 @@ class ShardDataset:
         before the cut whole)."""
         block = i // self.block_samples
         try:
-            fd, where = self._block(block)
+            fd, where = self._node.entry(block, self._open_block)
         except StoreError as exc:
             if exc.code not in CUT:
                 raise
@@ -261,20 +260,14 @@ class ShardDataset:
         first = block * self.block_samples
         return self.index.parts(first, min(first + self.block_samples, len(self.index)))
 
-    def block_bytes(self, block: int) -> int:
-        return sum(stop - start for _, start, stop in self.block_parts(block))
-
     def _name(self, block: int) -> str:
         return f"b{self.block_samples}-{block:07d}.blk"
 
-    def _block(self, block: int) -> tuple[int, dict[int, tuple[int, int, int]]]:
-        """An open descriptor of the cached block and, per shard, (its range's start and stop, its place in it)."""
-        return self._node.entry(block, self._open_block)
-
     def _open_block(self, block: int) -> tuple[int, dict[int, tuple[int, int, int]]]:
-        parts = self.block_parts(block)
+        """An open descriptor of the block, fetched into the node's cache if absent, and per shard (its range's
+        start and stop, its place in the block)."""
         where, named, pos = {}, [], 0
-        for shard, start, stop in parts:
+        for shard, start, stop in self.block_parts(block):
             where[shard] = (start, stop, pos)
             named.append((self.index.shards.name(shard), start, stop))
             pos += stop - start

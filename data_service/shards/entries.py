@@ -135,15 +135,16 @@ def overlap(index, i: int) -> str:
     s = index.shard_at(i)
     first, end, size = int(index.shards.first[s]), int(index.shards.first[s + 1]), int(index.shards.sizes[s])
 
+    def stop(j: int) -> int:
+        return index.value("offsets", j) + index.value("lengths", j)
+
     def inside(j: int) -> bool:  # an entry outside its shard is the wrong one, and implicates no neighbour
-        return 0 <= index.value("offsets", j) and index.value("offsets", j) + index.value("lengths", j) <= size
+        return 0 <= index.value("offsets", j) and stop(j) <= size
 
     if not inside(i):
         return ""
-    if i + 1 < end and inside(i + 1) and \
-            index.value("offsets", i) + index.value("lengths", i) > index.value("offsets", i + 1):
+    if i + 1 < end and inside(i + 1) and stop(i) > index.value("offsets", i + 1):
         return describe(index, i, OVERLAP)
-    if i > first and inside(i - 1) and \
-            index.value("offsets", i - 1) + index.value("lengths", i - 1) > index.value("offsets", i):
+    if i > first and inside(i - 1) and stop(i - 1) > index.value("offsets", i):
         return describe(index, i, OVERLAPPED)
     return ""

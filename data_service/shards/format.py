@@ -33,7 +33,7 @@ import logging
 import operator
 import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -105,8 +105,8 @@ class ShardTable(Sequence):
             expected += s.count
             first[k + 1] = expected
         names = [s.name.encode() for s in shards]
-        ends = np.cumsum([len(n) for n in names], dtype=np.int64) if names else np.zeros(0, dtype=np.int64)
-        return cls(first, np.array([s.size for s in shards], dtype=np.int64), ends, b"".join(names))
+        return cls(first, np.array([s.size for s in shards], dtype=np.int64),
+                   np.cumsum([len(n) for n in names], dtype=np.int64), b"".join(names))
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -129,10 +129,6 @@ class ShardTable(Sequence):
             raise IndexError(f"shard {k} is outside 0..{len(self) - 1}")
         first = int(self.first[k])
         return ShardInfo(self.name(k), int(self.sizes[k]), first, int(self.first[k + 1]) - first)
-
-    def __iter__(self) -> Iterator[ShardInfo]:
-        for k in range(len(self)):
-            yield self[k]
 
 
 class ShardIndex:
@@ -175,9 +171,7 @@ class ShardIndex:
     def value(self, column: str, i: int) -> int:
         """Entry ``i`` of ``column`` ("offsets", "lengths", "labels", "checksums"), unchecked (:meth:`sample`
         checks): read from index.bin alone where the index is one, not through the mapping."""
-        if self.reader is not None:
-            return self.reader.value(column, i)
-        return int(getattr(self, column)[i])
+        return self.reader.value(column, i) if self.reader is not None else int(getattr(self, column)[i])
 
     def values(self, column: str, first: int, end: int) -> np.ndarray:
         """Entries ``first..end-1`` of ``column``, unchecked (as :meth:`value`)."""
@@ -190,21 +184,15 @@ class ShardIndex:
 
     def checksum(self, i: int) -> int | None:
         """The checksum of sample ``i`` (what it covers: :attr:`coverage`), None when the index holds none."""
-        if self.checksums is None:
-            return None
-        return self.value("checksums", i)
-
-    def _sample_number(self, i) -> int:
-        """``i`` as a sample number; IndexError outside ``0..n-1`` (no wrap-around: -1 is no sample)."""
-        k = operator.index(i)
-        n = len(self)
-        if not 0 <= k < n:
-            raise IndexError(f"sample {k} is outside 0..{n - 1}: the index holds {n} samples")
-        return k
+        return None if self.checksums is None else self.value("checksums", i)
 
     def shard_at(self, i: int) -> int:
         """The shard holding sample ``i``; IndexError when ``i`` is outside ``0..n-1``."""
-        return int(np.searchsorted(self.shards.first, self._sample_number(i), side="right")) - 1
+        k = operator.index(i)
+        n = len(self)
+        if not 0 <= k < n:  # no wrap-around: -1 is no sample
+            raise IndexError(f"sample {k} is outside 0..{n - 1}: the index holds {n} samples")
+        return int(np.searchsorted(self.shards.first, k, side="right")) - 1
 
     @property
     def data_bytes(self) -> int:
@@ -243,8 +231,7 @@ class ShardIndex:
             bad = self.bad_entries(s)
             last = min(end, int(self.shards.first[s + 1])) - 1
             if not len(bad):
-                start = self.value("offsets", i)
-                out.append((s, start, self.value("offsets", last) + self.value("lengths", last)))
+                out.append((s, self.value("offsets", i), self.value("offsets", last) + self.value("lengths", last)))
             else:  # the sound entries' span (an entry left to its checksum may lie out of order)
                 good = ~bad.mask(i, last + 1)
                 if good.any():

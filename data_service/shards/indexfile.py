@@ -115,12 +115,11 @@ class IndexWriter:
         if self.checksummed != (checksums is not None):
             raise ConfigError(f"shard {name}: {'no ' if checksums is None else ''}checksums given, unlike the shards "
                               "before it; give every shard's checksums (or none)")
-        if checksums is None:
-            checksums = np.zeros(len(offsets), dtype="<u4")
         columns = {"offsets": np.ascontiguousarray(offsets, dtype="<i8"),
                    "lengths": np.ascontiguousarray(lengths, dtype="<u4"),
                    "labels": np.ascontiguousarray(labels, dtype="<i4"),
-                   "checksums": np.ascontiguousarray(checksums, dtype="<u4")}
+                   "checksums": np.ascontiguousarray(np.zeros(len(offsets)) if checksums is None else checksums,
+                                                     dtype="<u4")}
         n = len(columns["offsets"])
         if not len(columns["lengths"]) == len(columns["labels"]) == len(columns["checksums"]) == n:
             raise ConfigError(f"shard {name}: {n} offsets, {len(columns['lengths'])} lengths, "
@@ -177,22 +176,20 @@ class IndexWriter:
         """Write the index to ``path`` (atomically: a temporary file renamed); its ``id``."""
         for f in self._files.values():
             f.flush()
-        ends = np.cumsum([len(x) for x in self.names], dtype=np.int64) if self.names else np.zeros(0, np.int64)
         small = {"shard_first": np.array(self.first, dtype="<i8"), "shard_size": np.array(self.sizes, dtype="<i8"),
-                 "name_end": ends.astype("<i8"), "names": np.frombuffer(b"".join(self.names), dtype="|u1")}
+                 "name_end": np.cumsum([len(x) for x in self.names], dtype="<i8"),
+                 "names": np.frombuffer(b"".join(self.names), dtype="|u1")}
         n = len(self)
         columns: dict[str, dict[str, Any]] = {}
-        at, pieces = 0, []
+        at = 0
         version = VERSION if self.checksummed or self.checksummed is None else 2
         for name, dtype in SAMPLE_COLUMNS + SHARD_COLUMNS:
             if name == "checksums" and version == 2:
                 continue
             count = n if name in self._files else len(small[name])
-            nbytes = count * np.dtype(dtype).itemsize
             crc = self._crc[name] if name in self._files else zlib.crc32(small[name].tobytes())
             columns[name] = {"dtype": dtype, "at": at, "count": count, "crc32": crc}
-            pieces.append((name, nbytes))
-            at = _aligned(at + nbytes)
+            at = _aligned(at + count * np.dtype(dtype).itemsize)
         digest = hashlib.sha256(json.dumps([columns, classes]).encode()).hexdigest()[:24]
         header = {"format": FORMAT, "version": version, "id": digest, "num_samples": n, "num_shards": len(self.sizes),
                   "data_bytes": self.data_bytes, "max_stride": self.max_stride, "columns_bytes": at,
@@ -204,7 +201,7 @@ class IndexWriter:
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(PREFIX.pack(MAGIC, version, len(raw), zlib.crc32(raw)) + raw)
-                for name, nbytes in pieces:
+                for name in columns:
                     out.seek(base + columns[name]["at"])
                     if name in self._files:
                         with open(os.path.join(self.dir, name), "rb") as src:
@@ -249,23 +246,19 @@ def read_index(location, *, cache_dir: str = "", request_timeout_s: float = 60.0
     """
     store = location if not isinstance(location, str) else \
         open_store(location, what="shards", request_timeout_s=request_timeout_s)
+    base = store.url.rstrip("/")
     try:
-        return _read(store, cache_dir)
+        if isinstance(store, LocalStore):
+            path = store.key_url(INDEX_NAME)
+            if os.path.exists(path):
+                return open_index_file(path, f"{base}/{INDEX_NAME}")
+        elif store.exists(INDEX_NAME):
+            return _fetched(store, cache_dir, f"{base}/{INDEX_NAME}")
+        if store.exists(JSON_INDEX_NAME):
+            return ShardIndex.from_json(store.read(JSON_INDEX_NAME), f"{base}/{JSON_INDEX_NAME}")
+        store.check(INDEX_NAME)  # ConfigError naming the location and the fix
     except StoreError as exc:  # at start: a set-up problem (access, endpoint, a missing object)
         raise ConfigError(str(exc)) from exc
-
-
-def _read(store, cache_dir: str) -> ShardIndex:
-    base = store.url.rstrip("/")
-    if isinstance(store, LocalStore):
-        path = store.key_url(INDEX_NAME)
-        if os.path.exists(path):
-            return open_index_file(path, f"{base}/{INDEX_NAME}")
-    elif store.exists(INDEX_NAME):
-        return _fetched(store, cache_dir, f"{base}/{INDEX_NAME}")
-    if store.exists(JSON_INDEX_NAME):
-        return ShardIndex.from_json(store.read(JSON_INDEX_NAME), f"{base}/{JSON_INDEX_NAME}")
-    store.check(INDEX_NAME)  # ConfigError naming the location and the fix
     raise ConfigError(f"{base}/{INDEX_NAME} cannot be read; {FIX}")
 
 
@@ -361,9 +354,7 @@ def verify(index_path: str, where: str = "") -> ShardIndex:
         head = f.read(PREFIX.size)
         header = json.loads(f.read(PREFIX.unpack(head)[2]))
     for name, _ in SAMPLE_COLUMNS:
-        if name not in header["columns"]:
-            continue
-        if zlib.crc32(getattr(index, name)) != int(header["columns"][name]["crc32"]):
+        if name in header["columns"] and zlib.crc32(getattr(index, name)) != int(header["columns"][name]["crc32"]):
             raise ConfigError(f"{where or index_path}: column {name} is corrupt (checksum mismatch); {FIX}")
     index.check()
     return index
@@ -371,42 +362,28 @@ def verify(index_path: str, where: str = "") -> ShardIndex:
 
 def _fetched(store, cache_dir: str, where: str) -> ShardIndex:
     """Fetch the S3 ``index.bin`` into the node's cache once (keyed by its header's id) and map it."""
-    from ..storage.filecache import FileCache
-    from .cache import default_dir
+    from .cache import BlockCache, default_dir
 
     size = store.check(INDEX_NAME)
     head = store.read(INDEX_NAME, 0, min(size, HEAD_READ)) if size else b""
-    extra: list[bytes] = []
 
     def more(k: int) -> bytes:
         have = head[PREFIX.size:PREFIX.size + k]
         if len(have) < k and PREFIX.size + k <= size:
-            extra.append(store.read(INDEX_NAME, len(head), PREFIX.size + k))
-            have += extra[-1]
+            have += store.read(INDEX_NAME, len(head), PREFIX.size + k)
         return have
 
     header = _header(head[:PREFIX.size], more, size, where)
     name = f"index-{hashlib.sha256((store.url + chr(0) + str(header.get('id'))).encode()).hexdigest()[:24]}.bin"
-    folder = os.path.join(cache_dir or default_dir(), "indexes")
-    try:
-        files = FileCache(folder, max_bytes=4 * size + (64 << 20), evict=True)
-    except OSError as exc:
-        raise ConfigError(f"cache_dir={folder!r} cannot be created ({exc}); pass a writable folder "
-                          "(pipeline.cache_dir or HETERO_CACHE_DIR)") from None
+    files = BlockCache(os.path.join(cache_dir or default_dir(), "indexes"), max_bytes=4 * size + (64 << 20))
 
     def fill(out: int) -> None:
         os.ftruncate(out, size)
-        jobs = [(a, min(size, a + FETCH_RANGE)) for a in range(0, size, FETCH_RANGE)]
-
-        def get(job):
-            a, b = job
-            os.pwrite(out, store.read(INDEX_NAME, a, b), a)
-
         with ThreadPoolExecutor(FETCH_READERS, thread_name_prefix="index-fetch") as pool:
-            for _ in pool.map(get, jobs):
-                pass
+            list(pool.map(lambda a: os.pwrite(out, store.read(INDEX_NAME, a, min(size, a + FETCH_RANGE)), a),
+                          range(0, size, FETCH_RANGE)))
 
-    fd = files.fetch(name, size, fill)
+    fd = files.open(name, size, fill)
     try:
         return _open_fd(fd, where)
     finally:

@@ -103,17 +103,10 @@ class ParquetDataset:
         self.location, self.block_samples, self.on_corrupt = location, block_samples, on_corrupt
         self.readers, self.range_bytes = readers, range_bytes
         self.image_column, self.label_column = image_column, label_column
-        single = location.endswith(".parquet")
-        prefix, _, base = location.rstrip("/").rpartition("/") if single else (location, "", "")
-        self.store = open_store(prefix or ".", what="parquet", request_timeout_s=request_timeout_s)
-        if single:
-            listed = [(base, self.store.check(base), pm.version(self.store, base))]
-        else:
-            from .wds_index import list_objects
-
-            listed = list_objects(self.store, ".parquet", versions=True)
+        folder, sums_folder, self.sums_key = ps.place(location, index)
+        self.store = open_store(folder, what="parquet", request_timeout_s=request_timeout_s)
+        listed = ps.listed(self.store, location, versions=True)
         self.files = [(name, size) for name, size, _ in listed]
-        _, sums_folder, self.sums_key = ps.place(location, index)
         self.sums_store = open_store(index, what="parquet index", request_timeout_s=request_timeout_s) if index \
             else self.store
         self.sums = ps.identity(self.sums_store, self.sums_key)  # None: no row checksums

@@ -103,10 +103,8 @@ def row_groups(meta, paths: tuple[str, str], where: str) -> list[RowGroup]:
             raise ConfigError(f"{where}: row group {g} lacks column {paths[0]!r} or {paths[1]!r}; replace the file")
         starts = [c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else
                   c.data_page_offset for c in chunks]
-        label_max = -1
-        for c in chunks:
-            if c.path_in_schema == paths[1] and c.is_stats_set and c.statistics.has_min_max:
-                label_max = int(c.statistics.max)
+        label_max = max((int(c.statistics.max) for c in chunks
+                         if c.path_in_schema == paths[1] and c.is_stats_set and c.statistics.has_min_max), default=-1)
         out.append(RowGroup(rg.num_rows, min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks)),
                             label_max))
     return out

@@ -26,7 +26,6 @@ import json
 import logging
 import multiprocessing
 import struct
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -36,6 +35,7 @@ import numpy as np
 from ..errors import ConfigError, DataServiceError
 from ..storage import StoreError, open_store
 from . import parquet_meta as pm
+from .checksum import first_time
 from ..crc32c import crc32c as crc32c_inplace
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,18 @@ def place(location: str, index: str = "") -> tuple[str, str, str]:
     prefix, _, base = location.rstrip("/").rpartition("/") if single else (location, "", "")
     prefix = prefix or "."
     return prefix, index or prefix, f"{base}.crc32c" if single else FOLDER_NAME
+
+
+def listed(store, location: str, versions: bool = False) -> list[tuple]:
+    """``(name, size)`` of the Parquet files at ``location`` in ``store`` (the folder :func:`place`
+    gives): the file itself, or every ``.parquet`` under the folder or prefix; ``versions``: with
+    its version third (:func:`.parquet_meta.version`)."""
+    from .wds_index import list_objects
+
+    if not location.endswith(".parquet"):
+        return list_objects(store, ".parquet", versions=versions)
+    name = location.rstrip("/").rpartition("/")[2]
+    return [(name, store.check(name), pm.version(store, name)) if versions else (name, store.check(name))]
 
 
 def has_page_crc(head: bytes) -> bool:
@@ -104,8 +116,6 @@ class Check(enum.IntEnum):
 
 UNCHECKED = {"warn": "read them, saying so once per file", "refuse": "stop at start, naming the file and the fix"}
 NOTICES = 10  # files named one by one; the rest are counted
-_said: set[str] = set()  # files this process has said it reads unchecked
-_said_lock = threading.Lock()
 
 
 def fix(location: str, index: str) -> str:
@@ -124,9 +134,7 @@ def say_unchecked(files: list[tuple[str, str]], location: str, index: str, unche
                           f"pipeline.unchecked='refuse'; write row checksums with `{command}` (for a read-only "
                           "location: `--to DEST`, then pipeline.index=DEST), or write the files with page CRCs "
                           "(pyarrow: write_page_checksum=True)")
-    with _said_lock:
-        files = [(url, why) for url, why in files if url not in _said]
-        _said.update(url for url, _ in files)
+    files = [(url, why) for url, why in files if first_time(url)]
     level = logging.WARNING if multiprocessing.parent_process() is None else logging.DEBUG
     for url, why in files[:NOTICES]:
         log.log(level, "%s: its rows are read unchecked (%s): a damaged byte would train silently; add checksums "
@@ -256,16 +264,12 @@ def index_parquet(location: str, dest: str = "", *, image_column: str = "image",
         ConfigError: no Parquet files, a missing column, a sidecar already there without ``overwrite``.
         DataServiceError: a row group that does not decode (naming the file and row group).
     """
-    from .wds_index import list_objects
-
     folder, out_folder, key = place(location, dest)
     store = open_store(folder, what="parquet")
     out = open_store(out_folder, what="dest", create=True) if dest else store
     if out.exists(key) and not overwrite:
         raise ConfigError(f"{out.key_url(key)} already exists; pass --overwrite to replace it")
-    single = location.endswith(".parquet")
-    files = [(location.rstrip("/").rpartition("/")[2], store.check(location.rstrip("/").rpartition("/")[2]))] \
-        if single else list_objects(store, ".parquet")
+    files = listed(store, location)
 
     def one(name_size: tuple[str, int]) -> tuple[str, int, bytes, np.ndarray, bool]:
         name, size = name_size

@@ -109,7 +109,8 @@ def members(reader: ForwardReader, wanted: Callable[[str], bool], where: str = "
                                              "shards (or write them again with `hetero prepare`)")
         if len(header) < BLOCK:
             raise TarError(where, at, "truncated inside a tar header")
-        if _checksum(header) != _number(header[148:156], where, at):
+        # a header's checksum: the sum of its bytes, those of the checksum field counted as spaces
+        if sum(header[:148]) + 8 * 32 + sum(header[156:]) != _number(header[148:156], where, at):
             raise TarError(where, at, "a tar header's checksum does not match (not a tar file, or corrupt)")
         kind = header[156:157]
         size = _number(header[124:136], where, at)
@@ -181,10 +182,6 @@ def _number(field: bytes, where: str, at: int) -> int:
     except ValueError:
         raise TarError(where, at, f"a tar header holds {field!r} where a number belongs (not a tar file, or "
                                   "corrupt)") from None
-
-
-def _checksum(header: bytes) -> int:
-    return sum(header[:148]) + 8 * 32 + sum(header[156:])
 
 
 def _pax(raw: bytes) -> dict[str, str]:

@@ -227,9 +227,7 @@ class _Shard:
         if damage.member:
             k, ext = _key(damage.member)
             return k if ext and not k.rpartition("/")[2].startswith(".") else None
-        if last is not None and self._problem(last, keys[last], repeated.get(last, "")) is not None:
-            return last
-        return None
+        return last if last is not None and self._problem(last, keys[last], repeated.get(last, "")) else None
 
     def _summed(self, name: str) -> bool:
         return _key(name)[1].lower() in self.image_exts

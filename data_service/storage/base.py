@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import shutil
 from typing import Iterator, Protocol
 
 from ..errors import DataServiceError
@@ -100,8 +101,6 @@ class Store(Protocol):
 @contextlib.contextmanager
 def removed_after(folder: str) -> Iterator[str]:
     """Yield ``folder``; remove it and what it holds on exit."""
-    import shutil
-
     try:
         yield folder
     finally:

@@ -115,18 +115,7 @@ class FileCache:
         Raises:
             CacheError: another process held the entry's lock past ``wait_s``; ``fill`` wrote another size.
         """
-        fd = self.open(name)
-        if fd is not None:
-            return fd
-        path = self.path(name)
-        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            flock(lock, fcntl.LOCK_EX, self.wait_s,
-                  lambda: f"{name}: another process of this host has been writing it for over {self.wait_s:.0f}s "
-                          f"(cache {self.dir})")
-            fd = self.open(name)  # another process stored it while this one waited
-            if fd is not None:
-                return fd
+        def filled() -> int:  # under the entry's lock: room made, a .part file filled and committed
             with self._folder_locked() as folder:
                 self._scan(folder, need=size)
             part = self._part(name)
@@ -141,6 +130,26 @@ class FileCache:
                 _unlink(part)
                 raise
             return out
+
+        return self.once(name, "writing", filled)
+
+    def once(self, name: str, doing: str, make: Callable[[], int]) -> int:
+        """A descriptor of entry ``name``, else the one ``make()`` returns, run under the entry's own lock:
+        in one process of the host at a time, and never for an entry already stored.
+
+        Raises:
+            CacheError: another process held the entry's lock (``doing`` it, the message says) past ``wait_s``.
+        """
+        fd = self.open(name)
+        if fd is not None:
+            return fd
+        lock = os.open(self.path(name) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            flock(lock, fcntl.LOCK_EX, self.wait_s,
+                  lambda: f"{name}: another process of this host has been {doing} it for over {self.wait_s:.0f}s "
+                          f"(cache {self.dir})")
+            fd = self.open(name)  # another process stored it while this one waited
+            return make() if fd is None else fd
         finally:
             os.close(lock)  # releases the flock
 

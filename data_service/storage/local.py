@@ -127,17 +127,13 @@ class LocalStore:
         # a version is "<inode>-<mtime in ns>" (``list``): the listing's own stat, not a second one
         out = [(name, size, version, int(version.rpartition("-")[2]) / 1e9)
                for name, size, version in self.list(suffix, under, versions=True)]
-        return out, self._probe_time()
-
-    def _probe_time(self) -> float | None:
         probe = os.path.join(self.root, CLOCK_PROBE)
         try:
-            with open(probe, "ab"):
-                pass
+            open(probe, "ab").close()
             os.utime(probe)  # "now" as the file system sets it (NFS: SET_TO_SERVER_TIME)
-            return os.stat(probe).st_mtime
+            return out, os.stat(probe).st_mtime
         except OSError:
-            return None
+            return out, None
 
     def write_bytes(self, key: str, data: bytes) -> None:
         path = self.key_url(key)

@@ -45,11 +45,7 @@ def check_location(url: str, what: str = "location") -> str:
 
 def join_key(prefix: str, key: str) -> str:
     """``prefix/key`` with exactly one slash between them (either may be empty)."""
-    key = key.lstrip("/")
-    prefix = prefix.rstrip("/")
-    if not prefix:
-        return key
-    return f"{prefix}/{key}" if key else prefix
+    return "/".join(part for part in (prefix.rstrip("/"), key.lstrip("/")) if part)
 
 
 def parse_size(value, name: str) -> int:

@@ -1,7 +1,7 @@
 """S3 as a store: ranged reads and uploads under ``s3://bucket/prefix`` that survive S3 as it really behaves.
 
 ``S3Store("s3://bucket/prefix")`` reads and writes objects under one prefix with boto3 (imported
-lazily: ``pip install 'hetero-data-service[s3]'``). Keys are relative to the prefix.
+lazily: the ``s3`` extra). Keys are relative to the prefix.
 
 Endpoint. boto3 itself honours ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` (and
 ``endpoint_url`` in the AWS config file); when any of them (or the ``endpoint_url`` argument)
@@ -80,13 +80,8 @@ def _list_all(store: "S3Store", suffix: str, under: str, versions: bool,
         kw: dict[str, Any] = {"Bucket": store.bucket, "Prefix": full_prefix, "MaxKeys": store.list_page_size}
         if token:
             kw["ContinuationToken"] = token
-
-        def page(deadline: float, kw=kw):
-            store._count(requests=1)
-            return client.list_objects_v2(**kw)
-
         try:
-            resp = store._call(page, under, "listing", StoreReadError)
+            resp = store._call(lambda _, kw=kw: client.list_objects_v2(**kw), under, "listing", StoreReadError)
         except StoreReadError as e:  # listing happens at start: a set-up problem
             raise ConfigError(str(e)) from e
         found += _listed(resp, full_prefix, suffix, versions, timed)
@@ -157,12 +152,6 @@ class S3Store:
     def key_url(self, key: str) -> str:
         return f"s3://{self.bucket}/{join_key(self.prefix, key)}"
 
-    @property
-    def endpoint(self) -> str:
-        """The endpoint this process's client talks to, and where it came from."""
-        url, source = self.endpoint_and_source()
-        return f"{url} (from {source})"
-
     def check(self, key: str) -> int:
         """HEAD ``key``: its size. Raises ConfigError naming the bucket, key and fix when the object
         cannot be read (no bucket, no key, access denied, no credentials, endpoint unreachable,
@@ -191,14 +180,18 @@ class S3Store:
             raise ValueError(f"bad byte range [{start}, {end}) for {self.key_url(key)}")
         if end is not None and end == start:
             return b""
-        holder: list[bytearray] = []
+        client = self._client()
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": join_key(self.prefix, key)}
+        if end is not None:
+            kw["Range"] = f"bytes={start}-{end - 1}"
+        elif start:
+            kw["Range"] = f"bytes={start}-"
 
-        def alloc(n: int) -> memoryview:
-            holder[:] = [bytearray(n)]
-            return memoryview(holder[0])
+        def get(deadline: float) -> bytearray:
+            return s3_retry.read_body(client.get_object(**kw), start, end, deadline, self._count)
 
-        self._get(key, start, end, alloc)
-        return bytes(holder[0])
+        rng = f"bytes [{start}, {'end' if end is None else end})"
+        return bytes(self._call(get, key, f"reading {rng} of", StoreReadError, rng=(start, end)))
 
     def list(self, suffix: str = "", under: str = "", versions: bool = False) -> list[tuple]:
         """(key relative to ``under`` under the prefix, size) of every object there whose key ends
@@ -216,12 +209,8 @@ class S3Store:
     def write_bytes(self, key: str, data: bytes) -> None:
         """PUT ``data`` at ``key`` (retried)."""
         client = self._client(writer=True)
-
-        def put(deadline: float):
-            self._count(requests=1)
-            client.put_object(Bucket=self.bucket, Key=join_key(self.prefix, key), Body=data)
-
-        self._call(put, key, "writing", StoreWriteError)
+        self._call(lambda _: client.put_object(Bucket=self.bucket, Key=join_key(self.prefix, key), Body=data), key,
+                   "writing", StoreWriteError)
 
     def write_file(self, key: str, path: str) -> None:
         """Upload the file at ``path`` to ``key`` (multipart above ``multipart_bytes``, 64 MB, parts
@@ -231,22 +220,14 @@ class S3Store:
         client = self._client(writer=True)
         config = TransferConfig(multipart_threshold=self.multipart_bytes, multipart_chunksize=self.multipart_bytes,
                                 max_concurrency=max(1, min(8, self.max_pool)), use_threads=True)
-
-        def upload(deadline: float):
-            self._count(requests=1)
-            client.upload_file(path, self.bucket, join_key(self.prefix, key), Config=config)
-
-        self._call(upload, key, "writing", StoreWriteError)
+        self._call(lambda _: client.upload_file(path, self.bucket, join_key(self.prefix, key), Config=config), key,
+                   "writing", StoreWriteError)
 
     def delete(self, key: str) -> None:
         """DELETE ``key`` (retried; nothing happens when it is not there)."""
         client = self._client(writer=True)
-
-        def delete(deadline: float):
-            self._count(requests=1)
-            client.delete_object(Bucket=self.bucket, Key=join_key(self.prefix, key))
-
-        self._call(delete, key, "deleting", StoreWriteError)
+        self._call(lambda _: client.delete_object(Bucket=self.bucket, Key=join_key(self.prefix, key)), key,
+                   "deleting", StoreWriteError)
 
     def staging(self):
         """A temporary local folder for files to upload with ``write_file`` (removed on exit)."""
@@ -259,33 +240,18 @@ class S3Store:
     # -- internals --------------------------------------------------------------------------------
     def _head(self, key: str, missing_ok: bool = False) -> int:
         client = self._client()
-
-        def head(deadline: float) -> int:
-            self._count(requests=1)
-            return int(client.head_object(Bucket=self.bucket, Key=join_key(self.prefix, key))["ContentLength"])
-
-        return self._call(head, key, "reading", StoreReadError, missing_ok=missing_ok)
-
-    def _get(self, key: str, start: int, end: int | None, alloc) -> None:
-        client = self._client()
-        full = join_key(self.prefix, key)
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": full}
-        if end is not None:
-            kw["Range"] = f"bytes={start}-{end - 1}"
-        elif start:
-            kw["Range"] = f"bytes={start}-"
-
-        def get(deadline: float) -> None:
-            self._count(requests=1)
-            s3_retry.read_body(client.get_object(**kw), start, end, alloc, deadline, self._count)
-
-        rng = f"bytes [{start}, {'end' if end is None else end})"
-        self._call(get, key, f"reading {rng} of", StoreReadError, rng=(start, end))
+        resp = self._call(lambda _: client.head_object(Bucket=self.bucket, Key=join_key(self.prefix, key)), key,
+                          "reading", StoreReadError, missing_ok=missing_ok)
+        return int(resp["ContentLength"])
 
     def _call(self, fn, key: str, doing: str, error: type[StoreError], *, missing_ok: bool = False,
               rng: tuple[int, int | None] | None = None):
-        """``s3_retry.call`` for this store, its retries counted."""
-        return s3_retry.call(self, fn, key, doing, error, self._count, missing_ok=missing_ok, rng=rng)
+        """``s3_retry.call`` for this store: each attempt ``fn(deadline)`` counted as a request, and its retries."""
+        def attempt(deadline: float):
+            self._count(requests=1)
+            return fn(deadline)
+
+        return s3_retry.call(self, attempt, key, doing, error, self._count, missing_ok=missing_ok, rng=rng)
 
     def endpoint_and_source(self) -> tuple[str, str]:
         """(the endpoint this process's client talks to, where it came from), for messages."""
@@ -304,10 +270,9 @@ class S3Store:
 
     def bucket_exists(self) -> bool:
         """Whether the bucket answers HEAD with anything but a clear 404 (for messages)."""
+        self._count(requests=1)
         try:
             self._client().head_bucket(Bucket=self.bucket)
-            self._count(requests=1)
         except Exception as e:  # noqa: BLE001 - anything but a clear 404 counts as "exists"
-            self._count(requests=1)
             return s3_errors.error_code(e)[0] not in ("404", "NoSuchBucket", "NotFound")
         return True

@@ -2,7 +2,7 @@
 
 boto3 honours ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` (and ``endpoint_url`` in the AWS
 config file) itself; any endpoint away from AWS gets path-style addressing, which S3-compatible
-servers need. boto3 is imported only when a client is made (``pip install 'hetero-data-service[s3]'``).
+servers need. boto3 is imported only when a client is made (the ``s3`` extra).
 
 ``ProcessClients`` keeps a store's clients: one of each kind per process, made on first use and
 shared by the process's threads (boto3 clients are thread-safe); a forked or spawned child makes
@@ -15,10 +15,10 @@ import os
 import threading
 from typing import Any, Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, install_extra
 from .s3_errors import is_aws_host
 
-INSTALL_HINT = "pip install 'hetero-data-service[s3]'"
+INSTALL_HINT = install_extra("s3")
 
 _STATE_LOCK = threading.Lock()  # guards making a process's lock and clients; fresh in a forked child
 os.register_at_fork(after_in_child=lambda: globals().__setitem__("_STATE_LOCK", threading.Lock()))

@@ -67,9 +67,7 @@ def error_code(e: BaseException) -> tuple[str, int | None]:
     response = getattr(e, "response", None)
     if not isinstance(response, dict):
         return "", None
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code, status
+    return str(response.get("Error", {}).get("Code", "")), response.get("ResponseMetadata", {}).get("HTTPStatusCode")
 
 
 def root_cause(e: BaseException) -> BaseException:
@@ -89,21 +87,14 @@ def retryable(e: BaseException) -> bool | None:
     import botocore.exceptions as bx
 
     e = root_cause(e)
-    if isinstance(e, ShortRead):
-        return True
     if isinstance(e, bx.ClientError):
         code, status = error_code(e)
         return status in _RETRY_STATUS or code in _RETRY_CODES
-    if isinstance(e, bx.FlexibleChecksumError):
-        return True  # the body was damaged on the way
-    if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError, bx.ParamValidationError)):
-        return False
-    if isinstance(e, (bx.HTTPClientError, bx.ConnectionError, bx.IncompleteReadError, bx.ReadTimeoutError)):
-        return True  # connection errors, resets, connect/read timeouts, broken bodies
-    if isinstance(e, bx.CredentialRetrievalError):
-        return False
+    if isinstance(e, (ShortRead, bx.FlexibleChecksumError, bx.HTTPClientError, bx.ConnectionError,
+                      bx.IncompleteReadError, bx.ReadTimeoutError)):
+        return True  # short or damaged bodies, connection errors, resets, connect/read timeouts
     if isinstance(e, bx.BotoCoreError):
-        return False
+        return False  # missing, partial or unloadable credentials, bad parameters, ...
     with contextlib.suppress(ImportError):  # pragma: no cover - botocore depends on urllib3
         import urllib3.exceptions as ux
         if isinstance(e, ux.HTTPError):

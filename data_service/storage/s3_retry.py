@@ -17,6 +17,7 @@ trickling in is abandoned at it (checked every 256 KB), so a call returns or rai
 """
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from typing import Any, Callable, Protocol
@@ -49,9 +50,7 @@ def call(store: Retried, fn: Callable[[float], Any], key: str, doing: str, error
     ``missing_ok``: raise ``Missing`` when the object is not there."""
     t0 = time.monotonic()
     deadline = t0 + store.deadline_s
-    attempt = 0
-    while True:
-        attempt += 1
+    for attempt in itertools.count(1):
         try:
             return fn(deadline)
         except OutOfRange as e:
@@ -73,22 +72,18 @@ def call(store: Retried, fn: Callable[[float], Any], key: str, doing: str, error
             if not verdict:
                 raise s3_errors.permanent(store, e, key, doing, error, rng) from e
             now = time.monotonic()
-            if attempt >= store.attempts or now >= deadline:
-                raise s3_errors.exhausted(store, e, key, doing, error, attempt, now - t0) from e
             pause = random.uniform(0, min(store.backoff_max_s, store.backoff_base_s * 2 ** (attempt - 1)))
-            if now + pause >= deadline:
+            if attempt >= store.attempts or now + pause >= deadline:  # no attempt starts or sleeps past it
                 raise s3_errors.exhausted(store, e, key, doing, error, attempt, now - t0) from e
             count(retries=1)
             time.sleep(pause)
 
 
-def read_body(resp: dict, start: int, end: int | None, alloc: Callable[[int], memoryview], deadline: float,
-              count: Callable[..., None]) -> None:
-    """Read the body of a GET of bytes [start, end) (end None: to the object's end) into
-    ``alloc(length)``, ``count(bytes_read=n)`` for each piece. A body shorter or longer than the
-    range, or announced so, raises ``ShortRead`` (retried); a range past the object's end
-    ``OutOfRange``; the deadline passing mid-body ``DeadlineExceeded``. A body not read to its end
-    is closed, dropping its connection."""
+def read_body(resp: dict, start: int, end: int | None, deadline: float, count: Callable[..., None]) -> bytearray:
+    """The body of a GET of bytes [start, end) (end None: to the object's end), read whole, calling
+    ``count(bytes_read=n)`` for each piece. A body shorter or longer than the range, or announced so,
+    raises ``ShortRead`` (retried); a range past the object's end ``OutOfRange``; the deadline passing
+    mid-body ``DeadlineExceeded``. A body not read to its end is closed, dropping its connection."""
     body = resp["Body"]
     done = False
     try:
@@ -99,7 +94,8 @@ def read_body(resp: dict, start: int, end: int | None, alloc: Callable[[int], me
             if total is not None and end is not None and end > total:
                 raise OutOfRange(total)
             raise ShortRead(f"the server announced {length} bytes for a range of {want}")
-        out = alloc(want)
+        buf = bytearray(want)
+        out = memoryview(buf)
         pos = 0
         while pos < want:
             if time.monotonic() > deadline:
@@ -116,3 +112,4 @@ def read_body(resp: dict, start: int, end: int | None, alloc: Callable[[int], me
     finally:
         if not done:
             body.close()  # drop the connection: it may still carry part of this body
+    return buf

@@ -129,8 +129,7 @@ class Fetcher:
                 if servers.registry is not None:
                     for address in servers.sync_registry(True, sched.lanes.owes):
                         sched.lanes.pop(address, None)  # gone for good, owing nothing
-                connected = servers.connect(now)
-                for s in connected:
+                for s in servers.connect(now):
                     self._admit(s)
                 for address in sched.lanes.stalled(now, self.options.batch_timeout):
                     self._drop(address, f"no batch for {self.options.batch_timeout:g}s (batch_timeout)", stalled=True)

@@ -42,11 +42,8 @@ class BufferPool:
         self.reused = 0
         self.allocated = 0
 
-    def _in_loader_worker(self) -> bool:
-        return get_worker_info() is not None
-
     def get(self, n: int) -> torch.Tensor:
-        if self._in_loader_worker():
+        if get_worker_info() is not None:  # in a DataLoader worker
             storage = torch.UntypedStorage._new_shared(max(n, 1))
             self.allocated += 1
             return torch.empty(0, dtype=torch.uint8).set_(storage)[:n]

@@ -131,11 +131,8 @@ class NodeCpuMonitor:
             cpus = sorted(proc.cpu_affinity())
         except psutil.Error:
             return None
-        host = env.get("SM_CURRENT_HOST")
-        if not host:
-            return None
-        role = env.get("SM_CURRENT_INSTANCE_GROUP", "")
-        return NodeUsage(host, role, cpus, first_s=time.monotonic())
+        host = env.get("SM_CURRENT_HOST")  # none: not an emulated node
+        return NodeUsage(host, env.get("SM_CURRENT_INSTANCE_GROUP", ""), cpus, time.monotonic()) if host else None
 
     def sample(self) -> None:
         """Take one sample now (the thread calls this every ``interval_s``)."""

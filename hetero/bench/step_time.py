@@ -103,19 +103,15 @@ def boundary_costs(log_path: Path, epoch_batches: int, warmup: int) -> list[dict
     if not epoch_batches:
         return []
     windows = [(first, last, avg) for _, first, last, avg in logged_windows(log_path) if first > warmup]
-    out = []
-    for first, last, avg in windows:
-        holds = [b for b in range(epoch_batches + 1, last + 1, epoch_batches) if first <= b <= last]
-        if not holds:
-            continue
-        steady = [a for f, l, a in windows if not any(f <= b <= l for b in range(epoch_batches + 1, l + 1,
-                                                                                      epoch_batches))]
-        if not steady:
-            continue
-        median = statistics.median(steady)
-        out.append({"first_step_of_epoch": holds[0], "window": [first, last], "window_avg_s": avg,
-                    "steady_median_s": median, "extra_s": (avg - median) * (last - first + 1)})
-    return out
+    holds = {(first, last): [b for b in range(epoch_batches + 1, last + 1, epoch_batches) if first <= b <= last]
+             for first, last, _ in windows}  # the first steps of epochs each window holds
+    steady = [avg for first, last, avg in windows if not holds[first, last]]
+    if not steady:
+        return []
+    median = statistics.median(steady)
+    return [{"first_step_of_epoch": holds[first, last][0], "window": [first, last], "window_avg_s": avg,
+             "steady_median_s": median, "extra_s": (avg - median) * (last - first + 1)}
+            for first, last, avg in windows if holds[first, last]]
 
 
 def boundary_lines(runs: list[dict]) -> list[str]:
@@ -223,10 +219,8 @@ def run_benchmark(cfg: BenchConfig, echo: Callable[[str], None] | None = None) -
     if echo is not None:
         echo(report.step_note(step))
     started = time.time()
-    runs = []
-    for i in range(cfg.repeats):
-        for mode in (MODES if i % 2 == 0 else MODES[::-1]):
-            runs.append(run_mode(cfg, mode, i, data_dir))
+    runs = [run_mode(cfg, mode, i, data_dir) for i in range(cfg.repeats)
+            for mode in (MODES if i % 2 == 0 else MODES[::-1])]
     profiles.append(profile())
     beside.append(profile(cfg.trainer_cpus))
     # Other processes only ever slow a profile's wall seconds down: the faster of the two is the

@@ -1,10 +1,9 @@
 """One module per ``hetero`` subcommand; each exposes ``register(subparsers)``.
 
-A command's own helpers sit beside it, named after it (``submit_spec.py`` for ``submit``);
-``hetero.cli.COMMANDS`` lists the commands themselves. Every command's parser takes
-``formatter_class=HelpFormatter`` (or ``RawHelpFormatter`` for a description laid out in lines),
-and a description made from a docstring goes through ``plain`` first: ``--help`` prints plain
-text, with each option's default.
+A command's own helpers sit beside it, named after it (``index_parquet.py`` for ``index``);
+``hetero.cli.COMMANDS`` lists the commands themselves. Every command's parser comes from
+``add_command``: ``HelpFormatter`` (or ``RawHelpFormatter`` for a docstring laid out in lines,
+which goes through ``plain`` first), so ``--help`` prints plain text, with each option's default.
 """
 from __future__ import annotations
 
@@ -55,3 +54,10 @@ class NoneIsOff(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, "" if values == "none" else values)
+
+
+def add_command(sub, name: str, help: str, description: str, raw: bool = False) -> argparse.ArgumentParser:
+    """Subcommand ``name``'s parser (``help``: its line in ``hetero --help``): ``description`` wrapped, or
+    with ``raw`` a docstring laid out in lines, its RST dropped; each option's default said."""
+    return sub.add_parser(name, help=help, description=plain(description) if raw else description,
+                          formatter_class=RawHelpFormatter if raw else HelpFormatter)

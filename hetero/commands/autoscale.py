@@ -21,10 +21,9 @@ import json
 
 
 def register(sub) -> None:
-    from hetero.commands import RawHelpFormatter, plain
+    from hetero.commands import add_command
 
-    p = sub.add_parser("autoscale", help="let a running SageMaker job add its own data nodes",
-                       description=plain(__doc__), formatter_class=RawHelpFormatter)
+    p = add_command(sub, "autoscale", "let a running SageMaker job add its own data nodes", __doc__, raw=True)
     p.add_argument("job", metavar="JOB", help="the running training job's name")
     p.add_argument("--region", default=None, help="AWS region (default: the configured one)")
     p.add_argument("--instance-type", default=None, help="the added data nodes' type (default: the job's data group's)")

@@ -12,15 +12,14 @@ from hetero.bench.step_time import add_arguments
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter
+    from hetero.commands import add_command
 
-    p = sub.add_parser("bench", formatter_class=HelpFormatter,
-                       help="benchmark: homogeneous vs heterogeneous step time and cost",
-                       description="Run one training job, the --workload (mnist: synthetic MNIST with a blur loop; "
-                                   "images: a synthetic JPEG image folder, decoded, cropped and flipped), "
-                                   "homogeneous (trainer CPUs only) and heterogeneous (plus data CPUs), pinned, "
-                                   "alternating over rounds; print step time, data wait, CPU busy share, $/step and "
-                                   "the speed-up (docs/benchmarks.md).")
+    p = add_command(sub, "bench", "benchmark: homogeneous vs heterogeneous step time and cost",
+                    "Run one training job, the --workload (mnist: synthetic MNIST with a blur loop; "
+                    "images: a synthetic JPEG image folder, decoded, cropped and flipped), "
+                    "homogeneous (trainer CPUs only) and heterogeneous (plus data CPUs), pinned, "
+                    "alternating over rounds; print step time, data wait, CPU busy share, $/step and "
+                    "the speed-up (docs/benchmarks.md).")
     add_arguments(p)
     p.set_defaults(func=run)
 

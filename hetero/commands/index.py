@@ -23,19 +23,18 @@ from data_service.errors import ConfigError, DataServiceError
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter
+    from hetero.commands import add_command
 
-    p = sub.add_parser("index", formatter_class=HelpFormatter,
-                       help="index WebDataset tar shards written by other tools, to read them in place; "
-                                     "write row checksums for Parquet files",
-                       description="Reads each .tar shard under SRC once, front to back, and writes index.bin "
-                                   "(where each sample's image lies, and its label) to DEST or beside the shards. "
-                                   "A sample is the members sharing a key (the path up to the first dot of its "
-                                   "name); its image is the .jpg/.jpeg/.png/.webp member, its label read by --label. "
-                                   "The shards are never rewritten. Where SRC holds .parquet files (and no tars), "
-                                   "reads every row group once and writes a CRC32C of each row (image bytes and "
-                                   "label) to parquet-rows.crc32c at DEST or beside them: the check that files "
-                                   "written without page CRCs (pyarrow's default) lack.")
+    p = add_command(sub, "index", "index WebDataset tar shards written by other tools, to read them in place; "
+                                  "write row checksums for Parquet files",
+                    "Reads each .tar shard under SRC once, front to back, and writes index.bin "
+                    "(where each sample's image lies, and its label) to DEST or beside the shards. "
+                    "A sample is the members sharing a key (the path up to the first dot of its "
+                    "name); its image is the .jpg/.jpeg/.png/.webp member, its label read by --label. "
+                    "The shards are never rewritten. Where SRC holds .parquet files (and no tars), "
+                    "reads every row group once and writes a CRC32C of each row (image bytes and "
+                    "label) to parquet-rows.crc32c at DEST or beside them: the check that files "
+                    "written without page CRCs (pyarrow's default) lack.")
     p.add_argument("src", help="folder or s3://bucket/prefix of .tar shards, or a pattern: "
                                "s3://b/p/shard-{000000..000099}.tar; or a .parquet file, folder or prefix of them")
     p.add_argument("--to", dest="dest", default="", metavar="DEST",
@@ -72,45 +71,36 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from . import index_parquet
+
+    work = (_from_json if args.from_json else _upgrade if args.upgrade
+            else index_parquet.run if index_parquet.is_parquet(args.src) else _tars)
+    try:
+        return work(args)
+    except DataServiceError as exc:
+        print(f"hetero index: {exc}", file=sys.stderr)
+        return 2
+
+
+def _tars(args: argparse.Namespace) -> int:
     from data_service.shards.format import INDEX_NAME, JSON_INDEX_NAME
     from data_service.shards.wds_index import index_tars, list_shards, split_source
     from data_service.storage import open_store
     from hetero.console import progress_bar
 
-    from .index_parquet import is_parquet
+    from .index_parquet import train_hint
 
-    if args.from_json:
-        return _from_json(args)
-    if args.upgrade:
-        return _upgrade(args)
-    if is_parquet(args.src):
-        from . import index_parquet
-
-        return index_parquet.run(args)
-    bar = None
-    try:
-        options = _tar_options(args)
-        src, pattern = split_source(args.src)
-        store = open_store(src, what="source")
-        out = open_store(args.dest, what="dest", create=True) if args.dest else store
-        if not args.overwrite and (out.exists(INDEX_NAME) or out.exists(JSON_INDEX_NAME)):
-            raise ConfigError(f"{out.url} already holds an index; pass --overwrite to replace it, or --to another place")
-        shards = list_shards(store, pattern)  # the bar's total, once the destination is known to be free
-        bar = progress_bar(sum(size for _, size in shards), "indexing shards", args.quiet)
+    options = _tar_options(args)
+    src, pattern = split_source(args.src)
+    store = open_store(src, what="source")
+    out = open_store(args.dest, what="dest", create=True) if args.dest else store
+    if not args.overwrite and (out.exists(INDEX_NAME) or out.exists(JSON_INDEX_NAME)):
+        raise ConfigError(f"{out.url} already holds an index; pass --overwrite to replace it, or --to another place")
+    shards = list_shards(store, pattern)  # the bar's total, once the destination is known to be free
+    with progress_bar(sum(size for _, size in shards), "indexing shards", args.quiet) as bar:
         summary = index_tars(store, args.dest, pattern=pattern, **options,
                              progress=lambda _shards, size: bar.update(size))
-    except DataServiceError as exc:
-        if bar is not None:
-            bar.close()
-        print(f"hetero index: {exc}", file=sys.stderr)
-        return 2
-    bar.close()
-    for line in summary.lines():
-        print(line)
-    hint = f" --hp pipeline.index={args.dest}" if args.dest else ""
-    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={src}"
-          f"{hint}")
-    return 0
+    return train_hint(summary, f"shards={src}", args.dest)
 
 
 def _tar_options(args: argparse.Namespace) -> dict:
@@ -150,21 +140,17 @@ def _from_json(args: argparse.Namespace) -> int:
     from data_service.shards.indexfile import write_index
     from data_service.storage import open_store
 
-    try:
-        store = open_store(args.src, what="source")
-        out = open_store(args.dest, what="dest", create=True) if args.dest else store
-        if not store.exists(JSON_INDEX_NAME):
-            print(f"hetero index: {store.url.rstrip('/')} has no index.json to convert", file=sys.stderr)
-            return 2
-        if out.exists(INDEX_NAME) and not args.overwrite:
-            print(f"hetero index: {out.url} already holds {INDEX_NAME}; pass --overwrite to replace it", file=sys.stderr)
-            return 2
-        where = f"{store.url.rstrip('/')}/{JSON_INDEX_NAME}"
-        index = ShardIndex.from_json(store.read(JSON_INDEX_NAME), where)
-        write_index(out, index, shards=store)  # reads the shards once for their checksums
-    except DataServiceError as exc:
-        print(f"hetero index: {exc}", file=sys.stderr)
+    store = open_store(args.src, what="source")
+    out = open_store(args.dest, what="dest", create=True) if args.dest else store
+    if not store.exists(JSON_INDEX_NAME):
+        print(f"hetero index: {store.url.rstrip('/')} has no index.json to convert", file=sys.stderr)
         return 2
+    if out.exists(INDEX_NAME) and not args.overwrite:
+        print(f"hetero index: {out.url} already holds {INDEX_NAME}; pass --overwrite to replace it", file=sys.stderr)
+        return 2
+    where = f"{store.url.rstrip('/')}/{JSON_INDEX_NAME}"
+    index = ShardIndex.from_json(store.read(JSON_INDEX_NAME), where)
+    write_index(out, index, shards=store)  # reads the shards once for their checksums
     print(f"wrote {out.url.rstrip('/')}/{INDEX_NAME}: {len(index)} samples in {len(index.shards)} shard(s), "
           f"{len(index.classes)} classes (from {where})")
     return 0
@@ -173,11 +159,7 @@ def _from_json(args: argparse.Namespace) -> int:
 def _upgrade(args: argparse.Namespace) -> int:
     from data_service.shards.upgrade import upgrade_index
 
-    try:
-        index = upgrade_index(args.src, args.dest, overwrite=args.overwrite)
-    except DataServiceError as exc:
-        print(f"hetero index: {exc}", file=sys.stderr)
-        return 2
+    index = upgrade_index(args.src, args.dest, overwrite=args.overwrite)
     print(f"wrote {(args.dest or args.src).rstrip('/')}/index.bin: {len(index)} samples in {len(index.shards)} "
           "shard(s), each sample's checksum over its bytes and its label")
     return 0

@@ -8,7 +8,6 @@ DEST`` (then ``--hp pipeline.index=DEST``). The logic is :mod:`data_service.shar
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def is_parquet(src: str) -> bool:
@@ -29,41 +28,39 @@ def is_parquet(src: str) -> bool:
         return False  # the tar path names what is wrong with the location
 
 
+def train_hint(summary, source: str, dest: str, more: str = "") -> int:
+    """Print ``summary`` and how to train on what was indexed (``--hp pipeline.SOURCE``); 0."""
+    for line in summary.lines():
+        print(line)
+    hint = f" --hp pipeline.index={dest}" if dest else ""
+    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.{source}"
+          f"{hint}{more}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    from data_service.errors import ConfigError, DataServiceError
+    """Write the row checksums of ``args.src``; the product's errors are ``hetero index``'s to say."""
+    from data_service.errors import ConfigError
     from data_service.shards.parquet_sums import index_parquet, place
     from data_service.shards.wds_index import list_objects
     from data_service.storage import open_store
-
     from hetero.console import progress_bar
 
-    bar = None
-    try:
-        if args.workers < 1:
-            raise ConfigError(f"--workers {args.workers}: give at least 1 (files read at once)")
-        folder, out_folder, key = place(args.src, args.dest)
-        store = open_store(folder, what="parquet")
-        out = open_store(out_folder, what="dest", create=True) if args.dest else store
-        if out.exists(key) and not args.overwrite:
-            raise ConfigError(f"{out.key_url(key)} already exists; pass --overwrite to replace it")
-        name = args.src.rstrip("/").rpartition("/")[2]
-        total = store.check(name) if args.src.endswith(".parquet") else sum(
-            size for _, size in list_objects(store, ".parquet"))  # the bar's total
-        bar = progress_bar(total, "checksumming Parquet rows", args.quiet)
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: give at least 1 (files read at once)")
+    folder, out_folder, key = place(args.src, args.dest)
+    store = open_store(folder, what="parquet")
+    out = open_store(out_folder, what="dest", create=True) if args.dest else store
+    if out.exists(key) and not args.overwrite:
+        raise ConfigError(f"{out.key_url(key)} already exists; pass --overwrite to replace it")
+    name = args.src.rstrip("/").rpartition("/")[2]
+    total = store.check(name) if args.src.endswith(".parquet") else sum(
+        size for _, size in list_objects(store, ".parquet"))  # the bar's total
+    with progress_bar(total, "checksumming Parquet rows", args.quiet) as bar:
         summary = index_parquet(args.src, args.dest, image_column=args.image_column, label_column=args.label_column,
                                 workers=args.workers, overwrite=args.overwrite, progress=bar.update)
-    except DataServiceError as exc:
-        if bar is not None:
-            bar.close()
-        print(f"hetero index: {exc}", file=sys.stderr)
-        return 2
-    bar.close()
-    for line in summary.lines():
-        print(line)
-    hint = f" --hp pipeline.index={args.dest}" if args.dest else ""
     columns = "".join(f" --hp pipeline.{k}={v}" for k, v in (("image_column", args.image_column),
                                                                ("label_column", args.label_column))
                       if v != k.split("_")[0])
-    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.parquet={args.src}"
-          f"{hint}{columns} (add --hp pipeline.unchecked=refuse to refuse any file left unchecked)")
-    return 0
+    return train_hint(summary, f"parquet={args.src}", args.dest,
+                      f"{columns} (add --hp pipeline.unchecked=refuse to refuse any file left unchecked)")

@@ -6,12 +6,11 @@ import sys
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter
+    from hetero.commands import add_command
 
-    p = sub.add_parser("launch", formatter_class=HelpFormatter,
-                       help="run the launcher on this node (SageMaker entry point)",
-                       description="Read /opt/ml (or $HETERO_SM_ROOT), pick this node's role from its instance "
-                                   "group and run it: data server, trainer, or in-process training.")
+    p = add_command(sub, "launch", "run the launcher on this node (SageMaker entry point)",
+                    "Read /opt/ml (or $HETERO_SM_ROOT), pick this node's role from its instance "
+                    "group and run it: data server, trainer, or in-process training.")
     p.add_argument("--sm-root", default=None, help="SageMaker root (default: $HETERO_SM_ROOT or /opt/ml)")
     p.add_argument("--hp", action="append", metavar="KEY=VALUE", default=[],
                    help="override a hyperparameter (repeatable)")

@@ -12,12 +12,11 @@ if TYPE_CHECKING:
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter
+    from hetero.commands import add_command
 
-    p = sub.add_parser("local", formatter_class=HelpFormatter,
-                       help="run the job locally: emulated data + DNN nodes",
-                       description="Emulate a SageMaker heterogeneous job on this machine: one process per node, "
-                                   "each with its own /opt/ml-like tree, SM_* variables and free ports.")
+    p = add_command(sub, "local", "run the job locally: emulated data + DNN nodes",
+                    "Emulate a SageMaker heterogeneous job on this machine: one process per node, "
+                    "each with its own /opt/ml-like tree, SM_* variables and free ports.")
     p.add_argument("--data-nodes", type=int, default=1, help="data-group nodes (default 1)")
     p.add_argument("--dnn-nodes", type=int, default=1, help="dnn-group nodes (default 1)")
     p.add_argument("--homogeneous", action="store_true", help="the baseline: pipeline in-process, no data nodes")
@@ -77,11 +76,10 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("local", args.log_level)
     hps = parse_kv(args.hp)
     from launcher.config import LaunchConfig
-
-    cfg = LaunchConfig.from_hyperparameters(hps)  # a typo or a bad value: one line now, before any node starts
     from launcher.job.preflight import check_findable_plugins
 
-    check_findable_plugins(cfg)
+    # a typo or a bad value: one line now, before any node starts
+    check_findable_plugins(LaunchConfig.from_hyperparameters(hps))
     if args.autoscale is not None:
         hps.update(autoscale_hps(args.autoscale, hps.get("advice_prices"), args.data_nodes))
         if args.registry is None:

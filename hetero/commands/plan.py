@@ -22,11 +22,10 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter, plain
+    from hetero.commands import add_command, plain
 
-    p = sub.add_parser("plan", formatter_class=HelpFormatter,
-                       help="recommend a data group (instance type and count) and its $/step",
-                       description=plain(__doc__.split("\n\n")[1].replace("\n", " ")))
+    p = add_command(sub, "plan", "recommend a data group (instance type and count) and its $/step",
+                    plain(__doc__.split("\n\n")[1].replace("\n", " ")))
     p.add_argument("--dnn-instance", default="ml.p3.2xlarge", help="GPU instance type (default ml.p3.2xlarge)")
     p.add_argument("--dnn-count", type=int, default=1, help="GPU instances (default 1)")
     p.add_argument("--gpu-step-s", type=float, default=None, help="GPU step time with the batch already resident")

@@ -6,22 +6,22 @@ DEST is a local folder or ``s3://bucket/prefix``; the image pipeline reads it wi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter
+    from hetero.commands import add_command
 
-    p = sub.add_parser("prepare", formatter_class=HelpFormatter,
-                       help="write an image folder as WebDataset-compatible tar shards + index "
-                                       "(a local folder or s3://)",
-                       description="Reads SRC (an image folder root/<class>/*.jpg, or pkg.mod:fn returning a "
-                                   "map-style data set of (image bytes or uint8 [C,H,W] tensor, label)), checks "
-                                   "that every image decodes, shuffles the samples once (a fixed seed) and writes "
-                                   "tar shards (<key>.jpg + <key>.cls members, readable by the webdataset library) "
-                                   "and index.bin to DEST. Files that do not decode are skipped and listed. "
-                                   "Several machines share the work with --part I/N, then --merge DEST; a run "
-                                   "started again keeps the shards it finished.")
+    p = add_command(sub, "prepare", "write an image folder as WebDataset-compatible tar shards + index "
+                                    "(a local folder or s3://)",
+                    "Reads SRC (an image folder root/<class>/*.jpg, or pkg.mod:fn returning a "
+                    "map-style data set of (image bytes or uint8 [C,H,W] tensor, label)), checks "
+                    "that every image decodes, shuffles the samples once (a fixed seed) and writes "
+                    "tar shards (<key>.jpg + <key>.cls members, readable by the webdataset library) "
+                    "and index.bin to DEST. Files that do not decode are skipped and listed. "
+                    "Several machines share the work with --part I/N, then --merge DEST; a run "
+                    "started again keeps the shards it finished.")
     p.add_argument("src", nargs="?", help="image folder, or pkg.mod:fn (options with -o key=value)")
     p.add_argument("dest", nargs="?",
                    help="local folder or s3://bucket/prefix (AWS_ENDPOINT_URL for S3-compatible stores)")
@@ -66,25 +66,22 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sagemaker is not None:
         return _sagemaker(args)
-    if args.merge:
-        if args.src or args.dest or args.part:
-            print("hetero prepare: --merge DEST takes no SRC, DEST or --part", file=sys.stderr)
-            return 2
-        dest = args.merge
-    elif not (args.src and args.dest):
+    if args.merge and (args.src or args.dest or args.part):
+        print("hetero prepare: --merge DEST takes no SRC, DEST or --part", file=sys.stderr)
+        return 2
+    if not args.merge and not (args.src and args.dest):
         print("hetero prepare: give SRC and DEST (or --merge DEST)", file=sys.stderr)
         return 2
-    else:
-        dest = args.dest
+    dest = args.merge or args.dest
     try:
         if args.merge:
             summary = merge_parts(dest)
         else:
-            options = parse_kv(args.option)
             summary = prepare(args.src, dest, shard_size=parse_size(args.shard_size, "--shard-size"),
                               max_side=args.max_side, workers=args.workers,
                               shuffle_seed=None if args.no_shuffle else args.shuffle_seed, overwrite=args.overwrite,
-                              verify=not args.no_verify, progress=not args.quiet, options=options, part=args.part)
+                              verify=not args.no_verify, progress=not args.quiet, options=parse_kv(args.option),
+                              part=args.part)
     except DataServiceError as exc:
         print(f"hetero prepare: {exc}", file=sys.stderr)
         return 2
@@ -93,17 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if summary.part:
         print(f"when every part is done: hetero prepare --merge {dest}")
         return 0
-    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline "
-          f"--hp pipeline.shards={shards_value(dest)}")
+    # a URL as given, a local folder as an absolute path: the same folder from wherever the job runs here
+    shards = dest if "://" in dest else os.path.abspath(os.path.expanduser(dest))
+    print(f"train on them: --hp pipeline=data_service.pipelines.images:build_pipeline --hp pipeline.shards={shards}")
     return 0
-
-
-def shards_value(dest: str) -> str:
-    """``pipeline.shards`` for shards written to ``dest``: a URL as given, a local folder as an
-    absolute path (it names the same folder from wherever the job runs on this machine)."""
-    import os
-
-    return dest if "://" in dest else os.path.abspath(os.path.expanduser(dest))
 
 
 def _sagemaker(args: argparse.Namespace) -> int:

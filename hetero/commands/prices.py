@@ -19,10 +19,10 @@ from hetero.planning.aws_prices import AwsAccessError, AwsPricesError, cache_pat
 
 
 def register(sub) -> None:
-    from hetero.commands import RawHelpFormatter, plain
+    from hetero.commands import add_command
 
-    p = sub.add_parser("prices", help="show the price table and its sources; --refresh reads it from AWS",
-                       description=plain(__doc__), formatter_class=RawHelpFormatter)
+    p = add_command(sub, "prices", "show the price table and its sources; --refresh reads it from AWS",
+                    __doc__, raw=True)
     p.add_argument("--refresh", action="store_true", help="read prices and network figures from AWS and cache them")
     p.add_argument("--region", default=None,
                    help="AWS region of the prices (default $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1)")

@@ -9,11 +9,10 @@ from data_service.errors import ConfigError
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter, NoneIsOff
+    from hetero.commands import NoneIsOff, add_command
 
-    p = sub.add_parser("serve", formatter_class=HelpFormatter,
-                       help="run a data server (CPU node)",
-                       description="Serve batches of a pipeline to RemoteDataset consumers.")
+    p = add_command(sub, "serve", "run a data server (CPU node)",
+                    "Serve batches of a pipeline to RemoteDataset consumers.")
     p.add_argument("pipeline", help="builder import path, e.g. examples.synthetic:build_pipeline")
     p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE", help="builder keyword option (JSON value)")
     p.add_argument("--host", default="0.0.0.0",

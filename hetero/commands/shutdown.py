@@ -8,13 +8,12 @@ import time
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter
+    from hetero.commands import add_command
 
-    p = sub.add_parser("shutdown", formatter_class=HelpFormatter,
-                       help="shut data servers down (authenticated)",
-                       description="Ask data servers to leave: a server that joined a registry removes its entry "
-                                   "first, then refuses new requests (consumers ask other servers) and finishes "
-                                   "those it took. With --drain, wait until each server has left.")
+    p = add_command(sub, "shutdown", "shut data servers down (authenticated)",
+                    "Ask data servers to leave: a server that joined a registry removes its entry "
+                    "first, then refuses new requests (consumers ask other servers) and finishes "
+                    "those it took. With --drain, wait until each server has left.")
     p.add_argument("servers", nargs="+", help="host:port of each data server")
     p.add_argument("--token", default=None, help="job token (default: $HETERO_JOB_TOKEN)")
     p.add_argument("--grace", type=float, default=30.0, help="seconds each server may take to finish its requests")

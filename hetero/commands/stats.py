@@ -24,10 +24,9 @@ _WINDOW = re.compile(r"launcher\.train\.step_stats: step \d+: avg step time")
 
 
 def register(sub) -> None:
-    from hetero.commands import RawHelpFormatter, plain
+    from hetero.commands import add_command
 
-    p = sub.add_parser("stats", help="print a data server's stats, or a running local job's advice",
-                       description=plain(__doc__), formatter_class=RawHelpFormatter)
+    p = add_command(sub, "stats", "print a data server's stats, or a running local job's advice", __doc__, raw=True)
     p.add_argument("server", nargs="?", help="host:port of a data server")
     p.add_argument("--token", default=None, help="job token (default: $HETERO_JOB_TOKEN)")
     p.add_argument("--local", type=Path, default=None, metavar="OUTPUT",
@@ -58,13 +57,12 @@ def latest_advice(logs: Path) -> dict | None:
             found = {"log": str(path), "advice": advice, "step": step, "autoscale": scaled}
     if found is None:
         return None
-    text = found["advice"][found["advice"].index("advice at step"):]
-    found["figures"] = {d["Name"]: float(m.group(1)) for d in METRIC_DEFINITIONS
-                        if d["Name"].startswith("advice:") and (m := re.search(d["Regex"], text))}
-    if found["autoscale"]:
-        text = found["autoscale"][found["autoscale"].index("autoscale at step"):]
-        found["figures"].update({d["Name"]: float(m.group(1)) for d in METRIC_DEFINITIONS
-                                 if d["Name"].startswith("autoscale:") and (m := re.search(d["Regex"], text))})
+    found["figures"] = {}
+    for kind in ("advice", "autoscale"):  # the advice line is always there, the autoscaler's when it decided
+        if found[kind]:
+            text = found[kind][found[kind].index(f"{kind} at step"):]
+            found["figures"].update({d["Name"]: float(m.group(1)) for d in METRIC_DEFINITIONS
+                                     if d["Name"].startswith(f"{kind}:") and (m := re.search(d["Regex"], text))})
     return found
 
 

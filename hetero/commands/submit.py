@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
 def register(sub) -> None:
     """Add the ``submit`` parser to ``sub``."""
-    from hetero.commands import RawHelpFormatter, plain
-    from hetero.commands.submit_spec import add_job_options
+    from hetero.commands import add_command
 
-    p = sub.add_parser("submit", help="submit a SageMaker training job (hetero, homogeneous or both)",
-                       description=plain(__doc__), formatter_class=RawHelpFormatter)
+    p = add_command(sub, "submit", "submit a SageMaker training job (hetero, homogeneous or both)", __doc__, raw=True)
     c = p.add_argument_group("cluster")
     c.add_argument("--data-group", metavar="TYPE:COUNT", help="CPU data-node group, e.g. ml.c5.9xlarge:1")
     c.add_argument("--dnn-group", metavar="TYPE:COUNT", help="GPU training group, e.g. ml.p3.2xlarge:1")
@@ -69,125 +68,42 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-IMAGE_PIPELINE = "data_service.pipelines.images:build_pipeline"
-IMAGE_MODEL = "examples.imagefolder"  # ResNet-18 and its step: user code, by import path
+def add_job_options(p, every: str) -> None:
+    """The options every SageMaker job takes, declared once for ``hetero submit`` and ``hetero sweep``:
+    role, image, network, limits, job secret, code upload, tags, the AWS endpoint. ``every``: whose
+    they are in the help ("the job", "every job")."""
+    from hetero.sagemaker.jobs import ROLE_ENV
 
-
-def direct_shards(hps: dict, uri: str) -> dict:
-    """Hyperparameters that make the data nodes read shards at ``uri`` themselves (no channel)."""
-    hps = dict(hps)
-    if "pipeline" not in hps:  # the image job: pipeline, model and step read the same shards
-        hps.update({"pipeline": IMAGE_PIPELINE, "model": f"{IMAGE_MODEL}:resnet18",
-                    "step": f"{IMAGE_MODEL}:train_step", "model.shards": uri, **hps})
-    hps["pipeline.shards"] = uri
-    print(f"hetero submit: data: shards under {uri}, read directly by the data nodes with the job's role "
-          "(no channel: the role needs s3:GetObject and s3:ListBucket on that prefix)", file=sys.stderr)
-    return hps
-
-
-def advice_prices(types: list[str], prices: str | None = None) -> dict[str, str]:
-    """The ``advice_prices`` hyperparameter (instance type -> $/h) for the live advice's costs,
-    from the price table; empty when no type has a price."""
-    from hetero.planning.cost import load_prices
-    from launcher.capacity import PlanError
-
-    try:
-        table = load_prices(prices)
-    except PlanError as exc:
-        print(f"hetero submit: no prices for the live advice ({exc})", file=sys.stderr)
-        return {}
-    known = {t: table.hourly(t) for t in dict.fromkeys(types) if t in table.entries}
-    return {"advice_prices": json.dumps(known, sort_keys=True)} if known else {}
-
-
-def advice_network(types: list[str], prices: str | None = None) -> dict[str, str]:
-    """The ``advice_network`` hyperparameter (instance type -> NIC baseline Gbps) for the live advice's
-    network model, from the instance table; empty when no type has a figure."""
-    from hetero.planning.cost import load_prices
-    from launcher.capacity import PlanError
-
-    try:
-        table = load_prices(prices)
-    except PlanError:
-        return {}  # advice_prices already said why
-    known = {t: table.info(t).baseline_gbps for t in dict.fromkeys(types)
-             if t in table.entries and table.info(t).baseline_gbps}
-    return {"advice_network": json.dumps(known, sort_keys=True)} if known else {}
-
-
-def join_specs(args: argparse.Namespace, clients) -> list:
-    """The data-only JobSpec that joins the running job ``args.join`` (reads it from AWS)."""
-    from hetero.sagemaker.join import default_join_name, describe, join_spec
-    from hetero.sagemaker.spec import (DATA, Group, SubmitError, check_s3_uri, parse_duration, parse_strings,
-                                       parse_type_count, parse_vpc)
-
-    if args.dnn_group or args.instance or args.pair or args.group or args.input or args.shards or args.registry:
-        raise SubmitError("--join makes a data-only job from the running one: give only --data-group (and job "
-                          "options), not --dnn-group, --group, --instance, --pair, --input, --shards or --registry")
-    if args.job_secret or args.job_secret_arn:
-        raise SubmitError("--join uses the running job's secret (its token must match): drop --job-secret / "
-                          "--job-secret-arn")
-    group = Group(args.data_group_name, *parse_type_count(args.data_group, "--data-group"), DATA) \
-        if args.data_group else None
-    vpc = parse_vpc(args.subnet, args.security_group)
-    hps = parse_strings(args.hyperparameters, "--hyperparameters")
-    output = check_s3_uri(args.output, "--output") if args.output else None
-    if args.image and args.framework_version:
-        raise SubmitError("give --image or --framework-version, not both")
-    image = args.image
-    if args.framework_version:
-        from hetero.sagemaker.images import training_image
-
-        image, _ = training_image(args.framework_version, clients.region, [group.instance_type] if group else [])
-    job = describe(clients, args.join)
-    return [join_spec(job, job_name=args.job_name or default_join_name(args.join), group=group, vpc=vpc,
-                      role=args.role if args.role else None, image=image, output=output, region=clients.region,
-                      max_run_s=parse_duration(args.max_run, "--max-run"), spot=args.spot,
-                      hyperparameters=hps, tags=parse_strings(args.tag, "--tag"))]
-
-
-def specs_from_args(args: argparse.Namespace) -> list:
-    """The JobSpec(s) the options describe; raises SubmitError before any AWS call."""
-    from hetero.sagemaker.client import resolve_region
-    from hetero.sagemaker.request import default_job_name
-    from hetero.sagemaker.spec import SubmitError, check_s3_uri, parse_strings
-
-    from .submit_spec import ROLE_ENV, cluster_of, image_of, job_secrets, job_spec, with_secret
-
-    groups, instance = cluster_of(args)
-    if not args.role:
-        raise SubmitError(f"missing role: pass --role arn:aws:iam::ACCOUNT:role/NAME (the SageMaker execution "
-                          f"role) or set ${ROLE_ENV}")
-    output = check_s3_uri(args.output, "--output")
-    region = resolve_region(args.region)
-    image = image_of(args, region, groups, instance)
-    hps = parse_strings(args.hyperparameters, "--hyperparameters")
-    if args.shards:
-        hps = direct_shards(hps, check_s3_uri(args.shards, "--shards"))
-    env = parse_strings(args.env, "--env")
-    secret, secret_arn = job_secrets(args, hps, env)
-    name = args.job_name or default_job_name("pair" if args.pair else ("het" if groups else "hom"))
-    _add_job_hyperparameters(args, hps, groups, output, name)
-    spec = job_spec(args, name, image, region, output, groups, instance, hps, env)
-    return with_secret(spec, args.pair, instance, secret, secret_arn)
-
-
-def _add_job_hyperparameters(args: argparse.Namespace, hps: dict, groups: list, output: str, name: str) -> None:
-    """Add to ``hps`` the registry the options ask for and, unless set, the live advice's prices and NIC figures."""
-    from hetero.sagemaker.spec import check_s3_uri
-
-    if args.registry:
-        hps["registry"] = (f"{output}/{name}/registry" if args.registry == "default"
-                           else check_s3_uri(args.registry, "--registry"))
-    if groups and "advice_prices" not in hps:
-        hps.update(advice_prices([g.instance_type for g in groups], args.prices))
-    if groups and "advice_network" not in hps:
-        hps.update(advice_network([g.instance_type for g in groups], args.prices))
+    p.add_argument("--role", default=os.environ.get(ROLE_ENV), help=f"SageMaker execution role ARN of {every} "
+                   f"(default ${ROLE_ENV})")
+    p.add_argument("--image", help=f"training image URI of {every} (one image for every group)")
+    p.add_argument("--framework-version",
+                   help="the AWS PyTorch training image of this version, e.g. 2.5: its CPU flavour for a job on CPU "
+                        "instances only, else its GPU flavour")
+    p.add_argument("--subnet", action="append", default=[], metavar="ID",
+                   help=f"VpcConfig subnet of {every} (repeatable or comma-separated; with --security-group)")
+    p.add_argument("--security-group", action="append", default=[], metavar="ID",
+                   help=f"VpcConfig security group of {every} (repeatable or comma-separated; with --subnet)")
+    p.add_argument("--max-run", default="24h", help=f"max training time of {every}: seconds or 90m, 2h, 1d")
+    p.add_argument("--volume-size", type=int, default=30, help="EBS GB per instance")
+    p.add_argument("--job-secret", default=None,
+                   help=f"secret for the job token, sent in clear as HETERO_JOB_SECRET to {every} (default: random; "
+                        "readable by anyone allowed sagemaker:DescribeTrainingJob)")
+    p.add_argument("--job-secret-arn", default=None, metavar="ARN",
+                   help="AWS Secrets Manager secret holding the job secret: each node reads it at start, the "
+                        "request carries only the ARN (the role needs secretsmanager:GetSecretValue)")
+    p.add_argument("--source-dir", default=None, help="checkout to upload as sourcedir.tar.gz (default: this one)")
+    p.add_argument("--code-uri", metavar="S3URI", help="S3 prefix for sourcedir.tar.gz (default: --output)")
+    p.add_argument("--no-source", action="store_true", help="upload no code: the image holds it")
+    p.add_argument("--tag", action="append", default=[], metavar="K=V", help=f"resource tag of {every}")
+    p.add_argument("--region", default=None, help="AWS region (default from the AWS config/env)")
+    p.add_argument("--endpoint-url", default=None, help="send AWS calls there (e.g. a moto server)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Check, then print (--dry-run) or submit the job(s); with --wait follow them and report."""
     from hetero.sagemaker.client import Clients, exit_status, prepare
+    from hetero.sagemaker.jobs import SubmitOptions, join_specs, submit_specs
     from hetero.sagemaker.request import masked, secret_notice
     from hetero.sagemaker.spec import SubmitError
 
@@ -200,14 +116,14 @@ def run(args: argparse.Namespace) -> int:
 
             clients = Clients(resolve_region(args.region), args.endpoint_url)
             try:
-                specs = join_specs(args, clients)
+                specs = join_specs(SubmitOptions.of(args), clients)
             except (BotoCoreError, ClientError) as exc:
                 print(f"hetero submit: cannot read training job {args.join!r} (DescribeTrainingJob in "
                       f"{clients.region}): {exc}; check the name, the region and that you may call "
                       "sagemaker:DescribeTrainingJob", file=sys.stderr)
                 return 1
         else:
-            specs = specs_from_args(args)
+            specs = submit_specs(SubmitOptions.of(args))
         requests = prepare(specs)
     except SubmitError as exc:
         print(f"hetero submit: {exc}", file=sys.stderr)

@@ -19,11 +19,10 @@ import sys
 
 
 def register(sub) -> None:
-    from hetero.commands import RawHelpFormatter, plain
-    from hetero.commands.submit_spec import add_job_options
+    from hetero.commands import add_command
+    from hetero.commands.submit import add_job_options
 
-    p = sub.add_parser("sweep", help="submit a sweep: one data-only job serving N DNN-only jobs",
-                       description=plain(__doc__), formatter_class=RawHelpFormatter)
+    p = add_command(sub, "sweep", "submit a sweep: one data-only job serving N DNN-only jobs", __doc__, raw=True)
     p.add_argument("--job-name", required=True, help="the sweep's name: jobs <name>-data, <name>-0, ... (the job "
                    "token is derived from it)")
     p.add_argument("--data-group", required=True, metavar="TYPE:COUNT", help="the data job's nodes")
@@ -47,63 +46,14 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def specs_from_args(args: argparse.Namespace) -> list:
-    """The sweep's JobSpecs; raises SubmitError before any AWS call."""
-    from data_service.errors import ConfigError
-    from data_service.server.batch_window import window_budget
-    from hetero.sagemaker.client import resolve_region
-    from hetero.sagemaker.source import source_uri
-    from hetero.sagemaker.spec import (DATA, DNN, Group, JobSpec, SubmitError, check_s3_uri, parse_duration,
-                                       parse_input, parse_strings, parse_type_count, parse_vpc)
-    from hetero.sagemaker.sweep import Sweep, grid, sweep_specs
-
-    from .submit_spec import ROLE_ENV, image_of, job_secrets, with_secret
-
-    if not args.role:
-        raise SubmitError(f"missing role: pass --role arn:aws:iam::ACCOUNT:role/NAME or set ${ROLE_ENV}")
-    try:
-        window = window_budget(args.batch_window)  # parsed once, here: bytes from now on
-    except ConfigError as exc:
-        raise SubmitError(f"--batch-window: {exc}") from None
-    if args.job and (args.vary or args.jobs):
-        raise SubmitError("give the jobs one way: --job (repeatable), or --vary / --jobs")
-    own = [parse_strings(j.split(","), "--job") for j in args.job] or grid(args.vary, args.jobs)
-    output = check_s3_uri(args.output, "--output")
-    region = resolve_region(args.region)
-    data = Group("data_group", *parse_type_count(args.data_group, "--data-group"), DATA)
-    dnn = Group("dnn_group", *parse_type_count(args.dnn_group, "--dnn-group"), DNN)
-    # each job its own image: the data-only job's CPU nodes get the CPU flavour of --framework-version
-    data_image = image_of(args, region, [data], None, command="hetero sweep: data job")
-    image = image_of(args, region, [dnn], None, command="hetero sweep: DNN jobs")
-    hps = parse_strings(args.hyperparameters, "--hyperparameters")
-    env: dict = {}
-    secret, secret_arn = job_secrets(args, hps, env)
-    registry = check_s3_uri(args.registry, "--registry") if args.registry else f"{output}/{args.job_name}/registry"
-    base = JobSpec(job_name=args.job_name, role=args.role, image=image, groups=[dnn], output=output, region=region,
-                   channels=[parse_input(text) for text in args.input], hyperparameters=hps,
-                   max_run_s=parse_duration(args.max_run, "--max-run"), volume_gb=args.volume_size,
-                   source_s3=None if args.no_source else source_uri(
-                       check_s3_uri(args.code_uri, "--code-uri") if args.code_uri else output, args.job_name),
-                   tags=parse_strings(args.tag, "--tag"), vpc=parse_vpc(args.subnet, args.security_group))
-    (base,) = with_secret(base, False, None, secret, secret_arn)
-    sweep = Sweep(args.job_name, registry, window, args.idle_timeout,
-                  tuple(tuple(sorted(o.items())) for o in own))
-    specs = sweep_specs(base, data, dnn, sweep, data_image=data_image)
-    for spec in specs[1:]:
-        spec.spot = args.spot  # the data job serves the whole sweep: no spot interruption for it
-    if len({dict(o).get("seed", hps.get("seed")) for o in sweep.jobs}) > 1:
-        print("hetero sweep: the jobs have different seeds: they share decoded images (decoded_cache_bytes), "
-              "not batches (docs/sweep.md)", file=sys.stderr)
-    return specs
-
-
 def run(args: argparse.Namespace) -> int:
     from hetero.sagemaker.client import Clients, exit_status, prepare, submit
+    from hetero.sagemaker.jobs import SweepOptions, sweep_job_specs
     from hetero.sagemaker.request import masked, secret_notice
     from hetero.sagemaker.spec import SubmitError
 
     try:
-        specs = specs_from_args(args)
+        specs = sweep_job_specs(SweepOptions.of(args))
         requests = prepare(specs)
     except SubmitError as exc:
         print(f"hetero sweep: {exc}", file=sys.stderr)

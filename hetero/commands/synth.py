@@ -11,14 +11,13 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from hetero.commands import HelpFormatter
+    from hetero.commands import add_command
 
-    p = sub.add_parser("synth", formatter_class=HelpFormatter,
-                       help="write synthetic MNIST IDX files, or a JPEG image folder (--images)",
-                       description="Without --images: drawn seven-segment digits (shifted, scaled, noisy) in MNIST's "
-                                   "IDX format: train-images-idx3-ubyte, train-labels-idx1-ubyte and the t10k pair. "
-                                   "With --images DIR: JPEGs of drawn shapes, DIR/<shape>/<n>.jpg, 300-500 px a "
-                                   "side, for the image-folder pipeline (data_service.pipelines.images).")
+    p = add_command(sub, "synth", "write synthetic MNIST IDX files, or a JPEG image folder (--images)",
+                    "Without --images: drawn seven-segment digits (shifted, scaled, noisy) in MNIST's "
+                    "IDX format: train-images-idx3-ubyte, train-labels-idx1-ubyte and the t10k pair. "
+                    "With --images DIR: JPEGs of drawn shapes, DIR/<shape>/<n>.jpg, 300-500 px a "
+                    "side, for the image-folder pipeline (data_service.pipelines.images).")
     p.add_argument("out", type=Path, nargs="?", default=None, help="folder for MNIST IDX files (created)")
     p.add_argument("--images", type=Path, default=None, metavar="DIR",
                    help="write a JPEG image folder here instead (created)")

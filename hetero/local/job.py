@@ -5,15 +5,17 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import Any, Iterator, Mapping, cast
 
 from data_service.errors import ConfigError
 from launcher.metric_lines import JobMetrics
@@ -88,8 +90,7 @@ def run_local(job: LocalJob) -> LocalResult:
     output = Path(job.output).resolve()
     output.mkdir(parents=True, exist_ok=True)
     (output / "metrics.json").unlink(missing_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="hetero-local-"))
-    try:
+    with work_tree(job, "hetero-local-") as work:
         data_dir = training_data(job, work)
         hps = job.common_hyperparameters()
         if job.homogeneous:
@@ -109,11 +110,18 @@ def run_local(job: LocalJob) -> LocalResult:
         path = cluster.collect(output)
         metrics = json.loads(path.read_text()) if path is not None else None
         return LocalResult(codes, metrics, output, cluster.failure)
+
+
+@contextlib.contextmanager
+def work_tree(job: LocalJob, prefix: str) -> Iterator[Path]:
+    """A fresh folder for the job's node trees, removed at the end unless ``job.keep_tree``."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
     finally:
         if job.keep_tree:
             log.info("node trees kept in %s", work)
         else:
-            import shutil
             shutil.rmtree(work, ignore_errors=True)
 
 

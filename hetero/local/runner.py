@@ -58,7 +58,6 @@ class LocalCluster:
         self.log_dir = Path(log_dir)
         self.echo = echo
         self.procs: dict[str, subprocess.Popen] = {}
-        self._threads: list[threading.Thread] = []
         self._pumps: dict[str, threading.Thread] = {}
         self._print_lock = threading.Lock()
         self.sigterm_on = re.compile(sigterm_on) if sigterm_on else None
@@ -79,7 +78,6 @@ class LocalCluster:
             self.procs[node.host] = proc
             t = threading.Thread(target=self._pump, args=(node, proc), name=f"log-{node.host}", daemon=True)
             t.start()
-            self._threads.append(t)
             self._pumps[node.host] = t
             log.info("started %s (%s) pid %d%s", node.host, node.role, proc.pid,
                      f" on CPUs {sorted(cpus)}" if cpus else "")
@@ -160,7 +158,7 @@ class LocalCluster:
                 break
             time.sleep(0.2)
         self.stop()
-        for t in self._threads:
+        for t in self._pumps.values():
             t.join(5.0)
         codes = {h: p.returncode for h, p in self.procs.items()}
         self._first_failure(codes)  # a failure seen only at the end (every node exited together)
@@ -223,7 +221,8 @@ class LocalCluster:
         for p in self.procs.values():
             for pid in _group_members(p.pid, trackers=False):
                 log.info("SIGKILL to pid %d (group %d), still there after SIGTERM", pid, p.pid)
-                _kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         settle = time.monotonic() + 5.0
         while any(_group_members(p.pid, trackers=True) for p in self.procs.values()) and time.monotonic() < settle:
             time.sleep(0.1)
@@ -276,11 +275,6 @@ def _group_members(pgid: int, trackers: bool) -> list[int]:
         if is_tracker == trackers:
             found.append(int(entry))
     return found
-
-
-def _kill(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
 
 
 def _group_alive(proc: subprocess.Popen) -> bool:

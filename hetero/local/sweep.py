@@ -17,7 +17,6 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 from data_service.errors import ConfigError
 from data_service.server.batch_window import window_budget
 
-from .job import LocalJob, LocalResult, check_data, training_data
+from .job import LocalJob, LocalResult, check_data, training_data, work_tree
 from .runner import LocalCluster
 from .tree import DATA_GROUP, DNN_GROUP, parse_cpus, write_nodes
 
@@ -84,9 +83,8 @@ def run_local_sweep(job: LocalJob, vary: list[str] | None = None, jobs: int = 0,
     names = dnn_job_names(sweep)
     data_cpus, dnn_cpus = parse_cpus(job.data_cpus), parse_cpus(job.dnn_cpus)
     secret = secrets.token_hex(16)  # one for all: every node derives the sweep's token
-    work = Path(tempfile.mkdtemp(prefix="hetero-local-sweep-"))
     clusters: dict[str, LocalCluster] = {}
-    try:
+    with work_tree(job, "hetero-local-sweep-") as work:
         data_dir = training_data(job, work)
         audits = Path(job.audit).resolve() if job.audit is not None else None  # a folder: one log per job
         layouts = {data_job_name(sweep): ([(DATA_GROUP, "data", job.data_nodes)], data_hps)}
@@ -126,8 +124,3 @@ def run_local_sweep(job: LocalJob, vary: list[str] | None = None, jobs: int = 0,
                       for n in data.nodes if (n.output_dir / "data_node.json").is_file()}
         return SweepResult(name, results, LocalResult(codes, None, output / data_job_name(sweep), data.failure),
                            nodes_json, output)
-    finally:
-        if job.keep_tree:
-            log.info("node trees kept in %s", work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)

@@ -106,14 +106,11 @@ def write_nodes(work: Path, layout: list[tuple[str, str, int]], data_dir: Path, 
     host_map = {n.host: f"127.0.0.1:{free_port()}" for n in nodes}
     hps = {"bind_host": "127.0.0.1", "master_port": str(free_port()), **as_hyperparameters(hyperparameters)}
     for node in nodes:
-        config = node.root / "input" / "config"
-        config.mkdir(parents=True, exist_ok=True)
-        (node.root / "input" / "data").mkdir(parents=True, exist_ok=True)
-        channel = node.root / "input" / "data" / "training"
+        config, channel = node.root / "input" / "config", node.root / "input" / "data" / "training"
+        for folder in (config, channel.parent, node.model_dir, node.output_dir):
+            folder.mkdir(parents=True, exist_ok=True)
         if not channel.exists():
             channel.symlink_to(data_dir.resolve(), target_is_directory=True)
-        node.model_dir.mkdir(parents=True, exist_ok=True)
-        node.output_dir.mkdir(parents=True, exist_ok=True)
         (config / "resourceconfig.json").write_text(json.dumps({
             "current_host": node.host, "current_instance_type": "ml.local", "current_group_name": node.group,
             "hosts": all_hosts, "instance_groups": groups, "network_interface_name": "lo"}))

@@ -95,12 +95,7 @@ def training_prices(pricing, region: str) -> dict[str, float]:
                {"Type": "TERM_MATCH", "Field": "component", "Value": "Training"}]
     pages = pricing.get_paginator("get_products").paginate(ServiceCode=SERVICE_CODE, Filters=filters)
     items = _aws_call("pricing GetProducts", lambda: [item for page in pages for item in page.get("PriceList", [])])
-    prices: dict[str, float] = {}
-    for item in items:
-        parsed = _training_price(item, region)
-        if parsed:
-            prices[parsed[0]] = parsed[1]
-    return prices
+    return dict(parsed for item in items if (parsed := _training_price(item, region)))
 
 
 def _training_price(item, region: str) -> tuple[str, float] | None:
@@ -194,8 +189,7 @@ def build_table(region: str, prices: dict[str, float], figures: dict[str, dict],
             unpriced.append(name)
         fig = figures.get(name)
         if fig:
-            entry.update({k: v for k, v in fig.items()})
-            entry.update(sizes_source=net_src)
+            entry.update(fig, sizes_source=net_src)
             if "baseline_gbps" in fig:
                 entry.update(network_source=net_src + " (network card 0)", network_date=today)
         if entry:

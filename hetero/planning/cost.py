@@ -225,16 +225,13 @@ def load_prices(path: str | os.PathLike | None = None, region: str | None = None
     raw = {name: (dict(row), DEFAULT_PATH, doc.get("as_of", "")) for name, row in doc["instances"].items()}
     files = [DEFAULT_PATH.name]
     cached = cache_path(cache_region(region))
-    if cached.is_file():
-        cache_doc = _read(cached)
-        _merge(raw, cached, cache_doc, doc.get("as_of", ""), "aws", add_unpriced=False)
-        doc = {**doc, **{k: v for k, v in cache_doc.items() if k in ("region", "as_of")}}
-        files.append(str(cached))
     override = path or os.environ.get(ENV_VAR)
+    layers = [(cached, "aws")] if cached.is_file() else []
     if override:
-        over_path = Path(override)
+        layers.append((Path(override), f"override {Path(override).name}"))
+    for over_path, origin in layers:
         over_doc = _read(over_path)
-        _merge(raw, over_path, over_doc, doc.get("as_of", ""), f"override {over_path.name}")
+        _merge(raw, over_path, over_doc, doc.get("as_of", ""), origin, add_unpriced=origin != "aws")
         doc = {**doc, **{k: v for k, v in over_doc.items() if k in ("region", "as_of")}}
         files.append(str(over_path))
     rows = {name: _row(p, name, row, as_of) for name, (row, p, as_of) in raw.items()}

@@ -6,6 +6,7 @@ The plan as given, with the compact wire encodings priced when the network binds
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -161,20 +162,16 @@ def _profile(r: PlanRequest, options: dict[str, Any], label: str = "") -> Profil
 
     from .profile import profile_pipeline
 
-    tmp = None
-    if (r.pipeline == "examples.mnist:build_pipeline" and "data_dir" not in options
-            and not os.environ.get("SM_CHANNEL_TRAINING")):
-        from hetero.synthetic.mnist import write_synthetic
+    with contextlib.ExitStack() as stack:
+        if (r.pipeline == "examples.mnist:build_pipeline" and "data_dir" not in options
+                and not os.environ.get("SM_CHANNEL_TRAINING")):
+            from hetero.synthetic.mnist import write_synthetic
 
-        tmp = tempfile.TemporaryDirectory(prefix="hetero-plan-")
-        write_synthetic(tmp.name, 2048, 0)
-        options = {**options, "data_dir": tmp.name}
-        print("profiling on synthetic MNIST (no data_dir option, no SM_CHANNEL_TRAINING)")
-    try:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="hetero-plan-"))
+            write_synthetic(tmp, 2048, 0)
+            options = {**options, "data_dir": tmp}
+            print("profiling on synthetic MNIST (no data_dir option, no SM_CHANNEL_TRAINING)")
         prof = profile_pipeline(r.pipeline, options, batches=r.profile_batches)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     print(f"profile{label}: {prof.median_s * 1000:.1f} ms per batch of {prof.batch_size} on CPU {prof.cpu} "
           f"(median of {r.profile_batches}; {prof.min_s * 1000:.1f}-{prof.max_s * 1000:.1f} ms), "
           f"{prof.bytes_per_sample:,.0f} bytes per sample built")

@@ -1,6 +1,7 @@
 """Build, check and submit SageMaker training jobs (heterogeneous and homogeneous) with boto3.
 
-Modules: ``spec`` (JobSpec and parsing), ``request`` (CreateTrainingJob request),
+Modules: ``spec`` (JobSpec and parsing), ``jobs`` (the JobSpecs ``hetero submit`` and ``hetero
+sweep`` options describe), ``request`` (CreateTrainingJob request),
 ``validate`` (botocore model + API rules), ``input_modes`` (File/FastFile against the
 pipeline), ``images`` (training image URIs), ``source`` (sourcedir.tar.gz), ``client``
 (submit), ``follow`` (wait, logs, metrics and cost), ``sdk`` (a SageMaker SDK v3

@@ -19,11 +19,6 @@ SDK, TABLE = "sagemaker SDK image_uris", "built-in tag table"
 _GPU_FAMILIES = ("ml.p", "ml.g")
 
 
-def image_instance_type(instance_types: list[str]) -> str:
-    """The instance type to pick the image flavour with: the first GPU type, else the first."""
-    return next((t for t in instance_types if t.startswith(_GPU_FAMILIES)), instance_types[0])
-
-
 def training_image(version: str, region: str, instance_types: list[str]) -> tuple[str, str]:
     """``(image URI, source)`` of the AWS PyTorch training image ``version`` in ``region``.
 
@@ -37,8 +32,9 @@ def training_image(version: str, region: str, instance_types: list[str]) -> tupl
         from sagemaker.core import image_uris
 
         try:
-            uri = image_uris.retrieve("pytorch", region, version=str(version),
-                                      instance_type=image_instance_type(instance_types), image_scope="training")
+            flavour = next((t for t in instance_types if t.startswith(_GPU_FAMILIES)), instance_types[0])  # GPU first
+            uri = image_uris.retrieve("pytorch", region, version=str(version), instance_type=flavour,
+                                      image_scope="training")
             return uri, SDK
         except ValueError as exc:
             raise SubmitError(f"--framework-version {version!r}: {exc}; or pass the image with --image URI") from None

@@ -93,26 +93,6 @@ def sdk_hyperparameters(hps: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def require_sdk() -> None:
-    """Raise SubmitError (naming the installed version and the fix) unless a usable SDK v3 is installed."""
-    problem = sdk_problem()
-    if problem is not None:
-        raise SubmitError(problem)
-
-
-def check_channel_groups(spec: JobSpec) -> None:
-    """A heterogeneous job's channels are either all assigned to groups or none is (the API's rule;
-    the SDK then gives its own code channels every group, or none)."""
-    if spec.homogeneous:
-        return
-    with_groups = [c.name for c in spec.channels if c.groups]
-    without = [c.name for c in spec.channels if not c.groups]
-    if with_groups and without:
-        every = "+".join(g.name for g in spec.groups)
-        raise SubmitError(f"channels {with_groups} are assigned to instance groups but {without} are not; "
-                          f"SageMaker takes all or none: assign those too (e.g. NAME=s3://...@{every} for every group)")
-
-
 def stage_source(source_root: str | Path | None = None) -> Path:
     """This checkout's job code (the members of ``sourcedir.tar.gz``, requirements.txt included)
     unpacked in a fresh temporary folder, removed at interpreter exit; ModelTrainer uploads it."""
@@ -157,24 +137,23 @@ def model_trainer(spec: JobSpec, source_root: str | Path | None = None, sagemake
             reject (the same checks as ``hetero submit``), channels mixing group assignment,
             FastFile for a File-only pipeline. Nothing is sent.
     """
-    require_sdk()
+    problem = sdk_problem()  # names the installed version and the fix
+    if problem is not None:
+        raise SubmitError(problem)
     check_input_modes(spec)
-    check_channel_groups(spec)
     request = build_request(spec)
-    check_request(request)
+    check_request(request)  # also channels all assigned to groups or none (the SDK then gives its code all or none)
 
     from sagemaker.core import shapes
     from sagemaker.core.training.configs import (CheckpointConfig, Compute, Networking, OutputDataConfig, SourceCode,
                                                  StoppingCondition)
     from sagemaker.train import ModelTrainer
 
-    if spec.homogeneous:
-        compute = Compute(instance_type=spec.groups[0].instance_type, instance_count=spec.groups[0].count,
-                          volume_size_in_gb=spec.volume_gb, enable_managed_spot_training=spec.spot or None)
-    else:
-        compute = Compute(instance_groups=[shapes.InstanceGroup(instance_type=g.instance_type, instance_count=g.count,
-                                                                instance_group_name=g.name) for g in spec.groups],
-                          volume_size_in_gb=spec.volume_gb, enable_managed_spot_training=spec.spot or None)
+    cluster = ({"instance_type": spec.groups[0].instance_type, "instance_count": spec.groups[0].count}
+               if spec.homogeneous else
+               {"instance_groups": [shapes.InstanceGroup(instance_type=g.instance_type, instance_count=g.count,
+                                                         instance_group_name=g.name) for g in spec.groups]})
+    compute = Compute(**cluster, volume_size_in_gb=spec.volume_gb, enable_managed_spot_training=spec.spot or None)
     channels = [shapes.Channel(
         channel_name=c["ChannelName"], input_mode=c["InputMode"],
         data_source=shapes.DataSource(s3_data_source=shapes.S3DataSource(

@@ -12,8 +12,9 @@ import gzip
 import hashlib
 import io
 import logging
-import sys
+import re
 import tarfile
+import tomllib
 from pathlib import Path
 
 from hetero.sagemaker.spec import ENTRY_POINT, SubmitError
@@ -39,22 +40,9 @@ def requirements(root: Path) -> str:
     path = root / "pyproject.toml"
     if not path.exists():
         return ""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # Python 3.10
-        try:
-            import tomli as tomllib
-        except ImportError:
-            log.warning("no tomllib/tomli: the archive gets no requirements.txt (install tomli on Python 3.10)")
-            return ""
     deps = tomllib.loads(path.read_text()).get("project", {}).get("dependencies", [])
-    keep = []
-    for dep in deps:
-        name = dep.split(";")[0].strip()
-        for sep in "<>=!~[ ":
-            name = name.split(sep)[0]
-        if name.lower() not in _IN_IMAGE:
-            keep.append(dep)
+    # a dependency's distribution name ends at its first version, extra or marker character
+    keep = [dep for dep in deps if re.split(r"[;<>=!~\[ ]", dep.strip())[0].lower() not in _IN_IMAGE]
     return "".join(f"{d}\n" for d in keep)
 
 

@@ -1,7 +1,7 @@
 """A sweep on SageMaker: one data-only training job serving N DNN-only training jobs, each with its own
 hyperparameters, through one registry.
 
-``hetero sweep`` (hetero/commands/sweep.py) turns its options into these ``JobSpec``s:
+``hetero sweep`` (hetero/sagemaker/jobs.py) turns its options into these ``JobSpec``s:
 
 * ``<sweep>-data``: one instance group of data nodes, hyperparameters ``join=<registry>`` (its
   servers register there), ``batch_window`` (each batch built once for the jobs of one seed) and

@@ -93,7 +93,7 @@ def _resources(res: dict) -> tuple[list[str], set[str]]:
 
 
 def _channels(channels: list[dict], group_names: set[str]) -> list[str]:
-    problems, seen = [], set()
+    problems, seen, assigned = [], set(), []
     for channel in channels:
         name = channel.get("ChannelName", "")
         if not _CHANNEL.match(str(name)):
@@ -105,6 +105,7 @@ def _channels(channels: list[dict], group_names: set[str]) -> list[str]:
         restricted = s3.get("InstanceGroupNames")
         if restricted is None:
             continue
+        assigned.append(channel.get("ChannelName"))
         if not group_names:
             problems.append(f"channel {name!r} names instance groups but the job has none (homogeneous)")
         if len(restricted) > MAX_GROUPS_PER_CHANNEL:
@@ -113,8 +114,6 @@ def _channels(channels: list[dict], group_names: set[str]) -> list[str]:
             if group_names and group not in group_names:
                 problems.append(f"channel {name!r} is restricted to unknown instance group {group!r}; "
                                 f"known groups: {', '.join(sorted(group_names))} (use @GROUP with one of them)")
-    assigned = [c.get("ChannelName") for c in channels
-                if c.get("DataSource", {}).get("S3DataSource", {}).get("InstanceGroupNames") is not None]
     if group_names and assigned and len(assigned) < len(channels):
         rest = [c.get("ChannelName") for c in channels if c.get("ChannelName") not in assigned]
         problems.append(f"channels {assigned} are assigned to instance groups but {rest} are not; SageMaker "

@@ -11,39 +11,36 @@ import collections
 import contextlib
 import json
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from hetero.testing.processes import PIPELINE
 
 
-def read_audit(path: str | os.PathLike) -> list[dict]:
-    """Audit lines; a torn last line (writer killed mid-write) is ignored."""
-    rows = []
+def _rows(path: str | os.PathLike) -> Iterator[dict]:
+    """Audit lines one by one; a torn last line (writer killed mid-write) is skipped."""
     with contextlib.suppress(FileNotFoundError):
         with open(path) as f:
             for line in f:
                 with contextlib.suppress(json.JSONDecodeError):
-                    rows.append(json.loads(line))
-    return rows
+                    yield json.loads(line)
+
+
+def read_audit(path: str | os.PathLike) -> list[dict]:
+    """Audit lines; a torn last line (writer killed mid-write) is ignored."""
+    return list(_rows(path))
 
 
 def resume_point(path: str | os.PathLike, rank: int) -> tuple[int, int]:
     """(last epoch in the audit log for ``rank``, batches of it already delivered), read line by
     line: a consumer that kept every row would grow with the log (about 25 MiB per 45,000 rows)."""
     epoch, position = 0, 0
-    with contextlib.suppress(FileNotFoundError):
-        with open(path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line (writer killed mid-write)
-                if row["rank"] != rank:
-                    continue
-                if row["epoch"] > epoch:
-                    epoch, position = row["epoch"], 0
-                if row["epoch"] == epoch:
-                    position += 1
+    for row in _rows(path):
+        if row["rank"] != rank:
+            continue
+        if row["epoch"] > epoch:
+            epoch, position = row["epoch"], 0
+        if row["epoch"] == epoch:
+            position += 1
     return epoch, position
 
 

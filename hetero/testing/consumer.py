@@ -24,8 +24,7 @@ def consume(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s test-consumer %(levelname)s %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    servers = args.servers.split(",")
-    ds = RemoteDataset(servers, args.token, seed=args.seed, rank=args.rank, world_size=args.world,
+    ds = RemoteDataset(args.servers.split(","), args.token, seed=args.seed, rank=args.rank, world_size=args.world,
                        audit_path=args.audit, connect_timeout=args.connect_timeout,
                        batch_timeout=args.batch_timeout, window=args.window)
     mine = rank_share(ds.num_batches_per_epoch(), args.rank, args.world, "drop")

@@ -155,18 +155,10 @@ class ServerProc(_ProcessGroup):
                     "--advertise-bulk-port", str(advertise_bulk_port), "--workers", str(workers),
                     "--slots-per-worker", str(slots), "--token", token]
         self.cmd += [arg for key, value in self.options.items() for arg in ("-o", f"{key}={json.dumps(value)}")]
-        if not probe:
-            self.cmd.append("--no-probe")
-        if send_timeout_s is not None:
-            self.cmd += ["--send-timeout", str(send_timeout_s)]
-        if worker_start is not None:
-            self.cmd += ["--worker-start", worker_start]
-        if not spare_worker:
-            self.cmd.append("--no-spare-worker")
-        if batch_window is not None:
-            self.cmd += ["--batch-window", str(batch_window)]
-        if build_ahead is not None:
-            self.cmd += ["--build-ahead", str(build_ahead)]
+        self.cmd += ([] if probe else ["--no-probe"]) + ([] if spare_worker else ["--no-spare-worker"])
+        self.cmd += [arg for flag, value in (("--send-timeout", send_timeout_s), ("--worker-start", worker_start),
+                                             ("--batch-window", batch_window), ("--build-ahead", build_ahead))
+                     if value is not None for arg in (flag, str(value))]
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
 
@@ -238,20 +230,9 @@ class ServerProc(_ProcessGroup):
         """(RSS of the server process, RSS of its largest worker) in bytes; (0, 0) when down. The
         largest, not the sum: while a worker is replaced the dying one and its successor (or a
         spare) are both listed for a moment, and a sum would read that as growth."""
-        import psutil
-
         proc = self._running
-        if proc is None:
-            return 0, 0
-        try:
-            main = psutil.Process(proc.pid)
-            workers = 0
-            for pid in self.worker_pids():
-                with contextlib.suppress(psutil.Error):
-                    workers = max(workers, psutil.Process(pid).memory_info().rss)
-            return main.memory_info().rss, workers
-        except psutil.Error:
-            return 0, 0
+        main = _rss(proc.pid) if proc is not None else 0
+        return (main, max(map(_rss, self.worker_pids()), default=0)) if main else (0, 0)
 
 
 class ConsumerProc(_ProcessGroup):
@@ -309,3 +290,13 @@ class ConsumerProc(_ProcessGroup):
             return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
         except psutil.Error:
             return 0
+
+
+def _rss(pid: int) -> int:
+    """RSS of process ``pid`` in bytes; 0 when it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0

@@ -152,8 +152,7 @@ class State:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "State":
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        return cls(**known)
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 @dataclass(frozen=True)

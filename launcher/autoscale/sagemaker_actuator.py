@@ -144,13 +144,12 @@ class SageMakerActuator:
         """Stop the ``count`` newest data-only jobs started (from outside the job's network, where its
         servers cannot be asked directly): SageMaker's SIGTERM makes each server leave the registry
         first and finish what it owes, as a Spot interruption does. Returns the jobs stopped."""
-        stopped = []
-        for name in reversed(self.jobs[-count:] if count > 0 else []):
+        stopped = list(reversed(self.jobs[-count:])) if count > 0 else []
+        for name in stopped:
             try:
                 self.client.stop_training_job(TrainingJobName=name)
             except Exception as exc:  # noqa: BLE001 - ended already (a Spot loss, its own end): nothing to stop
                 log.warning("autoscale: could not stop data-only job %s: %s", name, exc)
-            stopped.append(name)
         self.jobs = [j for j in self.jobs if j not in stopped]
         return stopped
 

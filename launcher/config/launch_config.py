@@ -11,6 +11,7 @@ silently train with a default.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -25,6 +26,7 @@ from .sections import (AdviceSection, CheckpointSection, DataSection, DnnSection
 
 # ``prefix.key`` hyperparameters: one entry each of the options dict named here
 PREFIXED = {"pipeline": "pipeline_options", "model": "model_options", "autoscale": "autoscale_options"}
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "": False}
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,8 @@ class LaunchConfig:
 
 def _maybe_json(value: Any) -> Any:
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             return json.loads(value)
-        except json.JSONDecodeError:
-            return value
     return value
 
 
@@ -111,15 +111,11 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
     kind = kind.split("|")[0].split("[")[0].strip()  # "dict[str, float]" -> "dict"
     try:
         if kind == "bool":
-            if isinstance(value, str):
-                if value.lower() in ("true", "1", "yes"):
-                    return True
-                if value.lower() in ("false", "0", "no", ""):
-                    return False
-                raise ValueError
             if isinstance(value, (bool, int)):
                 return bool(value)
-            raise ValueError
+            if not isinstance(value, str) or value.lower() not in _BOOL_WORDS:
+                raise ValueError
+            return _BOOL_WORDS[value.lower()]
         if kind == "int":
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
@@ -153,8 +149,7 @@ def load_object(path: str, what: str) -> Any:
     module_name, sep, name = path.partition(":")
     if not sep or not module_name or not name:
         raise ConfigError(f"{what}={path!r} must look like 'package.module:name'")
-    module = import_module(path, what)
-    obj = getattr(module, name, None)
+    obj = getattr(import_module(path, what), name, None)
     if obj is None:
         raise ConfigError(f"{what}={path!r}: module {module_name!r} has no attribute {name!r}")
     return obj

@@ -21,23 +21,16 @@ OPTIMIZERS = {"adadelta": "torch.optim:Adadelta", "sgd": "torch.optim:SGD", "ada
               "adamw": "torch.optim:AdamW"}
 
 
-def _at_least(section: object, names: tuple[str, ...], low: int) -> None:
+def _within(section: object, names: tuple[str, ...], low: int, high: float = math.inf, must: str = "") -> None:
     for name in names:
-        if getattr(section, name) < low:
-            raise ConfigError(f"{name}={getattr(section, name)} must be >= {low}")
+        if not low <= getattr(section, name) <= high:
+            raise ConfigError(f"{name}={getattr(section, name)} must be {must or f'>= {low}'}")
 
 
 def _seconds(section: object, names: tuple[str, ...]) -> None:
     for name in names:
         if getattr(section, name) <= 0:
             raise ConfigError(f"{name}={getattr(section, name)} must be > 0 seconds")
-
-
-def _port(section: object, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if not 0 <= value <= 65535:
-            raise ConfigError(f"{name}={value} must be a TCP port 0..65535")
 
 
 # A number of bytes, given in a hyperparameter as a size ("8GB", "512MiB") or an integer: parsed
@@ -127,11 +120,10 @@ class ServeSection:
                                             # for every job that asks: a sweep's jobs of one seed (docs/sweep.md)
 
     def check(self) -> None:
-        _port(self, ("data_port", "bulk_port"))
-        _at_least(self, ("data_workers",), 0)
+        _within(self, ("data_port", "bulk_port"), 0, 65535, "a TCP port 0..65535")
+        _within(self, ("data_workers",), 0)
         _seconds(self, ("watchdog_connect_s", "watchdog_idle_s"))
-        if not 0 <= self.local_server_nice <= 19:
-            raise ConfigError(f"local_server_nice={self.local_server_nice} must be 0..19 (0: the trainers' own priority)")
+        _within(self, ("local_server_nice",), 0, 19, "0..19 (0: the trainers' own priority)")
         if not self.bind_host:
             raise ConfigError("bind_host='' must be an address to listen on, e.g. 0.0.0.0")
         if self.batch_window < 0:
@@ -171,8 +163,8 @@ class DnnSection:
     connect_timeout_s: float = 60.0
 
     def check(self) -> None:
-        _port(self, ("master_port",))
-        _at_least(self, ("procs_per_node",), 0)
+        _within(self, ("master_port",), 0, 65535, "a TCP port 0..65535")
+        _within(self, ("procs_per_node",), 0)
         _seconds(self, ("data_wait_s", "dist_timeout_s", "train_timeout_s", "connect_timeout_s"))
         if self.ddp_backend not in DDP_BACKENDS:  # what this machine can run is checked at start (preflight)
             raise ConfigError(f"ddp_backend={self.ddp_backend!r} must be one of {', '.join(DDP_BACKENDS)} "
@@ -236,8 +228,8 @@ class TrainSection:
     audit_path: str = ""
 
     def check(self) -> None:
-        _at_least(self, ("epochs", "log_every"), 1)
-        _at_least(self, ("max_steps", "warmup_steps", "seed"), 0)
+        _within(self, ("epochs", "log_every"), 1)
+        _within(self, ("max_steps", "warmup_steps", "seed"), 0)
 
 
 @dataclass(frozen=True)
@@ -293,7 +285,7 @@ class AdviceSection:
     autoscale_options: dict[str, Any] = field(default_factory=dict, hash=False)  # autoscale.mode=act, ...
 
     def check(self) -> None:
-        _at_least(self, ("advice_every",), 0)
+        _within(self, ("advice_every",), 0)
         bad = {k: v for k, v in self.advice_prices.items()
                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0}
         if bad:
@@ -317,7 +309,7 @@ class CheckpointSection:
     checkpoint_every: int = 0               # also checkpoint every N steps (0: only on SIGTERM and at the end)
 
     def check(self) -> None:
-        _at_least(self, ("checkpoint_every",), 0)
+        _within(self, ("checkpoint_every",), 0)
 
 
 @dataclass(frozen=True)

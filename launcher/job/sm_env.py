@@ -143,22 +143,14 @@ def _job_name(environ: Mapping[str, str], hps: Mapping[str, Any]) -> str:
     training_env = _env_json(environ, "SM_TRAINING_ENV") or {}
     if isinstance(training_env, dict) and training_env.get("job_name"):
         return str(training_env["job_name"])
-    for key in ("sagemaker_job_name", "job_name"):
-        if hps.get(key):
-            return str(hps[key])
-    return ""
+    return next((str(hps[key]) for key in ("sagemaker_job_name", "job_name") if hps.get(key)), "")
 
 
 def _channels(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    channels = {}
     data_dir = root / "input" / "data"
-    if data_dir.is_dir():
-        for child in sorted(data_dir.iterdir()):
-            if child.is_dir():
-                channels[child.name] = str(child)
-    for key, value in environ.items():
-        if key.startswith("SM_CHANNEL_") and value and key != "SM_CHANNELS":
-            channels[key[len("SM_CHANNEL_"):].lower()] = value
+    channels = {c.name: str(c) for c in sorted(data_dir.iterdir()) if c.is_dir()} if data_dir.is_dir() else {}
+    channels.update((key[len("SM_CHANNEL_"):].lower(), value) for key, value in environ.items()
+                    if key.startswith("SM_CHANNEL_") and value and key != "SM_CHANNELS")
     return channels
 
 
@@ -261,7 +253,6 @@ def load_env(root: str | os.PathLike = DEFAULT_ROOT, environ: Mapping[str, str] 
     current_host, hosts = _hosts(config, environ, rc_path)
     groups, current_group = _groups(config, environ, rc_path, current_host, hosts)
     hps, hp_source = _hyperparameters(config_dir / "hyperparameters.json", environ)
-    num_gpus = _num_gpus(environ)
     return SageMakerEnv(
         root=str(root), current_host=current_host, current_group=current_group, hosts=hosts,
         groups=tuple(groups),
@@ -271,5 +262,5 @@ def load_env(root: str | os.PathLike = DEFAULT_ROOT, environ: Mapping[str, str] 
         model_dir=environ.get("SM_MODEL_DIR") or str(root / "model"),
         output_data_dir=environ.get("SM_OUTPUT_DATA_DIR") or str(root / "output" / "data"),
         checkpoint_dir=environ.get(CHECKPOINT_DIR_VAR) or str(root / "checkpoints"),
-        num_gpus=num_gpus, job_name=_job_name(environ, hps),
+        num_gpus=_num_gpus(environ), job_name=_job_name(environ, hps),
         sources=(shape_source, hp_source) if hp_source else (shape_source,))

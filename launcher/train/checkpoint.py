@@ -73,12 +73,10 @@ def check_compatible(ckpt: dict[str, Any], path: str, *, seed: int, pipeline: st
 
     Another number of ranks is not a difference: the rest of the epoch is dealt to this job's
     ranks (``dnn_worker.resume.resharding``)."""
-    mismatches = []
-    for name, mine in (("seed", seed), ("pipeline", pipeline), ("pipeline_options", dict(pipeline_options)),
-                       ("model_target", model)):
-        theirs = ckpt.get(name)
-        if theirs != mine:
-            mismatches.append(f"{name}={theirs!r} there, {mine!r} here")
+    mismatches = [f"{name}={ckpt.get(name)!r} there, {mine!r} here"
+                  for name, mine in (("seed", seed), ("pipeline", pipeline),
+                                     ("pipeline_options", dict(pipeline_options)), ("model_target", model))
+                  if ckpt.get(name) != mine]
     if mismatches:
         raise ConfigError(f"checkpoint {path} was written by a different job ({'; '.join(mismatches)}); "
                           "resume with the same options, or start afresh with another checkpoint_dir "

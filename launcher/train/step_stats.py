@@ -136,8 +136,7 @@ def job_metrics(rank_summaries: list[dict], base: dict[str, Any]) -> dict[str, A
     for r in rank_summaries:
         nodes.setdefault(r["host"], {"host": r["host"], "role": base.get("mode_role", "dnn"), "ranks": []})
         nodes[r["host"]]["ranks"].append(r)
-    out = dict(base)
-    out.pop("mode_role", None)
+    out = {k: v for k, v in base.items() if k != "mode_role"}
     if advice is not None:
         out["advice"] = advice
     first = ranks[0] if ranks else StepFigures()

@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from data_service.errors import ConfigError
+from data_service.errors import ConfigError, install_extra
 from data_service.contract.pipeline import PipelineSpec
 
 from .. import log_setup as logs
 from ..autoscale import advice_and_autoscaler
 from ..config import OPTIMIZERS, LaunchConfig, load_object
 from ..job.output_files import write_json
-from ..metric_lines import summary_line
+from ..metric_lines import DataNodeFigures, summary_line
 from . import checkpoint
 from .step_stats import StepStats, StepTimer, job_metrics
 from .train_loop import STOP, Run, gathered, loader_and_feeder, log_outcome, run_epochs, save_checkpoint
@@ -121,7 +121,7 @@ def _tensorboard(job: TrainJob):
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
         raise ConfigError(f"tensorboard=true needs the tensorboard package ({exc}); "
-                          "pip install 'hetero-data-service[tensorboard]'") from exc
+                          f"{install_extra('tensorboard')}") from exc
     return SummaryWriter(os.path.join(job.output_dir, "tensorboard"))
 
 
@@ -130,16 +130,15 @@ def _data_node_stats(job: TrainJob) -> list[dict]:
 
     out = []
     for host, address in zip(job.server_hosts, job.servers):
-        entry: dict[str, Any] = {"host": host, "role": "data", "address": address}
         try:
             with ControlClient(address, job.token, "trainer-metrics") as ctl:
                 s = ctl.stats(timeout=5.0)
-            entry.update(batches_sent=s.batches_sent, bytes_sent=s.bytes_sent, workers=s.workers,
-                         worker_busy_fraction=s.worker_busy_fraction, batch_errors=s.batch_errors,
-                         samples_skipped=s.samples_skipped)
+            node = DataNodeFigures(host, address=address, batches_sent=s.batches_sent, bytes_sent=s.bytes_sent,
+                                   workers=s.workers, worker_busy_fraction=s.worker_busy_fraction,
+                                   batch_errors=s.batch_errors, samples_skipped=s.samples_skipped)
         except Exception as exc:  # stats are informative; training already succeeded
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-        out.append(entry)
+            node = DataNodeFigures(host, address=address, error=f"{type(exc).__name__}: {exc}")
+        out.append(node.to_json())
     return out
 
 
@@ -287,10 +286,9 @@ def _finish(job: TrainJob, plain, device, summaries, loss, started: float, emula
             resumed: Resumed | None, ckpt_path: str | None, wire: str = "uint8") -> None:
     cfg = job.cfg
     stopped = status == "stopped"
-    accuracy = None
     evaluate = cfg.model.evaluate_path()
-    if evaluate and not emulated and not stopped:  # a stop has ~120 s: no evaluation
-        accuracy = load_object(evaluate, "evaluate")(plain, device)
+    # a stop has ~120 s: no evaluation
+    accuracy = load_object(evaluate, "evaluate")(plain, device) if evaluate and not emulated and not stopped else None
     os.makedirs(job.model_dir, exist_ok=True)
     torch.save(plain.state_dict(), os.path.join(job.model_dir, "model.pt"))  # also when stopped: an artifact
     data_nodes = _data_node_stats(job) if job.mode == "heterogeneous" and not stopped else []

@@ -70,3 +70,11 @@ def install_extra(extra: str) -> str:
     """How to add the optional dependencies of ``extra`` (pyproject.toml): the package installs from its
     checkout, not from a package index."""
     return f"pip install -e '.[{extra}]' in the hetero-data-service checkout"
+
+
+def check_integer(name: str, value: object, low: int, high: int | None = None, hint: str = "") -> None:
+    """The one check of a whole-number option: a ConfigError naming ``name`` and its range unless ``value`` is an
+    int (not a bool) in ``low``..``high``; ``hint`` (e.g. " (0 = off)") ends the message."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        span = f"in {low}..{high}" if high is not None else f">= {low}"
+        raise ConfigError(f"{name}={value!r} must be an integer {span}{hint}")

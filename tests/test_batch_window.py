@@ -292,7 +292,7 @@ def test_the_ahead_plan_names_only_the_next_epochs_first_batches_once_each(num_b
 
 
 def test_build_ahead_is_checked():
-    with pytest.raises(ConfigError, match="build_ahead=-1 must be a number of batches >= 0"):
+    with pytest.raises(ConfigError, match=r"build_ahead=-1 must be an integer >= 0 \(batches"):
         ServerOptions(build_ahead=-1)
     assert ServerOptions(build_ahead=0).build_ahead == 0
 

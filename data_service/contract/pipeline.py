@@ -18,7 +18,7 @@ import numpy as np
 
 from .wire import WireEncoding
 from .wire import parse as parse_wire
-from ..errors import ConfigError
+from ..errors import ConfigError, check_integer
 from .plugins import check_call, import_module
 from .sampler import EpochShape, batch_indices, derive_seed
 
@@ -125,9 +125,7 @@ class Pipeline:
             raise ConfigError(f"dataset of type {type(self.dataset).__name__} is not map-style: it needs "
                               "__len__ and __getitem__ (wrap an iterable source in a map-style dataset)")
         block = self.shuffle_block
-        if isinstance(block, bool) or not isinstance(block, int) or block < 0:
-            raise ConfigError(f"shuffle_block={block!r} must be an integer >= 0 (samples per shuffle block; "
-                              "0 = a full shuffle)")
+        check_integer("shuffle_block", block, 0, hint=" (samples per shuffle block; 0 = a full shuffle)")
         if block:
             block = -(-block // self.batch_size) * self.batch_size if isinstance(self.batch_size, int) else block
         return EpochShape(len(self.dataset), self.batch_size, self.drop_last, self.shuffle,

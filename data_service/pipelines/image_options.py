@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 
 from ..contract import wire as wire_encoding
 from ..contract.on_corrupt import OnCorrupt
-from ..errors import ConfigError
+from ..errors import ConfigError, check_integer
 
 # Shard reading: a shuffle block of this many batches, and this many blocks alternating
 # (docs/shards.md, "Choosing the block size").
@@ -77,20 +77,20 @@ class ImageOptions:
     def __post_init__(self) -> None:
         from ..storage.parsing import parse_size
 
-        _integer("batch_size", self.batch_size, 1)
-        _integer("image_size", self.image_size, 8, 4096, " (pixels per side of the crop)")
+        check_integer("batch_size", self.batch_size, 1)
+        check_integer("image_size", self.image_size, 8, 4096, " (pixels per side of the crop)")
         _number("min_scale", self.min_scale, "in (0, 1]: the smallest crop area as a share of the image",
                 lambda x: 0 < x <= 1)
         object.__setattr__(self, "on_corrupt", OnCorrupt.parse(self.on_corrupt))
         _choice("finish_on", self.finish_on, FINISH_ON)
-        _integer("limit", self.limit, 0, hint=" (0 = every image)")
+        check_integer("limit", self.limit, 0, hint=" (0 = every image)")
         _text("data_dir", self.data_dir, "a folder laid out as root/<class>/*.jpg (or unset: SM_CHANNEL_TRAINING)",
               optional=True)
         if not isinstance(self.drop_last, bool):
             raise ConfigError(f"drop_last={self.drop_last!r} must be true or false")
         _choice("decode", self.decode, DECODE)
         _choice("dct_scaling", self.dct_scaling, DCT_SCALING)
-        _integer("decoded_side", self.decoded_side, 0, hint=" (pixels; 0 = 1.15 x image_size)")
+        check_integer("decoded_side", self.decoded_side, 0, hint=" (pixels; 0 = 1.15 x image_size)")
         _text("decoded_cache_dir", self.decoded_cache_dir, "a folder on a tmpfs such as /dev/shm")
         _text("shards", self.shards, "a folder of shards or an s3://bucket/prefix")
         _text("index", self.index, "the folder or s3:// prefix holding the shards' index.bin or the Parquet files' "
@@ -104,9 +104,9 @@ class ImageOptions:
                               "checksums) lives: pass shards= (the folder or s3:// prefix holding the tars) or parquet=")
         if self.shards and self.parquet:
             raise ConfigError(f"shards={self.shards!r} and parquet={self.parquet!r}: read one source; pass only one")
-        _integer("shuffle_block", self.shuffle_block, 0,
+        check_integer("shuffle_block", self.shuffle_block, 0,
                  hint=f" (samples per shuffle block; 0 = {DEFAULT_BLOCK_BATCHES} batches)")
-        _integer("interleave", self.interleave, 1, hint=" (blocks whose batches alternate)")
+        check_integer("interleave", self.interleave, 1, hint=" (blocks whose batches alternate)")
         _text("cache_dir", self.cache_dir, "a writable folder (empty = HETERO_CACHE_DIR or the temporary folder)")
         _number("request_timeout_s", self.request_timeout_s, "a number of seconds > 0", lambda x: x > 0)
         wire = wire_encoding.parse(self.wire_encoding)  # ConfigError naming an unknown name or quality
@@ -130,12 +130,6 @@ class ImageOptions:
         if self.decoded_budget and not self.fused:
             raise ConfigError("decoded_cache_bytes needs decode='fused' (the cache keeps the images the fused path "
                               "shrinks)")
-
-
-def _integer(name: str, value, low: int, high: int | None = None, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        span = f"in {low}..{high}" if high is not None else f">= {low}"
-        raise ConfigError(f"{name}={value!r} must be an integer {span}{hint}")
 
 
 def _number(name: str, value, what: str, ok) -> None:

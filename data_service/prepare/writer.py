@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_integer
 from ..shards.format import INDEX_NAME, JSON_INDEX_NAME
 from ..storage import open_store
 from .plan import PLAN, WORK, Split, Summary, finished, items_digest, merge, parse_part, per_shard, read_plan
@@ -184,8 +184,7 @@ def _check_options(shard_size: int, max_side: int, workers: int) -> int:
     if shard_size < 1_000_000:
         raise ConfigError(f"shard_size={shard_size} bytes is below 1 MB: shards that small cost one request "
                           "each; use 64MB to 1GB")
-    if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 0:
-        raise ConfigError(f"max_side={max_side!r} must be an integer >= 0 (0 = keep every image as it is)")
+    check_integer("max_side", max_side, 0, hint=" (0 = keep every image as it is)")
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ConfigError(f"workers={workers} must be >= 1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..contract import compression
-from ..errors import ConfigError
+from ..errors import ConfigError, check_integer
 from ..pool.warm_start import check_start_method
 from ..protocol import tls
 
@@ -45,28 +45,19 @@ class ServerOptions:
 
     def __post_init__(self) -> None:
         for name in ("port", "bulk_port"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or not 0 <= value <= 65535:
-                raise ConfigError(f"{name}={value!r} must be a TCP port 0..65535 (0 picks a free one)")
-        if not isinstance(self.num_workers, int) or self.num_workers < 1:
-            raise ConfigError(f"num_workers={self.num_workers!r} must be >= 1")
-        if not isinstance(self.slots_per_worker, int) or self.slots_per_worker < 1:
-            raise ConfigError(f"slots_per_worker={self.slots_per_worker!r} must be >= 1")
+            check_integer(name, getattr(self, name), 0, 65535, " (a TCP port; 0 picks a free one)")
+        check_integer("num_workers", self.num_workers, 1)
+        check_integer("slots_per_worker", self.slots_per_worker, 1)
         if self.max_batch_bytes < 1:
             raise ConfigError(f"max_batch_bytes={self.max_batch_bytes!r} must be >= 1")
         compression.check(self.compression)
         if not self.send_timeout_s > 0:
             raise ConfigError(f"send_timeout_s={self.send_timeout_s!r} must be > 0 seconds")
-        if isinstance(self.worker_nice, bool) or not isinstance(self.worker_nice, int) or not 0 <= self.worker_nice <= 19:
-            raise ConfigError(f"worker_nice={self.worker_nice!r} must be an integer 0..19 (0: the server's own priority)")
-        if isinstance(self.batch_window_bytes, bool) or not isinstance(self.batch_window_bytes, int) \
-                or self.batch_window_bytes < 0:
-            raise ConfigError(f"batch_window_bytes={self.batch_window_bytes!r} must be a number of bytes >= 0 "
-                              "(0: no batch window; hetero serve --batch-window takes sizes such as 2GB)")
-        if self.build_ahead is not None and (isinstance(self.build_ahead, bool) or not isinstance(self.build_ahead, int)
-                                             or self.build_ahead < 0):
-            raise ConfigError(f"build_ahead={self.build_ahead!r} must be a number of batches >= 0 (0: off; "
-                              "None: max(4, 2 x num_workers))")
+        check_integer("worker_nice", self.worker_nice, 0, 19, " (0: the server's own priority)")
+        check_integer("batch_window_bytes", self.batch_window_bytes, 0,
+                      hint=" (bytes; 0: no batch window; hetero serve --batch-window takes sizes such as 2GB)")
+        if self.build_ahead is not None:
+            check_integer("build_ahead", self.build_ahead, 0, hint=" (batches; 0: off; None: max(4, 2 x num_workers))")
         check_start_method(self.worker_start)
         if not isinstance(self.spare_worker, bool):
             raise ConfigError(f"spare_worker={self.spare_worker!r} must be True or False")

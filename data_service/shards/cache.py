@@ -25,7 +25,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, TypeVar
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_integer
 from ..storage.base import Store
 from ..storage.filecache import CacheError, FileCache
 
@@ -112,9 +112,8 @@ class BlockCache:
 
 def check_reads(block_samples: int, range_bytes: int, readers: int) -> None:
     """Refuse read options no data set can use (a ConfigError naming the option), at start."""
-    for name, value, least in (("block_samples", block_samples, 1), ("readers", readers, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(f"{name}={value!r} must be an integer >= {least}")
+    check_integer("block_samples", block_samples, 1)
+    check_integer("readers", readers, 1)
     if range_bytes < 1 << 16:
         raise ConfigError(f"range_bytes={range_bytes} must be at least 64 KiB")
 

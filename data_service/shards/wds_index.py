@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..contract.on_corrupt import OnCorrupt
-from ..errors import ConfigError
+from ..errors import ConfigError, check_integer
 from ..storage import LocalStore, open_store
 from .checksum import sample_crcs
 from .format import INDEX_NAME, JSON_INDEX_NAME, check_name
@@ -327,8 +327,7 @@ def index_tars(src, dest: str = "", *, pattern: str = "", label: str = "cls", cl
             already at ``dest`` (without ``overwrite``), a location that cannot be read or written.
     """
     on_corrupt = OnCorrupt.parse(on_corrupt)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers={workers!r} must be an integer >= 1")
+    check_integer("workers", workers, 1)
     bad = [e for e in image_exts if e.lower() not in IMAGE_EXTS]
     if bad or not image_exts:
         raise ConfigError(f"image extensions {', '.join(bad) or '(none)'}: choose among {', '.join(IMAGE_EXTS)}")

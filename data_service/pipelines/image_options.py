@@ -105,7 +105,7 @@ class ImageOptions:
         if self.shards and self.parquet:
             raise ConfigError(f"shards={self.shards!r} and parquet={self.parquet!r}: read one source; pass only one")
         check_integer("shuffle_block", self.shuffle_block, 0,
-                 hint=f" (samples per shuffle block; 0 = {DEFAULT_BLOCK_BATCHES} batches)")
+                      hint=f" (samples per shuffle block; 0 = {DEFAULT_BLOCK_BATCHES} batches)")
         check_integer("interleave", self.interleave, 1, hint=" (blocks whose batches alternate)")
         _text("cache_dir", self.cache_dir, "a writable folder (empty = HETERO_CACHE_DIR or the temporary folder)")
         _number("request_timeout_s", self.request_timeout_s, "a number of seconds > 0", lambda x: x > 0)

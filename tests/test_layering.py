@@ -34,8 +34,9 @@ ROOMS = {
     "storage": {"errors"},
     "membership": {"errors", "protocol", "storage"},
     "shards": {"errors", "contract", "storage"},
-    "pipelines": {"errors", "contract", "storage", "shards"},
-    "prepare": {"errors", "contract", "storage", "shards", "pipelines"},
+    "video": {"errors"},
+    "pipelines": {"errors", "contract", "storage", "shards", "video"},
+    "prepare": {"errors", "contract", "storage", "shards", "pipelines", "video"},
     "pool": {"errors", "contract", "protocol"},
     "server": {"errors", "contract", "protocol", "pool", "storage", "membership"},
 }

@@ -45,27 +45,30 @@ def data_root(data_dir: str | None) -> str:
     return path
 
 
-def scan(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
-    """Classes (sorted sub-folder names) and ``(path, class index)`` of every image, sorted.
+def scan(root: str | os.PathLike, extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+         kind: str = "image") -> tuple[list[str], list[tuple[str, int]]]:
+    """Classes (sorted sub-folder names) and ``(path, class index)`` of every file named with one of
+    ``extensions`` (a ``kind`` of file, as errors name it: "image", "video"), sorted.
 
     Hidden files and folders (a leading dot) are ignored, as ``ls`` and SageMaker's S3 sync do.
 
     Raises:
-        ConfigError: no such folder, no class folders, no images, or a file that is not an image
+        ConfigError: no such folder, no class folders, no such files, or a file of another kind
             (listing the first ones and the accepted extensions).
     """
     root = Path(root)
+    pattern = f"root/<class>/*{extensions[0]}"
     if not root.is_dir():
-        raise ConfigError(f"image folder {str(root)!r}: no such directory; expected root/<class>/*.jpg")
+        raise ConfigError(f"{kind} folder {str(root)!r}: no such directory; expected {pattern}")
     entries = sorted(e for e in root.iterdir() if not e.name.startswith("."))
     loose = [e.name for e in entries if not e.is_dir()]
     if loose:
-        raise ConfigError(f"image folder {str(root)!r} has files outside class folders ({_some(loose)}); images "
+        raise ConfigError(f"{kind} folder {str(root)!r} has files outside class folders ({_some(loose)}); {kind}s "
                           "must lie in root/<class>/ (one sub-folder per class)")
     classes = [e.name for e in entries]
     if not classes:
-        raise ConfigError(f"image folder {str(root)!r} is empty: expected one sub-folder per class holding "
-                          f"{'/'.join(IMAGE_EXTENSIONS)} files (root/<class>/*.jpg)")
+        raise ConfigError(f"{kind} folder {str(root)!r} is empty: expected one sub-folder per class holding "
+                          f"{'/'.join(extensions)} files ({pattern})")
     samples: list[tuple[str, int]] = []
     others: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
@@ -74,14 +77,14 @@ def scan(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
             for f in sorted(filenames):
                 if f.startswith("."):
                     continue
-                (samples if f.lower().endswith(IMAGE_EXTENSIONS) else others).append((os.path.join(dirpath, f), label))
+                (samples if f.lower().endswith(extensions) else others).append((os.path.join(dirpath, f), label))
     if others:
-        raise ConfigError(f"{len(others)} file(s) in {str(root)!r} are not images by their name "
-                          f"({_some([p for p, _ in others])}); accepted: {', '.join(IMAGE_EXTENSIONS)}; "
+        raise ConfigError(f"{len(others)} file(s) in {str(root)!r} are not {kind}s by their name "
+                          f"({_some([p for p, _ in others])}); accepted: {', '.join(extensions)}; "
                           "move them out of the class folders")
     if not samples:
-        raise ConfigError(f"image folder {str(root)!r} has class folders {_some(classes)} but no "
-                          f"{'/'.join(IMAGE_EXTENSIONS)} files in them")
+        raise ConfigError(f"{kind} folder {str(root)!r} has class folders {_some(classes)} but no "
+                          f"{'/'.join(extensions)} files in them")
     return classes, samples
 
 

@@ -218,3 +218,42 @@ def test_a_rotated_video_is_served_as_displayed(videos):
     assert np.array_equal(ClipDecoder().clip(data, index, [7], Box(0, 0, h, w, h, w))[0], shown)
     part = ClipDecoder().clip(data, index, [7], Box(10, 6, 30, 20, 30, 20))[0]
     assert np.array_equal(part, shown[10:40, 6:26])
+
+
+def test_hetero_synth_videos_writes_a_folder_the_pipeline_reads(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "hetero", "synth", "--videos", str(tmp_path / "v"), "--frames", "20",
+                          "--per-class", "1", "--classes", "2", "--keyint", "10"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "2 videos written" in out.stdout and "examples.video:small3d" in out.stdout
+    files = sorted((tmp_path / "v").glob("*/*.mp4"))
+    assert [f.parent.name for f in files] == ["circle", "square"]
+    index = probe(files[0].read_bytes())
+    assert index.frames == 20 and index.keyframes.tolist() == [0, 10]
+
+
+def test_the_example_model_takes_a_finished_batch_and_trains_a_step(folder):
+    from examples import video
+
+    pipe = load(folder)
+    batch = build_batch(pipe, pipe.epoch_shape(), 0, 0, 0)
+    model = video.small3d(data_dir=str(folder), width=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss = video.train_step(model, batch, optimizer, torch.device("cpu"))
+    assert np.isfinite(loss) and model[-1].out_features == 2
+
+
+@pytest.mark.slow  # a whole local job: a data node and a trainer (about 30 s)
+def test_hetero_local_trains_a_video_job_end_to_end(folder, tmp_path):
+    from hetero.local import LocalJob, run_local
+
+    hps = {"pipeline": TARGET, "pipeline.batch_size": 2, "pipeline.image_size": 32, "pipeline.frames_per_clip": 4,
+           "model": "examples.video:small3d", "model.width": 4, "step": "examples.video:train_step",
+           "evaluate": "examples.video:evaluate", "epochs": 2}
+    result = run_local(LocalJob(output=tmp_path / "out", data=folder, hyperparameters=hps, data_nodes=1,
+                                dnn_nodes=1, timeout_s=240, echo=False))
+    assert result.ok and set(result.exit_codes.values()) == {0}, result.exit_codes
+    assert result.metrics["steps"] == 2 * 3 and result.metrics["step_kind"] == "real"

@@ -24,7 +24,7 @@ VENV_BIN = Path(sys.executable).parent
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 HEADING = re.compile(r"^#+ +(.*?)\s*$", re.M)
 # the files whose blocks users copy: every fenced block of these is run or checked (tests/test_readme.py)
-DOCUMENTS = ("README.md", "docs/images.md", "docs/shards.md", "docs/sweep.md")
+DOCUMENTS = ("README.md", "docs/images.md", "docs/shards.md", "docs/sweep.md", "docs/video.md")
 
 
 @dataclass(frozen=True)

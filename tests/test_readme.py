@@ -65,6 +65,8 @@ CHECKS = {
     "docs/images.md: Running it #2": "test_submit_commands_dry_run (its command ends in --dry-run)",
     "docs/images.md: Running it #3": "test_images_doc_shards_commands",
     "docs/images.md: Fewer bytes on the wire: `wire_encoding`": "test_elided_commands_name_real_options",
+    "docs/video.md: The layout": "a folder listing, not a command",
+    "docs/video.md: Running it": "test_video_doc_synth_and_local",
     "docs/shards.md: Writing shards: `hetero prepare`": "test_shards_doc_prepare",
     "docs/shards.md: Writing shards: `hetero prepare` #2": "a listing of what prepare writes, not a command",
     "docs/shards.md: On many machines, and after a crash": "test_shards_doc_parts_and_merge",
@@ -547,6 +549,16 @@ def test_images_doc_synth_and_local(tmp_path):
     the job on it (256 images, one epoch of 8 steps: max_steps=50 does not bind). In CI the same model
     and step train through data nodes in test_shards_from_s3_prepare_and_train."""
     b = block("docs/images.md: Running it")
+    env = environ()
+    for command in b.commands():
+        out = run(command, tmp_path, env, timeout=400).stdout
+    assert "exit codes: algo-1=0, algo-2=0" in out, out[-6000:]
+
+
+@pytest.mark.slow  # about a minute: 12 small videos written, a 3D CNN trains an epoch of 3 batches on CPU
+def test_video_doc_synth_and_local(tmp_path):
+    """docs/video.md's commands as written, in an empty folder: the web-like videos, then the job on them."""
+    b = block("docs/video.md: Running it")
     env = environ()
     for command in b.commands():
         out = run(command, tmp_path, env, timeout=400).stdout

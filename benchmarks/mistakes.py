@@ -257,7 +257,10 @@ def run(case: Mistake, scene: Scene, timeout: float = 120.0) -> Outcome:
     start = time.monotonic()
     proc = subprocess.Popen([*hetero(), *argv], env=env(tag, case.token),
                             cwd=scene.pkg_dir if case.cwd == "mypkg" else scene.tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # SIGINT as a terminal's Ctrl-C finds it, whatever this run inherited: a shell's
+                            # background job starts with SIGINT ignored, and the command would inherit that
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out_lines: list[str] = []
     err_lines: list[str] = []
     seen = threading.Event()

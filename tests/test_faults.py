@@ -288,7 +288,7 @@ def test_worker_kill9_mid_epoch_is_rebuilt_without_gap_or_duplicate(tmp_path, sl
             # Replaced and ready, not merely started: the next kill must not hit a replacement still
             # loading the pipeline (that death is retried within the same replacement, one restart).
             wait_until(lambda: stats(server.address).worker_restarts == kills, 90, f"{kills} worker restarts")
-            assert len(server.worker_pids()) == 2
+            wait_until(lambda: len(server.worker_pids()) == 2, 30, "the two workers alone")  # none being reaped
         assert_exactly_once(check_audit(audit, SLOW_OPTS, seed=1), expected=24 * reps(slow))
     finally:
         server.kill()

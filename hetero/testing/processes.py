@@ -215,11 +215,14 @@ class ServerProc(_ProcessGroup):
         for k in kids:
             try:
                 cmd, name = " ".join(k.cmdline()), k.name()
+                if k.status() == psutil.STATUS_ZOMBIE:  # a killed worker not yet reaped is no worker
+                    continue
             except psutil.Error:
                 continue
             if name == WARM_PARENT:  # the workers are the warm parent's children
                 try:
-                    out.extend(w.pid for w in k.children() if w.name() != SPARE_COMM)
+                    out.extend(w.pid for w in k.children()
+                               if w.name() != SPARE_COMM and w.status() != psutil.STATUS_ZOMBIE)
                 except psutil.Error:
                     continue
             elif "multiprocessing" in cmd and "resource_tracker" not in cmd:

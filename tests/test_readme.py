@@ -53,6 +53,7 @@ CHECKS = {
     "README.md: Write a pipeline": "test_the_pipeline_block_builds_batches",
     "README.md: Data sets in S3: shards": "test_shards_from_s3_prepare_and_train",
     "README.md: Data sets in S3: shards #2": "test_shards_read_in_place_index_and_parts",
+    "README.md: Video clips": "test_video_doc_synth_and_local runs docs/video.md's copy of these commands",
     "README.md: Serve it (CPU node)": "test_serve_stats_shutdown_as_written",
     "README.md: Consume it (GPU node)": "test_the_consumer_block_resumes_from_a_checkpoint",
     "README.md: Run a whole job": "test_run_a_whole_job_commands",
@@ -559,6 +560,8 @@ def test_images_doc_synth_and_local(tmp_path):
 def test_video_doc_synth_and_local(tmp_path):
     """docs/video.md's commands as written, in an empty folder: the web-like videos, then the job on them."""
     b = block("docs/video.md: Running it")
+    assert [words(c) for c in b.commands()] == [words(c) for c in block(f"{README}: Video clips").commands()], \
+        "the README's video commands are docs/video.md's"
     env = environ()
     for command in b.commands():
         out = run(command, tmp_path, env, timeout=400).stdout

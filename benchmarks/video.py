@@ -11,7 +11,9 @@ the frame resized to a short side of 256), on one pinned core, with one decoder 
 * ``pyav loop``: what a user writes with PyAV: seek, decode to the last frame, each returned frame
   converted to RGB whole, then torchvision's resize and crop;
 * ``torchcodec``: ``VideoDecoder`` with its defaults, the clip's frames by ``get_frames_at``, then
-  torchvision's resize and crop (skipped, saying why, where torchcodec does not load);
+  torchvision's resize and crop; and as its docs show it, ``clips_at_random_indices`` (skipped,
+  saying why, where torchcodec does not load: it needs a system FFmpeg 4-9, ``apt-get install
+  ffmpeg``, then ``pip install torchcodec``);
 * ``sequential``: every frame of the file decoded in order, no conversion: the limit per core.
 
     python -m benchmarks.video --dir /tmp/bench-videos --videos 4 --clips 48
@@ -127,12 +129,22 @@ def pyav_loop() -> Callable:
     return run
 
 
-def torchcodec() -> Callable:
+def torchcodec(sampler: bool = False) -> Callable:
+    """torchcodec with its defaults (exact seek mode, one FFmpeg thread): the clip's own frames by
+    ``get_frames_at``, or with ``sampler`` as its docs show it, ``clips_at_random_indices`` (its clip
+    drawn from torch's global generator: the same shape of clip, not the same frames)."""
     from torchcodec.decoders import VideoDecoder
+    from torchcodec.samplers import clips_at_random_indices
 
     def run(path: Path, data: bytes, frames: list[int], offset: tuple[int, int]) -> torch.Tensor:
-        decoder = VideoDecoder(data)  # its defaults: exact seek mode, one FFmpeg thread
-        return _resize_crop(decoder.get_frames_at(frames).data, offset)
+        decoder = VideoDecoder(data)
+        if sampler:
+            torch.manual_seed(frames[0])
+            clip = clips_at_random_indices(decoder, num_clips=1, num_frames_per_clip=CLIP_FRAMES,
+                                           num_indices_between_frames=STRIDE).data[0]
+        else:
+            clip = decoder.get_frames_at(frames).data
+        return _resize_crop(clip, offset)
     return run
 
 
@@ -190,10 +202,11 @@ def main() -> None:
     plan = clip_plan(paths, args.clips)
     rows = [measure("ours", ours(True), plan, blobs), measure("ours, no levers", ours(False), plan, blobs),
             measure("pyav loop", pyav_loop(), plan, blobs)]
-    try:
-        rows.append(measure("torchcodec", torchcodec(), plan, blobs))
-    except Exception as exc:  # not installed, or its FFmpeg libraries missing: say so, keep the others
-        rows.append({"decoder": "torchcodec", "skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
+    for name, sampler in (("torchcodec", False), ("torchcodec, its sampler", True)):
+        try:
+            rows.append(measure(name, torchcodec(sampler), plan, blobs))
+        except Exception as exc:  # not installed, or its FFmpeg libraries missing: say so, keep the others
+            rows.append({"decoder": name, "skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
     cpu0 = time.process_time()
     frames = sum(sequential(p, blobs[p]) for p in paths)
     limit = frames / (time.process_time() - cpu0)

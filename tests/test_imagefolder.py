@@ -76,7 +76,7 @@ def test_hetero_synth_images_cli(tmp_path):
     assert len(list((tmp_path / "imgs").glob("*/*.jpg"))) == 6
     both = subprocess.run([sys.executable, "-m", "hetero", "synth", str(tmp_path / "m"), "--images",
                            str(tmp_path / "i")], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert both.returncode == 2 and "not both" in both.stderr and not both.stdout
+    assert both.returncode == 2 and "not two of them" in both.stderr and not both.stdout
 
 
 def test_folder_errors_name_the_folder_and_the_fix(tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if sum(x is not None for x in (args.out, args.images, args.videos)) != 1:
         print("hetero synth: give one of a folder for MNIST IDX files (hetero synth DIR), --images DIR for a "
-              "JPEG image folder or --videos DIR for a folder of videos", file=sys.stderr)
+              "JPEG image folder or --videos DIR for a folder of videos, not two of them", file=sys.stderr)
         return 2
     if args.videos is not None:  # a ConfigError is hetero.cli's to say
         from hetero.synthetic.videos import write_video_folder

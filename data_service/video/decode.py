@@ -16,7 +16,7 @@ every clip to, bit for bit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,9 +48,6 @@ class DecodeCounts:
 
     decoded: int = 0
     returned: int = 0
-    clips: int = 0
-    seeks: int = 0
-    by_codec: dict[str, int] = field(default_factory=dict)
 
     @property
     def per_returned(self) -> float:
@@ -88,8 +85,6 @@ class ClipDecoder:
             raise VideoError(f"frame {missing[0]} of {index.frames} never came out of the decoder; the file may "
                              "be cut short: re-encode it, or on_corrupt='skip' drops it")
         self.counts.returned += len(frames)
-        self.counts.clips += 1
-        self.counts.by_codec[index.codec] = self.counts.by_codec.get(index.codec, 0) + 1
         return np.stack([got[int(index.pts[f])] for f in frames])
 
     def _decode(self, data, index: VideoIndex, wanted: dict[int, int], box: Box, first: int) -> dict[int, np.ndarray]:
@@ -104,7 +99,6 @@ class ClipDecoder:
             graph = _Graph(stream, index, box)
             if first > 0:
                 container.seek(int(index.pts[first]), stream=stream, backward=True, any_frame=False)
-                self.counts.seeks += 1
             try:
                 for packet in container.demux(stream):  # ends with an empty packet that drains the decoder
                     if self.skip_nonref:

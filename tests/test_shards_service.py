@@ -51,9 +51,9 @@ def test_every_cluster_shape_gives_the_in_process_batches(shard_dir, tmp_path, n
 def test_each_block_is_built_by_its_owner_only(shard_dir):
     """With every server up, a block's batches all come from one server, the same on every rank.
 
-    Each rank reads epoch 0 first, so that both connections are up (on a loaded machine the
-    second may connect after the first requests went out), then epoch 1 on the same connections
-    is watched."""
+    Each rank reads epochs until both connections are up (on a loaded machine a server's first
+    Hello may miss its deadline, and its blocks go to the other until it connects), then the next
+    epoch on the same connections is watched."""
     from dnn_worker.fetch.affinity import Affinity
 
     options = {**BASE, "shards": str(shard_dir)}
@@ -61,8 +61,14 @@ def test_each_block_is_built_by_its_owner_only(shard_dir):
         addresses = [s.address for s in servers]
         owners: dict[int, set[str]] = {}
         for rank in range(2):
-            ds = RemoteDataset(addresses, TOKEN, seed=2, rank=rank, world_size=2, epochs=2)
-            list(ds)  # epoch 0: both connections up, kept open for epoch 1
+            ds = RemoteDataset(addresses, TOKEN, seed=2, rank=rank, world_size=2, epochs=None)
+            for _ in range(20):  # connections kept open from one epoch to the next (epochs=None)
+                list(ds)
+                if all(s.conn is not None for s in ds.fetcher.servers):
+                    break
+            else:
+                pytest.fail(f"rank {rank}: not connected to both servers after 20 epochs: "
+                            f"{[(s.address, s.last_error) for s in ds.fetcher.servers]}")
             aff = Affinity(ds.hello().dataset)
             from dnn_worker.fetch.server_set import ServerSet
 
